@@ -1,0 +1,154 @@
+// Package pgerr classifies PostgreSQL and connection errors in one place, so
+// that every pgfence package maps SQLSTATEs to the same sentinels and nothing
+// matches error strings.
+//
+// The sentinels defined here are re-exported by the public packages (for
+// example leases.ErrOutcomeUnknown == pgerr.ErrOutcomeUnknown), so errors.Is
+// works whichever package's name the caller uses.
+package pgerr
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// pgfence's own SQLSTATEs, raised by the SQL installed by the migrations.
+const (
+	CodeStaleToken     = "PF001" // a fenced write presented an older token
+	CodeLeaseNotHeld   = "PF002" // the writer or renewer no longer holds the lease
+	CodeLeaseHeld      = "PF003" // another holder has the lease
+	CodeKeyMismatch    = "PF004" // idempotency key reused with another payload
+	CodeNotPrimary     = "PF005" // tokens are not issued in recovery
+	CodeUnfencedWrite  = "PF006" // a protected table was written without a token
+	CodeKeyInProgress  = "PF007" // idempotency key is being processed
+	CodeInvalid        = "PF008" // invalid argument
+	CodeFloorNotRaised = "PF009" // the token floor may only be raised
+)
+
+// PostgreSQL SQLSTATEs pgfence reacts to.
+const (
+	CodeSerializationFailure = "40001"
+	CodeDeadlockDetected     = "40P01"
+	CodeLockNotAvailable     = "55P03" // lock_timeout
+	CodeQueryCanceled        = "57014" // statement_timeout or cancel
+	CodeIdleInTxTimeout      = "25P03"
+	CodeReadOnlyTransaction  = "25006"
+	CodeAdminShutdown        = "57P01"
+	CodeCrashShutdown        = "57P02"
+	CodeCannotConnectNow     = "57P03"
+	CodeUniqueViolation      = "23505"
+)
+
+// Shared sentinels. Public packages re-export them under their own names.
+var (
+	// ErrUnavailable: the database could not be reached or is shutting down;
+	// nothing was done.
+	ErrUnavailable = errors.New("pgfence: database unavailable")
+	// ErrOutcomeUnknown: the connection broke after the request was sent; the
+	// change may or may not have committed. Resolve it by reading back.
+	ErrOutcomeUnknown = errors.New("pgfence: outcome unknown")
+	// ErrNotPrimary: the server is in recovery (a standby); no token is issued.
+	ErrNotPrimary = errors.New("pgfence: server is not a primary")
+	// ErrIsolation: the caller's transaction runs in REPEATABLE READ or
+	// SERIALIZABLE; pgfence's claims need READ COMMITTED.
+	ErrIsolation = errors.New("pgfence: transaction isolation must be READ COMMITTED")
+	// ErrLockTimeout: lock_timeout expired while waiting for a row lock.
+	ErrLockTimeout = errors.New("pgfence: lock timeout")
+	// ErrStatementTimeout: statement_timeout expired (or the query was cancelled).
+	ErrStatementTimeout = errors.New("pgfence: statement timeout")
+	// ErrIdleInTransactionTimeout: the session was idle in a transaction for
+	// longer than idle_in_transaction_session_timeout and was terminated.
+	ErrIdleInTransactionTimeout = errors.New("pgfence: idle in transaction timeout")
+	// ErrInvalid: an argument was rejected before or by the database.
+	ErrInvalid = errors.New("pgfence: invalid argument")
+)
+
+// Code returns the SQLSTATE of err, or "" when err carries none.
+func Code(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// PgError returns the *pgconn.PgError in err's chain, or nil.
+func PgError(err error) *pgconn.PgError {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr
+	}
+	return nil
+}
+
+// IsConnectionError reports whether err means the connection failed (refused,
+// reset, closed, timed out at the network level) rather than the server
+// rejecting a statement.
+func IsConnectionError(err error) bool {
+	if err == nil {
+		return false
+	}
+	if PgError(err) != nil {
+		switch Code(err) {
+		case CodeAdminShutdown, CodeCrashShutdown, CodeCannotConnectNow:
+			return true
+		}
+		return len(Code(err)) == 5 && Code(err)[:2] == "08"
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return true
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) {
+		return true
+	}
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, context.DeadlineExceeded) && pgconn.Timeout(err)
+}
+
+// Classify maps a database error to pgfence's shared sentinels, keeping the
+// original in the chain. sent reports whether the statement may have reached
+// the server: a broken connection after sending is an unknown outcome, before
+// sending it is "unavailable". Errors it does not know are returned unchanged.
+func Classify(err error, sent bool) error {
+	if err == nil {
+		return nil
+	}
+	switch Code(err) {
+	case CodeNotPrimary, CodeReadOnlyTransaction:
+		return fmt.Errorf("%w: %w", ErrNotPrimary, err)
+	case CodeSerializationFailure:
+		return fmt.Errorf("%w: %w", ErrIsolation, err)
+	case CodeLockNotAvailable:
+		return fmt.Errorf("%w: %w", ErrLockTimeout, err)
+	case CodeQueryCanceled:
+		return fmt.Errorf("%w: %w", ErrStatementTimeout, err)
+	case CodeIdleInTxTimeout:
+		return fmt.Errorf("%w: %w", ErrIdleInTransactionTimeout, err)
+	case CodeInvalid:
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if PgError(err) != nil && !IsConnectionError(err) {
+		return err // the server answered: the statement failed, nothing committed
+	}
+	// No answer from the server.
+	if pgconn.SafeToRetry(err) {
+		// Nothing was sent. A context that ended first is the caller's own
+		// deadline, not an outage.
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	if !sent {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+}

@@ -1,0 +1,375 @@
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
+)
+
+//go:embed *.sql
+var files embed.FS
+
+// FS holds the plain goose SQL migrations (NNNNN_name.sql, each with an Up and a
+// Down section). Teams that apply SQL with another tool can read the files from
+// here, or print them with `pgfence migrate sql`.
+var FS fs.FS = files
+
+const (
+	// Schema is the PostgreSQL schema that holds every pgfence object.
+	Schema = "pgfence"
+
+	// VersionTable is goose's version table, kept inside [Schema] so that it never
+	// collides with the host application's own goose_db_version.
+	VersionTable = Schema + ".goose_db_version"
+
+	// LockID is the advisory lock key that serializes pgfence migrations. It is
+	// not goose's default (5887940537704921958), so the host application's goose
+	// runs never wait for ours. It is the first 8 bytes of sha256("pgfence.migrations").
+	LockID int64 = 0x2f0e1ce5a3b1d0c7
+)
+
+// ErrSchemaTooNew is returned when the database's pgfence schema has a version
+// this binary does not know: a newer pgfence migrated it. Upgrade the binary.
+var ErrSchemaTooNew = errors.New("migrations: the database schema is newer than this pgfence build")
+
+// Config configures a [Migrator]. A nil *Config and the zero value use the
+// defaults.
+type Config struct {
+	// Logger receives one event per applied migration. Default: discard.
+	Logger *slog.Logger
+}
+
+// Migrator applies the embedded migrations to one database. It is safe for
+// concurrent use, and several processes may migrate the same database at once:
+// every run holds a session advisory lock ([LockID]).
+type Migrator struct {
+	db       *sql.DB
+	provider *goose.Provider
+	logger   *slog.Logger
+}
+
+// New returns a Migrator on pool. Close it when done; the pool stays open.
+func New(pool *pgxpool.Pool, cfg *Config) (*Migrator, error) {
+	if pool == nil {
+		return nil, errors.New("migrations: pool is nil")
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	store, err := database.NewStore(database.DialectPostgres, VersionTable)
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	provider, err := goose.NewProvider("", db, files,
+		goose.WithStore(store),
+		goose.WithDisableGlobalRegistry(true),
+		goose.WithSessionLocker(advisoryLocker{}),
+		goose.WithSlog(logger),
+	)
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	return &Migrator{db: db, provider: provider, logger: logger}, nil
+}
+
+// Close releases the migrator's database/sql handle. The pgx pool stays open.
+func (m *Migrator) Close() error {
+	return m.db.Close()
+}
+
+// Result is one migration applied or rolled back.
+type Result struct {
+	Version   int64
+	Name      string
+	Direction string // "up" or "down"
+	Duration  string
+}
+
+func results(rs []*goose.MigrationResult) []Result {
+	out := make([]Result, 0, len(rs))
+	for _, r := range rs {
+		if r == nil {
+			continue
+		}
+		out = append(out, Result{
+			Version:   r.Source.Version,
+			Name:      sourceName(r.Source.Path),
+			Direction: r.Direction,
+			Duration:  r.Duration.String(),
+		})
+	}
+	return out
+}
+
+// Up applies every pending migration. It is a no-op on an up-to-date schema.
+func (m *Migrator) Up(ctx context.Context) ([]Result, error) {
+	if err := m.prepare(ctx); err != nil {
+		return nil, err
+	}
+	rs, err := m.provider.Up(ctx)
+	if err != nil {
+		return results(partial(err)), wrap(err)
+	}
+	return results(rs), nil
+}
+
+// DownTo rolls back every applied migration above version; DownTo(ctx, 0)
+// removes every pgfence object but the schema and its version table.
+func (m *Migrator) DownTo(ctx context.Context, version int64) ([]Result, error) {
+	if version < 0 {
+		return nil, fmt.Errorf("migrations: version %d: must be >= 0", version)
+	}
+	if err := m.prepare(ctx); err != nil {
+		return nil, err
+	}
+	rs, err := m.provider.DownTo(ctx, version)
+	if err != nil {
+		return results(partial(err)), wrap(err)
+	}
+	return results(rs), nil
+}
+
+// Status is the state of one known migration.
+type Status struct {
+	Version   int64
+	Name      string
+	Applied   bool
+	AppliedAt string // RFC 3339, empty when pending
+}
+
+// Status reports every migration this binary knows and whether it is applied.
+func (m *Migrator) Status(ctx context.Context) ([]Status, error) {
+	if err := m.prepare(ctx); err != nil {
+		return nil, err
+	}
+	ss, err := m.provider.Status(ctx)
+	if err != nil {
+		return nil, wrap(err)
+	}
+	out := make([]Status, 0, len(ss))
+	for _, s := range ss {
+		st := Status{Version: s.Source.Version, Name: sourceName(s.Source.Path), Applied: s.State == goose.StateApplied}
+		if st.Applied {
+			st.AppliedAt = s.AppliedAt.UTC().Format("2006-01-02T15:04:05Z07:00")
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// Version returns the applied schema version (0 for none) and the newest version
+// this binary knows. It returns [ErrSchemaTooNew] when the database is ahead.
+func (m *Migrator) Version(ctx context.Context) (current, latest int64, err error) {
+	if err := m.prepare(ctx); err != nil {
+		return 0, 0, err
+	}
+	latest = Latest()
+	current, err = m.provider.GetDBVersion(ctx)
+	if err != nil {
+		return 0, latest, wrap(err)
+	}
+	if current > latest {
+		return current, latest, fmt.Errorf("%w: database is at version %d, this build knows up to %d", ErrSchemaTooNew, current, latest)
+	}
+	return current, latest, nil
+}
+
+// Pending reports the migrations not applied yet, oldest first.
+func (m *Migrator) Pending(ctx context.Context) ([]Status, error) {
+	ss, err := m.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Status
+	for _, s := range ss {
+		if !s.Applied {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+// prepare creates the schema that holds goose's version table, under the same
+// advisory lock as the migrations so that concurrent first runs do not race on
+// CREATE SCHEMA, and refuses to touch a schema newer than this build.
+func (m *Migrator) prepare(ctx context.Context) error {
+	conn, err := m.db.Conn(ctx)
+	if err != nil {
+		return wrap(err)
+	}
+	defer conn.Close()
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return wrap(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, LockID); err != nil {
+		return wrap(err)
+	}
+	if _, err := tx.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+Schema); err != nil {
+		return wrap(err)
+	}
+	var exists bool
+	if err := tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, VersionTable).Scan(&exists); err != nil {
+		return wrap(err)
+	}
+	if exists {
+		var newest sql.NullInt64
+		if err := tx.QueryRowContext(ctx, `SELECT max(version_id) FROM `+VersionTable+` WHERE is_applied`).Scan(&newest); err != nil {
+			return wrap(err)
+		}
+		if newest.Valid && newest.Int64 > Latest() {
+			return fmt.Errorf("%w: database is at version %d, this build knows up to %d; upgrade pgfence", ErrSchemaTooNew, newest.Int64, Latest())
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return wrap(err)
+	}
+	return nil
+}
+
+func partial(err error) []*goose.MigrationResult {
+	var pe *goose.PartialError
+	if errors.As(err, &pe) {
+		return pe.Applied
+	}
+	return nil
+}
+
+func wrap(err error) error {
+	if errors.Is(err, ErrSchemaTooNew) {
+		return err
+	}
+	return fmt.Errorf("migrations: %w", err)
+}
+
+var migrationName = regexp.MustCompile(`^(\d+)_(.+)\.sql$`)
+
+func sourceName(path string) string {
+	base := path[strings.LastIndex(path, "/")+1:]
+	if m := migrationName.FindStringSubmatch(base); m != nil {
+		return m[2]
+	}
+	return base
+}
+
+// Latest returns the newest migration version embedded in this build.
+func Latest() int64 {
+	var latest int64
+	for _, f := range names() {
+		v, _ := strconv.ParseInt(migrationName.FindStringSubmatch(f)[1], 10, 64)
+		latest = max(latest, v)
+	}
+	return latest
+}
+
+func names() []string {
+	entries, _ := fs.ReadDir(files, ".")
+	var out []string
+	for _, e := range entries {
+		if migrationName.MatchString(e.Name()) {
+			out = append(out, e.Name())
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// SQL returns the plain SQL of every migration in one direction ("up" in version
+// order, "down" in reverse), with goose's annotations removed, for teams that
+// apply it with another tool. Apply it in one transaction.
+func SQL(direction string) (string, error) {
+	var up bool
+	switch direction {
+	case "up":
+		up = true
+	case "down":
+	default:
+		return "", fmt.Errorf("migrations: direction %q: want \"up\" or \"down\"", direction)
+	}
+	ns := names()
+	if !up {
+		for i, j := 0, len(ns)-1; i < j; i, j = i+1, j-1 {
+			ns[i], ns[j] = ns[j], ns[i]
+		}
+	}
+	var b strings.Builder
+	for _, n := range ns {
+		raw, err := fs.ReadFile(files, n)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "-- pgfence migration %s (%s)\n", n, direction)
+		b.WriteString(section(string(raw), up))
+		b.WriteString("\n")
+	}
+	return b.String(), nil
+}
+
+// section extracts the Up or Down part of a goose SQL file and drops goose's
+// annotation lines.
+func section(src string, up bool) string {
+	var b strings.Builder
+	in := false
+	for _, line := range strings.Split(src, "\n") {
+		t := strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(t, "-- +goose Up"):
+			in = up
+			continue
+		case strings.HasPrefix(t, "-- +goose Down"):
+			in = !up
+			continue
+		case strings.HasPrefix(t, "-- +goose "):
+			continue
+		}
+		if in {
+			b.WriteString(line)
+			b.WriteString("\n")
+		}
+	}
+	return strings.TrimSpace(b.String()) + "\n"
+}
+
+// advisoryLocker is goose's SessionLocker on a blocking pg_advisory_lock: a
+// waiting migrator wakes the moment the lock holder finishes (goose's own
+// postgres locker polls every 5 s), and context cancellation ends the wait.
+type advisoryLocker struct{}
+
+func (advisoryLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
+	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, LockID); err != nil {
+		return fmt.Errorf("take migration lock: %w", err)
+	}
+	return nil
+}
+
+func (advisoryLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
+	var ok bool
+	if err := conn.QueryRowContext(ctx, `SELECT pg_advisory_unlock($1)`, LockID).Scan(&ok); err != nil {
+		return fmt.Errorf("release migration lock: %w", err)
+	}
+	if !ok {
+		return errors.New("release migration lock: lock was not held")
+	}
+	return nil
+}

@@ -1,0 +1,97 @@
+package pgfencetest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgcluster"
+)
+
+// ShutdownMode is how [Cluster.Stop] and [Cluster.Restart] shut the server down.
+type ShutdownMode = pgcluster.Mode
+
+// Shutdown modes, as in pg_ctl stop -m.
+const (
+	// Fast rolls back open transactions, disconnects clients and checkpoints.
+	Fast = pgcluster.Fast
+	// Immediate aborts the server without a checkpoint; the next start runs
+	// crash recovery.
+	Immediate = pgcluster.Immediate
+)
+
+// Cluster is a local PostgreSQL cluster owned by one test, for fault tests that
+// stop, restart or kill the server without disturbing other tests.
+type Cluster struct {
+	c   *pgcluster.Cluster
+	srv *server
+}
+
+// ClusterOptions configures [NewCluster]. A nil *ClusterOptions uses defaults.
+type ClusterOptions struct {
+	// Settings are server settings (-c name=value), e.g. "synchronous_commit".
+	Settings map[string]string
+}
+
+// NewCluster starts a dedicated local cluster, stopped and removed when t ends.
+// It needs local PostgreSQL binaries (a DSN or a container cannot be
+// restarted by the test): without them the test is skipped, or fails under CI=true.
+func NewCluster(t testing.TB, opts *ClusterOptions) *Cluster {
+	t.Helper()
+	if opts == nil {
+		opts = &ClusterOptions{}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := pgcluster.Start(ctx, &pgcluster.Config{Settings: opts.Settings})
+	if err != nil {
+		unavailable(t, err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return &Cluster{c: c, srv: &server{adminURL: c.ConnString("postgres")}}
+}
+
+// NewDatabase creates a fresh migrated database on this cluster, dropped when t
+// ends (if the server is running then).
+func (c *Cluster) NewDatabase(t testing.TB) *Database {
+	t.Helper()
+	return newDatabase(t, c.srv)
+}
+
+// NewPool is NewDatabase(t).Pool.
+func (c *Cluster) NewPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	return c.NewDatabase(t).Pool
+}
+
+// Addr is the server's host:port on 127.0.0.1, for a proxy to sit in front of.
+func (c *Cluster) Addr() string { return c.c.Addr() }
+
+// URL returns a superuser URL for database on this cluster.
+func (c *Cluster) URL(database string) string { return c.c.ConnString(database) }
+
+// Stop shuts the server down in mode and waits until it has exited.
+func (c *Cluster) Stop(mode ShutdownMode) error { return c.c.Stop(mode) }
+
+// Start starts a stopped server on the same port and waits until it is ready.
+func (c *Cluster) Start(ctx context.Context) error { return c.c.Start(ctx) }
+
+// Restart stops in mode and starts again on the same port.
+func (c *Cluster) Restart(ctx context.Context, mode ShutdownMode) error {
+	return c.c.Restart(ctx, mode)
+}
+
+// Kill sends SIGKILL to the postmaster (a crash); Start runs crash recovery.
+func (c *Cluster) Kill() error { return c.c.Kill() }
+
+// DataDir is the cluster's data directory.
+func (c *Cluster) DataDir() string { return c.c.DataDir() }
+
+// LogTail returns the last n lines of the server log, for failure messages.
+func (c *Cluster) LogTail(n int) string { return c.c.LogTail(n) }
+
+// Internal returns the underlying cluster for pgfence's own fault tooling
+// (standbys, promotion). It is not part of the stable API.
+func (c *Cluster) Internal() *pgcluster.Cluster { return c.c }
