@@ -240,6 +240,8 @@ type Database struct {
 	URL string
 	// Pool is a pool on it, closed when the test ends.
 	Pool *pgxpool.Pool
+
+	admin string
 }
 
 // NewPool returns a pool on a fresh, migrated, isolated database. The database is
@@ -258,30 +260,61 @@ func NewDatabase(t testing.TB) *Database {
 
 func newDatabase(t testing.TB, s *server) *Database {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	tpl, err := s.ensureTemplate(ctx)
-	if err != nil {
-		t.Fatalf("pgfencetest: %v", err)
-	}
-	name := "pgfence_test_" + randomSuffix()
-	if err := exec(ctx, s.adminURL, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()+` TEMPLATE `+pgx.Identifier{tpl}.Sanitize()); err != nil {
-		t.Fatalf("pgfencetest: create database: %v", err)
-	}
-	url := withDatabase(s.adminURL, name)
-	pool, err := pgxpool.New(ctx, url)
+	db, err := s.create()
 	if err != nil {
 		t.Fatalf("pgfencetest: %v", err)
 	}
 	t.Cleanup(func() {
-		pool.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := exec(ctx, s.adminURL, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`); err != nil && !errors.Is(err, context.Canceled) {
-			t.Logf("pgfencetest: drop database %s: %v", name, err)
+		if err := db.Close(); err != nil {
+			t.Logf("pgfencetest: %v", err)
 		}
 	})
-	return &Database{Name: name, URL: url, Pool: pool}
+	return db
+}
+
+// Open creates a fresh migrated database without a *testing.T, for Example
+// functions and TestMain. Close drops it. It returns an error where a test
+// would be skipped.
+func Open() (*Database, error) {
+	shared.once.Do(func() {
+		shared.mu.Lock()
+		defer shared.mu.Unlock()
+		shared.srv, shared.err = startServer()
+	})
+	if shared.err != nil {
+		return nil, shared.err
+	}
+	return shared.srv.create()
+}
+
+func (s *server) create() (*Database, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tpl, err := s.ensureTemplate(ctx)
+	if err != nil {
+		return nil, err
+	}
+	name := "pgfence_test_" + randomSuffix()
+	if err := exec(ctx, s.adminURL, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()+` TEMPLATE `+pgx.Identifier{tpl}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("create database: %w", err)
+	}
+	url := withDatabase(s.adminURL, name)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	return &Database{Name: name, URL: url, Pool: pool, admin: s.adminURL}, nil
+}
+
+// Close closes the pool and drops the database.
+func (d *Database) Close() error {
+	d.Pool.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := exec(ctx, d.admin, `DROP DATABASE IF EXISTS `+pgx.Identifier{d.Name}.Sanitize()+` WITH (FORCE)`); err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("drop database %s: %w", d.Name, err)
+	}
+	return nil
 }
 
 func exec(ctx context.Context, url, sql string) error {
