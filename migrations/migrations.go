@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"regexp"
 	"sort"
 	"strconv"
@@ -17,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 //go:embed *.sql
@@ -59,6 +62,7 @@ type Migrator struct {
 	db       *sql.DB
 	provider *goose.Provider
 	logger   *slog.Logger
+	addr     string // host:port, named in connection errors
 }
 
 // New returns a Migrator on pool. Close it when done; the pool stays open.
@@ -89,7 +93,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
-	return &Migrator{db: db, provider: provider, logger: logger}, nil
+	cc := pool.Config().ConnConfig
+	addr := net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))
+	return &Migrator{db: db, provider: provider, logger: logger, addr: addr}, nil
 }
 
 // Close releases the migrator's database/sql handle. The pgx pool stays open.
@@ -99,10 +105,10 @@ func (m *Migrator) Close() error {
 
 // Result is one migration applied or rolled back.
 type Result struct {
-	Version   int64
-	Name      string
-	Direction string // "up" or "down"
-	Duration  string
+	Version   int64  `json:"version"`
+	Name      string `json:"name"`
+	Direction string `json:"direction"` // "up" or "down"
+	Duration  string `json:"duration"`
 }
 
 func results(rs []*goose.MigrationResult) []Result {
@@ -128,7 +134,7 @@ func (m *Migrator) Up(ctx context.Context) ([]Result, error) {
 	}
 	rs, err := m.provider.Up(ctx)
 	if err != nil {
-		return results(partial(err)), wrap(err)
+		return results(partial(err)), m.wrap(err)
 	}
 	return results(rs), nil
 }
@@ -144,17 +150,17 @@ func (m *Migrator) DownTo(ctx context.Context, version int64) ([]Result, error) 
 	}
 	rs, err := m.provider.DownTo(ctx, version)
 	if err != nil {
-		return results(partial(err)), wrap(err)
+		return results(partial(err)), m.wrap(err)
 	}
 	return results(rs), nil
 }
 
 // Status is the state of one known migration.
 type Status struct {
-	Version   int64
-	Name      string
-	Applied   bool
-	AppliedAt string // RFC 3339, empty when pending
+	Version   int64  `json:"version"`
+	Name      string `json:"name"`
+	Applied   bool   `json:"applied"`
+	AppliedAt string `json:"applied_at,omitempty"` // RFC 3339, empty when pending
 }
 
 // Status reports every migration this binary knows and whether it is applied.
@@ -164,7 +170,7 @@ func (m *Migrator) Status(ctx context.Context) ([]Status, error) {
 	}
 	ss, err := m.provider.Status(ctx)
 	if err != nil {
-		return nil, wrap(err)
+		return nil, m.wrap(err)
 	}
 	out := make([]Status, 0, len(ss))
 	for _, s := range ss {
@@ -186,7 +192,7 @@ func (m *Migrator) Version(ctx context.Context) (current, latest int64, err erro
 	latest = Latest()
 	current, err = m.provider.GetDBVersion(ctx)
 	if err != nil {
-		return 0, latest, wrap(err)
+		return 0, latest, m.wrap(err)
 	}
 	if current > latest {
 		return current, latest, fmt.Errorf("%w: database is at version %d, this build knows up to %d", ErrSchemaTooNew, current, latest)
@@ -215,35 +221,35 @@ func (m *Migrator) Pending(ctx context.Context) ([]Status, error) {
 func (m *Migrator) prepare(ctx context.Context) error {
 	conn, err := m.db.Conn(ctx)
 	if err != nil {
-		return wrap(err)
+		return m.wrap(err)
 	}
 	defer conn.Close()
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
-		return wrap(err)
+		return m.wrap(err)
 	}
 	defer func() { _ = tx.Rollback() }()
 	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, LockID); err != nil {
-		return wrap(err)
+		return m.wrap(err)
 	}
 	if _, err := tx.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+Schema); err != nil {
-		return wrap(err)
+		return m.wrap(err)
 	}
 	var exists bool
 	if err := tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, VersionTable).Scan(&exists); err != nil {
-		return wrap(err)
+		return m.wrap(err)
 	}
 	if exists {
 		var newest sql.NullInt64
 		if err := tx.QueryRowContext(ctx, `SELECT max(version_id) FROM `+VersionTable+` WHERE is_applied`).Scan(&newest); err != nil {
-			return wrap(err)
+			return m.wrap(err)
 		}
 		if newest.Valid && newest.Int64 > Latest() {
 			return fmt.Errorf("%w: database is at version %d, this build knows up to %d; upgrade pgfence", ErrSchemaTooNew, newest.Int64, Latest())
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return wrap(err)
+		return m.wrap(err)
 	}
 	return nil
 }
@@ -256,9 +262,14 @@ func partial(err error) []*goose.MigrationResult {
 	return nil
 }
 
-func wrap(err error) error {
+// wrap names the database's address when the server never answered, so
+// "context deadline exceeded" says where it was waiting.
+func (m *Migrator) wrap(err error) error {
 	if errors.Is(err, ErrSchemaTooNew) {
 		return err
+	}
+	if pgerr.PgError(err) == nil && !strings.Contains(err.Error(), m.addr) {
+		return fmt.Errorf("migrations: database at %s: %w", m.addr, err)
 	}
 	return fmt.Errorf("migrations: %w", err)
 }

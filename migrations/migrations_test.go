@@ -2,24 +2,387 @@ package migrations_test
 
 import (
 	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
-func TestMain(m *testing.M) { pgfencetest.Main(m) }
+// envWorkerURL makes the test binary a migrating worker process (see
+// TestConcurrentProcesses).
+const envWorkerURL = "PGFENCE_MIGRATE_WORKER_URL"
 
-func TestSmoke(t *testing.T) {
+func TestMain(m *testing.M) {
+	if url := os.Getenv(envWorkerURL); url != "" {
+		os.Exit(migrateWorker(url))
+	}
+	pgfencetest.Main(m)
+}
+
+func migrateWorker(url string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer pool.Close()
+	m, err := migrations.New(pool, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer m.Close()
+	if _, err := m.Up(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// blankDatabase returns a fresh database without any pgfence object.
+func blankDatabase(t *testing.T) *pgfencetest.Database {
+	t.Helper()
+	db := pgfencetest.NewDatabase(t)
+	if _, err := db.Pool.Exec(context.Background(), `DROP SCHEMA pgfence CASCADE`); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+func newMigrator(t *testing.T, pool *pgxpool.Pool) *migrations.Migrator {
+	t.Helper()
+	m, err := migrations.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
+// pgfenceObjects lists the tables and functions in schema pgfence, goose's
+// version table aside.
+func pgfenceObjects(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `
+		SELECT 'table ' || c.relname FROM pg_class c
+		WHERE c.relnamespace = 'pgfence'::regnamespace AND c.relkind = 'r' AND c.relname <> 'goose_db_version'
+		UNION ALL
+		SELECT 'function ' || p.proname FROM pg_proc p WHERE p.pronamespace = 'pgfence'::regnamespace
+		ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestUpDownUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := blankDatabase(t)
+	m := newMigrator(t, db.Pool)
+
+	pending, err := m.Pending(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(len(pending)) == 0 || pending[len(pending)-1].Version != migrations.Latest() {
+		t.Fatalf("fresh database: pending = %+v, want every migration up to %d", pending, migrations.Latest())
+	}
+
+	applied, err := m.Up(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(applied) != len(pending) {
+		t.Fatalf("Up applied %d migrations, want %d", len(applied), len(pending))
+	}
+	after := pgfenceObjects(t, db.Pool)
+	for _, want := range []string{"table leases", "table lease_events", "table token_floor", "function next_token"} {
+		if !contains(after, want) {
+			t.Errorf("after Up: %s missing; have %v", want, after)
+		}
+	}
+	status, err := m.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range status {
+		if !s.Applied || s.AppliedAt == "" {
+			t.Errorf("after Up: migration %d not applied: %+v", s.Version, s)
+		}
+	}
+	if again, err := m.Up(ctx); err != nil || len(again) != 0 {
+		t.Fatalf("second Up = %v, %v; want nothing to apply", again, err)
+	}
+
+	if _, err := m.DownTo(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if left := pgfenceObjects(t, db.Pool); len(left) != 0 {
+		t.Fatalf("after DownTo(0) these remain: %v", left)
+	}
+	current, _, err := m.Version(ctx)
+	if err != nil || current != 0 {
+		t.Fatalf("Version after DownTo(0) = %d, %v; want 0", current, err)
+	}
+
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if again := pgfenceObjects(t, db.Pool); strings.Join(again, ",") != strings.Join(after, ",") {
+		t.Fatalf("up-down-up changed the schema:\nfirst  %v\nsecond %v", after, again)
+	}
+}
+
+func TestConcurrentProcesses(t *testing.T) {
+	t.Parallel()
+	db := blankDatabase(t)
+	const n = 4
+	cmds := make([]*exec.Cmd, n)
+	outs := make([]*strings.Builder, n)
+	for i := range cmds {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), envWorkerURL+"="+db.URL)
+		outs[i] = &strings.Builder{}
+		cmd.Stdout, cmd.Stderr = outs[i], outs[i]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds[i] = cmd
+	}
+	for i, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("worker %d: %v: %s", i, err, outs[i])
+		}
+	}
+	m := newMigrator(t, db.Pool)
+	current, latest, err := m.Version(context.Background())
+	if err != nil || current != latest {
+		t.Fatalf("after 4 concurrent migrations: version %d of %d, %v", current, latest, err)
+	}
+	var rows int
+	if err := db.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pgfence.goose_db_version WHERE version_id > 0`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if int64(rows) != latest {
+		t.Fatalf("version table has %d applied rows, want %d (each migration once)", rows, latest)
+	}
+}
+
+// The host application's own goose migrations use goose's default table and
+// lock; ours must neither touch them nor wait for them.
+func TestHostGooseUntouched(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := blankDatabase(t)
+	hostFS := fstest.MapFS{
+		"00001_orders.sql": {Data: []byte("-- +goose Up\nCREATE TABLE orders (id int PRIMARY KEY);\n-- +goose Down\nDROP TABLE orders;\n")},
+		"00002_items.sql":  {Data: []byte("-- +goose Up\nCREATE TABLE items (id int PRIMARY KEY);\n-- +goose Down\nDROP TABLE items;\n")},
+	}
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer sqlDB.Close()
+	host, err := goose.NewProvider(goose.DialectPostgres, sqlDB, hostFS, goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := host.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := hostVersions(t, sqlDB)
+
+	m := newMigrator(t, db.Pool)
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.DownTo(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after := hostVersions(t, sqlDB); after != before {
+		t.Fatalf("host goose table changed:\nbefore %s\nafter  %s", before, after)
+	}
+	if v, err := host.GetDBVersion(ctx); err != nil || v != 2 {
+		t.Fatalf("host version = %d, %v; want 2", v, err)
+	}
+
+	// While another process holds our migration lock, the host's goose (with its
+	// own default session lock) still runs.
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, migrations.LockID); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, migrations.LockID) //nolint:errcheck
+	locker, err := goose.NewProvider(goose.DialectPostgres, sqlDB, hostFS, goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := locker.DownTo(hctx, 1); err != nil {
+		t.Fatalf("host migration blocked or failed while pgfence's lock was held: %v", err)
+	}
+}
+
+func hostVersions(t *testing.T, db *sql.DB) string {
+	t.Helper()
+	rows, err := db.Query(`SELECT version_id, is_applied FROM public.goose_db_version ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var v int64
+		var applied bool
+		if err := rows.Scan(&v, &applied); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%d:%v ", v, applied)
+	}
+	return b.String()
+}
+
+func TestSchemaNewerThanBinary(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
 	pool := pgfencetest.NewPool(t)
-	var n int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pgfence.leases`).Scan(&n); err != nil {
+	future := migrations.Latest() + 100
+	if _, err := pool.Exec(ctx, `INSERT INTO pgfence.goose_db_version (version_id, is_applied) VALUES ($1, true)`, future); err != nil {
 		t.Fatal(err)
 	}
-	var tok int64
-	if err := pool.QueryRow(context.Background(), `SELECT pgfence.next_token(NULL)`).Scan(&tok); err != nil {
+	m := newMigrator(t, pool)
+	if _, err := m.Up(ctx); !errors.Is(err, migrations.ErrSchemaTooNew) {
+		t.Fatalf("Up on a newer schema: %v, want ErrSchemaTooNew", err)
+	}
+	if _, _, err := m.Version(ctx); !errors.Is(err, migrations.ErrSchemaTooNew) {
+		t.Fatalf("Version on a newer schema: %v, want ErrSchemaTooNew", err)
+	}
+	if _, err := m.DownTo(ctx, 0); !errors.Is(err, migrations.ErrSchemaTooNew) {
+		t.Fatalf("DownTo on a newer schema: %v, want ErrSchemaTooNew", err)
+	}
+}
+
+func TestUnreachableServer(t *testing.T) {
+	t.Parallel()
+	// A port that refuses, and a listener that accepts but never answers.
+	refused, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("token %d (%x)", tok, tok)
-	_ = migrations.Latest()
+	refusedAddr := refused.Addr().String()
+	refused.Close()
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+
+	for name, addr := range map[string]string{"refused": refusedAddr, "silent": silent.Addr().String()} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			pool, err := pgxpool.New(ctx, "postgres://u@"+addr+"/db?sslmode=disable")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			m := newMigrator(t, pool)
+			start := time.Now()
+			_, err = m.Up(ctx)
+			if err == nil {
+				t.Fatal("Up against an unreachable server succeeded")
+			}
+			if took := time.Since(start); took > 5*time.Second {
+				t.Errorf("Up returned after %s, long past the 2s deadline", took)
+			}
+			if !strings.Contains(err.Error(), addr) {
+				t.Errorf("error does not name %s: %v", addr, err)
+			}
+		})
+	}
+}
+
+func TestSQLExport(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	up, err := migrations.SQL("up")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down, err := migrations.SQL("down")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(up, "+goose") || strings.Contains(down, "+goose") {
+		t.Fatal("exported SQL still has goose annotations")
+	}
+	if _, err := migrations.SQL("sideways"); err == nil {
+		t.Fatal("SQL(\"sideways\") succeeded")
+	}
+	// The exported SQL installs the same schema as the migrator, and removes it.
+	plain := blankDatabase(t)
+	if _, err := plain.Pool.Exec(ctx, up); err != nil {
+		t.Fatalf("apply exported up SQL: %v", err)
+	}
+	viaGoose := pgfencetest.NewPool(t)
+	if a, b := pgfenceObjects(t, plain.Pool), pgfenceObjects(t, viaGoose); strings.Join(a, ",") != strings.Join(b, ",") {
+		t.Fatalf("exported SQL and migrator disagree:\nsql   %v\ngoose %v", a, b)
+	}
+	if _, err := plain.Pool.Exec(ctx, down); err != nil {
+		t.Fatalf("apply exported down SQL: %v", err)
+	}
+	if left := pgfenceObjects(t, plain.Pool); len(left) != 0 {
+		t.Fatalf("after exported down SQL these remain: %v", left)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
 }

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/migrations"
+)
+
+// connectTimeoutDefault bounds how long a command waits for the database.
+const connectTimeoutDefault = 10 * time.Second
+
+// dbFlags are the connection flags shared by every command that needs a database.
+type dbFlags struct {
+	url     string
+	timeout time.Duration
+}
+
+func (f *dbFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.url, "database-url", "", "PostgreSQL URL (default: $DATABASE_URL)")
+	fs.DurationVar(&f.timeout, "connect-timeout", connectTimeoutDefault, "how long to wait for the database")
+}
+
+// resolve returns the URL to use: the flag, else DATABASE_URL.
+func (f *dbFlags) resolve(e *env) (string, error) {
+	url := f.url
+	if url == "" {
+		url = e.getenv("DATABASE_URL")
+	}
+	if url == "" {
+		return "", &cliError{
+			msg:  "no database: --database-url and DATABASE_URL are both empty",
+			hint: "pass --database-url postgres://user:pass@host:5432/db or set DATABASE_URL",
+			code: exitUsage,
+		}
+	}
+	return url, nil
+}
+
+// connect opens a pool on the database and checks it answers within the
+// connect timeout. Errors explain what is wrong in one line with a hint.
+func (f *dbFlags) connect(ctx context.Context, e *env) (*pgxpool.Pool, error) {
+	url, err := f.resolve(e)
+	if err != nil {
+		return nil, err
+	}
+	if f.timeout <= 0 {
+		return nil, usageError("--connect-timeout must be positive, got %s", f.timeout)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, &cliError{
+			msg:  "invalid database URL: " + redact(err.Error()),
+			hint: "expected postgres://user:password@host:5432/dbname?sslmode=disable or 'host=... dbname=...'",
+			code: exitUsage,
+			err:  err,
+		}
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > f.timeout {
+		cfg.ConnConfig.ConnectTimeout = f.timeout
+	}
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, &cliError{msg: "invalid database configuration: " + redact(err.Error()), code: exitUsage, err: err}
+	}
+	pctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		addr := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+		return nil, unreachable(addr, cfg.ConnConfig.Database, err)
+	}
+	return pool, nil
+}
+
+// unreachable explains a failed connection attempt.
+func unreachable(addr, database string, err error) error {
+	ce := &cliError{code: exitUnavailable, err: fmt.Errorf("%w: %w", pgerr.ErrUnavailable, err)}
+	switch pgerr.Code(err) {
+	case "28P01", "28000":
+		ce.msg = fmt.Sprintf("authentication failed at %s: %s", addr, pgerr.PgError(err).Message)
+		ce.hint = "check the user and password in the database URL"
+		ce.code = exitFailure
+	case "3D000":
+		ce.msg = fmt.Sprintf("database %q does not exist at %s", database, addr)
+		ce.hint = "create it (createdb " + database + ") or fix the database name in the URL"
+		ce.code = exitFailure
+	case "57P03":
+		ce.msg = fmt.Sprintf("the server at %s is starting up or shutting down", addr)
+		ce.hint = "retry in a few seconds"
+	default:
+		reason := "no answer"
+		var netErr net.Error
+		switch {
+		case errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &netErr) && netErr.Timeout()):
+			reason = "timed out"
+		case pgerr.IsConnectionError(err):
+			reason = "connection failed"
+		}
+		ce.msg = fmt.Sprintf("cannot reach the database at %s (%s): %s", addr, reason, redact(rootCause(err).Error()))
+		ce.hint = "is PostgreSQL running and reachable from here? check the host and port in --database-url / DATABASE_URL"
+	}
+	return ce
+}
+
+// redact removes a password that pgx may echo back from a URL.
+func redact(s string) string {
+	return passwordPattern.ReplaceAllString(s, "${1}xxxxx@")
+}
+
+// schemaError explains a schema problem found by the migrator.
+func schemaError(err error) error {
+	if errors.Is(err, migrations.ErrSchemaTooNew) {
+		return &cliError{msg: err.Error(), hint: "this binary is older than the schema: upgrade pgfence (go install github.com/pgfence/pgfence/cmd/pgfence@latest)", code: exitSchema, err: err}
+	}
+	if pgerr.IsConnectionError(err) {
+		return &cliError{msg: "lost the database connection: " + redact(err.Error()), hint: "check that the server is up, then rerun (migrations are transactional and resume where they stopped)", code: exitUnavailable, err: err}
+	}
+	return err
+}
+
+// rootCause returns the innermost error: for a failed connection, the dial or
+// protocol error without pgx's repeated per-address wrapping.
+func rootCause(err error) error {
+	for {
+		if joined, ok := err.(interface{ Unwrap() []error }); ok && len(joined.Unwrap()) > 0 {
+			err = joined.Unwrap()[0] // one attempt per address: the first says it
+			continue
+		}
+		next := errors.Unwrap(err)
+		if next == nil {
+			return err
+		}
+		err = next
+	}
+}

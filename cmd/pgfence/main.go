@@ -1,0 +1,157 @@
+// Command pgfence installs and operates pgfence: migrations, inspection of
+// leases, fences and idempotency keys, a live demo of the guarantees, and
+// health checks.
+//
+// Usage:
+//
+//	pgfence <command> [flags]
+//
+// Run `pgfence help` for the list of commands and exit codes.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// Exit codes, documented in `pgfence help`.
+const (
+	exitOK          = 0 // success
+	exitFailure     = 1 // the command ran and failed (or a guarantee did not hold)
+	exitUsage       = 2 // bad flags or arguments
+	exitUnavailable = 3 // the database could not be reached
+	exitSchema      = 4 // the pgfence schema is missing, outdated or newer than this binary
+)
+
+// env is what a command sees of the outside world; tests replace it.
+type env struct {
+	stdout io.Writer
+	stderr io.Writer
+	getenv func(string) string
+}
+
+// command is one top-level subcommand.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, e *env, args []string) error
+}
+
+// commands lists every subcommand; each lives in a file named after it.
+func commands() []command {
+	return []command{
+		{name: "migrate", summary: "install or upgrade the pgfence schema: up, down, status, sql", run: runMigrate},
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv})
+	stop()
+	os.Exit(code)
+}
+
+// run executes one command line and returns the process exit code.
+func run(ctx context.Context, args []string, e *env) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(e.stdout)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			err := c.run(ctx, e, args[1:])
+			return report(e.stderr, err)
+		}
+	}
+	fmt.Fprintf(e.stderr, "pgfence: unknown command %q\nhint: run `pgfence help` for the list of commands\n", args[0])
+	return exitUsage
+}
+
+func usage(w io.Writer) {
+	cs := commands()
+	sort.Slice(cs, func(i, j int) bool { return cs[i].name < cs[j].name })
+	fmt.Fprintln(w, "pgfence: leases, fencing tokens and idempotency keys in PostgreSQL")
+	fmt.Fprintln(w, "\nUsage: pgfence <command> [flags]   (pgfence <command> -h for its flags)")
+	fmt.Fprintln(w, "\nCommands:")
+	for _, c := range cs {
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w, "\nThe database comes from --database-url or DATABASE_URL (a postgres:// URL or key=value string).")
+	fmt.Fprintln(w, "\nExit codes:")
+	fmt.Fprintln(w, "  0  success")
+	fmt.Fprintln(w, "  1  the command failed (for demo and doctor: a check did not hold)")
+	fmt.Fprintln(w, "  2  bad flags or arguments")
+	fmt.Fprintln(w, "  3  the database could not be reached")
+	fmt.Fprintln(w, "  4  the pgfence schema is missing, outdated, or newer than this binary")
+}
+
+// cliError is an error with a hint and an exit code, printed as two lines.
+type cliError struct {
+	msg  string
+	hint string
+	code int
+	err  error
+}
+
+func (e *cliError) Error() string { return e.msg }
+func (e *cliError) Unwrap() error { return e.err }
+
+func usageError(format string, args ...any) error {
+	return &cliError{msg: fmt.Sprintf(format, args...), hint: "run the command with -h for its flags", code: exitUsage}
+}
+
+// report prints err (if any) as one line plus a hint and returns the exit code.
+func report(w io.Writer, err error) int {
+	if err == nil {
+		return exitOK
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	var ce *cliError
+	if !errors.As(err, &ce) {
+		ce = &cliError{msg: err.Error(), code: exitFailure}
+	}
+	fmt.Fprintf(w, "pgfence: %s\n", oneLine(ce.msg))
+	if ce.hint != "" {
+		fmt.Fprintf(w, "hint: %s\n", ce.hint)
+	}
+	return ce.code
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// newFlags returns a flag set that reports errors instead of exiting.
+func newFlags(e *env, name, usageLine string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(e.stderr, "Usage: pgfence %s\n\nFlags:\n", usageLine)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses args, turning flag errors into usage errors.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &cliError{msg: err.Error(), hint: "run the command with -h for its flags", code: exitUsage}
+	}
+	return nil
+}

@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"text/tabwriter"
+
+	"github.com/pgfence/pgfence/migrations"
+)
+
+var passwordPattern = regexp.MustCompile(`(://[^:/@\s]+:)[^@\s]*@`)
+
+const migrateUsage = `migrate <up|down|status|sql> [flags]
+
+  up       apply every pending migration (safe to run from several processes at once)
+  down     roll back the newest migration, or down to --to VERSION (0 removes everything)
+  status   list migrations and whether each is applied
+  sql      print the plain SQL (--direction up|down) for other migration tools; needs no database`
+
+func runMigrate(ctx context.Context, e *env, args []string) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprintf(e.stderr, "Usage: pgfence %s\n", migrateUsage)
+		if len(args) == 0 {
+			return usageError("migrate needs a subcommand: up, down, status or sql")
+		}
+		return nil
+	}
+	sub, rest := args[0], args[1:]
+	switch sub {
+	case "up", "down", "status":
+		return runMigrateDB(ctx, e, sub, rest)
+	case "sql":
+		return runMigrateSQL(e, rest)
+	default:
+		return usageError("migrate: unknown subcommand %q (want up, down, status or sql)", sub)
+	}
+}
+
+func runMigrateSQL(e *env, args []string) error {
+	fs := newFlags(e, "migrate sql", "migrate sql [--direction up|down]")
+	direction := fs.String("direction", "up", "up or down")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError("migrate sql takes no arguments, got %q", fs.Args())
+	}
+	sql, err := migrations.SQL(*direction)
+	if err != nil {
+		return usageError("%v", err)
+	}
+	fmt.Fprintf(e.stdout, "-- pgfence schema, migrations up to version %d (%s).\n", migrations.Latest(), *direction)
+	fmt.Fprintln(e.stdout, "-- Apply in one transaction, e.g. psql --single-transaction -v ON_ERROR_STOP=1 -f this.sql")
+	fmt.Fprint(e.stdout, sql)
+	return nil
+}
+
+func runMigrateDB(ctx context.Context, e *env, sub string, args []string) error {
+	fs := newFlags(e, "migrate "+sub, "migrate "+sub+" [flags]")
+	var db dbFlags
+	db.register(fs)
+	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	to := int64(-1)
+	if sub == "down" {
+		fs.Int64Var(&to, "to", -1, "roll back every migration above this version (default: only the newest)")
+	}
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError("migrate %s takes no arguments, got %q", sub, fs.Args())
+	}
+	if sub == "down" && to < -1 {
+		return usageError("--to must be >= 0, got %d", to)
+	}
+	pool, err := db.connect(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	m, err := migrations.New(pool, nil)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+
+	switch sub {
+	case "status":
+		ss, err := m.Status(ctx)
+		if err != nil {
+			return schemaError(err)
+		}
+		current, latest, err := m.Version(ctx)
+		if err != nil {
+			return schemaError(err)
+		}
+		if *asJSON {
+			return writeJSON(e, map[string]any{"current": current, "latest": latest, "migrations": ss})
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "VERSION\tNAME\tAPPLIED AT")
+		for _, s := range ss {
+			at := "pending"
+			if s.Applied {
+				at = s.AppliedAt
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\n", s.Version, s.Name, at)
+		}
+		tw.Flush()
+		fmt.Fprintf(e.stdout, "schema version %d of %d\n", current, latest)
+		return nil
+	case "up":
+		rs, err := m.Up(ctx)
+		printResults(e, rs, *asJSON)
+		if err != nil {
+			return schemaError(err)
+		}
+		if !*asJSON {
+			current, _, _ := m.Version(ctx)
+			fmt.Fprintf(e.stdout, "schema at version %d\n", current)
+		}
+		return nil
+	default: // down
+		if to == -1 {
+			current, _, err := m.Version(ctx)
+			if err != nil {
+				return schemaError(err)
+			}
+			if current == 0 {
+				fmt.Fprintln(e.stdout, "nothing to roll back: no pgfence migration is applied")
+				return nil
+			}
+			ss, err := m.Status(ctx)
+			if err != nil {
+				return schemaError(err)
+			}
+			to = 0
+			for _, s := range ss {
+				if s.Applied && s.Version < current {
+					to = s.Version
+				}
+			}
+		}
+		rs, err := m.DownTo(ctx, to)
+		printResults(e, rs, *asJSON)
+		if err != nil {
+			return schemaError(err)
+		}
+		if !*asJSON {
+			fmt.Fprintf(e.stdout, "schema at version %d\n", to)
+		}
+		return nil
+	}
+}
+
+func printResults(e *env, rs []migrations.Result, asJSON bool) {
+	if asJSON {
+		if rs == nil {
+			rs = []migrations.Result{}
+		}
+		_ = writeJSON(e, rs)
+		return
+	}
+	if len(rs) == 0 {
+		fmt.Fprintln(e.stdout, "no migrations to apply")
+	}
+	for _, r := range rs {
+		fmt.Fprintf(e.stdout, "%-4s %05d_%s (%s)\n", r.Direction, r.Version, r.Name, r.Duration)
+	}
+}
+
+func writeJSON(e *env, v any) error {
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
