@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgfence/pgfence/migrations"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+func TestMain(m *testing.M) { pgfencetest.Main(m) }
+
+// cli runs one command line in-process and returns exit code, stdout, stderr.
+func cli(t *testing.T, environ map[string]string, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	e := &env{stdout: &stdout, stderr: &stderr, getenv: func(k string) string { return environ[k] }}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	code := run(ctx, args, e)
+	return code, stdout.String(), stderr.String()
+}
+
+func TestMigrateLifecycle(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	if _, err := db.Pool.Exec(context.Background(), `DROP SCHEMA pgfence CASCADE`); err != nil {
+		t.Fatal(err)
+	}
+	environ := map[string]string{"DATABASE_URL": db.URL}
+
+	code, out, errOut := cli(t, environ, "migrate", "status")
+	if code != exitOK || !strings.Contains(out, "pending") || !strings.Contains(out, "schema version 0 of") {
+		t.Fatalf("status on a blank database: code %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = cli(t, environ, "migrate", "up")
+	if code != exitOK || !strings.Contains(out, "up   00001_schema") {
+		t.Fatalf("up: code %d\n%s%s", code, out, errOut)
+	}
+	code, out, _ = cli(t, environ, "migrate", "up")
+	if code != exitOK || !strings.Contains(out, "no migrations to apply") {
+		t.Fatalf("second up: code %d\n%s", code, out)
+	}
+	code, out, _ = cli(t, environ, "migrate", "status", "--json")
+	var st struct {
+		Current    int64
+		Latest     int64
+		Migrations []migrations.Status
+	}
+	if code != exitOK || json.Unmarshal([]byte(out), &st) != nil || st.Current != st.Latest || st.Current != migrations.Latest() {
+		t.Fatalf("status --json: code %d, %+v\n%s", code, st, out)
+	}
+	code, out, errOut = cli(t, environ, "migrate", "down", "--to", "0")
+	if code != exitOK || !strings.Contains(out, "schema at version 0") {
+		t.Fatalf("down --to 0: code %d\n%s%s", code, out, errOut)
+	}
+	code, out, _ = cli(t, environ, "migrate", "down")
+	if code != exitOK || !strings.Contains(out, "nothing to roll back") {
+		t.Fatalf("down on an empty schema: code %d\n%s", code, out)
+	}
+}
+
+func TestMigrateSQL(t *testing.T) {
+	t.Parallel()
+	code, out, _ := cli(t, nil, "migrate", "sql")
+	if code != exitOK || !strings.Contains(out, "CREATE TABLE pgfence.leases") || strings.Contains(out, "+goose") {
+		t.Fatalf("migrate sql: code %d\n%.300s", code, out)
+	}
+	code, out, _ = cli(t, nil, "migrate", "sql", "--direction", "down")
+	if code != exitOK || !strings.Contains(out, "DROP TABLE pgfence.leases") {
+		t.Fatalf("migrate sql --direction down: code %d\n%.300s", code, out)
+	}
+	if code, _, errOut := cli(t, nil, "migrate", "sql", "--direction", "sideways"); code != exitUsage || !strings.Contains(errOut, "hint:") {
+		t.Fatalf("bad direction: code %d, %s", code, errOut)
+	}
+}
+
+func TestMigrateErrors(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedAddr := l.Addr().String()
+	l.Close()
+
+	newer := pgfencetest.NewDatabase(t)
+	if _, err := newer.Pool.Exec(context.Background(),
+		`INSERT INTO pgfence.goose_db_version (version_id, is_applied) VALUES ($1, true)`, migrations.Latest()+1); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		environ  map[string]string
+		wantCode int
+		wantMsg  string
+	}{
+		{"no database", []string{"migrate", "up"}, nil, exitUsage, "no database"},
+		{"bad url", []string{"migrate", "up", "--database-url", "postgres://u:secret@[::1"}, nil, exitUsage, "invalid database URL"},
+		{"unreachable", []string{"migrate", "up", "--database-url", "postgres://u:secret@" + closedAddr + "/db", "--connect-timeout", "2s"}, nil, exitUnavailable, closedAddr},
+		{"schema newer", []string{"migrate", "up"}, map[string]string{"DATABASE_URL": newer.URL}, exitSchema, "newer than this pgfence build"},
+		{"unknown subcommand", []string{"migrate", "sideways"}, nil, exitUsage, "unknown subcommand"},
+		{"unknown command", []string{"frobnicate"}, nil, exitUsage, "unknown command"},
+		{"bad flag", []string{"migrate", "up", "--nope"}, nil, exitUsage, "flag provided but not defined"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, errOut := cli(t, tc.environ, tc.args...)
+			if code != tc.wantCode || !strings.Contains(errOut, tc.wantMsg) {
+				t.Fatalf("code %d (want %d), stderr:\n%s(want it to contain %q)", code, tc.wantCode, errOut, tc.wantMsg)
+			}
+			if strings.Contains(errOut, "secret") {
+				t.Fatalf("error output leaks the password: %s", errOut)
+			}
+			if !strings.Contains(errOut, "hint:") && tc.wantCode != exitUsage {
+				t.Fatalf("no hint in: %s", errOut)
+			}
+		})
+	}
+}
