@@ -49,6 +49,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{name: "migrate", summary: "install or upgrade the pgfence schema: up, down, status, sql", run: runMigrate},
+		{name: "doctor", summary: "check a database: schema, durability, timeouts, pooler, expired leases, unprotected tables", run: runDoctor},
 	}
 }
 
