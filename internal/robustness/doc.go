@@ -1,0 +1,44 @@
+// Package robustness proves pgfence under faults: the seed's acceptance
+// scenarios as tests, and a randomized run in the style of etcd's robustness
+// tests whose history is checked here.
+//
+// A history is a list of [Op]s recorded by the test driver: every lease
+// acquire and release, fenced write, idempotent side effect and read, with
+// monotonic call and return times and the outcome its caller saw. An outcome
+// the caller could not learn (a lost reply, a cut around COMMIT, a worker
+// stopped past its caller's deadline) is [Unknown]: it may take effect at any
+// later time, so its return time is [Never]. After the run the ground truth
+// ([Truth]) is read back from the database: every accepted fenced write (from
+// an audit table written in the same transaction), the final business rows,
+// every lease grant (pgfence.lease_events), every side effect and every stored
+// idempotent result.
+//
+// [Check] then verifies:
+//
+//   - accepted fenced tokens never decrease per resource, and the final
+//     business state is the write of the highest accepted token;
+//   - every accepted write was acknowledged or unknown to its caller (a write
+//     reported stale or failed never lands), and every acknowledged write is
+//     in the database;
+//   - lease tokens never repeat and strictly increase per key;
+//   - at most one side effect per idempotency key, and every caller got the
+//     stored result;
+//   - with github.com/anishathalye/porcupine, that the history is
+//     linearizable: each resource is a fenced register (a write with token t
+//     is accepted iff no higher token was accepted), each lease a strictly
+//     increasing token sequence, each intent a write-once result, and the
+//     ground truth is a final read of each.
+//
+// # Guarantees
+//
+// [Check] reports every violation it finds with the resource and values
+// involved; a test feeds it known-bad histories to prove it catches them.
+// Failing histories are saved as JSON ([Save]) under testdata/ and re-checked
+// by the tests, so they stay as regression data.
+//
+// # Failure handling
+//
+// porcupine's search is bounded by a timeout; a check that times out reports
+// [porcupine.Unknown] (not a violation, but printed in the summary). The
+// invariants are checked regardless.
+package robustness
