@@ -39,9 +39,9 @@ type Register struct {
 // Truth is the ground truth read back from the database after a run, once
 // every client has stopped and no transaction of theirs is left.
 type Truth struct {
-	Writes []AcceptedWrite      `json:"writes"`
-	Final  map[string]Register  `json:"final"`
-	Grants []Grant              `json:"grants"`
+	Writes []AcceptedWrite     `json:"writes"`
+	Final  map[string]Register `json:"final"`
+	Grants []Grant             `json:"grants"`
 	// Effects lists, per intent, the result of every side effect that
 	// happened (one row per execution in the effects table).
 	Effects map[string][]string `json:"effects"`
@@ -52,7 +52,7 @@ type Truth struct {
 // Report is the verdict on one history.
 type Report struct {
 	Ops          int
-	Unknown      int                  // operations with an unknown outcome
+	Unknown      int                   // operations with an unknown outcome
 	Linearizable porcupine.CheckResult // Ok, Illegal, or Unknown (checker timed out)
 	Violations   []string
 	info         porcupine.LinearizationInfo

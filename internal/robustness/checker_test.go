@@ -64,7 +64,7 @@ func TestCheckerCatchesKnownBadHistories(t *testing.T) {
 			name: "stale write accepted after a higher token",
 			mutate: func(ops []Op, truth *Truth) []Op {
 				ops[4].Outcome, ops[4].Return = OK, 60 // b1 (token 11) acknowledged
-				ops[6].Outcome = OK                     // then the old holder's "a2" with token 10 succeeds
+				ops[6].Outcome = OK                    // then the old holder's "a2" with token 10 succeeds
 				truth.Writes = append(truth.Writes, AcceptedWrite{Key: "r", Token: 10, Value: "a2", Seq: 3})
 				truth.Final["r"] = Register{Token: 10, Value: "a2"}
 				return ops
