@@ -1,0 +1,99 @@
+// Package pgfence makes the database that holds the data reject writes from a
+// holder that lost its lock: a stale fencing token or a lost lease is refused
+// atomically with the business write, by PostgreSQL itself, on every write
+// path.
+//
+// Three forms, from the most general to the most specific:
+//
+//   - Token-guarded writes ([Write], [Exec]): the writer presents its token for
+//     a resource; pgfence.fence(resource, token) accepts it iff no higher token
+//     was accepted for that resource (equal tokens pass), records it and keeps
+//     the resource's fence row locked until the transaction ends. The
+//     business write runs in the same transaction. [Exec] sends the fence and
+//     one statement as one pipeline: one round trip, one implicit transaction.
+//   - Versioned rows ([UpdateRow]): the application's own table carries the
+//     token in a column; UPDATE … SET …, fence = $t WHERE id = $id AND fence <= $t.
+//   - Lease-checked writes ([WriteLeased], [ExecLeased]): for a lease row in the
+//     same database (pgfence.leases), pgfence.check_lease(key, holder, token)
+//     takes FOR SHARE on the lease row and checks holder, token and expiry by
+//     the database clock; a takeover waits until the write's transaction ends.
+//
+// [Protect] closes the other doors: a trigger on a protected table rejects any
+// INSERT, UPDATE or DELETE (and TRUNCATE) unless the same transaction had a
+// token accepted by pgfence.fence() for the resource of every row it touches,
+// so psql, another service or an old binary cannot write around the fence.
+//
+// Every helper takes a [DB]: a *pgxpool.Pool, a *pgx.Conn, or a pgx.Tx to work
+// inside the caller's transaction.
+//
+// # SQL surface
+//
+// Installed by migration 00003_fence.sql; any client can use it:
+//
+//	pgfence.fence(resource text, token bigint, op uuid DEFAULT NULL) RETURNS bigint  -- PF001 if stale
+//	pgfence.check_lease(key text, holder uuid, token bigint) RETURNS void            -- PF002 if not held
+//	pgfence.protect(relation regclass, resource_column text, prefix text DEFAULT '') RETURNS void
+//	pgfence.unprotect(relation regclass) RETURNS boolean
+//	pgfence.protected_tables() RETURNS TABLE (relation regclass, resource_column text, prefix text)
+//	pgfence.max_stored_token() RETURNS bigint
+//	pgfence.raise_token_floor(new_floor bigint, reason text) RETURNS bigint           -- PF009 if lower
+//
+// The table pgfence.fences(resource, token, accepted_at, writes, op,
+// fenced_xid) holds one row per fenced resource.
+//
+// # Guarantees
+//
+//   - A write guarded by token T on resource R commits only if no write with a
+//     token higher than T was accepted for R before it, and after it commits no
+//     write with a token lower than T is accepted for R: the fence row is
+//     locked from the check until the commit, and the check runs on the newest
+//     committed row (INSERT … ON CONFLICT DO UPDATE … WHERE). Accepted tokens
+//     per resource never decrease, in commit order.
+//   - The accepted token is never lowered or forgotten, even by direct DML:
+//     triggers on pgfence.fences reject UPDATEs that lower it, DELETE and
+//     TRUNCATE (PF001).
+//   - A lease-checked write commits only if its lease was live, held by the
+//     same holder with the same token, when the check ran, and no takeover can
+//     commit before the write's transaction ends.
+//   - On a protected table, a row write commits only in a transaction that
+//     called pgfence.fence() for that row's resource (old and new row) and had
+//     it accepted: the trigger checks that the fence row was last accepted by
+//     the current transaction (fenced_xid = pg_current_xact_id()), a fence
+//     rolled back to a savepoint does not count, and no session setting is
+//     consulted, so a hand-set "token" cannot open the door.
+//   - The fence is durable with the write: pgfence.fence() raises
+//     synchronous_commit to on for its transaction when the session has off
+//     or local.
+//   - Tokens drawn with pgfence.next_token are failover-monotone (timeline in
+//     the high bits), so a promoted standby never issues a token at or below
+//     one the old primary issued; see the failover tests.
+//
+// Rejections are our own SQLSTATEs, mapped to sentinels for Go callers:
+// PF001 → *[StaleTokenError] ([ErrStaleToken]), PF002 → *[LeaseNotHeldError]
+// ([ErrLeaseNotHeld]), PF006 → [ErrUnfencedWrite], PF009 → [ErrFloorLowered].
+//
+// # Failure handling
+//
+//   - A rejection, a failing statement or an error returned by the caller's
+//     function rolls the whole transaction back (on a pgx.Tx, [Write] and
+//     [WriteLeased] roll back their savepoint only): nothing is accepted.
+//   - A connection lost after COMMIT was sent returns an
+//     *[OutcomeUnknownError] (errors.Is [ErrOutcomeUnknown]). [Resolve] waits
+//     for any transaction still holding the fence row and answers [Applied],
+//     [NotApplied] or [Superseded] from the accepted token and the write's
+//     operation id. Never retry blindly: resolve first.
+//   - Errors before anything was sent are [ErrUnavailable]; a standby answers
+//     [ErrNotPrimary]; lock_timeout and statement_timeout map to
+//     [ErrLockTimeout] and [ErrStatementTimeout]. Under REPEATABLE READ or
+//     SERIALIZABLE a concurrent fence fails with [ErrIsolation]: use READ
+//     COMMITTED.
+//   - Limits: a superuser can disable triggers (ALTER TABLE … DISABLE TRIGGER,
+//     session_replication_role = replica) or drop them; direct DML on
+//     pgfence.fences that keeps the current token is equivalent to presenting
+//     that token. Revoke write access to pgfence.fences from application roles
+//     that should only use pgfence.fence(). A lease-checked write's lease can
+//     expire between the check and COMMIT, but no takeover can interleave.
+//   - Cost: [Exec] is one round trip and one commit, like the unfenced
+//     statement; the protection trigger adds one plpgsql call and one
+//     primary-key lookup per row written (see the benchmarks).
+package pgfence

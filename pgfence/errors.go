@@ -1,0 +1,193 @@
+package pgfence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
+)
+
+// Sentinels of this package. Match them with [errors.Is].
+var (
+	// ErrStaleToken: a write presented a token older than one already accepted
+	// for its resource (SQLSTATE PF001). The write did not happen. Errors that
+	// match it are *[StaleTokenError] values.
+	ErrStaleToken = errors.New("pgfence: stale token")
+	// ErrLeaseNotHeld: a lease-checked write's lease is expired, released or
+	// taken over (SQLSTATE PF002). The write did not happen. Errors that match it
+	// are *[LeaseNotHeldError] values.
+	ErrLeaseNotHeld = errors.New("pgfence: lease not held")
+	// ErrUnfencedWrite: a protected table was written in a transaction that did
+	// not present an accepted token for the row's resource (SQLSTATE PF006).
+	ErrUnfencedWrite = errors.New("pgfence: unfenced write to a protected table")
+	// ErrFloorLowered: [RaiseTokenFloor] was asked to lower the token floor
+	// (SQLSTATE PF009). Nothing changed.
+	ErrFloorLowered = errors.New("pgfence: the token floor may only be raised")
+	// ErrNotFound: the row or resource does not exist.
+	ErrNotFound = errors.New("pgfence: not found")
+)
+
+// Shared sentinels, the same values as in every pgfence package.
+var (
+	// ErrOutcomeUnknown: the connection broke after COMMIT was sent; the write may
+	// or may not have committed. Errors that match it from [Write] and [Exec] are
+	// *[OutcomeUnknownError] values: resolve them with [Resolve].
+	ErrOutcomeUnknown = pgerr.ErrOutcomeUnknown
+	// ErrUnavailable: the database could not be reached; nothing was done.
+	ErrUnavailable = pgerr.ErrUnavailable
+	// ErrNotPrimary: the server is a standby (in recovery); nothing was written.
+	ErrNotPrimary = pgerr.ErrNotPrimary
+	// ErrIsolation: the transaction is REPEATABLE READ or SERIALIZABLE and a
+	// concurrent writer changed the fence row; fenced writes need READ COMMITTED.
+	ErrIsolation = pgerr.ErrIsolation
+	// ErrLockTimeout: lock_timeout expired waiting for the fence or lease row.
+	ErrLockTimeout = pgerr.ErrLockTimeout
+	// ErrStatementTimeout: statement_timeout expired.
+	ErrStatementTimeout = pgerr.ErrStatementTimeout
+	// ErrIdleInTransactionTimeout: the server ended the session after it idled
+	// in a transaction for longer than idle_in_transaction_session_timeout.
+	ErrIdleInTransactionTimeout = pgerr.ErrIdleInTransactionTimeout
+	// ErrInvalid: an argument was rejected (SQLSTATE PF008 or a Go-side check).
+	ErrInvalid = pgerr.ErrInvalid
+)
+
+// StaleTokenError is the rejection of a write whose token is older than the
+// accepted one. errors.Is(err, [ErrStaleToken]) is true.
+type StaleTokenError struct {
+	// Resource is the fenced resource (for [UpdateRow]: the table and key).
+	Resource string
+	// Presented is the writer's token.
+	Presented int64
+	// Accepted is the newer token already accepted (0 if unknown).
+	Accepted int64
+
+	err error // the database error, if any
+}
+
+func (e *StaleTokenError) Error() string {
+	return fmt.Sprintf("pgfence: stale token %d for resource %q: token %d was accepted", e.Presented, e.Resource, e.Accepted)
+}
+
+// Is reports whether target is [ErrStaleToken].
+func (e *StaleTokenError) Is(target error) bool { return target == ErrStaleToken }
+
+// Unwrap returns the underlying database error (*pgconn.PgError), if any.
+func (e *StaleTokenError) Unwrap() error { return e.err }
+
+// LeaseNotHeldError is the rejection of a lease-checked write.
+// errors.Is(err, [ErrLeaseNotHeld]) is true.
+type LeaseNotHeldError struct {
+	// Key is the lease key.
+	Key string
+	// Reason is "missing", "taken_over", "released" or "expired".
+	Reason string
+	// Current is the lease's current token when Reason is "taken_over".
+	Current int64
+
+	err error
+}
+
+func (e *LeaseNotHeldError) Error() string {
+	if e.Reason == "taken_over" {
+		return fmt.Sprintf("pgfence: lease %q not held: taken over (token %d)", e.Key, e.Current)
+	}
+	return fmt.Sprintf("pgfence: lease %q not held: %s", e.Key, e.Reason)
+}
+
+// Is reports whether target is [ErrLeaseNotHeld].
+func (e *LeaseNotHeldError) Is(target error) bool { return target == ErrLeaseNotHeld }
+
+// Unwrap returns the underlying database error.
+func (e *LeaseNotHeldError) Unwrap() error { return e.err }
+
+// OutcomeUnknownError reports a fenced write whose COMMIT was sent but whose
+// answer was lost. errors.Is(err, [ErrOutcomeUnknown]) is true. Pass it to
+// [Resolve] to learn whether the write committed.
+type OutcomeUnknownError struct {
+	// Resource and Token are the fenced write's.
+	Resource string
+	Token    int64
+	// Op is the write's operation id, recorded with its token.
+	Op OpID
+
+	err error
+}
+
+func (e *OutcomeUnknownError) Error() string {
+	return fmt.Sprintf("pgfence: outcome of write %s (resource %q, token %d) unknown: %v", e.Op, e.Resource, e.Token, e.err)
+}
+
+// Unwrap returns the classified error chain (it contains [ErrOutcomeUnknown]).
+func (e *OutcomeUnknownError) Unwrap() error { return e.err }
+
+// mapError turns a database error into this package's errors: pgfence
+// SQLSTATEs become typed errors; the rest is classified by internal/pgerr.
+// sent reports whether a COMMIT (or an implicit one) may have reached the server.
+func mapError(err error, sent bool) error {
+	if err == nil {
+		return nil
+	}
+	pgErr := pgerr.PgError(err)
+	if pgErr != nil {
+		switch pgErr.Code {
+		case pgerr.CodeStaleToken:
+			d := details(pgErr.Detail)
+			e := &StaleTokenError{Resource: d["resource"], err: err}
+			e.Accepted, _ = strconv.ParseInt(d["accepted"], 10, 64)
+			e.Presented, _ = strconv.ParseInt(d["presented"], 10, 64)
+			return e
+		case pgerr.CodeLeaseNotHeld:
+			d := details(pgErr.Detail)
+			e := &LeaseNotHeldError{Key: d["key"], Reason: d["reason"], err: err}
+			e.Current, _ = strconv.ParseInt(d["token"], 10, 64)
+			return e
+		case pgerr.CodeUnfencedWrite:
+			return fmt.Errorf("%w: %w", ErrUnfencedWrite, err)
+		case pgerr.CodeFloorNotRaised:
+			return fmt.Errorf("%w: %w", ErrFloorLowered, err)
+		}
+	}
+	if errors.Is(err, pgx.ErrTxCommitRollback) {
+		return err // the server answered ROLLBACK: nothing committed
+	}
+	return pgerr.Classify(err, sent)
+}
+
+// details parses the DETAIL of pgfence's own errors: space-separated
+// name=value pairs; a "resource=" or "key=" pair runs to the end of the text
+// (resources may contain spaces).
+func details(detail string) map[string]string {
+	out := map[string]string{}
+	for detail != "" {
+		name, rest, ok := strings.Cut(detail, "=")
+		if !ok {
+			break
+		}
+		if name == "resource" || name == "key" {
+			out[name] = rest
+			break
+		}
+		value, next, _ := strings.Cut(rest, " ")
+		out[name] = value
+		detail = next
+	}
+	return out
+}
+
+// rollback ends tx after a failure. A rollback error other than
+// [pgx.ErrTxClosed] is joined to cause; the rollback gets its own short
+// deadline so a cancelled ctx still releases the connection's locks.
+func rollback(ctx context.Context, tx pgx.Tx, cause error) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := tx.Rollback(rctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return errors.Join(cause, fmt.Errorf("pgfence: rollback: %w", err))
+	}
+	return cause
+}

@@ -1,0 +1,270 @@
+package pgfence
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DB is what the helpers run on: a [*pgxpool.Pool], a [*pgx.Conn] or a
+// [pgx.Tx]. On a pool or connection each helper runs its own transaction; on a
+// Tx it joins the caller's transaction ([pgx.Tx.Begin] is a savepoint there), so
+// the fence and the caller's other writes commit or roll back together.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+var (
+	_ DB = (*pgxpool.Pool)(nil)
+	_ DB = (*pgx.Conn)(nil)
+	_ DB = pgx.Tx(nil)
+)
+
+// MaxResourceLen is the longest resource name, in bytes.
+const MaxResourceLen = 512
+
+// SQL run by the helpers; the functions are installed by the migrations.
+const (
+	sqlFence    = `SELECT pgfence.fence($1, $2, $3)`
+	sqlAccepted = `SELECT token, writes, op FROM pgfence.fences WHERE resource = $1`
+	// sqlProbe waits for any transaction that holds the fence row (or is
+	// inserting it) and returns the newest committed state; the caller rolls
+	// it back. writes = 0 marks the probe's own row: no token was ever accepted.
+	sqlProbe = `INSERT INTO pgfence.fences AS f (resource, token, writes) VALUES ($1, 1, 0)
+ON CONFLICT (resource) DO UPDATE SET writes = f.writes
+RETURNING token, writes, op`
+)
+
+// OpID identifies one fenced write. It is stored with the accepted token so
+// that a write whose commit outcome is unknown can be resolved ([Resolve]).
+type OpID [16]byte
+
+// String formats the id as a UUID.
+func (id OpID) String() string {
+	var b [36]byte
+	hex.Encode(b[0:8], id[0:4])
+	b[8] = '-'
+	hex.Encode(b[9:13], id[4:6])
+	b[13] = '-'
+	hex.Encode(b[14:18], id[6:8])
+	b[18] = '-'
+	hex.Encode(b[19:23], id[8:10])
+	b[23] = '-'
+	hex.Encode(b[24:], id[10:])
+	return string(b[:])
+}
+
+func newOpID() OpID {
+	var id OpID
+	_, _ = rand.Read(id[:]) // crypto/rand.Read never fails (Go 1.24+)
+	id[6] = id[6]&0x0f | 0x40
+	id[8] = id[8]&0x3f | 0x80
+	return id
+}
+
+// Receipt describes an accepted, committed fenced write.
+type Receipt struct {
+	Resource string
+	Token    int64
+	Op       OpID
+}
+
+func validate(resource string, token int64) error {
+	if len(resource) == 0 || len(resource) > MaxResourceLen {
+		return fmt.Errorf("%w: resource must be 1 to %d bytes, got %d", ErrInvalid, MaxResourceLen, len(resource))
+	}
+	if token <= 0 {
+		return fmt.Errorf("%w: token must be positive, got %d", ErrInvalid, token)
+	}
+	return nil
+}
+
+// Write runs fn in a transaction that first presents token for resource:
+// pgfence.fence() accepts it iff no higher token was accepted for resource
+// (equal tokens pass), records it, and keeps the fence row locked until the
+// transaction ends, so fn's writes commit only together with the acceptance.
+//
+// A stale token returns a *[StaleTokenError] (errors.Is [ErrStaleToken]) and fn
+// is not called. If fn returns an error the transaction rolls back and that
+// error is returned unchanged (pgfence SQLSTATEs raised inside fn are mapped).
+// A COMMIT whose answer is lost returns an *[OutcomeUnknownError]; pass it to
+// [Resolve].
+//
+// On a [pgx.Tx], Write runs in a savepoint of the caller's transaction: a
+// rejection rolls back only the savepoint, and nothing is durable until the
+// caller commits. Write costs BEGIN, the fence, fn's statements and COMMIT;
+// [Exec] does a single statement in one round trip.
+func Write(ctx context.Context, db DB, resource string, token int64, fn func(ctx context.Context, tx pgx.Tx) error) (Receipt, error) {
+	if err := validate(resource, token); err != nil {
+		return Receipt{}, err
+	}
+	if fn == nil {
+		return Receipt{}, fmt.Errorf("%w: fn is nil", ErrInvalid)
+	}
+	op := newOpID()
+	_, nested := db.(pgx.Tx)
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return Receipt{}, mapError(err, false)
+	}
+	if _, err := tx.Exec(ctx, sqlFence, resource, token, op); err != nil {
+		return Receipt{}, rollback(ctx, tx, mapError(err, false))
+	}
+	if err := fn(ctx, tx); err != nil {
+		return Receipt{}, rollback(ctx, tx, mapError(err, false))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		if nested {
+			// A lost RELEASE SAVEPOINT kills the caller's transaction: nothing
+			// can commit, so the outcome is known.
+			return Receipt{}, mapError(err, false)
+		}
+		return Receipt{}, unknown(mapError(err, true), resource, token, op)
+	}
+	return Receipt{Resource: resource, Token: token, Op: op}, nil
+}
+
+// unknown wraps an ErrOutcomeUnknown error into an *OutcomeUnknownError.
+func unknown(err error, resource string, token int64, op OpID) error {
+	if errors.Is(err, ErrOutcomeUnknown) {
+		return &OutcomeUnknownError{Resource: resource, Token: token, Op: op, err: err}
+	}
+	return err
+}
+
+// Exec presents token for resource and runs one statement (sql with args) in
+// a single round trip: both are sent as one pipeline that the server runs as
+// one implicit transaction, so the statement commits only if the token is
+// accepted. It returns the statement's command tag.
+//
+// On a [pgx.Tx] both statements join the caller's transaction and a rejection
+// aborts it, as any failing statement does; use [Write] to confine a rejection
+// to a savepoint. Errors are as for [Write].
+func Exec(ctx context.Context, db DB, resource string, token int64, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := validate(resource, token); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	op := newOpID()
+	b := &pgx.Batch{}
+	b.Queue(sqlFence, resource, token, op)
+	b.Queue(sql, args...)
+	tag, err := execBatch(ctx, db, b)
+	if err != nil {
+		_, nested := db.(pgx.Tx)
+		return tag, unknown(mapError(err, !nested), resource, token, op)
+	}
+	return tag, nil
+}
+
+// execBatch sends b and returns the last statement's command tag.
+func execBatch(ctx context.Context, db DB, b *pgx.Batch) (pgconn.CommandTag, error) {
+	br := db.SendBatch(ctx, b)
+	var tag pgconn.CommandTag
+	var err error
+	for range b.Len() {
+		if tag, err = br.Exec(); err != nil {
+			break
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+// FenceState is the state of one fenced resource.
+type FenceState struct {
+	// Token is the highest token accepted for the resource.
+	Token int64
+	// Writes counts the accepted writes.
+	Writes int64
+	// Op is the operation id of the last accepted write (zero if it had none).
+	Op OpID
+}
+
+// Accepted returns the state of resource: the highest token accepted for it,
+// or [ErrNotFound] if none was. It reads the last committed state without
+// waiting for writers in flight; after an unknown outcome use [Resolve].
+func Accepted(ctx context.Context, db DB, resource string) (FenceState, error) {
+	var a FenceState
+	var op *[16]byte
+	err := db.QueryRow(ctx, sqlAccepted, resource).Scan(&a.Token, &a.Writes, &op)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return FenceState{}, fmt.Errorf("%w: no token accepted for resource %q", ErrNotFound, resource)
+	}
+	if err != nil {
+		return FenceState{}, mapError(err, false)
+	}
+	if op != nil {
+		a.Op = *op
+	}
+	return a, nil
+}
+
+// Outcome is what [Resolve] learned about a write with an unknown outcome.
+type Outcome int
+
+const (
+	// NotApplied: the write did not commit; it may be retried (with a token
+	// that is still current).
+	NotApplied Outcome = iota + 1
+	// Applied: the write committed.
+	Applied
+	// Superseded: a later write was accepted for the resource; the write may
+	// have committed before it, and its effect, if any, was overwritten in
+	// token order. Read the business data if the difference matters.
+	Superseded
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case NotApplied:
+		return "not applied"
+	case Applied:
+		return "applied"
+	case Superseded:
+		return "superseded"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Resolve tells whether the write behind an *[OutcomeUnknownError] committed.
+// It waits for a transaction still holding the resource's fence row to end,
+// then compares the accepted token and operation id with the write's. It
+// changes nothing.
+func Resolve(ctx context.Context, db DB, e *OutcomeUnknownError) (Outcome, error) {
+	if e == nil {
+		return 0, fmt.Errorf("%w: nil *OutcomeUnknownError", ErrInvalid)
+	}
+	if err := validate(e.Resource, e.Token); err != nil {
+		return 0, err
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return 0, mapError(err, false)
+	}
+	var token, writes int64
+	var op *[16]byte
+	err = tx.QueryRow(ctx, sqlProbe, e.Resource).Scan(&token, &writes, &op)
+	if err = rollback(ctx, tx, err); err != nil {
+		return 0, mapError(err, false)
+	}
+	switch {
+	case writes == 0 || token < e.Token:
+		return NotApplied, nil
+	case token == e.Token && op != nil && OpID(*op) == e.Op:
+		return Applied, nil
+	default:
+		return Superseded, nil
+	}
+}

@@ -1,0 +1,245 @@
+package pgfence_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/pgfence"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+func TestFenceSQL(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	var got int64
+	if err := pool.QueryRow(ctx, `SELECT pgfence.fence('r', 5)`).Scan(&got); err != nil || got != 5 {
+		t.Fatalf("first fence: %d, %v", got, err)
+	}
+	mustExec(t, pool, `SELECT pgfence.fence('r', 5)`) // equal passes
+	mustExec(t, pool, `SELECT pgfence.fence('r', 9)`)
+	_, err := pool.Exec(ctx, `SELECT pgfence.fence('r', 7)`)
+	if sqlstate(err) != "PF001" {
+		t.Fatalf("stale fence: want PF001, got %v", err)
+	}
+	var st *pgfence.StaleTokenError
+	if !errors.As(pgfence.MapErrorForTest(err), &st) || st.Resource != "r" || st.Presented != 7 || st.Accepted != 9 {
+		t.Fatalf("stale fence: got %#v", st)
+	}
+	var token, writes int64
+	if err := pool.QueryRow(ctx, `SELECT token, writes FROM pgfence.fences WHERE resource = 'r'`).Scan(&token, &writes); err != nil {
+		t.Fatal(err)
+	}
+	if token != 9 || writes != 3 {
+		t.Fatalf("fence row: token %d writes %d, want 9 and 3", token, writes)
+	}
+	for _, q := range []string{
+		`SELECT pgfence.fence('', 1)`,
+		`SELECT pgfence.fence(repeat('x', 513), 1)`,
+		`SELECT pgfence.fence('r', 0)`,
+		`SELECT pgfence.fence(NULL, 1)`,
+	} {
+		if _, err := pool.Exec(ctx, q); sqlstate(err) != "PF008" {
+			t.Errorf("%s: want PF008, got %v", q, err)
+		}
+	}
+	// The accepted token can never be lowered or forgotten, not even by DML
+	// that bypasses pgfence.fence().
+	for _, q := range []string{
+		`UPDATE pgfence.fences SET token = 1 WHERE resource = 'r'`,
+		`DELETE FROM pgfence.fences WHERE resource = 'r'`,
+		`TRUNCATE pgfence.fences`,
+		`UPDATE pgfence.fences SET resource = 'other' WHERE resource = 'r'`,
+	} {
+		if _, err := pool.Exec(ctx, q); sqlstate(err) != "PF001" {
+			t.Errorf("%s: want PF001, got %v", q, err)
+		}
+	}
+}
+
+// A failed fence in the caller's transaction leaves nothing behind; a fence in
+// a transaction that rolls back is not accepted.
+func TestFenceRollback(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, tx, `SELECT pgfence.fence('r', 100)`)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgfence.Accepted(ctx, pool, "r"); !errors.Is(err, pgfence.ErrNotFound) {
+		t.Fatalf("after rollback: want ErrNotFound, got %v", err)
+	}
+	mustExec(t, pool, `SELECT pgfence.fence('r', 3)`) // 100 was never accepted
+}
+
+func setupKV(t testing.TB, db execer) {
+	t.Helper()
+	mustExec(t, db, `CREATE TABLE kv (k text PRIMARY KEY, v text NOT NULL, token bigint NOT NULL)`)
+	mustExec(t, db, `INSERT INTO kv VALUES ('a', 'init', 0)`)
+}
+
+func TestWrite(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	setupKV(t, pool)
+	write := func(token int64, v string) (pgfence.Receipt, error) {
+		return pgfence.Write(ctx, pool, "kv:a", token, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`, v, token)
+			return err
+		})
+	}
+	rc, err := write(10, "ten")
+	if err != nil || rc.Token != 10 || rc.Resource != "kv:a" {
+		t.Fatalf("write 10: %+v, %v", rc, err)
+	}
+	called := false
+	_, err = pgfence.Write(ctx, pool, "kv:a", 9, func(ctx context.Context, tx pgx.Tx) error { called = true; return nil })
+	var st *pgfence.StaleTokenError
+	if !errors.As(err, &st) || !errors.Is(err, pgfence.ErrStaleToken) || st.Presented != 9 || st.Accepted != 10 || st.Resource != "kv:a" {
+		t.Fatalf("write 9: want stale (9 < 10), got %v", err)
+	}
+	if called {
+		t.Fatal("fn ran for a stale token")
+	}
+	if _, err := write(10, "ten again"); err != nil {
+		t.Fatalf("equal token: %v", err)
+	}
+	// fn's error rolls the acceptance back.
+	boom := errors.New("boom")
+	if _, err := pgfence.Write(ctx, pool, "kv:a", 50, func(context.Context, pgx.Tx) error { return boom }); !errors.Is(err, boom) {
+		t.Fatalf("fn error: got %v", err)
+	}
+	if st, err := pgfence.Accepted(ctx, pool, "kv:a"); err != nil || st.Token != 10 || st.Writes != 2 || st.Op != rc.Op && st.Writes != 2 {
+		t.Fatalf("accepted after fn error: %+v, %v", st, err)
+	}
+	var v string
+	if err := pool.QueryRow(ctx, `SELECT v FROM kv WHERE k = 'a'`).Scan(&v); err != nil || v != "ten again" {
+		t.Fatalf("row: %q, %v", v, err)
+	}
+	if _, err := pgfence.Write(ctx, pool, "", 1, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrInvalid) {
+		t.Fatalf("empty resource: %v", err)
+	}
+	if _, err := pgfence.Write(ctx, pool, "r", 0, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrInvalid) {
+		t.Fatalf("zero token: %v", err)
+	}
+}
+
+// Inside the caller's transaction Write is a savepoint: a rejection does not
+// abort the caller's transaction, and nothing is accepted until it commits.
+func TestWriteInCallerTransaction(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	setupKV(t, pool)
+	mustExec(t, pool, `SELECT pgfence.fence('kv:a', 20)`)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	_, err = pgfence.Write(ctx, tx, "kv:a", 19, func(ctx context.Context, tx pgx.Tx) error { return nil })
+	if !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("want stale, got %v", err)
+	}
+	if _, err := pgfence.Write(ctx, tx, "kv:a", 21, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE kv SET v = 'in tx', token = 21 WHERE k = 'a'`)
+		return err
+	}); err != nil {
+		t.Fatalf("write in caller tx after a rejection: %v", err)
+	}
+	if st, _ := pgfence.Accepted(ctx, pool, "kv:a"); st.Token != 20 {
+		t.Fatalf("token visible before the caller committed: %d", st.Token)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := pgfence.Accepted(ctx, pool, "kv:a"); st.Token != 21 {
+		t.Fatalf("after commit: token %d, want 21", st.Token)
+	}
+}
+
+func TestExec(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	setupKV(t, pool)
+	tag, err := pgfence.Exec(ctx, pool, "kv:a", 7, `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`, "seven", int64(7))
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("exec 7: %v, %v", tag, err)
+	}
+	_, err = pgfence.Exec(ctx, pool, "kv:a", 6, `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`, "six", int64(6))
+	var st *pgfence.StaleTokenError
+	if !errors.As(err, &st) || st.Accepted != 7 || st.Presented != 6 {
+		t.Fatalf("exec 6: want stale, got %v", err)
+	}
+	// A failing statement rolls back the acceptance (one implicit transaction).
+	_, err = pgfence.Exec(ctx, pool, "kv:a", 8, `UPDATE kv SET v = NULL WHERE k = 'a'`)
+	if sqlstate(err) != "23502" {
+		t.Fatalf("not-null violation: got %v", err)
+	}
+	if st, _ := pgfence.Accepted(ctx, pool, "kv:a"); st.Token != 7 {
+		t.Fatalf("accepted %d after a failed statement, want 7", st.Token)
+	}
+	var v string
+	var tok int64
+	if err := pool.QueryRow(ctx, `SELECT v, token FROM kv WHERE k = 'a'`).Scan(&v, &tok); err != nil || v != "seven" || tok != 7 {
+		t.Fatalf("row %q %d %v", v, tok, err)
+	}
+	// Inside a caller's transaction.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgfence.Exec(ctx, tx, "kv:a", 8, `UPDATE kv SET v = 'eight', token = 8 WHERE k = 'a'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := pgfence.Accepted(ctx, pool, "kv:a"); st.Token != 8 {
+		t.Fatalf("accepted %d, want 8", st.Token)
+	}
+}
+
+func TestUpdateRow(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	mustExec(t, pool, `CREATE SCHEMA app`)
+	mustExec(t, pool, `CREATE TABLE app."Jobs" (id int PRIMARY KEY, "state" text, "fence token" bigint)`)
+	mustExec(t, pool, `INSERT INTO app."Jobs" VALUES (1, 'new', NULL), (2, 'new', 50)`)
+	tbl := pgfence.Table{Name: pgx.Identifier{"app", "Jobs"}, Key: "id", Fence: "fence token"}
+	if err := pgfence.UpdateRow(ctx, pool, tbl, 1, 10, map[string]any{"state": "running"}); err != nil {
+		t.Fatalf("NULL fence: %v", err)
+	}
+	if err := pgfence.UpdateRow(ctx, pool, tbl, 1, 10, map[string]any{"state": "again"}); err != nil {
+		t.Fatalf("equal token: %v", err)
+	}
+	err := pgfence.UpdateRow(ctx, pool, tbl, 1, 9, map[string]any{"state": "stale"})
+	var st *pgfence.StaleTokenError
+	if !errors.As(err, &st) || st.Presented != 9 || st.Accepted != 10 {
+		t.Fatalf("stale: got %v", err)
+	}
+	if err := pgfence.UpdateRow(ctx, pool, tbl, 3, 99, map[string]any{"state": "x"}); !errors.Is(err, pgfence.ErrNotFound) {
+		t.Fatalf("missing row: want ErrNotFound, got %v", err)
+	}
+	if err := pgfence.UpdateRow(ctx, pool, tbl, 2, 49, map[string]any{"state": "x"}); !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("row 2: want stale, got %v", err)
+	}
+	var state string
+	var fence int64
+	if err := pool.QueryRow(ctx, `SELECT state, "fence token" FROM app."Jobs" WHERE id = 1`).Scan(&state, &fence); err != nil || state != "again" || fence != 10 {
+		t.Fatalf("row 1: %q %d %v", state, fence, err)
+	}
+	for _, bad := range []pgfence.Table{{Key: "id", Fence: "f"}, {Name: pgx.Identifier{"t"}, Fence: "f"}, {Name: pgx.Identifier{"t"}, Key: "id"}} {
+		if err := pgfence.UpdateRow(ctx, pool, bad, 1, 1, nil); !errors.Is(err, pgfence.ErrInvalid) {
+			t.Errorf("%+v: want ErrInvalid, got %v", bad, err)
+		}
+	}
+	if err := pgfence.UpdateRow(ctx, pool, tbl, 1, 11, map[string]any{"fence token": 1}); !errors.Is(err, pgfence.ErrInvalid) {
+		t.Errorf("assigning the fence column: want ErrInvalid, got %v", err)
+	}
+}

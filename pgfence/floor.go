@@ -1,0 +1,50 @@
+package pgfence
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// RaiseTokenFloor makes every token issued from now on greater than floor,
+// after the schema was rebuilt or restored from an older backup, so tokens
+// never restart below tokens already stored. It refuses to lower the floor
+// ([ErrFloorLowered]); the current value is a no-op. It returns the floor
+// before. reason (1 to 1000 characters) is recorded.
+func RaiseTokenFloor(ctx context.Context, db DB, floor int64, reason string) (previous int64, err error) {
+	if floor < 0 {
+		return 0, fmt.Errorf("%w: floor must be >= 0, got %d", ErrInvalid, floor)
+	}
+	if n := len([]rune(reason)); n < 1 || n > 1000 {
+		return 0, fmt.Errorf("%w: reason must be 1 to 1000 characters, got %d", ErrInvalid, n)
+	}
+	err = db.QueryRow(ctx, `SELECT pgfence.raise_token_floor($1, $2)`, floor, reason).Scan(&previous)
+	return previous, mapError(err, false)
+}
+
+// Column is a token column of one of the application's tables.
+type Column struct {
+	Table pgx.Identifier
+	Name  string
+}
+
+// MaxStoredToken returns the highest token stored in pgfence's own tables
+// (fences, leases, lease history, the floor) and in columns: the least floor
+// for [RaiseTokenFloor] after a restore.
+func MaxStoredToken(ctx context.Context, db DB, columns ...Column) (int64, error) {
+	var sb strings.Builder
+	sb.WriteString("SELECT greatest(pgfence.max_stored_token()")
+	for _, c := range columns {
+		if len(c.Table) == 0 || slices.Contains(c.Table, "") || c.Name == "" {
+			return 0, fmt.Errorf("%w: column %v.%q: empty name", ErrInvalid, c.Table, c.Name)
+		}
+		fmt.Fprintf(&sb, ", (SELECT max(%s)::bigint FROM %s)", pgx.Identifier{c.Name}.Sanitize(), c.Table.Sanitize())
+	}
+	sb.WriteString(")")
+	var maxToken int64
+	err := db.QueryRow(ctx, sb.String()).Scan(&maxToken)
+	return maxToken, mapError(err, false)
+}

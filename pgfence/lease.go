@@ -1,0 +1,81 @@
+package pgfence
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Lease is a grant of the pgfence.leases row Key to Holder with Token, as the
+// leases package (or any client of the SQL API) returns it. Holder is the
+// grant's UUID; a github.com/google/uuid.UUID is assignable to it.
+type Lease struct {
+	Key    string
+	Holder [16]byte
+	Token  int64
+}
+
+const sqlCheckLease = `SELECT pgfence.check_lease($1, $2, $3)`
+
+func (l Lease) validate() error {
+	if len(l.Key) == 0 || len(l.Key) > MaxResourceLen {
+		return fmt.Errorf("%w: lease key must be 1 to %d bytes, got %d", ErrInvalid, MaxResourceLen, len(l.Key))
+	}
+	if l.Token <= 0 {
+		return fmt.Errorf("%w: lease token must be positive, got %d", ErrInvalid, l.Token)
+	}
+	return nil
+}
+
+// WriteLeased runs fn in a transaction that first checks, with
+// pgfence.check_lease(), that lease is still live and held by lease.Holder
+// with lease.Token, by the database clock. The check takes FOR SHARE on the
+// lease row, so a takeover waits until this transaction ends: fn's writes
+// commit only while the lease is held. A lost lease returns a
+// *[LeaseNotHeldError] (errors.Is [ErrLeaseNotHeld]) and fn is not called.
+//
+// The lease can still expire between the check and COMMIT, but nobody can take
+// it over in between; hold a margin (the leases package's trust window) before
+// starting long work. Other errors are as for [Write].
+func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	if err := lease.validate(); err != nil {
+		return err
+	}
+	if fn == nil {
+		return fmt.Errorf("%w: fn is nil", ErrInvalid)
+	}
+	_, nested := db.(pgx.Tx)
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return mapError(err, false)
+	}
+	if _, err := tx.Exec(ctx, sqlCheckLease, lease.Key, lease.Holder, lease.Token); err != nil {
+		return rollback(ctx, tx, mapError(err, false))
+	}
+	if err := fn(ctx, tx); err != nil {
+		return rollback(ctx, tx, mapError(err, false))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return mapError(err, !nested)
+	}
+	return nil
+}
+
+// ExecLeased checks lease as [WriteLeased] does and runs one statement, in a
+// single round trip and one implicit transaction.
+func ExecLeased(ctx context.Context, db DB, lease Lease, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := lease.validate(); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	b := &pgx.Batch{}
+	b.Queue(sqlCheckLease, lease.Key, lease.Holder, lease.Token)
+	b.Queue(sql, args...)
+	tag, err := execBatch(ctx, db, b)
+	if err != nil {
+		_, nested := db.(pgx.Tx)
+		return tag, mapError(err, !nested)
+	}
+	return tag, nil
+}

@@ -1,0 +1,138 @@
+package pgfence_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/pgfence"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+func grant(t testing.TB, db execerQuerier, key string) pgfence.Lease {
+	t.Helper()
+	l := pgfence.Lease{Key: key, Holder: newHolder()}
+	if err := db.QueryRow(context.Background(), grantSQL, key, l.Holder, "30 seconds").Scan(&l.Token); err != nil {
+		t.Fatalf("grant %s: %v", key, err)
+	}
+	return l
+}
+
+type execerQuerier interface {
+	execer
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func TestLeaseChecked(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	setupKV(t, pool)
+	update := `UPDATE kv SET v = $1 WHERE k = 'a'`
+	reason := func(err error) string {
+		var e *pgfence.LeaseNotHeldError
+		if !errors.As(err, &e) || !errors.Is(err, pgfence.ErrLeaseNotHeld) {
+			t.Fatalf("want *LeaseNotHeldError, got %v", err)
+		}
+		return e.Reason
+	}
+
+	missing := pgfence.Lease{Key: "job", Holder: newHolder(), Token: 1}
+	if _, err := pgfence.ExecLeased(ctx, pool, missing, update, "x"); reason(err) != "missing" {
+		t.Fatal(err)
+	}
+	l := grant(t, pool, "job")
+	if tag, err := pgfence.ExecLeased(ctx, pool, l, update, "held"); err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("held lease: %v %v", tag, err)
+	}
+	if err := pgfence.WriteLeased(ctx, pool, l, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, update, "held tx")
+		return err
+	}); err != nil {
+		t.Fatalf("held lease, WriteLeased: %v", err)
+	}
+	wrongHolder := l
+	wrongHolder.Holder = newHolder()
+	if _, err := pgfence.ExecLeased(ctx, pool, wrongHolder, update, "x"); reason(err) != "taken_over" {
+		t.Fatal(err)
+	}
+	wrongToken := l
+	wrongToken.Token++
+	if _, err := pgfence.ExecLeased(ctx, pool, wrongToken, update, "x"); reason(err) != "taken_over" {
+		t.Fatal(err)
+	}
+	mustExec(t, pool, expireSQL, "job")
+	if _, err := pgfence.ExecLeased(ctx, pool, l, update, "x"); reason(err) != "expired" {
+		t.Fatal(err)
+	}
+	l2 := grant(t, pool, "job")
+	_, err := pgfence.ExecLeased(ctx, pool, l, update, "x")
+	var e *pgfence.LeaseNotHeldError
+	if reason(err) != "taken_over" || !errors.As(err, &e) || e.Current != l2.Token || e.Key != "job" {
+		t.Fatalf("after takeover: %v", err)
+	}
+	mustExec(t, pool, `UPDATE pgfence.leases SET released_at = clock_timestamp() WHERE key = 'job'`)
+	if err := pgfence.WriteLeased(ctx, pool, l2, func(context.Context, pgx.Tx) error { return nil }); reason(err) != "released" {
+		t.Fatal(err)
+	}
+	var v string
+	if err := pool.QueryRow(ctx, `SELECT v FROM kv WHERE k = 'a'`).Scan(&v); err != nil || v != "held tx" {
+		t.Fatalf("row %q %v", v, err)
+	}
+	if _, err := pgfence.ExecLeased(ctx, pool, pgfence.Lease{Key: "job"}, update, "x"); !errors.Is(err, pgfence.ErrInvalid) {
+		t.Fatalf("zero token: %v", err)
+	}
+}
+
+// A lease-checked write holds FOR SHARE on the lease row: a takeover of the
+// (meanwhile expired) lease waits until the write's transaction ends, so the
+// write commits while the lease is still held and the takeover comes after.
+func TestLeaseCheckedBlocksTakeover(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	setupKV(t, pool)
+	l := grant(t, pool, "job")
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := pgfence.ExecLeased(ctx, tx, l, `UPDATE kv SET v = 'old holder' WHERE k = 'a'`); err != nil {
+		t.Fatal(err)
+	}
+	// A takeover attempt (here with a grant that would succeed on an expired
+	// lease) waits for the share lock: with a short lock_timeout it fails.
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	mustExec(t, conn, `SET lock_timeout = '200ms'`)
+	_, err = conn.Exec(ctx, grantSQL, "job", newHolder(), "30 seconds")
+	if !errors.Is(pgfence.MapErrorForTest(err), pgfence.ErrLockTimeout) {
+		t.Fatalf("takeover while a lease-checked write is open: want lock timeout, got %v", err)
+	}
+	mustExec(t, conn, `RESET lock_timeout`)
+	done := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(ctx, expireSQL, "job")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("lease row changed under a lease-checked write: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	l2 := grant(t, pool, "job")
+	if l2.Token <= l.Token {
+		t.Fatalf("takeover token %d not above %d", l2.Token, l.Token)
+	}
+}
