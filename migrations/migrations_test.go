@@ -191,8 +191,12 @@ func TestConcurrentProcesses(t *testing.T) {
 		`SELECT count(*) FROM pgfence.goose_db_version WHERE version_id > 0`).Scan(&rows); err != nil {
 		t.Fatal(err)
 	}
-	if int64(rows) != latest {
-		t.Fatalf("version table has %d applied rows, want %d (each migration once)", rows, latest)
+	status, err := m.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows != len(status) { // versions need not be contiguous (00002 may land after 00003)
+		t.Fatalf("version table has %d applied rows, want %d (each migration once)", rows, len(status))
 	}
 }
 
