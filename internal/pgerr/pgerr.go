@@ -28,6 +28,7 @@ const (
 	CodeKeyInProgress  = "PF007" // idempotency key is being processed
 	CodeInvalid        = "PF008" // invalid argument
 	CodeFloorNotRaised = "PF009" // the token floor may only be raised
+	CodeIsolation      = "PF010" // the transaction is not READ COMMITTED (raised before any write)
 )
 
 // PostgreSQL SQLSTATEs pgfence reacts to.
@@ -124,7 +125,7 @@ func Classify(err error, sent bool) error {
 	switch Code(err) {
 	case CodeNotPrimary, CodeReadOnlyTransaction:
 		return fmt.Errorf("%w: %w", ErrNotPrimary, err)
-	case CodeSerializationFailure:
+	case CodeSerializationFailure, CodeIsolation:
 		return fmt.Errorf("%w: %w", ErrIsolation, err)
 	case CodeLockNotAvailable:
 		return fmt.Errorf("%w: %w", ErrLockTimeout, err)
