@@ -1,0 +1,210 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Func does the business work of an atomic intent inside tx, the transaction
+// that holds the claim. It returns the result to store and replay (nil is
+// stored as empty), a [*Failure] to store a permanent failure (its writes are
+// rolled back), or any other error for a transient failure (nothing is stored,
+// the key stays free). It must do all its writes through tx; it may run again
+// after a rolled-back attempt, never after a committed one.
+type Func func(ctx context.Context, tx pgx.Tx) ([]byte, error)
+
+const (
+	// lookupSQL answers replays and refusals in one round trip, before any
+	// transaction. The stored result is only returned to a matching payload.
+	lookupSQL = `SELECT status, fingerprint = $3,
+       CASE WHEN fingerprint = $3 THEN result END,
+       CASE WHEN fingerprint = $3 THEN failure_code END,
+       CASE WHEN fingerprint = $3 THEN failure_message END,
+       expires_at,
+       (extract(epoch FROM greatest(lease_expires_at - clock_timestamp(), interval '0')) * 1e6)::bigint
+  FROM pgfence.idempotency_keys
+ WHERE scope = $1 AND key = $2 AND (status = 'in_progress' OR expires_at > clock_timestamp())`
+
+	claimAtomicSQL = `SELECT outcome, status, result, failure_code, failure_message, expires_at,
+       (extract(epoch FROM retry_after) * 1e6)::bigint
+  FROM pgfence.idempotency_claim_atomic($1, $2, $3, $4 * interval '1 microsecond', $5 * interval '1 microsecond')`
+
+	completeAtomicSQL = `SELECT pgfence.idempotency_complete_atomic($1, $2, $3, $4, $5)`
+)
+
+// Do applies an atomic intent once: the claim on req's key, fn's writes and
+// fn's result commit in one READ COMMITTED transaction on db.
+//
+//   - New: fn ran and committed; Result (or Failure) is what it produced.
+//   - Replayed: an earlier attempt committed; its stored answer is returned and
+//     fn does not run. A duplicate that arrives while the first attempt's
+//     transaction is open waits for it (at most [Config.WaitTimeout] and ctx),
+//     then replays its result, or runs fn if the first attempt rolled back.
+//   - InProgress (with an [*InProgressError]): the first attempt did not finish
+//     within the wait.
+//   - Mismatch (with [ErrMismatch]): the key was used with another payload.
+//
+// When db is a [pgx.Tx] the work runs under a savepoint of the caller's
+// transaction, and only the caller's COMMIT makes it durable; the caller's
+// transaction must be READ COMMITTED ([ErrIsolation] otherwise). With a pool or
+// connection Do commits itself; a broken connection during that commit returns
+// [ErrOutcomeUnknown]: call Do again with the same request to learn the answer.
+func (s *Store) Do(ctx context.Context, db DB, req Request, fn Func) (*Outcome, error) {
+	fp, retention, err := s.check(req)
+	if err != nil {
+		return nil, err
+	}
+	if fn == nil {
+		return nil, fmt.Errorf("%w: fn is nil", ErrInvalid)
+	}
+	if _, inTx := db.(pgx.Tx); !inTx {
+		// Outside a caller's transaction a stored answer needs no transaction
+		// at all: one round trip.
+		if out, err := s.lookup(ctx, db, req, fp); out != nil || err != nil {
+			return out, err
+		}
+	}
+	out, err := s.runAtomic(ctx, db, req, fp, retention, fn)
+	var failure *Failure
+	if errors.As(err, &failure) {
+		if err := failure.check(); err != nil {
+			return nil, err
+		}
+		// fn's writes were rolled back; store the failure in a transaction of
+		// its own, unless a concurrent attempt completed the key meanwhile.
+		return s.runAtomic(ctx, db, req, fp, retention, func(context.Context, pgx.Tx) ([]byte, error) {
+			return nil, &storeFailure{failure}
+		})
+	}
+	return out, err
+}
+
+// storeFailure asks runAtomic to store a failure instead of a result.
+type storeFailure struct{ *Failure }
+
+func (s *Store) runAtomic(ctx context.Context, db DB, req Request, fp []byte, retention time.Duration, fn Func) (*Outcome, error) {
+	tx, err := begin(ctx, db)
+	if err != nil {
+		return nil, classify(err, false)
+	}
+	defer rollback(tx) // a no-op after Commit
+
+	out, err := s.claimAtomic(ctx, tx, req, fp, retention)
+	if err != nil || out.Status != New {
+		return out, err
+	}
+	result, err := fn(ctx, tx)
+	var failure *Failure
+	var stored *storeFailure
+	switch {
+	case errors.As(err, &stored):
+		failure = stored.Failure
+	case err != nil:
+		return nil, err // transient, or a *Failure for Do to store
+	case len(result) > MaxResultBytes:
+		return nil, fmt.Errorf("%w: result must be at most %d bytes, got %d", ErrInvalid, MaxResultBytes, len(result))
+	case result == nil:
+		result = []byte{}
+	}
+	out = &Outcome{Status: New, Result: result}
+	var code, message *string
+	if failure != nil {
+		out.Result, result = nil, failure.Data
+		out.Failure = failure
+		code, message = &failure.Code, &failure.Message
+	}
+	if err := tx.QueryRow(ctx, completeAtomicSQL, req.Scope, req.Key, result, code, message).Scan(&out.ExpiresAt); err != nil {
+		return nil, classify(err, false)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, classify(err, true)
+	}
+	s.logger.DebugContext(ctx, "idempotency: atomic key applied", "scope", req.Scope, "key", req.Key, "failed", failure != nil)
+	return out, nil
+}
+
+// claimAtomic claims the key inside tx or reports what holds it.
+func (s *Store) claimAtomic(ctx context.Context, tx pgx.Tx, req Request, fp []byte, retention time.Duration) (*Outcome, error) {
+	var (
+		outcome               string
+		status, code, message *string
+		result                []byte
+		expiresAt             *time.Time
+		retryAfter            *int64
+	)
+	err := tx.QueryRow(ctx, claimAtomicSQL, req.Scope, req.Key, fp, micros(s.wait), micros(retention)).
+		Scan(&outcome, &status, &result, &code, &message, &expiresAt, &retryAfter)
+	if err != nil {
+		return nil, classify(err, false)
+	}
+	switch outcome {
+	case "new":
+		return &Outcome{Status: New}, nil
+	case "replayed":
+		return replayed(*status, result, code, message, expiresAt), nil
+	case "mismatch":
+		return &Outcome{Status: Mismatch}, ErrMismatch
+	default:
+		return s.inProgress(req, retryAfter)
+	}
+}
+
+// lookup reads a live key outside any transaction. It returns nil, nil when
+// the key is free (absent or expired), which needs a claim.
+func (s *Store) lookup(ctx context.Context, db DB, req Request, fp []byte) (*Outcome, error) {
+	var (
+		status        string
+		match         bool
+		result        []byte
+		code, message *string
+		expiresAt     *time.Time
+		retryAfter    *int64
+	)
+	err := db.QueryRow(ctx, lookupSQL, req.Scope, req.Key, fp).
+		Scan(&status, &match, &result, &code, &message, &expiresAt, &retryAfter)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, classify(err, false)
+	case !match:
+		return &Outcome{Status: Mismatch}, ErrMismatch
+	case status == "in_progress":
+		return s.inProgress(req, retryAfter)
+	}
+	return replayed(status, result, code, message, expiresAt), nil
+}
+
+func (s *Store) inProgress(req Request, retryAfter *int64) (*Outcome, error) {
+	d := s.retryAfter
+	if retryAfter != nil {
+		d = fromMicros(retryAfter)
+	}
+	return &Outcome{Status: InProgress, RetryAfter: d}, &InProgressError{Scope: req.Scope, Key: req.Key, RetryAfter: d}
+}
+
+func replayed(status string, result []byte, code, message *string, expiresAt *time.Time) *Outcome {
+	out := &Outcome{Status: Replayed}
+	if expiresAt != nil {
+		out.ExpiresAt = *expiresAt
+	}
+	if status == "failed" {
+		out.Failure = &Failure{Data: result}
+		if code != nil {
+			out.Failure.Code = *code
+		}
+		if message != nil {
+			out.Failure.Message = *message
+		}
+		return out
+	}
+	if result == nil {
+		result = []byte{}
+	}
+	out.Result = result
+	return out
+}

@@ -1,0 +1,110 @@
+// Package idempotency makes one business intent take effect once, however
+// often it is requested: a client retrying after a timeout, a user clicking
+// twice, a queue redelivering a message, an AI agent repeating a tool call.
+//
+// A key (scope + key) names the intent. The first request that presents it
+// does the work and stores the result; every duplicate gets the stored result
+// instead of a second execution. The same key with a different payload is
+// refused. Keys, results and leases live in PostgreSQL (table
+// pgfence.idempotency_keys, installed by the migrations), so every process and
+// every language sees the same answer.
+//
+// # Choosing a key
+//
+// A key names a business intent — the order and the operation, "order-1234:
+// capture", or a key the client generated once for one user action and sends
+// with every retry of it. It is not a random id per attempt or per HTTP
+// request: a fresh id on every retry makes every retry new and protects
+// nothing. Put who may use the key and the operation in [Request.Scope], and a
+// canonical form of the request in [Request.Payload] (see [CanonicalJSON]).
+//
+// When a natural unique fact exists, a constraint alone is simpler and better:
+// one payment per order is UNIQUE (order_id) on the payments table; "ship only
+// once" is UPDATE orders SET state = 'shipped' WHERE id = $1 AND state =
+// 'paid' and checking the row count. Use keys when the intent has no such
+// fact, when a duplicate must get the original response (not just a
+// violation), when the payload must be checked, or when the effect is outside
+// the database.
+//
+// # Atomic mode
+//
+// [Store.Do] is for effects that live in the same database. The claim, the
+// business writes of the [Func] and the stored result commit in one READ
+// COMMITTED transaction. A duplicate that arrives meanwhile waits for that
+// transaction (bounded by [Config.WaitTimeout] and its context) and then
+// replays its result; if the first transaction rolls back or its connection
+// dies, the key is simply free again. There is nothing to clean up after a
+// crash. Do works inside the caller's transaction too (pass a [pgx.Tx]).
+//
+// # Leased mode
+//
+// [Store.Claim] is for effects outside the database: a payment provider, an
+// e-mail, a device command. The claim commits first, with a lease (database
+// clock) and a fresh owner id; the [Attempt] then calls the outside world,
+// records recovery points ([Attempt.Advance]) and extends the lease, and ends
+// with [Attempt.Complete], [Attempt.Fail] (a permanent failure) or
+// [Attempt.Release] (a transient error). If the owner crashes, the next claim
+// after the lease expired takes over, with the recovery point of the crashed
+// owner; [Attempt.DerivedKey] gives the same downstream idempotency key to every
+// attempt, so the outside system can deduplicate a call the crashed owner made.
+//
+// # Guarantees
+//
+//   - At most one effect per key: atomic mode runs the winning Func's writes
+//     once (a Func may run again only after its transaction rolled back);
+//     leased mode has one owner at a time, decided in the database by an
+//     INSERT … ON CONFLICT DO UPDATE … WHERE that runs under the row lock.
+//   - Every duplicate of a completed key gets the stored result or stored
+//     permanent failure; never a second execution.
+//   - The same key with a different payload gets [ErrMismatch] and never the
+//     stored result.
+//   - A duplicate of a key in flight gets [InProgress] with a retry hint (or,
+//     in atomic mode, waits up to [Config.WaitTimeout] and gets the result).
+//   - Only the current owner of a leased key can heartbeat, advance, complete,
+//     fail or release it; a replaced owner's late write returns [ErrNotOwner]
+//     and changes nothing.
+//   - Lease expiry and result retention are decided by the database clock
+//     (clock_timestamp()), never a client's.
+//   - Transient failures are never stored: the key stays free for a retry.
+//   - [GC] deletes only completed keys whose retention ended, never a key in
+//     progress.
+//   - A committed atomic claim always has its result: a transaction that
+//     claims and commits without storing one is refused at COMMIT.
+//
+// # Failure handling
+//
+//   - The caller's transaction is REPEATABLE READ or SERIALIZABLE:
+//     [ErrIsolation] before anything is written (SQLSTATE PF010; a 40001 maps
+//     to the same sentinel).
+//   - The connection breaks while Do commits, or around a leased call:
+//     [ErrOutcomeUnknown]. Send the same request again: the key answers with
+//     the stored result if it committed, or runs the intent if it did not.
+//   - The database is unreachable: [ErrUnavailable], nothing was done.
+//   - An atomic first attempt holds the key longer than the wait: [InProgress]
+//     with [Config.RetryAfter] as the hint; the caller's transaction stays
+//     usable (the wait is a lock_timeout inside a subtransaction).
+//   - A leased owner stops heartbeating (crash, pause, partition): after its
+//     lease the key is taken over; if it wakes up, its writes get
+//     [ErrNotOwner]. Use [Attempt.TrustedUntil] to stop starting external
+//     calls before the lease can have expired.
+//
+// # SQL interface
+//
+// Clients in other languages use the same functions (all in schema pgfence):
+//
+//	idempotency_claim_atomic(scope, key, fingerprint bytea, wait interval, retention interval)
+//	    → (outcome, status, result, failure_code, failure_message, expires_at, retry_after)
+//	    outcome: new | replayed | mismatch | in_progress; never raises for these
+//	idempotency_complete_atomic(scope, key, result bytea [, failure_code, failure_message]) → expires_at
+//	idempotency_claim(scope, key, fingerprint bytea, lease interval, retention interval)
+//	    → (outcome, owner, epoch, lease_expires_at, recovery_point, recovery_data,
+//	       status, result, failure_code, failure_message, expires_at)
+//	    outcome: new | replayed; raises PF004 mismatch, PF007 in progress
+//	idempotency_heartbeat(scope, key, owner uuid, lease interval) → lease_expires_at
+//	idempotency_advance(scope, key, owner uuid, recovery_point text, recovery_data bytea, lease interval) → lease_expires_at
+//	idempotency_complete(scope, key, owner uuid, result bytea [, failure_code, failure_message]) → expires_at
+//	idempotency_release(scope, key, owner uuid)
+//	    the owner calls raise PF002 when owner is not the current owner
+//
+// The fingerprint is the SHA-256 of the canonical payload ([Fingerprint]).
+package idempotency

@@ -1,0 +1,78 @@
+package idempotency
+
+import (
+	"context"
+	"fmt"
+)
+
+// GCBatchSizeDefault is [GCOptions.BatchSize]'s default.
+const GCBatchSizeDefault = 1000
+
+// GCOptions configures [GC]. A nil *GCOptions and the zero value use the
+// defaults.
+type GCOptions struct {
+	// BatchSize is the most keys one statement deletes. Default
+	// [GCBatchSizeDefault].
+	BatchSize int
+	// MaxBatches stops after this many batches. Default 0: until no expired
+	// key is left (or ctx ends).
+	MaxBatches int
+}
+
+// GCResult counts what [GC] did.
+type GCResult struct {
+	// Deleted is the number of expired keys deleted.
+	Deleted int64
+	// Batches is the number of delete statements run.
+	Batches int
+}
+
+// gcSQL deletes one batch of completed keys whose retention ended (database
+// clock). In-progress keys have no expires_at and are never selected; rows a
+// claim is reusing right now are locked and skipped.
+const gcSQL = `WITH batch AS (
+    SELECT scope, key FROM pgfence.idempotency_keys
+     WHERE expires_at <= clock_timestamp()
+     ORDER BY expires_at
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED)
+DELETE FROM pgfence.idempotency_keys k
+ USING batch b
+ WHERE k.scope = b.scope AND k.key = b.key AND k.expires_at <= clock_timestamp()`
+
+// GC deletes expired completed keys in batches, each its own statement (and
+// transaction when db is a pool or connection), so it never holds many locks
+// for long and never blocks claims. Keys in progress, atomic or leased, are
+// never deleted. It returns what it deleted so far even when it stops on an
+// error.
+func GC(ctx context.Context, db DB, opts *GCOptions) (GCResult, error) {
+	if opts == nil {
+		opts = &GCOptions{}
+	}
+	size := opts.BatchSize
+	switch {
+	case size < 0:
+		return GCResult{}, fmt.Errorf("%w: GCOptions.BatchSize must not be negative, got %d", ErrInvalid, size)
+	case size == 0:
+		size = GCBatchSizeDefault
+	}
+	if opts.MaxBatches < 0 {
+		return GCResult{}, fmt.Errorf("%w: GCOptions.MaxBatches must not be negative, got %d", ErrInvalid, opts.MaxBatches)
+	}
+	var res GCResult
+	for opts.MaxBatches == 0 || res.Batches < opts.MaxBatches {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		tag, err := db.Exec(ctx, gcSQL, size)
+		if err != nil {
+			return res, fmt.Errorf("idempotency: gc: %w", classify(err, true))
+		}
+		res.Batches++
+		res.Deleted += tag.RowsAffected()
+		if tag.RowsAffected() < int64(size) {
+			break
+		}
+	}
+	return res, nil
+}

@@ -1,0 +1,128 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/migrations"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// TestGCDeletesExpiredInBatchesOnly: expired completed keys go, in batches;
+// live results, leased claims in progress (even with an expired lease), an
+// uncommitted atomic claim and a row a concurrent transaction has locked stay.
+func TestGCDeletesExpiredInBatchesOnly(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	ctx := context.Background()
+	store := newStore(t, nil)
+
+	// 25 expired completed keys, atomic and leased.
+	if _, err := pool.Exec(ctx, `INSERT INTO pgfence.idempotency_keys
+       (scope, key, fingerprint, mode, status, result, retention, created_at, updated_at, completed_at, expires_at)
+SELECT 'gc', 'expired-' || i, sha256(''), CASE WHEN i % 2 = 0 THEN 'atomic' ELSE 'leased' END, 'succeeded', '',
+       interval '1 hour', clock_timestamp() - interval '2 hours', clock_timestamp() - interval '2 hours',
+       clock_timestamp() - interval '2 hours', clock_timestamp() - interval '1 hour'
+  FROM generate_series(1, 25) i`); err != nil {
+		t.Fatal(err)
+	}
+	// A live result.
+	noop := func(context.Context, pgx.Tx) ([]byte, error) { return []byte("kept"), nil }
+	if _, err := store.Do(ctx, pool, idempotency.Request{Scope: "gc", Key: "live"}, noop); err != nil {
+		t.Fatal(err)
+	}
+	// A leased claim in progress whose owner is long gone: still in flight
+	// (its recovery point matters to the next attempt).
+	claimNew(t, store, pool, idempotency.Request{Scope: "gc", Key: "leased"})
+	expireLease(t, pool, "leased")
+	// An expired key locked by a concurrent transaction (a claim reusing it).
+	locker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = locker.Rollback(ctx) }()
+	if _, err := locker.Exec(ctx, `SELECT 1 FROM pgfence.idempotency_keys WHERE key = 'expired-25' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	// An uncommitted atomic claim.
+	claimTx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = claimTx.Rollback(ctx) }()
+	if _, err := claimTx.Exec(ctx, `SELECT pgfence.idempotency_claim_atomic('gc', 'uncommitted', sha256(''), '1s', '1h')`); err != nil {
+		t.Fatal(err)
+	}
+
+	res, err := idempotency.GC(ctx, pool, &idempotency.GCOptions{BatchSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Deleted != 24 || res.Batches != 3 {
+		t.Fatalf("GC = %+v, want 24 deleted in 3 batches (10, 10, 4)", res)
+	}
+	rows, err := pool.Query(ctx, `SELECT key FROM pgfence.idempotency_keys ORDER BY key`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"expired-25", "leased", "live"}; !equal(left, want) {
+		t.Fatalf("left %v, want %v", left, want)
+	}
+
+	// Once unlocked the last expired key goes; MaxBatches bounds a run.
+	_ = locker.Rollback(ctx)
+	res, err = idempotency.GC(ctx, pool, &idempotency.GCOptions{MaxBatches: 1})
+	if err != nil || res.Deleted != 1 || res.Batches != 1 {
+		t.Fatalf("second GC = %+v, %v", res, err)
+	}
+	if _, err := idempotency.GC(ctx, pool, &idempotency.GCOptions{BatchSize: -1}); !errors.Is(err, idempotency.ErrInvalid) {
+		t.Fatalf("negative batch: %v", err)
+	}
+}
+
+func equal(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestMigrationDownUp: 00004's Down removes everything its Up created, so
+// Up applies again.
+func TestMigrationDownUp(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	ctx := context.Background()
+	m, err := migrations.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.DownTo(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_proc WHERE proname LIKE 'idempotency%'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d idempotency functions left after Down, %v", n, err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newStore(t, nil).Do(ctx, pool, idempotency.Request{Scope: "s", Key: "k"},
+		func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,245 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+const (
+	claimSQL = `SELECT outcome, owner::text, epoch, recovery_point, recovery_data,
+       status, result, failure_code, failure_message, expires_at
+  FROM pgfence.idempotency_claim($1, $2, $3, $4 * interval '1 microsecond', $5 * interval '1 microsecond')`
+
+	// retryAfterSQL reads the rest of the lease after a PF007 refusal.
+	retryAfterSQL = `SELECT (extract(epoch FROM greatest(lease_expires_at - clock_timestamp(), interval '0')) * 1e6)::bigint
+  FROM pgfence.idempotency_keys WHERE scope = $1 AND key = $2 AND status = 'in_progress'`
+
+	heartbeatSQL = `SELECT pgfence.idempotency_heartbeat($1, $2, $3::uuid, $4 * interval '1 microsecond')`
+	advanceSQL   = `SELECT pgfence.idempotency_advance($1, $2, $3::uuid, $4, $5, $6 * interval '1 microsecond')`
+	completeSQL  = `SELECT pgfence.idempotency_complete($1, $2, $3::uuid, $4, $5, $6)`
+	releaseSQL   = `SELECT pgfence.idempotency_release($1, $2, $3::uuid)`
+)
+
+// Claim claims req's key for leased work: an intent whose effect is outside
+// the database (a payment provider, an e-mail, a device command), so it cannot
+// commit together with the claim.
+//
+//   - New: [Outcome.Attempt] owns the key until its lease ends. It may be a
+//     takeover of an attempt whose lease expired (or that released the key);
+//     then [Attempt.RecoveryPoint] says where that attempt got to.
+//   - Replayed: the stored result or failure.
+//   - InProgress (with an [*InProgressError]): another attempt's lease is live.
+//   - Mismatch (with [ErrMismatch]): the key was used with another payload.
+//
+// The claim is one statement; db should not be a transaction (the claim must
+// be visible before the external call is made).
+func (s *Store) Claim(ctx context.Context, db DB, req Request) (*Outcome, error) {
+	fp, retention, err := s.check(req)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		outcome, recoveryPoint, status string
+		owner, code, message           *string
+		epoch                          int64
+		recoveryData, result           []byte
+		expiresAt                      *time.Time
+	)
+	start := time.Now()
+	err = db.QueryRow(ctx, claimSQL, req.Scope, req.Key, fp, micros(s.lease), micros(retention)).
+		Scan(&outcome, &owner, &epoch, &recoveryPoint, &recoveryData, &status, &result, &code, &message, &expiresAt)
+	if err != nil {
+		err = classify(err, true)
+		switch {
+		case errors.Is(err, ErrMismatch):
+			return &Outcome{Status: Mismatch}, err
+		case errors.Is(err, ErrInProgress):
+			var us *int64
+			if rerr := db.QueryRow(ctx, retryAfterSQL, req.Scope, req.Key).Scan(&us); rerr != nil {
+				us = nil // the hint is best effort; the default applies
+			}
+			return s.inProgress(req, us)
+		}
+		return nil, err
+	}
+	if outcome == "replayed" {
+		return replayed(status, result, code, message, expiresAt), nil
+	}
+	a := &Attempt{
+		store:         s,
+		db:            db,
+		scope:         req.Scope,
+		key:           req.Key,
+		owner:         *owner,
+		epoch:         epoch,
+		recoveryPoint: recoveryPoint,
+		recoveryData:  recoveryData,
+		trustedUntil:  start.Add(s.lease),
+	}
+	s.logger.DebugContext(ctx, "idempotency: leased key claimed", "scope", req.Scope, "key", req.Key,
+		"epoch", epoch, "recovery_point", recoveryPoint)
+	return &Outcome{Status: New, Attempt: a}, nil
+}
+
+// Attempt is one owner's claim on a leased key. Its methods are accepted only
+// while it is the key's current owner; afterwards they return [ErrNotOwner].
+// It is safe for concurrent use (a heartbeat goroutine next to the work).
+type Attempt struct {
+	store      *Store
+	db         DB
+	scope, key string
+	owner      string
+	epoch      int64
+
+	mu            sync.Mutex
+	recoveryPoint string
+	recoveryData  []byte
+	trustedUntil  time.Time
+}
+
+// Scope returns the key's scope.
+func (a *Attempt) Scope() string { return a.scope }
+
+// Key returns the key.
+func (a *Attempt) Key() string { return a.key }
+
+// Owner returns this attempt's owner id (a random UUID per claim).
+func (a *Attempt) Owner() string { return a.owner }
+
+// Epoch returns the key's ownership counter: 1 for the first claim, one more
+// for every takeover. A downstream system that accepts a fencing token can be
+// given it.
+func (a *Attempt) Epoch() int64 { return a.epoch }
+
+// TakenOver reports whether an earlier attempt held the key (this claim took
+// it over after that attempt's lease expired or it released the key).
+func (a *Attempt) TakenOver() bool { return a.epoch > 1 }
+
+// RecoveryPoint returns the last recovery point recorded for the key, by this
+// attempt or a previous owner ("" if none): where the work resumes.
+func (a *Attempt) RecoveryPoint() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.recoveryPoint
+}
+
+// RecoveryData returns the data stored with [Attempt.RecoveryPoint].
+func (a *Attempt) RecoveryData() []byte {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.recoveryData
+}
+
+// TrustedUntil is the local (monotonic) time until which this attempt may
+// assume it still owns the key: the send time of the last claim, heartbeat or
+// recovery point plus the lease. The database decides expiry; this is the
+// conservative client-side bound to stop starting new external calls.
+func (a *Attempt) TrustedUntil() time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.trustedUntil
+}
+
+// DerivedKey returns the idempotency key to hand to a downstream system for
+// one step of this intent: key + ":" + step. It is the same for every attempt
+// and takeover, so the downstream system deduplicates a step that a crashed
+// owner already sent.
+func (a *Attempt) DerivedKey(step string) string { return a.key + ":" + step }
+
+// Heartbeat extends the lease to now + [Config.Lease] (database clock).
+func (a *Attempt) Heartbeat(ctx context.Context) error {
+	start := time.Now()
+	var until time.Time
+	if err := a.db.QueryRow(ctx, heartbeatSQL, a.scope, a.key, a.owner, micros(a.store.lease)).Scan(&until); err != nil {
+		return a.fail("heartbeat", err)
+	}
+	a.extended(start)
+	return nil
+}
+
+// Advance records that the work reached point (with optional data, for
+// example the id a payment provider returned) and extends the lease. An
+// attempt that takes the key over after a crash resumes from the last point.
+func (a *Attempt) Advance(ctx context.Context, point string, data []byte) error {
+	switch {
+	case len(point) > MaxRecoveryPointBytes:
+		return fmt.Errorf("%w: recovery point must be at most %d bytes, got %d", ErrInvalid, MaxRecoveryPointBytes, len(point))
+	case len(data) > MaxRecoveryDataBytes:
+		return fmt.Errorf("%w: recovery data must be at most %d bytes, got %d", ErrInvalid, MaxRecoveryDataBytes, len(data))
+	}
+	start := time.Now()
+	var until time.Time
+	if err := a.db.QueryRow(ctx, advanceSQL, a.scope, a.key, a.owner, point, data, micros(a.store.lease)).Scan(&until); err != nil {
+		return a.fail("advance", err)
+	}
+	a.mu.Lock()
+	a.recoveryPoint, a.recoveryData = point, data
+	a.mu.Unlock()
+	a.extended(start)
+	return nil
+}
+
+// Complete stores result as the key's answer and ends the claim. A replaced
+// owner's late completion returns [ErrNotOwner] and stores nothing.
+func (a *Attempt) Complete(ctx context.Context, result []byte) (time.Time, error) {
+	return a.CompleteTx(ctx, a.db, result)
+}
+
+// CompleteTx is [Attempt.Complete] through db, for example the transaction
+// that also records the effect in business tables: the result is stored only
+// if that transaction commits.
+func (a *Attempt) CompleteTx(ctx context.Context, db DB, result []byte) (time.Time, error) {
+	if len(result) > MaxResultBytes {
+		return time.Time{}, fmt.Errorf("%w: result must be at most %d bytes, got %d", ErrInvalid, MaxResultBytes, len(result))
+	}
+	if result == nil {
+		result = []byte{}
+	}
+	var expires time.Time
+	if err := db.QueryRow(ctx, completeSQL, a.scope, a.key, a.owner, result, nil, nil).Scan(&expires); err != nil {
+		return time.Time{}, a.fail("complete", err)
+	}
+	return expires, nil
+}
+
+// Fail stores a permanent failure as the key's answer and ends the claim.
+// Transient errors are not failures: [Attempt.Release] the key instead.
+func (a *Attempt) Fail(ctx context.Context, f *Failure) (time.Time, error) {
+	if f == nil {
+		return time.Time{}, fmt.Errorf("%w: failure is nil", ErrInvalid)
+	}
+	if err := f.check(); err != nil {
+		return time.Time{}, err
+	}
+	var expires time.Time
+	if err := a.db.QueryRow(ctx, completeSQL, a.scope, a.key, a.owner, f.Data, f.Code, f.Message).Scan(&expires); err != nil {
+		return time.Time{}, a.fail("fail", err)
+	}
+	return expires, nil
+}
+
+// Release gives the key up after a transient error without storing a result.
+// The recovery point stays, and the next claim takes the key over at once and
+// resumes from it.
+func (a *Attempt) Release(ctx context.Context) error {
+	if _, err := a.db.Exec(ctx, releaseSQL, a.scope, a.key, a.owner); err != nil {
+		return a.fail("release", err)
+	}
+	a.store.logger.DebugContext(ctx, "idempotency: leased key released", "scope", a.scope, "key", a.key, "epoch", a.epoch)
+	return nil
+}
+
+func (a *Attempt) extended(start time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if t := start.Add(a.store.lease); t.After(a.trustedUntil) {
+		a.trustedUntil = t
+	}
+}
+
+func (a *Attempt) fail(op string, err error) error {
+	return fmt.Errorf("idempotency: %s %s/%s (epoch %d): %w", op, a.scope, a.key, a.epoch, classify(err, true))
+}

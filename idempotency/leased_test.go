@@ -1,0 +1,309 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// expireLease moves the key's lease into the past (database clock), as if
+// its owner had stopped heartbeating long ago.
+func expireLease(t testing.TB, pool *pgxpool.Pool, key string) {
+	t.Helper()
+	tag, err := pool.Exec(context.Background(), `UPDATE pgfence.idempotency_keys
+   SET created_at = clock_timestamp() - interval '1 hour', lease_expires_at = clock_timestamp() - interval '1 second'
+ WHERE key = $1 AND status = 'in_progress'`, key)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("expire lease of %s: %v, %d rows", key, err, tag.RowsAffected())
+	}
+}
+
+func claimNew(t testing.TB, store *idempotency.Store, pool *pgxpool.Pool, req idempotency.Request) *idempotency.Attempt {
+	t.Helper()
+	out, err := store.Claim(context.Background(), pool, req)
+	if err != nil || out.Status != idempotency.New || out.Attempt == nil {
+		t.Fatalf("claim %s: %+v, %v", req.Key, out, err)
+	}
+	return out.Attempt
+}
+
+// TestLeasedCrashedOwnerTakenOverResumes: an owner records a recovery point
+// after the external call, then "crashes" (never returns). A retry during its
+// lease is told in progress; after the lease expires (database clock) the
+// retry takes over, resumes from the recovery point with the same derived key,
+// and the crashed owner's late completion is refused.
+func TestLeasedCrashedOwnerTakenOverResumes(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	ctx := context.Background()
+	store := newStore(t, &idempotency.Config{Lease: time.Minute})
+	req := idempotency.Request{Scope: "payments", Key: "order-1:capture", Payload: []byte(`{"amount":100}`)}
+
+	crashed := claimNew(t, store, pool, req)
+	if crashed.Epoch() != 1 || crashed.TakenOver() || crashed.RecoveryPoint() != "" {
+		t.Fatalf("first claim: epoch %d, taken over %v, point %q", crashed.Epoch(), crashed.TakenOver(), crashed.RecoveryPoint())
+	}
+	if time.Until(crashed.TrustedUntil()) <= 0 {
+		t.Fatal("trust window already over")
+	}
+	providerKey := crashed.DerivedKey("provider")
+	if err := crashed.Advance(ctx, "charged", []byte("ch_123")); err != nil {
+		t.Fatal(err)
+	}
+
+	out, err := store.Claim(ctx, pool, req)
+	var ip *idempotency.InProgressError
+	if !errors.As(err, &ip) || out.Status != idempotency.InProgress {
+		t.Fatalf("claim during lease: %+v, %v; want InProgress", out, err)
+	}
+	if out.RetryAfter < 50*time.Second || out.RetryAfter > time.Minute {
+		t.Fatalf("retry after %v, want about the remaining minute of lease", out.RetryAfter)
+	}
+
+	expireLease(t, pool, req.Key)
+	next := claimNew(t, store, pool, req)
+	if !next.TakenOver() || next.Epoch() != 2 || next.Owner() == crashed.Owner() {
+		t.Fatalf("takeover: epoch %d, taken over %v, owner %s (old %s)", next.Epoch(), next.TakenOver(), next.Owner(), crashed.Owner())
+	}
+	if next.RecoveryPoint() != "charged" || string(next.RecoveryData()) != "ch_123" {
+		t.Fatalf("takeover resumes from %q %q, want charged ch_123", next.RecoveryPoint(), next.RecoveryData())
+	}
+	if next.DerivedKey("provider") != providerKey {
+		t.Fatalf("derived key changed across attempts: %q vs %q", next.DerivedKey("provider"), providerKey)
+	}
+
+	// The crashed owner wakes up: every write of it is refused.
+	if _, err := crashed.Complete(ctx, []byte("late")); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Fatalf("late complete: %v, want ErrNotOwner", err)
+	}
+	if err := crashed.Heartbeat(ctx); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Fatalf("late heartbeat: %v, want ErrNotOwner", err)
+	}
+	if err := crashed.Advance(ctx, "other", nil); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Fatalf("late advance: %v, want ErrNotOwner", err)
+	}
+	if _, err := crashed.Fail(ctx, &idempotency.Failure{Code: "x"}); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Fatalf("late fail: %v, want ErrNotOwner", err)
+	}
+	if err := crashed.Release(ctx); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Fatalf("late release: %v, want ErrNotOwner", err)
+	}
+
+	if err := next.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := next.Complete(ctx, []byte("receipt-1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := crashed.Complete(ctx, []byte("late")); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Fatalf("late complete after completion: %v, want ErrNotOwner", err)
+	}
+	out, err = store.Claim(ctx, pool, req)
+	if err != nil || out.Status != idempotency.Replayed || string(out.Result) != "receipt-1" || out.ExpiresAt.IsZero() {
+		t.Fatalf("replay: %+v, %v", out, err)
+	}
+	// Completing twice is refused too: the key has no owner any more.
+	if _, err := next.Complete(ctx, []byte("again")); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Fatalf("second complete: %v, want ErrNotOwner", err)
+	}
+}
+
+// TestLeasedTakeoverRace: many attempts race for an expired lease; exactly one
+// becomes the owner.
+func TestLeasedTakeoverRace(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	ctx := context.Background()
+	store := newStore(t, nil)
+	req := idempotency.Request{Scope: "payments", Key: "order-2:capture"}
+	claimNew(t, store, pool, req)
+	expireLease(t, pool, req.Key)
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	owners, inProgress := 0, 0
+	for range 16 {
+		wg.Go(func() {
+			out, err := store.Claim(ctx, pool, req)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil && out.Status == idempotency.New:
+				owners++
+			case errors.Is(err, idempotency.ErrInProgress):
+				inProgress++
+			default:
+				t.Errorf("claim: %+v, %v", out, err)
+			}
+		})
+	}
+	wg.Wait()
+	if owners != 1 || inProgress != 15 {
+		t.Fatalf("%d owners, %d in progress; want 1 and 15", owners, inProgress)
+	}
+}
+
+func TestLeasedReleaseKeepsRecoveryPoint(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	ctx := context.Background()
+	store := newStore(t, nil)
+	req := idempotency.Request{Scope: "mail", Key: "welcome:user-7"}
+	a := claimNew(t, store, pool, req)
+	if err := a.Advance(ctx, "rendered", []byte("<html>")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx); err != nil { // transient SMTP error
+		t.Fatal(err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.idempotency_keys WHERE result IS NOT NULL OR failure_code IS NOT NULL`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("a release stored a result: %d rows, %v", n, err)
+	}
+	// The next attempt takes over at once, no lease to wait for.
+	b := claimNew(t, store, pool, req)
+	if b.RecoveryPoint() != "rendered" || string(b.RecoveryData()) != "<html>" || b.Epoch() != 2 {
+		t.Fatalf("after release: point %q data %q epoch %d", b.RecoveryPoint(), b.RecoveryData(), b.Epoch())
+	}
+	if err := a.Heartbeat(ctx); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Fatalf("released owner's heartbeat: %v, want ErrNotOwner", err)
+	}
+}
+
+func TestLeasedPermanentFailureReplayed(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	ctx := context.Background()
+	store := newStore(t, nil)
+	req := idempotency.Request{Scope: "devices", Key: "dev-1:reboot", Payload: []byte("now")}
+	a := claimNew(t, store, pool, req)
+	if _, err := a.Fail(ctx, &idempotency.Failure{Code: "device_unknown", Message: "no such device", Data: []byte("404")}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := store.Claim(ctx, pool, req)
+	if err != nil || out.Status != idempotency.Replayed || out.Failure == nil || out.Failure.Code != "device_unknown" ||
+		out.Failure.Message != "no such device" || string(out.Failure.Data) != "404" || out.Result != nil {
+		t.Fatalf("replay: %+v, %v", out, err)
+	}
+	// Atomic mode sees the same stored answer for the key.
+	if out, err := store.Do(ctx, pool, req, func(context.Context, pgx.Tx) ([]byte, error) {
+		t.Error("fn ran for a stored failure")
+		return nil, nil
+	}); err != nil || out.Failure == nil {
+		t.Fatalf("atomic view: %+v, %v", out, err)
+	}
+}
+
+func TestLeasedMismatchNeverShowsResult(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	ctx := context.Background()
+	store := newStore(t, nil)
+	req := idempotency.Request{Scope: "payments", Key: "order-3:capture", Payload: []byte("100")}
+	a := claimNew(t, store, pool, req)
+	other := req
+	other.Payload = []byte("999")
+	// Refused while in progress ...
+	if out, err := store.Claim(ctx, pool, other); !errors.Is(err, idempotency.ErrMismatch) || out.Status != idempotency.Mismatch {
+		t.Fatalf("mismatch in progress: %+v, %v", out, err)
+	}
+	// ... after the lease expired (no takeover with another payload) ...
+	expireLease(t, pool, req.Key)
+	if _, err := store.Claim(ctx, pool, other); !errors.Is(err, idempotency.ErrMismatch) {
+		t.Fatalf("mismatch after lease: %v", err)
+	}
+	if _, err := a.Complete(ctx, []byte("secret receipt")); err != nil {
+		t.Fatal(err)
+	}
+	// ... and after completion, without the stored result.
+	out, err := store.Claim(ctx, pool, other)
+	if !errors.Is(err, idempotency.ErrMismatch) || out.Result != nil || out.Failure != nil {
+		t.Fatalf("mismatch after completion: %+v, %v", out, err)
+	}
+}
+
+// TestLeasedSQLFunctions: clients in other languages call the SQL functions
+// and branch on SQLSTATEs.
+func TestLeasedSQLFunctions(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	ctx := context.Background()
+	var outcome, owner string
+	if err := pool.QueryRow(ctx, `SELECT outcome, owner::text FROM pgfence.idempotency_claim('s', 'k', sha256('a'), '1 minute', '1 day')`).Scan(&outcome, &owner); err != nil || outcome != "new" {
+		t.Fatalf("claim: %q %v", outcome, err)
+	}
+	wantCode := func(name, code, sql string, args ...any) {
+		t.Helper()
+		_, err := pool.Exec(ctx, sql, args...)
+		if pgerr.Code(err) != code {
+			t.Fatalf("%s: %v, want SQLSTATE %s", name, err, code)
+		}
+		t.Logf("%s: %v", name, pgerr.PgError(err).Message)
+	}
+	wantCode("in progress", pgerr.CodeKeyInProgress, `SELECT * FROM pgfence.idempotency_claim('s', 'k', sha256('a'), '1 minute', '1 day')`)
+	wantCode("mismatch", pgerr.CodeKeyMismatch, `SELECT * FROM pgfence.idempotency_claim('s', 'k', sha256('b'), '1 minute', '1 day')`)
+	wantCode("not owner", pgerr.CodeLeaseNotHeld, `SELECT pgfence.idempotency_complete('s', 'k', gen_random_uuid(), 'x')`)
+	wantCode("bad lease", pgerr.CodeInvalid, `SELECT * FROM pgfence.idempotency_claim('s', 'k2', sha256('a'), '0', '1 day')`)
+	wantCode("bad fingerprint", pgerr.CodeInvalid, `SELECT * FROM pgfence.idempotency_claim('s', 'k2', 'short', '1 minute', '1 day')`)
+	wantCode("isolation", pgerr.CodeIsolation, `BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT * FROM pgfence.idempotency_claim('s', 'k3', sha256('a'), '1 minute', '1 day'); COMMIT`)
+	if _, err := pool.Exec(ctx, `SELECT pgfence.idempotency_complete('s', 'k', $1::uuid, 'done')`, owner); err != nil {
+		t.Fatal(err)
+	}
+	var result []byte
+	if err := pool.QueryRow(ctx, `SELECT outcome, result FROM pgfence.idempotency_claim('s', 'k', sha256('a'), '1 minute', '1 day')`).Scan(&outcome, &result); err != nil ||
+		outcome != "replayed" || string(result) != "done" {
+		t.Fatalf("replay: %q %q %v", outcome, result, err)
+	}
+}
+
+func TestLeasedCompleteTxWithBusinessWrite(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	createCharges(t, pool)
+	ctx := context.Background()
+	store := newStore(t, nil)
+	req := idempotency.Request{Scope: "payments", Key: "order-4:capture"}
+	a := claimNew(t, store, pool, req)
+
+	// Rolled back: neither the business row nor the result.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO charges (order_id, amount) VALUES ('order-4', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.CompleteTx(ctx, tx, []byte("r")); err != nil {
+		t.Fatal(err)
+	}
+	_ = tx.Rollback(ctx)
+	if out, err := store.Claim(ctx, pool, req); !errors.Is(err, idempotency.ErrInProgress) {
+		t.Fatalf("after rollback: %+v, %v; want still in progress", out, err)
+	}
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO charges (order_id, amount) VALUES ('order-4', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.CompleteTx(ctx, tx, []byte("r")); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := store.Claim(ctx, pool, req); err != nil || out.Status != idempotency.Replayed || countCharges(t, pool, "order-4") != 1 {
+		t.Fatalf("after commit: %+v, %v", out, err)
+	}
+}

@@ -1,0 +1,338 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
+)
+
+// DB is what the package needs from a connection. *pgxpool.Pool, *pgx.Conn and
+// [pgx.Tx] satisfy it; with a pgx.Tx the work runs inside the caller's
+// transaction (under a savepoint).
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+var (
+	_ DB = (*pgxpool.Pool)(nil)
+	_ DB = (*pgx.Conn)(nil)
+	_ DB = pgx.Tx(nil)
+)
+
+// Defaults for [Config].
+const (
+	// RetentionDefault is how long a completed key's result is kept.
+	RetentionDefault = 24 * time.Hour
+	// WaitTimeoutDefault bounds how long an atomic duplicate waits for the
+	// uncommitted first attempt before it reports [InProgress].
+	WaitTimeoutDefault = 5 * time.Second
+	// LeaseDefault is the lease of a leased claim.
+	LeaseDefault = 30 * time.Second
+	// RetryAfterDefault is the retry hint of [InProgress] when the database
+	// cannot tell when the key will be free (an uncommitted atomic claim).
+	RetryAfterDefault = time.Second
+)
+
+// Limits enforced by the schema (and checked before a round trip).
+const (
+	// MaxScopeBytes is the longest [Request.Scope].
+	MaxScopeBytes = 512
+	// MaxKeyBytes is the longest [Request.Key].
+	MaxKeyBytes = 512
+	// MaxResultBytes is the largest stored result.
+	MaxResultBytes = 16 << 20
+	// MaxRecoveryPointBytes is the longest recovery point name.
+	MaxRecoveryPointBytes = 256
+	// MaxRecoveryDataBytes is the largest recovery point data.
+	MaxRecoveryDataBytes = 1 << 20
+)
+
+// Config configures a [Store]. A nil *Config and the zero value use the
+// defaults.
+type Config struct {
+	// Retention is how long a completed key answers duplicates with its stored
+	// result; afterwards it is forgotten (the same key starts a new intent) and
+	// [GC] deletes it. A [Request] may override it. Default [RetentionDefault].
+	Retention time.Duration
+	// WaitTimeout bounds how long an atomic duplicate waits for an uncommitted
+	// first attempt (a lock_timeout on the claim). The caller's ctx bounds it
+	// too. Negative means do not wait (1 ms). Default [WaitTimeoutDefault].
+	WaitTimeout time.Duration
+	// Lease is how long a leased claim (and each heartbeat or recovery point)
+	// holds the key before another attempt may take it over. Default
+	// [LeaseDefault].
+	Lease time.Duration
+	// RetryAfter is the retry hint of an [InProgress] outcome when the database
+	// has no lease to go by. Default [RetryAfterDefault].
+	RetryAfter time.Duration
+	// Logger receives debug events (claims, takeovers, releases). Default:
+	// discard.
+	Logger *slog.Logger
+}
+
+// Store claims, replays and completes idempotency keys in the pgfence schema.
+// It holds configuration only, no connection: every call takes the [DB] to
+// use. It is safe for concurrent use.
+type Store struct {
+	retention  time.Duration
+	wait       time.Duration
+	lease      time.Duration
+	retryAfter time.Duration
+	logger     *slog.Logger
+}
+
+// NewStore returns a Store configured by cfg (nil for the defaults).
+func NewStore(cfg *Config) (*Store, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	s := &Store{
+		retention:  cfg.Retention,
+		wait:       cfg.WaitTimeout,
+		lease:      cfg.Lease,
+		retryAfter: cfg.RetryAfter,
+		logger:     cfg.Logger,
+	}
+	switch {
+	case s.retention < 0:
+		return nil, fmt.Errorf("%w: Config.Retention must not be negative, got %v", ErrInvalid, s.retention)
+	case s.retention == 0:
+		s.retention = RetentionDefault
+	}
+	switch {
+	case s.wait < 0:
+		s.wait = time.Millisecond
+	case s.wait == 0:
+		s.wait = WaitTimeoutDefault
+	case s.wait < time.Millisecond:
+		return nil, fmt.Errorf("%w: Config.WaitTimeout must be at least 1ms, got %v", ErrInvalid, s.wait)
+	}
+	switch {
+	case s.lease < 0:
+		return nil, fmt.Errorf("%w: Config.Lease must not be negative, got %v", ErrInvalid, s.lease)
+	case s.lease == 0:
+		s.lease = LeaseDefault
+	case s.lease < time.Millisecond:
+		return nil, fmt.Errorf("%w: Config.Lease must be at least 1ms, got %v", ErrInvalid, s.lease)
+	}
+	switch {
+	case s.retryAfter < 0:
+		return nil, fmt.Errorf("%w: Config.RetryAfter must not be negative, got %v", ErrInvalid, s.retryAfter)
+	case s.retryAfter == 0:
+		s.retryAfter = RetryAfterDefault
+	}
+	if s.logger == nil {
+		s.logger = slog.New(slog.DiscardHandler)
+	}
+	return s, nil
+}
+
+// Request names one business intent and carries the request it was made with.
+type Request struct {
+	// Scope is the namespace of Key: the operation and whoever may use it, for
+	// example "payments.capture/tenant-42". Keys of different scopes never meet.
+	// 1 to [MaxScopeBytes] bytes.
+	Scope string
+	// Key names the business intent, for example the order id plus the
+	// operation ("order-1234:capture"). It is stable across every retry of the
+	// intent; a random id per attempt defeats the purpose. 1 to [MaxKeyBytes].
+	Key string
+	// Payload is the request in a canonical form (see [CanonicalJSON]). Its
+	// SHA-256 is stored with the key: the same key with another payload is
+	// refused with [ErrMismatch]. May be empty.
+	Payload []byte
+	// Retention overrides [Config.Retention] for this key when positive.
+	Retention time.Duration
+}
+
+func (s *Store) check(req Request) (fingerprint []byte, retention time.Duration, err error) {
+	switch {
+	case len(req.Scope) == 0 || len(req.Scope) > MaxScopeBytes:
+		return nil, 0, fmt.Errorf("%w: Request.Scope must be 1 to %d bytes, got %d", ErrInvalid, MaxScopeBytes, len(req.Scope))
+	case len(req.Key) == 0 || len(req.Key) > MaxKeyBytes:
+		return nil, 0, fmt.Errorf("%w: Request.Key must be 1 to %d bytes, got %d", ErrInvalid, MaxKeyBytes, len(req.Key))
+	case req.Retention < 0:
+		return nil, 0, fmt.Errorf("%w: Request.Retention must not be negative, got %v", ErrInvalid, req.Retention)
+	}
+	retention = req.Retention
+	if retention == 0 {
+		retention = s.retention
+	}
+	return Fingerprint(req.Payload), retention, nil
+}
+
+// Status says what a claim found.
+type Status int
+
+const (
+	// New: this call owns the key and runs the intent (atomic mode: it ran and
+	// its result is stored; leased mode: [Outcome.Attempt] is the work to do).
+	New Status = iota + 1
+	// Replayed: the intent already completed; [Outcome.Result] or
+	// [Outcome.Failure] is the stored answer. Nothing was executed.
+	Replayed
+	// InProgress: another attempt holds the key; retry after
+	// [Outcome.RetryAfter]. Returned together with an [*InProgressError].
+	InProgress
+	// Mismatch: the key was used with a different payload. Nothing stored is
+	// shown. Returned together with [ErrMismatch].
+	Mismatch
+)
+
+func (s Status) String() string {
+	switch s {
+	case New:
+		return "new"
+	case Replayed:
+		return "replayed"
+	case InProgress:
+		return "in_progress"
+	case Mismatch:
+		return "mismatch"
+	}
+	return fmt.Sprintf("Status(%d)", int(s))
+}
+
+// Outcome is the answer for one key.
+type Outcome struct {
+	// Status says which branch the caller is on.
+	Status Status
+	// Result is the stored result of a success (New in atomic mode, Replayed);
+	// never nil for a success (an empty result is an empty slice).
+	Result []byte
+	// Failure is the stored permanent failure, when the intent failed for good.
+	Failure *Failure
+	// ExpiresAt is when the stored result will be forgotten (database clock).
+	ExpiresAt time.Time
+	// RetryAfter is the hint of an InProgress outcome.
+	RetryAfter time.Duration
+	// Attempt is the claim of a New leased outcome ([Store.Claim]).
+	Attempt *Attempt
+}
+
+// Failure is a permanent failure: it is stored as the key's answer and
+// replayed to every duplicate, like a success. Return it (or wrap it) from a
+// [Func] or pass it to [Attempt.Fail]. Errors that are not a *Failure are
+// transient: never stored, the key stays free for a retry.
+type Failure struct {
+	// Code classifies the failure for programs, e.g. "insufficient_funds".
+	// 1 to 128 bytes.
+	Code string
+	// Message is for people. At most 4096 bytes.
+	Message string
+	// Data is an optional stored payload (for example an error response body).
+	Data []byte
+}
+
+func (f *Failure) Error() string {
+	if f.Message == "" {
+		return "idempotency: permanent failure: " + f.Code
+	}
+	return "idempotency: permanent failure: " + f.Code + ": " + f.Message
+}
+
+func (f *Failure) check() error {
+	switch {
+	case len(f.Code) == 0 || len(f.Code) > 128:
+		return fmt.Errorf("%w: Failure.Code must be 1 to 128 bytes, got %d", ErrInvalid, len(f.Code))
+	case len(f.Message) > 4096:
+		return fmt.Errorf("%w: Failure.Message must be at most 4096 bytes, got %d", ErrInvalid, len(f.Message))
+	case len(f.Data) > MaxResultBytes:
+		return fmt.Errorf("%w: Failure.Data must be at most %d bytes, got %d", ErrInvalid, MaxResultBytes, len(f.Data))
+	}
+	return nil
+}
+
+// Errors. The shared sentinels are the same values as in the other pgfence
+// packages, so errors.Is works with either name.
+var (
+	// ErrMismatch: the key was used before with a different payload. The stored
+	// result is not shown. PF004 from SQL.
+	ErrMismatch = errors.New("idempotency: key reused with a different request")
+	// ErrInProgress: another attempt holds the key. Errors carrying it are
+	// [*InProgressError]s with a retry hint. PF007 from SQL.
+	ErrInProgress = errors.New("idempotency: key in progress")
+	// ErrNotOwner: a leased call from an attempt that no longer owns the key
+	// (its lease expired and another attempt took over, it released the key, or
+	// the key is completed). PF002 from SQL.
+	ErrNotOwner = errors.New("idempotency: not the current owner of the key")
+
+	// ErrIsolation: the transaction is not READ COMMITTED (PF010, 40001).
+	ErrIsolation = pgerr.ErrIsolation
+	// ErrOutcomeUnknown: the connection broke after a commit was sent; retry the
+	// same request: the key tells whether it committed.
+	ErrOutcomeUnknown = pgerr.ErrOutcomeUnknown
+	// ErrUnavailable: the database could not be reached; nothing was done.
+	ErrUnavailable = pgerr.ErrUnavailable
+	// ErrLockTimeout: lock_timeout expired in the caller's own statements.
+	ErrLockTimeout = pgerr.ErrLockTimeout
+	// ErrInvalid: an argument was rejected; the error names it.
+	ErrInvalid = pgerr.ErrInvalid
+)
+
+// InProgressError reports a key held by another attempt.
+type InProgressError struct {
+	Scope, Key string
+	// RetryAfter is when the key may be free: the rest of the owner's lease, or
+	// [Config.RetryAfter] when no lease tells.
+	RetryAfter time.Duration
+}
+
+func (e *InProgressError) Error() string {
+	return fmt.Sprintf("idempotency: key %s/%s in progress, retry after %v", e.Scope, e.Key, e.RetryAfter)
+}
+
+// Unwrap returns [ErrInProgress].
+func (e *InProgressError) Unwrap() error { return ErrInProgress }
+
+// classify maps err to the package's errors, keeping the original in the
+// chain. sent reports whether a change may have reached the server.
+func classify(err error, sent bool) error {
+	switch pgerr.Code(err) {
+	case pgerr.CodeKeyMismatch:
+		return fmt.Errorf("%w: %w", ErrMismatch, err)
+	case pgerr.CodeKeyInProgress:
+		return fmt.Errorf("%w: %w", ErrInProgress, err)
+	case pgerr.CodeLeaseNotHeld:
+		return fmt.Errorf("%w: %w", ErrNotOwner, err)
+	}
+	return pgerr.Classify(err, sent)
+}
+
+// begin starts a READ COMMITTED transaction on db, or a savepoint when db is a
+// transaction (whose isolation the claim checks).
+func begin(ctx context.Context, db DB) (pgx.Tx, error) {
+	if b, ok := db.(interface {
+		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+	}); ok {
+		return b.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	}
+	return db.Begin(ctx)
+}
+
+func rollback(tx pgx.Tx) {
+	// A rollback after a failed statement or a broken connection may fail too;
+	// the transaction is gone either way (a broken connection is discarded).
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = tx.Rollback(ctx)
+}
+
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+func fromMicros(us *int64) time.Duration {
+	if us == nil {
+		return 0
+	}
+	return time.Duration(*us) * time.Microsecond
+}

@@ -1,0 +1,502 @@
+-- pgfence idempotency keys: one business intent (scope + key) takes effect once.
+--
+-- Two modes share one table:
+--
+--   atomic  The effect lives in this database. The claim, the business writes
+--           and the stored result commit in ONE READ COMMITTED transaction:
+--           idempotency_claim_atomic() inserts the claim row, the caller writes,
+--           idempotency_complete_atomic() stores the result, the caller commits.
+--           A concurrent duplicate waits on the uncommitted claim row (bounded by
+--           p_wait) and then reads the stored result; if the first transaction
+--           aborts, the key is free. A committed atomic row is never in progress
+--           (a deferred constraint trigger refuses the commit otherwise).
+--
+--   leased  The effect is outside the database (a payment provider, e-mail, a
+--           device). idempotency_claim() grants a lease to a fresh owner id and
+--           bumps an ownership counter (epoch); the owner advances a recovery
+--           point, extends the lease, and completes, fails or releases. Only the
+--           current owner is accepted (PF002 otherwise). After the lease expires
+--           (database clock) the next claim takes over and resumes from the
+--           recovery point.
+--
+-- A row's result is kept until expires_at (completed_at + retention); an expired
+-- row is treated as absent by the claims and deleted in batches by the Go GC.
+-- In-progress rows have no expires_at and are never collected.
+--
+-- SQLSTATEs: PF002 not the current owner, PF004 key reused with another payload,
+-- PF007 key in progress, PF008 invalid argument (or an atomic claim committed
+-- without its result), PF010 transaction isolation is not READ COMMITTED.
+
+-- +goose Up
+-- +goose StatementBegin
+CREATE TABLE pgfence.idempotency_keys (
+    scope            text        NOT NULL CHECK (octet_length(scope) BETWEEN 1 AND 512),
+    key              text        NOT NULL CHECK (octet_length(key) BETWEEN 1 AND 512),
+    fingerprint      bytea       NOT NULL CHECK (octet_length(fingerprint) BETWEEN 16 AND 64),
+    mode             text        NOT NULL CHECK (mode IN ('atomic', 'leased')),
+    status           text        NOT NULL CHECK (status IN ('in_progress', 'succeeded', 'failed')),
+    owner            uuid,
+    epoch            bigint      NOT NULL DEFAULT 1 CHECK (epoch >= 1),
+    lease_expires_at timestamptz,
+    recovery_point   text        NOT NULL DEFAULT '' CHECK (octet_length(recovery_point) <= 256),
+    recovery_data    bytea       CHECK (octet_length(recovery_data) <= 1048576),
+    result           bytea       CHECK (octet_length(result) <= 16777216),
+    failure_code     text        CHECK (octet_length(failure_code) BETWEEN 1 AND 128),
+    failure_message  text        CHECK (octet_length(failure_message) <= 4096),
+    retention        interval    NOT NULL CHECK (retention > interval '0'),
+    created_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
+    completed_at     timestamptz,
+    expires_at       timestamptz,
+    PRIMARY KEY (scope, key),
+    -- completion and expiry go together: in-progress rows never expire
+    CONSTRAINT completed_iff_done CHECK ((status = 'in_progress') = (completed_at IS NULL)),
+    CONSTRAINT expires_iff_done CHECK ((status = 'in_progress') = (expires_at IS NULL)),
+    CONSTRAINT expires_after_completion CHECK (expires_at > completed_at),
+    CONSTRAINT completed_after_creation CHECK (completed_at >= created_at),
+    CONSTRAINT updated_after_creation CHECK (updated_at >= created_at),
+    -- a success has a result (possibly empty); only a failure has failure info
+    CONSTRAINT success_has_result CHECK (status <> 'succeeded' OR result IS NOT NULL),
+    CONSTRAINT failure_has_code CHECK ((status = 'failed') = (failure_code IS NOT NULL)),
+    CONSTRAINT message_only_on_failure CHECK (status = 'failed' OR failure_message IS NULL),
+    -- atomic rows have no lease, no owner, no recovery point
+    CONSTRAINT atomic_has_no_lease CHECK (mode = 'leased' OR (owner IS NULL AND lease_expires_at IS NULL
+                               AND recovery_point = '' AND recovery_data IS NULL)),
+    -- a leased claim in progress has a lease (owner NULL = released, claimable now)
+    CONSTRAINT leased_claim_has_lease CHECK (mode = 'atomic' OR status <> 'in_progress' OR lease_expires_at IS NOT NULL),
+    -- a completed row has neither owner nor lease
+    CONSTRAINT done_has_no_owner CHECK (status = 'in_progress' OR (owner IS NULL AND lease_expires_at IS NULL))
+);
+-- +goose StatementEnd
+
+-- The garbage collector reads completed rows by expiry.
+-- +goose StatementBegin
+CREATE INDEX idempotency_keys_expires_at ON pgfence.idempotency_keys (expires_at)
+    WHERE expires_at IS NOT NULL;
+-- +goose StatementEnd
+
+-- require_read_committed raises PF010 unless the transaction runs in READ
+-- COMMITTED: the claims re-read a row a concurrent transaction committed while
+-- they waited, which REPEATABLE READ and SERIALIZABLE refuse with 40001.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.idempotency_require_read_committed() RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pgfence: idempotency keys need READ COMMITTED, this transaction runs in %',
+                upper(current_setting('transaction_isolation'))
+            USING ERRCODE = 'PF010',
+                  HINT = 'Run the claim in a READ COMMITTED transaction (BEGIN ISOLATION LEVEL READ COMMITTED).';
+    END IF;
+END;
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.idempotency_check_args(p_scope text, p_key text, p_fingerprint bytea, p_retention interval)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence: idempotency scope must be 1 to 512 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence: idempotency key must be 1 to 512 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    IF p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64 THEN
+        RAISE EXCEPTION 'pgfence: idempotency fingerprint must be 16 to 64 bytes (a hash of the request)' USING ERRCODE = 'PF008';
+    END IF;
+    IF p_retention IS NULL OR p_retention <= interval '0' THEN
+        RAISE EXCEPTION 'pgfence: idempotency retention must be positive, got %', p_retention USING ERRCODE = 'PF008';
+    END IF;
+END;
+$$;
+-- +goose StatementEnd
+
+-- idempotency_claim_atomic claims (scope, key) inside the caller's READ
+-- COMMITTED transaction. outcome is one of:
+--   new          the row is claimed by this transaction: do the work, call
+--                idempotency_complete_atomic, commit
+--   replayed     a committed result exists (status succeeded or failed)
+--   mismatch     the key was used with another fingerprint; nothing else is shown
+--   in_progress  another transaction holds the key longer than p_wait (or a
+--                leased claim holds it; retry_after is its remaining lease)
+-- It never raises for these outcomes, so the caller's transaction stays usable.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.idempotency_claim_atomic(
+    p_scope text, p_key text, p_fingerprint bytea, p_wait interval, p_retention interval)
+RETURNS TABLE (outcome text, status text, result bytea, failure_code text, failure_message text,
+               expires_at timestamptz, retry_after interval)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    r         pgfence.idempotency_keys%ROWTYPE;
+    v_claimed boolean;
+    v_old     text;
+BEGIN
+    PERFORM pgfence.idempotency_require_read_committed();
+    PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
+    IF p_wait IS NULL OR p_wait < interval '1 millisecond' THEN
+        RAISE EXCEPTION 'pgfence: idempotency wait must be at least 1ms, got %', p_wait USING ERRCODE = 'PF008';
+    END IF;
+    FOR i IN 1..5 LOOP
+        -- Cheap read first: a replay or a refusal writes nothing.
+        SELECT * INTO r FROM pgfence.idempotency_keys k WHERE k.scope = p_scope AND k.key = p_key;
+        IF FOUND AND NOT (r.status <> 'in_progress' AND r.expires_at <= clock_timestamp()) THEN
+            IF r.fingerprint <> p_fingerprint THEN
+                RETURN QUERY SELECT 'mismatch'::text, NULL::text, NULL::bytea, NULL::text, NULL::text,
+                                    NULL::timestamptz, NULL::interval;
+                RETURN;
+            END IF;
+            IF r.status <> 'in_progress' THEN
+                RETURN QUERY SELECT 'replayed'::text, r.status, r.result, r.failure_code, r.failure_message,
+                                    r.expires_at, NULL::interval;
+                RETURN;
+            END IF;
+            -- An atomic row in progress that we can see is this transaction's own
+            -- claim (a committed one cannot exist); a leased row is someone's lease.
+            RETURN QUERY SELECT 'in_progress'::text, r.status, NULL::bytea, NULL::text, NULL::text, NULL::timestamptz,
+                                CASE WHEN r.mode = 'leased'
+                                     THEN greatest(r.lease_expires_at - clock_timestamp(), interval '0') END;
+            RETURN;
+        END IF;
+        -- Absent or expired: claim it. A concurrent uncommitted claim makes the
+        -- INSERT wait for that transaction, at most p_wait.
+        BEGIN
+            v_old := current_setting('lock_timeout');
+            PERFORM set_config('lock_timeout', ceil(extract(epoch FROM p_wait) * 1000)::bigint || 'ms', true);
+            v_claimed := false;
+            INSERT INTO pgfence.idempotency_keys AS k
+                   (scope, key, fingerprint, mode, status, epoch, retention, created_at, updated_at)
+            VALUES (p_scope, p_key, p_fingerprint, 'atomic', 'in_progress', 1, p_retention,
+                    clock_timestamp(), clock_timestamp())
+            ON CONFLICT (scope, key) DO UPDATE
+               SET fingerprint = excluded.fingerprint, mode = 'atomic', status = 'in_progress',
+                   owner = NULL, epoch = k.epoch + 1, lease_expires_at = NULL,
+                   recovery_point = '', recovery_data = NULL, result = NULL,
+                   failure_code = NULL, failure_message = NULL, retention = excluded.retention,
+                   created_at = excluded.created_at, updated_at = excluded.updated_at,
+                   completed_at = NULL, expires_at = NULL
+             WHERE k.status <> 'in_progress' AND k.expires_at <= clock_timestamp()
+            RETURNING true INTO v_claimed;
+            PERFORM set_config('lock_timeout', v_old, true);
+        EXCEPTION WHEN lock_not_available THEN
+            RETURN QUERY SELECT 'in_progress'::text, 'in_progress'::text, NULL::bytea, NULL::text, NULL::text,
+                                NULL::timestamptz, NULL::interval;
+            RETURN;
+        END;
+        IF v_claimed THEN
+            RETURN QUERY SELECT 'new'::text, 'in_progress'::text, NULL::bytea, NULL::text, NULL::text,
+                                NULL::timestamptz, NULL::interval;
+            RETURN;
+        END IF;
+        -- The conflicting row committed and is live: read it with a new snapshot.
+    END LOOP;
+    RETURN QUERY SELECT 'in_progress'::text, NULL::text, NULL::bytea, NULL::text, NULL::text,
+                        NULL::timestamptz, NULL::interval;
+END;
+$$;
+-- +goose StatementEnd
+
+-- idempotency_complete_atomic stores the result of the atomic claim this
+-- transaction holds: a success (p_failure_code NULL) or a permanent failure.
+-- It returns when the stored result expires. PF002 if this transaction holds no
+-- atomic claim on the key.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.idempotency_complete_atomic(
+    p_scope text, p_key text, p_result bytea,
+    p_failure_code text DEFAULT NULL, p_failure_message text DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_expires timestamptz;
+BEGIN
+    UPDATE pgfence.idempotency_keys k
+       SET status = CASE WHEN p_failure_code IS NULL THEN 'succeeded' ELSE 'failed' END,
+           result = CASE WHEN p_failure_code IS NULL THEN coalesce(p_result, '') ELSE p_result END,
+           failure_code = p_failure_code,
+           failure_message = CASE WHEN p_failure_code IS NULL THEN NULL ELSE coalesce(p_failure_message, '') END,
+           completed_at = clock_timestamp(),
+           updated_at = clock_timestamp(),
+           expires_at = clock_timestamp() + k.retention
+     WHERE k.scope = p_scope AND k.key = p_key AND k.mode = 'atomic' AND k.status = 'in_progress'
+    RETURNING k.expires_at INTO v_expires;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgfence: this transaction holds no atomic claim on idempotency key %/%', p_scope, p_key
+            USING ERRCODE = 'PF002';
+    END IF;
+    RETURN v_expires;
+END;
+$$;
+-- +goose StatementEnd
+
+-- An atomic claim must be completed in its own transaction: refuse a commit
+-- that would leave it in progress forever.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.idempotency_atomic_completed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pgfence.idempotency_keys k
+                WHERE k.scope = NEW.scope AND k.key = NEW.key
+                  AND k.mode = 'atomic' AND k.status = 'in_progress') THEN
+        RAISE EXCEPTION 'pgfence: atomic idempotency claim %/% was not completed in its transaction', NEW.scope, NEW.key
+            USING ERRCODE = 'PF008',
+                  HINT = 'Call pgfence.idempotency_complete_atomic before COMMIT, or roll back.';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE CONSTRAINT TRIGGER idempotency_atomic_completed
+    AFTER INSERT OR UPDATE ON pgfence.idempotency_keys
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW WHEN (NEW.mode = 'atomic' AND NEW.status = 'in_progress')
+    EXECUTE FUNCTION pgfence.idempotency_atomic_completed();
+-- +goose StatementEnd
+
+-- idempotency_claim claims (scope, key) for leased work, in one statement. It
+-- returns one row:
+--   outcome 'new'       this caller is the owner until lease_expires_at (database
+--                       clock); epoch > 1 and recovery_point/recovery_data tell a
+--                       takeover where the previous owner got to
+--   outcome 'replayed'  the stored result (status succeeded or failed)
+-- It raises PF004 when the key was used with another fingerprint (the stored
+-- result is never shown), PF007 while another owner's lease is live.
+-- A takeover happens only in INSERT ... ON CONFLICT DO UPDATE ... WHERE, whose
+-- WHERE is evaluated after the row lock, against the database clock.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.idempotency_claim(
+    p_scope text, p_key text, p_fingerprint bytea, p_lease interval, p_retention interval)
+RETURNS TABLE (outcome text, owner uuid, epoch bigint, lease_expires_at timestamptz,
+               recovery_point text, recovery_data bytea,
+               status text, result bytea, failure_code text, failure_message text, expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    r pgfence.idempotency_keys%ROWTYPE;
+BEGIN
+    PERFORM pgfence.idempotency_require_read_committed();
+    PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
+    IF p_lease IS NULL OR p_lease < interval '1 millisecond' THEN
+        RAISE EXCEPTION 'pgfence: idempotency lease must be at least 1ms, got %', p_lease USING ERRCODE = 'PF008';
+    END IF;
+    FOR i IN 1..5 LOOP
+        -- Cheap read first: a replay or a refusal writes nothing.
+        SELECT * INTO r FROM pgfence.idempotency_keys k WHERE k.scope = p_scope AND k.key = p_key;
+        IF FOUND AND NOT (r.status <> 'in_progress' AND r.expires_at <= clock_timestamp()) THEN
+            IF r.fingerprint <> p_fingerprint THEN
+                RAISE EXCEPTION 'pgfence: idempotency key %/% was used with a different request', p_scope, p_key
+                    USING ERRCODE = 'PF004',
+                          HINT = 'A key names one business intent; use a new key for a different request.';
+            END IF;
+            IF r.status <> 'in_progress' THEN
+                RETURN QUERY SELECT 'replayed'::text, NULL::uuid, r.epoch, NULL::timestamptz, r.recovery_point,
+                                    NULL::bytea, r.status, r.result, r.failure_code, r.failure_message, r.expires_at;
+                RETURN;
+            END IF;
+            IF r.mode = 'atomic' OR r.lease_expires_at > clock_timestamp() THEN
+                RAISE EXCEPTION 'pgfence: idempotency key %/% is in progress', p_scope, p_key
+                    USING ERRCODE = 'PF007',
+                          DETAIL = CASE WHEN r.mode = 'leased'
+                                        THEN format('The lease expires in %s.', r.lease_expires_at - clock_timestamp())
+                                        ELSE 'This transaction holds an atomic claim on it.' END,
+                          HINT = 'Retry after the lease expires, or wait for the owner to complete.';
+            END IF;
+            -- A leased claim whose lease expired: take it over below.
+        END IF;
+        INSERT INTO pgfence.idempotency_keys AS k
+               (scope, key, fingerprint, mode, status, owner, epoch, lease_expires_at, retention,
+                created_at, updated_at)
+        VALUES (p_scope, p_key, p_fingerprint, 'leased', 'in_progress', gen_random_uuid(), 1,
+                clock_timestamp() + p_lease, p_retention, clock_timestamp(), clock_timestamp())
+        ON CONFLICT (scope, key) DO UPDATE
+           SET fingerprint = excluded.fingerprint, mode = 'leased', status = 'in_progress',
+               owner = excluded.owner, epoch = k.epoch + 1,
+               lease_expires_at = clock_timestamp() + p_lease,
+               -- a takeover resumes from the recovery point; a reused expired key starts afresh
+               recovery_point = CASE WHEN k.status = 'in_progress' THEN k.recovery_point ELSE '' END,
+               recovery_data = CASE WHEN k.status = 'in_progress' THEN k.recovery_data END,
+               result = NULL, failure_code = NULL, failure_message = NULL,
+               retention = excluded.retention,
+               created_at = CASE WHEN k.status = 'in_progress' THEN k.created_at ELSE excluded.created_at END,
+               updated_at = excluded.updated_at, completed_at = NULL, expires_at = NULL
+         WHERE (k.status = 'in_progress' AND k.mode = 'leased' AND k.fingerprint = excluded.fingerprint
+                AND k.lease_expires_at <= clock_timestamp())
+            OR (k.status <> 'in_progress' AND k.expires_at <= clock_timestamp())
+        RETURNING k.* INTO r;
+        IF FOUND THEN
+            RETURN QUERY SELECT 'new'::text, r.owner, r.epoch, r.lease_expires_at, r.recovery_point,
+                                r.recovery_data, r.status, NULL::bytea, NULL::text, NULL::text, NULL::timestamptz;
+            RETURN;
+        END IF;
+        -- Someone else changed the row first: read it again with a new snapshot.
+    END LOOP;
+    RAISE EXCEPTION 'pgfence: idempotency key %/% is in progress (contended)', p_scope, p_key
+        USING ERRCODE = 'PF007';
+END;
+$$;
+-- +goose StatementEnd
+
+-- idempotency_not_owner raises PF002 for the owner-only calls below. Those
+-- UPDATEs match on the owner id only (no time predicate): a takeover replaces
+-- the owner id under the row lock, so a late call from a replaced owner finds
+-- no row, whichever of the two locks the row first.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.idempotency_not_owner(p_scope text, p_key text, p_owner uuid) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'pgfence: % is not the current owner of idempotency key %/%', p_owner, p_scope, p_key
+        USING ERRCODE = 'PF002',
+              DETAIL = 'The lease expired and another attempt took the key over, the claim was released, or the key is completed.';
+END;
+$$;
+-- +goose StatementEnd
+
+-- idempotency_heartbeat extends the owner's lease to now + p_lease and returns
+-- the new expiry. PF002 unless p_owner is the current owner.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.idempotency_heartbeat(p_scope text, p_key text, p_owner uuid, p_lease interval)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_expires timestamptz;
+BEGIN
+    IF p_lease IS NULL OR p_lease < interval '1 millisecond' THEN
+        RAISE EXCEPTION 'pgfence: idempotency lease must be at least 1ms, got %', p_lease USING ERRCODE = 'PF008';
+    END IF;
+    UPDATE pgfence.idempotency_keys k
+       SET lease_expires_at = clock_timestamp() + p_lease, updated_at = clock_timestamp()
+     WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner
+       AND k.mode = 'leased' AND k.status = 'in_progress'
+    RETURNING k.lease_expires_at INTO v_expires;
+    IF NOT FOUND THEN
+        PERFORM pgfence.idempotency_not_owner(p_scope, p_key, p_owner);
+    END IF;
+    RETURN v_expires;
+END;
+$$;
+-- +goose StatementEnd
+
+-- idempotency_advance records a recovery point (and optional data) reached by
+-- the owner and extends its lease; a takeover resumes from the last one
+-- recorded. Returns the new lease expiry. PF002 unless p_owner is the owner.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.idempotency_advance(
+    p_scope text, p_key text, p_owner uuid, p_recovery_point text, p_recovery_data bytea, p_lease interval)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_expires timestamptz;
+BEGIN
+    IF p_lease IS NULL OR p_lease < interval '1 millisecond' THEN
+        RAISE EXCEPTION 'pgfence: idempotency lease must be at least 1ms, got %', p_lease USING ERRCODE = 'PF008';
+    END IF;
+    IF p_recovery_point IS NULL OR octet_length(p_recovery_point) > 256 THEN
+        RAISE EXCEPTION 'pgfence: idempotency recovery point must be at most 256 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    IF octet_length(p_recovery_data) > 1048576 THEN
+        RAISE EXCEPTION 'pgfence: idempotency recovery data must be at most 1 MiB' USING ERRCODE = 'PF008';
+    END IF;
+    UPDATE pgfence.idempotency_keys k
+       SET recovery_point = p_recovery_point, recovery_data = p_recovery_data,
+           lease_expires_at = clock_timestamp() + p_lease, updated_at = clock_timestamp()
+     WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner
+       AND k.mode = 'leased' AND k.status = 'in_progress'
+    RETURNING k.lease_expires_at INTO v_expires;
+    IF NOT FOUND THEN
+        PERFORM pgfence.idempotency_not_owner(p_scope, p_key, p_owner);
+    END IF;
+    RETURN v_expires;
+END;
+$$;
+-- +goose StatementEnd
+
+-- idempotency_complete stores the owner's result (success when p_failure_code is
+-- NULL, else a permanent failure with p_result as its optional data) and ends
+-- the lease. Returns when the stored result expires. PF002 unless p_owner is the
+-- current owner: a replaced owner's late completion is refused.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.idempotency_complete(
+    p_scope text, p_key text, p_owner uuid, p_result bytea,
+    p_failure_code text DEFAULT NULL, p_failure_message text DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_expires timestamptz;
+BEGIN
+    UPDATE pgfence.idempotency_keys k
+       SET status = CASE WHEN p_failure_code IS NULL THEN 'succeeded' ELSE 'failed' END,
+           result = CASE WHEN p_failure_code IS NULL THEN coalesce(p_result, '') ELSE p_result END,
+           failure_code = p_failure_code,
+           failure_message = CASE WHEN p_failure_code IS NULL THEN NULL ELSE coalesce(p_failure_message, '') END,
+           owner = NULL, lease_expires_at = NULL,
+           completed_at = clock_timestamp(), updated_at = clock_timestamp(),
+           expires_at = clock_timestamp() + k.retention
+     WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner
+       AND k.mode = 'leased' AND k.status = 'in_progress'
+    RETURNING k.expires_at INTO v_expires;
+    IF NOT FOUND THEN
+        PERFORM pgfence.idempotency_not_owner(p_scope, p_key, p_owner);
+    END IF;
+    RETURN v_expires;
+END;
+$$;
+-- +goose StatementEnd
+
+-- idempotency_release gives the claim up after a transient error: the result
+-- stays unset, the recovery point stays, and the next claim takes over at once.
+-- PF002 unless p_owner is the current owner.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.idempotency_release(p_scope text, p_key text, p_owner uuid)
+RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    UPDATE pgfence.idempotency_keys k
+       SET owner = NULL, lease_expires_at = clock_timestamp(), updated_at = clock_timestamp()
+     WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner
+       AND k.mode = 'leased' AND k.status = 'in_progress';
+    IF NOT FOUND THEN
+        PERFORM pgfence.idempotency_not_owner(p_scope, p_key, p_owner);
+    END IF;
+END;
+$$;
+-- +goose StatementEnd
+
+-- +goose Down
+-- +goose StatementBegin
+DROP FUNCTION pgfence.idempotency_release(text, text, uuid);
+-- +goose StatementEnd
+-- +goose StatementBegin
+DROP FUNCTION pgfence.idempotency_complete(text, text, uuid, bytea, text, text);
+-- +goose StatementEnd
+-- +goose StatementBegin
+DROP FUNCTION pgfence.idempotency_advance(text, text, uuid, text, bytea, interval);
+-- +goose StatementEnd
+-- +goose StatementBegin
+DROP FUNCTION pgfence.idempotency_heartbeat(text, text, uuid, interval);
+-- +goose StatementEnd
+-- +goose StatementBegin
+DROP FUNCTION pgfence.idempotency_not_owner(text, text, uuid);
+-- +goose StatementEnd
+-- +goose StatementBegin
+DROP FUNCTION pgfence.idempotency_claim(text, text, bytea, interval, interval);
+-- +goose StatementEnd
+-- +goose StatementBegin
+DROP TABLE pgfence.idempotency_keys;
+-- +goose StatementEnd
+-- +goose StatementBegin
+DROP FUNCTION pgfence.idempotency_atomic_completed();
+-- +goose StatementEnd
+-- +goose StatementBegin
+DROP FUNCTION pgfence.idempotency_complete_atomic(text, text, bytea, text, text);
+-- +goose StatementEnd
+-- +goose StatementBegin
+DROP FUNCTION pgfence.idempotency_claim_atomic(text, text, bytea, interval, interval);
+-- +goose StatementEnd
+-- +goose StatementBegin
+DROP FUNCTION pgfence.idempotency_check_args(text, text, bytea, interval);
+-- +goose StatementEnd
+-- +goose StatementBegin
+DROP FUNCTION pgfence.idempotency_require_read_committed();
+-- +goose StatementEnd
