@@ -1,0 +1,296 @@
+package leases
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Client grants, renews and releases leases on one database. It is safe for
+// concurrent use. Create it with [New]; [Client.Close] stops its LISTEN
+// connection.
+type Client struct {
+	pool *pgxpool.Pool
+	cfg  Config
+	log  *slog.Logger
+
+	closing chan struct{} // closed by Close
+
+	mu       sync.Mutex
+	closed   bool
+	queues   map[string]*queue // waiting Acquire calls per key
+	listener *listener         // started by the first waiting Acquire
+}
+
+// New returns a client on pool. A nil cfg uses the defaults. The pool is the
+// caller's: Close does not close it.
+func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
+	if pool == nil {
+		return nil, invalid("pool", "must not be nil")
+	}
+	resolved, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
+	return &Client{
+		pool:    pool,
+		cfg:     resolved,
+		log:     resolved.Logger,
+		closing: make(chan struct{}),
+		queues:  make(map[string]*queue),
+	}, nil
+}
+
+// Close stops the client's LISTEN connection and makes waiting Acquire calls
+// return [ErrClosed]. Leases already granted stay valid: release them first.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	close(c.closing)
+	l := c.listener
+	c.mu.Unlock()
+	if l != nil {
+		l.stop()
+	}
+	return nil
+}
+
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+func (c *Client) acquireArgs(key string, ttl time.Duration, opts *AcquireOptions) (margin time.Duration, info string, err error) {
+	if err := validateKey(key); err != nil {
+		return 0, "", err
+	}
+	if margin, err = c.validateTTL(ttl); err != nil {
+		return 0, "", err
+	}
+	info = c.cfg.HolderInfo
+	if opts != nil {
+		if opts.MaxWait < 0 {
+			return 0, "", invalid("AcquireOptions.MaxWait", "must not be negative, got %s", opts.MaxWait)
+		}
+		if len(opts.HolderInfo) > MaxHolderInfoBytes {
+			return 0, "", invalid("AcquireOptions.HolderInfo", "must be at most %d bytes, got %d", MaxHolderInfoBytes, len(opts.HolderInfo))
+		}
+		if opts.HolderInfo != "" {
+			info = opts.HolderInfo
+		}
+	}
+	if c.isClosed() {
+		return 0, "", ErrClosed
+	}
+	return margin, info, nil
+}
+
+// TryAcquire makes one attempt to get the lease on key for ttl. When another
+// holder has it, the error is a [*HeldError] (errors.Is(err, [ErrLeaseHeld]))
+// with the time it has left. MaxWait in opts is ignored.
+func (c *Client) TryAcquire(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions) (*Lease, error) {
+	margin, info, err := c.acquireArgs(key, ttl, opts)
+	if err != nil {
+		return nil, err
+	}
+	return c.tryAcquire(ctx, key, ttl, margin, info)
+}
+
+func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Duration, info string) (*Lease, error) {
+	holder := newHolderID()
+	start := time.Now()
+	var (
+		acquired           bool
+		gotHolder          *string
+		token              *int64
+		granted, expiresAt *time.Time
+		remainingMicros    int64
+	)
+	err := c.pool.QueryRow(ctx, sqlTryAcquire, key, ttl.Microseconds(), info, holder).
+		Scan(&acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)
+	if err != nil {
+		classified := classify(err)
+		if errors.Is(classified, ErrOutcomeUnknown) {
+			return c.resolveGrant(ctx, key, holder, ttl, margin, start, err)
+		}
+		return nil, fmt.Errorf("leases: acquire %q: %w", key, classified)
+	}
+	if !acquired {
+		held := &HeldError{Key: key, Remaining: time.Duration(remainingMicros) * time.Microsecond}
+		if expiresAt != nil {
+			held.ExpiresAt = *expiresAt
+		}
+		return nil, held
+	}
+	l := c.newLease(key, holder, *token, ttl, margin, start, *granted, *expiresAt)
+	c.emit(Event{Kind: EventAcquired, Key: key, Holder: holder, Token: *token, Duration: time.Since(start)})
+	return l, nil
+}
+
+// resolveGrant reads back the grant of an attempt whose reply was lost. The
+// holder id is unique to the attempt, so a row carrying it is our grant.
+func (c *Client) resolveGrant(ctx context.Context, key, holder string, ttl, margin time.Duration, start time.Time, cause error) (*Lease, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ResolveTimeout)
+	defer cancel()
+	var (
+		token              int64
+		granted, expiresAt time.Time
+		live               bool
+		err                error
+	)
+	for attempt := 0; ; attempt++ {
+		err = c.pool.QueryRow(rctx, sqlReadBack, key, holder).Scan(&token, &granted, &expiresAt, &live)
+		if err == nil || errors.Is(err, pgx.ErrNoRows) || rctx.Err() != nil {
+			break
+		}
+		if !sleepCtx(rctx, fullJitter(c.cfg.BackoffMin<<min(attempt, 6))) {
+			break
+		}
+	}
+	switch {
+	case errors.Is(err, pgx.ErrNoRows) || (err == nil && !live):
+		return nil, fmt.Errorf("leases: acquire %q: the reply was lost and no live grant to holder %s was found: %w: %w", key, holder, ErrUnavailable, cause)
+	case err != nil:
+		return nil, fmt.Errorf("leases: acquire %q: the reply was lost and the grant to holder %s could not be read back (%v): %w", key, holder, err, classify(cause))
+	}
+	l := c.newLease(key, holder, token, ttl, margin, start, granted, expiresAt)
+	if ctx.Err() != nil {
+		// The caller gave up; do not leave the lease to expire on its own.
+		_ = l.Release(rctx)
+		return nil, fmt.Errorf("leases: acquire %q: %w", key, context.Cause(ctx))
+	}
+	c.emit(Event{Kind: EventAcquired, Key: key, Holder: holder, Token: token, Duration: time.Since(start)})
+	return l, nil
+}
+
+// Acquire gets the lease on key for ttl, waiting while another holder has it
+// until ctx ends (or opts.MaxWait passes). Waiting is cheap: within a client,
+// only the first waiter for a key polls (the others queue behind it in FIFO
+// order); it retries with capped exponential backoff and full jitter, right
+// after the holder's expiry, and at once when a release notification arrives.
+//
+// When it gives up, the error wraps the context's error and the last attempt's
+// (usually a [*HeldError]).
+func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions) (*Lease, error) {
+	margin, info, err := c.acquireArgs(key, ttl, opts)
+	if err != nil {
+		return nil, err
+	}
+	if opts != nil && opts.MaxWait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, opts.MaxWait)
+		defer cancel()
+	}
+	c.startListener()
+	w := c.enqueue(key)
+	defer c.dequeue(key, w)
+
+	var last error
+	select {
+	case <-w.turn:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("leases: acquire %q: gave up waiting behind other waiters: %w", key, context.Cause(ctx))
+	case <-c.closing:
+		return nil, ErrClosed
+	}
+	for attempt := 0; ; attempt++ {
+		select {
+		case <-w.wake: // this attempt covers it
+		default:
+		}
+		l, err := c.tryAcquire(ctx, key, ttl, margin, info)
+		if err == nil {
+			return l, nil
+		}
+		var (
+			held      *HeldError
+			remaining time.Duration
+		)
+		switch {
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("leases: acquire %q: gave up waiting: %w (last attempt: %w)", key, context.Cause(ctx), err)
+		case errors.As(err, &held):
+			remaining = held.Remaining
+		case errors.Is(err, ErrUnavailable), errors.Is(err, ErrOutcomeUnknown):
+			// Transient: retry with backoff until the deadline.
+		default:
+			return nil, err
+		}
+		last = err
+		timer := time.NewTimer(c.delay(attempt, remaining))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, fmt.Errorf("leases: acquire %q: gave up waiting: %w (last attempt: %w)", key, context.Cause(ctx), last)
+		case <-c.closing:
+			timer.Stop()
+			return nil, ErrClosed
+		case <-w.wake:
+			timer.Stop()
+		case <-timer.C:
+		}
+	}
+}
+
+// Do runs fn under the lease on key: it acquires it (waiting like
+// [Client.Acquire]), keeps it alive with the default [KeepAliveOptions] while
+// fn runs, cancels fn's context the moment the lease is lost, and releases it
+// when fn returns. It returns fn's error, else an [ErrLeaseLost] error if the
+// lease ended before fn returned, else the release's error.
+func (c *Client) Do(ctx context.Context, key string, ttl time.Duration, fn func(ctx context.Context, l *Lease) error) error {
+	if fn == nil {
+		return invalid("fn", "must not be nil")
+	}
+	l, err := c.Acquire(ctx, key, ttl, nil)
+	if err != nil {
+		return err
+	}
+	kaCtx, stopKeepAlive := context.WithCancel(ctx)
+	kaDone := make(chan struct{})
+	go func() {
+		defer close(kaDone)
+		_ = l.KeepAlive(kaCtx, nil) // its outcome shows in l.Err()
+	}()
+	fnCtx, cancelFn := context.WithCancelCause(ctx)
+	stopWatch := context.AfterFunc(l.ctx, func() { cancelFn(context.Cause(l.ctx)) })
+
+	fnErr := fn(fnCtx, l)
+
+	stopWatch()
+	lostErr := l.Err()
+	stopKeepAlive()
+	<-kaDone
+	cancelFn(nil)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ReleaseTimeoutDefault)
+	relErr := l.Release(rctx)
+	cancel()
+	switch {
+	case fnErr != nil:
+		return fnErr
+	case lostErr != nil:
+		return lostErr
+	default:
+		return relErr
+	}
+}
+
+// newHolderID returns a random (version 4) UUID in its text form.
+func newHolderID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}

@@ -1,0 +1,202 @@
+package leases
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+)
+
+// Defaults for [Config], [AcquireOptions] and [KeepAliveOptions] fields left zero.
+const (
+	// MaxTTLDefault is the default largest TTL a client accepts.
+	MaxTTLDefault = time.Hour
+	// MaxTTLLimit is the largest TTL the database accepts (pgfence.lease_max_ttl()).
+	MaxTTLLimit = 24 * time.Hour
+	// MaxKeyBytes is the longest key, in bytes.
+	MaxKeyBytes = 512
+	// MaxHolderInfoBytes is the longest holder description, in bytes.
+	MaxHolderInfoBytes = 1024
+
+	// BackoffMinDefault is the first retry delay of a waiting Acquire.
+	BackoffMinDefault = 10 * time.Millisecond
+	// BackoffMaxDefault caps the retry delay while no wake-up notifications
+	// arrive (disabled or the LISTEN connection is down).
+	BackoffMaxDefault = time.Second
+	// PollIntervalDefault is the safety-net poll of a waiting Acquire while
+	// wake-up notifications work: a lost notification costs at most this.
+	PollIntervalDefault = 5 * time.Second
+	// ResolveTimeoutDefault bounds reading back the outcome of a grant whose
+	// reply was lost.
+	ResolveTimeoutDefault = 5 * time.Second
+	// ReleaseTimeoutDefault bounds the Release run by [Client.Do] after its
+	// function returns.
+	ReleaseTimeoutDefault = 5 * time.Second
+
+	// RenewFractionDefault: keep-alive renews every TTL/RenewFractionDefault.
+	RenewFractionDefault = 3
+	// MaxFailuresDefault is how many renewals in a row may fail before
+	// keep-alive gives up and ends the lease's context.
+	MaxFailuresDefault = 3
+	// MaxHoldDefault is the longest keep-alive keeps a lease.
+	MaxHoldDefault = time.Hour
+
+	// NotifyChannel is the channel pgfence.release and pgfence.force_release
+	// notify, with the key as payload.
+	NotifyChannel = "pgfence_lease_released"
+	// ListenerApplicationName is the application_name of a client's LISTEN
+	// connection.
+	ListenerApplicationName = "pgfence-leases-listener"
+)
+
+// Config configures a [Client]. A nil *Config and zero fields use the defaults.
+type Config struct {
+	// Logger receives one debug event per lease transition and warnings when a
+	// lease is lost. Default: discard.
+	Logger *slog.Logger
+	// OnEvent, if set, is called synchronously for every [Event] (after the
+	// transition); it must return quickly. Use it to attach metrics.
+	OnEvent func(Event)
+
+	// HolderInfo describes this process in the lease rows (at most 1024 bytes).
+	// Default: "host:pid".
+	HolderInfo string
+	// MaxTTL is the largest TTL the client accepts. Default [MaxTTLDefault], at
+	// most [MaxTTLLimit].
+	MaxTTL time.Duration
+	// SafetyMargin is subtracted from a grant's or renewal's TTL, counted from
+	// the moment the request was sent by the local monotonic clock, to get the
+	// local trust window; the lease's context ends when it runs out. It must be
+	// below half of every TTL used. Default: TTL/10.
+	SafetyMargin time.Duration
+
+	// DisableWakeups turns off the LISTEN connection; waiting Acquire calls then
+	// only poll. Use it behind PgBouncer in transaction mode.
+	DisableWakeups bool
+	// BackoffMin is the first retry delay of a waiting Acquire (full jitter).
+	// Default [BackoffMinDefault].
+	BackoffMin time.Duration
+	// BackoffMax caps the retry delay when no notifications arrive. Default
+	// [BackoffMaxDefault].
+	BackoffMax time.Duration
+	// PollInterval is the safety-net poll while notifications work. Default
+	// [PollIntervalDefault].
+	PollInterval time.Duration
+	// ResolveTimeout bounds reading back a grant whose reply was lost. Default
+	// [ResolveTimeoutDefault].
+	ResolveTimeout time.Duration
+	// DurableRelease makes releases commit with synchronous_commit = on. By
+	// default they commit with synchronous_commit = off: a release lost in a
+	// crash only makes the next holder wait for the lease to expire, and it
+	// saves a WAL flush per release.
+	DurableRelease bool
+}
+
+func (c *Config) resolve() (Config, error) {
+	var cfg Config
+	if c != nil {
+		cfg = *c
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.HolderInfo == "" {
+		host, _ := os.Hostname()
+		cfg.HolderInfo = fmt.Sprintf("%s:%d", host, os.Getpid())
+		if len(cfg.HolderInfo) > MaxHolderInfoBytes {
+			cfg.HolderInfo = cfg.HolderInfo[:MaxHolderInfoBytes]
+		}
+	}
+	if len(cfg.HolderInfo) > MaxHolderInfoBytes {
+		return cfg, invalid("Config.HolderInfo", "must be at most %d bytes, got %d", MaxHolderInfoBytes, len(cfg.HolderInfo))
+	}
+	durations := []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"Config.MaxTTL", &cfg.MaxTTL, MaxTTLDefault},
+		{"Config.BackoffMin", &cfg.BackoffMin, BackoffMinDefault},
+		{"Config.BackoffMax", &cfg.BackoffMax, BackoffMaxDefault},
+		{"Config.PollInterval", &cfg.PollInterval, PollIntervalDefault},
+		{"Config.ResolveTimeout", &cfg.ResolveTimeout, ResolveTimeoutDefault},
+	}
+	for _, d := range durations {
+		if *d.v < 0 {
+			return cfg, invalid(d.name, "must not be negative, got %s", *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if cfg.SafetyMargin < 0 {
+		return cfg, invalid("Config.SafetyMargin", "must not be negative, got %s", cfg.SafetyMargin)
+	}
+	if cfg.MaxTTL > MaxTTLLimit {
+		return cfg, invalid("Config.MaxTTL", "must be at most %s, got %s", MaxTTLLimit, cfg.MaxTTL)
+	}
+	if cfg.BackoffMax < cfg.BackoffMin {
+		return cfg, invalid("Config.BackoffMax", "must be at least BackoffMin (%s), got %s", cfg.BackoffMin, cfg.BackoffMax)
+	}
+	return cfg, nil
+}
+
+// AcquireOptions tunes one [Client.Acquire] or [Client.TryAcquire] call. A nil
+// *AcquireOptions uses the defaults.
+type AcquireOptions struct {
+	// MaxWait bounds how long Acquire waits, on top of the context's deadline.
+	// Zero: until the context ends. TryAcquire ignores it.
+	MaxWait time.Duration
+	// HolderInfo describes this holder in the lease row. Default:
+	// [Config.HolderInfo].
+	HolderInfo string
+}
+
+// KeepAliveOptions tunes [Lease.KeepAlive]. A nil *KeepAliveOptions uses the
+// defaults.
+type KeepAliveOptions struct {
+	// Interval between renewals. Default: TTL/[RenewFractionDefault]. It must be
+	// below the TTL minus the safety margin.
+	Interval time.Duration
+	// MaxHold is the longest total time, from the grant, keep-alive keeps the
+	// lease; then it stops and ends the lease's context with [ErrMaxHold].
+	// Default [MaxHoldDefault].
+	MaxHold time.Duration
+	// MaxFailures is how many renewals in a row may fail (database unreachable,
+	// outcome unknown) before keep-alive gives up and ends the lease's context.
+	// Default [MaxFailuresDefault].
+	MaxFailures int
+}
+
+// validateKey checks a lease key.
+func validateKey(key string) error {
+	if len(key) == 0 {
+		return invalid("key", "must not be empty")
+	}
+	if len(key) > MaxKeyBytes {
+		return invalid("key", "must be at most %d bytes, got %d", MaxKeyBytes, len(key))
+	}
+	return nil
+}
+
+// validateTTL checks a TTL against the client's limits and returns the safety
+// margin to use with it.
+func (c *Client) validateTTL(ttl time.Duration) (margin time.Duration, err error) {
+	if ttl <= 0 {
+		return 0, invalid("ttl", "must be positive, got %s", ttl)
+	}
+	if ttl > c.cfg.MaxTTL {
+		return 0, invalid("ttl", "must be at most %s (Config.MaxTTL), got %s", c.cfg.MaxTTL, ttl)
+	}
+	if ttl < time.Millisecond {
+		return 0, invalid("ttl", "must be at least 1ms, got %s", ttl)
+	}
+	margin = c.cfg.SafetyMargin
+	if margin == 0 {
+		margin = ttl / 10
+	}
+	if 2*margin >= ttl {
+		return 0, invalid("ttl", "must exceed twice Config.SafetyMargin (%s), got %s", margin, ttl)
+	}
+	return margin, nil
+}

@@ -1,0 +1,73 @@
+// Package leases grants time-bounded, holder-bound leases on keys, decided by
+// the PostgreSQL database clock, each with a fencing token.
+//
+// A [Client] on a [github.com/jackc/pgx/v5/pgxpool.Pool] acquires a lease ([Client.TryAcquire] once,
+// [Client.Acquire] waiting until the context's deadline), and the [Lease] it
+// returns is renewed ([Lease.Renew], or [Lease.KeepAlive] in the background)
+// and released ([Lease.Release]). [Client.Do] runs a function under a
+// kept-alive lease and cancels its context when the lease is lost.
+// [Client.List], [Client.Get], [Client.History] and [Client.ForceRelease] are
+// for inspection and operators.
+//
+// The protocol lives in SQL functions installed by the migrations
+// (pgfence.try_acquire, pgfence.acquire, pgfence.renew, pgfence.release,
+// pgfence.force_release, the view pgfence.lease_status); this package calls
+// them, and workers in other languages may call them directly and take part in
+// the same protocol. Releases send NOTIFY pgfence_lease_released with the key
+// as payload.
+//
+// # Guarantees
+//
+//   - Single clock. Every expiry decision is made by the database with
+//     clock_timestamp(), after taking the lease row's lock. The client's clock
+//     is used only to stop early: a lease's context ends when its local trust
+//     window runs out, that is the send time of the last confirmed grant or
+//     renewal + TTL − safety margin ([Config.SafetyMargin]) by the local
+//     monotonic clock. That is before the database can grant the key to anyone
+//     else, as long as the two clocks' rates differ by less than the margin.
+//   - Holder identity. Every grant gets a fresh random holder id. Renew and
+//     release succeed only for the current grant (holder and token); a late or
+//     repeated release never frees another grant, and says so
+//     ([ErrLeaseLost]).
+//   - Fencing tokens are drawn with pgfence.next_token in the granting
+//     statement, strictly increase per key across grants, survive crashes
+//     (grants and renewals commit with synchronous_commit on) and standby
+//     promotion (the timeline is in the high bits), and are returned only after
+//     the grant committed.
+//   - A renewal never extends a lease that expired, even while another
+//     transaction holds a lock on the lease row (it locks, then checks).
+//   - A failed acquire writes nothing; waiting is bounded by the context, polls
+//     with capped exponential backoff and full jitter, is woken by release
+//     notifications, and within a client only the first waiter of a key polls
+//     (the others queue in FIFO order).
+//
+// # Failure handling
+//
+//   - The database refuses: [ErrLeaseHeld] (a [*HeldError] with the holder's
+//     remaining time), [ErrLeaseLost] (renewal or release of a grant that
+//     expired, was taken over or force-released), [ErrInvalid] (the message
+//     names the argument), [ErrNotPrimary].
+//   - The database cannot be reached before a statement is sent:
+//     [ErrUnavailable]; nothing happened. Acquire retries until its deadline.
+//   - The connection breaks after a grant was sent: the client reads the row
+//     back by the attempt's holder id (within [Config.ResolveTimeout]) and
+//     either returns the lease or reports that nothing was granted; if it
+//     cannot read back, the error wraps [ErrOutcomeUnknown] and names the
+//     holder id (an unclaimed grant simply expires).
+//   - A renewal fails or its outcome is unknown: the lease keeps its last
+//     confirmed trust window. [Lease.KeepAlive] retries, bounds every attempt by
+//     the trust window, and ends the lease's context when the window runs out or
+//     after [KeepAliveOptions.MaxFailures] failures in a row. Work under the
+//     lease must stop when [Lease.Done] is closed.
+//   - A release whose reply is lost is retried (it is idempotent). By default a
+//     release commits with synchronous_commit = off ([Config.DurableRelease]): if
+//     the server crashes right after, the release may be lost and the next holder
+//     waits until the lease expires; any later durable commit makes it durable.
+//   - The LISTEN connection fails: waiters fall back to polling at once and the
+//     connection is re-established with backoff; a lost notification costs at
+//     most [Config.PollInterval]. Behind PgBouncer in transaction mode set
+//     [Config.DisableWakeups]; everything else is one statement per operation and
+//     keeps no session state.
+//   - A holder process dies: its lease is taken over after its TTL by the next
+//     Acquire, recorded as taken_over in the history.
+package leases

@@ -1,0 +1,76 @@
+package leases
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
+)
+
+// Sentinels. Test with [errors.Is]; the errors returned carry details (key,
+// holder, token, the database's message) around them.
+var (
+	// ErrLeaseHeld: another holder has a live lease on the key. A
+	// [*HeldError] carries the time it has left.
+	ErrLeaseHeld = errors.New("leases: lease held by another holder")
+	// ErrLeaseLost: the lease ended without a Release by its holder: it expired,
+	// was taken over or force-released, the local trust window ran out, or
+	// keep-alive gave up. Work done under it is no longer protected.
+	ErrLeaseLost = errors.New("leases: lease lost")
+	// ErrReleased: the lease was released by its holder; it is the cause of the
+	// lease's context after [Lease.Release].
+	ErrReleased = errors.New("leases: lease released")
+	// ErrMaxHold: keep-alive reached its maximum total hold time
+	// ([KeepAliveOptions.MaxHold]) and stopped; the lease's context ends with it.
+	ErrMaxHold = errors.New("leases: maximum hold time reached")
+	// ErrClosed: the [Client] was closed.
+	ErrClosed = errors.New("leases: client closed")
+
+	// ErrOutcomeUnknown: the connection broke around a grant, renewal or release
+	// and the client could not read back what happened. It is pgerr's shared
+	// sentinel.
+	ErrOutcomeUnknown = pgerr.ErrOutcomeUnknown
+	// ErrUnavailable: the database could not be reached; nothing was done.
+	ErrUnavailable = pgerr.ErrUnavailable
+	// ErrInvalid: an argument or option was rejected; the message names it.
+	ErrInvalid = pgerr.ErrInvalid
+	// ErrNotPrimary: the server is a standby; leases are granted by a primary.
+	ErrNotPrimary = pgerr.ErrNotPrimary
+)
+
+// HeldError is returned by [Client.TryAcquire] (and, wrapped, by
+// [Client.Acquire] when it gives up) when another holder has the lease.
+// errors.Is(err, ErrLeaseHeld) is true.
+type HeldError struct {
+	// Key is the lease key.
+	Key string
+	// Remaining is the time the current holder has left by the database clock
+	// when it was read. The holder may renew or release it meanwhile.
+	Remaining time.Duration
+	// ExpiresAt is the current grant's expiry by the database clock.
+	ExpiresAt time.Time
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("leases: lease %q held by another holder for another %s", e.Key, e.Remaining)
+}
+
+// Unwrap returns [ErrLeaseHeld].
+func (e *HeldError) Unwrap() error { return ErrLeaseHeld }
+
+// invalid returns an ErrInvalid error naming the field.
+func invalid(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrInvalid, field, fmt.Sprintf(format, args...))
+}
+
+// classify maps a database error of a statement that was sent.
+func classify(err error) error { return pgerr.Classify(err, true) }
+
+// lost returns an ErrLeaseLost error for l with the given reason.
+func (l *Lease) lostError(reason string, cause error) error {
+	if cause != nil {
+		return fmt.Errorf("%w: lease %q (holder %s, token %d): %s: %w", ErrLeaseLost, l.key, l.holder, l.token, reason, cause)
+	}
+	return fmt.Errorf("%w: lease %q (holder %s, token %d): %s", ErrLeaseLost, l.key, l.holder, l.token, reason)
+}

@@ -1,0 +1,156 @@
+package leases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrNotFound: the key never had a lease.
+var ErrNotFound = errors.New("leases: no lease for key")
+
+// Status is one lease row as the database sees it now.
+type Status struct {
+	Key        string
+	Holder     string // the current or last grant's holder id
+	Token      int64  // the current or last grant's token
+	GrantedAt  time.Time
+	RenewedAt  time.Time // zero if never renewed
+	ExpiresAt  time.Time
+	ReleasedAt time.Time // zero unless released
+	HolderInfo string
+	// Live is true while the grant is neither released nor expired, by the
+	// database clock.
+	Live bool
+	// Remaining is the time the grant has left by the database clock (0 unless
+	// Live).
+	Remaining time.Duration
+}
+
+// HistoryEntry is one recorded transition of a key.
+type HistoryEntry struct {
+	ID     int64
+	Key    string
+	Event  string // acquired, taken_over, released, force_released
+	Holder string
+	Token  int64
+	At     time.Time // database clock
+	Reason string
+}
+
+// ForceReleased reports what [Client.ForceRelease] did.
+type ForceReleased struct {
+	// Released is true when a grant was ended.
+	Released bool
+	// Holder and Token identify the grant it ended.
+	Holder string
+	Token  int64
+	// WasLive is true when that grant had not expired yet.
+	WasLive bool
+}
+
+func scanStatus(row pgx.Row) (Status, error) {
+	var (
+		s                 Status
+		renewed, released *time.Time
+		remainingMicros   int64
+	)
+	err := row.Scan(&s.Key, &s.Holder, &s.Token, &s.GrantedAt, &renewed, &s.ExpiresAt, &released,
+		&s.HolderInfo, &s.Live, &remainingMicros)
+	if renewed != nil {
+		s.RenewedAt = *renewed
+	}
+	if released != nil {
+		s.ReleasedAt = *released
+	}
+	s.Remaining = time.Duration(remainingMicros) * time.Microsecond
+	return s, err
+}
+
+// List returns every lease row (one per key ever leased), ordered by key.
+func (c *Client) List(ctx context.Context) ([]Status, error) {
+	rows, err := c.pool.Query(ctx, sqlList)
+	if err != nil {
+		return nil, fmt.Errorf("leases: list: %w", classify(err))
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Status, error) { return scanStatus(row) })
+	if err != nil {
+		return nil, fmt.Errorf("leases: list: %w", classify(err))
+	}
+	return out, nil
+}
+
+// Get returns the lease row of key, or an error wrapping [ErrNotFound].
+func (c *Client) Get(ctx context.Context, key string) (Status, error) {
+	if err := validateKey(key); err != nil {
+		return Status{}, err
+	}
+	s, err := scanStatus(c.pool.QueryRow(ctx, sqlGet, key))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Status{}, fmt.Errorf("%w: %q", ErrNotFound, key)
+	}
+	if err != nil {
+		return Status{}, fmt.Errorf("leases: get %q: %w", key, classify(err))
+	}
+	return s, nil
+}
+
+// History returns up to limit recorded transitions of key, newest first. The
+// database keeps about the newest 100 per key.
+func (c *Client) History(ctx context.Context, key string, limit int) ([]HistoryEntry, error) {
+	if err := validateKey(key); err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		return nil, invalid("limit", "must be positive, got %d", limit)
+	}
+	rows, err := c.pool.Query(ctx, sqlHistory, key, limit)
+	if err != nil {
+		return nil, fmt.Errorf("leases: history %q: %w", key, classify(err))
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (HistoryEntry, error) {
+		var e HistoryEntry
+		err := row.Scan(&e.ID, &e.Key, &e.Event, &e.Holder, &e.Token, &e.At, &e.Reason)
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("leases: history %q: %w", key, classify(err))
+	}
+	return out, nil
+}
+
+// ForceRelease ends the current grant of key whoever holds it, for operators;
+// reason (1 to 1000 characters) is recorded in the history. The holder finds
+// out at its next renewal (or release), so protect the resource with the token
+// as well. Waiters are notified.
+func (c *Client) ForceRelease(ctx context.Context, key, reason string) (ForceReleased, error) {
+	if err := validateKey(key); err != nil {
+		return ForceReleased{}, err
+	}
+	if len(reason) == 0 || len([]rune(reason)) > 1000 {
+		return ForceReleased{}, invalid("reason", "must be 1 to 1000 characters, got %d", len([]rune(reason)))
+	}
+	var (
+		r      ForceReleased
+		holder *string
+		token  *int64
+	)
+	err := c.pool.QueryRow(ctx, sqlForceRelease, key, reason).Scan(&r.Released, &holder, &token, &r.WasLive)
+	if err != nil {
+		return ForceReleased{}, fmt.Errorf("leases: force release %q: %w", key, classify(err))
+	}
+	if holder != nil {
+		r.Holder = *holder
+	}
+	if token != nil {
+		r.Token = *token
+	}
+	if r.Released {
+		c.wake(key)
+		c.emit(Event{Kind: EventForceReleased, Key: key, Holder: r.Holder, Token: r.Token})
+	}
+	return r, nil
+}

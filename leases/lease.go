@@ -1,0 +1,290 @@
+package leases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
+)
+
+// Lease is one grant: a key held by a fresh holder id with a fencing token. Its
+// [Lease.Context] ends when the lease is released, lost, or when the local trust
+// window (the last successful grant or renewal's send time + TTL − safety
+// margin, by the local monotonic clock) runs out, whichever comes first. Work
+// done under the lease should run under that context and carry [Lease.Token]
+// to the resource it protects. Its methods are safe for concurrent use.
+type Lease struct {
+	c         *Client
+	key       string
+	holder    string
+	token     int64
+	ttl       time.Duration
+	margin    time.Duration
+	grantedAt time.Time
+	start     time.Time // local monotonic send time of the grant
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu         sync.Mutex
+	expiresAt  time.Time   // database clock, last known
+	trustUntil time.Time   // local monotonic
+	timer      *time.Timer // ends the lease at trustUntil
+	ended      bool
+	released   bool // a Release call committed (or found it already released)
+}
+
+func (c *Client) newLease(key, holder string, token int64, ttl, margin time.Duration, start, grantedAt, expiresAt time.Time) *Lease {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	l := &Lease{
+		c: c, key: key, holder: holder, token: token, ttl: ttl, margin: margin,
+		grantedAt: grantedAt, start: start, ctx: ctx, cancel: cancel,
+		expiresAt: expiresAt, trustUntil: start.Add(ttl - margin),
+	}
+	l.mu.Lock()
+	l.timer = time.AfterFunc(time.Until(l.trustUntil), l.trustExpired)
+	l.mu.Unlock()
+	return l
+}
+
+// Key is the lease's key.
+func (l *Lease) Key() string { return l.key }
+
+// Holder is the random id of this grant (a UUID), needed to renew or release it.
+func (l *Lease) Holder() string { return l.holder }
+
+// Token is the fencing token of this grant: it is larger than every token
+// issued for the key before. Pass it to the resource the lease protects.
+func (l *Lease) Token() int64 { return l.token }
+
+// TTL is the lease's time to live, used by grants and renewals.
+func (l *Lease) TTL() time.Duration { return l.ttl }
+
+// GrantedAt is the grant time by the database clock.
+func (l *Lease) GrantedAt() time.Time { return l.grantedAt }
+
+// ExpiresAt is the expiry by the database clock as of the last grant or
+// renewal this client saw commit. Compare it only with database times.
+func (l *Lease) ExpiresAt() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.expiresAt
+}
+
+// Context ends when the lease is released, lost or its trust window runs out.
+// [context.Cause] (or [Lease.Err]) says which.
+func (l *Lease) Context() context.Context { return l.ctx }
+
+// Done is Context().Done().
+func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+
+// Err is nil while the lease is held. Afterwards it is [ErrReleased] after a
+// Release, [ErrMaxHold] when keep-alive reached its limit, and otherwise an
+// error wrapping [ErrLeaseLost] that says why.
+func (l *Lease) Err() error {
+	if l.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(l.ctx)
+}
+
+func (l *Lease) trustExpired() {
+	l.end(l.lostError("the local trust window ran out before a renewal was confirmed", nil))
+}
+
+// end ends the lease's context with cause (once).
+func (l *Lease) end(cause error) {
+	l.mu.Lock()
+	if l.ended {
+		l.mu.Unlock()
+		return
+	}
+	l.ended = true
+	l.timer.Stop()
+	l.cancel(cause)
+	l.mu.Unlock()
+	if !errors.Is(cause, ErrReleased) {
+		l.c.emit(Event{Kind: EventLost, Key: l.key, Holder: l.holder, Token: l.token, Err: cause})
+	}
+}
+
+func (l *Lease) trustDeadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.trustUntil
+}
+
+// Renew extends the lease to the database's clock_timestamp() + TTL, if this
+// grant still holds it and it has not expired. When the database refuses, the
+// lease is lost: its context ends and the error wraps [ErrLeaseLost]. Other
+// failures ([ErrUnavailable], [ErrOutcomeUnknown]) leave the lease as it was;
+// its trust window still runs from the last confirmed renewal.
+func (l *Lease) Renew(ctx context.Context) error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	start := time.Now()
+	var expiresAt time.Time
+	err := l.c.pool.QueryRow(ctx, sqlRenew, l.key, l.holder, l.token, l.ttl.Microseconds()).Scan(&expiresAt)
+	if err != nil {
+		if pgerr.Code(err) == pgerr.CodeLeaseNotHeld {
+			lost := l.lostError("the database refused the renewal", err)
+			l.end(lost)
+			return lost
+		}
+		err = fmt.Errorf("leases: renew %q (holder %s, token %d): %w", l.key, l.holder, l.token, classify(err))
+		l.c.emit(Event{Kind: EventRenewFailed, Key: l.key, Holder: l.holder, Token: l.token, Err: err, Duration: time.Since(start)})
+		return err
+	}
+	l.mu.Lock()
+	ended := l.ended
+	if !ended {
+		l.expiresAt = expiresAt
+		if trust := start.Add(l.ttl - l.margin); trust.After(l.trustUntil) {
+			l.trustUntil = trust
+			l.timer.Reset(time.Until(trust))
+		}
+	}
+	l.mu.Unlock()
+	if ended {
+		return l.Err()
+	}
+	l.c.emit(Event{Kind: EventRenewed, Key: l.key, Holder: l.holder, Token: l.token, Duration: time.Since(start)})
+	return nil
+}
+
+// Release ends the grant and ends the lease's context with [ErrReleased]. It
+// never frees another holder's grant and is idempotent: releasing twice, or
+// retrying after a lost reply, returns nil. When the lease had already expired
+// or been taken over before the release, the error wraps [ErrLeaseLost] (work
+// done under it may not have been protected to the end). It retries a lost
+// reply at most twice within ctx.
+func (l *Lease) Release(ctx context.Context) error {
+	l.mu.Lock()
+	released := l.released
+	l.mu.Unlock()
+	if released {
+		return nil
+	}
+	start := time.Now()
+	var (
+		changed bool
+		status  string
+		err     error
+	)
+	for attempt := 0; attempt < 3; attempt++ {
+		err = l.c.pool.QueryRow(ctx, sqlRelease, l.key, l.holder, l.token, l.c.cfg.DurableRelease).Scan(&changed, &status)
+		if err == nil {
+			break
+		}
+		err = classify(err)
+		if !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrOutcomeUnknown) {
+			break
+		}
+		if !sleepCtx(ctx, fullJitter(l.c.cfg.BackoffMin<<attempt)) {
+			break
+		}
+	}
+	l.end(ErrReleased)
+	if err != nil {
+		return fmt.Errorf("leases: release %q (holder %s, token %d): %w", l.key, l.holder, l.token, err)
+	}
+	l.mu.Lock()
+	l.released = status != "not_held"
+	l.mu.Unlock()
+	if changed {
+		l.c.wake(l.key) // local waiters need not wait for the notification
+	}
+	l.c.emit(Event{Kind: EventReleased, Key: l.key, Holder: l.holder, Token: l.token, Duration: time.Since(start)})
+	switch status {
+	case "released", "already_released":
+		return nil
+	case "expired":
+		return l.lostError("the lease had expired before the release (now released)", nil)
+	default:
+		return l.lostError("the key was granted to another holder before the release; nothing changed", nil)
+	}
+}
+
+// KeepAlive renews the lease every opts.Interval until ctx ends (it returns nil
+// then, and the lease stays held until it expires or is released), the lease
+// ends (it returns [Lease.Err], nil after a release), MaxHold passes (it ends
+// the lease's context with [ErrMaxHold]), or MaxFailures renewals in a row fail
+// (it ends the lease's context with an [ErrLeaseLost] error). No renewal attempt
+// outlives the trust window, so a renewal whose outcome stays unknown ends the
+// lease's context when the window runs out, before the database could grant
+// the key to anyone else.
+func (l *Lease) KeepAlive(ctx context.Context, opts *KeepAliveOptions) error {
+	var o KeepAliveOptions
+	if opts != nil {
+		o = *opts
+	}
+	switch {
+	case o.Interval < 0:
+		return invalid("KeepAliveOptions.Interval", "must not be negative, got %s", o.Interval)
+	case o.Interval >= l.ttl-l.margin:
+		return invalid("KeepAliveOptions.Interval", "must be below the TTL minus the safety margin (%s), got %s", l.ttl-l.margin, o.Interval)
+	case o.MaxHold < 0:
+		return invalid("KeepAliveOptions.MaxHold", "must not be negative, got %s", o.MaxHold)
+	case o.MaxFailures < 0:
+		return invalid("KeepAliveOptions.MaxFailures", "must not be negative, got %d", o.MaxFailures)
+	}
+	if o.Interval == 0 {
+		o.Interval = l.ttl / RenewFractionDefault
+	}
+	if o.MaxHold == 0 {
+		o.MaxHold = MaxHoldDefault
+	}
+	if o.MaxFailures == 0 {
+		o.MaxFailures = MaxFailuresDefault
+	}
+	holdUntil := l.start.Add(o.MaxHold)
+	failures := 0
+	next := o.Interval
+	timer := time.NewTimer(min(next, time.Until(holdUntil)))
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-l.ctx.Done():
+			if err := l.Err(); !errors.Is(err, ErrReleased) {
+				return err
+			}
+			return nil
+		case <-timer.C:
+		}
+		if !time.Now().Before(holdUntil) {
+			err := fmt.Errorf("%w: lease %q (holder %s, token %d) kept for %s", ErrMaxHold, l.key, l.holder, l.token, o.MaxHold)
+			l.end(err)
+			return err
+		}
+		rctx, cancel := context.WithDeadline(ctx, l.trustDeadline())
+		err := l.Renew(rctx)
+		cancel()
+		switch {
+		case err == nil:
+			failures = 0
+			next = o.Interval
+		case l.Err() != nil:
+			if errors.Is(l.Err(), ErrReleased) {
+				return nil
+			}
+			return l.Err()
+		case ctx.Err() != nil:
+			return nil
+		default:
+			failures++
+			if failures >= o.MaxFailures {
+				lost := l.lostError(fmt.Sprintf("keep-alive gave up after %d failed renewals", failures), err)
+				l.end(lost)
+				return lost
+			}
+			next = max(time.Millisecond, o.Interval/4/2+fullJitter(o.Interval/4/2))
+		}
+		timer.Reset(min(next, max(0, time.Until(holdUntil))))
+	}
+}

@@ -1,0 +1,370 @@
+package leases_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+func TestAcquireRenewRelease(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	var events []leases.Event
+	c := newClient(t, pool, &leases.Config{OnEvent: func(e leases.Event) { events = append(events, e) }})
+	ctx := ctxTimeout(t, 30*time.Second)
+
+	l, err := c.TryAcquire(ctx, "job", 10*time.Second, &leases.AcquireOptions{HolderInfo: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Key() != "job" || l.Token() <= 0 || len(l.Holder()) != 36 || l.Err() != nil {
+		t.Fatalf("lease %q %q %d err %v", l.Key(), l.Holder(), l.Token(), l.Err())
+	}
+	st, err := c.Get(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Live || st.Holder != l.Holder() || st.Token != l.Token() || st.HolderInfo != "test" ||
+		st.Remaining <= 9*time.Second || st.Remaining > 10*time.Second || !st.ExpiresAt.Equal(l.ExpiresAt()) {
+		t.Fatalf("status %+v, lease expires %v", st, l.ExpiresAt())
+	}
+
+	before := l.ExpiresAt()
+	time.Sleep(5 * time.Millisecond)
+	if err := l.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !l.ExpiresAt().After(before) {
+		t.Fatalf("renewal did not move the expiry: %v -> %v", before, l.ExpiresAt())
+	}
+
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Done():
+	default:
+		t.Fatal("lease context not done after Release")
+	}
+	if !errors.Is(l.Err(), leases.ErrReleased) {
+		t.Fatalf("Err after release = %v", l.Err())
+	}
+	if err := l.Renew(ctx); !errors.Is(err, leases.ErrReleased) {
+		t.Fatalf("renew after release: %v", err)
+	}
+
+	l2, err := c.TryAcquire(ctx, "job", time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l2.Token() <= l.Token() || l2.Holder() == l.Holder() {
+		t.Fatalf("second grant: token %d after %d, holder %s after %s", l2.Token(), l.Token(), l2.Holder(), l.Holder())
+	}
+	if err := l2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	hist, err := c.History(ctx, "job", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range hist {
+		got = append(got, e.Event)
+	}
+	if strings.Join(got, ",") != "released,acquired,released,acquired" {
+		t.Fatalf("history newest first: %v", got)
+	}
+	if hist[3].Token != l.Token() || hist[3].Holder != l.Holder() || hist[1].Token != l2.Token() {
+		t.Fatalf("history %+v", hist)
+	}
+	list, err := c.List(ctx)
+	if err != nil || len(list) != 1 || list[0].Live || list[0].ReleasedAt.IsZero() {
+		t.Fatalf("list %+v %v", list, err)
+	}
+	var kinds []string
+	for _, e := range events {
+		kinds = append(kinds, string(e.Kind))
+	}
+	if strings.Join(kinds, ",") != "acquired,renewed,released,acquired,released" {
+		t.Fatalf("events %v", kinds)
+	}
+}
+
+func TestTryAcquireHeld(t *testing.T) {
+	pool := pgfencetest.NewPool(t)
+	c := newClient(t, pool, nil)
+	ctx := ctxTimeout(t, 30*time.Second)
+	l, err := c.TryAcquire(ctx, "k", 20*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.TryAcquire(ctx, "k", 20*time.Second, nil)
+	var held *leases.HeldError
+	if !errors.As(err, &held) || !errors.Is(err, leases.ErrLeaseHeld) {
+		t.Fatalf("second TryAcquire: %v", err)
+	}
+	if held.Key != "k" || held.Remaining <= 19*time.Second || held.Remaining > 20*time.Second || !held.ExpiresAt.Equal(l.ExpiresAt()) {
+		t.Fatalf("held %+v", held)
+	}
+	// A failed acquire writes nothing: no event, the row unchanged.
+	hist, _ := c.History(ctx, "k", 10)
+	if len(hist) != 1 {
+		t.Fatalf("history after a failed acquire: %+v", hist)
+	}
+	// Acquire gives up at its deadline and says why.
+	_, err = c.Acquire(ctx, "k", time.Second, &leases.AcquireOptions{MaxWait: 50 * time.Millisecond})
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, leases.ErrLeaseHeld) {
+		t.Fatalf("Acquire on a held key: %v", err)
+	}
+	// Expiry lets the next holder in, with a larger token.
+	backdate(t, pool, "k", -time.Millisecond)
+	l2, err := c.TryAcquire(ctx, "k", time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l2.Token() <= l.Token() {
+		t.Fatalf("takeover token %d <= %d", l2.Token(), l.Token())
+	}
+	hist, _ = c.History(ctx, "k", 1)
+	if hist[0].Event != "taken_over" || !strings.Contains(hist[0].Reason, l.Holder()) {
+		t.Fatalf("takeover event %+v", hist[0])
+	}
+	// The old holder learns it lost the lease at its next renewal.
+	if err := l.Renew(ctx); !errors.Is(err, leases.ErrLeaseLost) || pgerr.Code(err) != pgerr.CodeLeaseNotHeld {
+		t.Fatalf("renew by the old holder: %v", err)
+	}
+	if !errors.Is(l.Err(), leases.ErrLeaseLost) {
+		t.Fatalf("old lease Err = %v", l.Err())
+	}
+	_ = l2.Release(ctx)
+}
+
+// A stale release never frees the new holder's lease; a double release is
+// harmless.
+func TestStaleAndDoubleRelease(t *testing.T) {
+	pool := pgfencetest.NewPool(t)
+	c := newClient(t, pool, nil)
+	ctx := ctxTimeout(t, 30*time.Second)
+	old, err := c.TryAcquire(ctx, "k", 10*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backdate(t, pool, "k", -time.Millisecond)
+	cur, err := c.TryAcquire(ctx, "k", 10*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The old holder wakes up late and releases.
+	if err := old.Release(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+		t.Fatalf("stale release: %v", err)
+	}
+	st, err := c.Get(ctx, "k")
+	if err != nil || !st.Live || st.Holder != cur.Holder() || st.Token != cur.Token() {
+		t.Fatalf("after a stale release: %+v %v", st, err)
+	}
+	if _, err := c.TryAcquire(ctx, "k", time.Second, nil); !errors.Is(err, leases.ErrLeaseHeld) {
+		t.Fatalf("key free after a stale release: %v", err)
+	}
+	// The same stale release sent as plain SQL, as another language would.
+	var released bool
+	var status string
+	if err := pool.QueryRow(ctx, `SELECT released, status FROM pgfence.release($1, $2, $3)`, "k", old.Holder(), old.Token()).Scan(&released, &status); err != nil {
+		t.Fatal(err)
+	}
+	if released || status != "not_held" {
+		t.Fatalf("stale SQL release: %v %s", released, status)
+	}
+
+	// Double release by the current holder.
+	if err := cur.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := cur.Release(ctx); err != nil {
+		t.Fatalf("second release: %v", err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT released, status FROM pgfence.release($1, $2, $3)`, "k", cur.Holder(), cur.Token()).Scan(&released, &status); err != nil {
+		t.Fatal(err)
+	}
+	if released || status != "already_released" {
+		t.Fatalf("repeated SQL release: %v %s", released, status)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.lease_events WHERE key = 'k' AND event = 'released'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("released events: %d %v", n, err)
+	}
+}
+
+// The renew-after-expiry trap (DESIGN §4): a renewal that starts while the
+// lease is live, then waits for a transaction holding FOR SHARE on the lease
+// row while the lease expires, must fail. A bare UPDATE ... WHERE expires_at >
+// clock_timestamp() would succeed here; the control at the end proves the
+// scenario really sets that trap.
+func TestRenewAfterExpiryTrap(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	c := newClient(t, pool, nil)
+	ctx := ctxTimeout(t, 30*time.Second)
+
+	trap := func(renew func() error) error {
+		t.Helper()
+		backdate(t, pool, "k", 300*time.Millisecond)
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM pgfence.leases WHERE key = 'k' FOR SHARE`); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- renew() }()
+		// Wait until the renewal is blocked on the row lock, then let the lease expire.
+		waitLocked(t, pool)
+		var live bool
+		for {
+			if err := pool.QueryRow(ctx, `SELECT expires_at > clock_timestamp() FROM pgfence.leases WHERE key = 'k'`).Scan(&live); err != nil {
+				t.Fatal(err)
+			}
+			if !live {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return <-done
+	}
+
+	l, err := c.TryAcquire(ctx, "k", 10*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := trap(func() error { return l.Renew(ctx) }); !errors.Is(err, leases.ErrLeaseLost) {
+		t.Fatalf("renewal of a lease that expired while it waited: %v", err)
+	}
+	var live bool
+	if err := pool.QueryRow(ctx, `SELECT live FROM pgfence.lease_status WHERE key = 'k'`).Scan(&live); err != nil || live {
+		t.Fatalf("lease live after the refused renewal: %v %v", live, err)
+	}
+
+	// Control: the naive statement falls into the trap.
+	l2, err := c.TryAcquire(ctx, "k", 10*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = trap(func() error {
+		tag, err := pool.Exec(ctx, `UPDATE pgfence.leases SET expires_at = clock_timestamp() + interval '10 s'
+WHERE key = 'k' AND holder = $1::uuid AND token = $2 AND released_at IS NULL AND expires_at > clock_timestamp()`, l2.Holder(), l2.Token())
+		if err == nil && tag.RowsAffected() != 1 {
+			return errors.New("the naive renewal did not fall into the trap")
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("control: %v", err)
+	}
+	_ = l2.Release(ctx)
+}
+
+// waitLocked waits until some backend of this database waits for a lock.
+func waitLocked(t *testing.T, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) {
+	t.Helper()
+	for i := 0; i < 500; i++ {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("no backend ever waited for the row lock")
+}
+
+func TestInvalidInput(t *testing.T) {
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, 30*time.Second)
+	c := newClient(t, pool, &leases.Config{MaxTTL: time.Minute})
+	long := strings.Repeat("x", 513)
+	cases := []struct {
+		name  string
+		field string
+		call  func() error
+	}{
+		{"empty key", "key", func() error { _, err := c.TryAcquire(ctx, "", time.Second, nil); return err }},
+		{"oversize key", "key", func() error { _, err := c.Acquire(ctx, long, time.Second, nil); return err }},
+		{"zero ttl", "ttl", func() error { _, err := c.TryAcquire(ctx, "k", 0, nil); return err }},
+		{"negative ttl", "ttl", func() error { _, err := c.Acquire(ctx, "k", -time.Second, nil); return err }},
+		{"ttl above MaxTTL", "ttl", func() error { _, err := c.TryAcquire(ctx, "k", 2*time.Minute, nil); return err }},
+		{"negative wait", "AcquireOptions.MaxWait", func() error {
+			_, err := c.Acquire(ctx, "k", time.Second, &leases.AcquireOptions{MaxWait: -time.Second})
+			return err
+		}},
+		{"oversize holder info", "AcquireOptions.HolderInfo", func() error {
+			_, err := c.TryAcquire(ctx, "k", time.Second, &leases.AcquireOptions{HolderInfo: strings.Repeat("x", 1025)})
+			return err
+		}},
+		{"history limit", "limit", func() error { _, err := c.History(ctx, "k", 0); return err }},
+		{"force release reason", "reason", func() error { _, err := c.ForceRelease(ctx, "k", ""); return err }},
+		{"Do without fn", "fn", func() error { return c.Do(ctx, "k", time.Second, nil) }},
+		{"negative backoff", "Config.BackoffMin", func() error { _, err := leases.New(pool, &leases.Config{BackoffMin: -1}); return err }},
+		{"MaxTTL above limit", "Config.MaxTTL", func() error { _, err := leases.New(pool, &leases.Config{MaxTTL: 25 * time.Hour}); return err }},
+		{"nil pool", "pool", func() error { _, err := leases.New(nil, nil); return err }},
+	}
+	for _, tc := range cases {
+		err := tc.call()
+		if !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: got %v, want ErrInvalid naming %s", tc.name, err, tc.field)
+		}
+	}
+	l, err := c.TryAcquire(ctx, "k", 3*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []*leases.KeepAliveOptions{{Interval: -1}, {Interval: 3 * time.Second}, {MaxHold: -1}, {MaxFailures: -1}} {
+		if err := l.KeepAlive(ctx, o); !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), "KeepAliveOptions.") {
+			t.Errorf("KeepAlive(%+v): %v", o, err)
+		}
+	}
+	// Nothing was lost: the lease is intact and the rejected calls wrote nothing.
+	if l.Err() != nil {
+		t.Fatal(l.Err())
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.lease_events`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("events: %d %v", n, err)
+	}
+
+	// The SQL functions reject the same input with PF008.
+	for _, q := range []string{
+		`SELECT * FROM pgfence.try_acquire('', interval '1 s')`,
+		`SELECT * FROM pgfence.try_acquire(repeat('x', 513), interval '1 s')`,
+		`SELECT * FROM pgfence.try_acquire('k2', interval '0 s')`,
+		`SELECT * FROM pgfence.try_acquire('k2', interval '25 hours')`,
+		`SELECT * FROM pgfence.try_acquire('k2', NULL)`,
+		`SELECT * FROM pgfence.renew('k', NULL, 1, interval '1 s')`,
+		`SELECT * FROM pgfence.release('k', gen_random_uuid(), NULL)`,
+		`SELECT * FROM pgfence.force_release('k', '')`,
+		`SELECT pgfence.prune_lease_events('k', -1)`,
+	} {
+		_, err := pool.Exec(ctx, q)
+		if pgerr.Code(err) != pgerr.CodeInvalid {
+			t.Errorf("%s: %v, want PF008", q, err)
+		}
+	}
+	_ = l.Release(ctx)
+}

@@ -1,0 +1,33 @@
+package leases
+
+// The statements the client sends. Each is one call of a function installed by
+// migrations/00002_leases.sql, so the Go client and any other SQL client follow
+// the same protocol. Durations travel as microseconds.
+const (
+	sqlTryAcquire = `SELECT acquired, holder::text, token, granted_at, expires_at,
+       (extract(epoch FROM remaining) * 1000000)::bigint
+  FROM pgfence.try_acquire($1, $2::bigint * interval '1 microsecond', $3, $4::uuid)`
+
+	sqlRenew = `SELECT expires_at FROM pgfence.renew($1, $2::uuid, $3, $4::bigint * interval '1 microsecond')`
+
+	sqlRelease = `SELECT released, status FROM pgfence.release($1, $2::uuid, $3, $4)`
+
+	sqlForceRelease = `SELECT released, holder::text, token, was_live FROM pgfence.force_release($1, $2)`
+
+	// sqlReadBack resolves a grant whose reply was lost: the holder id is fresh
+	// per attempt, so a row carrying it is this attempt's committed grant.
+	sqlReadBack = `SELECT token, granted_at, expires_at, (released_at IS NULL AND expires_at > clock_timestamp())
+  FROM pgfence.leases WHERE key = $1 AND holder = $2::uuid`
+
+	sqlStatusColumns = `SELECT key, holder::text, token, granted_at, renewed_at, expires_at, released_at,
+       holder_info, live, (extract(epoch FROM remaining) * 1000000)::bigint
+  FROM pgfence.lease_status`
+
+	sqlList = sqlStatusColumns + ` ORDER BY key`
+	sqlGet  = sqlStatusColumns + ` WHERE key = $1`
+
+	sqlHistory = `SELECT id, key, event, holder::text, token, at, coalesce(reason, '')
+  FROM pgfence.lease_events WHERE key = $1 ORDER BY id DESC LIMIT $2`
+
+	sqlListen = `LISTEN ` + NotifyChannel
+)

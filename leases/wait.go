@@ -1,0 +1,237 @@
+package leases
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// queue holds the waiting Acquire calls of one client for one key, in arrival
+// order. Only the head polls the database and receives wake-ups, so a release
+// wakes one waiter per client, not all of them, and N idle waiters cost the
+// statements of one.
+type queue struct {
+	waiters []*waiter
+}
+
+type waiter struct {
+	turn chan struct{} // closed when the waiter becomes the head
+	wake chan struct{} // a release of the key was seen (buffered, 1)
+}
+
+func (c *Client) enqueue(key string) *waiter {
+	w := &waiter{turn: make(chan struct{}), wake: make(chan struct{}, 1)}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	q := c.queues[key]
+	if q == nil {
+		q = &queue{}
+		c.queues[key] = q
+	}
+	q.waiters = append(q.waiters, w)
+	if len(q.waiters) == 1 {
+		close(w.turn)
+	}
+	return w
+}
+
+func (c *Client) dequeue(key string, w *waiter) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	q := c.queues[key]
+	if q == nil {
+		return
+	}
+	for i, x := range q.waiters {
+		if x != w {
+			continue
+		}
+		q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
+		if i == 0 && len(q.waiters) > 0 {
+			close(q.waiters[0].turn) // the next waiter polls now
+		}
+		break
+	}
+	if len(q.waiters) == 0 {
+		delete(c.queues, key)
+	}
+}
+
+// wake tells the head waiter for key (if any) to try now.
+func (c *Client) wake(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if q := c.queues[key]; q != nil && len(q.waiters) > 0 {
+		select {
+		case q.waiters[0].wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// wakeAll wakes the head waiter of every key: notifications may have been
+// missed while the LISTEN connection was down.
+func (c *Client) wakeAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, q := range c.queues {
+		if len(q.waiters) > 0 {
+			select {
+			case q.waiters[0].wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// delay is how long the head waiter sleeps after its attempt-th failed try.
+// remaining is the holder's time left (0 when unknown).
+func (c *Client) delay(attempt int, remaining time.Duration) time.Duration {
+	var d time.Duration
+	if c.listening() {
+		// Releases are announced: poll rarely, as a safety net.
+		d = c.cfg.PollInterval/2 + fullJitter(c.cfg.PollInterval/2)
+	} else {
+		d = c.cfg.BackoffMax
+		if attempt < 30 && c.cfg.BackoffMin<<attempt < d {
+			d = c.cfg.BackoffMin << attempt
+		}
+		d = fullJitter(d)
+	}
+	if remaining > 0 {
+		// Expiry is not announced: be there when it comes.
+		d = min(d, remaining+fullJitter(c.cfg.BackoffMin))
+	}
+	return max(d, time.Millisecond)
+}
+
+// fullJitter returns a random duration in [0, d].
+func fullJitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return rand.N(d + 1)
+}
+
+// sleepCtx sleeps for d, or returns false when ctx ends first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// listener owns the client's dedicated LISTEN connection. It reconnects with
+// backoff until the client closes; while it is down, waiters poll.
+type listener struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	up     atomic.Bool
+	once   sync.Once
+}
+
+func (c *Client) listening() bool {
+	c.mu.Lock()
+	l := c.listener
+	c.mu.Unlock()
+	return l != nil && l.up.Load()
+}
+
+func (c *Client) startListener() {
+	if c.cfg.DisableWakeups {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.listener != nil || c.closed {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &listener{cancel: cancel, done: make(chan struct{})}
+	c.listener = l
+	go c.listen(ctx, l)
+}
+
+func (l *listener) stop() {
+	l.once.Do(l.cancel)
+	<-l.done
+}
+
+const (
+	listenerPing       = 15 * time.Second // idle time after which the LISTEN connection is checked
+	listenerBackoffMax = 5 * time.Second
+)
+
+func (c *Client) listen(ctx context.Context, l *listener) {
+	defer close(l.done)
+	for attempt := 0; ctx.Err() == nil; attempt++ {
+		connected, err := c.listenOnce(ctx, l)
+		l.up.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
+		c.emit(Event{Kind: EventListenerDown, Err: err})
+		c.wakeAll() // waiters go back to short polling
+		if connected {
+			attempt = 0
+		}
+		d := min(listenerBackoffMax, c.cfg.BackoffMin<<min(attempt, 20))
+		if !sleepCtx(ctx, fullJitter(d)) {
+			return
+		}
+	}
+}
+
+// listenOnce connects, listens and dispatches notifications until the
+// connection fails or ctx ends.
+func (c *Client) listenOnce(ctx context.Context, l *listener) (connected bool, err error) {
+	cfg := c.pool.Config().ConnConfig.Copy()
+	cfg.RuntimeParams["application_name"] = ListenerApplicationName
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	conn, err := pgx.ConnectConfig(cctx, cfg)
+	cancel()
+	if err != nil {
+		return false, err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, sqlListen); err != nil {
+		return false, err
+	}
+	l.up.Store(true)
+	c.emit(Event{Kind: EventListenerUp})
+	c.wakeAll() // releases may have been missed before LISTEN
+	for {
+		wctx, cancel := context.WithTimeout(ctx, listenerPing)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		if err == nil {
+			c.wake(n.Payload)
+			continue
+		}
+		if ctx.Err() != nil {
+			return true, ctx.Err()
+		}
+		if errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed() {
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err = conn.Ping(pctx)
+			cancel()
+			if err == nil {
+				continue
+			}
+		}
+		return true, err
+	}
+}
