@@ -48,6 +48,16 @@
 // owner; [Attempt.DerivedKey] gives the same downstream idempotency key to every
 // attempt, so the outside system can deduplicate a call the crashed owner made.
 //
+// # HTTP
+//
+// [Middleware] applies leased keys to net/http handlers following the IETF
+// Idempotency-Key header draft: 400 for a missing (when required) or
+// malformed key, 409 with Retry-After while the first request runs, 422 when
+// the key comes with another request, replays marked "Idempotent-Replayed:
+// true" with allow-listed headers only; 2xx, 3xx and permanent 4xx answers are
+// stored, 5xx, 408, 409, 425 and 429 are not. Keys are scoped by principal and
+// route. Handlers reach the [Attempt] with [AttemptFromContext].
+//
 // # Guarantees
 //
 //   - At most one effect per key: atomic mode runs the winning Func's writes

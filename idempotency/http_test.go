@@ -1,0 +1,362 @@
+package idempotency_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// orderAPI is a handler that creates an order per call and counts calls.
+type orderAPI struct {
+	calls  atomic.Int64
+	status atomic.Int64 // next status to answer, 0 = 201
+	gate   chan struct{}
+}
+
+func (h *orderAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := h.calls.Add(1)
+	body, _ := io.ReadAll(r.Body)
+	if h.gate != nil {
+		select {
+		case <-h.gate:
+		case <-r.Context().Done():
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+	}
+	status := int(h.status.Load())
+	if status == 0 {
+		status = http.StatusCreated
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/orders/"+strconv.FormatInt(n, 10))
+	w.Header().Set("Set-Cookie", "session=secret")
+	w.Header().Set("X-Request-Id", strconv.FormatInt(n, 10))
+	w.WriteHeader(status)
+	fmt.Fprintf(w, `{"order":%d,"request":%q}`, n, body)
+}
+
+type httpFixture struct {
+	pool *pgxpool.Pool
+	api  *orderAPI
+	srv  *httptest.Server
+}
+
+func newHTTPFixture(t *testing.T, storeCfg *idempotency.Config, cfg *idempotency.HTTPConfig) *httpFixture {
+	t.Helper()
+	f := &httpFixture{pool: pgfencetest.NewPool(t), api: &orderAPI{}}
+	mw, err := idempotency.NewMiddleware(newStore(t, storeCfg), f.pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders/{id}", mw.Wrap(f.api))
+	mux.Handle("GET /orders/{id}", mw.Wrap(f.api))
+	f.srv = httptest.NewServer(mux)
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func (f *httpFixture) do(t testing.TB, method, path, key, body string, header ...string) response {
+	t.Helper()
+	req, err := http.NewRequest(method, f.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set(idempotency.HeaderKey, key)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Add(header[i], header[i+1])
+	}
+	resp, err := f.srv.Client().Do(req)
+	if err != nil {
+		t.Error(err)
+		return response{}
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return response{resp.StatusCode, resp.Header, string(b)}
+}
+
+func TestHTTPReplay(t *testing.T) {
+	t.Parallel()
+	f := newHTTPFixture(t, nil, nil)
+	first := f.do(t, "POST", "/orders/1", `"k-1"`, `{"qty":2}`)
+	if first.status != http.StatusCreated || first.header.Get(idempotency.HeaderReplayed) != "" {
+		t.Fatalf("first: %+v", first)
+	}
+	again := f.do(t, "POST", "/orders/1", `"k-1"`, `{"qty":2}`)
+	if again.status != http.StatusCreated || again.body != first.body || again.header.Get(idempotency.HeaderReplayed) != "true" {
+		t.Fatalf("replay: %+v, first %+v", again, first)
+	}
+	if again.header.Get("Location") != "/orders/1" || again.header.Get("Content-Type") != "application/json" {
+		t.Fatalf("allow-listed headers not replayed: %v", again.header)
+	}
+	if again.header.Get("Set-Cookie") != "" || again.header.Get("X-Request-Id") != "" {
+		t.Fatalf("headers outside the allow-list replayed: %v", again.header)
+	}
+	if n := f.api.calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times", n)
+	}
+	// The handler saw the whole body although the middleware read it.
+	if !strings.Contains(first.body, `{\"qty\":2}`) {
+		t.Fatalf("handler did not get the body: %s", first.body)
+	}
+	// A bare token is accepted as the same key.
+	if r := f.do(t, "POST", "/orders/1", `k-1`, `{"qty":2}`); r.header.Get(idempotency.HeaderReplayed) != "true" {
+		t.Fatalf("bare token: %+v", r)
+	}
+	// GET is not covered: it runs every time.
+	f.do(t, "GET", "/orders/1", `"k-1"`, "")
+	f.do(t, "GET", "/orders/1", `"k-1"`, "")
+	if n := f.api.calls.Load(); n != 3 {
+		t.Fatalf("GET calls: handler ran %d times, want 3", n)
+	}
+}
+
+func TestHTTPBadKeys(t *testing.T) {
+	t.Parallel()
+	f := newHTTPFixture(t, nil, &idempotency.HTTPConfig{Required: true, MaxBodyBytes: 16})
+	for name, key := range map[string]string{
+		"missing":      "",
+		"unterminated": `"abc`,
+		"space":        `a b`,
+		"inner quote":  `"a"b"`,
+		"bad escape":   `"a\nb"`,
+		"non-ascii":    `"schlüssel"`,
+		"too long":     `"` + strings.Repeat("x", idempotency.HTTPMaxKeyBytes+1) + `"`,
+		"empty":        `""`,
+	} {
+		if r := f.do(t, "POST", "/orders/1", key, "{}"); r.status != http.StatusBadRequest ||
+			r.header.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("%s key: %d %s, want 400 problem", name, r.status, r.body)
+		}
+	}
+	if r := f.do(t, "POST", "/orders/1", `"a"`, "{}", idempotency.HeaderKey, `"b"`); r.status != http.StatusBadRequest {
+		t.Errorf("two keys: %d, want 400", r.status)
+	}
+	if r := f.do(t, "POST", "/orders/1", `"a"`, strings.Repeat("x", 17)); r.status != http.StatusRequestEntityTooLarge {
+		t.Errorf("big body: %d, want 413", r.status)
+	}
+	if n := f.api.calls.Load(); n != 0 {
+		t.Fatalf("handler ran %d times for refused requests", n)
+	}
+
+	optional := newHTTPFixture(t, nil, nil)
+	if r := optional.do(t, "POST", "/orders/1", "", "{}"); r.status != http.StatusCreated {
+		t.Fatalf("no key, not required: %d", r.status)
+	}
+}
+
+func TestHTTPMismatch(t *testing.T) {
+	t.Parallel()
+	f := newHTTPFixture(t, nil, nil)
+	first := f.do(t, "POST", "/orders/1", `"k"`, `{"qty":2}`)
+	for name, r := range map[string]response{
+		"other body": f.do(t, "POST", "/orders/1", `"k"`, `{"qty":3}`),
+		"other uri":  f.do(t, "POST", "/orders/2", `"k"`, `{"qty":2}`), // same route pattern
+	} {
+		if r.status != http.StatusUnprocessableEntity || strings.Contains(r.body, first.body) {
+			t.Errorf("%s: %d %s, want 422 without the stored response", name, r.status, r.body)
+		}
+	}
+	if n := f.api.calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times", n)
+	}
+}
+
+func TestHTTPScopedByPrincipal(t *testing.T) {
+	t.Parallel()
+	f := newHTTPFixture(t, nil, &idempotency.HTTPConfig{
+		Principal: func(r *http.Request) string { return r.Header.Get("X-User") },
+	})
+	a := f.do(t, "POST", "/orders/1", `"same"`, "{}", "X-User", "alice")
+	b := f.do(t, "POST", "/orders/1", `"same"`, "{}", "X-User", "bob")
+	if a.status != http.StatusCreated || b.status != http.StatusCreated || a.body == b.body ||
+		b.header.Get(idempotency.HeaderReplayed) != "" {
+		t.Fatalf("alice %+v, bob %+v: principals must not share keys", a, b)
+	}
+	if r := f.do(t, "POST", "/orders/1", `"same"`, "{}", "X-User", "alice"); r.body != a.body {
+		t.Fatalf("alice's replay: %+v", r)
+	}
+}
+
+func TestHTTPStoresFinalAnswersOnly(t *testing.T) {
+	t.Parallel()
+	f := newHTTPFixture(t, nil, nil)
+	for _, status := range []int{http.StatusInternalServerError, http.StatusTooManyRequests, http.StatusServiceUnavailable} {
+		f.api.status.Store(int64(status))
+		if r := f.do(t, "POST", "/orders/1", `"retry-me"`, "{}"); r.status != status {
+			t.Fatalf("got %d, want %d", r.status, status)
+		}
+	}
+	f.api.status.Store(0)
+	if r := f.do(t, "POST", "/orders/1", `"retry-me"`, "{}"); r.status != http.StatusCreated || r.header.Get(idempotency.HeaderReplayed) != "" {
+		t.Fatalf("after transient answers: %+v, want a fresh 201", r)
+	}
+	if n := f.api.calls.Load(); n != 4 {
+		t.Fatalf("handler ran %d times, want 4", n)
+	}
+
+	// A permanent 4xx is stored and replayed.
+	f.api.status.Store(http.StatusBadRequest)
+	first := f.do(t, "POST", "/orders/1", `"bad"`, "{}")
+	f.api.status.Store(0)
+	again := f.do(t, "POST", "/orders/1", `"bad"`, "{}")
+	if again.status != http.StatusBadRequest || again.body != first.body || again.header.Get(idempotency.HeaderReplayed) != "true" {
+		t.Fatalf("4xx replay: %+v", again)
+	}
+}
+
+func TestHTTPPanicReleasesKey(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	mw, err := idempotency.NewMiddleware(newStore(t, nil), pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			panic("boom")
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	serve := func() (rec *httptest.ResponseRecorder, panicked bool) {
+		defer func() { panicked = recover() != nil }()
+		rec = httptest.NewRecorder()
+		req := httptest.NewRequest("POST", "/jobs", nil)
+		req.Header.Set(idempotency.HeaderKey, `"job-1"`)
+		h.ServeHTTP(rec, req)
+		return rec, false
+	}
+	if _, panicked := serve(); !panicked {
+		t.Fatal("panic swallowed")
+	}
+	if rec, _ := serve(); rec.Code != http.StatusNoContent || calls.Load() != 2 {
+		t.Fatalf("after panic: %d, %d calls; want the key released and the handler run", rec.Code, calls.Load())
+	}
+}
+
+// TestHTTPConcurrentDuplicates: 16 clients send the same request at once while
+// the handler is slow; exactly one execution, the others get 409 with
+// Retry-After, and after the first finishes every retry gets the same
+// response.
+func TestHTTPConcurrentDuplicates(t *testing.T) {
+	verifyNoLeaks(t)
+	f := newHTTPFixture(t, nil, nil)
+	f.api.gate = make(chan struct{})
+	const n = 16
+	var wg sync.WaitGroup
+	var answered atomic.Int64
+	results := make([]response, n)
+	for i := range n {
+		wg.Go(func() {
+			results[i] = f.do(t, "POST", "/orders/7", `"dup"`, `{"qty":1}`)
+			answered.Add(1)
+		})
+	}
+	// While the one execution blocks, every duplicate is answered.
+	deadline := time.Now().Add(30 * time.Second)
+	for answered.Load() < n-1 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if calls := f.api.calls.Load(); calls != 1 {
+		t.Fatalf("handler running %d times", calls)
+	}
+	close(f.api.gate)
+	wg.Wait()
+
+	var created, conflicts int
+	var createdBody string
+	for _, r := range results {
+		switch r.status {
+		case http.StatusCreated:
+			created++
+			createdBody = r.body
+		case http.StatusConflict:
+			conflicts++
+			if ra, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || ra < 1 {
+				t.Errorf("409 without a Retry-After: %v", r.header)
+			}
+		default:
+			t.Errorf("unexpected %d %s", r.status, r.body)
+		}
+	}
+	if created != 1 || conflicts != n-1 {
+		t.Fatalf("%d created, %d conflicts; want 1 and %d", created, conflicts, n-1)
+	}
+	for range n - 1 {
+		if r := f.do(t, "POST", "/orders/7", `"dup"`, `{"qty":1}`); r.status != http.StatusCreated || r.body != createdBody ||
+			r.header.Get(idempotency.HeaderReplayed) != "true" {
+			t.Fatalf("retry after completion: %+v", r)
+		}
+	}
+	if calls := f.api.calls.Load(); calls != 1 {
+		t.Fatalf("handler ran %d times", calls)
+	}
+	f.srv.Close()
+	f.srv.Client().CloseIdleConnections()
+}
+
+// TestHTTPLostLeaseCancelsHandler: a handler that outlives its lease (a
+// pause) is cancelled once a retry took the key over, and its late answer is
+// not stored.
+func TestHTTPLostLeaseCancelsHandler(t *testing.T) {
+	t.Parallel()
+	f := newHTTPFixture(t, &idempotency.Config{Lease: time.Hour}, &idempotency.HTTPConfig{Heartbeat: 50 * time.Millisecond})
+	f.api.gate = make(chan struct{}) // the first call blocks until its context ends
+	first := make(chan response, 1)
+	go func() { first <- f.do(t, "POST", "/orders/1", `"slow"`, "{}") }()
+	for f.api.calls.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	// A retry takes the key over once the lease expired (database clock). A
+	// heartbeat of the first may extend the lease between the backdating and
+	// the claim, so backdate again while the retry gets 409.
+	second := make(chan response, 1)
+	go func() {
+		for {
+			expireLease(t, f.pool, "slow")
+			if r := f.do(t, "POST", "/orders/1", `"slow"`, "{}"); r.status != http.StatusConflict {
+				second <- r
+				return
+			}
+		}
+	}()
+	select {
+	case r := <-first:
+		if r.status != http.StatusServiceUnavailable {
+			t.Fatalf("first: %d, want the handler's answer to its cancelled context", r.status)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the replaced handler was not cancelled")
+	}
+	close(f.api.gate)
+	r := <-second
+	if r.status != http.StatusCreated {
+		t.Fatalf("second: %+v", r)
+	}
+	if again := f.do(t, "POST", "/orders/1", `"slow"`, "{}"); again.body != r.body {
+		t.Fatalf("stored answer is not the owner's: %+v vs %+v", again, r)
+	}
+}
