@@ -2,19 +2,16 @@ package leases_test
 
 import (
 	"context"
-	"errors"
-	"io"
 	"net"
 	"os"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
+	"github.com/pgfence/pgfence/internal/faultproxy"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
@@ -71,103 +68,32 @@ func backdate(t testing.TB, pool *pgxpool.Pool, key string, d time.Duration) {
 	}
 }
 
-// proxy is a TCP forwarder between clients and the database that can cut the
-// network silently (packets dropped, connections left open).
-type proxy struct {
-	ln        net.Listener
-	target    string
-	blackhole atomic.Bool
-	mu        sync.Mutex
-	conns     []net.Conn
-	wg        sync.WaitGroup
-}
-
-func newProxy(t testing.TB, target string) *proxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{ln: ln, target: target}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(p.Close)
-	return p
-}
-
-func (p *proxy) Addr() *net.TCPAddr { return p.ln.Addr().(*net.TCPAddr) }
-
-// Blackhole drops everything from now on, in both directions.
-func (p *proxy) Blackhole() { p.blackhole.Store(true) }
-
-func (p *proxy) track(c net.Conn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.conns = append(p.conns, c)
-}
-
-func (p *proxy) accept() {
-	defer p.wg.Done()
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			client.Close()
-			continue
-		}
-		p.track(client)
-		p.track(server)
-		p.wg.Add(2)
-		go p.pipe(server, client)
-		go p.pipe(client, server)
-	}
-}
-
-func (p *proxy) pipe(dst, src net.Conn) {
-	defer p.wg.Done()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 && !p.blackhole.Load() {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				_ = dst.Close()
-			} else if tc, ok := dst.(*net.TCPConn); ok {
-				_ = tc.CloseWrite()
-			}
-			return
-		}
-	}
-}
-
-// Close closes the listener and every connection and waits for the pipes.
-func (p *proxy) Close() {
-	_ = p.ln.Close()
-	p.mu.Lock()
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	p.mu.Unlock()
-	p.wg.Wait()
-}
-
-// proxiedPool returns a pool on dbURL whose connections go through p.
-func proxiedPool(t testing.TB, dbURL string, p *proxy) *pgxpool.Pool {
+// newProxy starts a fault proxy in front of the server behind dbURL.
+func newProxy(t testing.TB, dbURL string) *faultproxy.Proxy {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.ConnConfig.Host = "127.0.0.1"
-	cfg.ConnConfig.Port = uint16(p.Addr().Port)
-	cfg.ConnConfig.Fallbacks = nil
+	p, err := faultproxy.Start(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// proxiedPool returns a pool on dbURL whose connections go through p.
+func proxiedPool(t testing.TB, dbURL string, p *faultproxy.Proxy) *pgxpool.Pool {
+	t.Helper()
+	url, err := p.ConnString(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
@@ -175,14 +101,4 @@ func proxiedPool(t testing.TB, dbURL string, p *proxy) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
-}
-
-// targetAddr is the host:port of the server behind dbURL.
-func targetAddr(t testing.TB, dbURL string) string {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
 }
