@@ -143,3 +143,14 @@ func rootCause(err error) error {
 		err = next
 	}
 }
+
+// dbError explains an error from a command's database work.
+func dbError(err error) error {
+	switch {
+	case errors.Is(err, pgerr.ErrUnavailable) || pgerr.IsConnectionError(err):
+		return &cliError{msg: "lost the database: " + redact(err.Error()), hint: "check that the server is up and reachable, then rerun", code: exitUnavailable, err: err}
+	case pgerr.Code(err) == "42P01" || pgerr.Code(err) == "3F000" || pgerr.Code(err) == "42883":
+		return &cliError{msg: redact(err.Error()), hint: "the pgfence schema is missing or outdated: run `pgfence migrate up`", code: exitSchema, err: err}
+	}
+	return err
+}

@@ -49,6 +49,12 @@ type command struct {
 func commands() []command {
 	return []command{
 		{name: "migrate", summary: "install or upgrade the pgfence schema: up, down, status, sql", run: runMigrate},
+		{name: "leases", summary: "inspect leases and their grant history; force-release a stuck grant", run: runLeases},
+		{name: "fences", summary: "show fenced resources, their accepted tokens, protected tables and the token floor", run: runFences},
+		{name: "protect", summary: "guard a table with a trigger: every write must present a current token", run: runProtect},
+		{name: "unprotect", summary: "remove the guard trigger from a table", run: runUnprotect},
+		{name: "floor", summary: "show or raise the token floor (after a restore or schema rebuild)", run: runFloor},
+		{name: "keys", summary: "idempotency keys: gc deletes expired results in batches", run: runKeys},
 		{name: "doctor", summary: "check a database: schema, durability, timeouts, pooler, expired leases, unprotected tables", run: runDoctor},
 	}
 }
@@ -155,4 +161,38 @@ func parse(fs *flag.FlagSet, args []string) error {
 		return &cliError{msg: err.Error(), hint: "run the command with -h for its flags", code: exitUsage}
 	}
 	return nil
+}
+
+// interspersed reorders args so that flags given after positional arguments
+// are parsed too: `leases show KEY --json` works like `leases show --json KEY`.
+func interspersed(fs *flag.FlagSet, args []string) []string {
+	var flags, positional []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			positional = append(positional, args[i+1:]...)
+			break
+		}
+		if !strings.HasPrefix(a, "-") || a == "-" {
+			positional = append(positional, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			continue // reported by Parse
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			continue
+		}
+		if i+1 < len(args) {
+			flags = append(flags, args[i+1])
+			i++
+		}
+	}
+	return append(append(flags, "--"), positional...)
 }

@@ -1,0 +1,276 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/pgfence"
+)
+
+// fenceRow is one pgfence.fences row as `fences show` prints it.
+type fenceRow struct {
+	Resource   string    `json:"resource"`
+	Token      int64     `json:"token"`
+	Writes     int64     `json:"writes"`
+	AcceptedAt time.Time `json:"accepted_at"`
+}
+
+func runFences(ctx context.Context, e *env, args []string) error {
+	if len(args) > 0 && (args[0] == "show" || args[0] == "list") {
+		args = args[1:]
+	}
+	fs := newFlags(e, "fences show", "fences show [RESOURCE] [--json]")
+	var db dbFlags
+	db.register(fs)
+	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	if err := parse(fs, interspersed(fs, args)); err != nil {
+		return err
+	}
+	if fs.NArg() > 1 {
+		return usageError("fences show takes at most one RESOURCE, got %q", fs.Args())
+	}
+	pool, err := db.connect(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	query := `SELECT resource, token, writes, accepted_at FROM pgfence.fences ORDER BY resource`
+	var qargs []any
+	if fs.NArg() == 1 {
+		query = `SELECT resource, token, writes, accepted_at FROM pgfence.fences WHERE resource = $1`
+		qargs = append(qargs, fs.Arg(0))
+	}
+	rows, err := pool.Query(ctx, query, qargs...)
+	if err != nil {
+		return dbError(err)
+	}
+	fences, err := pgx.CollectRows(rows, pgx.RowToStructByPos[fenceRow])
+	if err != nil {
+		return dbError(err)
+	}
+	if fs.NArg() == 1 && len(fences) == 0 {
+		return &cliError{msg: fmt.Sprintf("no token was ever accepted for resource %q", fs.Arg(0)), hint: "`pgfence fences show` lists every fenced resource", code: exitFailure}
+	}
+	protected, err := pgfence.Protected(ctx, pool)
+	if err != nil {
+		return dbError(err)
+	}
+	var floor int64
+	if err := pool.QueryRow(ctx, `SELECT floor FROM pgfence.token_floor`).Scan(&floor); err != nil {
+		return dbError(err)
+	}
+	if *asJSON {
+		if fences == nil {
+			fences = []fenceRow{}
+		}
+		if protected == nil {
+			protected = []pgfence.ProtectedTable{}
+		}
+		return writeJSON(e, map[string]any{"fences": fences, "protected_tables": protected, "token_floor": floor})
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RESOURCE\tACCEPTED TOKEN\tWRITES\tLAST ACCEPTED AT")
+	for _, f := range fences {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", f.Resource, f.Token, f.Writes, stamp(f.AcceptedAt))
+	}
+	tw.Flush()
+	if len(fences) == 0 {
+		fmt.Fprintln(e.stdout, "(no fenced resources)")
+	}
+	if fs.NArg() == 0 {
+		fmt.Fprintf(e.stdout, "\nprotected tables: ")
+		if len(protected) == 0 {
+			fmt.Fprintln(e.stdout, "none")
+		} else {
+			var names []string
+			for _, p := range protected {
+				names = append(names, fmt.Sprintf("%s (resource = %s%s)", p.Table, quotePrefix(p.Prefix), p.ResourceColumn))
+			}
+			fmt.Fprintln(e.stdout, strings.Join(names, ", "))
+		}
+		fmt.Fprintf(e.stdout, "token floor: %d\n", floor)
+	}
+	return nil
+}
+
+func quotePrefix(p string) string {
+	if p == "" {
+		return ""
+	}
+	return strconv.Quote(p) + " || "
+}
+
+// parseTable splits "schema.table" (or "table") into an identifier.
+func parseTable(s string) (pgx.Identifier, error) {
+	if s == "" {
+		return nil, usageError("TABLE is empty")
+	}
+	parts := strings.Split(s, ".")
+	if len(parts) > 2 {
+		return nil, usageError("TABLE %q: want table or schema.table", s)
+	}
+	for _, p := range parts {
+		if p == "" {
+			return nil, usageError("TABLE %q: empty name part", s)
+		}
+	}
+	return pgx.Identifier(parts), nil
+}
+
+func runProtect(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "protect", "protect TABLE --resource-column COLUMN [--prefix TEXT]")
+	var db dbFlags
+	db.register(fs)
+	column := fs.String("resource-column", "", "the column whose value (after --prefix) names each row's fenced resource (required)")
+	prefix := fs.String("prefix", "", "text prepended to the column's value to form the resource name")
+	if err := parse(fs, interspersed(fs, args)); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return usageError("protect needs exactly one TABLE, got %d arguments", fs.NArg())
+	}
+	if *column == "" {
+		return usageError("protect needs --resource-column: the column that names each row's resource")
+	}
+	table, err := parseTable(fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	pool, err := db.connect(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := pgfence.Protect(ctx, pool, table, *column, *prefix); err != nil {
+		if errors.Is(err, pgfence.ErrInvalid) || pgerr42(err) {
+			return &cliError{msg: redact(err.Error()), hint: "check the table and column names (schema.table, case-sensitive as created)", code: exitFailure, err: err}
+		}
+		return dbError(err)
+	}
+	fmt.Fprintf(e.stdout, "protected %s: every INSERT, UPDATE and DELETE must now present an accepted token for resource %s%s\n",
+		table.Sanitize(), quotePrefix(*prefix), *column)
+	return nil
+}
+
+func runUnprotect(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "unprotect", "unprotect TABLE")
+	var db dbFlags
+	db.register(fs)
+	if err := parse(fs, interspersed(fs, args)); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return usageError("unprotect needs exactly one TABLE, got %d arguments", fs.NArg())
+	}
+	table, err := parseTable(fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	pool, err := db.connect(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	was, err := pgfence.Unprotect(ctx, pool, table)
+	if err != nil {
+		if pgerr42(err) {
+			return &cliError{msg: redact(err.Error()), hint: "check the table name (schema.table)", code: exitFailure, err: err}
+		}
+		return dbError(err)
+	}
+	if !was {
+		fmt.Fprintf(e.stdout, "%s was not protected; nothing changed\n", table.Sanitize())
+		return nil
+	}
+	fmt.Fprintf(e.stdout, "unprotected %s: writes no longer need a token (the fence helpers still check tokens they are given)\n", table.Sanitize())
+	return nil
+}
+
+// pgerr42 reports a syntax or undefined-object error (class 42): a bad name.
+func pgerr42(err error) bool {
+	var pgErr interface{ SQLState() string }
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.SQLState(), "42")
+}
+
+func runFloor(ctx context.Context, e *env, args []string) error {
+	const usageLine = "floor <show|raise> [--to N --reason TEXT] [--column schema.table.column ...]"
+	if len(args) == 0 || (args[0] != "show" && args[0] != "raise") {
+		fmt.Fprintf(e.stderr, "Usage: pgfence %s\n\n  show    the floor and the highest token stored in pgfence's tables (and --column columns)\n  raise   make every future token greater than --to (refuses to lower it)\n", usageLine)
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+			return nil
+		}
+		return usageError("floor needs a subcommand: show or raise")
+	}
+	sub := args[0]
+	fs := newFlags(e, "floor "+sub, usageLine)
+	var db dbFlags
+	db.register(fs)
+	to := fs.Int64("to", -1, "raise: the new floor (default: the highest stored token)")
+	reason := fs.String("reason", "", "raise: why (recorded), e.g. \"restored from backup of 2026-11-30\"")
+	var columns columnList
+	fs.Var(&columns, "column", "a token column of your own tables, schema.table.column (repeatable)")
+	if err := parse(fs, interspersed(fs, args[1:])); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError("floor %s takes no arguments, got %q", sub, fs.Args())
+	}
+	if sub == "raise" && *reason == "" {
+		return usageError("floor raise needs --reason TEXT (it is recorded)")
+	}
+	pool, err := db.connect(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	stored, err := pgfence.MaxStoredToken(ctx, pool, columns...)
+	if err != nil {
+		return dbError(err)
+	}
+	var floor int64
+	if err := pool.QueryRow(ctx, `SELECT floor FROM pgfence.token_floor`).Scan(&floor); err != nil {
+		return dbError(err)
+	}
+	if sub == "show" {
+		fmt.Fprintf(e.stdout, "token floor: %d\nhighest stored token: %d\n", floor, stored)
+		if stored > floor {
+			fmt.Fprintln(e.stdout, "(tokens already continue above the stored ones; raise the floor only after a restore or rebuild)")
+		}
+		return nil
+	}
+	target := *to
+	if target < 0 {
+		target = stored
+	}
+	prev, err := pgfence.RaiseTokenFloor(ctx, pool, target, *reason)
+	if errors.Is(err, pgfence.ErrFloorLowered) {
+		return &cliError{msg: fmt.Sprintf("refused: the floor is %d and may only be raised, not lowered to %d", floor, target), hint: "tokens must never go backwards; pass a higher --to", code: exitFailure, err: err}
+	}
+	if err != nil {
+		return dbError(err)
+	}
+	fmt.Fprintf(e.stdout, "token floor raised from %d to %d; every new token is greater\n", prev, target)
+	return nil
+}
+
+// columnList collects --column schema.table.column flags.
+type columnList []pgfence.Column
+
+func (c *columnList) String() string { return fmt.Sprint(len(*c), " columns") }
+
+func (c *columnList) Set(s string) error {
+	parts := strings.Split(s, ".")
+	if len(parts) < 2 || len(parts) > 3 {
+		return fmt.Errorf("%q: want table.column or schema.table.column", s)
+	}
+	*c = append(*c, pgfence.Column{Table: pgx.Identifier(parts[:len(parts)-1]), Name: parts[len(parts)-1]})
+	return nil
+}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+func TestLeasesCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgfencetest.NewDatabase(t)
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	client, err := leases.New(db.Pool, &leases.Config{DisableWakeups: true, HolderInfo: "worker-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	l, err := client.TryAcquire(ctx, "jobs/nightly", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	code, out, errOut := cli(t, environ, "leases", "list")
+	if code != exitOK || !strings.Contains(out, "jobs/nightly") || !strings.Contains(out, "held") || !strings.Contains(out, "worker-1") {
+		t.Fatalf("leases list: code %d\n%s%s", code, out, errOut)
+	}
+	code, out, _ = cli(t, environ, "leases", "show", "jobs/nightly", "--json")
+	var shown struct {
+		Lease   leases.Status
+		History []leases.HistoryEntry
+	}
+	if code != exitOK || json.Unmarshal([]byte(out), &shown) != nil {
+		t.Fatalf("leases show --json: code %d\n%s", code, out)
+	}
+	if shown.Lease.Token != l.Token() || !shown.Lease.Live || len(shown.History) != 1 || shown.History[0].Event != "acquired" {
+		t.Fatalf("leases show: %+v, want the live grant with token %d and one 'acquired' entry", shown, l.Token())
+	}
+
+	if code, _, errOut := cli(t, environ, "leases", "release", "jobs/nightly"); code != exitUsage || !strings.Contains(errOut, "--force") {
+		t.Fatalf("release without --force: code %d, %s", code, errOut)
+	}
+	if code, _, errOut := cli(t, environ, "leases", "release", "jobs/nightly", "--force"); code != exitUsage || !strings.Contains(errOut, "--reason") {
+		t.Fatalf("release without --reason: code %d, %s", code, errOut)
+	}
+	code, out, errOut = cli(t, environ, "leases", "release", "jobs/nightly", "--force", "--reason", "stuck after deploy")
+	if code != exitOK || !strings.Contains(out, "released the live grant") {
+		t.Fatalf("force release: code %d\n%s%s", code, out, errOut)
+	}
+	// The holder's own lease is gone: its renewal says so.
+	if err := l.Renew(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+		t.Fatalf("renew after force release: %v, want ErrLeaseLost", err)
+	}
+	code, out, _ = cli(t, environ, "leases", "show", "jobs/nightly")
+	if code != exitOK || !strings.Contains(out, "force_released") || !strings.Contains(out, "stuck after deploy") {
+		t.Fatalf("history lacks the force release:\n%s", out)
+	}
+	if code, _, errOut := cli(t, environ, "leases", "show", "no/such/key"); code != exitFailure || !strings.Contains(errOut, "no lease") {
+		t.Fatalf("show unknown key: code %d, %s", code, errOut)
+	}
+}
+
+func TestFenceCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgfencetest.NewDatabase(t)
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE public.stock (sku text PRIMARY KEY, qty int NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cli(t, environ, "protect", "public.stock", "--resource-column", "sku", "--prefix", "stock/")
+	if code != exitOK || !strings.Contains(out, "protected") {
+		t.Fatalf("protect: code %d\n%s%s", code, out, errOut)
+	}
+	// A write without a token is now refused, whatever the client.
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO public.stock VALUES ('apple', 10)`); !errors.Is(pgfenceErr(err), pgfence.ErrUnfencedWrite) {
+		t.Fatalf("unfenced insert into a protected table: %v, want PF006", err)
+	}
+	if _, err := pgfence.Exec(ctx, db.Pool, "stock/apple", 7, `INSERT INTO public.stock VALUES ('apple', 10)`); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ = cli(t, environ, "fences", "show")
+	if code != exitOK || !strings.Contains(out, "stock/apple") || !strings.Contains(out, `stock (resource = "stock/" || sku)`) {
+		t.Fatalf("fences show: code %d\n%s", code, out)
+	}
+	code, out, _ = cli(t, environ, "fences", "show", "stock/apple", "--json")
+	var shown struct {
+		Fences []fenceRow
+	}
+	if code != exitOK || json.Unmarshal([]byte(out), &shown) != nil || len(shown.Fences) != 1 || shown.Fences[0].Token != 7 {
+		t.Fatalf("fences show stock/apple --json: code %d\n%s", code, out)
+	}
+	if code, _, errOut := cli(t, environ, "protect", "public.nope", "--resource-column", "sku"); code == exitOK || !strings.Contains(errOut, "hint:") {
+		t.Fatalf("protect a missing table: code %d, %s", code, errOut)
+	}
+	code, out, _ = cli(t, environ, "unprotect", "public.stock")
+	if code != exitOK || !strings.Contains(out, "unprotected") {
+		t.Fatalf("unprotect: code %d\n%s", code, out)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE public.stock SET qty = 9`); err != nil {
+		t.Fatalf("write after unprotect: %v", err)
+	}
+	code, out, _ = cli(t, environ, "unprotect", "public.stock")
+	if code != exitOK || !strings.Contains(out, "was not protected") {
+		t.Fatalf("second unprotect: code %d\n%s", code, out)
+	}
+}
+
+// pgfenceErr maps a raw pgx error from a plain statement the way the pgfence
+// package does, so the test can speak in sentinels.
+func pgfenceErr(err error) error {
+	if pgerr.Code(err) == pgerr.CodeUnfencedWrite {
+		return pgfence.ErrUnfencedWrite
+	}
+	return err
+}
+
+func TestFloorCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgfencetest.NewDatabase(t)
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE public.reports (id int PRIMARY KEY, fence bigint); INSERT INTO public.reports VALUES (1, 1::bigint << 50)`); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ := cli(t, environ, "floor", "show", "--column", "public.reports.fence")
+	if code != exitOK || !strings.Contains(out, "highest stored token: 1125899906842624") {
+		t.Fatalf("floor show: code %d\n%s", code, out)
+	}
+	if code, _, errOut := cli(t, environ, "floor", "raise", "--column", "public.reports.fence"); code != exitUsage || !strings.Contains(errOut, "--reason") {
+		t.Fatalf("raise without reason: code %d, %s", code, errOut)
+	}
+	code, out, errOut := cli(t, environ, "floor", "raise", "--column", "public.reports.fence", "--reason", "restored from backup")
+	if code != exitOK || !strings.Contains(out, "to 1125899906842624") {
+		t.Fatalf("floor raise: code %d\n%s%s", code, out, errOut)
+	}
+	var next int64
+	if err := db.Pool.QueryRow(ctx, `SELECT pgfence.next_token(NULL)`).Scan(&next); err != nil || next <= 1<<50 {
+		t.Fatalf("next token after raising the floor = %d, %v; want > 2^50", next, err)
+	}
+	code, _, errOut = cli(t, environ, "floor", "raise", "--to", "5", "--reason", "oops")
+	if code != exitFailure || !strings.Contains(errOut, "may only be raised") {
+		t.Fatalf("lowering the floor: code %d, %s", code, errOut)
+	}
+}
+
+func TestKeysGC(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgfencetest.NewDatabase(t)
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	store, err := idempotency.NewStore(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"a", "b", "c"} {
+		if _, err := store.Do(ctx, db.Pool, idempotency.Request{Scope: "orders", Key: key}, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+			return []byte("ok"), nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE pgfence.idempotency_keys
+		 SET created_at = created_at - interval '1 hour', updated_at = updated_at - interval '1 hour',
+		     completed_at = completed_at - interval '1 hour', expires_at = clock_timestamp() - interval '1 second'
+		 WHERE key IN ('a', 'b')`); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cli(t, environ, "keys", "gc", "--batch-size", "1", "--json")
+	var res struct{ Deleted, Batches int }
+	if code != exitOK || json.Unmarshal([]byte(out), &res) != nil || res.Deleted != 2 {
+		t.Fatalf("keys gc: code %d\n%s%s", code, out, errOut)
+	}
+	var left int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.idempotency_keys`).Scan(&left); err != nil || left != 1 {
+		t.Fatalf("%d keys left (%v), want the unexpired one", left, err)
+	}
+	if code, _, _ := cli(t, environ, "keys", "gc", "--batch-size", "0"); code != exitUsage {
+		t.Fatalf("--batch-size 0: code %d, want usage error", code)
+	}
+}
