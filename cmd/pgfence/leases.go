@@ -182,4 +182,3 @@ func stamp(t time.Time) string {
 	}
 	return t.UTC().Format("2006-01-02 15:04:05.000Z")
 }
-
