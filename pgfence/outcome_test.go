@@ -1,0 +1,160 @@
+package pgfence_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/faultproxy"
+	"github.com/pgfence/pgfence/pgfence"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// proxied returns a connection to db through a fault proxy.
+func proxied(t *testing.T, db *pgfencetest.Database) (*pgx.Conn, *faultproxy.Proxy) {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.Start(net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), &faultproxy.Config{CutGrace: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	url, err := p.ConnString(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(testContext(t), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn, p
+}
+
+func kvValue(t *testing.T, db pgfence.DB) string {
+	t.Helper()
+	var v string
+	if err := db.QueryRow(context.Background(), `SELECT v FROM kv WHERE k = 'a'`).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// A write whose COMMIT reaches the server but whose answer is lost returns
+// ErrOutcomeUnknown; Resolve reads back that it was applied. A COMMIT that
+// never reaches the server is resolved as not applied; a resolved write that a
+// newer token overwrote is superseded.
+func TestOutcomeUnknown(t *testing.T) {
+	ctx := testContext(t)
+	db := pgfencetest.NewDatabase(t)
+	setupKV(t, db.Pool)
+	set := func(v string, token int64) func(context.Context, pgx.Tx) error {
+		return func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`, v, token)
+			return err
+		}
+	}
+	resolve := func(err error) pgfence.Outcome {
+		t.Helper()
+		var unknown *pgfence.OutcomeUnknownError
+		if !errors.As(err, &unknown) || !errors.Is(err, pgfence.ErrOutcomeUnknown) {
+			t.Fatalf("want *OutcomeUnknownError, got %v", err)
+		}
+		o, rerr := pgfence.Resolve(ctx, db.Pool, unknown)
+		if rerr != nil {
+			t.Fatal(rerr)
+		}
+		return o
+	}
+
+	// Reply lost: the server committed.
+	conn, p := proxied(t, db)
+	trig := p.CutAfter(faultproxy.IsCommit)
+	_, err := pgfence.Write(ctx, conn, "kv:a", 10, set("lost reply", 10))
+	<-trig.Done()
+	if !trig.Fired() || !trig.Replied() {
+		t.Fatalf("the proxy did not forward COMMIT and drop its answer (fired %v replied %v)", trig.Fired(), trig.Replied())
+	}
+	if o := resolve(err); o != pgfence.Applied {
+		t.Fatalf("lost reply: resolved %v, want applied", o)
+	}
+	if v := kvValue(t, db.Pool); v != "lost reply" {
+		t.Fatalf("row %q", v)
+	}
+	unknownApplied := err
+
+	// Request lost: COMMIT never reached the server.
+	conn, p = proxied(t, db)
+	trig = p.CutBefore(faultproxy.IsCommit)
+	_, err = pgfence.Write(ctx, conn, "kv:a", 11, set("lost commit", 11))
+	<-trig.Done()
+	if o := resolve(err); o != pgfence.NotApplied {
+		t.Fatalf("lost commit: resolved %v, want not applied", o)
+	}
+	if v := kvValue(t, db.Pool); v != "lost reply" {
+		t.Fatalf("row %q after a lost commit", v)
+	}
+
+	// Exec: one pipeline, committed at its Sync; the answer is lost.
+	conn, p = proxied(t, db)
+	trig = p.CutAfter(faultproxy.SQLContains("UPDATE kv"))
+	_, err = pgfence.Exec(ctx, conn, "kv:a", 12, `UPDATE kv SET v = 'exec', token = 12 WHERE k = 'a'`)
+	<-trig.Done()
+	if o := resolve(err); o != pgfence.Applied || !trig.Replied() {
+		t.Fatalf("Exec with a lost reply: resolved %v (server replied %v), want applied", o, trig.Replied())
+	}
+
+	// The first write has since been overwritten by a newer token.
+	if o := resolve(unknownApplied); o != pgfence.Superseded {
+		t.Fatalf("overwritten write: resolved %v, want superseded", o)
+	}
+	// Never fenced at all.
+	if o, err := pgfence.Resolve(ctx, db.Pool, &pgfence.OutcomeUnknownError{Resource: "never", Token: 1}); err != nil || o != pgfence.NotApplied {
+		t.Fatalf("unknown resource: %v %v", o, err)
+	}
+}
+
+// Resolve waits for a transaction that still holds the fence row, so it never
+// answers "not applied" for a write that commits a moment later.
+func TestResolveWaitsForWriter(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	for _, resource := range []string{"new", "existing"} {
+		if resource == "existing" {
+			mustExec(t, pool, `SELECT pgfence.fence('existing', 1)`)
+		}
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		op := [16]byte{1, 2, 3}
+		mustExec(t, tx, `SELECT pgfence.fence($1, 5, $2)`, resource, op)
+		got := make(chan pgfence.Outcome, 1)
+		go func() {
+			o, err := pgfence.Resolve(ctx, pool, &pgfence.OutcomeUnknownError{Resource: resource, Token: 5, Op: op})
+			if err != nil {
+				t.Error(err)
+			}
+			got <- o
+		}()
+		select {
+		case o := <-got:
+			t.Fatalf("%s: Resolve answered %v while the writer was still open", resource, o)
+		case <-time.After(150 * time.Millisecond):
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if o := <-got; o != pgfence.Applied {
+			t.Fatalf("%s: resolved %v, want applied", resource, o)
+		}
+	}
+}
