@@ -1,0 +1,194 @@
+// Command report shows report generation where a stale generator cannot
+// replace a newer file with an older one.
+//
+// Generators render the "daily-sales" report under the lease
+// "report/daily-sales" and store it in a file table whose rows carry the token
+// of the write that produced them. The store compares tokens atomically: an
+// UPDATE … WHERE fence <= token (pgfence.UpdateRow) replaces the file only if
+// it is not newer than the writer's grant. gen-1 renders first and freezes for
+// longer than its lease; meanwhile new sales arrive and gen-2 and gen-3 render
+// newer versions; when gen-1 wakes up, its older file is rejected.
+//
+// Run it:
+//
+//	go run ./examples/report                      # throwaway local PostgreSQL
+//	DATABASE_URL=postgres://… go run ./examples/report
+//
+// It exits non-zero unless the stored file is the one written with the highest
+// accepted token and covers every sale.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/devdb"
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
+)
+
+const (
+	report    = "daily-sales"
+	pausedTTL = 300 * time.Millisecond
+	ttl       = time.Second
+)
+
+// files is the file store: one row per file, fence = token of its last write.
+var files = pgfence.Table{Name: pgx.Identifier{"example_report_files"}, Key: "name", Fence: "fence"}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	db, err := devdb.Open(ctx, os.Getenv("DATABASE_URL"), &devdb.Options{Progress: os.Stderr})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "report:", err)
+		os.Exit(1)
+	}
+	_, err = run(ctx, db.Pool, os.Stdout)
+	db.Close()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "report:", err)
+		os.Exit(1)
+	}
+}
+
+// result is the business outcome, checked by main_test.go.
+type result struct {
+	Content        string // the stored file
+	Writer         string // who wrote it
+	Token          int64  // its token
+	HighestWritten int64  // the highest token of an accepted write
+	Sales          int    // sales in the database at the end
+	StaleRejected  bool
+}
+
+func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error) {
+	var res result
+	var mu sync.Mutex // serialises output and res
+	say := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(out, "  "+format+"\n", args...)
+	}
+
+	_, err := pool.Exec(ctx, `
+		DROP TABLE IF EXISTS example_report_files, example_sales;
+		CREATE TABLE example_sales (id int PRIMARY KEY, amount int NOT NULL);
+		CREATE TABLE example_report_files (name text PRIMARY KEY, fence bigint, writer text, content text);
+		INSERT INTO example_sales VALUES (1, 100), (2, 250), (3, 40);
+		INSERT INTO example_report_files (name) VALUES ('daily-sales');`)
+	if err != nil {
+		return res, err
+	}
+	client, err := leases.New(pool, nil)
+	if err != nil {
+		return res, err
+	}
+	defer client.Close()
+	fmt.Fprintf(out, "report: generators render %q from the sales table under one lease\n", report)
+
+	render := func(ctx context.Context) (string, error) {
+		var n, total int
+		err := pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(amount), 0) FROM example_sales`).Scan(&n, &total)
+		return fmt.Sprintf("daily sales: %d orders, total %d", n, total), err
+	}
+	// publish replaces the file if the stored version's token is not newer:
+	// one UPDATE … WHERE name = $id AND (fence IS NULL OR fence <= $token).
+	// The comparison and the replacement are one statement, so two writers
+	// cannot both pass the check; an older token gets *StaleTokenError.
+	publish := func(ctx context.Context, writer string, token int64, content string) error {
+		err := pgfence.UpdateRow(ctx, pool, files, report, token, map[string]any{"writer": writer, "content": content})
+		if err == nil {
+			mu.Lock()
+			res.HighestWritten = max(res.HighestWritten, token)
+			mu.Unlock()
+		}
+		return err
+	}
+
+	// gen-1 renders the current sales, then freezes past its lease.
+	frozen, err := client.Acquire(ctx, "report/"+report, pausedTTL, &leases.AcquireOptions{HolderInfo: "gen-1"})
+	if err != nil {
+		return res, err
+	}
+	stale, err := render(ctx)
+	if err != nil {
+		return res, err
+	}
+	say("gen-1 got the lease (token %d), rendered %q and froze", frozen.Token(), stale)
+
+	// New sales arrive while gen-1 is frozen.
+	if _, err := pool.Exec(ctx, `INSERT INTO example_sales VALUES (4, 75), (5, 310)`); err != nil {
+		return res, err
+	}
+	say("two more sales arrived")
+
+	// gen-2 and gen-3 take the lease in turn (the first after gen-1's expired).
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for _, writer := range []string{"gen-2", "gen-3"} {
+		wg.Go(func() {
+			err := client.Do(ctx, "report/"+report, ttl, func(ctx context.Context, l *leases.Lease) error {
+				content, err := render(ctx)
+				if err != nil {
+					return err
+				}
+				if err := publish(ctx, writer, l.Token(), content); err != nil {
+					return err
+				}
+				say("%s (token %d) published %q", writer, l.Token(), content)
+				return nil
+			})
+			if err != nil {
+				errs <- fmt.Errorf("%s: %w", writer, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		return res, err
+	}
+
+	// gen-1 wakes up and publishes the file it rendered before the pause.
+	err = publish(ctx, "gen-1", frozen.Token(), stale)
+	var staleErr *pgfence.StaleTokenError
+	switch {
+	case errors.As(err, &staleErr):
+		res.StaleRejected = true
+		say("gen-1 woke up and published its older file with token %d: REJECTED (the file carries token %d)", staleErr.Presented, staleErr.Accepted)
+	case err == nil:
+		say("gen-1 woke up and published its older file with token %d: ACCEPTED (the newer file was replaced!)", frozen.Token())
+	default:
+		return res, err
+	}
+	_ = frozen.Release(ctx) // ErrLeaseLost: it expired while gen-1 was frozen
+
+	// Check the business state: the file is the newest version.
+	if err := pool.QueryRow(ctx, `SELECT content, writer, fence, (SELECT count(*) FROM example_sales) FROM example_report_files WHERE name = $1`, report).
+		Scan(&res.Content, &res.Writer, &res.Token, &res.Sales); err != nil {
+		return res, err
+	}
+	fmt.Fprintf(out, "result: %q holds %q, written by %s with token %d\n", report, res.Content, res.Writer, res.Token)
+	want := fmt.Sprintf("daily sales: %d orders", res.Sales)
+	switch {
+	case !res.StaleRejected:
+		return res, errors.New("a stale generator replaced a newer file")
+	case res.Token != res.HighestWritten:
+		return res, fmt.Errorf("the file carries token %d, the highest accepted write was %d", res.Token, res.HighestWritten)
+	case !strings.HasPrefix(res.Content, want):
+		return res, fmt.Errorf("the file does not cover all %d sales", res.Sales)
+	}
+	fmt.Fprintln(out, "OK: the stored file is the newest version")
+	return res, nil
+}
