@@ -55,6 +55,7 @@ func commands() []command {
 		{name: "unprotect", summary: "remove the guard trigger from a table", run: runUnprotect},
 		{name: "floor", summary: "show or raise the token floor (after a restore or schema rebuild)", run: runFloor},
 		{name: "keys", summary: "idempotency keys: gc deletes expired results in batches", run: runKeys},
+		{name: "demo", summary: "watch the database reject a paused lock holder's late write (embedded database by default)", run: runDemo},
 		{name: "doctor", summary: "check a database: schema, durability, timeouts, pooler, expired leases, unprotected tables", run: runDoctor},
 	}
 }
@@ -74,6 +75,9 @@ func run(ctx context.Context, args []string, e *env) int {
 			return exitUsage
 		}
 		return exitOK
+	}
+	if args[0] == "demo-worker" { // the demo's worker A, a child process
+		return report(e.stderr, runDemoWorker(ctx, e, args[1:]))
 	}
 	for _, c := range commands() {
 		if c.name == args[0] {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +14,14 @@ import (
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
-func TestMain(m *testing.M) { pgfencetest.Main(m) }
+func TestMain(m *testing.M) {
+	// The demo starts its worker A as `<own executable> demo-worker`: in tests
+	// that is this test binary.
+	if len(os.Args) > 1 && os.Args[1] == "demo-worker" {
+		os.Exit(run(context.Background(), os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}))
+	}
+	pgfencetest.Main(m)
+}
 
 // cli runs one command line in-process and returns exit code, stdout, stderr.
 func cli(t *testing.T, environ map[string]string, args ...string) (int, string, string) {

@@ -1,0 +1,481 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/internal/devdb"
+	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
+)
+
+// The demo's business data: one stock row, fenced per SKU and protected by
+// pgfence's trigger. It lives in its own schema, dropped at the end.
+const (
+	demoSchema   = "pgfence_demo"
+	demoSKU      = "sku-42"
+	demoKey      = "inventory/" + demoSKU // lease key and fence resource
+	demoInitial  = 10
+	demoTTLMin   = 200 * time.Millisecond
+	demoSetupSQL = `
+		DROP SCHEMA IF EXISTS pgfence_demo CASCADE;
+		CREATE SCHEMA pgfence_demo;
+		CREATE TABLE pgfence_demo.stock (
+		    sku         text PRIMARY KEY,
+		    quantity    int    NOT NULL CHECK (quantity >= 0),
+		    last_token  bigint,
+		    last_writer text
+		);
+		CREATE TABLE pgfence_demo.orders (id text PRIMARY KEY, sku text NOT NULL, quantity int NOT NULL)`
+)
+
+// demoEvent is one line of the timeline.
+type demoEvent struct {
+	At     time.Time `json:"at"` // database clock
+	Actor  string    `json:"actor"`
+	Action string    `json:"action"`
+	Token  int64     `json:"token,omitempty"`
+	Holder string    `json:"holder,omitempty"`
+	Result string    `json:"result"` // ok, accepted, rejected, replayed, ...
+	Detail string    `json:"detail,omitempty"`
+}
+
+// demoCheck is one guarantee the demo verifies.
+type demoCheck struct {
+	Guarantee string `json:"guarantee"`
+	Held      bool   `json:"held"`
+	Detail    string `json:"detail"`
+}
+
+type demoReport struct {
+	OK       bool        `json:"ok"`
+	Database string      `json:"database"` // "embedded" or host:port
+	Timeline []demoEvent `json:"timeline"`
+	Final    struct {
+		SKU        string `json:"sku"`
+		Quantity   int    `json:"quantity"`
+		LastToken  int64  `json:"last_token"`
+		LastWriter string `json:"last_writer"`
+		Orders     int    `json:"orders"`
+	} `json:"final"`
+	Checks []demoCheck `json:"checks"`
+}
+
+func runDemo(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "demo", "demo [--database-url URL] [--json] [--ttl 1s] [--keep]")
+	var db dbFlags
+	db.register(fs)
+	asJSON := fs.Bool("json", false, "print the timeline, final state and checks as JSON")
+	ttl := fs.Duration("ttl", time.Second, "the lease TTL; worker A is frozen for longer than this")
+	keep := fs.Bool("keep", false, "keep the pgfence_demo schema afterwards (a user-supplied database only)")
+	if err := parse(fs, interspersed(fs, args)); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError("demo takes no arguments, got %q", fs.Args())
+	}
+	if *ttl < demoTTLMin || *ttl > time.Minute {
+		return usageError("--ttl must be between %s and 1m, got %s", demoTTLMin, *ttl)
+	}
+	url := db.url
+	if url == "" {
+		url = e.getenv("DATABASE_URL")
+	}
+	progress := e.stderr
+	d, err := devdb.Open(ctx, url, &devdb.Options{Progress: progress})
+	if err != nil {
+		if errors.Is(err, pgerr.ErrUnavailable) || pgerr.IsConnectionError(err) {
+			return &cliError{msg: "cannot reach the database: " + redact(err.Error()), hint: "check --database-url / DATABASE_URL, or omit both to use a throwaway local PostgreSQL", code: exitUnavailable, err: err}
+		}
+		return &cliError{msg: redact(err.Error()), hint: "omit --database-url to use a throwaway local PostgreSQL (needs the server binaries), or pass a reachable URL", code: exitUnavailable, err: err}
+	}
+	defer d.Close()
+
+	rep, err := demo(ctx, d, *ttl, progress)
+	if !*keep || d.Embedded {
+		_, _ = d.Pool.Exec(context.WithoutCancel(ctx), `DROP SCHEMA IF EXISTS `+demoSchema+` CASCADE`)
+	}
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		if err := writeJSON(e, rep); err != nil {
+			return err
+		}
+	} else {
+		printDemo(e.stdout, rep)
+	}
+	if !rep.OK {
+		return &cliError{msg: "demo: a guarantee did not hold (see the checks above)", hint: "this is a bug: please report it with the output of `pgfence demo --json`", code: exitFailure}
+	}
+	return nil
+}
+
+// demo runs the seed's critical experiment and reconciles the business state.
+func demo(ctx context.Context, d *devdb.DB, ttl time.Duration, progress io.Writer) (*demoReport, error) {
+	rep := &demoReport{Database: "embedded"}
+	if !d.Embedded {
+		cfg := d.Pool.Config().ConnConfig
+		rep.Database = fmt.Sprintf("%s:%d/%s", cfg.Host, cfg.Port, cfg.Database)
+	}
+	pool := d.Pool
+	dbNow := func() time.Time {
+		var t time.Time
+		if err := pool.QueryRow(context.WithoutCancel(ctx), `SELECT clock_timestamp()`).Scan(&t); err != nil {
+			return time.Now()
+		}
+		return t
+	}
+	add := func(ev demoEvent) {
+		if ev.At.IsZero() {
+			ev.At = dbNow()
+		}
+		rep.Timeline = append(rep.Timeline, ev)
+	}
+	check := func(guarantee string, held bool, format string, args ...any) {
+		rep.Checks = append(rep.Checks, demoCheck{Guarantee: guarantee, Held: held, Detail: fmt.Sprintf(format, args...)})
+	}
+
+	// Set up the business table and close its unchecked doors.
+	if _, err := pool.Exec(ctx, demoSetupSQL); err != nil {
+		return nil, fmt.Errorf("demo setup: %w", err)
+	}
+	if err := pgfence.Protect(ctx, pool, pgx.Identifier{demoSchema, "stock"}, "sku", "inventory/"); err != nil {
+		return nil, fmt.Errorf("demo setup: protect: %w", err)
+	}
+	if _, err := pgfence.Exec(ctx, pool, demoKey, 1, `INSERT INTO pgfence_demo.stock VALUES ($1, $2, NULL, 'setup')`, demoSKU, demoInitial); err != nil {
+		return nil, fmt.Errorf("demo setup: seed stock: %w", err)
+	}
+	fmt.Fprintf(progress, "demo: stock %s = %d; lease TTL %s; worker A is a separate OS process\n", demoSKU, demoInitial, ttl)
+
+	// Worker A: an OS process that takes the lease, then is frozen.
+	a, err := startDemoWorker(ctx, d.URL, ttl)
+	if err != nil {
+		return nil, err
+	}
+	defer a.kill()
+	got, err := a.next()
+	if err != nil || got.Result != "ok" {
+		return nil, fmt.Errorf("worker A could not take the lease: %v %s", err, got.Detail)
+	}
+	tokenA, holderA := got.Token, got.Holder
+	add(demoEvent{Actor: "A", Action: "acquire lease " + demoKey, Token: tokenA, Holder: holderA, Result: "granted", Detail: "TTL " + ttl.String()})
+
+	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return nil, fmt.Errorf("freeze worker A: %w", err)
+	}
+	add(demoEvent{Actor: "A", Action: "frozen (SIGSTOP), as by a GC pause or VM migration", Result: "paused"})
+	fmt.Fprintf(progress, "demo: A (token %d) is frozen; B waits for A's lease to expire by the database clock...\n", tokenA)
+
+	// Worker B waits for the lease; the database grants it only after A's
+	// lease expired by the database clock.
+	client, err := leases.New(pool, &leases.Config{HolderInfo: "demo worker B"})
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	actx, cancel := context.WithTimeout(ctx, 10*ttl+5*time.Second)
+	lb, err := client.Acquire(actx, demoKey, ttl*5, nil)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("worker B could not take over: %w", err)
+	}
+	add(demoEvent{Actor: "B", Action: "acquire lease " + demoKey, Token: lb.Token(), Holder: lb.Holder(), Result: "granted (A's lease expired: taken over)"})
+	check("fencing tokens strictly increase across grants", lb.Token() > tokenA, "A got %d, B got %d", tokenA, lb.Token())
+
+	if _, err := pgfence.Exec(ctx, pool, demoKey, lb.Token(),
+		`UPDATE pgfence_demo.stock SET quantity = quantity - 1, last_token = $2, last_writer = 'B' WHERE sku = $1`, demoSKU, lb.Token()); err != nil {
+		return nil, fmt.Errorf("worker B's fenced write failed: %w", err)
+	}
+	add(demoEvent{Actor: "B", Action: "fenced write: stock - 1", Token: lb.Token(), Result: "accepted"})
+
+	// A wakes up believing it still holds the lease, and writes.
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		return nil, fmt.Errorf("resume worker A: %w", err)
+	}
+	add(demoEvent{Actor: "A", Action: "resumed (SIGCONT); still believes it holds the lease", Result: "running"})
+	if err := a.send("write"); err != nil {
+		return nil, err
+	}
+	lateFenced, err := a.next()
+	if err != nil {
+		return nil, err
+	}
+	add(demoEvent{Actor: "A", Action: "late fenced write: stock - 1", Token: tokenA, Result: lateFenced.Result, Detail: lateFenced.Detail})
+	check("the database rejects a stale token atomically with the write (PF001)", lateFenced.Result == "rejected" && lateFenced.Code == pgerr.CodeStaleToken,
+		"A's write with token %d: %s %s", tokenA, lateFenced.Result, lateFenced.Code)
+
+	bypass, err := a.next()
+	if err != nil {
+		return nil, err
+	}
+	add(demoEvent{Actor: "A", Action: "late write through plain SQL, bypassing the helpers", Token: tokenA, Result: bypass.Result, Detail: bypass.Detail})
+	check("no unchecked door: a plain UPDATE of a protected table is rejected (PF006)", bypass.Result == "rejected" && bypass.Code == pgerr.CodeUnfencedWrite,
+		"plain UPDATE: %s %s", bypass.Result, bypass.Code)
+
+	release, err := a.next()
+	if err != nil {
+		return nil, err
+	}
+	add(demoEvent{Actor: "A", Action: "release its (old) lease", Token: tokenA, Result: release.Result, Detail: release.Detail})
+	st, err := client.Get(ctx, demoKey)
+	if err != nil {
+		return nil, err
+	}
+	check("a stale release cannot free the new holder's lease", release.Result == "lost" && st.Live && st.Token == lb.Token(),
+		"A's release: %s; lease now held with token %d (B's is %d)", release.Result, st.Token, lb.Token())
+	_ = a.wait()
+
+	// A duplicate business request replays the stored result.
+	store, err := idempotency.NewStore(nil)
+	if err != nil {
+		return nil, err
+	}
+	order := idempotency.Request{Scope: "demo.orders", Key: "order-1001:deduct", Payload: []byte(`{"qty":2,"sku":"sku-42"}`)}
+	placeOrder := func(actor string) (*idempotency.Outcome, error) {
+		return store.Do(ctx, pool, order, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+			// The order is written under B's lease token, fenced like any write.
+			if _, err := pgfence.Write(ctx, tx, demoKey, lb.Token(), func(ctx context.Context, tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, `UPDATE pgfence_demo.stock SET quantity = quantity - 2, last_token = $2, last_writer = $3 WHERE sku = $1`, demoSKU, lb.Token(), "B/"+actor); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, `INSERT INTO pgfence_demo.orders VALUES ('order-1001', $1, 2)`, demoSKU)
+				return err
+			}); err != nil {
+				return nil, err
+			}
+			return []byte(`{"order":"order-1001","status":"confirmed"}`), nil
+		})
+	}
+	first, err := placeOrder("request")
+	if err != nil {
+		return nil, fmt.Errorf("order request: %w", err)
+	}
+	add(demoEvent{Actor: "C", Action: "order-1001: deduct 2 (idempotency key order-1001:deduct)", Result: first.Status.String(), Detail: string(first.Result)})
+	dup, err := placeOrder("retry")
+	if err != nil {
+		return nil, fmt.Errorf("duplicate order request: %w", err)
+	}
+	add(demoEvent{Actor: "C", Action: "order-1001: same request again (a client retry)", Result: dup.Status.String(), Detail: string(dup.Result)})
+	check("a duplicate request gets the stored result, not a second effect", dup.Status == idempotency.Replayed && string(dup.Result) == string(first.Result),
+		"first %s, duplicate %s", first.Status, dup.Status)
+	changed := order
+	changed.Payload = []byte(`{"qty":5,"sku":"sku-42"}`)
+	_, mismatchErr := store.Do(ctx, pool, changed, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		return nil, errors.New("must not run")
+	})
+	add(demoEvent{Actor: "C", Action: "order-1001:deduct reused with another payload", Result: resultOf(mismatchErr, idempotency.ErrMismatch)})
+	check("a reused key with another payload is refused", errors.Is(mismatchErr, idempotency.ErrMismatch), "%v", mismatchErr)
+
+	if err := lb.Release(ctx); err != nil {
+		return nil, fmt.Errorf("worker B's release: %w", err)
+	}
+	add(demoEvent{Actor: "B", Action: "release lease", Token: lb.Token(), Result: "released"})
+
+	// Reconcile the business state.
+	f := &rep.Final
+	if err := pool.QueryRow(ctx, `SELECT sku, quantity, last_token, last_writer, (SELECT count(*) FROM pgfence_demo.orders) FROM pgfence_demo.stock`).
+		Scan(&f.SKU, &f.Quantity, &f.LastToken, &f.LastWriter, &f.Orders); err != nil {
+		return nil, err
+	}
+	want := demoInitial - 1 - 2
+	check("final state = the writes of the highest accepted token, each once", f.Quantity == want && f.LastToken == lb.Token() && f.Orders == 1 && strings.HasPrefix(f.LastWriter, "B"),
+		"stock %d (want %d: B's -1 and one order's -2), last token %d, %d order row(s)", f.Quantity, want, f.LastToken, f.Orders)
+	rep.OK = true
+	for _, c := range rep.Checks {
+		rep.OK = rep.OK && c.Held
+	}
+	return rep, nil
+}
+
+func resultOf(err, want error) string {
+	switch {
+	case err == nil:
+		return "accepted"
+	case errors.Is(err, want):
+		return "rejected: " + err.Error()
+	default:
+		return "error: " + err.Error()
+	}
+}
+
+func printDemo(w io.Writer, rep *demoReport) {
+	fmt.Fprintf(w, "\npgfence demo on %s: a paused lock holder wakes up and writes\n\n", rep.Database)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DB TIME\tWHO\tWHAT\tTOKEN\tRESULT")
+	for _, ev := range rep.Timeline {
+		tok := "-"
+		if ev.Token != 0 {
+			tok = fmt.Sprint(ev.Token)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", ev.At.UTC().Format("15:04:05.000"), ev.Actor, ev.Action, tok, ev.Result)
+		if ev.Detail != "" {
+			detail := ev.Detail
+			if len(detail) > 160 {
+				detail = detail[:157] + "..."
+			}
+			fmt.Fprintf(tw, "\t\t  %s\t\t\n", detail)
+		}
+	}
+	tw.Flush()
+	f := rep.Final
+	fmt.Fprintf(w, "\nfinal state: stock %s = %d (started at %d), last written with token %d by %s; %d order(s)\n\n", f.SKU, f.Quantity, demoInitial, f.LastToken, f.LastWriter, f.Orders)
+	for _, c := range rep.Checks {
+		mark := "HELD  "
+		if !c.Held {
+			mark = "BROKEN"
+		}
+		fmt.Fprintf(w, "  [%s] %s  (%s)\n", mark, c.Guarantee, c.Detail)
+	}
+	if rep.OK {
+		fmt.Fprintln(w, "\nevery guarantee held: the database, not the lock, stopped the stale holder.")
+	}
+}
+
+// demoWorker is worker A, a child process running `pgfence demo-worker`.
+type demoWorker struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Scanner
+}
+
+// workerLine is one JSON line from worker A.
+type workerLine struct {
+	Result string `json:"result"`
+	Token  int64  `json:"token,omitempty"`
+	Holder string `json:"holder,omitempty"`
+	Code   string `json:"code,omitempty"`
+	Detail string `json:"detail,omitempty"`
+}
+
+func startDemoWorker(ctx context.Context, url string, ttl time.Duration) (*demoWorker, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("demo: find own executable for worker A: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, exe, "demo-worker", "--ttl", ttl.String())
+	cmd.Env = append(os.Environ(), "PGFENCE_DEMO_WORKER_URL="+url)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("demo: start worker A: %w", err)
+	}
+	return &demoWorker{cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout)}, nil
+}
+
+func (w *demoWorker) next() (workerLine, error) {
+	var l workerLine
+	if !w.out.Scan() {
+		return l, fmt.Errorf("demo: worker A stopped talking: %v", w.out.Err())
+	}
+	if err := json.Unmarshal(w.out.Bytes(), &l); err != nil {
+		return l, fmt.Errorf("demo: worker A said %q: %w", w.out.Text(), err)
+	}
+	return l, nil
+}
+
+func (w *demoWorker) send(cmd string) error {
+	_, err := fmt.Fprintln(w.stdin, cmd)
+	return err
+}
+
+func (w *demoWorker) wait() error {
+	w.stdin.Close()
+	return w.cmd.Wait()
+}
+
+func (w *demoWorker) kill() {
+	if w.cmd.ProcessState == nil {
+		_ = w.cmd.Process.Signal(syscall.SIGCONT)
+		_ = w.cmd.Process.Kill()
+		_ = w.cmd.Wait()
+	}
+}
+
+// runDemoWorker is worker A's side: take the lease, say so, wait for "write"
+// (the parent freezes and resumes us meanwhile), then write as if the lease
+// were still ours: through the fence, through plain SQL, then release.
+func runDemoWorker(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "demo-worker", "demo-worker (internal)")
+	ttl := fs.Duration("ttl", time.Second, "lease TTL")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	url := e.getenv("PGFENCE_DEMO_WORKER_URL")
+	say := func(l workerLine) { _ = json.NewEncoder(e.stdout).Encode(l) }
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		say(workerLine{Result: "error", Detail: err.Error()})
+		return err
+	}
+	defer pool.Close()
+	client, err := leases.New(pool, &leases.Config{DisableWakeups: true, HolderInfo: "demo worker A"})
+	if err != nil {
+		say(workerLine{Result: "error", Detail: err.Error()})
+		return err
+	}
+	defer client.Close()
+	l, err := client.TryAcquire(ctx, demoKey, *ttl, nil)
+	if err != nil {
+		say(workerLine{Result: "error", Detail: err.Error()})
+		return err
+	}
+	say(workerLine{Result: "ok", Token: l.Token(), Holder: l.Holder()})
+
+	in := bufio.NewScanner(os.Stdin)
+	if !in.Scan() || in.Text() != "write" {
+		return errors.New("demo-worker: expected \"write\" on stdin")
+	}
+	// A does not look at its lease: the point is that it does not have to.
+	_, err = pgfence.Exec(ctx, pool, demoKey, l.Token(),
+		`UPDATE pgfence_demo.stock SET quantity = quantity - 1, last_token = $2, last_writer = 'A' WHERE sku = $1`, demoSKU, l.Token())
+	say(outcomeLine(err))
+	_, err = pool.Exec(ctx, `UPDATE pgfence_demo.stock SET quantity = quantity - 1, last_token = $2, last_writer = 'A (plain SQL)' WHERE sku = $1`, demoSKU, l.Token())
+	say(outcomeLine(err))
+	err = l.Release(ctx)
+	switch {
+	case err == nil:
+		say(workerLine{Result: "released"})
+	case errors.Is(err, leases.ErrLeaseLost):
+		say(workerLine{Result: "lost", Detail: "changes nothing: " + err.Error()})
+	default:
+		say(workerLine{Result: "error", Detail: err.Error()})
+	}
+	return nil
+}
+
+func outcomeLine(err error) workerLine {
+	if err == nil {
+		return workerLine{Result: "accepted"}
+	}
+	if code := pgerr.Code(err); code != "" {
+		msg := err.Error()
+		if pe := pgerr.PgError(err); pe != nil {
+			msg = pe.Message
+		}
+		return workerLine{Result: "rejected", Code: code, Detail: code + ": " + msg}
+	}
+	return workerLine{Result: "error", Detail: err.Error()}
+}

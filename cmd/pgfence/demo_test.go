@@ -1,0 +1,57 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// The demo is the seed's critical experiment with a real OS process frozen by
+// SIGSTOP; it must report every guarantee held and the reconciled final state.
+func TestDemo(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	code, out, errOut := cli(t, environ, "demo", "--json", "--ttl", "300ms")
+	if code != exitOK {
+		t.Fatalf("demo: code %d\n%s\n%s", code, out, errOut)
+	}
+	var rep demoReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("demo --json output: %v\n%s", err, out)
+	}
+	for _, ev := range rep.Timeline {
+		t.Logf("%s %s %s %s", ev.At.Format("15:04:05.000"), ev.Actor, ev.Action, ev.Result)
+	}
+	if !rep.OK || len(rep.Checks) != 7 {
+		t.Fatalf("demo report: ok=%v, %d checks: %+v", rep.OK, len(rep.Checks), rep.Checks)
+	}
+	for _, c := range rep.Checks {
+		if !c.Held {
+			t.Errorf("guarantee broken: %+v", c)
+		}
+	}
+	if rep.Final.Quantity != demoInitial-3 || rep.Final.Orders != 1 || !strings.HasPrefix(rep.Final.LastWriter, "B") {
+		t.Fatalf("final state %+v", rep.Final)
+	}
+	var rejected int
+	for _, ev := range rep.Timeline {
+		if ev.Actor == "A" && ev.Result == "rejected" {
+			rejected++
+		}
+	}
+	if rejected != 2 {
+		t.Fatalf("A's late writes rejected %d times, want 2 (fenced and plain SQL): %+v", rejected, rep.Timeline)
+	}
+	// The demo cleans up its schema on a user-supplied database unless --keep.
+	var exists bool
+	if err := db.Pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'pgfence_demo')`).Scan(&exists); err != nil || exists {
+		t.Fatalf("pgfence_demo schema left behind (%v)", err)
+	}
+	if code, _, errOut := cli(t, environ, "demo", "--ttl", "1ms"); code != exitUsage || !strings.Contains(errOut, "--ttl") {
+		t.Fatalf("demo --ttl 1ms: code %d, %s", code, errOut)
+	}
+}
