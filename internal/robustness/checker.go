@@ -313,7 +313,7 @@ var model = (&porcupine.NondeterministicModel{
 
 func partition(op Op) string {
 	switch op.Kind {
-	case Acquire, Release:
+	case Acquire, Release, Renew:
 		return "lease/" + op.Key
 	case Effect, EffectRead:
 		return "intent/" + op.Key

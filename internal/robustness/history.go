@@ -30,6 +30,9 @@ const (
 	Effect Kind = "effect"
 	// EffectRead reads the stored result of intent Key ("" when none).
 	EffectRead Kind = "effect-read"
+	// Renew renews the lease on Key. It is recorded but not checked: a lost
+	// renewal shows up in the grants and writes that follow.
+	Renew Kind = "renew"
 )
 
 // Outcome is how an operation ended, as its caller saw it.

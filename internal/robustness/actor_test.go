@@ -1,0 +1,250 @@
+package robustness
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
+)
+
+// actor is one client of the system under test: a pool, a lease client and an
+// idempotency store, doing what an application does. The same code runs in
+// the test process and in worker processes (see worker_test.go). Its methods
+// return the [Op] they performed, with the outcome classified; the caller
+// stamps call and return times.
+type actor struct {
+	pool   *pgxpool.Pool
+	leases *leases.Client
+	store  *idempotency.Store
+
+	mu   sync.Mutex
+	held map[string]*leases.Lease
+}
+
+// resolveTimeout bounds the leases client's read-back of a grant whose reply
+// was lost. That read-back runs past the caller's deadline (it must learn
+// whether a grant committed), so an Acquire returns by its deadline plus this.
+const resolveTimeout = time.Second
+
+type actorConfig struct {
+	URL      string        `json:"url"`
+	App      string        `json:"app"` // application_name, "pf-..." so reconcile waits for it
+	MaxConns int32         `json:"max_conns"`
+	Wakeups  bool          `json:"wakeups"`
+	Margin   time.Duration `json:"margin"`
+}
+
+func newActor(ctx context.Context, c actorConfig) (*actor, error) {
+	cfg, err := pgxpool.ParseConfig(c.URL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = c.App
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	if c.MaxConns > 0 {
+		cfg.MaxConns = c.MaxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	lc, err := leases.New(pool, &leases.Config{DisableWakeups: !c.Wakeups, SafetyMargin: c.Margin, ResolveTimeout: resolveTimeout})
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	store, err := idempotency.NewStore(nil)
+	if err != nil {
+		_ = lc.Close()
+		pool.Close()
+		return nil, err
+	}
+	return &actor{pool: pool, leases: lc, store: store, held: map[string]*leases.Lease{}}, nil
+}
+
+func (a *actor) close() {
+	_ = a.leases.Close()
+	a.pool.Close()
+}
+
+func (a *actor) lease(key string) *leases.Lease {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.held[key]
+}
+
+// acquire waits up to wait for the lease on key.
+func (a *actor) acquire(ctx context.Context, key string, ttl, wait time.Duration) Op {
+	op := Op{Kind: Acquire, Key: key}
+	var (
+		l   *leases.Lease
+		err error
+	)
+	if wait > 0 {
+		l, err = a.leases.Acquire(ctx, key, ttl, &leases.AcquireOptions{MaxWait: wait})
+	} else {
+		l, err = a.leases.TryAcquire(ctx, key, ttl, nil)
+	}
+	if err != nil {
+		op.Outcome, op.Err = classify(err), err.Error()
+		return op
+	}
+	a.mu.Lock()
+	a.held[key] = l
+	a.mu.Unlock()
+	op.Token, op.Outcome = l.Token(), OK
+	return op
+}
+
+// renew renews the lease this actor holds on key.
+func (a *actor) renew(ctx context.Context, key string) error {
+	l := a.lease(key)
+	if l == nil {
+		return fmt.Errorf("no lease on %q", key)
+	}
+	return l.Renew(ctx)
+}
+
+// release releases the lease this actor holds on key.
+func (a *actor) release(ctx context.Context, key string) Op {
+	op := Op{Kind: Release, Key: key}
+	l := a.lease(key)
+	if l == nil {
+		op.Outcome, op.Err = Failed, "no lease held"
+		return op
+	}
+	op.Token = l.Token()
+	if err := l.Release(ctx); err != nil {
+		op.Outcome, op.Err = classify(err), err.Error()
+		return op
+	}
+	op.Outcome = OK
+	return op
+}
+
+// writeSQL is the business write every fenced write makes.
+const writeSQL = `UPDATE stock SET value = $2, token = $3 WHERE resource = $1`
+
+// write sets resource key to value with a fenced write carrying token. It
+// does not look at the lease first: the point is that the database judges.
+func (a *actor) write(ctx context.Context, key string, token int64, value string) Op {
+	op := Op{Kind: Write, Key: key, Token: token, Value: value}
+	_, err := pgfence.Write(ctx, a.pool, key, token, func(ctx context.Context, tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, writeSQL, key, value, token)
+		if err == nil && tag.RowsAffected() != 1 {
+			err = fmt.Errorf("resource %q: %d rows updated", key, tag.RowsAffected())
+		}
+		return err
+	})
+	if err != nil {
+		op.Outcome, op.Err = classify(err), err.Error()
+		return op
+	}
+	op.Outcome = OK
+	return op
+}
+
+// writeLeased sets resource key to value with a lease-checked write: the
+// database checks that this actor's grant of lease key is still live.
+func (a *actor) writeLeased(ctx context.Context, key, value string) Op {
+	op := Op{Kind: Write, Key: key, Value: value}
+	l := a.lease(key)
+	if l == nil {
+		op.Outcome, op.Err = Failed, "no lease held"
+		return op
+	}
+	op.Token = l.Token()
+	holder, err := parseUUID(l.Holder())
+	if err != nil {
+		op.Outcome, op.Err = Failed, err.Error()
+		return op
+	}
+	// The lease-checked write also presents the token to the fence, so the
+	// register's token order is kept even across both kinds of write.
+	err = pgfence.WriteLeased(ctx, a.pool, pgfence.Lease{Key: key, Holder: holder, Token: l.Token()}, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pgfence.fence($1, $2)`, key, l.Token()); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, writeSQL, key, value, l.Token())
+		return err
+	})
+	if err != nil {
+		op.Outcome, op.Err = classify(err), err.Error()
+		return op
+	}
+	op.Outcome = OK
+	return op
+}
+
+// effect runs intent once: it records a shipment whose result is value, in
+// the same transaction as the idempotency key (atomic mode).
+func (a *actor) effect(ctx context.Context, intent, value string) Op {
+	op := Op{Kind: Effect, Key: intent, Value: value}
+	out, err := a.store.Do(ctx, a.pool, idempotency.Request{Scope: scope, Key: intent, Payload: []byte(`"` + intent + `"`)},
+		func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+			if _, err := tx.Exec(ctx, `INSERT INTO shipments (intent, result) VALUES ($1, $2)`, intent, value); err != nil {
+				return nil, err
+			}
+			return []byte(value), nil
+		})
+	switch {
+	case err == nil && (out.Status == idempotency.New || out.Status == idempotency.Replayed) && out.Failure == nil:
+		op.Outcome, op.Result = OK, string(out.Result)
+	case err == nil:
+		op.Outcome, op.Err = Rejected, "status "+out.Status.String()
+	default:
+		op.Outcome, op.Err = classify(err), err.Error()
+	}
+	return op
+}
+
+// classify maps an error to the outcome the caller can rely on. Anything not
+// known to have changed nothing is Unknown: the checker then allows both.
+func classify(err error) Outcome {
+	switch {
+	case errors.Is(err, pgfence.ErrStaleToken):
+		return Stale
+	case errors.Is(err, leases.ErrLeaseHeld), errors.Is(err, leases.ErrLeaseLost),
+		errors.Is(err, pgfence.ErrLeaseNotHeld), errors.Is(err, idempotency.ErrInProgress),
+		errors.Is(err, idempotency.ErrMismatch):
+		return Rejected
+	case errors.Is(err, pgerr.ErrOutcomeUnknown):
+		return Unknown
+	case errors.Is(err, pgerr.ErrUnavailable), errors.Is(err, pgerr.ErrInvalid), errors.Is(err, pgerr.ErrNotPrimary):
+		return Failed
+	}
+	if pg := pgerr.PgError(err); pg != nil && !pgerr.IsConnectionError(err) {
+		return Failed // the server answered with an error: the transaction rolled back
+	}
+	return Unknown
+}
+
+func parseUUID(s string) ([16]byte, error) {
+	var id [16]byte
+	b, err := hex.DecodeString(strings.ReplaceAll(s, "-", ""))
+	if err != nil || len(b) != 16 {
+		return id, fmt.Errorf("bad uuid %q", s)
+	}
+	copy(id[:], b)
+	return id, nil
+}
+
+// recorded runs fn as client c's operation and records it with its times.
+func (e *env) recorded(c int, fn func() Op) Op {
+	call := e.rec.Now()
+	op := fn()
+	op.Client, op.Call, op.Return = c, call, e.rec.Now()
+	e.rec.Add(op)
+	return op
+}
