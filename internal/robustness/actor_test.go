@@ -156,12 +156,13 @@ func (a *actor) write(ctx context.Context, key string, token int64, value string
 }
 
 // writeLeased sets resource key to value with a lease-checked write: the
-// database checks that this actor's grant of lease key is still live.
-func (a *actor) writeLeased(ctx context.Context, key, value string) Op {
-	op := Op{Kind: Write, Key: key, Value: value}
+// database checks that this actor's grant of lease key (the one with token,
+// if token is not 0) is still live.
+func (a *actor) writeLeased(ctx context.Context, key string, token int64, value string) Op {
+	op := Op{Kind: Write, Key: key, Token: token, Value: value}
 	l := a.lease(key)
-	if l == nil {
-		op.Outcome, op.Err = Failed, "no lease held"
+	if l == nil || token != 0 && l.Token() != token {
+		op.Outcome, op.Err = Failed, "no lease held with that token"
 		return op
 	}
 	op.Token = l.Token()

@@ -232,7 +232,7 @@ func TestScenarioTakeover(t *testing.T) {
 	want(t, e.recorded(0, func() Op { return a.release(ctx, sku) }), Rejected)
 	// Until B writes, the fence has only seen A's token; the lease-checked
 	// write refuses A at once, the fenced write once B's token was accepted.
-	want(t, e.recorded(0, func() Op { return a.writeLeased(ctx, sku, "a2-leased") }), Rejected)
+	want(t, e.recorded(0, func() Op { return a.writeLeased(ctx, sku, 0, "a2-leased") }), Rejected)
 	want(t, e.recorded(1, func() Op { return b.write(ctx, sku, bAcq.Token, "b1") }), OK)
 	want(t, e.recorded(0, func() Op { return a.write(ctx, sku, acq.Token, "a2") }), Stale)
 	if row := e.leaseRow(sku); !row.Live || row.Token != bAcq.Token {

@@ -71,7 +71,7 @@ func serveActor(ctx context.Context, op string, raw json.RawMessage) (any, error
 	case "write":
 		return a.write(ctx, args.Key, args.Token, args.Value), nil
 	case "write_leased":
-		return a.writeLeased(ctx, args.Key, args.Value), nil
+		return a.writeLeased(ctx, args.Key, args.Token, args.Value), nil
 	case "effect":
 		return a.effect(ctx, args.Key, args.Value), nil
 	case "release":

@@ -1,0 +1,283 @@
+package robustness
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pgfence/pgfence/internal/faultproxy"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+var (
+	robustnessDuration = flag.Duration("robustness.duration", 20*time.Second,
+		"how long the randomized robustness run injects faults (CI default; try -robustness.duration=10m)")
+	robustnessSeed = flag.Uint64("robustness.seed", 0, "seed of the randomized robustness run (0: derived from the clock, printed)")
+)
+
+// The randomized robustness run, in the style of etcd's robustness tests: a
+// few worker processes run lease → fenced writes → idempotent effect →
+// release cycles on a few resources, each through its own fault proxy, while
+// faults are injected at random (seeded): connection cuts, delays, network
+// partitions, COMMITs whose request or reply is lost, SIGSTOP past the lease,
+// and fast and immediate database restarts. Every operation is recorded with
+// monotonic call and return times and the outcome the driver saw (unknown when
+// it could not know). Afterwards the ground truth is read back and the history
+// is checked (Check: invariants + porcupine). A failing history is saved under
+// testdata/ with porcupine's HTML view.
+func TestRobustnessRandomized(t *testing.T) {
+	if testing.Short() {
+		t.Skip("randomized fault run; skipped with -short")
+	}
+	seed := *robustnessSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	duration := *robustnessDuration
+	t.Logf("seed %d (rerun with -robustness.seed=%d), faults for %v", seed, seed, duration)
+	started := time.Now()
+
+	resources := []string{"res-0", "res-1"}
+	e := newEnv(t, envOptions{dedicated: true, resources: resources})
+	const workers = 4
+	proxies := make([]*faultproxy.Proxy, workers)
+	remotes := make([]*remote, workers)
+	for i := range workers {
+		proxies[i] = e.proxy()
+		remotes[i] = e.startRemote(i, e.url(proxies[i]))
+	}
+
+	run := &randomRun{e: e, proxies: proxies, remotes: remotes, resources: resources, faults: map[string]int{}}
+	ctx, cancel := context.WithTimeout(context.Background(), duration)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			run.cycles(ctx, i, rand.New(rand.NewPCG(seed, uint64(i)+1)))
+		}()
+	}
+	run.inject(ctx, rand.New(rand.NewPCG(seed, 0)))
+
+	// Heal everything, let the workers finish what they have in flight.
+	for i := range workers {
+		proxies[i].Heal()
+		_ = remotes[i].w.Cont()
+	}
+	wg.Wait()
+	for i := range workers {
+		if err := remotes[i].w.Close(); err != nil {
+			t.Logf("worker %d exit: %v", i, err)
+		}
+	}
+
+	rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer rcancel()
+	e.admin().Reset()
+	if err := e.waitQuiet(rctx, "pf-"); err != nil {
+		t.Fatal(err)
+	}
+	truth, err := e.truth(rctx)
+	if err != nil {
+		t.Fatalf("read ground truth: %v", err)
+	}
+	ops := e.rec.Ops()
+	rep := Check(ops, truth, 2*time.Minute)
+	sum := Summary{
+		Seed:       int64(seed),
+		Duration:   time.Since(started),
+		Scenarios:  []string{"lease → fenced writes → idempotent effect → release cycles", fmt.Sprintf("%d worker processes", workers), fmt.Sprintf("%d resources", len(resources))},
+		Faults:     run.faultCounts(),
+		Ops:        len(ops),
+		ByOutcome:  map[Outcome]int{},
+		Accepted:   len(truth.Writes),
+		Grants:     len(truth.Grants),
+		Result:     rep.Linearizable,
+		Violations: rep.Violations,
+	}
+	for _, op := range ops {
+		sum.ByOutcome[op.Outcome]++
+	}
+	for _, rs := range truth.Effects {
+		sum.Effects += len(rs)
+	}
+	fmt.Print(sum.String())
+	if !rep.OK() {
+		name := fmt.Sprintf("failed-robustness-seed-%d", seed)
+		path, err := Save("testdata", name+".json", Record{Seed: int64(seed), Note: "TestRobustnessRandomized", Ops: ops, Truth: truth, Violations: rep.Violations})
+		if f, ferr := os.Create(filepath.Join("testdata", name+".html")); ferr == nil {
+			_ = rep.Visualize(f)
+			_ = f.Close()
+		}
+		t.Fatalf("%d violations; history saved to %s (%v)", len(rep.Violations), path, err)
+	}
+	if rep.Ops < 50 {
+		t.Fatalf("only %d operations ran: the run proved little", rep.Ops)
+	}
+}
+
+// randomRun is the state of one randomized run.
+type randomRun struct {
+	e         *env
+	proxies   []*faultproxy.Proxy
+	remotes   []*remote
+	resources []string
+
+	mu     sync.Mutex
+	faults map[string]int
+	seq    int
+}
+
+func (r *randomRun) count(fault string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.faults[fault]++
+}
+
+func (r *randomRun) faultCounts() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string]int, len(r.faults))
+	for k, v := range r.faults {
+		out[k] = v
+	}
+	return out
+}
+
+func (r *randomRun) next() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seq++
+	return r.seq
+}
+
+// Timing of a cycle. The lease TTL is short so that pauses and partitions
+// outlast it; the driver waits longer than the worker's own timeout, so an
+// unanswered call means the worker was stopped or cut off.
+const (
+	cycleTTL     = time.Second
+	cycleWait    = 500 * time.Millisecond
+	opTimeout    = 2 * time.Second
+	driverWait   = 4 * time.Second
+	intentsCount = 40
+)
+
+// cycles runs lease cycles for worker i until ctx ends.
+func (r *randomRun) cycles(ctx context.Context, i int, rng *rand.Rand) {
+	w := r.remotes[i]
+	for ctx.Err() == nil {
+		key := r.resources[rng.IntN(len(r.resources))]
+		acq := w.do("acquire", opArgs{Key: key, TTL: cycleTTL, Wait: cycleWait, Timeout: opTimeout}, driverWait)
+		if acq.Outcome != OK {
+			time.Sleep(time.Duration(rng.IntN(50)) * time.Millisecond)
+			continue
+		}
+		for range 1 + rng.IntN(3) {
+			value := fmt.Sprintf("w%d-%d", i, r.next())
+			if rng.IntN(4) == 0 {
+				w.do("write_leased", opArgs{Key: key, Token: acq.Token, Value: value, Timeout: opTimeout}, driverWait)
+			} else {
+				w.do("write", opArgs{Key: key, Token: acq.Token, Value: value, Timeout: opTimeout}, driverWait)
+			}
+		}
+		intent := fmt.Sprintf("intent-%d", rng.IntN(intentsCount))
+		w.do("effect", opArgs{Key: intent, Value: fmt.Sprintf("e%d-%d", i, r.next()), Timeout: opTimeout}, driverWait)
+		w.do("release", opArgs{Key: key, Timeout: opTimeout}, driverWait)
+	}
+}
+
+// inject injects one random fault at a time until ctx ends.
+func (r *randomRun) inject(ctx context.Context, rng *rand.Rand) {
+	sleep := func(min, max time.Duration) {
+		d := min + time.Duration(rng.Int64N(int64(max-min)))
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+		}
+	}
+	kinds := []struct {
+		name   string
+		weight int
+		run    func()
+	}{
+		{"cut-connections", 3, func() {
+			r.proxies[rng.IntN(len(r.proxies))].CutAll()
+		}},
+		{"delay", 2, func() {
+			p := r.proxies[rng.IntN(len(r.proxies))]
+			dir := faultproxy.Direction(rng.IntN(2))
+			p.SetDelay(dir, time.Duration(50+rng.IntN(400))*time.Millisecond)
+			sleep(300*time.Millisecond, 1500*time.Millisecond)
+			p.SetDelay(dir, 0)
+		}},
+		{"partition", 2, func() {
+			p := r.proxies[rng.IntN(len(r.proxies))]
+			p.SetBlackhole(faultproxy.ClientToServer, true)
+			p.SetBlackhole(faultproxy.ServerToClient, true)
+			sleep(300*time.Millisecond, 2*time.Second)
+			p.SetBlackhole(faultproxy.ClientToServer, false)
+			p.SetBlackhole(faultproxy.ServerToClient, false)
+			p.CutAll() // the swallowed bytes left the streams unusable
+		}},
+		{"lost-commit-reply", 2, func() {
+			trig := r.proxies[rng.IntN(len(r.proxies))].CutAfter(faultproxy.IsCommit)
+			sleep(500*time.Millisecond, 1500*time.Millisecond)
+			trig.Cancel()
+		}},
+		{"lost-commit-request", 1, func() {
+			trig := r.proxies[rng.IntN(len(r.proxies))].CutBefore(faultproxy.IsCommit)
+			sleep(500*time.Millisecond, 1500*time.Millisecond)
+			trig.Cancel()
+		}},
+		{"lost-release-reply", 1, func() {
+			trig := r.proxies[rng.IntN(len(r.proxies))].CutAfter(faultproxy.SQLContains("pgfence.release("))
+			sleep(500*time.Millisecond, 1500*time.Millisecond)
+			trig.Cancel()
+		}},
+		{"sigstop-past-lease", 5, func() {
+			w := r.remotes[rng.IntN(len(r.remotes))].w
+			if w.Stop() != nil {
+				return
+			}
+			sleep(6*cycleTTL/5, 5*cycleTTL/2)
+			_ = w.Cont()
+		}},
+		{"restart-fast", 1, func() { r.restart(pgfencetest.Fast) }},
+		{"restart-immediate", 1, func() { r.restart(pgfencetest.Immediate) }},
+	}
+	total := 0
+	for _, k := range kinds {
+		total += k.weight
+	}
+	for ctx.Err() == nil {
+		sleep(50*time.Millisecond, 300*time.Millisecond)
+		if ctx.Err() != nil {
+			return
+		}
+		n := rng.IntN(total)
+		for _, k := range kinds {
+			if n < k.weight {
+				r.count(k.name)
+				k.run()
+				break
+			}
+			n -= k.weight
+		}
+	}
+}
+
+func (r *randomRun) restart(mode pgfencetest.ShutdownMode) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := r.e.cluster.Restart(ctx, mode); err != nil {
+		r.e.t.Errorf("restart (%v): %v; log: %s", mode, err, r.e.cluster.LogTail(10))
+	}
+	r.e.admin().Reset()
+}
