@@ -39,7 +39,7 @@ import (
 	"github.com/pgfence/pgfence/internal/devdb"
 )
 
-const lease = 400 * time.Millisecond // how long a crashed agent blocks the task
+const lease = time.Second // how long a crashed agent blocks the task
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
