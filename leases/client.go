@@ -11,7 +11,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
+
+var errBackendRunning = errors.New("the backend that ran the grant has not exited")
 
 // Client grants, renews and releases leases on one database. It is safe for
 // concurrent use. Create it with [New]; [Client.Close] stops its LISTEN
@@ -118,12 +122,18 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 		granted, expiresAt *time.Time
 		remainingMicros    int64
 	)
-	err := c.pool.QueryRow(ctx, sqlTryAcquire, key, ttl.Microseconds(), info, holder).
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("leases: acquire %q: %w", key, pgerr.Classify(err, false))
+	}
+	pid := conn.Conn().PgConn().PID() // the backend that runs the grant
+	err = conn.QueryRow(ctx, sqlTryAcquire, key, ttl.Microseconds(), info, holder).
 		Scan(&acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)
+	conn.Release()
 	if err != nil {
 		classified := classify(err)
 		if errors.Is(classified, ErrOutcomeUnknown) {
-			return c.resolveGrant(ctx, key, holder, ttl, margin, start, err)
+			return c.resolveGrant(ctx, key, holder, pid, ttl, margin, start, err)
 		}
 		return nil, fmt.Errorf("leases: acquire %q: %w", key, classified)
 	}
@@ -140,22 +150,31 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 }
 
 // resolveGrant reads back the grant of an attempt whose reply was lost. The
-// holder id is unique to the attempt, so a row carrying it is our grant.
-func (c *Client) resolveGrant(ctx context.Context, key, holder string, ttl, margin time.Duration, start time.Time, cause error) (*Lease, error) {
+// holder id is unique to the attempt, so a row carrying it is our grant. The
+// absence of the row is conclusive only once the backend that ran the attempt
+// (pid, on the connection the client has already given up) has exited: until
+// then it may still commit. So it terminates that backend first.
+func (c *Client) resolveGrant(ctx context.Context, key, holder string, pid uint32, ttl, margin time.Duration, start time.Time, cause error) (*Lease, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ResolveTimeout)
 	defer cancel()
 	var (
 		token              int64
 		granted, expiresAt time.Time
-		live               bool
+		live, gone         bool
 		err                error
 	)
 	for attempt := 0; ; attempt++ {
-		err = c.pool.QueryRow(rctx, sqlReadBack, key, holder).Scan(&token, &granted, &expiresAt, &live)
-		if err == nil || errors.Is(err, pgx.ErrNoRows) || rctx.Err() != nil {
-			break
+		err = c.pool.QueryRow(rctx, sqlSettleBackend, pid).Scan(&gone)
+		if err == nil && !gone {
+			err = errBackendRunning
 		}
-		if !sleepCtx(rctx, fullJitter(c.cfg.BackoffMin<<min(attempt, 6))) {
+		if err == nil {
+			err = c.pool.QueryRow(rctx, sqlReadBack, key, holder).Scan(&token, &granted, &expiresAt, &live)
+			if err == nil || errors.Is(err, pgx.ErrNoRows) {
+				break
+			}
+		}
+		if rctx.Err() != nil || !sleepCtx(rctx, fullJitter(c.cfg.BackoffMin<<min(attempt, 6))) {
 			break
 		}
 	}

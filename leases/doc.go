@@ -49,11 +49,14 @@
 //     names the argument), [ErrNotPrimary].
 //   - The database cannot be reached before a statement is sent:
 //     [ErrUnavailable]; nothing happened. Acquire retries until its deadline.
-//   - The connection breaks after a grant was sent: the client reads the row
-//     back by the attempt's holder id (within [Config.ResolveTimeout]) and
-//     either returns the lease or reports that nothing was granted; if it
-//     cannot read back, the error wraps [ErrOutcomeUnknown] and names the
-//     holder id (an unclaimed grant simply expires).
+//   - The connection breaks after a grant was sent: the client stops the
+//     backend that ran it (pg_terminate_backend on its own, already abandoned
+//     session) and waits until it has exited, then reads the row
+//     back by the attempt's holder id (all within [Config.ResolveTimeout]) and
+//     either returns the lease or reports that nothing was granted
+//     ([ErrUnavailable]); if it cannot tell, the error wraps
+//     [ErrOutcomeUnknown] and names the holder id (an unclaimed grant simply
+//     expires; nobody acts on it).
 //   - A renewal fails or its outcome is unknown: the lease keeps its last
 //     confirmed trust window. [Lease.KeepAlive] retries, bounds every attempt by
 //     the trust window, and ends the lease's context when the window runs out or

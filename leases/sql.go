@@ -19,6 +19,14 @@ const (
 	sqlReadBack = `SELECT token, granted_at, expires_at, (released_at IS NULL AND expires_at > clock_timestamp())
   FROM pgfence.leases WHERE key = $1 AND holder = $2::uuid`
 
+	// sqlSettleBackend stops the backend (of this database and role) that ran a
+	// grant whose reply was lost, and waits up to 2s for it to exit, so that its
+	// outcome is settled before the read-back: until it exits it may still
+	// commit. It is true when the backend is gone.
+	sqlSettleBackend = `SELECT coalesce(bool_and(pg_terminate_backend(pid, 2000)), true)
+  FROM pg_stat_activity
+ WHERE pid = $1 AND datname = current_database() AND usename = current_user AND backend_type = 'client backend'`
+
 	sqlStatusColumns = `SELECT key, holder::text, token, granted_at, renewed_at, expires_at, released_at,
        holder_info, live, (extract(epoch FROM remaining) * 1000000)::bigint
   FROM pgfence.lease_status`
