@@ -57,6 +57,8 @@ type env struct {
 	db      *pgfencetest.Database
 	target  string // host:port of the server, for proxies
 	rec     *Recorder
+	// promoted is a pool on the new primary after a failover.
+	promoted *pgxpool.Pool
 }
 
 type envOptions struct {
@@ -126,9 +128,14 @@ func (e *env) url(p *faultproxy.Proxy) string {
 	return u
 }
 
-// admin returns a fresh pool straight to the database (the harness's own pool
-// dies with a server restart; pgxpool reconnects, so it is fine afterwards).
-func (e *env) admin() *pgxpool.Pool { return e.db.Pool }
+// admin returns the pool the test reads the truth with: the harness's pool on
+// the database, or, after a failover, a pool on the promoted standby.
+func (e *env) admin() *pgxpool.Pool {
+	if e.promoted != nil {
+		return e.promoted
+	}
+	return e.db.Pool
+}
 
 // waitQuiet waits until no backend of a client (application_name starting
 // with appPrefix) is running a statement or holding a transaction open, so

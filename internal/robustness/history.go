@@ -114,6 +114,23 @@ func (r *Recorder) Add(op Op) {
 	r.ops = append(r.ops, op)
 }
 
+// MarkUnknown turns the recorded operations that match into Unknown ones
+// (return time [Never]) with reason as their error, and returns how many it
+// changed. Use it when the test learns later that an acknowledgement does not
+// count, e.g. one from a primary lost before its async standby had the change.
+func (r *Recorder) MarkUnknown(match func(Op) bool, reason string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for i := range r.ops {
+		if match(r.ops[i]) {
+			r.ops[i].Outcome, r.ops[i].Return, r.ops[i].Err = Unknown, Never, reason
+			n++
+		}
+	}
+	return n
+}
+
 // Ops returns the history so far, ordered by call time.
 func (r *Recorder) Ops() []Op {
 	r.mu.Lock()

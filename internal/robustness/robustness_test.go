@@ -7,11 +7,15 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgfence/pgfence/internal/faultproxy"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -280,4 +284,49 @@ func (r *randomRun) restart(mode pgfencetest.ShutdownMode) {
 		r.e.t.Errorf("restart (%v): %v; log: %s", mode, err, r.e.cluster.LogTail(10))
 	}
 	r.e.admin().Reset()
+}
+
+// The harness end to end, on a system with a known bug: an old holder writes
+// through a path that bypasses the fence (the table is left unprotected, the
+// write carries no fence call) after a new holder took over. The client is
+// told the write succeeded; reconciliation against the database must say
+// that accepted tokens went backwards and the final state is not the highest
+// token's write.
+func TestRobustnessCatchesAnUnfencedWriter(t *testing.T) {
+	e := newEnv(t, envOptions{resources: []string{sku}})
+	ctx := bounded(t, time.Minute)
+	if _, err := pgfence.Unprotect(ctx, e.admin(), pgx.Identifier{"stock"}); err != nil {
+		t.Fatal(err)
+	}
+	a, b := e.local(0, nil), e.local(1, nil)
+	t1 := want(t, e.recorded(0, func() Op { return a.acquire(ctx, sku, time.Minute, 0) }), OK)
+	want(t, e.recorded(0, func() Op { return a.write(ctx, sku, t1.Token, "a1") }), OK)
+	e.backdate(sku)
+	t2 := want(t, e.recorded(1, func() Op { return b.acquire(ctx, sku, time.Minute, 0) }), OK)
+	want(t, e.recorded(1, func() Op { return b.write(ctx, sku, t2.Token, "b1") }), OK)
+	want(t, e.recorded(0, func() Op { // the bug: no fence
+		op := Op{Kind: Write, Key: sku, Token: t1.Token, Value: "a-unfenced", Outcome: OK}
+		if _, err := a.pool.Exec(ctx, writeSQL, sku, op.Value, t1.Token); err != nil {
+			op.Outcome, op.Err = Failed, err.Error()
+		}
+		return op
+	}), OK)
+
+	if err := e.waitQuiet(ctx, "pf-"); err != nil {
+		t.Fatal(err)
+	}
+	truth, err := e.truth(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := Check(e.rec.Ops(), truth, 10*time.Second)
+	if rep.OK() {
+		t.Fatal("the checker passed a history in which a stale holder's unfenced write landed")
+	}
+	joined := strings.Join(rep.Violations, "\n")
+	for _, want := range []string{"accepted tokens decreased", "not the highest accepted token", "not linearizable"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("violations do not mention %q:\n%s", want, joined)
+		}
+	}
 }
