@@ -88,23 +88,42 @@ BEGIN
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
         PERFORM set_config('synchronous_commit', 'on', true);
     END IF;
-    -- The WHERE of ON CONFLICT DO UPDATE runs after the row lock is taken, on
-    -- the newest committed version: a concurrent writer is waited for, not raced.
-    INSERT INTO pgfence.fences AS f (resource, token, op)
-    VALUES (fence.resource, fence.token, fence.op)
-    ON CONFLICT (resource) DO UPDATE
-        SET token = excluded.token, accepted_at = clock_timestamp(), writes = f.writes + 1,
-            op = excluded.op, fenced_xid = pg_current_xact_id()
-        WHERE f.token <= excluded.token;
-    IF FOUND THEN
-        RETURN fence.token;
-    END IF;
-    -- The conflicting row is locked by us now; this read sees its newest version.
-    SELECT f.token INTO accepted FROM pgfence.fences f WHERE f.resource = fence.resource;
-    RAISE EXCEPTION 'pgfence: stale token % for resource %: token % was accepted', fence.token, quote_literal(fence.resource), accepted
-        USING ERRCODE = 'PF001',
-              DETAIL = format('accepted=%s presented=%s resource=%s', accepted, fence.token, fence.resource),
-              HINT = 'A newer holder has written this resource; this writer lost its lease and must not write.';
+    -- Fast path: a plain UPDATE. Its WHERE depends only on the row's content,
+    -- and under READ COMMITTED a row changed by a concurrent writer is waited
+    -- for and re-checked on its newest version, so a higher token committed
+    -- meanwhile is never overwritten. The row stays locked until our
+    -- transaction ends.
+    FOR attempt IN 1..5 LOOP
+        UPDATE pgfence.fences AS f
+           SET token = fence.token, accepted_at = clock_timestamp(), writes = f.writes + 1,
+               op = fence.op, fenced_xid = pg_current_xact_id()
+         WHERE f.resource = fence.resource AND f.token <= fence.token;
+        IF FOUND THEN
+            RETURN fence.token;
+        END IF;
+        -- Stale, or a resource never fenced. This read takes a new snapshot: it
+        -- sees every committed token.
+        SELECT f.token INTO accepted FROM pgfence.fences f WHERE f.resource = fence.resource;
+        IF FOUND AND accepted > fence.token THEN
+            RAISE EXCEPTION 'pgfence: stale token % for resource %: token % was accepted', fence.token, quote_literal(fence.resource), accepted
+                USING ERRCODE = 'PF001',
+                      DETAIL = format('accepted=%s presented=%s resource=%s', accepted, fence.token, fence.resource),
+                      HINT = 'A newer holder has written this resource; this writer lost its lease and must not write.';
+        END IF;
+        IF NOT FOUND THEN
+            -- Waits for a concurrent first writer of the resource; if that one
+            -- commits, the next round compares with its token.
+            INSERT INTO pgfence.fences (resource, token, op) VALUES (fence.resource, fence.token, fence.op)
+                ON CONFLICT (resource) DO NOTHING;
+            IF FOUND THEN
+                RETURN fence.token;
+            END IF;
+        END IF;
+        -- The row was committed by a concurrent writer after our UPDATE
+        -- started: try again against it.
+    END LOOP;
+    RAISE EXCEPTION 'pgfence: fence row for resource % keeps changing; try again', quote_literal(fence.resource)
+        USING ERRCODE = '40001';
 END;
 $$;
 -- +goose StatementEnd
