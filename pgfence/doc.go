@@ -47,8 +47,10 @@
 //     token higher than T was accepted for R before it, and after it commits no
 //     write with a token lower than T is accepted for R: the fence row is
 //     locked from the check until the commit, and the check runs on the newest
-//     committed row (INSERT … ON CONFLICT DO UPDATE … WHERE). Accepted tokens
-//     per resource never decrease, in commit order.
+//     committed row (UPDATE … WHERE token <= $t under READ COMMITTED waits for
+//     a concurrent writer and re-checks its committed version; a new resource
+//     goes through INSERT … ON CONFLICT DO NOTHING). Accepted tokens per
+//     resource never decrease, in commit order.
 //   - The accepted token is never lowered or forgotten, even by direct DML:
 //     triggers on pgfence.fences reject UPDATEs that lower it, DELETE and
 //     TRUNCATE (PF001).
@@ -68,7 +70,8 @@
 //     the high bits), so a promoted standby never issues a token at or below
 //     one the old primary issued; see the failover tests.
 //
-// Rejections are our own SQLSTATEs, mapped to sentinels for Go callers:
+// Rejections are our own SQLSTATEs, mapped to sentinels for Go callers (use
+// [MapError] on errors of statements you run yourself):
 // PF001 → *[StaleTokenError] ([ErrStaleToken]), PF002 → *[LeaseNotHeldError]
 // ([ErrLeaseNotHeld]), PF006 → [ErrUnfencedWrite], PF009 → [ErrFloorLowered].
 //

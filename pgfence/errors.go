@@ -126,6 +126,15 @@ func (e *OutcomeUnknownError) Error() string {
 // Unwrap returns the classified error chain (it contains [ErrOutcomeUnknown]).
 func (e *OutcomeUnknownError) Unwrap() error { return e.err }
 
+// MapError converts an error from a statement the caller ran itself (for
+// example a plain UPDATE of a protected table, or SELECT pgfence.fence(...)) into
+// this package's errors: PF001 becomes a *[StaleTokenError], PF002 a
+// *[LeaseNotHeldError], PF006 [ErrUnfencedWrite], PF009 [ErrFloorLowered], and
+// the rest is classified like the helpers' own errors, with the original
+// error kept in the chain. It assumes nothing was committed (a lost
+// connection is [ErrUnavailable], not [ErrOutcomeUnknown]); nil stays nil.
+func MapError(err error) error { return mapError(err, false) }
+
 // mapError turns a database error into this package's errors: pgfence
 // SQLSTATEs become typed errors; the rest is classified by internal/pgerr.
 // sent reports whether a COMMIT (or an implicit one) may have reached the server.

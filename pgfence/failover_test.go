@@ -57,13 +57,13 @@ func testFailover(t *testing.T, sync bool) {
 		t.Fatal(err)
 	}
 	_, err = replica.Exec(ctx, `SELECT pgfence.next_token(NULL)`)
-	if sqlstate(err) != "PF005" || !errors.Is(pgfence.MapErrorForTest(err), pgfence.ErrNotPrimary) {
+	if sqlstate(err) != "PF005" || !errors.Is(pgfence.MapError(err), pgfence.ErrNotPrimary) {
 		t.Fatalf("next_token on a standby: want PF005/ErrNotPrimary, got %v", err)
 	}
 	if _, err := pgfence.Exec(ctx, replica, "doc:1", l1.Token+100, `SELECT 1`); !errors.Is(err, pgfence.ErrNotPrimary) {
 		t.Fatalf("fence on a standby: want ErrNotPrimary, got %v", err)
 	}
-	if _, err := replica.Exec(ctx, grantSQL, "job2", newHolder(), "30 seconds"); !errors.Is(pgfence.MapErrorForTest(err), pgfence.ErrNotPrimary) {
+	if _, err := replica.Exec(ctx, grantSQL, "job2", newHolder(), "30 seconds"); !errors.Is(pgfence.MapError(err), pgfence.ErrNotPrimary) {
 		t.Fatalf("grant on a standby: want ErrNotPrimary, got %v", err)
 	}
 	_ = replica.Close(ctx)

@@ -25,7 +25,7 @@ func TestFenceSQL(t *testing.T) {
 		t.Fatalf("stale fence: want PF001, got %v", err)
 	}
 	var st *pgfence.StaleTokenError
-	if !errors.As(pgfence.MapErrorForTest(err), &st) || st.Resource != "r" || st.Presented != 7 || st.Accepted != 9 {
+	if !errors.As(pgfence.MapError(err), &st) || st.Resource != "r" || st.Presented != 7 || st.Accepted != 9 {
 		t.Fatalf("stale fence: got %#v", st)
 	}
 	var token, writes int64

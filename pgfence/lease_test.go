@@ -111,7 +111,7 @@ func TestLeaseCheckedBlocksTakeover(t *testing.T) {
 	defer conn.Release()
 	mustExec(t, conn, `SET lock_timeout = '200ms'`)
 	_, err = conn.Exec(ctx, grantSQL, "job", newHolder(), "30 seconds")
-	if !errors.Is(pgfence.MapErrorForTest(err), pgfence.ErrLockTimeout) {
+	if !errors.Is(pgfence.MapError(err), pgfence.ErrLockTimeout) {
 		t.Fatalf("takeover while a lease-checked write is open: want lock timeout, got %v", err)
 	}
 	mustExec(t, conn, `RESET lock_timeout`)

@@ -23,7 +23,7 @@ func TestProtect(t *testing.T) {
 	}
 	unfenced := func(what string, err error) {
 		t.Helper()
-		if !errors.Is(pgfence.MapErrorForTest(err), pgfence.ErrUnfencedWrite) {
+		if !errors.Is(pgfence.MapError(err), pgfence.ErrUnfencedWrite) {
 			t.Errorf("%s: want ErrUnfencedWrite (PF006), got %v", what, err)
 		}
 	}

@@ -71,7 +71,7 @@ func workerMain() int {
 			_, err = pgfence.ExecLeased(ctx, conn, lease, `UPDATE doc SET body = $2 WHERE resource = $1`, lease.Key, f[1])
 		case "raw":
 			_, err = conn.Exec(ctx, `UPDATE doc SET body = $2 WHERE resource = $1`, f[1], f[2])
-			err = pgfence.MapErrorForTest(err)
+			err = pgfence.MapError(err)
 		case "spoof":
 			// A client that imitates what it guesses the protocol to be: a
 			// session "token" setting and a stale token; no pgfence.fence call.
