@@ -24,6 +24,7 @@ type Client struct {
 	pool *pgxpool.Pool
 	cfg  Config
 	log  *slog.Logger
+	tel  *instruments
 
 	closing chan struct{} // closed by Close
 
@@ -47,6 +48,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		pool:    pool,
 		cfg:     resolved,
 		log:     resolved.Logger,
+		tel:     newTelemetry(&resolved),
 		closing: make(chan struct{}),
 		queues:  make(map[string]*queue),
 	}, nil
@@ -104,7 +106,9 @@ func (c *Client) acquireArgs(key string, ttl time.Duration, opts *AcquireOptions
 // TryAcquire makes one attempt to get the lease on key for ttl. When another
 // holder has it, the error is a [*HeldError] (errors.Is(err, [ErrLeaseHeld]))
 // with the time it has left. MaxWait in opts is ignored.
-func (c *Client) TryAcquire(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions) (*Lease, error) {
+func (c *Client) TryAcquire(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions) (l *Lease, err error) {
+	ctx, done := c.tel.startAcquire(ctx, key, ttl, false)
+	defer func() { done(l, err) }()
 	margin, info, err := c.acquireArgs(key, ttl, opts)
 	if err != nil {
 		return nil, err
@@ -127,8 +131,7 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 		return nil, fmt.Errorf("leases: acquire %q: %w", key, pgerr.Classify(err, false))
 	}
 	pid := conn.Conn().PgConn().PID() // the backend that runs the grant
-	err = conn.QueryRow(ctx, sqlTryAcquire, key, ttl.Microseconds(), info, holder).
-		Scan(&acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)
+	err = c.scanGrant(ctx, conn, key, holder, ttl, info, &acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)
 	conn.Release()
 	if err != nil {
 		classified := classify(err)
@@ -202,7 +205,9 @@ func (c *Client) resolveGrant(ctx context.Context, key, holder string, pid uint3
 //
 // When it gives up, the error wraps the context's error and the last attempt's
 // (usually a [*HeldError]).
-func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions) (*Lease, error) {
+func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions) (l *Lease, err error) {
+	ctx, done := c.tel.startAcquire(ctx, key, ttl, true)
+	defer func() { done(l, err) }()
 	margin, info, err := c.acquireArgs(key, ttl, opts)
 	if err != nil {
 		return nil, err

@@ -5,6 +5,9 @@ import (
 	"log/slog"
 	"os"
 	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults for [Config], [AcquireOptions] and [KeepAliveOptions] fields left zero.
@@ -57,6 +60,15 @@ type Config struct {
 	// OnEvent, if set, is called synchronously for every [Event] (after the
 	// transition); it must return quickly. Use it to attach metrics.
 	OnEvent func(Event)
+	// MeterProvider receives the client's metrics (see the README's
+	// Observability section). Default: the global otel.GetMeterProvider(),
+	// a no-op until the application sets one.
+	MeterProvider metric.MeterProvider
+	// TracerProvider receives spans around acquire, renew and release. Default:
+	// the global otel.GetTracerProvider(), a no-op until the application sets
+	// one. Whatever the provider, a valid span context in a call's context has
+	// its trace id stored in the lease events the call records.
+	TracerProvider trace.TracerProvider
 
 	// HolderInfo describes this process in the lease rows (at most 1024 bytes).
 	// Default: "host:pid".

@@ -138,7 +138,7 @@ func (c *Client) ForceRelease(ctx context.Context, key, reason string) (ForceRel
 		holder *string
 		token  *int64
 	)
-	err := c.pool.QueryRow(ctx, sqlForceRelease, key, reason).Scan(&r.Released, &holder, &token, &r.WasLive)
+	err := c.queryRow(ctx, sqlForceRelease, key, reason).Scan(&r.Released, &holder, &token, &r.WasLive)
 	if err != nil {
 		return ForceReleased{}, fmt.Errorf("leases: force release %q: %w", key, classify(err))
 	}

@@ -106,6 +106,7 @@ func (l *Lease) end(cause error) {
 	l.timer.Stop()
 	l.cancel(cause)
 	l.mu.Unlock()
+	l.c.tel.ended(l, cause)
 	if !errors.Is(cause, ErrReleased) {
 		l.c.emit(Event{Kind: EventLost, Key: l.key, Holder: l.holder, Token: l.token, Err: cause})
 	}
@@ -122,13 +123,15 @@ func (l *Lease) trustDeadline() time.Time {
 // lease is lost: its context ends and the error wraps [ErrLeaseLost]. Other
 // failures ([ErrUnavailable], [ErrOutcomeUnknown]) leave the lease as it was;
 // its trust window still runs from the last confirmed renewal.
-func (l *Lease) Renew(ctx context.Context) error {
+func (l *Lease) Renew(ctx context.Context) (err error) {
+	ctx, done := l.c.tel.startRenew(ctx, l)
+	defer func() { done(err) }()
 	if err := l.Err(); err != nil {
 		return err
 	}
 	start := time.Now()
 	var expiresAt time.Time
-	err := l.c.pool.QueryRow(ctx, sqlRenew, l.key, l.holder, l.token, l.ttl.Microseconds()).Scan(&expiresAt)
+	err = l.c.pool.QueryRow(ctx, sqlRenew, l.key, l.holder, l.token, l.ttl.Microseconds()).Scan(&expiresAt)
 	if err != nil {
 		if pgerr.Code(err) == pgerr.CodeLeaseNotHeld {
 			lost := l.lostError("the database refused the renewal", err)
@@ -162,7 +165,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 // or been taken over before the release, the error wraps [ErrLeaseLost] (work
 // done under it may not have been protected to the end). It retries a lost
 // reply at most twice within ctx.
-func (l *Lease) Release(ctx context.Context) error {
+func (l *Lease) Release(ctx context.Context) (err error) {
 	l.mu.Lock()
 	released := l.released
 	l.mu.Unlock()
@@ -173,10 +176,11 @@ func (l *Lease) Release(ctx context.Context) error {
 	var (
 		changed bool
 		status  string
-		err     error
 	)
+	ctx, done := l.c.tel.startRelease(ctx, l)
+	defer func() { done(status, err) }()
 	for attempt := 0; attempt < 3; attempt++ {
-		err = l.c.pool.QueryRow(ctx, sqlRelease, l.key, l.holder, l.token, l.c.cfg.DurableRelease).Scan(&changed, &status)
+		err = l.c.queryRow(ctx, sqlRelease, l.key, l.holder, l.token, l.c.cfg.DurableRelease).Scan(&changed, &status)
 		if err == nil {
 			break
 		}

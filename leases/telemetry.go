@@ -1,0 +1,301 @@
+package leases
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pgfence/pgfence/internal/telemetry"
+)
+
+// InstrumentationName is the name of this package's OpenTelemetry meter and
+// tracer.
+const InstrumentationName = "github.com/pgfence/pgfence/leases"
+
+// Span and attribute names.
+const (
+	spanAcquire = "pgfence.lease.acquire"
+	spanRenew   = "pgfence.lease.renew"
+	spanRelease = "pgfence.lease.release"
+
+	attrKey    = attribute.Key("pgfence.lease.key")
+	attrHolder = attribute.Key("pgfence.lease.holder")
+	attrToken  = attribute.Key("pgfence.lease.token")
+	attrWait   = attribute.Key("pgfence.lease.wait")
+	attrTTL    = attribute.Key("pgfence.lease.ttl")
+)
+
+// Outcomes (the pgfence.outcome attribute).
+const (
+	outcomeAcquired        = "acquired"
+	outcomeHeld            = "held"
+	outcomeTimeout         = "timeout"
+	outcomeUnavailable     = "unavailable"
+	outcomeUnknown         = "unknown"
+	outcomeError           = "error"
+	outcomeRenewed         = "renewed"
+	outcomeLost            = "lost"
+	outcomeFailed          = "failed"
+	outcomeReleased        = "released"
+	outcomeMaxHold         = "max_hold"
+	outcomeExpired         = "expired"
+	outcomeAlreadyReleased = "already_released"
+	outcomeNotHeld         = "not_held"
+)
+
+// sqlGrantEvent reads, in the grant's own transaction, which event the grant
+// recorded: the holder id is fresh per attempt, so the key's newest event with
+// it is this grant's.
+const sqlGrantEvent = `SELECT event = 'taken_over' FROM pgfence.lease_events
+ WHERE key = $1 AND holder = $2::uuid ORDER BY id DESC LIMIT 1`
+
+// instruments holds a client's tracer and instruments. With the default
+// (global, unset) providers everything is a no-op.
+type instruments struct {
+	tracer trace.Tracer
+
+	attempts        metric.Int64Counter
+	takeovers       metric.Int64Counter
+	renewals        metric.Int64Counter
+	releases        metric.Int64Counter
+	unknown         metric.Int64Counter
+	acquireDuration metric.Float64Histogram
+	holdDuration    metric.Float64Histogram
+	renewRemaining  metric.Float64Histogram
+}
+
+func newTelemetry(cfg *Config) *instruments {
+	mp, tp := cfg.MeterProvider, cfg.TracerProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	m := mp.Meter(InstrumentationName)
+	report := func(err error) { cfg.Logger.Warn("pgfence lease: creating an instrument failed", "err", err) }
+	return &instruments{
+		tracer: tp.Tracer(InstrumentationName),
+		attempts: telemetry.Counter(m, "pgfence.lease.acquire.attempts", "{attempt}",
+			"Grant attempts (one statement each), by outcome: acquired, held, unavailable, unknown, error.", report),
+		takeovers: telemetry.Counter(m, "pgfence.lease.takeovers", "{takeover}",
+			"Grants that replaced a grant which expired without a release.", report),
+		renewals: telemetry.Counter(m, "pgfence.lease.renewals", "{renewal}",
+			"Renewals by outcome: renewed, lost (refused by the database), failed (unavailable or unknown; the lease is kept).", report),
+		releases: telemetry.Counter(m, "pgfence.lease.releases", "{release}",
+			"Releases by outcome: released, expired, already_released, not_held (a release by a holder that no longer held the key), error.", report),
+		unknown: telemetry.Counter(m, "pgfence.lease.unknown_outcomes", "{operation}",
+			"Operations that returned ErrOutcomeUnknown, by pgfence.operation: acquire, renew, release.", report),
+		acquireDuration: telemetry.Seconds(m, "pgfence.lease.acquire.duration",
+			"Time from an Acquire or TryAcquire call to its return, waiting included, by outcome.", report),
+		holdDuration: telemetry.Seconds(m, "pgfence.lease.hold.duration",
+			"Time a lease was held, from sending the grant to its end, by outcome: released, lost, max_hold.", report),
+		renewRemaining: telemetry.Seconds(m, "pgfence.lease.renewal.remaining",
+			"Time left in the lease's local trust window when a renewal was sent: near zero means renewals are late.", report),
+	}
+}
+
+func outcomeAttr(outcome string) metric.MeasurementOption {
+	return metric.WithAttributeSet(attribute.NewSet(telemetry.Outcome.String(outcome)))
+}
+
+// startAcquire starts the span of an Acquire (wait) or TryAcquire call; the
+// returned function ends it and records the call's duration.
+func (t *instruments) startAcquire(ctx context.Context, key string, ttl time.Duration, wait bool) (context.Context, func(*Lease, error)) {
+	start := time.Now()
+	ctx, span := t.tracer.Start(ctx, spanAcquire, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(telemetry.DBSystem, attrKey.String(key), attrTTL.Float64(ttl.Seconds()), attrWait.Bool(wait)))
+	return ctx, func(l *Lease, err error) {
+		outcome := outcomeAcquired
+		switch {
+		case err == nil:
+			span.SetAttributes(attrHolder.String(l.holder), attrToken.Int64(l.token))
+		case wait && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
+			outcome = outcomeTimeout
+		case errors.Is(err, ErrLeaseHeld):
+			outcome = outcomeHeld
+		case errors.Is(err, ErrOutcomeUnknown):
+			outcome = outcomeUnknown
+			t.unknown.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(telemetry.Operation.String("acquire")))
+		case errors.Is(err, ErrUnavailable):
+			outcome = outcomeUnavailable
+		default:
+			outcome = outcomeError
+		}
+		span.SetAttributes(telemetry.Outcome.String(outcome))
+		t.acquireDuration.Record(context.WithoutCancel(ctx), time.Since(start).Seconds(), outcomeAttr(outcome))
+		if outcome == outcomeHeld && !wait {
+			err = nil // a refused TryAcquire is an answer, not a failed operation
+		}
+		telemetry.End(span, err)
+	}
+}
+
+// scanGrant runs one grant attempt (pgfence.try_acquire) and scans its row
+// into acquired and rest. When ctx carries a trace id, the id is set for the
+// grant's transaction in the same pipeline (it is stored in the lease event);
+// when takeovers are counted, the event the grant recorded is read back in
+// the same pipeline too. Neither costs a round trip.
+func (c *Client) scanGrant(ctx context.Context, conn *pgxpool.Conn, key, holder string, ttl time.Duration, info string, acquired *bool, rest ...any) error {
+	t := c.tel
+	countTakeovers := t.takeovers.Enabled(ctx)
+	traceID := telemetry.TraceID(ctx)
+	dest := append([]any{acquired}, rest...)
+	var (
+		err       error
+		takenOver bool
+	)
+	if traceID == "" && !countTakeovers {
+		err = conn.QueryRow(ctx, sqlTryAcquire, key, ttl.Microseconds(), info, holder).Scan(dest...)
+	} else {
+		b := &pgx.Batch{}
+		if traceID != "" {
+			b.Queue(telemetry.SetTraceIDSQL, traceID)
+		}
+		b.Queue(sqlTryAcquire, key, ttl.Microseconds(), info, holder)
+		if countTakeovers {
+			b.Queue(sqlGrantEvent, key, holder)
+		}
+		br := conn.SendBatch(ctx, b)
+		if traceID != "" {
+			_, err = br.Exec()
+		}
+		if err == nil {
+			err = br.QueryRow().Scan(dest...)
+		}
+		if err == nil && countTakeovers {
+			// No row when nothing was granted. An error here aborts the
+			// implicit transaction, grant included: it is the attempt's error.
+			if err = br.QueryRow().Scan(&takenOver); errors.Is(err, pgx.ErrNoRows) {
+				err = nil
+			}
+		}
+		// The grant commits at the end of the pipeline: an error closing it
+		// (a lost reply) leaves the outcome unknown even after the row came.
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}
+
+	outcome := outcomeAcquired
+	switch classified := classify(err); {
+	case err == nil && !*acquired:
+		outcome = outcomeHeld
+	case err == nil:
+	case errors.Is(classified, ErrOutcomeUnknown):
+		outcome = outcomeUnknown
+	case errors.Is(classified, ErrUnavailable):
+		outcome = outcomeUnavailable
+	default:
+		outcome = outcomeError
+	}
+	mctx := context.WithoutCancel(ctx)
+	t.attempts.Add(mctx, 1, outcomeAttr(outcome))
+	if takenOver {
+		t.takeovers.Add(mctx, 1)
+	}
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.AddEvent("attempt", trace.WithAttributes(telemetry.Outcome.String(outcome), attribute.Bool("pgfence.lease.taken_over", takenOver)))
+	}
+	return err
+}
+
+// queryRow is c.pool.QueryRow, preceded in the same pipeline (one implicit
+// transaction, no extra round trip) by setting pgfence.trace_id when ctx
+// carries a trace id, so that lease events record it.
+func (c *Client) queryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	traceID := telemetry.TraceID(ctx)
+	if traceID == "" {
+		return c.pool.QueryRow(ctx, sql, args...)
+	}
+	b := &pgx.Batch{}
+	b.Queue(telemetry.SetTraceIDSQL, traceID)
+	b.Queue(sql, args...)
+	return tracedRow{c.pool.SendBatch(ctx, b)}
+}
+
+// tracedRow is the second statement's row of a two-statement batch.
+type tracedRow struct{ br pgx.BatchResults }
+
+func (r tracedRow) Scan(dest ...any) error {
+	_, err := r.br.Exec()
+	if err == nil {
+		err = r.br.QueryRow().Scan(dest...)
+	}
+	if cerr := r.br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// startRenew starts the span of a renewal and records the time left in the
+// trust window; the returned function ends the span and counts the outcome.
+func (t *instruments) startRenew(ctx context.Context, l *Lease) (context.Context, func(error)) {
+	ctx, span := t.tracer.Start(ctx, spanRenew, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(telemetry.DBSystem, attrKey.String(l.key), attrHolder.String(l.holder), attrToken.Int64(l.token)))
+	held := l.Err() == nil
+	if held {
+		remaining := max(0, time.Until(l.trustDeadline()))
+		t.renewRemaining.Record(context.WithoutCancel(ctx), remaining.Seconds())
+		span.SetAttributes(attribute.Float64("pgfence.lease.remaining", remaining.Seconds()))
+	}
+	return ctx, func(err error) {
+		outcome := outcomeRenewed
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrReleased) || errors.Is(err, ErrMaxHold) || !held:
+			outcome = outcomeLost
+		default:
+			outcome = outcomeFailed
+			if errors.Is(err, ErrOutcomeUnknown) {
+				t.unknown.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(telemetry.Operation.String("renew")))
+			}
+		}
+		t.renewals.Add(context.WithoutCancel(ctx), 1, outcomeAttr(outcome))
+		span.SetAttributes(telemetry.Outcome.String(outcome))
+		telemetry.End(span, err)
+	}
+}
+
+// startRelease starts the span of a release; the returned function ends it
+// and counts the outcome (the database's status, or the error).
+func (t *instruments) startRelease(ctx context.Context, l *Lease) (context.Context, func(status string, err error)) {
+	ctx, span := t.tracer.Start(ctx, spanRelease, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(telemetry.DBSystem, attrKey.String(l.key), attrHolder.String(l.holder), attrToken.Int64(l.token)))
+	return ctx, func(status string, err error) {
+		outcome := status
+		switch {
+		case status == outcomeReleased || status == outcomeExpired || status == outcomeAlreadyReleased || status == outcomeNotHeld:
+			if errors.Is(err, ErrLeaseLost) {
+				err = nil // the release answered; the lost lease is recorded as the outcome
+			}
+		case errors.Is(err, ErrOutcomeUnknown):
+			outcome = outcomeUnknown
+			t.unknown.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(telemetry.Operation.String("release")))
+		default:
+			outcome = outcomeError
+		}
+		t.releases.Add(context.WithoutCancel(ctx), 1, outcomeAttr(outcome))
+		span.SetAttributes(telemetry.Outcome.String(outcome))
+		telemetry.End(span, err)
+	}
+}
+
+// ended records how long l was held; cause is why it ended.
+func (t *instruments) ended(l *Lease, cause error) {
+	outcome := outcomeLost
+	switch {
+	case errors.Is(cause, ErrReleased):
+		outcome = outcomeReleased
+	case errors.Is(cause, ErrMaxHold):
+		outcome = outcomeMaxHold
+	}
+	t.holdDuration.Record(context.Background(), time.Since(l.start).Seconds(), outcomeAttr(outcome))
+}
