@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
@@ -123,6 +124,39 @@ func TestMigrationDownUp(t *testing.T) {
 	}
 	if _, err := newStore(t, nil).Do(ctx, pool, idempotency.Request{Scope: "s", Key: "k"},
 		func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSchemaRefusesNonsenseRows: writers that bypass the functions still
+// cannot store a row that breaks the state machine.
+func TestSchemaRefusesNonsenseRows(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	ctx := context.Background()
+	const cols = `(scope, key, fingerprint, mode, status, owner, lease_expires_at, result, failure_code, retention, completed_at, expires_at)`
+	for name, values := range map[string]string{
+		"empty key":                  `('s', '', sha256(''), 'atomic', 'succeeded', NULL, NULL, '', NULL, '1h', now(), now() + interval '1h')`,
+		"short fingerprint":          `('s', 'k', 'x', 'atomic', 'succeeded', NULL, NULL, '', NULL, '1h', now(), now() + interval '1h')`,
+		"unknown status":             `('s', 'k', sha256(''), 'atomic', 'done', NULL, NULL, '', NULL, '1h', now(), now() + interval '1h')`,
+		"unknown mode":               `('s', 'k', sha256(''), 'magic', 'succeeded', NULL, NULL, '', NULL, '1h', now(), now() + interval '1h')`,
+		"success without result":     `('s', 'k', sha256(''), 'atomic', 'succeeded', NULL, NULL, NULL, NULL, '1h', now(), now() + interval '1h')`,
+		"failure without code":       `('s', 'k', sha256(''), 'atomic', 'failed', NULL, NULL, NULL, NULL, '1h', now(), now() + interval '1h')`,
+		"completed without expiry":   `('s', 'k', sha256(''), 'atomic', 'succeeded', NULL, NULL, '', NULL, '1h', now(), NULL)`,
+		"expires before completion":  `('s', 'k', sha256(''), 'atomic', 'succeeded', NULL, NULL, '', NULL, '1h', now(), now() - interval '1h')`,
+		"in progress with result":    `('s', 'k', sha256(''), 'leased', 'in_progress', gen_random_uuid(), now(), 'x', NULL, '1h', NULL, NULL)`,
+		"leased claim without lease": `('s', 'k', sha256(''), 'leased', 'in_progress', gen_random_uuid(), NULL, NULL, NULL, '1h', NULL, NULL)`,
+		"atomic claim with owner":    `('s', 'k', sha256(''), 'atomic', 'in_progress', gen_random_uuid(), NULL, NULL, NULL, '1h', NULL, NULL)`,
+		"completed with owner":       `('s', 'k', sha256(''), 'leased', 'succeeded', gen_random_uuid(), NULL, '', NULL, '1h', now(), now() + interval '1h')`,
+	} {
+		_, err := pool.Exec(ctx, `INSERT INTO pgfence.idempotency_keys `+cols+` VALUES `+values)
+		if code := pgerr.Code(err); code != "23514" {
+			t.Errorf("%s: %v, want a check violation", name, err)
+		}
+	}
+	// A sane row is accepted.
+	if _, err := pool.Exec(ctx, `INSERT INTO pgfence.idempotency_keys `+cols+
+		` VALUES ('s', 'k', sha256(''), 'leased', 'in_progress', gen_random_uuid(), now() + interval '1m', NULL, NULL, '1h', NULL, NULL)`); err != nil {
 		t.Fatal(err)
 	}
 }
