@@ -29,6 +29,25 @@
 //     increasing token sequence, each intent a write-once result, and the
 //     ground truth is a final read of each.
 //
+// # Running
+//
+// The tests need local PostgreSQL server binaries (pgfencetest.NewCluster):
+// scenarios that restart, stop or fail over the server get a cluster of their
+// own. The scenario tests are TestScenario* (simultaneous acquire, holder
+// crash, pause beyond the lease, lost renewal, takeover, an old request
+// arriving late, double release, duplicate business request, unknown commit
+// outcome, a stale write through an unchecked path, database restart,
+// database unreachable, hot-key contention, failover). The randomized run is
+// TestRobustnessRandomized:
+//
+//	go test -race -run TestRobustnessRandomized -v ./internal/robustness
+//	go test -race -run TestRobustnessRandomized -v ./internal/robustness -robustness.duration=10m -timeout=30m
+//	go test -race -run TestRobustnessRandomized -v ./internal/robustness -robustness.seed=N
+//
+// It prints a summary: the seed, the faults injected by kind, the operations
+// by outcome, what the database accepted, porcupine's verdict and the
+// violations (which must be none).
+//
 // # Guarantees
 //
 // [Check] reports every violation it finds with the resource and values
