@@ -57,7 +57,7 @@ func TestRobustnessRandomized(t *testing.T) {
 		remotes[i] = e.startRemote(i, e.url(proxies[i]))
 	}
 
-	run := &randomRun{e: e, proxies: proxies, remotes: remotes, resources: resources, faults: map[string]int{}}
+	run := &randomRun{e: e, proxies: proxies, remotes: remotes, resources: resources, faults: map[string]int{}, holding: map[int]bool{}}
 	ctx, cancel := context.WithTimeout(context.Background(), duration)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -134,9 +134,33 @@ type randomRun struct {
 	remotes   []*remote
 	resources []string
 
-	mu     sync.Mutex
-	faults map[string]int
-	seq    int
+	mu      sync.Mutex
+	faults  map[string]int
+	seq     int
+	holding map[int]bool // workers between a granted acquire and their release
+}
+
+func (r *randomRun) setHolding(i int, on bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.holding[i] = on
+}
+
+// victim picks a worker to pause: one that holds a lease now if any (its
+// pause then outlives the lease with writes still to do), else any.
+func (r *randomRun) victim(rng *rand.Rand) *remote {
+	r.mu.Lock()
+	var holders []int
+	for i := range r.remotes {
+		if r.holding[i] {
+			holders = append(holders, i)
+		}
+	}
+	r.mu.Unlock()
+	if len(holders) == 0 {
+		return r.remotes[rng.IntN(len(r.remotes))]
+	}
+	return r.remotes[holders[rng.IntN(len(holders))]]
 }
 
 func (r *randomRun) count(fault string) {
@@ -183,6 +207,7 @@ func (r *randomRun) cycles(ctx context.Context, i int, rng *rand.Rand) {
 			time.Sleep(time.Duration(rng.IntN(50)) * time.Millisecond)
 			continue
 		}
+		r.setHolding(i, true)
 		for range 1 + rng.IntN(3) {
 			value := fmt.Sprintf("w%d-%d", i, r.next())
 			if rng.IntN(4) == 0 {
@@ -194,6 +219,7 @@ func (r *randomRun) cycles(ctx context.Context, i int, rng *rand.Rand) {
 		intent := fmt.Sprintf("intent-%d", rng.IntN(intentsCount))
 		w.do("effect", opArgs{Key: intent, Value: fmt.Sprintf("e%d-%d", i, r.next()), Timeout: opTimeout}, driverWait)
 		w.do("release", opArgs{Key: key, Timeout: opTimeout}, driverWait)
+		r.setHolding(i, false)
 	}
 }
 
@@ -246,7 +272,7 @@ func (r *randomRun) inject(ctx context.Context, rng *rand.Rand) {
 			trig.Cancel()
 		}},
 		{"sigstop-past-lease", 5, func() {
-			w := r.remotes[rng.IntN(len(r.remotes))].w
+			w := r.victim(rng).w
 			if w.Stop() != nil {
 				return
 			}
