@@ -11,6 +11,13 @@
 -- pgfence.fence() records the token and keeps the fence row locked until the
 -- transaction ends, so no other writer of that resource can commit in between,
 -- and a writer holding a lower token is rejected after this one commits.
+--
+-- Protected tables (pgfence.protect): a row trigger admits INSERT/UPDATE/DELETE
+-- of a row only if pgfence.fences has the row's resource with fenced_xid = the
+-- current transaction, i.e. pgfence.fence() accepted a token for it in this
+-- transaction (not in a savepoint rolled back since). No session setting is
+-- trusted, so a client cannot present a stale token by setting one by hand;
+-- and the fence table itself refuses to lower or forget a token.
 
 -- +goose Up
 

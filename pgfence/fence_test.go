@@ -243,3 +243,26 @@ func TestUpdateRow(t *testing.T) {
 		t.Errorf("assigning the fence column: want ErrInvalid, got %v", err)
 	}
 }
+
+// Under REPEATABLE READ a fence whose snapshot predates a newer accepted
+// token never passes: it fails as stale or with a serialization error
+// (ErrIsolation), for an existing resource and for one first fenced after the
+// snapshot was taken.
+func TestFenceRepeatableRead(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	mustExec(t, pool, `SELECT pgfence.fence('old', 1)`)
+	for _, resource := range []string{"old", "new"} {
+		tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, tx, `SELECT count(*) FROM pgfence.fences`) // take the snapshot
+		mustExec(t, pool, `SELECT pgfence.fence($1, 10)`, resource)
+		_, err = pgfence.Exec(ctx, tx, resource, 5, `SELECT 1`)
+		if !errors.Is(err, pgfence.ErrStaleToken) && !errors.Is(err, pgfence.ErrIsolation) {
+			t.Fatalf("%s: token 5 under REPEATABLE READ after 10 was accepted: %v", resource, err)
+		}
+		_ = tx.Rollback(ctx)
+	}
+}

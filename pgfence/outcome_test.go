@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -167,6 +168,50 @@ func TestResolveWaitsForWriter(t *testing.T) {
 		}
 		if o := <-got; o != pgfence.Applied {
 			t.Fatalf("%s: resolved %v, want applied", resource, o)
+		}
+	}
+}
+
+// Exec and ExecLeased are one round trip: once the statements are prepared on
+// the connection, the client sends a single pipeline ending in one Sync and
+// no simple Query (no BEGIN/COMMIT).
+func TestExecIsOneRoundTrip(t *testing.T) {
+	ctx := testContext(t)
+	db := pgfencetest.NewDatabase(t)
+	setupKV(t, db.Pool)
+	l := grant(t, db.Pool, "job")
+	conn, p := proxied(t, db)
+	var syncs, queries atomic.Int64
+	count := p.CutBefore(func(m faultproxy.Message) bool {
+		switch m.Type {
+		case 'S':
+			syncs.Add(1)
+		case 'Q':
+			queries.Add(1)
+		}
+		return false
+	})
+	defer count.Cancel()
+	for i, op := range []func(int64) error{
+		func(token int64) error {
+			_, err := pgfence.Exec(ctx, conn, "kv:a", token, `UPDATE kv SET token = $1 WHERE k = 'a'`, token)
+			return err
+		},
+		func(token int64) error {
+			_, err := pgfence.ExecLeased(ctx, conn, l, `UPDATE kv SET token = $1 WHERE k = 'a'`, token)
+			return err
+		},
+	} {
+		if err := op(1); err != nil { // prepares the statements
+			t.Fatal(err)
+		}
+		syncs.Store(0)
+		queries.Store(0)
+		if err := op(2); err != nil {
+			t.Fatal(err)
+		}
+		if syncs.Load() != 1 || queries.Load() != 0 {
+			t.Fatalf("op %d: %d Syncs and %d Queries, want one pipeline", i, syncs.Load(), queries.Load())
 		}
 	}
 }
