@@ -658,3 +658,36 @@ func TestInvalidArguments(t *testing.T) {
 		}
 	}
 }
+
+// TestAtomicWaitBoundedByContext: a duplicate waiting for an open first
+// attempt gives up when its context ends, and the first attempt is unharmed.
+func TestAtomicWaitBoundedByContext(t *testing.T) {
+	verifyNoLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	createCharges(t, pool)
+	store := newStore(t, &idempotency.Config{WaitTimeout: time.Minute})
+	req := idempotency.Request{Scope: "charges", Key: "order-11:charge", Payload: []byte("x")}
+	first := holdClaim(store, pool, req, charge("order-11", 1), nil)
+	<-first.claimed
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	out, err := store.Do(ctx, pool, req, charge("order-11", 1))
+	if err == nil {
+		t.Fatalf("duplicate did not give up: %+v", out)
+	}
+	if elapsed := time.Since(start); elapsed > 10*time.Second {
+		t.Fatalf("duplicate returned after %v", elapsed)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, idempotency.ErrInProgress) && !errors.Is(err, pgerr.ErrStatementTimeout) {
+		t.Fatalf("err = %v, want the context's deadline", err)
+	}
+	t.Logf("duplicate gave up after %v with: %v", time.Since(start), err)
+	close(first.release)
+	<-first.done
+	t.Logf("first done after %v", time.Since(start))
+	if first.err != nil || first.out.Status != idempotency.New || countCharges(t, pool, "order-11") != 1 {
+		t.Fatalf("first: %+v, %v", first.out, first.err)
+	}
+}

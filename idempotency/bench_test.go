@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -26,6 +27,7 @@ func BenchmarkAtomicOverhead(b *testing.B) {
 	store := newStore(b, nil)
 	ctx := context.Background()
 	var bare, atomic time.Duration
+	bareOps, atomicOps := make([]time.Duration, 0, b.N), make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for i := range b.N {
 		order := "order-" + strconv.Itoa(i)
@@ -41,16 +43,21 @@ func BenchmarkAtomicOverhead(b *testing.B) {
 			b.Fatal(err)
 		}
 		bare += time.Since(start)
+		bareOps = append(bareOps, time.Since(start))
 
 		start = time.Now()
 		if _, err := store.Do(ctx, pool, idempotency.Request{Scope: "bench", Key: order + ":charge", Payload: []byte(order)}, charge(order, 1)); err != nil {
 			b.Fatal(err)
 		}
 		atomic += time.Since(start)
+		atomicOps = append(atomicOps, time.Since(start))
 	}
 	b.ReportMetric(float64(bare.Microseconds())/float64(b.N), "bare-µs/op")
 	b.ReportMetric(float64(atomic.Microseconds())/float64(b.N), "atomic-µs/op")
 	b.ReportMetric(float64(atomic)/float64(bare), "ratio")
+	b.ReportMetric(float64(p50(bareOps).Microseconds()), "bare-p50-µs")
+	b.ReportMetric(float64(p50(atomicOps).Microseconds()), "atomic-p50-µs")
+	b.ReportMetric(float64(p50(atomicOps))/float64(p50(bareOps)), "p50-ratio")
 }
 
 // BenchmarkReplay measures a duplicate of a completed key through Store.Do
@@ -109,17 +116,23 @@ func BenchmarkClaimByTableSize(b *testing.B) {
 		run := 0
 		b.Run(fmt.Sprintf("keys=%d/atomic", size), func(b *testing.B) {
 			run++
+			ops := make([]time.Duration, 0, b.N)
 			for i := range b.N {
 				req := idempotency.Request{Scope: "bench", Key: fmt.Sprintf("new-%d-%d-%d", size, run, i)}
+				start := time.Now()
 				if out, err := store.Do(ctx, pool, req, noop); err != nil || out.Status != idempotency.New {
 					b.Fatal(out, err)
 				}
+				ops = append(ops, time.Since(start))
 			}
+			b.ReportMetric(float64(p50(ops).Microseconds()), "p50-µs")
 		})
 		b.Run(fmt.Sprintf("keys=%d/leased", size), func(b *testing.B) {
 			run++
+			ops := make([]time.Duration, 0, b.N)
 			for i := range b.N {
 				req := idempotency.Request{Scope: "bench", Key: fmt.Sprintf("leased-%d-%d-%d", size, run, i)}
+				start := time.Now()
 				out, err := store.Claim(ctx, pool, req)
 				if err != nil || out.Status != idempotency.New {
 					b.Fatal(out, err)
@@ -127,9 +140,20 @@ func BenchmarkClaimByTableSize(b *testing.B) {
 				if _, err := out.Attempt.Complete(ctx, []byte("ok")); err != nil {
 					b.Fatal(err)
 				}
+				ops = append(ops, time.Since(start))
 			}
+			b.ReportMetric(float64(p50(ops).Microseconds()), "p50-µs")
 		})
 	}
+}
+
+func p50(ops []time.Duration) time.Duration {
+	if len(ops) == 0 {
+		return 0
+	}
+	s := slices.Clone(ops)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 // fill stores completed keys from..to-1 (random-looking keys, so inserts

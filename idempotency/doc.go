@@ -90,6 +90,8 @@
 //     [ErrOutcomeUnknown]. Send the same request again: the key answers with
 //     the stored result if it committed, or runs the intent if it did not.
 //   - The database is unreachable: [ErrUnavailable], nothing was done.
+//   - The caller's context ends while a duplicate waits for the first attempt:
+//     the context's error; the first attempt is unaffected.
 //   - An atomic first attempt holds the key longer than the wait: [InProgress]
 //     with [Config.RetryAfter] as the hint; the caller's transaction stays
 //     usable (the wait is a lock_timeout inside a subtransaction).

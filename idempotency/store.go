@@ -298,6 +298,9 @@ func (e *InProgressError) Unwrap() error { return ErrInProgress }
 // classify maps err to the package's errors, keeping the original in the
 // chain. sent reports whether a change may have reached the server.
 func classify(err error, sent bool) error {
+	if !sent && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		return err // the caller's own deadline, not an outage
+	}
 	switch pgerr.Code(err) {
 	case pgerr.CodeKeyMismatch:
 		return fmt.Errorf("%w: %w", ErrMismatch, err)
