@@ -21,9 +21,10 @@
 --   pgfence.current_trace_id() -> text   the setting if well-formed, else NULL
 --
 -- Cost: lease_events gets the trace id through a column default (no trigger);
--- pgfence.fences through a BEFORE INSERT OR UPDATE trigger (one plpgsql call
--- per accepted write). fences.trace_id is deliberately not indexed, so fence
--- updates stay HOT.
+-- pgfence.fences through the same default and a BEFORE UPDATE trigger that
+-- runs only when a trace id is set or must be cleared (one plpgsql call per
+-- traced write; none while nobody traces). fences.trace_id is deliberately
+-- not indexed, so fence updates stay HOT.
 
 -- +goose Up
 
@@ -54,8 +55,13 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- The WHEN clause keeps the untraced hot path free of a plpgsql call: the
+-- trigger runs only when this transaction names a trace or the row carries
+-- one to clear.
 CREATE TRIGGER fences_trace_id BEFORE UPDATE ON pgfence.fences
-    FOR EACH ROW EXECUTE FUNCTION pgfence.fences_set_trace_id();
+    FOR EACH ROW
+    WHEN (OLD.trace_id IS NOT NULL OR current_setting('pgfence.trace_id', true) <> '')
+    EXECUTE FUNCTION pgfence.fences_set_trace_id();
 
 -- +goose Down
 DROP TRIGGER fences_trace_id ON pgfence.fences;

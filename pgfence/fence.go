@@ -104,7 +104,9 @@ func validate(resource string, token int64) error {
 // rejection rolls back only the savepoint, and nothing is durable until the
 // caller commits. Write costs BEGIN, the fence, fn's statements and COMMIT;
 // [Exec] does a single statement in one round trip.
-func Write(ctx context.Context, db DB, resource string, token int64, fn func(ctx context.Context, tx pgx.Tx) error) (Receipt, error) {
+func Write(ctx context.Context, db DB, resource string, token int64, fn func(ctx context.Context, tx pgx.Tx) error) (_ Receipt, err error) {
+	ctx, done := startWrite(ctx, opWrite, fenceAttrs(resource, token)...)
+	defer func() { done(err) }()
 	if err := validate(resource, token); err != nil {
 		return Receipt{}, err
 	}
@@ -117,7 +119,7 @@ func Write(ctx context.Context, db DB, resource string, token int64, fn func(ctx
 	if err != nil {
 		return Receipt{}, mapError(err, false)
 	}
-	if _, err := tx.Exec(ctx, sqlFence, resource, token, op); err != nil {
+	if err := fenceTx(ctx, tx, resource, token, op); err != nil {
 		return Receipt{}, rollback(ctx, tx, mapError(err, false))
 	}
 	if err := fn(ctx, tx); err != nil {
@@ -150,13 +152,15 @@ func unknown(err error, resource string, token int64, op OpID) error {
 // On a [pgx.Tx] both statements join the caller's transaction and a rejection
 // aborts it, as any failing statement does; use [Write] to confine a rejection
 // to a savepoint. Errors are as for [Write].
-func Exec(ctx context.Context, db DB, resource string, token int64, sql string, args ...any) (pgconn.CommandTag, error) {
+func Exec(ctx context.Context, db DB, resource string, token int64, sql string, args ...any) (_ pgconn.CommandTag, err error) {
+	ctx, done := startWrite(ctx, opExec, fenceAttrs(resource, token)...)
+	defer func() { done(err) }()
 	if err := validate(resource, token); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	op := newOpID()
 	b := &pgx.Batch{}
-	b.Queue(sqlFence, resource, token, op)
+	queueFence(ctx, b, resource, token, op)
 	b.Queue(sql, args...)
 	tag, err := execBatch(ctx, db, b)
 	if err != nil {

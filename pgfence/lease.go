@@ -39,7 +39,9 @@ func (l Lease) validate() error {
 // The lease can still expire between the check and COMMIT, but nobody can take
 // it over in between; hold a margin (the leases package's trust window) before
 // starting long work. Other errors are as for [Write].
-func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Context, tx pgx.Tx) error) error {
+func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
+	ctx, done := startWrite(ctx, opWriteLeased, leaseAttrs(lease)...)
+	defer func() { done(err) }()
 	if err := lease.validate(); err != nil {
 		return err
 	}
@@ -65,7 +67,9 @@ func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Co
 
 // ExecLeased checks lease as [WriteLeased] does and runs one statement, in a
 // single round trip and one implicit transaction.
-func ExecLeased(ctx context.Context, db DB, lease Lease, sql string, args ...any) (pgconn.CommandTag, error) {
+func ExecLeased(ctx context.Context, db DB, lease Lease, sql string, args ...any) (_ pgconn.CommandTag, err error) {
+	ctx, done := startWrite(ctx, opExecLeased, leaseAttrs(lease)...)
+	defer func() { done(err) }()
 	if err := lease.validate(); err != nil {
 		return pgconn.CommandTag{}, err
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
 )
 
 // Table names one of the application's own tables whose rows carry their
@@ -44,7 +45,9 @@ func (t Table) validate() error {
 // nil if the row was updated, a *[StaleTokenError] if the row carries a newer
 // token, and [ErrNotFound] if there is no such row (both told apart by reading
 // the row after a miss; the successful path is one round trip).
-func UpdateRow(ctx context.Context, db DB, t Table, id any, token int64, set map[string]any) error {
+func UpdateRow(ctx context.Context, db DB, t Table, id any, token int64, set map[string]any) (err error) {
+	ctx, done := startWrite(ctx, opUpdateRow, attrToken.Int64(token), attribute.String("db.collection.name", strings.Join(t.Name, ".")))
+	defer func() { done(err) }()
 	if err := t.validate(); err != nil {
 		return err
 	}

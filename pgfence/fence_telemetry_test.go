@@ -1,0 +1,182 @@
+package pgfence_test
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/pgfence/pgfence/internal/telemetry/telemetrytest"
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// useGlobalProviders points the global OpenTelemetry providers at fresh SDK
+// providers for the test. Tests that call it must not be parallel: the
+// package's parallel tests only resume after every sequential test ended.
+func useGlobalProviders(t *testing.T) *telemetrytest.Providers {
+	p := telemetrytest.New(t)
+	otel.SetMeterProvider(p.Meter)
+	otel.SetTracerProvider(p.Tracer)
+	t.Cleanup(func() {
+		otel.SetMeterProvider(metricnoop.NewMeterProvider())
+		otel.SetTracerProvider(tracenoop.NewTracerProvider())
+	})
+	return p
+}
+
+func holderBytes(t *testing.T, s string) (h [16]byte) {
+	b, err := hex.DecodeString(strings.ReplaceAll(s, "-", ""))
+	if err != nil || len(b) != 16 {
+		t.Fatalf("holder %q: %v", s, err)
+	}
+	copy(h[:], b)
+	return h
+}
+
+// TestTelemetry checks the metrics and spans of every kind of write, and that
+// one query joins the lease grant to the fenced write it protected through
+// the trace id stored beside both.
+func TestTelemetry(t *testing.T) {
+	p := useGlobalProviders(t)
+	pool := pgfencetest.NewPool(t)
+	setupKV(t, pool)
+	ctx, root := p.Tracer.Tracer("test").Start(testContext(t), "request")
+	traceID := root.SpanContext().TraceID().String()
+
+	c, err := leases.New(pool, &leases.Config{DisableWakeups: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l, err := c.TryAcquire(ctx, "kv:a", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	update := `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`
+	if _, err := pgfence.Exec(ctx, pool, "kv:a", l.Token(), update, "one", l.Token()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgfence.Exec(ctx, pool, "kv:a", l.Token()-1, update, "stale", l.Token()-1); !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("stale Exec: %v", err)
+	}
+	if _, err := pgfence.Write(ctx, pool, "kv:a", l.Token()-1, func(ctx context.Context, tx pgx.Tx) error {
+		t.Error("fn ran for a stale token")
+		return nil
+	}); !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("stale Write: %v", err)
+	}
+	lease := pgfence.Lease{Key: l.Key(), Holder: holderBytes(t, l.Holder()), Token: l.Token()}
+	if _, err := pgfence.ExecLeased(ctx, pool, lease, update, "leased", l.Token()); err != nil {
+		t.Fatal(err)
+	}
+	table := pgfence.Table{Name: pgx.Identifier{"kv"}, Key: "k", Fence: "token"}
+	if err := pgfence.UpdateRow(ctx, pool, table, "a", l.Token(), map[string]any{"v": "row"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgfence.UpdateRow(ctx, pool, table, "a", l.Token()-1, map[string]any{"v": "stale row"}); !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("stale UpdateRow: %v", err)
+	}
+	mustExec(t, pool, expireSQL, "kv:a")
+	if err := pgfence.WriteLeased(ctx, pool, lease, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrLeaseNotHeld) {
+		t.Fatalf("WriteLeased on an expired lease: %v", err)
+	}
+	root.End()
+
+	m := p.Metrics(t)
+	kv := func(op, outcome string) []attribute.KeyValue {
+		return []attribute.KeyValue{attribute.String("pgfence.operation", op), attribute.String("pgfence.outcome", outcome)}
+	}
+	for _, want := range []struct{ op, outcome string }{
+		{"exec", "accepted"}, {"exec", "stale_token"}, {"write", "stale_token"}, {"exec_leased", "accepted"},
+		{"update_row", "accepted"}, {"update_row", "stale_token"}, {"write_leased", "lease_not_held"},
+	} {
+		if n := m.Sum("pgfence.fence.writes", kv(want.op, want.outcome)...); n != 1 {
+			t.Errorf("pgfence.fence.writes{%s,%s} = %d, want 1", want.op, want.outcome, n)
+		}
+	}
+	if n := m.Sum("pgfence.fence.writes"); n != 7 {
+		t.Errorf("pgfence.fence.writes = %d, want 7", n)
+	}
+	if n, _, _ := m.Histogram("pgfence.fence.duration"); n != 7 || m.Unit("pgfence.fence.duration") != "s" {
+		t.Errorf("pgfence.fence.duration count %d unit %q", n, m.Unit("pgfence.fence.duration"))
+	}
+
+	// Spans: children of the request; the rejected Write names the token
+	// that beat it; the lease-checked one names its lease.
+	writes := p.Ended("pgfence.fence.write")
+	if len(writes) != 1 {
+		t.Fatalf("%d write spans", len(writes))
+	}
+	if writes[0].Parent().SpanID() != root.SpanContext().SpanID() {
+		t.Error("write span is not a child of the request")
+	}
+	var rejected bool
+	for _, e := range writes[0].Events() {
+		for _, a := range e.Attributes {
+			if e.Name == "pgfence.rejected" && a.Key == "pgfence.fence.accepted_token" && a.Value.AsInt64() == l.Token() {
+				rejected = true
+			}
+		}
+	}
+	if !rejected {
+		t.Errorf("stale write span events %+v", writes[0].Events())
+	}
+	if v, _ := telemetrytest.Attr(writes[0], "pgfence.fence.resource"); v.AsString() != "kv:a" {
+		t.Errorf("write span resource %q", v.AsString())
+	}
+	leased := p.Ended("pgfence.fence.exec_leased")
+	if len(leased) != 1 {
+		t.Fatalf("%d exec_leased spans", len(leased))
+	}
+	if v, _ := telemetrytest.Attr(leased[0], "pgfence.lease.holder"); v.AsString() != l.Holder() {
+		t.Errorf("exec_leased span holder %q, want %q", v.AsString(), l.Holder())
+	}
+	if n := len(p.Ended("pgfence.fence.exec")) + len(p.Ended("pgfence.fence.update_row")) + len(p.Ended("pgfence.fence.write_leased")); n != 5 {
+		t.Errorf("%d exec, update_row and write_leased spans, want 5", n)
+	}
+
+	// Audit: the grant and the write it protected, joined by trace id.
+	var (
+		event              string
+		leaseTok, fenceTok int64
+	)
+	err = pool.QueryRow(ctx, `SELECT e.event, e.token, f.token
+  FROM pgfence.lease_events e JOIN pgfence.fences f USING (trace_id)
+ WHERE e.trace_id = $1 AND e.event IN ('acquired', 'taken_over')`, traceID).Scan(&event, &leaseTok, &fenceTok)
+	if err != nil || event != "acquired" || leaseTok != l.Token() || fenceTok != l.Token() {
+		t.Fatalf("join: %s %d %d %v", event, leaseTok, fenceTok, err)
+	}
+
+	// A write outside the request is its own trace (its span is a root).
+	if _, err := pgfence.Exec(context.Background(), pool, "kv:a", l.Token()+1, update, "own trace", l.Token()+1); err != nil {
+		t.Fatal(err)
+	}
+	execs := p.Ended("pgfence.fence.exec")
+	own := execs[len(execs)-1].SpanContext().TraceID().String()
+	var id *string
+	if err := pool.QueryRow(ctx, `SELECT trace_id FROM pgfence.fences WHERE resource = 'kv:a'`).Scan(&id); err != nil || id == nil || *id != own || own == traceID {
+		t.Fatalf("trace id of a write in its own trace: %v %v, want %s", id, err, own)
+	}
+
+	// Without tracing, a later write clears the trace id: it names the last write.
+	otel.SetTracerProvider(tracenoop.NewTracerProvider())
+	if _, err := pgfence.Exec(context.Background(), pool, "kv:a", l.Token()+2, update, "untraced", l.Token()+2); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT trace_id FROM pgfence.fences WHERE resource = 'kv:a'`).Scan(&id); err != nil || id != nil {
+		t.Fatalf("trace id after an untraced write: %v %v", id, err)
+	}
+	if n := p.Metrics(t).Sum("pgfence.fence.writes"); n != 9 {
+		t.Errorf("pgfence.fence.writes = %d after the untraced writes, want 9", n)
+	}
+}

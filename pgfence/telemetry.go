@@ -1,0 +1,163 @@
+package pgfence
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pgfence/pgfence/internal/telemetry"
+)
+
+// InstrumentationName is the name of this package's OpenTelemetry meter and
+// tracer. The package's helpers are functions without a configuration, so
+// they use the global providers (otel.GetMeterProvider,
+// otel.GetTracerProvider), which are no-ops until the application sets them.
+const InstrumentationName = "github.com/pgfence/pgfence/pgfence"
+
+// Operations (the pgfence.operation attribute and the span name suffix).
+const (
+	opWrite       = "write"
+	opExec        = "exec"
+	opWriteLeased = "write_leased"
+	opExecLeased  = "exec_leased"
+	opUpdateRow   = "update_row"
+)
+
+// Outcomes (the pgfence.outcome attribute).
+const (
+	outcomeAccepted     = "accepted"
+	outcomeStaleToken   = "stale_token"
+	outcomeLeaseNotHeld = "lease_not_held"
+	outcomeUnfenced     = "unfenced"
+	outcomeUnknown      = "unknown"
+	outcomeError        = "error"
+)
+
+const (
+	attrResource = attribute.Key("pgfence.fence.resource")
+	attrToken    = attribute.Key("pgfence.fence.token")
+	attrOp       = attribute.Key("pgfence.fence.op")
+	attrAccepted = attribute.Key("pgfence.fence.accepted_token")
+	attrLeaseKey = attribute.Key("pgfence.lease.key")
+	attrHolder   = attribute.Key("pgfence.lease.holder")
+	attrLeaseTok = attribute.Key("pgfence.lease.token")
+	attrReason   = attribute.Key("pgfence.lease.reason")
+)
+
+// instruments are the tracer and instruments of one pair of global providers.
+type instruments struct {
+	mp       metric.MeterProvider
+	tp       trace.TracerProvider
+	tracer   trace.Tracer
+	writes   metric.Int64Counter
+	duration metric.Float64Histogram
+}
+
+// current caches the instruments of the global providers they were made
+// from; it is rebuilt when the application sets other providers.
+var current atomic.Pointer[instruments]
+
+func same(a, b any) bool {
+	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
+	return ta == tb && ta != nil && ta.Comparable() && a == b
+}
+
+func tel() *instruments {
+	mp, tp := otel.GetMeterProvider(), otel.GetTracerProvider()
+	if t := current.Load(); t != nil && same(t.mp, mp) && same(t.tp, tp) {
+		return t
+	}
+	m := mp.Meter(InstrumentationName)
+	report := func(err error) { otel.Handle(err) }
+	t := &instruments{
+		mp: mp, tp: tp,
+		tracer: tp.Tracer(InstrumentationName),
+		writes: telemetry.Counter(m, "pgfence.fence.writes", "{write}",
+			"Fenced and lease-checked writes by pgfence.operation and outcome: accepted, stale_token, lease_not_held, unfenced, unknown, error.", report),
+		duration: telemetry.Seconds(m, "pgfence.fence.duration",
+			"Duration of fenced and lease-checked writes, by pgfence.operation and outcome.", report),
+	}
+	current.Store(t)
+	return t
+}
+
+// startWrite starts the span of one fenced or lease-checked write; the
+// returned function ends it and records the outcome. attrs identify the
+// write (resource and token, or lease key, holder and token).
+func startWrite(ctx context.Context, op string, attrs ...attribute.KeyValue) (context.Context, func(error)) {
+	t := tel()
+	start := time.Now()
+	ctx, span := t.tracer.Start(ctx, "pgfence.fence."+op, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(append(attrs, telemetry.DBSystem, telemetry.Operation.String(op))...))
+	return ctx, func(err error) {
+		outcome := outcomeAccepted
+		var (
+			stale *StaleTokenError
+			lost  *LeaseNotHeldError
+		)
+		switch {
+		case err == nil:
+		case errors.As(err, &stale):
+			outcome = outcomeStaleToken
+			span.AddEvent("pgfence.rejected", trace.WithAttributes(attrAccepted.Int64(stale.Accepted)))
+		case errors.As(err, &lost):
+			outcome = outcomeLeaseNotHeld
+			span.AddEvent("pgfence.rejected", trace.WithAttributes(attrReason.String(lost.Reason), attrLeaseTok.Int64(lost.Current)))
+		case errors.Is(err, ErrStaleToken):
+			outcome = outcomeStaleToken
+		case errors.Is(err, ErrLeaseNotHeld):
+			outcome = outcomeLeaseNotHeld
+		case errors.Is(err, ErrUnfencedWrite):
+			outcome = outcomeUnfenced
+		case errors.Is(err, ErrOutcomeUnknown):
+			outcome = outcomeUnknown
+		default:
+			outcome = outcomeError
+		}
+		set := metric.WithAttributeSet(attribute.NewSet(telemetry.Operation.String(op), telemetry.Outcome.String(outcome)))
+		mctx := context.WithoutCancel(ctx)
+		t.writes.Add(mctx, 1, set)
+		t.duration.Record(mctx, time.Since(start).Seconds(), set)
+		span.SetAttributes(telemetry.Outcome.String(outcome))
+		telemetry.End(span, err)
+	}
+}
+
+func fenceAttrs(resource string, token int64) []attribute.KeyValue {
+	return []attribute.KeyValue{attrResource.String(resource), attrToken.Int64(token)}
+}
+
+func leaseAttrs(l Lease) []attribute.KeyValue {
+	return []attribute.KeyValue{attrLeaseKey.String(l.Key), attrHolder.String(OpID(l.Holder).String()), attrLeaseTok.Int64(l.Token)}
+}
+
+// fenceTx presents token for resource in tx. When ctx carries a trace id, it
+// is set for the transaction in the same pipeline (pgfence.fences stores it
+// with the accepted token), so tracing adds no round trip.
+func fenceTx(ctx context.Context, tx pgx.Tx, resource string, token int64, op OpID) error {
+	trace.SpanFromContext(ctx).SetAttributes(attrOp.String(op.String()))
+	b := &pgx.Batch{}
+	if !telemetry.QueueTraceID(ctx, b) {
+		_, err := tx.Exec(ctx, sqlFence, resource, token, op)
+		return err
+	}
+	b.Queue(sqlFence, resource, token, op)
+	_, err := execBatch(ctx, tx, b)
+	return err
+}
+
+// queueFence queues the fence of an [Exec] on b, preceded by setting the
+// trace id when ctx carries one.
+func queueFence(ctx context.Context, b *pgx.Batch, resource string, token int64, op OpID) {
+	trace.SpanFromContext(ctx).SetAttributes(attrOp.String(op.String()))
+	telemetry.QueueTraceID(ctx, b)
+	b.Queue(sqlFence, resource, token, op)
+}
