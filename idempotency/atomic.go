@@ -53,7 +53,9 @@ const (
 // transaction must be READ COMMITTED ([ErrIsolation] otherwise). With a pool or
 // connection Do commits itself; a broken connection during that commit returns
 // [ErrOutcomeUnknown]: call Do again with the same request to learn the answer.
-func (s *Store) Do(ctx context.Context, db DB, req Request, fn Func) (*Outcome, error) {
+func (s *Store) Do(ctx context.Context, db DB, req Request, fn Func) (o *Outcome, err error) {
+	ctx, done := s.tel.start(ctx, modeAtomic, req)
+	defer func() { done(o, err) }()
 	fp, retention, err := s.check(req)
 	if err != nil {
 		return nil, err

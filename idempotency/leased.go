@@ -36,7 +36,9 @@ const (
 //
 // The claim is one statement; db should not be a transaction (the claim must
 // be visible before the external call is made).
-func (s *Store) Claim(ctx context.Context, db DB, req Request) (*Outcome, error) {
+func (s *Store) Claim(ctx context.Context, db DB, req Request) (o *Outcome, err error) {
+	ctx, done := s.tel.start(ctx, modeLeased, req)
+	defer func() { done(o, err) }()
 	fp, retention, err := s.check(req)
 	if err != nil {
 		return nil, err
@@ -191,7 +193,9 @@ func (a *Attempt) Complete(ctx context.Context, result []byte) (time.Time, error
 // CompleteTx is [Attempt.Complete] through db, for example the transaction
 // that also records the effect in business tables: the result is stored only
 // if that transaction commits.
-func (a *Attempt) CompleteTx(ctx context.Context, db DB, result []byte) (time.Time, error) {
+func (a *Attempt) CompleteTx(ctx context.Context, db DB, result []byte) (_ time.Time, err error) {
+	ctx, done := a.store.tel.settle(ctx, "complete", a)
+	defer func() { done(err) }()
 	if len(result) > MaxResultBytes {
 		return time.Time{}, fmt.Errorf("%w: result must be at most %d bytes, got %d", ErrInvalid, MaxResultBytes, len(result))
 	}
@@ -207,7 +211,9 @@ func (a *Attempt) CompleteTx(ctx context.Context, db DB, result []byte) (time.Ti
 
 // Fail stores a permanent failure as the key's answer and ends the claim.
 // Transient errors are not failures: [Attempt.Release] the key instead.
-func (a *Attempt) Fail(ctx context.Context, f *Failure) (time.Time, error) {
+func (a *Attempt) Fail(ctx context.Context, f *Failure) (_ time.Time, err error) {
+	ctx, done := a.store.tel.settle(ctx, "fail", a)
+	defer func() { done(err) }()
 	if f == nil {
 		return time.Time{}, fmt.Errorf("%w: failure is nil", ErrInvalid)
 	}
@@ -224,7 +230,9 @@ func (a *Attempt) Fail(ctx context.Context, f *Failure) (time.Time, error) {
 // Release gives the key up after a transient error without storing a result.
 // The recovery point stays, and the next claim takes the key over at once and
 // resumes from it.
-func (a *Attempt) Release(ctx context.Context) error {
+func (a *Attempt) Release(ctx context.Context) (err error) {
+	ctx, done := a.store.tel.settle(ctx, "release", a)
+	defer func() { done(err) }()
 	if _, err := a.db.Exec(ctx, releaseSQL, a.scope, a.key, a.owner); err != nil {
 		return a.fail("release", err)
 	}

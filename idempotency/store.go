@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
@@ -78,6 +80,14 @@ type Config struct {
 	// Logger receives debug events (claims, takeovers, releases). Default:
 	// discard.
 	Logger *slog.Logger
+	// MeterProvider receives the store's metrics (see the README's
+	// Observability section). Default: the global otel.GetMeterProvider(), a
+	// no-op until the application sets one.
+	MeterProvider metric.MeterProvider
+	// TracerProvider receives spans around Do, Claim and an attempt's
+	// Complete, Fail and Release. Default: the global
+	// otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 }
 
 // Store claims, replays and completes idempotency keys in the pgfence schema.
@@ -89,6 +99,7 @@ type Store struct {
 	lease      time.Duration
 	retryAfter time.Duration
 	logger     *slog.Logger
+	tel        *instruments
 }
 
 // NewStore returns a Store configured by cfg (nil for the defaults).
@@ -134,6 +145,7 @@ func NewStore(cfg *Config) (*Store, error) {
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
+	s.tel = newInstruments(cfg.MeterProvider, cfg.TracerProvider, s.logger)
 	return s, nil
 }
 
