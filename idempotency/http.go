@@ -229,7 +229,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	r.Body = io.NopCloser(bytes.NewReader(body))
 
 	req := Request{Scope: httpScope(m.route(r), m.principal(r)), Key: key, Payload: httpPayload(r, body)}
-	out, err := m.store.Claim(r.Context(), m.db, req)
+	// The claim must not be cut by the client going away: a cancel that lands
+	// after the claim committed but before its answer would leave the key in
+	// progress, with no owner, for a whole lease. It is bounded on its own; a
+	// client that left still gets its key settled below.
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(r.Context()), claimTimeout)
+	out, err := m.store.Claim(cctx, m.db, req)
+	ccancel()
 	switch {
 	case errors.Is(err, ErrMismatch):
 		problem(w, http.StatusUnprocessableEntity, "Idempotency-Key reused",
@@ -254,6 +260,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	m.run(w, r, next, out.Attempt)
 }
+
+// claimTimeout bounds the middleware's claim, which does not end with the
+// request's context.
+const claimTimeout = 10 * time.Second
 
 func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, a *Attempt) {
 	ctx, cancel := context.WithCancelCause(r.Context())
