@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/faultproxy"
+	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
@@ -96,6 +97,9 @@ func newEnv(t *testing.T, o envOptions) *env {
 			t.Fatal(err)
 		}
 	}
+	// Registered before any client of the test, so it runs after they are all
+	// closed: a client that leaks a connection (pool, LISTEN) fails the test.
+	t.Cleanup(func() { e.checkNoConnections() })
 	// No unchecked door: from now on every write to stock must present a
 	// current token for its resource in its own transaction.
 	if err := pgfence.Protect(ctx, e.db.Pool, pgx.Identifier{"stock"}, "resource", ""); err != nil {
@@ -155,6 +159,29 @@ func (e *env) waitQuiet(ctx context.Context, appPrefix string) error {
 		}
 		_, _ = e.admin().Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 			WHERE `+busy+` AND state LIKE 'idle in transaction%'`, appPrefix)
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// checkNoConnections fails the test if a connection of a scenario's clients
+// (application_name pf-..., or a leases LISTEN connection) outlives them.
+func (e *env) checkNoConnections() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var n int
+	for {
+		err := e.admin().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND (application_name LIKE 'pf-%' OR application_name = $1)`, leases.ListenerApplicationName).Scan(&n)
+		if err != nil {
+			return // the server is gone (a crashed primary): nothing can leak there
+		}
+		if n == 0 {
+			return
+		}
+		if ctx.Err() != nil {
+			e.t.Errorf("%d client connections still open after every client was closed", n)
+			return
+		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }

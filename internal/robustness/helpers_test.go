@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/pgfence/pgfence/internal/faultproxy"
 )
 
@@ -102,4 +104,15 @@ func bounded(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// noLeakedGoroutines fails t if goroutines started after this call (lease
+// clients, keep-alives, listeners, pools, proxies) outlive the clients the
+// test closes in its cleanups. Call it after newEnv, before the clients are
+// made, and only in tests that do not run in parallel.
+func noLeakedGoroutines(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	// A restarted test server's postmaster is waited for by the cluster.
+	server := goleak.IgnoreAnyFunction("github.com/pgfence/pgfence/internal/pgcluster.(*Cluster).startLocked.func1")
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore, server) })
 }

@@ -164,6 +164,7 @@ func TestScenarioDatabaseRestart(t *testing.T) {
 // fault heals, the same clients work again.
 func TestScenarioDatabaseUnreachable(t *testing.T) {
 	e := newEnv(t, envOptions{dedicated: true, resources: []string{sku}})
+	noLeakedGoroutines(t)
 	ctx := bounded(t, 3*time.Minute)
 	p := e.proxy()
 	a := e.local(0, p)
@@ -283,6 +284,7 @@ func TestScenarioHotKeyContention(t *testing.T) {
 		t.Skip("500 contenders; skipped with -short")
 	}
 	e := newEnv(t, envOptions{resources: []string{sku}})
+	noLeakedGoroutines(t)
 	ctx := bounded(t, 5*time.Minute)
 	const clients, perClient, poolSize = 5, 100, 4
 	const maxWait = 3 * time.Minute
