@@ -1,0 +1,73 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.uber.org/goleak"
+
+	"github.com/pgfence/pgfence/internal/telemetry/telemetrytest"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+func TestMain(m *testing.M) { pgfencetest.Main(m) }
+
+// TestMetrics checks the business result against the database and the
+// metrics against what happened.
+func TestMetrics(t *testing.T) {
+	pool := pgfencetest.NewPool(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer pool.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	var out bytes.Buffer
+	res, err := run(ctx, pool, &out)
+	t.Log("\n" + out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	requests := int64(workers * rounds * perRound)
+	if res.Counter != requests+1 || res.Accepted != requests+1 || res.Replays != requests {
+		t.Errorf("counter %d, accepted %d, replays %d; want %d, %d, %d", res.Counter, res.Accepted, res.Replays, requests+1, requests+1, requests)
+	}
+	if !res.StaleWrite || !res.StaleRelease {
+		t.Errorf("stale write rejected %v, stale release refused %v", res.StaleWrite, res.StaleRelease)
+	}
+	if res.AuditEvent != "taken_over" || res.AuditToken != res.WriteToken {
+		t.Errorf("audit join: %s token %d, write token %d", res.AuditEvent, res.AuditToken, res.WriteToken)
+	}
+
+	m := telemetrytest.Metrics{RM: res.Metrics}
+	outcome := func(v string) attribute.KeyValue { return attribute.String("pgfence.outcome", v) }
+	mode := attribute.String("pgfence.idempotency.mode", "atomic")
+	for _, c := range []struct {
+		name string
+		got  int64
+		want int64
+	}{
+		{"fence writes accepted", m.Sum("pgfence.fence.writes", outcome("accepted")), res.Accepted},
+		{"fence writes stale_token", m.Sum("pgfence.fence.writes", outcome("stale_token")), 1},
+		{"idempotency new", m.Sum("pgfence.idempotency.requests", mode, outcome("new")), res.Accepted},
+		{"idempotency replayed", m.Sum("pgfence.idempotency.requests", mode, outcome("replayed")), res.Replays},
+		{"grants", m.Sum("pgfence.lease.acquire.attempts", outcome("acquired")), 2*requests + 2},
+		{"takeovers", m.Sum("pgfence.lease.takeovers"), 1},
+		{"releases not_held", m.Sum("pgfence.lease.releases", outcome("not_held")), 1},
+		{"releases released", m.Sum("pgfence.lease.releases", outcome("released")), 2*requests + 1},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: %d, want %d", c.name, c.got, c.want)
+		}
+	}
+	if n, _, _ := m.Histogram("pgfence.lease.hold.duration", outcome("lost")); n != 1 {
+		t.Errorf("hold.duration{lost} count %d, want 1 (the frozen worker)", n)
+	}
+	// The output shows the series moving round by round.
+	if strings.Count(out.String(), "pgfence.fence.writes{operation=exec,outcome=accepted}") != rounds+1 {
+		t.Errorf("the accepted writes are not printed after every round:\n%s", out.String())
+	}
+}
