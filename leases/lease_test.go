@@ -368,3 +368,47 @@ func TestInvalidInput(t *testing.T) {
 	}
 	_ = l.Release(ctx)
 }
+
+// An attempt that meets a grant in progress (not yet committed) returns "held"
+// at once, without waiting for that transaction's row lock or writing.
+func TestAcquireDuringGrantInProgress(t *testing.T) {
+	db := pgfencetest.NewDatabase(t)
+	ctx := ctxTimeout(t, 30*time.Second)
+	granting := sqlConn(t, db.URL)
+	other := sqlConn(t, db.URL)
+	if _, err := other.Exec(ctx, `SET statement_timeout = '5s'`); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"new", "old"} {
+		if key == "old" { // a released row exists: the grant is an update
+			var holder string
+			var token int64
+			if err := db.Pool.QueryRow(ctx, `SELECT holder::text, token FROM pgfence.acquire('old', interval '1 minute')`).Scan(&holder, &token); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.Pool.Exec(ctx, `SELECT * FROM pgfence.release('old', $1::uuid, $2)`, holder, token); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tx, err := granting.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ok bool
+		if err := tx.QueryRow(ctx, `SELECT acquired FROM pgfence.try_acquire($1, interval '1 minute')`, key).Scan(&ok); err != nil || !ok {
+			t.Fatalf("%s: grant in the open transaction: %v %v", key, ok, err)
+		}
+		var remaining time.Duration
+		var us int64
+		if err := other.QueryRow(ctx, `SELECT acquired, (extract(epoch FROM remaining) * 1000000)::bigint FROM pgfence.try_acquire($1, interval '1 minute')`, key).Scan(&ok, &us); err != nil {
+			t.Fatalf("%s: attempt during a grant in progress: %v", key, err)
+		}
+		remaining = time.Duration(us) * time.Microsecond
+		if ok || remaining != 0 {
+			t.Fatalf("%s: attempt during a grant in progress: acquired %v remaining %s", key, ok, remaining)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

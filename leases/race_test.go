@@ -30,7 +30,8 @@ func TestRaceGoroutinesAndProcesses(t *testing.T) {
 	db := pgfencetest.NewDatabase(t)
 	ctx := ctxTimeout(t, 2*time.Minute)
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE grants (token bigint PRIMARY KEY, holder uuid NOT NULL UNIQUE,
-granted_at timestamptz NOT NULL, who text NOT NULL)`); err != nil {
+granted_at timestamptz NOT NULL, who text NOT NULL);
+CREATE TABLE race_attempts (at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
 		t.Fatal(err)
 	}
 	key := "race"
@@ -39,7 +40,8 @@ granted_at timestamptz NOT NULL, who text NOT NULL)`); err != nil {
 	workers := make([]*worker, processes)
 	for i := range workers {
 		workers[i] = startWorker(t, "race", envURL+"="+db.URL, envKey+"="+key,
-			envStart+"="+strconv.FormatInt(start.UnixNano(), 10), envTarget+"="+strconv.Itoa(target))
+			envStart+"="+strconv.FormatInt(start.UnixNano(), 10), envTarget+"="+strconv.Itoa(target),
+			envRacers+"="+strconv.Itoa(goroutines+processes))
 	}
 	var cs []*leases.Client
 	for range clients {
@@ -58,7 +60,7 @@ granted_at timestamptz NOT NULL, who text NOT NULL)`); err != nil {
 		go func() {
 			defer wg.Done()
 			c := cs[i%clients]
-			won, err := raceOnce(ctx, c, key, start)
+			won, err := raceOnce(ctx, c, db.Pool, key, start, goroutines+processes)
 			if err != nil {
 				errs <- err
 				return

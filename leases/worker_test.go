@@ -27,6 +27,7 @@ const (
 	envStart  = "PGFENCE_LEASES_START"  // race: unix nanoseconds of the first attempt
 	envTarget = "PGFENCE_LEASES_TARGET" // race: grants to reach in total
 	envTTL    = "PGFENCE_LEASES_TTL"    // hold: lease TTL
+	envRacers = "PGFENCE_LEASES_RACERS" // race: goroutines + processes
 )
 
 func runWorker(mode string) int {
@@ -48,7 +49,8 @@ func runWorker(mode string) int {
 	case "race":
 		start, _ := strconv.ParseInt(os.Getenv(envStart), 10, 64)
 		target, _ := strconv.Atoi(os.Getenv(envTarget))
-		won, err := raceOnce(ctx, c, key, time.Unix(0, start))
+		racers, _ := strconv.Atoi(os.Getenv(envRacers))
+		won, err := raceOnce(ctx, c, pool, key, time.Unix(0, start), racers)
 		if err != nil {
 			fmt.Println("error", err)
 			return 1
@@ -76,18 +78,31 @@ func runWorker(mode string) int {
 	return 2
 }
 
-// raceOnce waits until start and makes one TryAcquire; the winner keeps the
-// lease briefly so every racer has tried, then releases it.
-func raceOnce(ctx context.Context, c *leases.Client, key string, start time.Time) (bool, error) {
+// raceOnce waits until start and makes one TryAcquire, then records its
+// attempt in race_attempts. The winner keeps the lease until all racers have
+// tried (however late a process started), then releases it.
+func raceOnce(ctx context.Context, c *leases.Client, pool *pgxpool.Pool, key string, start time.Time, racers int) (bool, error) {
 	time.Sleep(time.Until(start))
-	l, err := c.TryAcquire(ctx, key, 10*time.Second, nil)
-	if errors.Is(err, leases.ErrLeaseHeld) {
-		return false, nil
-	}
-	if err != nil {
+	l, err := c.TryAcquire(ctx, key, time.Minute, nil)
+	if err != nil && !errors.Is(err, leases.ErrLeaseHeld) {
 		return false, err
 	}
-	time.Sleep(300 * time.Millisecond)
+	if _, err := pool.Exec(ctx, `INSERT INTO race_attempts DEFAULT VALUES`); err != nil {
+		return false, err
+	}
+	if l == nil {
+		return false, nil
+	}
+	for {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM race_attempts`).Scan(&n); err != nil {
+			return true, err
+		}
+		if n >= racers {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	return true, l.Release(ctx)
 }
 

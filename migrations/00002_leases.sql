@@ -26,7 +26,10 @@
 --     UPDATE is not re-checked when a concurrent transaction merely locked the
 --     row (FOR SHARE), so it could extend a lease that expired while it waited.
 --   * A failed acquire does not write: a plain read decides whether to try the
---     upsert, so a hot key's losers cost a read, not a WAL flush.
+--     upsert, and a transaction-scoped advisory lock on the key's hash turns
+--     away attempts that meet another grant in progress (acquired = false,
+--     remaining 0) instead of letting them queue on its row lock, so a hot
+--     key's losers cost a read, not a WAL flush.
 --   * Grants and renewals force synchronous_commit to at least "on" for their
 --     transaction: a grant lost in a crash could hand out its token twice, a lost
 --     renewal could make the holder trust an expiry the database forgot.
@@ -130,6 +133,17 @@ BEGIN
         RAISE EXCEPTION 'pgfence: holder % was already used for lease % (token %); every grant needs a fresh holder id',
             v_holder, p_key, cur.token
             USING ERRCODE = 'PF008';
+    END IF;
+
+    -- Contention filter, not the authority: when another transaction is
+    -- granting this key right now, report it as held (remaining unknown, 0)
+    -- instead of queueing on its row lock and writing a failed upsert. The
+    -- transaction-scoped advisory lock (a 64-bit hash of the key) lives in
+    -- memory only and is released at commit, so it is safe behind PgBouncer in
+    -- transaction mode. The upsert below still decides.
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('pgfence.lease:' || p_key, 0)) THEN
+        RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, NULL::timestamptz, NULL::timestamptz, interval '0';
+        RETURN;
     END IF;
 
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
