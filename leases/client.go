@@ -128,6 +128,9 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 	)
 	conn, err := c.pool.Acquire(ctx)
 	if err != nil {
+		if ctx.Err() != nil { // our deadline, not an outage
+			return nil, fmt.Errorf("leases: acquire %q: %w", key, context.Cause(ctx))
+		}
 		return nil, fmt.Errorf("leases: acquire %q: %w", key, pgerr.Classify(err, false))
 	}
 	pid := conn.Conn().PgConn().PID() // the backend that runs the grant

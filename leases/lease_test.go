@@ -121,7 +121,7 @@ func TestTryAcquireHeld(t *testing.T) {
 		t.Fatalf("history after a failed acquire: %+v", hist)
 	}
 	// Acquire gives up at its deadline and says why.
-	_, err = c.Acquire(ctx, "k", time.Second, &leases.AcquireOptions{MaxWait: 50 * time.Millisecond})
+	_, err = c.Acquire(ctx, "k", time.Second, &leases.AcquireOptions{MaxWait: time.Second})
 	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, leases.ErrLeaseHeld) {
 		t.Fatalf("Acquire on a held key: %v", err)
 	}

@@ -59,7 +59,7 @@ func handOff(t *testing.T, holder, c *leases.Client, key string) time.Duration {
 		got <- time.Now()
 		errc <- l2.Release(ctx)
 	}()
-	time.Sleep(300 * time.Millisecond) // the waiter has tried and backed off
+	time.Sleep(time.Second) // the waiter has tried and backed off
 	start := time.Now()
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -84,7 +84,7 @@ func TestWakeupFasterThanPolling(t *testing.T) {
 	holder := newClient(t, pool, &leases.Config{DisableWakeups: true})
 	up, onEvent := events(leases.EventListenerUp)
 	notified := newClient(t, pool, &leases.Config{OnEvent: onEvent})
-	polling := newClient(t, pool, &leases.Config{DisableWakeups: true, BackoffMax: 400 * time.Millisecond})
+	polling := newClient(t, pool, &leases.Config{DisableWakeups: true, BackoffMax: time.Second})
 
 	// Start the listener and wait until it listens.
 	ctx := ctxTimeout(t, 10*time.Second)
@@ -96,11 +96,11 @@ func TestWakeupFasterThanPolling(t *testing.T) {
 	waitEvent(t, up, leases.EventListenerUp, 10*time.Second)
 
 	var withNotify, withPolling time.Duration
-	for range 4 {
+	for range 3 {
 		withNotify += handOff(t, holder, notified, "k")
 		withPolling += handOff(t, holder, polling, "k")
 	}
-	t.Logf("hand-off over 4 rounds: notifications %s, polling %s", withNotify, withPolling)
+	t.Logf("hand-off over 3 rounds: notifications %s, polling %s", withNotify, withPolling)
 	if withNotify*3 > withPolling {
 		t.Fatalf("notifications (%s) not much faster than polling (%s)", withNotify, withPolling)
 	}
