@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 
+	"github.com/pgfence/pgfence/internal/faultproxy"
 	"github.com/pgfence/pgfence/internal/telemetry/telemetrytest"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
@@ -193,5 +194,42 @@ func TestTelemetryOff(t *testing.T) {
 	}
 	if n != 2 {
 		t.Fatalf("%d events without trace id, want 2", n)
+	}
+}
+
+// TestTelemetryUnknownOutcome: a renewal whose reply is lost is a failed
+// renewal with an unknown outcome; the lease is kept.
+func TestTelemetryUnknownOutcome(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	proxy := newProxy(t, db.URL)
+	p := telemetrytest.New(t)
+	c := newClient(t, proxiedPool(t, db.URL, proxy), &leases.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer, DisableWakeups: true})
+	ctx := ctxTimeout(t, 30*time.Second)
+
+	l, err := c.TryAcquire(ctx, "k", 10*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trig := proxy.CutAfter(faultproxy.SQLContains("pgfence.renew"))
+	if err := l.Renew(ctx); !errors.Is(err, leases.ErrOutcomeUnknown) {
+		t.Fatalf("renewal with a lost reply: %v", err)
+	}
+	<-trig.Done()
+	if !trig.Fired() || l.Err() != nil {
+		t.Fatalf("cut fired %v, lease err %v", trig.Fired(), l.Err())
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m := p.Metrics(t)
+	if n := m.Sum("pgfence.lease.unknown_outcomes", attribute.String("pgfence.operation", "renew")); n != 1 {
+		t.Errorf("unknown_outcomes{renew} = %d, want 1", n)
+	}
+	if n := m.Sum("pgfence.lease.renewals", outcome("failed")); n != 1 {
+		t.Errorf("renewals{failed} = %d, want 1", n)
+	}
+	if n := m.Sum("pgfence.lease.releases", outcome("released")); n != 1 {
+		t.Errorf("releases{released} = %d, want 1", n)
 	}
 }

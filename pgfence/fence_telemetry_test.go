@@ -14,6 +14,7 @@ import (
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/pgfence/pgfence/internal/faultproxy"
 	"github.com/pgfence/pgfence/internal/telemetry/telemetrytest"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
@@ -178,5 +179,38 @@ func TestTelemetry(t *testing.T) {
 	}
 	if n := p.Metrics(t).Sum("pgfence.fence.writes"); n != 9 {
 		t.Errorf("pgfence.fence.writes = %d after the untraced writes, want 9", n)
+	}
+}
+
+// TestTelemetryUnknownOutcome: a fenced write whose COMMIT reply is lost is
+// counted as unknown.
+func TestTelemetryUnknownOutcome(t *testing.T) {
+	p := useGlobalProviders(t)
+	db := pgfencetest.NewDatabase(t)
+	setupKV(t, db.Pool)
+	ctx := testContext(t)
+	conn, proxy := proxied(t, db)
+	trig := proxy.CutAfter(faultproxy.IsCommit)
+	_, err := pgfence.Write(ctx, conn, "kv:a", 1, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE kv SET v = 'x', token = 1 WHERE k = 'a'`)
+		return err
+	})
+	if !errors.Is(err, pgfence.ErrOutcomeUnknown) {
+		t.Fatalf("write with a lost COMMIT reply: %v", err)
+	}
+	<-trig.Done()
+	m := p.Metrics(t)
+	if n := m.Sum("pgfence.fence.writes", attribute.String("pgfence.operation", "write"), attribute.String("pgfence.outcome", "unknown")); n != 1 {
+		t.Errorf("writes{write,unknown} = %d, want 1", n)
+	}
+	spans := p.Ended("pgfence.fence.write")
+	if len(spans) != 1 {
+		t.Fatalf("%d write spans", len(spans))
+	}
+	if v, _ := telemetrytest.Attr(spans[0], "error.type"); v.AsString() != "outcome_unknown" {
+		t.Errorf("error.type %q", v.AsString())
+	}
+	if v, _ := telemetrytest.Attr(spans[0], "pgfence.fence.op"); len(v.AsString()) != 36 {
+		t.Errorf("op id %q", v.AsString())
 	}
 }
