@@ -35,7 +35,7 @@ CREATE TABLE pgfence.fences (
     -- the transaction that last accepted a token: protected-table triggers
     -- admit a row write only in that transaction
     fenced_xid   xid8        NOT NULL DEFAULT pg_current_xact_id()
-);
+) WITH (fillfactor = 50); -- room for HOT updates: every accepted write updates its row
 -- +goose StatementEnd
 
 -- reject_fence_change refuses direct DML on pgfence.fences that would forget or
@@ -181,38 +181,43 @@ DECLARE
     old_resource text;
     new_resource text;
 BEGIN
-    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+    IF TG_OP <> 'INSERT' THEN
         old_resource := TG_ARGV[1] || (to_jsonb(OLD) ->> TG_ARGV[0]);
-        PERFORM pgfence.require_fence(old_resource, TG_RELID::regclass);
-    END IF;
-    IF TG_OP IN ('INSERT', 'UPDATE') THEN
-        new_resource := TG_ARGV[1] || (to_jsonb(NEW) ->> TG_ARGV[0]);
-        IF TG_OP = 'INSERT' OR new_resource IS DISTINCT FROM old_resource THEN
-            PERFORM pgfence.require_fence(new_resource, TG_RELID::regclass);
+        PERFORM 1 FROM pgfence.fences f
+         WHERE f.resource = old_resource AND f.fenced_xid = pg_current_xact_id();
+        IF NOT FOUND THEN
+            PERFORM pgfence.raise_unfenced(old_resource, TG_RELID::regclass);
         END IF;
-        RETURN NEW;
+        IF TG_OP = 'DELETE' THEN
+            RETURN OLD;
+        END IF;
     END IF;
-    RETURN OLD;
+    new_resource := TG_ARGV[1] || (to_jsonb(NEW) ->> TG_ARGV[0]);
+    IF new_resource IS NULL OR new_resource IS DISTINCT FROM old_resource THEN -- an INSERT, or a row moved to another resource
+        PERFORM 1 FROM pgfence.fences f
+         WHERE f.resource = new_resource AND f.fenced_xid = pg_current_xact_id();
+        IF NOT FOUND THEN
+            PERFORM pgfence.raise_unfenced(new_resource, TG_RELID::regclass);
+        END IF;
+    END IF;
+    RETURN NEW;
 END;
 $$;
 -- +goose StatementEnd
 
+-- raise_unfenced raises the PF006 rejection of guard.
 -- +goose StatementBegin
-CREATE FUNCTION pgfence.require_fence(resource text, relation regclass) RETURNS void
+CREATE FUNCTION pgfence.raise_unfenced(resource text, relation regclass) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     IF resource IS NULL THEN
         RAISE EXCEPTION 'pgfence: unfenced write to %: the row has no resource', relation
             USING ERRCODE = 'PF006';
     END IF;
-    PERFORM 1 FROM pgfence.fences f
-     WHERE f.resource = require_fence.resource AND f.fenced_xid = pg_current_xact_id();
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'pgfence: unfenced write to % for resource %: this transaction presented no accepted token', relation, quote_literal(resource)
-            USING ERRCODE = 'PF006',
-                  DETAIL = format('resource=%s', resource),
-                  HINT = 'Call pgfence.fence(resource, token) in the same transaction before writing.';
-    END IF;
+    RAISE EXCEPTION 'pgfence: unfenced write to % for resource %: this transaction presented no accepted token', relation, quote_literal(resource)
+        USING ERRCODE = 'PF006',
+              DETAIL = format('resource=%s', resource),
+              HINT = 'Call pgfence.fence(resource, token) in the same transaction before writing.';
 END;
 $$;
 -- +goose StatementEnd
@@ -360,7 +365,7 @@ DROP FUNCTION pgfence.reject_truncate();
 DROP FUNCTION pgfence.guard();
 -- +goose StatementEnd
 -- +goose StatementBegin
-DROP FUNCTION pgfence.require_fence(text, regclass);
+DROP FUNCTION pgfence.raise_unfenced(text, regclass);
 -- +goose StatementEnd
 -- +goose StatementBegin
 DROP FUNCTION pgfence.check_lease(text, uuid, bigint);

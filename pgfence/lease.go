@@ -3,17 +3,20 @@ package pgfence
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Lease is a grant of the pgfence.leases row Key to Holder with Token, as the
-// leases package (or any client of the SQL API) returns it. Holder is the
-// grant's UUID; a github.com/google/uuid.UUID is assignable to it.
+// leases package (or any client of the SQL API) returns it:
+//
+//	pgfence.Lease{Key: l.Key(), Holder: l.Holder(), Token: l.Token()}
 type Lease struct {
-	Key    string
-	Holder [16]byte
+	Key string
+	// Holder is the grant's holder id, a UUID in text form.
+	Holder string
 	Token  int64
 }
 
@@ -26,7 +29,27 @@ func (l Lease) validate() error {
 	if l.Token <= 0 {
 		return fmt.Errorf("%w: lease token must be positive, got %d", ErrInvalid, l.Token)
 	}
+	if !isUUID(l.Holder) {
+		return fmt.Errorf("%w: lease holder %q is not a UUID", ErrInvalid, l.Holder)
+	}
 	return nil
+}
+
+// isUUID reports whether s is 32 hex digits, optionally with dashes and braces
+// (the forms PostgreSQL's uuid input accepts).
+func isUUID(s string) bool {
+	s = strings.TrimSuffix(strings.TrimPrefix(s, "{"), "}")
+	n := 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '-':
+		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
+			n++
+		default:
+			return false
+		}
+	}
+	return n == 32
 }
 
 // WriteLeased runs fn in a transaction that first checks, with

@@ -3,6 +3,7 @@ package pgfence_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -81,8 +82,19 @@ func TestLeaseChecked(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT v FROM kv WHERE k = 'a'`).Scan(&v); err != nil || v != "held tx" {
 		t.Fatalf("row %q %v", v, err)
 	}
-	if _, err := pgfence.ExecLeased(ctx, pool, pgfence.Lease{Key: "job"}, update, "x"); !errors.Is(err, pgfence.ErrInvalid) {
+	if _, err := pgfence.ExecLeased(ctx, pool, pgfence.Lease{Key: "job", Holder: l2.Holder}, update, "x"); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Fatalf("zero token: %v", err)
+	}
+	for _, h := range []string{"", "not-a-uuid", l2.Holder + "0"} {
+		if _, err := pgfence.ExecLeased(ctx, pool, pgfence.Lease{Key: "job", Holder: h, Token: l2.Token}, update, "x"); !errors.Is(err, pgfence.ErrInvalid) {
+			t.Errorf("holder %q: want ErrInvalid, got %v", h, err)
+		}
+	}
+	// The forms PostgreSQL accepts are accepted (and compared as UUIDs).
+	l3 := grant(t, pool, "job3")
+	upper := "{" + strings.ToUpper(strings.ReplaceAll(l3.Holder, "-", "")) + "}"
+	if _, err := pgfence.ExecLeased(ctx, pool, pgfence.Lease{Key: "job3", Holder: upper, Token: l3.Token}, update, "held tx"); err != nil {
+		t.Fatalf("holder %s: %v", upper, err)
 	}
 }
 

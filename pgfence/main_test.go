@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -46,12 +47,12 @@ func mustExec(t testing.TB, db execer, sql string, args ...any) {
 	}
 }
 
-func newHolder() [16]byte {
+func newHolder() string {
 	var h [16]byte
 	_, _ = rand.Read(h[:])
 	h[6] = h[6]&0x0f | 0x40
 	h[8] = h[8]&0x3f | 0x80
-	return h
+	return pgfence.OpID(h).String()
 }
 
 func testContext(t testing.TB) context.Context {
