@@ -2,9 +2,7 @@ package pgfence_test
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
@@ -33,15 +31,6 @@ func useGlobalProviders(t *testing.T) *telemetrytest.Providers {
 		otel.SetTracerProvider(tracenoop.NewTracerProvider())
 	})
 	return p
-}
-
-func holderBytes(t *testing.T, s string) (h [16]byte) {
-	b, err := hex.DecodeString(strings.ReplaceAll(s, "-", ""))
-	if err != nil || len(b) != 16 {
-		t.Fatalf("holder %q: %v", s, err)
-	}
-	copy(h[:], b)
-	return h
 }
 
 // TestTelemetry checks the metrics and spans of every kind of write, and that
@@ -76,7 +65,7 @@ func TestTelemetry(t *testing.T) {
 	}); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("stale Write: %v", err)
 	}
-	lease := pgfence.Lease{Key: l.Key(), Holder: holderBytes(t, l.Holder()), Token: l.Token()}
+	lease := pgfence.Lease{Key: l.Key(), Holder: l.Holder(), Token: l.Token()}
 	if _, err := pgfence.ExecLeased(ctx, pool, lease, update, "leased", l.Token()); err != nil {
 		t.Fatal(err)
 	}

@@ -136,7 +136,7 @@ func fenceAttrs(resource string, token int64) []attribute.KeyValue {
 }
 
 func leaseAttrs(l Lease) []attribute.KeyValue {
-	return []attribute.KeyValue{attrLeaseKey.String(l.Key), attrHolder.String(OpID(l.Holder).String()), attrLeaseTok.Int64(l.Token)}
+	return []attribute.KeyValue{attrLeaseKey.String(l.Key), attrHolder.String(l.Holder), attrLeaseTok.Int64(l.Token)}
 }
 
 // fenceTx presents token for resource in tx. When ctx carries a trace id, it

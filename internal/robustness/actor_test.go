@@ -2,10 +2,8 @@ package robustness
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -166,14 +164,9 @@ func (a *actor) writeLeased(ctx context.Context, key string, token int64, value 
 		return op
 	}
 	op.Token = l.Token()
-	holder, err := parseUUID(l.Holder())
-	if err != nil {
-		op.Outcome, op.Err = Failed, err.Error()
-		return op
-	}
 	// The lease-checked write also presents the token to the fence, so the
 	// register's token order is kept even across both kinds of write.
-	err = pgfence.WriteLeased(ctx, a.pool, pgfence.Lease{Key: key, Holder: holder, Token: l.Token()}, func(ctx context.Context, tx pgx.Tx) error {
+	err := pgfence.WriteLeased(ctx, a.pool, pgfence.Lease{Key: key, Holder: l.Holder(), Token: l.Token()}, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pgfence.fence($1, $2)`, key, l.Token()); err != nil {
 			return err
 		}
@@ -229,16 +222,6 @@ func classify(err error) Outcome {
 		return Failed // the server answered with an error: the transaction rolled back
 	}
 	return Unknown
-}
-
-func parseUUID(s string) ([16]byte, error) {
-	var id [16]byte
-	b, err := hex.DecodeString(strings.ReplaceAll(s, "-", ""))
-	if err != nil || len(b) != 16 {
-		return id, fmt.Errorf("bad uuid %q", s)
-	}
-	copy(id[:], b)
-	return id, nil
 }
 
 // recorded runs fn as client c's operation and records it with its times.
