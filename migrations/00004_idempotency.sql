@@ -81,6 +81,20 @@ CREATE INDEX idempotency_keys_expires_at ON pgfence.idempotency_keys (expires_at
 -- require_read_committed raises PF010 unless the transaction runs in READ
 -- COMMITTED: the claims re-read a row a concurrent transaction committed while
 -- they waited, which REPEATABLE READ and SERIALIZABLE refuse with 40001.
+-- idempotency_durable makes the calling transaction commit with
+-- synchronous_commit on when the session has off or local: an acknowledged
+-- claim or result that a crash forgets would let the intent run twice.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.idempotency_durable() RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+END;
+$$;
+-- +goose StatementEnd
+
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.idempotency_require_read_committed() RETURNS void
 LANGUAGE plpgsql STABLE AS $$
@@ -153,6 +167,7 @@ DECLARE
     v_claimed boolean;
     v_old     text;
 BEGIN
+    PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_require_read_committed();
     PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
     IF p_wait IS NULL OR p_wait < interval '1 millisecond' THEN
@@ -230,6 +245,7 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_expires timestamptz;
 BEGIN
+    PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
     UPDATE pgfence.idempotency_keys k
        SET status = CASE WHEN p_failure_code IS NULL THEN 'succeeded' ELSE 'failed' END,
@@ -297,6 +313,7 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     r pgfence.idempotency_keys%ROWTYPE;
 BEGIN
+    PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_require_read_committed();
     PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
     IF p_lease IS NULL OR p_lease < interval '1 millisecond' THEN
@@ -383,6 +400,7 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_expires timestamptz;
 BEGIN
+    PERFORM pgfence.idempotency_durable();
     IF p_lease IS NULL OR p_lease < interval '1 millisecond' THEN
         RAISE EXCEPTION 'pgfence: idempotency lease must be at least 1ms, got %', p_lease USING ERRCODE = 'PF008';
     END IF;
@@ -410,6 +428,7 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_expires timestamptz;
 BEGIN
+    PERFORM pgfence.idempotency_durable();
     IF p_lease IS NULL OR p_lease < interval '1 millisecond' THEN
         RAISE EXCEPTION 'pgfence: idempotency lease must be at least 1ms, got %', p_lease USING ERRCODE = 'PF008';
     END IF;
@@ -446,6 +465,7 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_expires timestamptz;
 BEGIN
+    PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
     UPDATE pgfence.idempotency_keys k
        SET status = CASE WHEN p_failure_code IS NULL THEN 'succeeded' ELSE 'failed' END,
@@ -474,6 +494,7 @@ CREATE FUNCTION pgfence.idempotency_release(p_scope text, p_key text, p_owner uu
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
+    PERFORM pgfence.idempotency_durable();
     UPDATE pgfence.idempotency_keys k
        SET owner = NULL, lease_expires_at = clock_timestamp(), updated_at = clock_timestamp()
      WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner
@@ -524,4 +545,7 @@ DROP FUNCTION pgfence.idempotency_check_args(text, text, bytea, interval);
 -- +goose StatementEnd
 -- +goose StatementBegin
 DROP FUNCTION pgfence.idempotency_require_read_committed();
+-- +goose StatementEnd
+-- +goose StatementBegin
+DROP FUNCTION pgfence.idempotency_durable();
 -- +goose StatementEnd

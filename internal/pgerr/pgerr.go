@@ -139,6 +139,12 @@ func Classify(err error, sent bool) error {
 	if PgError(err) != nil && !IsConnectionError(err) {
 		return err // the server answered: the statement failed, nothing committed
 	}
+	// A connection that could not be established sent nothing, whatever the
+	// caller was about to send.
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
 	// No answer from the server.
 	if pgconn.SafeToRetry(err) {
 		// Nothing was sent. A context that ended first is the caller's own

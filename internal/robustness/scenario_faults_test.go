@@ -149,8 +149,8 @@ func TestScenarioDatabaseRestart(t *testing.T) {
 				t.Fatalf("stored result of order-1 = %q after restart, want a", tr.Stored["order-1"])
 			}
 			if lost := lateIntents - e.count(`SELECT count(*) FROM pgfence.idempotency_keys WHERE scope = 'late'`); lost > 0 {
-				t.Skipf("KNOWN ISSUE (idempotency): %d of %d acknowledged atomic intents were forgotten by a %s restart of a server "+
-					"with synchronous_commit=off; the idempotency transactions do not force synchronous_commit=on as leases and fences do",
+				t.Fatalf("%d of %d acknowledged atomic intents were forgotten by a %s restart of a server "+
+					"with synchronous_commit=off: idempotency claims must force synchronous_commit=on, as leases and fences do",
 					lost, lateIntents, mode)
 			}
 		})

@@ -1,0 +1,83 @@
+package pgerr_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
+)
+
+func TestClassifyServerErrors(t *testing.T) {
+	for _, tc := range []struct {
+		code string
+		want error
+	}{
+		{pgerr.CodeNotPrimary, pgerr.ErrNotPrimary},
+		{pgerr.CodeReadOnlyTransaction, pgerr.ErrNotPrimary},
+		{pgerr.CodeSerializationFailure, pgerr.ErrIsolation},
+		{pgerr.CodeIsolation, pgerr.ErrIsolation},
+		{pgerr.CodeLockNotAvailable, pgerr.ErrLockTimeout},
+		{pgerr.CodeQueryCanceled, pgerr.ErrStatementTimeout},
+		{pgerr.CodeIdleInTxTimeout, pgerr.ErrIdleInTransactionTimeout},
+		{pgerr.CodeInvalid, pgerr.ErrInvalid},
+	} {
+		err := pgerr.Classify(fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: tc.code}), true)
+		if !errors.Is(err, tc.want) {
+			t.Errorf("Classify(%s) = %v, want %v", tc.code, err, tc.want)
+		}
+		if pgerr.Code(err) != tc.code {
+			t.Errorf("Classify(%s) lost the original error: code %q", tc.code, pgerr.Code(err))
+		}
+	}
+	// A statement the server rejected is returned as is: nothing committed.
+	stale := &pgconn.PgError{Code: pgerr.CodeStaleToken}
+	if err := pgerr.Classify(stale, true); err != stale {
+		t.Errorf("Classify(PF001) = %v, want it unchanged", err)
+	}
+}
+
+// A refused connection sent nothing: unavailable, never "outcome unknown",
+// even when the caller was about to send a commit.
+func TestClassifyRefusedConnection(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = pgx.Connect(ctx, "postgres://u@"+addr+"/db?sslmode=disable")
+	if err == nil {
+		t.Fatal("connected to a closed port")
+	}
+	for _, sent := range []bool{false, true} {
+		got := pgerr.Classify(err, sent)
+		if !errors.Is(got, pgerr.ErrUnavailable) || errors.Is(got, pgerr.ErrOutcomeUnknown) {
+			t.Errorf("Classify(refused, sent=%v) = %v, want ErrUnavailable only", sent, got)
+		}
+	}
+}
+
+// A connection that breaks after the request was sent is an unknown outcome;
+// before, it is unavailable.
+func TestClassifyBrokenConnection(t *testing.T) {
+	broken := errors.New("read tcp: connection reset by peer")
+	if got := pgerr.Classify(broken, true); !errors.Is(got, pgerr.ErrOutcomeUnknown) {
+		t.Errorf("Classify(broken after send) = %v, want ErrOutcomeUnknown", got)
+	}
+	if got := pgerr.Classify(broken, false); !errors.Is(got, pgerr.ErrUnavailable) {
+		t.Errorf("Classify(broken, not sent) = %v, want ErrUnavailable", got)
+	}
+	// The caller's context ending mid-flight: the server may still commit.
+	if got := pgerr.Classify(context.DeadlineExceeded, true); !errors.Is(got, pgerr.ErrOutcomeUnknown) || !errors.Is(got, context.DeadlineExceeded) {
+		t.Errorf("Classify(deadline after send) = %v, want ErrOutcomeUnknown wrapping the deadline", got)
+	}
+}
