@@ -266,3 +266,39 @@ func TestFenceRepeatableRead(t *testing.T) {
 		_ = tx.Rollback(ctx)
 	}
 }
+
+// An accepted token must be as durable as the write it guards: in a session
+// with synchronous_commit off (or local), pgfence.fence() raises it to on for
+// its transaction only.
+func TestFenceForcesSynchronousCommit(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	for _, session := range []string{"off", "local", "remote_apply"} {
+		mustExec(t, conn, `SELECT set_config('synchronous_commit', $1, false)`, session)
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, tx, `SELECT pgfence.fence('r', 1)`)
+		var inTx string
+		if err := tx.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&inTx); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]string{"off": "on", "local": "on", "remote_apply": "remote_apply"}[session]
+		var after string
+		if err := conn.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&after); err != nil {
+			t.Fatal(err)
+		}
+		if inTx != want || after != session {
+			t.Fatalf("session %s: synchronous_commit %s in the fence's transaction (want %s), %s after (want %s)", session, inTx, want, after, session)
+		}
+	}
+}
