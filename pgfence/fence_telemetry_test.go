@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/pgfence/pgfence/internal/faultproxy"
@@ -201,5 +202,35 @@ func TestTelemetryUnknownOutcome(t *testing.T) {
 	}
 	if v, _ := telemetrytest.Attr(spans[0], "pgfence.fence.op"); len(v.AsString()) != 36 {
 		t.Errorf("op id %q", v.AsString())
+	}
+}
+
+// BenchmarkTelemetryExec measures a fenced single-row UPDATE with the global
+// providers unset, and with SDK providers and a span in the context (the
+// trace id is set in the same pipeline and the fences trigger runs).
+func BenchmarkTelemetryExec(b *testing.B) {
+	pool := pgfencetest.NewPool(b)
+	setupKV(b, pool)
+	var token int64
+	for _, mode := range []string{"off", "traced"} {
+		b.Run(mode, func(b *testing.B) {
+			ctx := context.Background()
+			if mode == "traced" {
+				p := telemetrytest.New(b)
+				otel.SetMeterProvider(p.Meter)
+				otel.SetTracerProvider(p.Tracer)
+				defer otel.SetMeterProvider(metricnoop.NewMeterProvider())
+				defer otel.SetTracerProvider(tracenoop.NewTracerProvider())
+				var span trace.Span
+				ctx, span = p.Tracer.Tracer("bench").Start(ctx, "bench")
+				defer span.End()
+			}
+			for b.Loop() {
+				token++
+				if _, err := pgfence.Exec(ctx, pool, "kv:a", token, `UPDATE kv SET v = 'x', token = $1 WHERE k = 'a'`, token); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
