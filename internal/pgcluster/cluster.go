@@ -454,21 +454,24 @@ func (c *Cluster) stopLocked(mode Mode) error {
 	return nil
 }
 
-// Kill sends SIGKILL to the postmaster, as an OOM killer would. Its backends
-// notice and exit; the next Start runs crash recovery.
+// Kill sends SIGKILL to every server process (the postmaster and its backends,
+// one process group), as a crash of the whole instance would. The next Start
+// runs crash recovery.
 func (c *Cluster) Kill() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cmd == nil {
 		return nil
 	}
-	_ = c.cmd.Process.Kill()
+	pgid := c.cmd.Process.Pid // Setpgid: the postmaster leads its group
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	<-c.exited
 	c.cmd, c.exited = nil, nil
-	// Orphaned backends exit by themselves once they notice the postmaster is
-	// gone; wait for the shared memory segment to be released before a restart.
+	// Backends that were mid-exit may still hold the shared memory segment; a
+	// restart before they are gone fails with "pre-existing shared memory
+	// block is still in use".
 	deadline := time.Now().Add(10 * time.Second)
-	for postmasterAlive(c.dataDir) && time.Now().Before(deadline) {
+	for syscall.Kill(-pgid, 0) == nil && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return nil

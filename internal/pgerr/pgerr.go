@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"syscall"
 
@@ -109,7 +110,8 @@ func IsConnectionError(err error) bool {
 	if errors.As(err, &netErr) {
 		return true
 	}
-	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
 		errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) ||
 		errors.Is(err, context.DeadlineExceeded) && pgconn.Timeout(err)
 }
@@ -148,13 +150,17 @@ func Classify(err error, sent bool) error {
 	// No answer from the server.
 	if pgconn.SafeToRetry(err) {
 		// Nothing was sent. A context that ended first is the caller's own
-		// deadline, not an outage.
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		// deadline, not an outage; an error raised in the client itself (a
+		// wrong argument count, say) is the caller's bug, not an outage.
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || !IsConnectionError(err) {
 			return err
 		}
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if !sent {
+		if !IsConnectionError(err) {
+			return err
+		}
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -69,7 +70,7 @@ func TestClassifyRefusedConnection(t *testing.T) {
 // A connection that breaks after the request was sent is an unknown outcome;
 // before, it is unavailable.
 func TestClassifyBrokenConnection(t *testing.T) {
-	broken := errors.New("read tcp: connection reset by peer")
+	broken := fmt.Errorf("read tcp: %w", io.ErrUnexpectedEOF)
 	if got := pgerr.Classify(broken, true); !errors.Is(got, pgerr.ErrOutcomeUnknown) {
 		t.Errorf("Classify(broken after send) = %v, want ErrOutcomeUnknown", got)
 	}
@@ -79,5 +80,14 @@ func TestClassifyBrokenConnection(t *testing.T) {
 	// The caller's context ending mid-flight: the server may still commit.
 	if got := pgerr.Classify(context.DeadlineExceeded, true); !errors.Is(got, pgerr.ErrOutcomeUnknown) || !errors.Is(got, context.DeadlineExceeded) {
 		t.Errorf("Classify(deadline after send) = %v, want ErrOutcomeUnknown wrapping the deadline", got)
+	}
+}
+
+// An error raised inside the client before anything was sent is the caller's
+// own bug: returned as is, never "unavailable".
+func TestClassifyClientSideError(t *testing.T) {
+	local := fmt.Errorf("mismatched param and argument count")
+	if got := pgerr.Classify(local, false); got != local {
+		t.Errorf("Classify(client-side error) = %v, want it unchanged", got)
 	}
 }
