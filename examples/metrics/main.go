@@ -249,7 +249,7 @@ func labels(set attribute.Set) string {
 	}
 	var kv []string
 	for _, a := range set.ToSlice() {
-		kv = append(kv, strings.TrimPrefix(string(a.Key), "pgfence.")+"="+a.Value.Emit())
+		kv = append(kv, strings.TrimPrefix(string(a.Key), "pgfence.")+"="+a.Value.String())
 	}
 	return "{" + strings.Join(kv, ",") + "}"
 }
