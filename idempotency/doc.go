@@ -119,4 +119,14 @@
 //	    the owner calls raise PF002 when owner is not the current owner
 //
 // The fingerprint is the SHA-256 of the canonical payload ([Fingerprint]).
+//
+// # Observability
+//
+// [Config.MeterProvider] and [Config.TracerProvider] (default: the global
+// OpenTelemetry providers) receive pgfence.idempotency.requests and
+// .duration by mode and outcome (new, replayed, in_progress, mismatch,
+// unknown, error), takeovers, settlements (not_owner counts a replaced
+// owner's late write), and spans with scope, key, owner and epoch — never the
+// payload or the result. [Config.Logger] gets claims, duplicates, takeovers
+// and settlements.
 package idempotency

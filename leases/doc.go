@@ -73,4 +73,16 @@
 //     keeps no session state.
 //   - A holder process dies: its lease is taken over after its TTL by the next
 //     Acquire, recorded as taken_over in the history.
+//
+// # Observability
+//
+// [Config.MeterProvider] and [Config.TracerProvider] (default: the global
+// OpenTelemetry providers, no-ops until set) receive the pgfence.lease.*
+// metrics (grant attempts, wait and hold time, renewals and the trust window
+// left at each, takeovers, releases by non-holders, unknown outcomes) and a
+// span per acquire, renew and release with key, holder and token. When a
+// call's context carries a valid span context, its trace id is stored in the
+// lease events it records (pgfence.lease_events.trace_id), set in the same
+// pipeline as the statement. [Config.Logger] gets one event per transition.
+// The README's Observability section lists every metric.
 package leases

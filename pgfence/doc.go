@@ -99,4 +99,15 @@
 //   - Cost: [Exec] is one round trip and one commit, like the unfenced
 //     statement; the protection trigger adds one plpgsql call and one
 //     primary-key lookup per row written (see the benchmarks).
+//
+// # Observability
+//
+// The helpers use the global OpenTelemetry providers (otel.GetMeterProvider,
+// otel.GetTracerProvider), no-ops until the application sets them:
+// pgfence.fence.writes and pgfence.fence.duration by operation and outcome
+// (accepted, stale_token, lease_not_held, unfenced, unknown, error), and a
+// span per write with resource, token and operation id (a rejection adds a
+// pgfence.rejected event). When the context carries a valid span context, the
+// trace id is stored with the accepted token (pgfence.fences.trace_id), so one
+// query joins a write to the lease grant of the same trace.
 package pgfence
