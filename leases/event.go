@@ -31,8 +31,11 @@ const (
 
 // Event describes one transition, for [Config.OnEvent].
 type Event struct {
-	Kind   EventKind
-	Key    string // empty for listener events
+	// Kind says what happened.
+	Kind EventKind
+	// Key is the lease key; empty for listener events.
+	Key string
+	// Holder and Token identify the grant concerned.
 	Holder string
 	Token  int64
 	// Duration is the statement's latency for acquired/renewed/released, and

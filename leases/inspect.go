@@ -14,13 +14,19 @@ var ErrNotFound = errors.New("leases: no lease for key")
 
 // Status is one lease row as the database sees it now.
 type Status struct {
-	Key        string
-	Holder     string // the current or last grant's holder id
-	Token      int64  // the current or last grant's token
+	// Key is the lease key.
+	Key string
+	// Holder is the current or last grant's holder id.
+	Holder string
+	// Token is the current or last grant's token.
+	Token int64
+	// GrantedAt, RenewedAt (zero if never renewed), ExpiresAt and ReleasedAt
+	// (zero unless released) are database times of the current or last grant.
 	GrantedAt  time.Time
-	RenewedAt  time.Time // zero if never renewed
+	RenewedAt  time.Time
 	ExpiresAt  time.Time
-	ReleasedAt time.Time // zero unless released
+	ReleasedAt time.Time
+	// HolderInfo is the holder's self-description.
 	HolderInfo string
 	// Live is true while the grant is neither released nor expired, by the
 	// database clock.
@@ -32,12 +38,20 @@ type Status struct {
 
 // HistoryEntry is one recorded transition of a key.
 type HistoryEntry struct {
-	ID     int64
-	Key    string
-	Event  string // acquired, taken_over, released, force_released
+	// ID orders the entries (larger is later).
+	ID int64
+	// Key is the lease key.
+	Key string
+	// Event is acquired, taken_over (granted after the previous grant
+	// expired unreleased), released or force_released.
+	Event string
+	// Holder and Token identify the grant the event is about.
 	Holder string
 	Token  int64
-	At     time.Time // database clock
+	// At is the database time of the event.
+	At time.Time
+	// Reason says more: the expired grant for taken_over, the operator's
+	// reason for force_released.
 	Reason string
 }
 
