@@ -26,7 +26,8 @@ type Client struct {
 	log  *slog.Logger
 	tel  *instruments
 
-	closing chan struct{} // closed by Close
+	closing chan struct{}  // closed by Close
+	bg      sync.WaitGroup // background read-backs of lost grant replies
 
 	mu       sync.Mutex
 	closed   bool
@@ -56,6 +57,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 
 // Close stops the client's LISTEN connection and makes waiting Acquire calls
 // return [ErrClosed]. Leases already granted stay valid: release them first.
+// It waits for background read-backs of lost grant replies, each bounded by
+// [Config.ResolveTimeout].
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -69,6 +72,7 @@ func (c *Client) Close() error {
 	if l != nil {
 		l.stop()
 	}
+	c.bg.Wait() // bounded by Config.ResolveTimeout
 	return nil
 }
 
@@ -160,7 +164,57 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 // absence of the row is conclusive only once the backend that ran the attempt
 // (pid, on the connection the client has already given up) has exited: until
 // then it may still commit. So it terminates that backend first.
+//
+// The read-back runs in the background for up to Config.ResolveTimeout, but
+// the caller waits no longer than its context: if that ends first, the call
+// returns ErrOutcomeUnknown at once and the background read-back releases the
+// grant if there was one, so it does not block the key until it expires.
 func (c *Client) resolveGrant(ctx context.Context, key, holder string, pid uint32, ttl, margin time.Duration, start time.Time, cause error) (*Lease, error) {
+	type result struct {
+		l   *Lease
+		err error
+	}
+	done := make(chan result, 1)
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		l, err := c.readBackGrant(ctx, key, holder, pid, ttl, margin, start, cause)
+		done <- result{l, err}
+	}()
+	// releaseLater settles a grant the caller will not receive.
+	releaseLater := func() {
+		c.bg.Add(1)
+		go func() {
+			defer c.bg.Done()
+			if r := <-done; r.l != nil {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ResolveTimeout)
+				defer cancel()
+				_ = r.l.Release(rctx)
+			}
+		}()
+	}
+	select {
+	case r := <-done:
+		if r.l != nil && ctx.Err() != nil {
+			// The caller gave up meanwhile; do not leave the lease to expire on its own.
+			done <- r
+			releaseLater()
+			return nil, fmt.Errorf("leases: acquire %q: %w", key, context.Cause(ctx))
+		}
+		if r.err == nil {
+			c.emit(Event{Kind: EventAcquired, Key: key, Holder: holder, Token: r.l.Token(), Duration: time.Since(start)})
+		}
+		return r.l, r.err
+	case <-ctx.Done():
+		releaseLater()
+		return nil, fmt.Errorf("leases: acquire %q: the reply was lost and the caller's context ended before the grant to holder %s could be read back (if it was granted, it is released in the background): %w: %w",
+			key, holder, ErrOutcomeUnknown, context.Cause(ctx))
+	}
+}
+
+// readBackGrant is resolveGrant's background part, bounded by
+// Config.ResolveTimeout.
+func (c *Client) readBackGrant(ctx context.Context, key, holder string, pid uint32, ttl, margin time.Duration, start time.Time, cause error) (*Lease, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ResolveTimeout)
 	defer cancel()
 	var (
@@ -190,14 +244,7 @@ func (c *Client) resolveGrant(ctx context.Context, key, holder string, pid uint3
 	case err != nil:
 		return nil, fmt.Errorf("leases: acquire %q: the reply was lost and the grant to holder %s could not be read back (%v): %w", key, holder, err, classify(cause))
 	}
-	l := c.newLease(key, holder, token, ttl, margin, start, granted, expiresAt)
-	if ctx.Err() != nil {
-		// The caller gave up; do not leave the lease to expire on its own.
-		_ = l.Release(rctx)
-		return nil, fmt.Errorf("leases: acquire %q: %w", key, context.Cause(ctx))
-	}
-	c.emit(Event{Kind: EventAcquired, Key: key, Holder: holder, Token: token, Duration: time.Since(start)})
-	return l, nil
+	return c.newLease(key, holder, token, ttl, margin, start, granted, expiresAt), nil
 }
 
 // Acquire gets the lease on key for ttl, waiting while another holder has it

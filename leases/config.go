@@ -94,7 +94,9 @@ type Config struct {
 	// PollInterval is the safety-net poll while notifications work. Default
 	// [PollIntervalDefault].
 	PollInterval time.Duration
-	// ResolveTimeout bounds reading back a grant whose reply was lost. Default
+	// ResolveTimeout bounds reading back a grant whose reply was lost. The
+	// caller never waits past its own context for it: the read-back goes on in
+	// the background and releases a grant the caller did not receive. Default
 	// [ResolveTimeoutDefault].
 	ResolveTimeout time.Duration
 	// DurableRelease makes releases commit with synchronous_commit = on. By

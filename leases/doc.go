@@ -56,7 +56,10 @@
 //     either returns the lease or reports that nothing was granted
 //     ([ErrUnavailable]); if it cannot tell, the error wraps
 //     [ErrOutcomeUnknown] and names the holder id (an unclaimed grant simply
-//     expires; nobody acts on it).
+//     expires; nobody acts on it). The caller never waits past its context
+//     for this: when the context ends first, the call returns
+//     [ErrOutcomeUnknown] at once and the read-back finishes in the
+//     background, releasing a grant that nobody received.
 //   - A renewal fails or its outcome is unknown: the lease keeps its last
 //     confirmed trust window. [Lease.KeepAlive] retries, bounds every attempt by
 //     the trust window, and ends the lease's context when the window runs out or
