@@ -21,6 +21,10 @@ import (
 	"github.com/pgfence/pgfence/pgfence"
 )
 
+// errHeld marks an attempt that found its key held (two workers drew the same
+// random key): contention, not a failure, and not a sample.
+var errHeld = errors.New("held")
+
 // benchKeys is the key space: random keys out of 100k, as in DESIGN.md §7.
 const benchKeys = 100_000
 
@@ -38,6 +42,7 @@ type benchResult struct {
 	Workers int     `json:"workers"`
 	Ops     int     `json:"ops"`
 	Errors  int     `json:"errors"`
+	Held    int     `json:"held"` // attempts that found the random key held by another worker
 	OpsPerS float64 `json:"ops_per_s"`
 	P50ms   float64 `json:"p50_ms"`
 	P99ms   float64 `json:"p99_ms"`
@@ -120,9 +125,9 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return writeJSON(e, map[string]any{"fsync": settings.fsync, "synchronous_commit": settings.syncCommit, "results": results})
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "CASE\tWORKERS\tOPS/S\tP50 MS\tP99 MS\tERRORS\t")
+	fmt.Fprintln(tw, "CASE\tWORKERS\tOPS/S\tP50 MS\tP99 MS\tHELD\tERRORS\t")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%.2f\t%d\t\n", r.Case, r.Workers, r.OpsPerS, r.P50ms, r.P99ms, r.Errors)
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%.2f\t%d\t%d\t\n", r.Case, r.Workers, r.OpsPerS, r.P50ms, r.P99ms, r.Held, r.Errors)
 	}
 	tw.Flush()
 	fmt.Fprintln(e.stdout)
@@ -148,7 +153,7 @@ func measure(ctx context.Context, c benchCase, n int, d time.Duration) benchResu
 	defer cancel()
 	var mu sync.Mutex
 	var lat []time.Duration
-	errs := 0
+	errs, held := 0, 0
 	var wg sync.WaitGroup
 	start := time.Now()
 	for w := range n {
@@ -157,12 +162,16 @@ func measure(ctx context.Context, c benchCase, n int, d time.Duration) benchResu
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
 			var mine []time.Duration
-			bad := 0
+			bad, busy := 0, 0
 			for ctx.Err() == nil {
 				t0 := time.Now()
 				err := c.op(ctx, rng)
 				if ctx.Err() != nil {
 					break // cut off by the deadline: not a sample
+				}
+				if errors.Is(err, errHeld) || errors.Is(err, leases.ErrLeaseHeld) {
+					busy++
+					continue
 				}
 				if err != nil {
 					bad++
@@ -173,13 +182,14 @@ func measure(ctx context.Context, c benchCase, n int, d time.Duration) benchResu
 			mu.Lock()
 			lat = append(lat, mine...)
 			errs += bad
+			held += busy
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
 	slices.Sort(lat)
-	r := benchResult{Case: c.name, What: c.what, Workers: n, Ops: len(lat), Errors: errs, OpsPerS: float64(len(lat)) / elapsed.Seconds()}
+	r := benchResult{Case: c.name, What: c.what, Workers: n, Ops: len(lat), Errors: errs, Held: held, OpsPerS: float64(len(lat)) / elapsed.Seconds()}
 	if len(lat) > 0 {
 		r.P50ms = float64(lat[len(lat)/2]) / 1e6
 		r.P99ms = float64(lat[len(lat)*99/100]) / 1e6
@@ -236,7 +246,7 @@ func benchCases(ctx context.Context, pool *pgxpool.Pool) ([]benchCase, func(), e
 				return err
 			}
 			if !ok {
-				return errors.New("held")
+				return errHeld
 			}
 			_, err := pool.Exec(ctx, `SELECT pgfence.release($1, $2::uuid, $3, false)`, k, holder, tok)
 			return err
