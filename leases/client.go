@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,6 +29,11 @@ type Client struct {
 
 	closing chan struct{}  // closed by Close
 	bg      sync.WaitGroup // background read-backs of lost grant replies
+
+	// seenEpoch is the highest token epoch (timeline, token >> 40) of any
+	// grant this client received. A grant from a lower epoch comes from a
+	// server on an older timeline: a demoted primary that still accepts writes.
+	seenEpoch atomic.Int64
 
 	mu       sync.Mutex
 	closed   bool
@@ -154,6 +160,9 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 		}
 		return nil, held
 	}
+	if err := c.observeEpoch(key, *token); err != nil {
+		return nil, err
+	}
 	l := c.newLease(key, holder, *token, ttl, margin, start, *granted, *expiresAt)
 	c.emit(Event{Kind: EventAcquired, Key: key, Holder: holder, Token: *token, Duration: time.Since(start)})
 	return l, nil
@@ -243,6 +252,9 @@ func (c *Client) readBackGrant(ctx context.Context, key, holder string, pid uint
 		return nil, fmt.Errorf("leases: acquire %q: the reply was lost and no live grant to holder %s was found: %w: %w", key, holder, ErrUnavailable, cause)
 	case err != nil:
 		return nil, fmt.Errorf("leases: acquire %q: the reply was lost and the grant to holder %s could not be read back (%v): %w", key, holder, err, classify(cause))
+	}
+	if err := c.observeEpoch(key, token); err != nil {
+		return nil, err
 	}
 	return c.newLease(key, holder, token, ttl, margin, start, granted, expiresAt), nil
 }
@@ -367,4 +379,26 @@ func newHolderID() string {
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// tokenEpochShift is where the timeline sits in a token (see
+// pgfence.next_token): token = timeline << 40 | counter.
+const tokenEpochShift = 40
+
+// observeEpoch remembers the highest token epoch seen and refuses a grant from
+// a lower one (DESIGN §4): after a failover, an old primary that was not shut
+// down can still grant leases on its old timeline, with tokens below the new
+// primary's; the client must not act on them.
+func (c *Client) observeEpoch(key string, token int64) error {
+	epoch := token >> tokenEpochShift
+	for {
+		seen := c.seenEpoch.Load()
+		if epoch < seen {
+			return fmt.Errorf("leases: acquire %q: the grant's token %d is from timeline %d, but this client already saw timeline %d: the server is an old primary: %w",
+				key, token, epoch, seen, ErrNotPrimary)
+		}
+		if epoch == seen || c.seenEpoch.CompareAndSwap(seen, epoch) {
+			return nil
+		}
+	}
 }

@@ -60,6 +60,9 @@
 //     for this: when the context ends first, the call returns
 //     [ErrOutcomeUnknown] at once and the read-back finishes in the
 //     background, releasing a grant that nobody received.
+//   - A grant whose token carries an older timeline than one this client
+//     already saw comes from a demoted primary (after a failover that did not
+//     stop it): it is refused with [ErrNotPrimary].
 //   - A renewal fails or its outcome is unknown: the lease keeps its last
 //     confirmed trust window. [Lease.KeepAlive] retries, bounds every attempt by
 //     the trust window, and ends the lease's context when the window runs out or
