@@ -283,6 +283,12 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 	w := c.enqueue(key)
 	defer c.dequeue(key, w)
 
+	fair := opts != nil && opts.Fair
+	waiter := newHolderID()
+	if fair {
+		defer c.leaveQueue(ctx, key, waiter)
+	}
+
 	var last error
 	select {
 	case <-w.turn:
@@ -296,7 +302,16 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 		case <-w.wake: // this attempt covers it
 		default:
 		}
-		l, err := c.tryAcquire(ctx, key, ttl, margin, info)
+		var (
+			l   *Lease
+			err error
+		)
+		if fair {
+			err = c.queueTurn(ctx, key, waiter)
+		}
+		if err == nil {
+			l, err = c.tryAcquire(ctx, key, ttl, margin, info)
+		}
 		if err == nil {
 			return l, nil
 		}
@@ -401,4 +416,40 @@ func (c *Client) observeEpoch(key string, token int64) error {
 			return nil
 		}
 	}
+}
+
+// sqlQueueTurn and sqlQueueLeave run a fair waiter's queue (00006_lease_queue.sql).
+const (
+	sqlQueueTurn  = `SELECT pgfence.lease_queue_turn($1, $2::uuid, $3::bigint * interval '1 microsecond')`
+	sqlQueueLeave = `SELECT pgfence.lease_queue_leave($1, $2::uuid)`
+)
+
+// queuePatience is how long a fair waiter keeps its place without polling:
+// longer than the longest pause between two polls of a waiting Acquire.
+func (c *Client) queuePatience() time.Duration {
+	return 2*max(c.cfg.PollInterval, c.cfg.BackoffMax) + time.Second
+}
+
+// queueTurn refreshes waiter's place in key's queue; it returns a *HeldError
+// while other fair waiters are ahead.
+func (c *Client) queueTurn(ctx context.Context, key, waiter string) error {
+	var ahead int64
+	if err := c.pool.QueryRow(ctx, sqlQueueTurn, key, waiter, c.queuePatience().Microseconds()).Scan(&ahead); err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("leases: acquire %q: %w", key, context.Cause(ctx))
+		}
+		return fmt.Errorf("leases: acquire %q: queue: %w", key, classify(err))
+	}
+	if ahead > 0 {
+		return &HeldError{Key: key}
+	}
+	return nil
+}
+
+// leaveQueue removes a fair waiter from key's queue, granted or not. If it
+// fails, the row expires after the queue patience.
+func (c *Client) leaveQueue(ctx context.Context, key, waiter string) {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	_, _ = c.pool.Exec(lctx, sqlQueueLeave, key, waiter)
 }

@@ -164,6 +164,13 @@ type AcquireOptions struct {
 	// HolderInfo describes this holder in the lease row. Default:
 	// [Config.HolderInfo].
 	HolderInfo string
+	// Fair makes Acquire wait its turn in a queue in the database
+	// (pgfence.lease_waiters), so fair waiters of every client and process
+	// are granted in arrival order. Without it, waiters are FIFO within one
+	// client only. It costs one small non-durable write per poll, and it
+	// orders fair waiters only: a TryAcquire or a non-fair Acquire can still
+	// take a free lease first. TryAcquire ignores it.
+	Fair bool
 }
 
 // KeepAliveOptions tunes [Lease.KeepAlive]. A nil *KeepAliveOptions uses the

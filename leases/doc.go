@@ -39,7 +39,9 @@
 //   - A failed acquire writes nothing; waiting is bounded by the context, polls
 //     with capped exponential backoff and full jitter, is woken by release
 //     notifications, and within a client only the first waiter of a key polls
-//     (the others queue in FIFO order).
+//     (the others queue in FIFO order). With [AcquireOptions.Fair], waiters of
+//     every client and process take turns in arrival order through a queue in
+//     the database (pgfence.lease_waiters).
 //
 // # Failure handling
 //
