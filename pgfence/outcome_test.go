@@ -125,7 +125,11 @@ func TestOutcomeUnknown(t *testing.T) {
 		t.Logf("Exec with a lost reply: %v", o)
 	}
 
-	// The first write has since been overwritten by a newer token.
+	// The first write is overwritten by a newer token (the cut Execs above
+	// may all have been discarded, so write one for sure).
+	if _, err := pgfence.Exec(ctx, db.Pool, "kv:a", 20, `UPDATE kv SET v = 'newer', token = 20 WHERE k = 'a'`); err != nil {
+		t.Fatal(err)
+	}
 	if o := resolve(unknownApplied); o != pgfence.Superseded {
 		t.Fatalf("overwritten write: resolved %v, want superseded", o)
 	}
