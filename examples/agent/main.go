@@ -29,7 +29,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"sync"
 	"time"
 
@@ -42,19 +41,10 @@ import (
 const lease = time.Second // how long a crashed agent blocks the task
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	db, err := devdb.Open(ctx, os.Getenv("DATABASE_URL"), &devdb.Options{Progress: os.Stderr})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "agent:", err)
-		os.Exit(1)
-	}
-	_, err = run(ctx, db.Pool, os.Stdout)
-	db.Close()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "agent:", err)
-		os.Exit(1)
-	}
+	devdb.Main("agent", func(ctx context.Context, pool *pgxpool.Pool) error {
+		_, err := run(ctx, pool, os.Stdout)
+		return err
+	})
 }
 
 // tool simulates an external API that deduplicates by an idempotency key, as

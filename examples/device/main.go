@@ -31,7 +31,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"sync"
 	"time"
 
@@ -48,19 +47,10 @@ const (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	db, err := devdb.Open(ctx, os.Getenv("DATABASE_URL"), &devdb.Options{Progress: os.Stderr})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "device:", err)
-		os.Exit(1)
-	}
-	_, err = run(ctx, db.Pool, os.Stdout)
-	db.Close()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "device:", err)
-		os.Exit(1)
-	}
+	devdb.Main("device", func(ctx context.Context, pool *pgxpool.Pool) error {
+		_, err := run(ctx, pool, os.Stdout)
+		return err
+	})
 }
 
 // command is what a controller sends to the gateway.

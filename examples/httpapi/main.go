@@ -32,7 +32,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"strings"
 	"sync"
 	"time"
@@ -50,19 +49,10 @@ const (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	db, err := devdb.Open(ctx, os.Getenv("DATABASE_URL"), &devdb.Options{Progress: os.Stderr})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "httpapi:", err)
-		os.Exit(1)
-	}
-	_, err = run(ctx, db.Pool, os.Stdout)
-	db.Close()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "httpapi:", err)
-		os.Exit(1)
-	}
+	devdb.Main("httpapi", func(ctx context.Context, pool *pgxpool.Pool) error {
+		_, err := run(ctx, pool, os.Stdout)
+		return err
+	})
 }
 
 // response is what one client finally got.

@@ -26,7 +26,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
 	"sync"
@@ -58,19 +57,10 @@ const (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	db, err := devdb.Open(ctx, os.Getenv("DATABASE_URL"), &devdb.Options{Progress: os.Stderr})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "metrics:", err)
-		os.Exit(1)
-	}
-	_, err = run(ctx, db.Pool, os.Stdout)
-	db.Close()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "metrics:", err)
-		os.Exit(1)
-	}
+	devdb.Main("metrics", func(ctx context.Context, pool *pgxpool.Pool) error {
+		_, err := run(ctx, pool, os.Stdout)
+		return err
+	})
 }
 
 // result is what happened, checked by main_test.go against the database and

@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
 	"sync"
 	"time"
@@ -47,19 +46,10 @@ const (
 var files = pgfence.Table{Name: pgx.Identifier{"example_report_files"}, Key: "name", Fence: "fence"}
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	db, err := devdb.Open(ctx, os.Getenv("DATABASE_URL"), &devdb.Options{Progress: os.Stderr})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "report:", err)
-		os.Exit(1)
-	}
-	_, err = run(ctx, db.Pool, os.Stdout)
-	db.Close()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "report:", err)
-		os.Exit(1)
-	}
+	devdb.Main("report", func(ctx context.Context, pool *pgxpool.Pool) error {
+		_, err := run(ctx, pool, os.Stdout)
+		return err
+	})
 }
 
 // result is the business outcome, checked by main_test.go.

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -108,5 +110,23 @@ func (db *DB) Close() {
 	}
 	if db.cluster != nil {
 		_ = db.cluster.Close()
+	}
+}
+
+// Main is the main function of a runnable example: it opens the database from
+// DATABASE_URL (or a throwaway local cluster), runs run with a context that
+// Ctrl-C cancels, removes the throwaway cluster, and exits 1 with the error
+// prefixed by name if anything failed.
+func Main(name string, run func(ctx context.Context, pool *pgxpool.Pool) error) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	db, err := Open(ctx, os.Getenv("DATABASE_URL"), &Options{Progress: os.Stderr})
+	if err == nil {
+		err = run(ctx, db.Pool)
+		db.Close()
+	}
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, name+":", err)
+		os.Exit(1)
 	}
 }
