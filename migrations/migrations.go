@@ -61,7 +61,6 @@ type Config struct {
 type Migrator struct {
 	db       *sql.DB
 	provider *goose.Provider
-	logger   *slog.Logger
 	addr     string // host:port, named in connection errors
 }
 
@@ -95,7 +94,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 	}
 	cc := pool.Config().ConnConfig
 	addr := net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))
-	return &Migrator{db: db, provider: provider, logger: logger, addr: addr}, nil
+	return &Migrator{db: db, provider: provider, addr: addr}, nil
 }
 
 // Close releases the migrator's database/sql handle. The pgx pool stays open.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/pgfence"
 )
 
@@ -196,8 +197,7 @@ func runUnprotect(ctx context.Context, e *env, args []string) error {
 
 // pgerr42 reports a syntax or undefined-object error (class 42): a bad name.
 func pgerr42(err error) bool {
-	var pgErr interface{ SQLState() string }
-	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.SQLState(), "42")
+	return strings.HasPrefix(pgerr.Code(err), "42")
 }
 
 func runFloor(ctx context.Context, e *env, args []string) error {
