@@ -39,7 +39,13 @@
 //	pgfence.raise_token_floor(new_floor bigint, reason text) RETURNS bigint           -- PF009 if lower
 //
 // The table pgfence.fences(resource, token, accepted_at, writes, op,
-// fenced_xid) holds one row per fenced resource.
+// fenced_xid) holds one row per fenced resource. Migration
+// 00007_fence_rejections.sql adds the audit of refused writes:
+//
+//	pgfence.fence_rejections(id, resource, presented_token, accepted_token, reason, lease_reason, operation, op, trace_id, at)
+//	pgfence.record_fence_rejection(resource text, presented bigint, accepted bigint, reason text,
+//	    lease_reason text, operation text, op uuid, trace_id text) RETURNS void
+//	pgfence.prune_fence_rejections(max_age interval DEFAULT '7 days') RETURNS bigint
 //
 // # Guarantees
 //
@@ -105,9 +111,23 @@
 // The helpers use the global OpenTelemetry providers (otel.GetMeterProvider,
 // otel.GetTracerProvider), no-ops until the application sets them:
 // pgfence.fence.writes and pgfence.fence.duration by operation and outcome
-// (accepted, stale_token, lease_not_held, unfenced, unknown, error), and a
-// span per write with resource, token and operation id (a rejection adds a
-// pgfence.rejected event). When the context carries a valid span context, the
-// trace id is stored with the accepted token (pgfence.fences.trace_id), so one
-// query joins a write to the lease grant of the same trace.
+// (accepted, stale_token, lease_not_held, unfenced, unknown, error),
+// and a span per write with resource, token and operation id (a rejection adds
+// a pgfence.rejected event). When the context carries a valid span context,
+// the trace id is stored with the accepted token (pgfence.fences.trace_id),
+// so one query joins a write to the lease grant of the same trace.
+//
+// A rejected write (stale token or lease not held) on a pool or connection is
+// recorded afterwards in pgfence.fence_rejections with its trace id, best
+// effort: one extra statement, only on a rejection, committed with
+// synchronous_commit off and bounded by one second; a failure to record is
+// logged at debug level and never changes the returned error. Inside a
+// caller's [pgx.Tx] the rejection aborts or rolls back with the caller's work,
+// so it is recorded only in the span, the metric and the log. [Rejections]
+// lists a resource's newest rejections; rows are kept for 7 days.
+//
+// Logs: the package has no configuration and keeps no logger; a logger placed
+// in the context with [ContextWithLogger] gets one event per write: accepted
+// at debug, rejected at info, outcome unknown at warn, other failures at
+// debug. Without it the package logs nothing.
 package pgfence

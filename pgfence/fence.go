@@ -105,7 +105,8 @@ func validate(resource string, token int64) error {
 // caller commits. Write costs BEGIN, the fence, fn's statements and COMMIT;
 // [Exec] does a single statement in one round trip.
 func Write(ctx context.Context, db DB, resource string, token int64, fn func(ctx context.Context, tx pgx.Tx) error) (_ Receipt, err error) {
-	ctx, done := startWrite(ctx, opWrite, fenceAttrs(resource, token)...)
+	w := &write{op: opWrite, resource: resource, token: token}
+	ctx, done := startWrite(ctx, db, w, fenceAttrs(resource, token)...)
 	defer func() { done(err) }()
 	if err := validate(resource, token); err != nil {
 		return Receipt{}, err
@@ -114,6 +115,7 @@ func Write(ctx context.Context, db DB, resource string, token int64, fn func(ctx
 		return Receipt{}, fmt.Errorf("%w: fn is nil", ErrInvalid)
 	}
 	op := newOpID()
+	w.id = op
 	_, nested := db.(pgx.Tx)
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -153,12 +155,14 @@ func unknown(err error, resource string, token int64, op OpID) error {
 // aborts it, as any failing statement does; use [Write] to confine a rejection
 // to a savepoint. Errors are as for [Write].
 func Exec(ctx context.Context, db DB, resource string, token int64, sql string, args ...any) (_ pgconn.CommandTag, err error) {
-	ctx, done := startWrite(ctx, opExec, fenceAttrs(resource, token)...)
+	w := &write{op: opExec, resource: resource, token: token}
+	ctx, done := startWrite(ctx, db, w, fenceAttrs(resource, token)...)
 	defer func() { done(err) }()
 	if err := validate(resource, token); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	op := newOpID()
+	w.id = op
 	b := &pgx.Batch{}
 	queueFence(ctx, b, resource, token, op)
 	b.Queue(sql, args...)

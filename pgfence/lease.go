@@ -63,7 +63,7 @@ func isUUID(s string) bool {
 // it over in between; hold a margin (the leases package's trust window) before
 // starting long work. Other errors are as for [Write].
 func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
-	ctx, done := startWrite(ctx, opWriteLeased, leaseAttrs(lease)...)
+	ctx, done := startWrite(ctx, db, &write{op: opWriteLeased, resource: lease.Key, token: lease.Token, holder: lease.Holder}, leaseAttrs(lease)...)
 	defer func() { done(err) }()
 	if err := lease.validate(); err != nil {
 		return err
@@ -91,7 +91,7 @@ func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Co
 // ExecLeased checks lease as [WriteLeased] does and runs one statement, in a
 // single round trip and one implicit transaction.
 func ExecLeased(ctx context.Context, db DB, lease Lease, sql string, args ...any) (_ pgconn.CommandTag, err error) {
-	ctx, done := startWrite(ctx, opExecLeased, leaseAttrs(lease)...)
+	ctx, done := startWrite(ctx, db, &write{op: opExecLeased, resource: lease.Key, token: lease.Token, holder: lease.Holder}, leaseAttrs(lease)...)
 	defer func() { done(err) }()
 	if err := lease.validate(); err != nil {
 		return pgconn.CommandTag{}, err

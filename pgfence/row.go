@@ -46,7 +46,7 @@ func (t Table) validate() error {
 // token, and [ErrNotFound] if there is no such row (both told apart by reading
 // the row after a miss; the successful path is one round trip).
 func UpdateRow(ctx context.Context, db DB, t Table, id any, token int64, set map[string]any) (err error) {
-	ctx, done := startWrite(ctx, opUpdateRow, attrToken.Int64(token), attribute.String("db.collection.name", strings.Join(t.Name, ".")))
+	ctx, done := startWrite(ctx, db, &write{op: opUpdateRow, token: token}, attrToken.Int64(token), attribute.String("db.collection.name", strings.Join(t.Name, ".")))
 	defer func() { done(err) }()
 	if err := t.validate(); err != nil {
 		return err

@@ -89,12 +89,47 @@ func tel() *instruments {
 	return t
 }
 
-// startWrite starts the span of one fenced or lease-checked write; the
-// returned function ends it and records the outcome. attrs identify the
-// write (resource and token, or lease key, holder and token).
-func startWrite(ctx context.Context, op string, attrs ...attribute.KeyValue) (context.Context, func(error)) {
+// write identifies one fenced or lease-checked write for its span, log
+// events and rejection record.
+type write struct {
+	op       string // opWrite, opExec, …
+	resource string // the fence resource or lease key ("" for UpdateRow: the error names it)
+	token    int64  // the presented token
+	holder   string // the lease holder (lease-checked writes)
+	id       OpID   // the write's operation id, once drawn
+}
+
+// logAttrs are the attributes of one write's log events.
+type logAttrs []any
+
+func (w *write) logAttrs(ctx context.Context) logAttrs {
+	a := logAttrs{"pgfence.operation", w.op}
+	if w.holder != "" {
+		a = append(a, "pgfence.lease.key", w.resource, "pgfence.lease.holder", w.holder, "pgfence.lease.token", w.token)
+	} else {
+		if w.resource != "" {
+			a = append(a, "pgfence.fence.resource", w.resource)
+		}
+		a = append(a, "pgfence.fence.token", w.token)
+	}
+	if w.id != (OpID{}) {
+		a = append(a, "pgfence.fence.op", w.id.String())
+	}
+	if id := telemetry.TraceID(ctx); id != "" {
+		a = append(a, "trace_id", id)
+	}
+	return a
+}
+
+// startWrite starts the span of one fenced or lease-checked write on db; the
+// returned function ends it, records the outcome in the metrics and the log
+// (the context's logger, [ContextWithLogger]) and, for a rejection outside a
+// caller's transaction, in pgfence.fence_rejections. attrs identify the write
+// on the span (resource and token, or lease key, holder and token).
+func startWrite(ctx context.Context, db DB, w *write, attrs ...attribute.KeyValue) (context.Context, func(error)) {
 	t := tel()
 	start := time.Now()
+	op := w.op
 	ctx, span := t.tracer.Start(ctx, "pgfence.fence."+op, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(append(attrs, telemetry.DBSystem, telemetry.Operation.String(op))...))
 	return ctx, func(err error) {
@@ -127,6 +162,34 @@ func startWrite(ctx context.Context, op string, attrs ...attribute.KeyValue) (co
 		t.writes.Add(mctx, 1, set)
 		t.duration.Record(mctx, time.Since(start).Seconds(), set)
 		span.SetAttributes(telemetry.Outcome.String(outcome))
+
+		log := loggerFrom(ctx)
+		la := w.logAttrs(ctx)
+		switch outcome {
+		case outcomeAccepted:
+			log.DebugContext(ctx, "pgfence: write accepted", la...)
+		case outcomeStaleToken, outcomeLeaseNotHeld, outcomeUnfenced:
+			r, ok := rejectionOf(err, w)
+			if ok {
+				la = append(la, "pgfence.outcome", outcome, "pgfence.fence.accepted_token", r.AcceptedToken)
+				if r.LeaseReason != "" {
+					la = append(la, "pgfence.lease.reason", r.LeaseReason)
+				}
+				if w.resource == "" {
+					la = append(la, "pgfence.fence.resource", r.Resource)
+				}
+			} else {
+				la = append(la, "pgfence.outcome", outcome)
+			}
+			log.InfoContext(ctx, "pgfence: write rejected", la...)
+			if ok {
+				recordRejection(ctx, db, r, la)
+			}
+		case outcomeUnknown:
+			log.WarnContext(ctx, "pgfence: write outcome unknown", append(la, "error.type", telemetry.ErrorTypeOf(err))...)
+		default:
+			log.DebugContext(ctx, "pgfence: write failed", append(la, "error.type", telemetry.ErrorTypeOf(err))...)
+		}
 		telemetry.End(span, err)
 	}
 }

@@ -1,0 +1,151 @@
+package pgfence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/telemetry"
+)
+
+// Rejection is one rejected fenced or lease-checked write, as stored in
+// pgfence.fence_rejections (migration 00007_fence_rejections.sql).
+type Rejection struct {
+	ID int64
+	// Resource is the fenced resource (for a lease-checked write: the lease
+	// key; for [UpdateRow]: the table and row key).
+	Resource string
+	// PresentedToken is the writer's token.
+	PresentedToken int64
+	// AcceptedToken is the token that beat it (for a lease: the current
+	// holder's token after a takeover); 0 if unknown.
+	AcceptedToken int64
+	// Reason is "stale_token" or "lease_not_held".
+	Reason string
+	// LeaseReason is why the lease was not held ("missing", "taken_over",
+	// "released", "expired"), empty for a stale token.
+	LeaseReason string
+	// Operation is the helper that was refused: write, exec, write_leased,
+	// exec_leased or update_row (empty when another client recorded it).
+	Operation string
+	// Op is the refused write's operation id (zero when it had none).
+	Op OpID
+	// TraceID is the trace of the refused call, if it was traced.
+	TraceID string
+	// At is when the rejection was recorded (database clock).
+	At time.Time
+}
+
+// RejectionsLimitDefault is how many rows [Rejections] returns when asked
+// for 0; MaxRejectionsLimit is the most it returns.
+const (
+	RejectionsLimitDefault = 20
+	MaxRejectionsLimit     = 1000
+)
+
+// recordTimeout bounds the statement that records a rejection: a rejected
+// caller never waits longer than this for its audit row.
+const recordTimeout = time.Second
+
+const (
+	sqlRecordRejection = `SELECT pgfence.record_fence_rejection($1, $2, $3, $4, $5, $6, $7, $8)`
+	sqlRejections      = `SELECT id, resource, presented_token, coalesce(accepted_token, 0), reason,
+       coalesce(lease_reason, ''), coalesce(operation, ''), op, coalesce(trace_id, ''), at
+  FROM pgfence.fence_rejections WHERE resource = $1 ORDER BY at DESC, id DESC LIMIT $2`
+)
+
+// Rejections returns the newest recorded rejections of resource (newest
+// first), at most limit of them (0: [RejectionsLimitDefault]). Rows are kept
+// for 7 days.
+//
+// The helpers of this package record a rejection (one extra statement, only
+// on a rejection) when they ran in their own transaction: on a pool or a
+// connection. Inside a caller's [pgx.Tx] the rejection aborts or rolls back
+// with the caller's work, so it is recorded only in the span, the
+// pgfence.fence.writes metric and the log (see [ContextWithLogger]). The
+// record is best effort: it commits with synchronous_commit off, a failure
+// to record is logged at debug level and never changes the write's error.
+func Rejections(ctx context.Context, db DB, resource string, limit int) ([]Rejection, error) {
+	switch {
+	case limit < 0 || limit > MaxRejectionsLimit:
+		return nil, fmt.Errorf("%w: limit must be 0 to %d, got %d", ErrInvalid, MaxRejectionsLimit, limit)
+	case limit == 0:
+		limit = RejectionsLimitDefault
+	}
+	rows, err := db.Query(ctx, sqlRejections, resource, limit)
+	if err != nil {
+		return nil, mapError(err, false)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Rejection, error) {
+		var r Rejection
+		var op *[16]byte
+		err := row.Scan(&r.ID, &r.Resource, &r.PresentedToken, &r.AcceptedToken, &r.Reason,
+			&r.LeaseReason, &r.Operation, &op, &r.TraceID, &r.At)
+		if op != nil {
+			r.Op = *op
+		}
+		return r, err
+	})
+	if err != nil {
+		return nil, mapError(err, false)
+	}
+	return out, nil
+}
+
+// rejectionOf returns the audit row of err when it is a rejection, or false.
+func rejectionOf(err error, w *write) (Rejection, bool) {
+	var (
+		stale *StaleTokenError
+		lost  *LeaseNotHeldError
+	)
+	r := Rejection{Resource: w.resource, PresentedToken: w.token, Operation: w.op, Op: w.id}
+	switch {
+	case errors.As(err, &stale):
+		r.Reason = outcomeStaleToken
+		r.AcceptedToken = stale.Accepted
+		if stale.Resource != "" {
+			r.Resource = stale.Resource
+		}
+		if stale.Presented != 0 {
+			r.PresentedToken = stale.Presented
+		}
+	case errors.As(err, &lost):
+		r.Reason = outcomeLeaseNotHeld
+		r.LeaseReason = lost.Reason
+		r.AcceptedToken = lost.Current
+	default:
+		return Rejection{}, false
+	}
+	return r, r.Resource != "" && r.PresentedToken > 0
+}
+
+// recordRejection stores r in pgfence.fence_rejections, best effort: it is
+// skipped when db is a caller's transaction (aborted, or rolled back with the
+// caller's work) or ctx has ended, bounded by recordTimeout, and a failure is
+// only logged.
+func recordRejection(ctx context.Context, db DB, r Rejection, log logAttrs) {
+	if _, inTx := db.(pgx.Tx); inTx || db == nil || ctx.Err() != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	defer cancel()
+	var op, traceID, leaseReason any
+	if r.Op != (OpID{}) {
+		op = r.Op
+	}
+	if id := telemetry.TraceID(ctx); id != "" {
+		traceID = id
+	}
+	if r.LeaseReason != "" {
+		leaseReason = r.LeaseReason
+	}
+	_, err := db.Exec(ctx, sqlRecordRejection, r.Resource, r.PresentedToken, r.AcceptedToken, r.Reason,
+		leaseReason, r.Operation, op, traceID)
+	if err != nil {
+		loggerFrom(ctx).DebugContext(ctx, "pgfence: recording a rejection failed",
+			append(log, "error.type", telemetry.ErrorTypeOf(err))...)
+	}
+}
