@@ -245,6 +245,14 @@ func (l *Lease) KeepAlive(ctx context.Context, opts *KeepAliveOptions) error {
 	if o.MaxFailures == 0 {
 		o.MaxFailures = MaxFailuresDefault
 	}
+	reason, err := l.keepAlive(ctx, o)
+	l.c.tel.keepAliveStopped(l, reason, err)
+	return err
+}
+
+// keepAlive is KeepAlive's loop; it returns why it stopped (an outcome of
+// pgfence.lease.keepalive.stops) and KeepAlive's result.
+func (l *Lease) keepAlive(ctx context.Context, o KeepAliveOptions) (string, error) {
 	holdUntil := l.start.Add(o.MaxHold)
 	failures := 0
 	next := o.Interval
@@ -253,18 +261,18 @@ func (l *Lease) KeepAlive(ctx context.Context, opts *KeepAliveOptions) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return stopCanceled, nil
 		case <-l.ctx.Done():
 			if err := l.Err(); !errors.Is(err, ErrReleased) {
-				return err
+				return stopEnded(err), err
 			}
-			return nil
+			return outcomeReleased, nil
 		case <-timer.C:
 		}
 		if !time.Now().Before(holdUntil) {
 			err := fmt.Errorf("%w: lease %q (holder %s, token %d) kept for %s", ErrMaxHold, l.key, l.holder, l.token, o.MaxHold)
 			l.end(err)
-			return err
+			return outcomeMaxHold, err
 		}
 		rctx, cancel := context.WithDeadline(ctx, l.trustDeadline())
 		err := l.Renew(rctx)
@@ -275,17 +283,17 @@ func (l *Lease) KeepAlive(ctx context.Context, opts *KeepAliveOptions) error {
 			next = o.Interval
 		case l.Err() != nil:
 			if errors.Is(l.Err(), ErrReleased) {
-				return nil
+				return outcomeReleased, nil
 			}
-			return l.Err()
+			return stopEnded(l.Err()), l.Err()
 		case ctx.Err() != nil:
-			return nil
+			return stopCanceled, nil
 		default:
 			failures++
 			if failures >= o.MaxFailures {
 				lost := l.lostError(fmt.Sprintf("keep-alive gave up after %d failed renewals", failures), err)
 				l.end(lost)
-				return lost
+				return stopFailures, lost
 			}
 			next = max(time.Millisecond, o.Interval/4/2+fullJitter(o.Interval/4/2))
 		}

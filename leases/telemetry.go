@@ -3,6 +3,7 @@ package leases
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -48,6 +49,10 @@ const (
 	outcomeExpired         = "expired"
 	outcomeAlreadyReleased = "already_released"
 	outcomeNotHeld         = "not_held"
+
+	// Why a KeepAlive stopped (besides released, max_hold and lost).
+	stopCanceled = "canceled" // its context ended; the lease stays held
+	stopFailures = "failures" // MaxFailures renewals in a row failed
 )
 
 // sqlGrantEvent reads, in the grant's own transaction, which event the grant
@@ -69,6 +74,8 @@ type instruments struct {
 	acquireDuration metric.Float64Histogram
 	holdDuration    metric.Float64Histogram
 	renewRemaining  metric.Float64Histogram
+	keepAliveStops  metric.Int64Counter
+	log             *slog.Logger
 }
 
 func newTelemetry(cfg *Config) *instruments {
@@ -99,6 +106,9 @@ func newTelemetry(cfg *Config) *instruments {
 			"Time a lease was held, from sending the grant to its end, by outcome: released, lost, max_hold.", report),
 		renewRemaining: telemetry.Seconds(m, "pgfence.lease.renewal.remaining",
 			"Time left in the lease's local trust window when a renewal was sent: near zero means renewals are late.", report),
+		keepAliveStops: telemetry.Counter(m, "pgfence.lease.keepalive.stops", "{stop}",
+			"KeepAlive loops that returned, by outcome: canceled (its context ended), released, lost, max_hold, failures (MaxFailures renewals in a row failed).", report),
+		log: cfg.Logger,
 	}
 }
 
@@ -298,4 +308,25 @@ func (t *instruments) ended(l *Lease, cause error) {
 		outcome = outcomeMaxHold
 	}
 	t.holdDuration.Record(context.Background(), time.Since(l.start).Seconds(), outcomeAttr(outcome))
+}
+
+// stopEnded is why a KeepAlive stopped when the lease ended under it.
+func stopEnded(cause error) string {
+	if errors.Is(cause, ErrMaxHold) {
+		return outcomeMaxHold
+	}
+	return outcomeLost
+}
+
+// keepAliveStopped counts and logs the end of a KeepAlive loop. The lease's
+// own end (lost, max hold) is logged by its event; this says why the loop
+// stopped.
+func (t *instruments) keepAliveStopped(l *Lease, reason string, err error) {
+	t.keepAliveStops.Add(context.Background(), 1, outcomeAttr(reason))
+	attrs := []slog.Attr{slog.String("key", l.key), slog.String("holder", l.holder), slog.Int64("token", l.token),
+		slog.String("reason", reason)}
+	if err != nil {
+		attrs = append(attrs, slog.String("error.type", telemetry.ErrorTypeOf(err)))
+	}
+	t.log.LogAttrs(context.Background(), slog.LevelDebug, "pgfence lease keep-alive stopped", attrs...)
 }
