@@ -138,7 +138,7 @@ func (s *Store) claimAtomic(ctx context.Context, tx pgx.Tx, req Request, fp []by
 		expiresAt             *time.Time
 		retryAfter            *int64
 	)
-	err := tx.QueryRow(ctx, claimAtomicSQL, req.Scope, req.Key, fp, micros(s.wait), micros(retention)).
+	err := tracedQueryRow(ctx, tx, claimAtomicSQL, req.Scope, req.Key, fp, micros(s.wait), micros(retention)).
 		Scan(&outcome, &status, &result, &code, &message, &expiresAt, &retryAfter)
 	if err != nil {
 		return nil, classify(err, false)

@@ -128,5 +128,17 @@
 // unknown, error), takeovers, settlements (not_owner counts a replaced
 // owner's late write), and spans with scope, key, owner and epoch — never the
 // payload or the result. [Config.Logger] gets claims, duplicates, takeovers
-// and settlements.
+// and settlements. The [Middleware] counts every request of a covered method
+// in pgfence.idempotency.http.requests by outcome (executed, replayed,
+// in_progress, mismatch, unprotected, bad_key, bad_body, unavailable, error)
+// and logs it at debug level. [GC] takes its providers and logger in
+// [GCOptions]: pgfence.idempotency.gc.deleted, a span per call and a debug
+// event.
+//
+// When the context carries a valid span context, the claim (Do or Claim)
+// sets its trace id for the claim's transaction in the same pipeline (no
+// extra round trip), and pgfence.idempotency_keys.trace_id keeps the trace of
+// the claim that created the key or last took it over (migration
+// 00007_fence_rejections.sql); heartbeats, recovery points and completions
+// leave it as it is. `pgfence keys show SCOPE [KEY]` prints it.
 package idempotency

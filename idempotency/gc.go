@@ -3,6 +3,10 @@ package idempotency
 import (
 	"context"
 	"fmt"
+	"log/slog"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // GCBatchSizeDefault is [GCOptions.BatchSize]'s default.
@@ -17,6 +21,15 @@ type GCOptions struct {
 	// MaxBatches stops after this many batches. Default 0: until no expired
 	// key is left (or ctx ends).
 	MaxBatches int
+	// MeterProvider receives pgfence.idempotency.gc.deleted. Default: the
+	// global otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// TracerProvider receives a pgfence.idempotency.gc span per call.
+	// Default: the global otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// Logger receives one debug event per call (keys deleted, batches).
+	// Default: discard.
+	Logger *slog.Logger
 }
 
 // GCResult counts what [GC] did.
@@ -45,10 +58,12 @@ DELETE FROM pgfence.idempotency_keys k
 // for long and never blocks claims. Keys in progress, atomic or leased, are
 // never deleted. It returns what it deleted so far even when it stops on an
 // error.
-func GC(ctx context.Context, db DB, opts *GCOptions) (GCResult, error) {
+func GC(ctx context.Context, db DB, opts *GCOptions) (res GCResult, err error) {
 	if opts == nil {
 		opts = &GCOptions{}
 	}
+	ctx, done := newGCTelemetry(opts).start(ctx)
+	defer func() { done(&res, err) }()
 	size := opts.BatchSize
 	switch {
 	case size < 0:
@@ -59,7 +74,6 @@ func GC(ctx context.Context, db DB, opts *GCOptions) (GCResult, error) {
 	if opts.MaxBatches < 0 {
 		return GCResult{}, fmt.Errorf("%w: GCOptions.MaxBatches must not be negative, got %d", ErrInvalid, opts.MaxBatches)
 	}
-	var res GCResult
 	for opts.MaxBatches == 0 || res.Batches < opts.MaxBatches {
 		if err := ctx.Err(); err != nil {
 			return res, err

@@ -197,33 +197,54 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return
 	}
+	outcome, status, key := m.serveCovered(w, r, next)
+	m.store.tel.httpRequest(r.Context(), outcome, status, key)
+}
+
+// Outcomes of a covered request (pgfence.idempotency.http.requests).
+const (
+	httpExecuted    = "executed"    // the handler ran under a new claim
+	httpReplayed    = "replayed"    // the stored response was sent
+	httpInProgress  = "in_progress" // 409: the first request is still running
+	httpMismatch    = "mismatch"    // 422: the key was used with another request
+	httpUnprotected = "unprotected" // no key, not required: the handler ran without one
+	httpBadKey      = "bad_key"     // 400: the key is missing (required), repeated or malformed
+	httpBadBody     = "bad_body"    // 400 or 413: the body is unreadable or too large
+	httpUnavailable = "unavailable" // 503: the store is unreachable
+	httpError       = "error"       // 500: the claim failed otherwise
+)
+
+// serveCovered handles a request of a covered method and returns its
+// outcome, the status sent by the middleware itself (0 when the handler
+// answered) and the key ("" if none).
+func (m *Middleware) serveCovered(w http.ResponseWriter, r *http.Request, next http.Handler) (outcome string, status int, key string) {
 	values := r.Header.Values(HeaderKey)
 	if len(values) == 0 {
 		if m.required {
 			problem(w, http.StatusBadRequest, "Idempotency-Key is missing", "This operation requires an Idempotency-Key header.")
-			return
+			return httpBadKey, http.StatusBadRequest, ""
 		}
 		next.ServeHTTP(w, r)
-		return
+		return httpUnprotected, 0, ""
 	}
 	if len(values) > 1 {
 		problem(w, http.StatusBadRequest, "Idempotency-Key is repeated", "Send exactly one Idempotency-Key header.")
-		return
+		return httpBadKey, http.StatusBadRequest, ""
 	}
 	key, err := parseKey(values[0])
 	if err != nil {
 		problem(w, http.StatusBadRequest, "Idempotency-Key is malformed", err.Error())
-		return
+		return httpBadKey, http.StatusBadRequest, ""
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, m.maxBody+1))
 	if err != nil {
 		problem(w, http.StatusBadRequest, "Request body unreadable", err.Error())
-		return
+		return httpBadBody, http.StatusBadRequest, key
 	}
 	if int64(len(body)) > m.maxBody {
 		problem(w, http.StatusRequestEntityTooLarge, "Request body too large",
 			fmt.Sprintf("An idempotent request body may have at most %d bytes.", m.maxBody))
-		return
+		return httpBadBody, http.StatusRequestEntityTooLarge, key
 	}
 	_ = r.Body.Close()
 	r.Body = io.NopCloser(bytes.NewReader(body))
@@ -240,25 +261,26 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	case errors.Is(err, ErrMismatch):
 		problem(w, http.StatusUnprocessableEntity, "Idempotency-Key reused",
 			"This Idempotency-Key was used with a different request; use a new key for a new request.")
-		return
+		return httpMismatch, http.StatusUnprocessableEntity, key
 	case errors.Is(err, ErrInProgress):
 		w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Max(1, math.Ceil(out.RetryAfter.Seconds()))), 10))
 		problem(w, http.StatusConflict, "Request in progress",
 			"A request with this Idempotency-Key is still being processed; retry later.")
-		return
+		return httpInProgress, http.StatusConflict, key
 	case errors.Is(err, ErrUnavailable):
 		w.Header().Set("Retry-After", "1")
 		problem(w, http.StatusServiceUnavailable, "Idempotency store unavailable", "Retry later.")
-		return
+		return httpUnavailable, http.StatusServiceUnavailable, key
 	case err != nil:
 		m.store.logger.ErrorContext(r.Context(), "idempotency: claim failed", "scope", req.Scope, "key", req.Key, "error", err)
 		problem(w, http.StatusInternalServerError, "Idempotency store error", "The request was not processed; retry later.")
-		return
+		return httpError, http.StatusInternalServerError, key
 	case out.Status == Replayed:
 		m.replay(w, out)
-		return
+		return httpReplayed, 0, key
 	}
 	m.run(w, r, next, out.Attempt)
+	return httpExecuted, 0, key
 }
 
 // claimTimeout bounds the middleware's claim, which does not end with the

@@ -51,7 +51,7 @@ func (s *Store) Claim(ctx context.Context, db DB, req Request) (o *Outcome, err 
 		expiresAt                      *time.Time
 	)
 	start := time.Now()
-	err = db.QueryRow(ctx, claimSQL, req.Scope, req.Key, fp, micros(s.lease), micros(retention)).
+	err = tracedQueryRow(ctx, db, claimSQL, req.Scope, req.Key, fp, micros(s.lease), micros(retention)).
 		Scan(&outcome, &owner, &epoch, &recoveryPoint, &recoveryData, &status, &result, &code, &message, &expiresAt)
 	if err != nil {
 		err = classify(err, true)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -32,6 +33,10 @@ const (
 	attrKey   = attribute.Key("pgfence.idempotency.key")
 	attrOwner = attribute.Key("pgfence.idempotency.owner")
 	attrEpoch = attribute.Key("pgfence.idempotency.epoch")
+
+	attrHTTPOutcome = attribute.Key("pgfence.idempotency.http.outcome")
+	attrGCDeleted   = attribute.Key("pgfence.idempotency.gc.deleted")
+	attrGCBatches   = attribute.Key("pgfence.idempotency.gc.batches")
 )
 
 // instruments are a store's tracer and instruments; with the default
@@ -43,6 +48,7 @@ type instruments struct {
 	duration    metric.Float64Histogram
 	takeovers   metric.Int64Counter
 	settlements metric.Int64Counter
+	http        metric.Int64Counter
 }
 
 func newInstruments(mp metric.MeterProvider, tp trace.TracerProvider, log *slog.Logger) *instruments {
@@ -65,6 +71,8 @@ func newInstruments(mp metric.MeterProvider, tp trace.TracerProvider, log *slog.
 			"Leased claims that took a key over from an attempt whose lease expired or that released it.", report),
 		settlements: telemetry.Counter(m, "pgfence.idempotency.settlements", "{settlement}",
 			"Ends of leased attempts by pgfence.operation (complete, fail, release) and outcome: ok, not_owner (a replaced owner's late write), unknown, error.", report),
+		http: telemetry.Counter(m, "pgfence.idempotency.http.requests", "{request}",
+			"Requests of a covered method through the HTTP middleware, by outcome: executed, replayed, in_progress, mismatch, unprotected, bad_key, bad_body, unavailable, error.", report),
 	}
 }
 
@@ -131,6 +139,103 @@ func (t *instruments) settle(ctx context.Context, op string, a *Attempt) (contex
 		t.settlements.Add(context.WithoutCancel(ctx), 1, metric.WithAttributeSet(attribute.NewSet(
 			telemetry.Operation.String(op), telemetry.Outcome.String(outcome))))
 		span.SetAttributes(telemetry.Outcome.String(outcome))
+		telemetry.End(span, err)
+	}
+}
+
+// batcher is the part of [*pgxpool.Pool], [*pgx.Conn] and [pgx.Tx] that sends
+// a pipeline.
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// tracedQueryRow is db.QueryRow, preceded in the same pipeline (no extra
+// round trip) by setting pgfence.trace_id for the transaction when ctx
+// carries a trace id: the claim stores it in idempotency_keys.trace_id.
+func tracedQueryRow(ctx context.Context, db DB, sql string, args ...any) pgx.Row {
+	id := telemetry.TraceID(ctx)
+	b, ok := db.(batcher)
+	if id == "" || !ok {
+		return db.QueryRow(ctx, sql, args...)
+	}
+	batch := &pgx.Batch{}
+	batch.Queue(telemetry.SetTraceIDSQL, id)
+	batch.Queue(sql, args...)
+	return tracedRow{b.SendBatch(ctx, batch)}
+}
+
+// tracedRow is the second statement's row of a two-statement batch.
+type tracedRow struct{ br pgx.BatchResults }
+
+func (r tracedRow) Scan(dest ...any) error {
+	_, err := r.br.Exec()
+	if err == nil {
+		err = r.br.QueryRow().Scan(dest...)
+	}
+	if cerr := r.br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// httpRequest counts and logs the outcome of one covered request of the HTTP
+// middleware; status is the status the middleware sent itself (0 when the
+// handler or a replay answered).
+func (t *instruments) httpRequest(ctx context.Context, outcome string, status int, key string) {
+	t.http.Add(context.WithoutCancel(ctx), 1, metric.WithAttributeSet(attribute.NewSet(telemetry.Outcome.String(outcome))))
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(attrHTTPOutcome.String(outcome))
+	}
+	attrs := []any{"outcome", outcome}
+	if key != "" {
+		attrs = append(attrs, "key", key)
+	}
+	if status != 0 {
+		attrs = append(attrs, "status", status)
+	}
+	t.log.DebugContext(ctx, "idempotency: http request", attrs...)
+}
+
+// gcTelemetry is GC's tracer, counter and logger, from its options.
+type gcTelemetry struct {
+	tracer  trace.Tracer
+	deleted metric.Int64Counter
+	log     *slog.Logger
+}
+
+func newGCTelemetry(o *GCOptions) gcTelemetry {
+	mp, tp, log := o.MeterProvider, o.TracerProvider, o.Logger
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	report := func(err error) { log.Warn("idempotency: creating an instrument failed", "error", err) }
+	return gcTelemetry{
+		tracer: tp.Tracer(InstrumentationName),
+		deleted: telemetry.Counter(mp.Meter(InstrumentationName), "pgfence.idempotency.gc.deleted", "{key}",
+			"Expired completed keys deleted by GC.", report),
+		log: log,
+	}
+}
+
+// start starts GC's span; the returned function ends it, counts the deleted
+// keys and logs the run.
+func (g gcTelemetry) start(ctx context.Context) (context.Context, func(*GCResult, error)) {
+	ctx, span := g.tracer.Start(ctx, "pgfence.idempotency.gc", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(telemetry.DBSystem))
+	return ctx, func(res *GCResult, err error) {
+		g.deleted.Add(context.WithoutCancel(ctx), res.Deleted)
+		span.SetAttributes(attrGCDeleted.Int64(res.Deleted), attrGCBatches.Int(res.Batches))
+		attrs := []any{"deleted", res.Deleted, "batches", res.Batches}
+		if err != nil {
+			attrs = append(attrs, "error.type", telemetry.ErrorTypeOf(err))
+		}
+		g.log.DebugContext(ctx, "idempotency: gc", attrs...)
 		telemetry.End(span, err)
 	}
 }
