@@ -27,15 +27,19 @@ func runFences(ctx context.Context, e *env, args []string) error {
 	if len(args) > 0 && (args[0] == "show" || args[0] == "list") {
 		args = args[1:]
 	}
-	fs := newFlags(e, "fences show", "fences show [RESOURCE] [--json]")
+	fs := newFlags(e, "fences show", "fences show [RESOURCE [--rejections N]] [--json]")
 	var db dbFlags
 	db.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	nRejections := fs.Int("rejections", pgfence.RejectionsLimitDefault, fmt.Sprintf("with RESOURCE: how many recent rejected writes to list (0 to %d)", pgfence.MaxRejectionsLimit))
 	if err := parse(fs, interspersed(fs, args)); err != nil {
 		return err
 	}
 	if fs.NArg() > 1 {
 		return usageError("fences show takes at most one RESOURCE, got %q", fs.Args())
+	}
+	if *nRejections < 0 || *nRejections > pgfence.MaxRejectionsLimit {
+		return usageError("--rejections must be 0 to %d, got %d", pgfence.MaxRejectionsLimit, *nRejections)
 	}
 	pool, err := db.connect(ctx, e)
 	if err != nil {
@@ -57,7 +61,13 @@ func runFences(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return dbError(err)
 	}
-	if fs.NArg() == 1 && len(fences) == 0 {
+	var rejections []pgfence.Rejection
+	if fs.NArg() == 1 && *nRejections > 0 {
+		if rejections, err = pgfence.Rejections(ctx, pool, fs.Arg(0), *nRejections); err != nil {
+			return dbError(err)
+		}
+	}
+	if fs.NArg() == 1 && len(fences) == 0 && len(rejections) == 0 {
 		return &cliError{msg: fmt.Sprintf("no token was ever accepted for resource %q", fs.Arg(0)), hint: "`pgfence fences show` lists every fenced resource", code: exitFailure}
 	}
 	protected, err := pgfence.Protected(ctx, pool)
@@ -75,7 +85,15 @@ func runFences(ctx context.Context, e *env, args []string) error {
 		if protected == nil {
 			protected = []pgfence.ProtectedTable{}
 		}
-		return writeJSON(e, map[string]any{"fences": fences, "protected_tables": protected, "token_floor": floor})
+		out := map[string]any{"fences": fences, "protected_tables": protected, "token_floor": floor}
+		if fs.NArg() == 1 {
+			rows := make([]rejectionRow, 0, len(rejections))
+			for _, r := range rejections {
+				rows = append(rows, newRejectionRow(r))
+			}
+			out["rejections"] = rows
+		}
+		return writeJSON(e, out)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RESOURCE\tACCEPTED TOKEN\tWRITES\tLAST ACCEPTED AT")
@@ -99,7 +117,61 @@ func runFences(ctx context.Context, e *env, args []string) error {
 		}
 		fmt.Fprintf(e.stdout, "token floor: %d\n", floor)
 	}
+	if fs.NArg() == 1 && *nRejections > 0 {
+		printRejections(e, rejections)
+	}
 	return nil
+}
+
+// rejectionRow is one pgfence.fence_rejections row as `fences show RESOURCE
+// --json` prints it.
+type rejectionRow struct {
+	At             time.Time `json:"at"`
+	Reason         string    `json:"reason"`
+	LeaseReason    string    `json:"lease_reason,omitempty"`
+	PresentedToken int64     `json:"presented_token"`
+	AcceptedToken  int64     `json:"accepted_token,omitempty"`
+	Operation      string    `json:"operation,omitempty"`
+	Op             string    `json:"op,omitempty"`
+	TraceID        string    `json:"trace_id,omitempty"`
+}
+
+func newRejectionRow(r pgfence.Rejection) rejectionRow {
+	row := rejectionRow{At: r.At, Reason: r.Reason, LeaseReason: r.LeaseReason, PresentedToken: r.PresentedToken,
+		AcceptedToken: r.AcceptedToken, Operation: r.Operation, TraceID: r.TraceID}
+	if r.Op != (pgfence.OpID{}) {
+		row.Op = r.Op.String()
+	}
+	return row
+}
+
+func printRejections(e *env, rejections []pgfence.Rejection) {
+	fmt.Fprintf(e.stdout, "\nrecent rejected writes (newest first, kept 7 days):\n")
+	if len(rejections) == 0 {
+		fmt.Fprintln(e.stdout, "(none recorded)")
+		return
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "AT\tREASON\tPRESENTED\tACCEPTED\tOPERATION\tTRACE ID")
+	for _, r := range rejections {
+		reason := r.Reason
+		if r.LeaseReason != "" {
+			reason += " (" + r.LeaseReason + ")"
+		}
+		accepted := "-"
+		if r.AcceptedToken != 0 {
+			accepted = strconv.FormatInt(r.AcceptedToken, 10)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", stamp(r.At), reason, r.PresentedToken, accepted, dash(r.Operation), dash(r.TraceID))
+	}
+	tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func quotePrefix(p string) string {
