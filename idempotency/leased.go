@@ -152,7 +152,9 @@ func (a *Attempt) TrustedUntil() time.Time {
 func (a *Attempt) DerivedKey(step string) string { return a.key + ":" + step }
 
 // Heartbeat extends the lease to now + [Config.Lease] (database clock).
-func (a *Attempt) Heartbeat(ctx context.Context) error {
+func (a *Attempt) Heartbeat(ctx context.Context) (err error) {
+	ctx, done := a.store.tel.extend(ctx, "heartbeat", a)
+	defer func() { done(err) }()
 	start := time.Now()
 	var until time.Time
 	if err := a.db.QueryRow(ctx, heartbeatSQL, a.scope, a.key, a.owner, micros(a.store.lease)).Scan(&until); err != nil {
@@ -165,7 +167,9 @@ func (a *Attempt) Heartbeat(ctx context.Context) error {
 // Advance records that the work reached point (with optional data, for
 // example the id a payment provider returned) and extends the lease. An
 // attempt that takes the key over after a crash resumes from the last point.
-func (a *Attempt) Advance(ctx context.Context, point string, data []byte) error {
+func (a *Attempt) Advance(ctx context.Context, point string, data []byte) (err error) {
+	ctx, done := a.store.tel.extend(ctx, "advance", a)
+	defer func() { done(err) }()
 	switch {
 	case len(point) > MaxRecoveryPointBytes:
 		return fmt.Errorf("%w: recovery point must be at most %d bytes, got %d", ErrInvalid, MaxRecoveryPointBytes, len(point))

@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -195,5 +196,49 @@ func TestHTTPTelemetry(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), `{"n":`) {
 		t.Errorf("the log shows a request body:\n%s", logs.String())
+	}
+}
+
+// TestLeaseExtensionTelemetry: heartbeats and recovery points are counted
+// by outcome and traced; a replaced owner's late heartbeat is not_owner.
+func TestLeaseExtensionTelemetry(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	p := telemetrytest.New(t)
+	store := newStore(t, &idempotency.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer})
+	ctx := context.Background()
+	req := idempotency.Request{Scope: "ext", Key: "k"}
+	a := claimNew(t, store, pool, req)
+	if err := a.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Advance(ctx, "step-1", []byte("provider-id")); err != nil {
+		t.Fatal(err)
+	}
+	expireLease(t, pool, "k")
+	claimNew(t, store, pool, req) // takes the key over
+	if err := a.Heartbeat(ctx); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Fatalf("late heartbeat: %v", err)
+	}
+	m := p.Metrics(t)
+	for _, want := range []struct{ op, outcome string }{{"heartbeat", "ok"}, {"advance", "ok"}, {"heartbeat", "not_owner"}} {
+		if n := m.Sum("pgfence.idempotency.lease_extensions", attribute.String("pgfence.operation", want.op),
+			attribute.String("pgfence.outcome", want.outcome)); n != 1 {
+			t.Errorf("lease_extensions{%s,%s} = %d, want 1", want.op, want.outcome, n)
+		}
+	}
+	beats := p.Ended("pgfence.idempotency.heartbeat")
+	if len(beats) != 2 || len(p.Ended("pgfence.idempotency.advance")) != 1 {
+		t.Fatalf("%d heartbeat spans, %d advance spans", len(beats), len(p.Ended("pgfence.idempotency.advance")))
+	}
+	if v, _ := telemetrytest.Attr(beats[1], "pgfence.outcome"); v.AsString() != "not_owner" {
+		t.Errorf("late heartbeat span outcome %q", v.AsString())
+	}
+	for _, s := range p.Spans.Ended() {
+		for _, kv := range s.Attributes() {
+			if strings.Contains(kv.Value.String(), "provider-id") {
+				t.Errorf("span %s carries the recovery data", s.Name())
+			}
+		}
 	}
 }

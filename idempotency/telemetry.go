@@ -48,6 +48,7 @@ type instruments struct {
 	duration    metric.Float64Histogram
 	takeovers   metric.Int64Counter
 	settlements metric.Int64Counter
+	extensions  metric.Int64Counter
 	http        metric.Int64Counter
 }
 
@@ -71,6 +72,8 @@ func newInstruments(mp metric.MeterProvider, tp trace.TracerProvider, log *slog.
 			"Leased claims that took a key over from an attempt whose lease expired or that released it.", report),
 		settlements: telemetry.Counter(m, "pgfence.idempotency.settlements", "{settlement}",
 			"Ends of leased attempts by pgfence.operation (complete, fail, release) and outcome: ok, not_owner (a replaced owner's late write), unknown, error.", report),
+		extensions: telemetry.Counter(m, "pgfence.idempotency.lease_extensions", "{extension}",
+			"Lease extensions of leased attempts by pgfence.operation (heartbeat, advance) and outcome: ok, not_owner (the key was taken over), unknown, error.", report),
 		http: telemetry.Counter(m, "pgfence.idempotency.http.requests", "{request}",
 			"Requests of a covered method through the HTTP middleware, by outcome: executed, replayed, in_progress, mismatch, unprotected, bad_key, bad_body, unavailable, error.", report),
 	}
@@ -120,6 +123,18 @@ func (t *instruments) start(ctx context.Context, mode string, req Request) (cont
 // settle starts the span of an attempt's Complete, Fail or Release; the
 // returned function ends it and counts the outcome.
 func (t *instruments) settle(ctx context.Context, op string, a *Attempt) (context.Context, func(error)) {
+	return t.owned(ctx, op, a, t.settlements)
+}
+
+// extend starts the span of an attempt's Heartbeat or Advance; the returned
+// function ends it and counts the outcome.
+func (t *instruments) extend(ctx context.Context, op string, a *Attempt) (context.Context, func(error)) {
+	return t.owned(ctx, op, a, t.extensions)
+}
+
+// owned starts the span of an owner-only call op; the returned function ends
+// it, counts the outcome on counter and logs it.
+func (t *instruments) owned(ctx context.Context, op string, a *Attempt, counter metric.Int64Counter) (context.Context, func(error)) {
 	ctx, span := t.tracer.Start(ctx, "pgfence.idempotency."+op, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(telemetry.DBSystem, attrScope.String(a.scope), attrKey.String(a.key),
 			attrOwner.String(a.owner), attrEpoch.Int64(a.epoch)))
@@ -136,7 +151,7 @@ func (t *instruments) settle(ctx context.Context, op string, a *Attempt) (contex
 		default:
 			outcome = outcomeError
 		}
-		t.settlements.Add(context.WithoutCancel(ctx), 1, metric.WithAttributeSet(attribute.NewSet(
+		counter.Add(context.WithoutCancel(ctx), 1, metric.WithAttributeSet(attribute.NewSet(
 			telemetry.Operation.String(op), telemetry.Outcome.String(outcome))))
 		span.SetAttributes(telemetry.Outcome.String(outcome))
 		telemetry.End(span, err)
