@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 
 	"github.com/jackc/pgx/v5"
 
@@ -77,4 +79,36 @@ func ExampleUpdateRow() {
 	// <nil>
 	// true
 	// true
+}
+
+// A logger in the context gets one event per fenced write; a rejected write
+// is also recorded in pgfence.fence_rejections, listed by Rejections.
+func ExampleContextWithLogger() {
+	db, err := pgfencetest.Open()
+	if err != nil {
+		fmt.Println("no database:", err)
+		return
+	}
+	defer db.Close()
+	// A text log without the time, for a stable output.
+	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey || a.Key == "pgfence.fence.op" {
+				return slog.Attr{}
+			}
+			return a
+		},
+	}))
+	ctx := pgfence.ContextWithLogger(context.Background(), logger)
+
+	_, _ = pgfence.Exec(ctx, db.Pool, "invoice:7", 42, `SELECT 'the business write'`) // accepted: debug, not shown
+	_, _ = pgfence.Exec(ctx, db.Pool, "invoice:7", 41, `SELECT 'a late write'`)
+
+	rejections, _ := pgfence.Rejections(ctx, db.Pool, "invoice:7", 10)
+	for _, r := range rejections {
+		fmt.Printf("recorded: %s, token %d, %d was accepted\n", r.Reason, r.PresentedToken, r.AcceptedToken)
+	}
+	// Output:
+	// level=INFO msg="pgfence: write rejected" pgfence.operation=exec pgfence.fence.resource=invoice:7 pgfence.fence.token=41 pgfence.outcome=stale_token pgfence.fence.accepted_token=42
+	// recorded: stale_token, token 41, 42 was accepted
 }
