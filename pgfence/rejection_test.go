@@ -370,3 +370,27 @@ SELECT 'old', g, 'stale_token', clock_timestamp() - interval '8 days' FROM gener
 		t.Fatalf("prune_fence_rejections(0) = %d, %v; want 3", deleted, err)
 	}
 }
+
+// BenchmarkRejectedExec compares an accepted Exec with a rejected one, which
+// also records the rejection (one more statement, synchronous_commit off).
+func BenchmarkRejectedExec(b *testing.B) {
+	pool := pgfencetest.NewPool(b)
+	ctx := context.Background()
+	if _, err := pgfence.Exec(ctx, pool, "bench", 1<<40, `SELECT 1`); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("accepted", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := pgfence.Exec(ctx, pool, "bench", 1<<40, `SELECT 1`); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("rejected", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := pgfence.Exec(ctx, pool, "bench", 1, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) {
+				b.Fatal(err)
+			}
+		}
+	})
+}
