@@ -2,284 +2,333 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"math/rand/v2"
+	"io"
+	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/internal/benchrun"
 	"github.com/pgfence/pgfence/internal/devdb"
-	"github.com/pgfence/pgfence/leases"
-	"github.com/pgfence/pgfence/pgfence"
 )
 
-// errHeld marks an attempt that found its key held (two workers drew the same
-// random key): contention, not a failure, and not a sample.
-var errHeld = errors.New("held")
-
-// benchKeys is the key space: random keys out of 100k, as in DESIGN.md §7.
-const benchKeys = 100_000
-
-// benchCase is one measured operation; op runs once per iteration.
-type benchCase struct {
-	name string
-	what string
-	op   func(ctx context.Context, rng *rand.Rand) error
-}
-
-// benchResult is one case at one concurrency.
-type benchResult struct {
-	Case    string  `json:"case"`
-	What    string  `json:"what"`
-	Workers int     `json:"workers"`
-	Ops     int     `json:"ops"`
-	Errors  int     `json:"errors"`
-	Held    int     `json:"held"` // attempts that found the random key held by another worker
-	OpsPerS float64 `json:"ops_per_s"`
-	P50ms   float64 `json:"p50_ms"`
-	P99ms   float64 `json:"p99_ms"`
-}
+const benchUsage = `bench [--database-url URL] [--duration 3s] [--workers 1,8] [--cases a,b] [--peers redis|none] [--json]
+       pgfence bench curves [--database-url URL] [--max 100000] [--max-waiters 64] [--cycles 20000] [--json]`
 
 func runBench(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench", "bench [--database-url URL] [--duration 3s] [--workers 1,8] [--cases a,b] [--json]")
+	if len(args) > 0 && args[0] == "curves" {
+		return runBenchCurves(ctx, e, args[1:])
+	}
+	fs := newFlags(e, "bench", benchUsage)
 	var db dbFlags
 	db.register(fs)
 	duration := fs.Duration("duration", 3*time.Second, "how long each case runs at each concurrency")
-	workersFlag := fs.String("workers", "1,8", "comma-separated concurrency levels")
+	workersFlag := fs.String("workers", "1,8", "comma-separated concurrency levels (hot-key: the number of waiters)")
 	casesFlag := fs.String("cases", "", "comma-separated case names (default: all)")
+	peersFlag := fs.String("peers", "redis", "peers measured in the same run: redis (a local redis-server through redsync, durable and in memory) or none")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := parse(fs, interspersed(fs, args)); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usageError("bench takes no arguments, got %q", fs.Args())
+		return usageError("bench takes no arguments (or the subcommand curves), got %q", fs.Args())
 	}
-	if *duration < 100*time.Millisecond || *duration > 10*time.Minute {
-		return usageError("--duration must be between 100ms and 10m, got %s", *duration)
+	if err := checkDuration(*duration); err != nil {
+		return err
 	}
-	var workers []int
-	for _, s := range strings.Split(*workersFlag, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < 1 || n > 256 {
-			return usageError("--workers: %q is not a number from 1 to 256", s)
-		}
-		workers = append(workers, n)
-	}
-	url := db.url
-	if url == "" {
-		url = e.getenv("DATABASE_URL")
-	}
-	maxWorkers := slices.Max(workers)
-	d, err := devdb.Open(ctx, url, &devdb.Options{Progress: e.stderr, MaxConns: int32(maxWorkers + 4)})
-	if err != nil {
-		return &cliError{msg: redact(err.Error()), hint: "omit --database-url to use a throwaway local PostgreSQL, or pass a reachable URL", code: exitUnavailable, err: err}
-	}
-	defer d.Close()
-	defer func() { _, _ = d.Pool.Exec(context.WithoutCancel(ctx), `DROP SCHEMA IF EXISTS pgfence_bench CASCADE`) }()
-
-	cases, cleanup, err := benchCases(ctx, d.Pool)
+	workers, err := parseWorkers(*workersFlag)
 	if err != nil {
 		return err
 	}
-	defer cleanup()
+	var withRedis bool
+	switch *peersFlag {
+	case "redis":
+		withRedis = true
+	case "none", "":
+	default:
+		return usageError("--peers: %q is not redis or none", *peersFlag)
+	}
+	all := benchCases()
+	cases := slices.DeleteFunc(slices.Clone(all), func(c *benchCase) bool { return c.peer != "" && !withRedis })
 	if *casesFlag != "" {
-		var picked []benchCase
+		cases = nil
 		for _, name := range strings.Split(*casesFlag, ",") {
-			i := slices.IndexFunc(cases, func(c benchCase) bool { return c.name == strings.TrimSpace(name) })
+			i := slices.IndexFunc(all, func(c *benchCase) bool { return c.name == strings.TrimSpace(name) })
 			if i < 0 {
 				var names []string
-				for _, c := range cases {
+				for _, c := range all {
 					names = append(names, c.name)
 				}
 				return usageError("--cases: unknown case %q (have %s)", name, strings.Join(names, ", "))
 			}
-			picked = append(picked, cases[i])
+			cases = append(cases, all[i])
 		}
-		cases = picked
 	}
 
-	var settings struct{ fsync, syncCommit string }
-	_ = d.Pool.QueryRow(ctx, `SELECT current_setting('fsync'), current_setting('synchronous_commit')`).Scan(&settings.fsync, &settings.syncCommit)
-	fmt.Fprintf(e.stderr, "bench: %d case(s) × workers %v × %s; fsync=%s synchronous_commit=%s\n", len(cases), workers, *duration, settings.fsync, settings.syncCommit)
+	b, err := openBench(ctx, e, db.url, slices.Max(workers))
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	peer := &peerRunner{e: e}
+	defer peer.close()
 
-	var results []benchResult
+	fmt.Fprintf(e.stderr, "bench: %d case(s) × workers %v × %s; %s\n", len(cases), workers, *duration, b.settings)
+	var results []benchrun.Result
+	total, step := len(cases)*len(workers), 0
 	for _, c := range cases {
 		for _, n := range workers {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			r := measure(ctx, c, n, *duration)
-			fmt.Fprintf(e.stderr, "  %-16s %3d workers: %8.0f ops/s  p50 %.2f ms  p99 %.2f ms\n", c.name, n, r.OpsPerS, r.P50ms, r.P99ms)
+			step++
+			label := fmt.Sprintf("[%d/%d] %s, %d workers", step, total, c.name, n)
+			done := startProgress(e.stderr, label, *duration, time.Duration(total-step+1)*(*duration+500*time.Millisecond))
+			var r benchrun.Result
+			if c.peer != "" {
+				r, err = peer.measure(ctx, c.peer, n, *duration)
+			} else {
+				r, err = b.measure(ctx, c, n, *duration)
+			}
+			done()
+			if err != nil {
+				return fmt.Errorf("bench %s with %d workers: %w", c.name, n, err)
+			}
+			r.Case, r.Group, r.What = c.name, c.group, c.what
+			fmt.Fprintf(e.stderr, "  %s\n", resultLine(r))
 			results = append(results, r)
 		}
 	}
+	comparisons := compare(results)
 	if *asJSON {
-		return writeJSON(e, map[string]any{"fsync": settings.fsync, "synchronous_commit": settings.syncCommit, "results": results})
+		return writeJSON(e, map[string]any{"machine": b.machine(), "settings": b.settings, "duration_s": duration.Seconds(), "results": results, "comparisons": comparisons})
 	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "CASE\tWORKERS\tOPS/S\tP50 MS\tP99 MS\tHELD\tERRORS\t")
-	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%.2f\t%d\t%d\t\n", r.Case, r.Workers, r.OpsPerS, r.P50ms, r.P99ms, r.Held, r.Errors)
+	printBenchResults(e.stdout, results)
+	if len(comparisons) > 0 {
+		fmt.Fprintln(e.stdout, "\nAgainst the goals (issue #9, DESIGN.md §7):")
+		for _, c := range comparisons {
+			fmt.Fprintf(e.stdout, "  %s\n", c)
+		}
 	}
-	tw.Flush()
 	fmt.Fprintln(e.stdout)
 	for _, c := range cases {
 		fmt.Fprintf(e.stdout, "  %-16s %s\n", c.name, c.what)
 	}
+	fmt.Fprintf(e.stdout, "\n%s; %s\n", b.machine(), b.settings)
 	return nil
 }
 
-// measure runs c with n workers for d and summarizes the latencies.
-func measure(ctx context.Context, c benchCase, n int, d time.Duration) benchResult {
-	// Warm up: open the connections and plan the statements outside the clock.
-	var warm sync.WaitGroup
-	for w := range n {
-		warm.Add(1)
-		go func() {
-			defer warm.Done()
-			_ = c.op(ctx, rand.New(rand.NewPCG(uint64(w), 0)))
-		}()
+func checkDuration(d time.Duration) error {
+	if d < 100*time.Millisecond || d > 10*time.Minute {
+		return usageError("--duration must be between 100ms and 10m, got %s", d)
 	}
-	warm.Wait()
-	ctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	var mu sync.Mutex
-	var lat []time.Duration
-	errs, held := 0, 0
-	var wg sync.WaitGroup
-	start := time.Now()
-	for w := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
-			var mine []time.Duration
-			bad, busy := 0, 0
-			for ctx.Err() == nil {
-				t0 := time.Now()
-				err := c.op(ctx, rng)
-				if ctx.Err() != nil {
-					break // cut off by the deadline: not a sample
-				}
-				if errors.Is(err, errHeld) || errors.Is(err, leases.ErrLeaseHeld) {
-					busy++
-					continue
-				}
-				if err != nil {
-					bad++
-					continue
-				}
-				mine = append(mine, time.Since(t0))
-			}
-			mu.Lock()
-			lat = append(lat, mine...)
-			errs += bad
-			held += busy
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	slices.Sort(lat)
-	r := benchResult{Case: c.name, What: c.what, Workers: n, Ops: len(lat), Errors: errs, Held: held, OpsPerS: float64(len(lat)) / elapsed.Seconds()}
-	if len(lat) > 0 {
-		r.P50ms = float64(lat[len(lat)/2]) / 1e6
-		r.P99ms = float64(lat[len(lat)*99/100]) / 1e6
-	}
-	return r
+	return nil
 }
 
-// benchCases prepares the tables and returns every case.
-func benchCases(ctx context.Context, pool *pgxpool.Pool) ([]benchCase, func(), error) {
-	if _, err := pool.Exec(ctx, `
-		DROP SCHEMA IF EXISTS pgfence_bench CASCADE;
-		CREATE SCHEMA pgfence_bench;
-		CREATE TABLE pgfence_bench.stock (id int PRIMARY KEY, qty bigint NOT NULL);
-		INSERT INTO pgfence_bench.stock SELECT g, 0 FROM generate_series(1, 100000) g;
-		CREATE TABLE pgfence_bench.orders (id bigserial PRIMARY KEY, item int NOT NULL);
-		ANALYZE pgfence_bench.stock`); err != nil {
-		return nil, nil, fmt.Errorf("bench setup: %w", err)
+func parseWorkers(s string) ([]int, error) {
+	var workers []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 256 {
+			return nil, usageError("--workers: %q is not a number from 1 to 256", f)
+		}
+		workers = append(workers, n)
 	}
-	client, err := leases.New(pool, &leases.Config{DisableWakeups: true})
-	if err != nil {
-		return nil, nil, err
-	}
-	store, err := idempotency.NewStore(nil)
-	if err != nil {
-		client.Close()
-		return nil, nil, err
-	}
-	key := func(rng *rand.Rand) string { return "bench/" + strconv.Itoa(rng.IntN(benchKeys)) }
-	var seq sync.Mutex
-	var n int64
-	nextID := func() int64 { seq.Lock(); defer seq.Unlock(); n++; return n }
-	// Fenced writes present one token per resource that never goes backwards:
-	// the token of a single long-held lease (equal tokens pass).
-	var token int64
-	if err := pool.QueryRow(ctx, `SELECT pgfence.next_token(NULL)`).Scan(&token); err != nil {
-		client.Close()
-		return nil, nil, err
-	}
-	const update = `UPDATE pgfence_bench.stock SET qty = qty + 1 WHERE id = $1`
+	return workers, nil
+}
 
-	cases := []benchCase{
-		{"advisory-lock", "pg_advisory_xact_lock in a transaction (not durable, no token) — reference", func(ctx context.Context, rng *rand.Rand) error {
-			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, key(rng))
-				return err
-			})
-		}},
-		{"raw-lease", "pgfence.try_acquire + pgfence.release sent as raw SQL over pgx (2 commits)", func(ctx context.Context, rng *rand.Rand) error {
-			k := key(rng)
-			var ok bool
-			var holder string
-			var tok int64
-			if err := pool.QueryRow(ctx, `SELECT acquired, holder::text, token FROM pgfence.try_acquire($1, interval '30 seconds')`, k).Scan(&ok, &holder, &tok); err != nil {
-				return err
-			}
-			if !ok {
-				return errHeld
-			}
-			_, err := pool.Exec(ctx, `SELECT pgfence.release($1, $2::uuid, $3, false)`, k, holder, tok)
-			return err
-		}},
-		{"leases", "leases.Client TryAcquire + Lease.Release (the library)", func(ctx context.Context, rng *rand.Rand) error {
-			l, err := client.TryAcquire(ctx, key(rng), 30*time.Second, nil)
-			if err != nil {
-				return err
-			}
-			return l.Release(ctx)
-		}},
-		{"raw-update", "UPDATE of one row, unfenced (1 commit)", func(ctx context.Context, rng *rand.Rand) error {
-			_, err := pool.Exec(ctx, update, 1+rng.IntN(benchKeys))
-			return err
-		}},
-		{"fenced-update", "pgfence.Exec: the same UPDATE fenced by a token, one round trip", func(ctx context.Context, rng *rand.Rand) error {
-			id := 1 + rng.IntN(benchKeys)
-			_, err := pgfence.Exec(ctx, pool, "bench/"+strconv.Itoa(id), token, update, id)
-			return err
-		}},
-		{"raw-insert-tx", "a transaction inserting one order row (1 commit)", func(ctx context.Context, rng *rand.Rand) error {
-			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, `INSERT INTO pgfence_bench.orders (item) VALUES ($1)`, rng.IntN(benchKeys))
-				return err
-			})
-		}},
-		{"idempotent-tx", "idempotency.Store.Do: the same insert under a new key, result stored", func(ctx context.Context, rng *rand.Rand) error {
-			_, err := store.Do(ctx, pool, idempotency.Request{Scope: "bench", Key: strconv.FormatInt(nextID(), 10)}, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
-				_, err := tx.Exec(ctx, `INSERT INTO pgfence_bench.orders (item) VALUES ($1)`, rng.IntN(benchKeys))
-				return []byte("ok"), err
-			})
-			return err
-		}},
+// benchDB is the database a bench runs on, with a pool whose statements are
+// counted.
+type benchDB struct {
+	db       *devdb.DB
+	pool     *pgxpool.Pool // traced: the cases run here
+	stmts    *statementCounter
+	settings string // the durability settings, for the report
+	version  string
+}
+
+// openBench opens the database (or a throwaway durable local cluster) and a
+// traced pool sized for maxWorkers, and creates the bench tables.
+func openBench(ctx context.Context, e *env, url string, maxWorkers int) (*benchDB, error) {
+	if url == "" {
+		url = e.getenv("DATABASE_URL")
 	}
-	return cases, func() { client.Close() }, nil
+	d, err := devdb.Open(ctx, url, &devdb.Options{Progress: e.stderr, MaxConns: 8, Settings: map[string]string{
+		// hot-key: one LISTEN connection per waiter, besides the pool
+		"max_connections": strconv.Itoa(2*maxWorkers + 100),
+		"shared_buffers":  "128MB",
+	}})
+	if err != nil {
+		return nil, &cliError{msg: redact(err.Error()), hint: "omit --database-url to use a throwaway local PostgreSQL, or pass a reachable URL", code: exitUnavailable, err: err}
+	}
+	b := &benchDB{db: d, stmts: &statementCounter{}}
+	cfg, err := pgxpool.ParseConfig(d.URL)
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	cfg.MaxConns = int32(maxWorkers + 8)
+	cfg.ConnConfig.Tracer = b.stmts
+	if b.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		d.Close()
+		return nil, err
+	}
+	var fsync, syncCommit, autovacuum string
+	if err := d.Pool.QueryRow(ctx, `SELECT current_setting('fsync'), current_setting('synchronous_commit'), current_setting('autovacuum'), current_setting('server_version')`).Scan(&fsync, &syncCommit, &autovacuum, &b.version); err != nil {
+		b.close()
+		return nil, err
+	}
+	b.settings = fmt.Sprintf("PostgreSQL %s, fsync=%s synchronous_commit=%s autovacuum=%s", b.version, fsync, syncCommit, autovacuum)
+	if d.Embedded {
+		b.settings += " (throwaway local cluster)"
+	}
+	if _, err := d.Pool.Exec(ctx, benchSchema); err != nil {
+		b.close()
+		return nil, fmt.Errorf("bench setup: %w", err)
+	}
+	return b, nil
+}
+
+func (b *benchDB) close() {
+	if b.pool != nil {
+		b.pool.Close()
+	}
+	_, _ = b.db.Pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS pgfence_bench CASCADE`)
+	b.db.Close()
+}
+
+func (b *benchDB) machine() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s/%s, %d CPUs, %s, host %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), host)
+}
+
+// measure runs one PostgreSQL case with n workers for d and counts the
+// statements the pool sent while the clock ran.
+func (b *benchDB) measure(ctx context.Context, c *benchCase, n int, d time.Duration) (benchrun.Result, error) {
+	op, cleanup, err := c.prepare(ctx, b, n)
+	if err != nil {
+		return benchrun.Result{}, err
+	}
+	defer cleanup()
+	var before int64
+	r := benchrun.Run(ctx, op, benchrun.Config{Workers: n, Duration: d, Started: func() { before = b.stmts.Load() }})
+	r.SetStatements(b.stmts.Load() - before)
+	return r, nil
+}
+
+// startProgress shows what runs on w: on a terminal a line refreshed with the
+// elapsed and remaining time, elsewhere one line when the step starts. The
+// returned function clears it.
+func startProgress(w io.Writer, label string, d, left time.Duration) (done func()) {
+	tty := false
+	if f, ok := w.(*os.File); ok {
+		st, err := f.Stat()
+		tty = err == nil && st.Mode()&os.ModeCharDevice != 0
+	}
+	if !tty {
+		fmt.Fprintf(w, "  %s for %s (about %s left in all)\n", label, d, left.Round(time.Second))
+		return func() {}
+	}
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		start := time.Now()
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			el := time.Since(start)
+			fmt.Fprintf(w, "\r\033[K  %s  %s / %s  (about %s left in all)", label, el.Round(100*time.Millisecond), d, max(left-el, 0).Round(time.Second))
+			select {
+			case <-stop:
+				fmt.Fprint(w, "\r\033[K")
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() { close(stop); <-stopped }
+}
+
+func resultLine(r benchrun.Result) string {
+	if r.Skipped != "" {
+		return fmt.Sprintf("%-16s %3d workers: skipped: %s", r.Case, r.Workers, r.Skipped)
+	}
+	s := fmt.Sprintf("%-16s %3d workers: %8.0f ops/s  p50 %.2f ms  p99 %.2f ms  %.2f statements/op", r.Case, r.Workers, r.OpsPerS, r.P50ms, r.P99ms, r.StatementsPerOp)
+	if r.Errors > 0 {
+		s += fmt.Sprintf("  %d errors (first: %s)", r.Errors, oneLine(r.FirstError))
+	}
+	return s
+}
+
+func printBenchResults(w io.Writer, results []benchrun.Result) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "GROUP\tCASE\tWORKERS\tOPS/S\tP50 MS\tP99 MS\tSTMTS/OP\tSTMTS/S\tHELD\tERRORS\t")
+	var skipped, failed []string
+	for _, r := range results {
+		if r.Skipped != "" {
+			fmt.Fprintf(tw, "%s\t%s\t%d\tskipped\t-\t-\t-\t-\t-\t-\t\n", r.Group, r.Case, r.Workers)
+			if s := r.Case + ": " + r.Skipped; !slices.Contains(skipped, s) {
+				skipped = append(skipped, s)
+			}
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.0f\t%d\t%d\t\n", r.Group, r.Case, r.Workers, r.OpsPerS, r.P50ms, r.P99ms, r.StatementsPerOp, r.StatementsPerS, r.Held, r.Errors)
+		if r.Errors > 0 {
+			failed = append(failed, fmt.Sprintf("%s, %d workers: %d errors, first: %s", r.Case, r.Workers, r.Errors, oneLine(r.FirstError)))
+		}
+	}
+	tw.Flush()
+	for _, s := range skipped {
+		fmt.Fprintf(w, "skipped %s\n", s)
+	}
+	for _, s := range failed {
+		fmt.Fprintf(w, "errors in %s\n", s)
+	}
+}
+
+// compare states the goals of issue #9 that this run's rows can check, as
+// ratios measured in the same run (absolute figures vary with the machine).
+func compare(results []benchrun.Result) []string {
+	find := func(name string, n int) *benchrun.Result {
+		for i := range results {
+			if r := &results[i]; r.Case == name && r.Workers == n && r.Skipped == "" && r.Ops > 0 {
+				return r
+			}
+		}
+		return nil
+	}
+	var out []string
+	var levels []int
+	for _, r := range results {
+		if !slices.Contains(levels, r.Workers) {
+			levels = append(levels, r.Workers)
+		}
+	}
+	for _, n := range levels {
+		if l, f := find("leases", n), find("raw-lock-upsert", n); l != nil && f != nil {
+			out = append(out, fmt.Sprintf("%3d workers: leases acquire+release at %.0f%% of the raw inline-upsert floor's ops/s (goal ≥ 90%%)", n, 100*l.OpsPerS/f.OpsPerS))
+		}
+		if l, rd := find("leases", n), find("redis-durable", n); l != nil && rd != nil {
+			out = append(out, fmt.Sprintf("%3d workers: leases acquire+release at %.0f%% of durable Redis (redsync) ops/s", n, 100*l.OpsPerS/rd.OpsPerS))
+		}
+		if fu, ru := find("fenced-update", n), find("raw-update", n); fu != nil && ru != nil {
+			out = append(out, fmt.Sprintf("%3d workers: fenced write p50 %.2f× the unfenced UPDATE (goal ≤ 1.15×)", n, fu.P50ms/ru.P50ms))
+		}
+		if h := find("hot-key", n); h != nil {
+			out = append(out, fmt.Sprintf("%3d workers: hot-key hand-off p50 %.2f ms (goal ≤ 5 ms)", n, h.P50ms))
+		}
+	}
+	if one := find("hot-key", 1); one != nil && len(levels) > 1 {
+		most := slices.Max(levels)
+		if h := find("hot-key", most); h != nil && most > 1 && one.StatementsPerS > 0 {
+			out = append(out, fmt.Sprintf("hot key: %d waiters send %.2f× the statements/s of 1 (goal for 64: ≤ 2×)", most, h.StatementsPerS/one.StatementsPerS))
+		}
+	}
+	return out
 }

@@ -1,0 +1,325 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/internal/benchrun"
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
+)
+
+// benchSchema holds the business tables the cases write to, and the lock table
+// of the hand-written floor. It is dropped when the bench ends.
+const benchSchema = `
+	DROP SCHEMA IF EXISTS pgfence_bench CASCADE;
+	CREATE SCHEMA pgfence_bench;
+	CREATE TABLE pgfence_bench.stock (id int PRIMARY KEY, qty bigint NOT NULL);
+	INSERT INTO pgfence_bench.stock SELECT g, 0 FROM generate_series(0, 99999) g;
+	CREATE TABLE pgfence_bench.orders (id bigserial PRIMARY KEY, item int NOT NULL);
+	CREATE TABLE pgfence_bench.locks (key text PRIMARY KEY, holder uuid NOT NULL, token bigint NOT NULL, expires_at timestamptz NOT NULL);
+	ANALYZE pgfence_bench.stock`
+
+// The SQL of the raw cases: what a team writes by hand without pgfence.
+const (
+	// The floor of DESIGN.md §7 row 1: an inline upsert that takes a free or
+	// expired lock (its WHERE runs after the row lock) and a release that only
+	// the holder's grant can do. Both commit durably.
+	sqlFloorAcquire = `INSERT INTO pgfence_bench.locks AS l (key, holder, token, expires_at)
+		VALUES ($1, $2, 1, clock_timestamp() + interval '30 seconds')
+		ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, token = l.token + 1, expires_at = excluded.expires_at
+		WHERE l.expires_at <= clock_timestamp()
+		RETURNING token`
+	sqlFloorRelease = `UPDATE pgfence_bench.locks SET expires_at = clock_timestamp() WHERE key = $1 AND holder = $2 AND token = $3`
+	sqlUpdate       = `UPDATE pgfence_bench.stock SET qty = qty + 1 WHERE id = $1`
+	sqlInsert       = `INSERT INTO pgfence_bench.orders (item) VALUES ($1)`
+)
+
+// benchCase is one row of the bench table.
+type benchCase struct {
+	name  string
+	group string
+	what  string
+	// peer, when set, is the Redis peer's mode: the case runs in the peer
+	// process, not here.
+	peer string
+	// prepare returns the operation for one measurement with n workers, and a
+	// cleanup to run after it.
+	prepare func(ctx context.Context, b *benchDB, n int) (benchrun.Op, func(), error)
+}
+
+// simple makes a prepare function of an operation that needs no state per
+// measurement.
+func simple(op func(ctx context.Context, b *benchDB, w *benchrun.Worker) error) func(context.Context, *benchDB, int) (benchrun.Op, func(), error) {
+	return func(_ context.Context, b *benchDB, _ int) (benchrun.Op, func(), error) {
+		return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+			return 0, op(ctx, b, w)
+		}, func() {}, nil
+	}
+}
+
+func benchKey(w *benchrun.Worker) string { return "bench/" + strconv.Itoa(w.Key()) }
+
+// randomUUID returns a random UUID (version 4) from the worker's source.
+func randomUUID(w *benchrun.Worker) string {
+	hi, lo := w.Rand.Uint64(), w.Rand.Uint64()
+	hi = hi&^0xf000 | 0x4000
+	lo = lo&^(0xc<<60) | 0x8<<60
+	return fmt.Sprintf("%08x-%04x-%04x-%04x-%012x", hi>>32, hi>>16&0xffff, hi&0xffff, lo>>48, lo&0xffffffffffff)
+}
+
+// benchCases returns every case, in the order of the table: lock + unlock
+// (pgfence, raw SQL, advisory locks, Redis), the hot key, fenced and
+// lease-checked writes, idempotency.
+func benchCases() []*benchCase {
+	return []*benchCase{
+		{name: "raw-lock-upsert", group: "lock", what: "the floor: a hand-written inline-upsert acquire + conditional release over pgx (2 durable commits)",
+			prepare: simple(func(ctx context.Context, b *benchDB, w *benchrun.Worker) error {
+				k, holder := benchKey(w), randomUUID(w)
+				var token int64
+				err := b.pool.QueryRow(ctx, sqlFloorAcquire, k, holder).Scan(&token)
+				if errors.Is(err, pgx.ErrNoRows) {
+					return benchrun.ErrHeld
+				}
+				if err != nil {
+					return err
+				}
+				_, err = b.pool.Exec(ctx, sqlFloorRelease, k, holder, token)
+				return err
+			})},
+		{name: "raw-lease", group: "lock", what: "pgfence.try_acquire + pgfence.release sent as raw SQL over pgx (the SQL API without the Go client)",
+			prepare: simple(func(ctx context.Context, b *benchDB, w *benchrun.Worker) error {
+				k := benchKey(w)
+				var ok bool
+				var holder string
+				var tok int64
+				if err := b.pool.QueryRow(ctx, `SELECT acquired, holder::text, token FROM pgfence.try_acquire($1, interval '30 seconds')`, k).Scan(&ok, &holder, &tok); err != nil {
+					return err
+				}
+				if !ok {
+					return benchrun.ErrHeld
+				}
+				_, err := b.pool.Exec(ctx, `SELECT pgfence.release($1, $2::uuid, $3, false)`, k, holder, tok)
+				return err
+			})},
+		{name: "leases", group: "lock", what: "leases.Client TryAcquire + Lease.Release (the library; the release commits with synchronous_commit=off by default)",
+			prepare: func(_ context.Context, b *benchDB, _ int) (benchrun.Op, func(), error) {
+				client, err := leases.New(b.pool, &leases.Config{DisableWakeups: true})
+				if err != nil {
+					return nil, nil, err
+				}
+				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+					l, err := client.TryAcquire(ctx, benchKey(w), 30*time.Second, nil)
+					if errors.Is(err, leases.ErrLeaseHeld) {
+						return 0, benchrun.ErrHeld
+					}
+					if err != nil {
+						return 0, err
+					}
+					return 0, l.Release(ctx)
+				}, func() { client.Close() }, nil
+			}},
+		{name: "advisory-lock", group: "lock", what: "pg_advisory_xact_lock in a transaction: what teams use today (not durable, no token, no expiry)",
+			prepare: simple(func(ctx context.Context, b *benchDB, w *benchrun.Worker) error {
+				return pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, benchKey(w))
+					return err
+				})
+			})},
+		{name: "redis-durable", group: "lock", peer: "durable", what: "Redis peer: redsync SET NX PX + compare-and-delete script, appendonly yes + appendfsync always"},
+		{name: "redis-memory", group: "lock", peer: "memory", what: "Redis peer: redsync SET NX PX + compare-and-delete script, no persistence"},
+		{name: "hot-key", group: "hot key", what: "N waiters (one leases.Client each, wake-ups on) take turns on one key; latency = hand-off, from Release called to the next grant",
+			prepare: prepareHotKey},
+		{name: "raw-update", group: "fenced write", what: "UPDATE of one row, unfenced (1 statement, 1 commit)",
+			prepare: simple(func(ctx context.Context, b *benchDB, w *benchrun.Worker) error {
+				_, err := b.pool.Exec(ctx, sqlUpdate, w.Key())
+				return err
+			})},
+		{name: "fenced-update", group: "fenced write", what: "pgfence.Exec: the same UPDATE fenced by a token, one round trip",
+			prepare: func(ctx context.Context, b *benchDB, _ int) (benchrun.Op, func(), error) {
+				// One token per resource that never goes backwards: the token
+				// of a single long-held grant (equal tokens pass).
+				var token int64
+				if err := b.pool.QueryRow(ctx, `SELECT pgfence.next_token(NULL)`).Scan(&token); err != nil {
+					return nil, nil, err
+				}
+				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+					id := w.Key()
+					_, err := pgfence.Exec(ctx, b.pool, "bench/"+strconv.Itoa(id), token, sqlUpdate, id)
+					return 0, err
+				}, func() {}, nil
+			}},
+		{name: "leased-exec", group: "lease-checked write", what: "pgfence.ExecLeased: the same UPDATE checked against the worker's live lease, one round trip",
+			prepare: prepareLeased(func(ctx context.Context, b *benchDB, l pgfence.Lease, id int) error {
+				_, err := pgfence.ExecLeased(ctx, b.pool, l, sqlUpdate, id)
+				return err
+			})},
+		{name: "leased-write", group: "lease-checked write", what: "pgfence.WriteLeased: a transaction that checks the lease, runs the same UPDATE and commits",
+			prepare: prepareLeased(func(ctx context.Context, b *benchDB, l pgfence.Lease, id int) error {
+				return pgfence.WriteLeased(ctx, b.pool, l, func(ctx context.Context, tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, sqlUpdate, id)
+					return err
+				})
+			})},
+		{name: "raw-insert-tx", group: "idempotency", what: "a transaction inserting one order row (1 commit)",
+			prepare: simple(func(ctx context.Context, b *benchDB, w *benchrun.Worker) error {
+				return pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, sqlInsert, w.Key())
+					return err
+				})
+			})},
+		{name: "idempotent-tx", group: "idempotency", what: "idempotency.Store.Do: the same insert under a new key, result stored atomically",
+			prepare: func(_ context.Context, b *benchDB, _ int) (benchrun.Op, func(), error) {
+				store, err := idempotency.NewStore(nil)
+				if err != nil {
+					return nil, nil, err
+				}
+				var seq atomic.Int64
+				run := strconv.FormatInt(time.Now().UnixNano(), 36) // new keys in every run and measurement
+				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+					_, err := insertOnce(ctx, b, store, run+"/"+strconv.FormatInt(seq.Add(1), 10), w.Key())
+					return 0, err
+				}, func() {}, nil
+			}},
+		{name: "replay", group: "idempotency", what: "idempotency.Store.Do with a key already done (random out of 1000): the stored result, nothing executed",
+			prepare: prepareReplay},
+	}
+}
+
+// insertOnce inserts one order under the idempotency key (scope "bench").
+func insertOnce(ctx context.Context, b *benchDB, store *idempotency.Store, key string, item int) (*idempotency.Outcome, error) {
+	return store.Do(ctx, b.pool, idempotency.Request{Scope: "bench", Key: key}, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		_, err := tx.Exec(ctx, sqlInsert, item)
+		return []byte("ok"), err
+	})
+}
+
+// replayKeys is how many completed keys the replay case draws from.
+const replayKeys = 1000
+
+// prepareReplay completes replayKeys keys once, then measures duplicates: each
+// must come back Replayed with the stored result, never run again.
+func prepareReplay(ctx context.Context, b *benchDB, _ int) (benchrun.Op, func(), error) {
+	store, err := idempotency.NewStore(nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	key := func(i int) string { return run + "/replay/" + strconv.Itoa(i) }
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		loadErr error
+	)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g; i < replayKeys; i += 8 {
+				if _, err := insertOnce(ctx, b, store, key(i), i); err != nil {
+					mu.Lock()
+					loadErr = errors.Join(loadErr, err)
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if loadErr != nil {
+		return nil, nil, fmt.Errorf("store the keys to replay: %w", loadErr)
+	}
+	return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+		o, err := insertOnce(ctx, b, store, key(w.Rand.IntN(replayKeys)), -1)
+		if err != nil {
+			return 0, err
+		}
+		if o.Status != idempotency.Replayed || string(o.Result) != "ok" {
+			return 0, fmt.Errorf("replay: status %s, result %q: not the stored result", o.Status, o.Result)
+		}
+		return 0, nil
+	}, func() {}, nil
+}
+
+// prepareLeased gives every worker its own lease (taken in the warm-up) and
+// measures write, on a random row, checked against it.
+func prepareLeased(write func(ctx context.Context, b *benchDB, l pgfence.Lease, id int) error) func(context.Context, *benchDB, int) (benchrun.Op, func(), error) {
+	return func(_ context.Context, b *benchDB, n int) (benchrun.Op, func(), error) {
+		client, err := leases.New(b.pool, &leases.Config{DisableWakeups: true})
+		if err != nil {
+			return nil, nil, err
+		}
+		held := make([]*leases.Lease, n)
+		run := strconv.FormatInt(time.Now().UnixNano(), 36)
+		cleanup := func() {
+			for _, l := range held {
+				if l != nil {
+					_ = l.Release(context.Background())
+				}
+			}
+			client.Close()
+		}
+		return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+			l := held[w.ID] // only worker w.ID touches this slot
+			if l == nil {
+				var err error
+				if l, err = client.TryAcquire(ctx, "bench/leased/"+run+"/"+strconv.Itoa(w.ID), 10*time.Minute, nil); err != nil {
+					return 0, err
+				}
+				held[w.ID] = l
+			}
+			return 0, write(ctx, b, pgfence.Lease{Key: l.Key(), Holder: l.Holder(), Token: l.Token()}, w.Key())
+		}, cleanup, nil
+	}
+}
+
+// prepareHotKey gives each of the n waiters its own client (as n processes
+// would have), wake-ups on, and a fresh key. Each grant records the time since
+// the previous holder called Release: the hand-off latency.
+func prepareHotKey(_ context.Context, b *benchDB, n int) (benchrun.Op, func(), error) {
+	clients := make([]*leases.Client, n)
+	cleanup := func() {
+		for _, c := range clients {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}
+	for i := range clients {
+		c, err := leases.New(b.pool, nil)
+		if err != nil {
+			cleanup()
+			return nil, nil, err
+		}
+		clients[i] = c
+	}
+	key := "bench/hot/" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	base := time.Now()
+	var released atomic.Int64 // when the last holder called Release, since base; 0: nobody yet
+	return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+		l, err := clients[w.ID].Acquire(ctx, key, 30*time.Second, nil)
+		if err != nil {
+			return 0, err
+		}
+		now := time.Since(base)
+		var handoff time.Duration
+		if prev := released.Load(); prev > 0 {
+			handoff = now - time.Duration(prev)
+		}
+		released.Store(int64(time.Since(base)))
+		// Released even if the caller's context ends: a grant left behind
+		// would block the key for its TTL.
+		if err := l.Release(context.WithoutCancel(ctx)); err != nil {
+			return 0, err
+		}
+		return handoff, nil // 0 for the very first grant: its own latency
+	}, cleanup, nil
+}

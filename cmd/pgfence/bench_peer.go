@@ -1,0 +1,125 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/pgfence/pgfence/internal/benchrun"
+)
+
+// The Redis peer is a separate program, pgfence-benchpeer, built from the
+// nested Go module internal/benchpeer so that pgfence users never inherit its
+// Redis dependencies. The bench runs it once per mode and concurrency; it
+// starts its own redis-server and prints one benchrun.Result as JSON.
+const (
+	peerBinary = "pgfence-benchpeer"
+	peerDir    = "internal/benchpeer"
+	// peerEnv names the peer binary to use instead of searching for it.
+	peerEnv = "PGFENCE_BENCHPEER"
+)
+
+// peerRunner finds (or builds) the peer binary on first use.
+type peerRunner struct {
+	e        *env
+	resolved bool
+	bin      string
+	missing  string // why there is no peer: its cases are reported as skipped
+	tmp      string
+}
+
+func (p *peerRunner) close() {
+	if p.tmp != "" {
+		_ = os.RemoveAll(p.tmp)
+	}
+}
+
+// resolve looks for the peer: $PGFENCE_BENCHPEER, then pgfence-benchpeer on
+// PATH, then a source checkout around the working directory, built with
+// `go build`.
+func (p *peerRunner) resolve(ctx context.Context) {
+	if p.resolved {
+		return
+	}
+	p.resolved = true
+	if v := p.e.getenv(peerEnv); v != "" {
+		if _, err := os.Stat(v); err != nil {
+			p.missing = fmt.Sprintf("%s=%s: %v", peerEnv, v, err)
+			return
+		}
+		p.bin = v
+		return
+	}
+	if bin, err := exec.LookPath(peerBinary); err == nil {
+		p.bin = bin
+		return
+	}
+	src := findPeerSource()
+	goBin, err := exec.LookPath("go")
+	if src == "" || err != nil {
+		p.missing = fmt.Sprintf("the Redis peer is not available: put %s on PATH (cd %s && go build -o ~/go/bin/%s .) or run from a pgfence source checkout with Go installed", peerBinary, peerDir, peerBinary)
+		return
+	}
+	if p.tmp, err = os.MkdirTemp("", "pgfence-bench-"); err != nil {
+		p.missing = err.Error()
+		return
+	}
+	bin := filepath.Join(p.tmp, peerBinary)
+	fmt.Fprintf(p.e.stderr, "  building the Redis peer: go build in %s\n", src)
+	cmd := exec.CommandContext(ctx, goBin, "build", "-o", bin, ".")
+	cmd.Dir = src
+	if out, err := cmd.CombinedOutput(); err != nil {
+		p.missing = fmt.Sprintf("building the Redis peer in %s failed: %v: %s", src, err, oneLine(string(out)))
+		return
+	}
+	p.bin = bin
+}
+
+// findPeerSource returns internal/benchpeer of the source checkout that holds
+// the working directory, or "".
+func findPeerSource() string {
+	dir, err := os.Getwd()
+	if err != nil {
+		return ""
+	}
+	for {
+		src := filepath.Join(dir, peerDir)
+		if _, err := os.Stat(filepath.Join(src, "go.mod")); err == nil {
+			return src
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return ""
+		}
+		dir = parent
+	}
+}
+
+// measure runs the peer in mode with n workers for d. A missing peer, or one
+// that fails, gives a skipped result saying why: never a figure.
+func (p *peerRunner) measure(ctx context.Context, mode string, n int, d time.Duration) (benchrun.Result, error) {
+	p.resolve(ctx)
+	if p.missing != "" {
+		return benchrun.Result{Workers: n, Skipped: p.missing}, nil
+	}
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, p.bin, "-mode", mode, "-workers", strconv.Itoa(n), "-duration", d.String())
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		if ctx.Err() != nil {
+			return benchrun.Result{}, ctx.Err()
+		}
+		return benchrun.Result{Workers: n, Skipped: fmt.Sprintf("the Redis peer failed: %v: %s", err, oneLine(stderr.String()))}, nil
+	}
+	var r benchrun.Result
+	if err := json.Unmarshal(stdout.Bytes(), &r); err != nil {
+		return benchrun.Result{Workers: n, Skipped: fmt.Sprintf("the Redis peer printed no result: %v", err)}, nil
+	}
+	return r, nil
+}
