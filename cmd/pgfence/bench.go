@@ -223,16 +223,23 @@ func (b *benchDB) measure(ctx context.Context, c *benchCase, n int, d time.Durat
 }
 
 // startProgress shows what runs on w: on a terminal a line refreshed with the
-// elapsed and remaining time, elsewhere one line when the step starts. The
-// returned function clears it.
+// elapsed and remaining time, elsewhere one line when the step starts. d is the
+// step's duration and left the whole run's estimate (0: unknown). The returned
+// function clears the line.
 func startProgress(w io.Writer, label string, d, left time.Duration) (done func()) {
 	tty := false
 	if f, ok := w.(*os.File); ok {
 		st, err := f.Stat()
 		tty = err == nil && st.Mode()&os.ModeCharDevice != 0
 	}
+	if d > 0 {
+		label += " for " + d.String()
+	}
 	if !tty {
-		fmt.Fprintf(w, "  %s for %s (about %s left in all)\n", label, d, left.Round(time.Second))
+		if left > 0 {
+			label += fmt.Sprintf(" (about %s left in all)", left.Round(time.Second))
+		}
+		fmt.Fprintf(w, "  %s\n", label)
 		return func() {}
 	}
 	stop, stopped := make(chan struct{}), make(chan struct{})
@@ -243,7 +250,11 @@ func startProgress(w io.Writer, label string, d, left time.Duration) (done func(
 		defer t.Stop()
 		for {
 			el := time.Since(start)
-			fmt.Fprintf(w, "\r\033[K  %s  %s / %s  (about %s left in all)", label, el.Round(100*time.Millisecond), d, max(left-el, 0).Round(time.Second))
+			line := fmt.Sprintf("\r\033[K  %s: %s elapsed", label, el.Round(100*time.Millisecond))
+			if left > 0 {
+				line += fmt.Sprintf(", about %s left in all", max(left-el, 0).Round(time.Second))
+			}
+			fmt.Fprint(w, line)
 			select {
 			case <-stop:
 				fmt.Fprint(w, "\r\033[K")

@@ -1,38 +1,217 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/pgfence/pgfence/internal/benchrun"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
-// bench runs every case without errors; the figures themselves are not
+type benchOutput struct {
+	Settings    string
+	Results     []benchrun.Result
+	Comparisons []string
+}
+
+func benchJSON(t *testing.T, out string) benchOutput {
+	t.Helper()
+	var res benchOutput
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("bench --json: %v\n%s", err, out)
+	}
+	return res
+}
+
+// Every PostgreSQL case runs without errors and its statements are counted
+// (a tracer that saw nothing would give 0); the figures themselves are not
 // asserted (speed is measured, never tested).
 func TestBench(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
 	environ := map[string]string{"DATABASE_URL": db.URL}
-	code, out, errOut := cli(t, environ, "bench", "--duration", "300ms", "--workers", "1,2", "--json")
+	code, out, errOut := cli(t, environ, "bench", "--duration", "100ms", "--workers", "2", "--peers", "none", "--json")
 	if code != exitOK {
 		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
 	}
-	var res struct {
-		Results []benchResult
-	}
-	if err := json.Unmarshal([]byte(out), &res); err != nil {
-		t.Fatalf("bench --json: %v\n%s", err, out)
-	}
-	if len(res.Results) != 7*2 {
-		t.Fatalf("%d results, want 7 cases × 2 concurrencies", len(res.Results))
-	}
-	for _, r := range res.Results {
-		if r.Ops == 0 || r.Errors != 0 {
-			t.Errorf("case %s with %d workers: %d ops, %d errors", r.Case, r.Workers, r.Ops, r.Errors)
+	res := benchJSON(t, out)
+	var want []string
+	for _, c := range benchCases() {
+		if c.peer == "" {
+			want = append(want, c.name)
 		}
 	}
-	if code, _, errOut := cli(t, environ, "bench", "--cases", "nope"); code != exitUsage || !strings.Contains(errOut, "unknown case") {
-		t.Fatalf("bench --cases nope: code %d, %s", code, errOut)
+	if len(res.Results) != len(want) {
+		t.Fatalf("%d results, want one per PostgreSQL case (%d): %v", len(res.Results), len(want), want)
+	}
+	// Statements each operation sends, where the count is fixed.
+	perOp := map[string]float64{
+		"raw-lock-upsert": 2, // INSERT … ON CONFLICT, UPDATE
+		"raw-update":      1,
+		"fenced-update":   2, // pgfence.fence + the UPDATE, one batch
+		"leased-exec":     2, // pgfence.check_lease + the UPDATE, one batch
+		"leased-write":    4, // BEGIN, check_lease, UPDATE, COMMIT
+		"advisory-lock":   3, // BEGIN, SELECT pg_advisory_xact_lock, COMMIT
+		"raw-insert-tx":   3,
+	}
+	for i, r := range res.Results {
+		if r.Case != want[i] || r.Workers != 2 || r.Group == "" || r.What == "" {
+			t.Errorf("result %d: %+v, want case %s with 2 workers", i, r, want[i])
+		}
+		if r.Ops == 0 || r.Errors != 0 || r.Skipped != "" {
+			t.Errorf("case %s: %d ops, %d errors (%s), skipped %q", r.Case, r.Ops, r.Errors, r.FirstError, r.Skipped)
+		}
+		if r.Statements == 0 || r.StatementsPerOp <= 0 || r.StatementsPerS <= 0 {
+			t.Errorf("case %s: no statements counted: %+v", r.Case, r)
+		}
+		// Operations cut off at the end send a few statements more than the
+		// completed ones account for: round.
+		if n, ok := perOp[r.Case]; ok && math.Round(r.StatementsPerOp) != n {
+			t.Errorf("case %s: %.2f statements/op, want %v", r.Case, r.StatementsPerOp, n)
+		}
+	}
+	if !strings.Contains(errOut, "[1/") || !strings.Contains(errOut, "raw-update, 2 workers") {
+		t.Errorf("no progress on stderr:\n%s", errOut)
+	}
+	if len(res.Comparisons) == 0 || !strings.Contains(res.Settings, "fsync=") {
+		t.Errorf("comparisons %q, settings %q", res.Comparisons, res.Settings)
+	}
+
+	code, out, errOut = cli(t, environ, "bench", "--duration", "100ms", "--workers", "1", "--cases", "raw-update,leases")
+	if code != exitOK {
+		t.Fatalf("bench text: code %d\n%s%s", code, out, errOut)
+	}
+	for _, s := range []string{"CASE", "OPS/S", "P50 MS", "P99 MS", "STMTS/OP", "raw-update", "leases", "leases.Client TryAcquire", "fsync="} {
+		if !strings.Contains(out, s) {
+			t.Errorf("text output lacks %q:\n%s", s, out)
+		}
+	}
+
+	for _, args := range [][]string{
+		{"bench", "--cases", "nope"},
+		{"bench", "--peers", "etcd"},
+		{"bench", "--workers", "0"},
+		{"bench", "curves", "--curves", "nope"},
+		{"bench", "curves", "--max-rows", "lots"},
+	} {
+		if code, _, errOut := cli(t, environ, args...); code != exitUsage {
+			t.Errorf("%q: code %d, want usage error\n%s", args, code, errOut)
+		}
+	}
+}
+
+// Without the peer program the Redis rows say "skipped" and why; nothing is
+// measured in their place.
+func TestBenchPeerMissing(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	environ := map[string]string{"DATABASE_URL": db.URL, peerEnv: filepath.Join(t.TempDir(), "no-such-peer")}
+	code, out, errOut := cli(t, environ, "bench", "--duration", "100ms", "--workers", "1", "--cases", "raw-update,redis-durable,redis-memory", "--json")
+	if code != exitOK {
+		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
+	}
+	res := benchJSON(t, out)
+	if len(res.Results) != 3 || res.Results[0].Ops == 0 {
+		t.Fatalf("%+v", res.Results)
+	}
+	for _, r := range res.Results[1:] {
+		if !strings.Contains(r.Skipped, "no-such-peer") || r.Ops != 0 || r.OpsPerS != 0 || !strings.HasPrefix(r.Case, "redis-") {
+			t.Errorf("peer row %+v, want skipped naming the missing binary", r)
+		}
+	}
+	code, out, _ = cli(t, environ, "bench", "--duration", "100ms", "--workers", "1", "--cases", "redis-memory")
+	if code != exitOK || !strings.Contains(out, "skipped") || !strings.Contains(out, "no-such-peer") {
+		t.Fatalf("text: code %d\n%s", code, out)
+	}
+}
+
+// The peer, built from internal/benchpeer, measures Redis in the same run:
+// two commands (SET NX PX, the compare-and-delete script) per operation.
+func TestBenchRedisPeer(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if _, err := os.Stat("/usr/bin/redis-server"); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatal("redis-server not found; CI must install it")
+			}
+			t.Skip("redis-server not found")
+		}
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command to build the peer")
+	}
+	bin := filepath.Join(t.TempDir(), peerBinary)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	build := exec.CommandContext(ctx, goBin, "build", "-o", bin, ".")
+	build.Dir = filepath.Join("..", "..", peerDir)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build the peer: %v\n%s", err, out)
+	}
+	db := pgfencetest.NewDatabase(t)
+	environ := map[string]string{"DATABASE_URL": db.URL, peerEnv: bin}
+	code, out, errOut := cli(t, environ, "bench", "--duration", "100ms", "--workers", "2", "--cases", "redis-durable,redis-memory,leases", "--json")
+	if code != exitOK {
+		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
+	}
+	res := benchJSON(t, out)
+	for _, r := range res.Results {
+		if r.Skipped != "" || r.Ops == 0 || r.Errors != 0 || r.Workers != 2 {
+			t.Errorf("%+v", r)
+		}
+		if strings.HasPrefix(r.Case, "redis-") && math.Round(r.StatementsPerOp) != 2 {
+			t.Errorf("%s: %.2f commands/op, want 2", r.Case, r.StatementsPerOp)
+		}
+	}
+	if !strings.Contains(strings.Join(res.Comparisons, "\n"), "durable Redis") {
+		t.Errorf("no comparison with durable Redis: %q", res.Comparisons)
+	}
+}
+
+// A tiny run of every curve: each point measured with statements counted, the
+// churn read back from the statistics.
+func TestBenchCurves(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	code, out, errOut := cli(t, environ, "bench", "curves", "--duration", "100ms", "--workers", "2",
+		"--max-rows", "1e3", "--max-keys", "1e4", "--max-resources", "10", "--max-waiters", "2", "--cycles", "200", "--json")
+	if code != exitOK {
+		t.Fatalf("bench curves: code %d\n%s%s", code, out, errOut)
+	}
+	var res struct {
+		Points []curvePoint
+		Churn  *churnResult
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("bench curves --json: %v\n%s", err, out)
+	}
+	var got []string
+	for _, p := range res.Points {
+		got = append(got, p.Curve+"="+strconv.FormatInt(p.X, 10))
+		if p.Ops == 0 || p.Errors != 0 || p.StatementsPerOp <= 0 {
+			t.Errorf("point %s=%d: %+v", p.Curve, p.X, p.Result)
+		}
+	}
+	want := "acquire-vs-lease-rows=1000 claim-vs-keys=10000 fenced-write-vs-resources=1 fenced-write-vs-resources=10 hot-key-waiters=1 hot-key-waiters=2"
+	if strings.Join(got, " ") != want {
+		t.Errorf("points %s\nwant   %s", strings.Join(got, " "), want)
+	}
+	c := res.Churn
+	if c == nil || c.Cycles != 200 || c.Keys != churnKeys || c.After.Updates <= c.Before.Updates || c.After.TotalBytes == 0 || c.Before.LiveTuples < churnKeys {
+		t.Errorf("churn %+v", c)
+	}
+	var left int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM pgfence.leases WHERE key LIKE 'bench-curve/%') + (SELECT count(*) FROM pgfence.idempotency_keys WHERE scope = 'bench-curve')`).Scan(&left); err != nil || left != 0 {
+		t.Errorf("%d curve rows left behind (%v)", left, err)
 	}
 }
