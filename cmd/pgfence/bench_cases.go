@@ -92,7 +92,10 @@ func benchCases() []*benchCase {
 				if err != nil {
 					return err
 				}
-				_, err = b.pool.Exec(ctx, sqlFloorRelease, k, holder, token)
+				tag, err := b.pool.Exec(ctx, sqlFloorRelease, k, holder, token)
+				if err == nil && tag.RowsAffected() != 1 {
+					err = fmt.Errorf("release of %s by its holder changed %d rows", k, tag.RowsAffected())
+				}
 				return err
 			})},
 		{name: "raw-lease", group: "lock", what: "pgfence.try_acquire + pgfence.release sent as raw SQL over pgx (the SQL API without the Go client)",

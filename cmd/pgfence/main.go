@@ -56,7 +56,7 @@ func commands() []command {
 		{name: "floor", summary: "show or raise the token floor (after a restore or schema rebuild)", run: runFloor},
 		{name: "keys", summary: "idempotency keys: gc deletes expired results in batches, show inspects keys", run: runKeys},
 		{name: "demo", summary: "watch the database reject a paused lock holder's late write (embedded database by default)", run: runDemo},
-		{name: "bench", summary: "measure leases, fenced writes and idempotency against raw SQL, side by side", run: runBench},
+		{name: "bench", summary: "measure leases, fenced writes and idempotency against raw SQL, advisory locks and Redis; cost curves", run: runBench},
 		{name: "doctor", summary: "check a database: schema, durability, timeouts, pooler, expired leases, unprotected tables", run: runDoctor},
 	}
 }
