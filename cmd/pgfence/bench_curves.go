@@ -476,8 +476,15 @@ func curveVerdicts(points []curvePoint, churn *churnResult) []string {
 		out = append(out, fmt.Sprintf("fenced write ops/s over %d resources is %.2f× that over %d", l.X, l.OpsPerS/f.OpsPerS, f.X))
 	}
 	if f, l := ends("hot-key-waiters"); f != nil && l != f && f.StatementsPerS > 0 {
-		out = append(out, fmt.Sprintf("hot key: %d waiters send %.2f× the statements/s of %d (goal for 64: ≤ 2×); hand-off p50 %.2f ms with %d, %.2f ms with %d (goal ≤ 5 ms)",
-			l.X, l.StatementsPerS/f.StatementsPerS, f.X, f.P50ms, f.X, l.P50ms, l.X))
+		var ratios, handoffs []string
+		for _, p := range points {
+			if p.Curve == "hot-key-waiters" && p.Ops > 0 {
+				ratios = append(ratios, fmt.Sprintf("%d: %.2f×", p.X, p.StatementsPerS/f.StatementsPerS))
+				handoffs = append(handoffs, fmt.Sprintf("%d: %.2f ms", p.X, p.P50ms))
+			}
+		}
+		out = append(out, fmt.Sprintf("hot key, statements/s against %d waiter(s) — %s (goal for 64: ≤ 2×)", f.X, strings.Join(ratios, ", ")),
+			fmt.Sprintf("hot key, hand-off p50 by waiters — %s (goal ≤ 5 ms)", strings.Join(handoffs, ", ")))
 	}
 	if churn != nil && churn.Before.TotalBytes > 0 {
 		out = append(out, fmt.Sprintf("churn: pgfence.leases went from %s to %s (%.2f×) over %d cycles on %d keys; %d of %d updates were HOT (goal: the table does not grow)",

@@ -189,8 +189,9 @@ func TestBenchCurves(t *testing.T) {
 		t.Fatalf("bench curves: code %d\n%s%s", code, out, errOut)
 	}
 	var res struct {
-		Points []curvePoint
-		Churn  *churnResult
+		Points      []curvePoint
+		Churn       *churnResult
+		Comparisons []string
 	}
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("bench curves --json: %v\n%s", err, out)
@@ -205,6 +206,9 @@ func TestBenchCurves(t *testing.T) {
 	want := "acquire-vs-lease-rows=1000 claim-vs-keys=10000 fenced-write-vs-resources=1 fenced-write-vs-resources=10 hot-key-waiters=1 hot-key-waiters=2"
 	if strings.Join(got, " ") != want {
 		t.Errorf("points %s\nwant   %s", strings.Join(got, " "), want)
+	}
+	if v := strings.Join(res.Comparisons, "\n"); !strings.Contains(v, "hand-off p50 by waiters") || !strings.Contains(v, "churn: pgfence.leases went from") {
+		t.Errorf("comparisons:\n%s", v)
 	}
 	c := res.Churn
 	if c == nil || c.Cycles != 200 || c.Keys != churnKeys || c.After.Updates <= c.Before.Updates || c.After.TotalBytes == 0 || c.Before.LiveTuples < churnKeys {
