@@ -3,7 +3,6 @@ package pgfence
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -38,8 +37,11 @@ func MaxStoredToken(ctx context.Context, db DB, columns ...Column) (int64, error
 	var sb strings.Builder
 	sb.WriteString("SELECT greatest(pgfence.max_stored_token()")
 	for _, c := range columns {
-		if len(c.Table) == 0 || slices.Contains(c.Table, "") || c.Name == "" {
-			return 0, fmt.Errorf("%w: column %v.%q: empty name", ErrInvalid, c.Table, c.Name)
+		if err := checkIdentifier("Column.Table", c.Table); err != nil {
+			return 0, err
+		}
+		if err := checkName("Column.Name", c.Name); err != nil {
+			return 0, err
 		}
 		fmt.Fprintf(&sb, ", (SELECT max(%s)::bigint FROM %s)", pgx.Identifier{c.Name}.Sanitize(), c.Table.Sanitize())
 	}

@@ -3,7 +3,8 @@ package pgfence
 import (
 	"context"
 	"fmt"
-	"slices"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -16,14 +17,21 @@ import (
 // sends them; TRUNCATE is refused. Protecting a table again replaces its
 // settings. It runs pgfence.protect(table, resourceColumn, prefix).
 //
+// Names are checked with [CheckIdentifier] and quoted; a name that does not
+// exist fails (SQLSTATE 42P01 or PF008) and changes nothing.
+//
 // Cost: one plpgsql call and one primary-key lookup in pgfence.fences per row
 // written (see BenchmarkProtectedRow).
 func Protect(ctx context.Context, db DB, table pgx.Identifier, resourceColumn, prefix string) error {
-	if len(table) == 0 || slices.Contains(table, "") {
-		return fmt.Errorf("%w: table name is empty", ErrInvalid)
+	if err := checkIdentifier("table", table); err != nil {
+		return err
 	}
-	if resourceColumn == "" {
-		return fmt.Errorf("%w: resourceColumn is empty", ErrInvalid)
+	if err := checkName("resourceColumn", resourceColumn); err != nil {
+		return err
+	}
+	if len(prefix) >= MaxResourceLen || strings.IndexByte(prefix, 0) >= 0 || !utf8.ValidString(prefix) {
+		return fmt.Errorf("%w: prefix must be valid UTF-8 without NUL bytes and shorter than %d bytes (a resource is at most %d), got %d bytes",
+			ErrInvalid, MaxResourceLen, MaxResourceLen, len(prefix))
 	}
 	_, err := db.Exec(ctx, `SELECT pgfence.protect($1::regclass, $2, $3)`, table.Sanitize(), resourceColumn, prefix)
 	return mapError(err, false)
@@ -31,8 +39,8 @@ func Protect(ctx context.Context, db DB, table pgx.Identifier, resourceColumn, p
 
 // Unprotect removes the guard from table and reports whether it was protected.
 func Unprotect(ctx context.Context, db DB, table pgx.Identifier) (bool, error) {
-	if len(table) == 0 || slices.Contains(table, "") {
-		return false, fmt.Errorf("%w: table name is empty", ErrInvalid)
+	if err := checkIdentifier("table", table); err != nil {
+		return false, err
 	}
 	var had bool
 	err := db.QueryRow(ctx, `SELECT pgfence.unprotect($1::regclass)`, table.Sanitize()).Scan(&had)

@@ -25,23 +25,21 @@ type Table struct {
 }
 
 func (t Table) validate() error {
-	if len(t.Name) == 0 || slices.Contains(t.Name, "") {
-		return fmt.Errorf("%w: Table.Name is empty", ErrInvalid)
+	if err := checkIdentifier("Table.Name", t.Name); err != nil {
+		return err
 	}
-	if t.Key == "" {
-		return fmt.Errorf("%w: Table.Key is empty", ErrInvalid)
+	if err := checkName("Table.Key", t.Key); err != nil {
+		return err
 	}
-	if t.Fence == "" {
-		return fmt.Errorf("%w: Table.Fence is empty", ErrInvalid)
-	}
-	return nil
+	return checkName("Table.Fence", t.Fence)
 }
 
 // UpdateRow is a versioned write in one statement:
 //
 //	UPDATE t SET col = value, ..., fence = token WHERE key = id AND (fence IS NULL OR fence <= token)
 //
-// Column names come from set and are quoted with [pgx.Identifier]. It returns
+// Column names come from set and are quoted with [pgx.Identifier]; every name
+// is checked first with [CheckIdentifier]. It returns
 // nil if the row was updated, a *[StaleTokenError] if the row carries a newer
 // token, and [ErrNotFound] if there is no such row (both told apart by reading
 // the row after a miss; the successful path is one round trip).
@@ -56,8 +54,8 @@ func UpdateRow(ctx context.Context, db DB, t Table, id any, token int64, set map
 	}
 	cols := make([]string, 0, len(set))
 	for c := range set {
-		if c == "" {
-			return fmt.Errorf("%w: empty column name in set", ErrInvalid)
+		if err := checkName("column of set", c); err != nil {
+			return err
 		}
 		if c == t.Fence || c == t.Key {
 			return fmt.Errorf("%w: set must not assign the key or fence column %q", ErrInvalid, c)
