@@ -70,20 +70,21 @@ func (f *dbFlags) connect(ctx context.Context, e *env) (*pgxpool.Pool, error) {
 	cfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, &cliError{msg: "invalid database configuration: " + redact(err.Error()), code: exitUsage, err: err}
+		return nil, &cliError{msg: "invalid database configuration: " + redact(err.Error(), cfg.ConnConfig.Password), code: exitUsage, err: err}
 	}
 	pctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
 		addr := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
-		return nil, unreachable(addr, cfg.ConnConfig.Database, err)
+		return nil, unreachable(addr, cfg.ConnConfig.Database, err, cfg.ConnConfig.Password)
 	}
 	return pool, nil
 }
 
-// unreachable explains a failed connection attempt.
-func unreachable(addr, database string, err error) error {
+// unreachable explains a failed connection attempt; password is hidden from
+// every message.
+func unreachable(addr, database string, err error, password string) error {
 	ce := &cliError{code: exitUnavailable, err: fmt.Errorf("%w: %w", pgerr.ErrUnavailable, err)}
 	switch pgerr.Code(err) {
 	case "28P01", "28000":
@@ -106,15 +107,10 @@ func unreachable(addr, database string, err error) error {
 		case pgerr.IsConnectionError(err):
 			reason = "connection failed"
 		}
-		ce.msg = fmt.Sprintf("cannot reach the database at %s (%s): %s", addr, reason, redact(rootCause(err).Error()))
+		ce.msg = fmt.Sprintf("cannot reach the database at %s (%s): %s", addr, reason, redact(rootCause(err).Error(), password))
 		ce.hint = "is PostgreSQL running and reachable from here? check the host and port in --database-url / DATABASE_URL"
 	}
 	return ce
-}
-
-// redact removes a password that pgx may echo back from a URL.
-func redact(s string) string {
-	return passwordPattern.ReplaceAllString(s, "${1}xxxxx@")
 }
 
 // schemaError explains a schema problem found by the migrator.

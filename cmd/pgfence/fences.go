@@ -181,21 +181,19 @@ func quotePrefix(p string) string {
 	return strconv.Quote(p) + " || "
 }
 
-// parseTable splits "schema.table" (or "table") into an identifier.
+// parseTable parses TABLE or SCHEMA.TABLE (see splitIdentifier for quoting).
 func parseTable(s string) (pgx.Identifier, error) {
 	if s == "" {
 		return nil, usageError("TABLE is empty")
 	}
-	parts := strings.Split(s, ".")
-	if len(parts) > 2 {
-		return nil, usageError("TABLE %q: want table or schema.table", s)
+	id, err := splitIdentifier(s)
+	if err != nil {
+		return nil, usageError("TABLE %q: %v", s, err)
 	}
-	for _, p := range parts {
-		if p == "" {
-			return nil, usageError("TABLE %q: empty name part", s)
-		}
+	if len(id) > 2 {
+		return nil, usageError("TABLE %q: want table or schema.table (quote a name that contains a dot: \"a.b\")", s)
 	}
-	return pgx.Identifier(parts), nil
+	return id, nil
 }
 
 func runProtect(ctx context.Context, e *env, args []string) error {
@@ -339,9 +337,12 @@ type columnList []pgfence.Column
 func (c *columnList) String() string { return fmt.Sprint(len(*c), " columns") }
 
 func (c *columnList) Set(s string) error {
-	parts := strings.Split(s, ".")
+	parts, err := splitIdentifier(s)
+	if err != nil {
+		return fmt.Errorf("%q: %w", s, err)
+	}
 	if len(parts) < 2 || len(parts) > 3 {
-		return fmt.Errorf("%q: want table.column or schema.table.column", s)
+		return fmt.Errorf("%q: want table.column or schema.table.column (quote a name that contains a dot: \"a.b\")", s)
 	}
 	*c = append(*c, pgfence.Column{Table: pgx.Identifier(parts[:len(parts)-1]), Name: parts[len(parts)-1]})
 	return nil

@@ -135,7 +135,7 @@ func report(w io.Writer, err error) int {
 	if !errors.As(err, &ce) {
 		ce = &cliError{msg: err.Error(), code: exitFailure}
 	}
-	fmt.Fprintf(w, "pgfence: %s\n", oneLine(ce.msg))
+	fmt.Fprintf(w, "pgfence: %s\n", oneLine(redact(ce.msg))) // the last line of defence for a connection string
 	if ce.hint != "" {
 		fmt.Fprintf(w, "hint: %s\n", ce.hint)
 	}

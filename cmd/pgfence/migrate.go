@@ -4,13 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"text/tabwriter"
 
 	"github.com/pgfence/pgfence/migrations"
 )
-
-var passwordPattern = regexp.MustCompile(`(://[^:/@\s]+:)[^@\s]*@`)
 
 const migrateUsage = `migrate <up|down|status|sql> [flags]
 
