@@ -45,14 +45,27 @@ const (
 	RetryAfterDefault = time.Second
 )
 
-// Limits enforced by the schema (and checked before a round trip).
+// Limits on input. The Go API checks them before any round trip and returns
+// an [ErrInvalid] error naming the field and the limit; the SQL functions
+// enforce the same limits for other clients (PF008), and a test compares the
+// two. A rejected call writes nothing: the key stays as it was (free, or
+// claimed by the same owner).
+//
+// A [Request.Payload] has no limit of its own: only its SHA-256 is sent and
+// stored (the schema accepts fingerprints of 16 to 64 bytes). Bound what you
+// read before hashing it; the HTTP middleware does ([HTTPConfig.MaxBodyBytes]).
 const (
 	// MaxScopeBytes is the longest [Request.Scope].
 	MaxScopeBytes = 512
 	// MaxKeyBytes is the longest [Request.Key].
 	MaxKeyBytes = 512
-	// MaxResultBytes is the largest stored result.
+	// MaxResultBytes is the largest stored result (a [Func]'s result,
+	// [Attempt.Complete]'s, or [Failure.Data]).
 	MaxResultBytes = 16 << 20
+	// MaxFailureCodeBytes is the longest [Failure.Code].
+	MaxFailureCodeBytes = 128
+	// MaxFailureMessageBytes is the longest [Failure.Message].
+	MaxFailureMessageBytes = 4096
 	// MaxRecoveryPointBytes is the longest recovery point name.
 	MaxRecoveryPointBytes = 256
 	// MaxRecoveryDataBytes is the largest recovery point data.
@@ -238,9 +251,9 @@ type Outcome struct {
 // transient: never stored, the key stays free for a retry.
 type Failure struct {
 	// Code classifies the failure for programs, e.g. "insufficient_funds".
-	// 1 to 128 bytes.
+	// 1 to [MaxFailureCodeBytes] bytes.
 	Code string
-	// Message is for people. At most 4096 bytes.
+	// Message is for people. At most [MaxFailureMessageBytes] bytes.
 	Message string
 	// Data is an optional stored payload (for example an error response body).
 	Data []byte
@@ -255,10 +268,10 @@ func (f *Failure) Error() string {
 
 func (f *Failure) check() error {
 	switch {
-	case len(f.Code) == 0 || len(f.Code) > 128:
-		return fmt.Errorf("%w: Failure.Code must be 1 to 128 bytes, got %d", ErrInvalid, len(f.Code))
-	case len(f.Message) > 4096:
-		return fmt.Errorf("%w: Failure.Message must be at most 4096 bytes, got %d", ErrInvalid, len(f.Message))
+	case len(f.Code) == 0 || len(f.Code) > MaxFailureCodeBytes:
+		return fmt.Errorf("%w: Failure.Code must be 1 to %d bytes, got %d", ErrInvalid, MaxFailureCodeBytes, len(f.Code))
+	case len(f.Message) > MaxFailureMessageBytes:
+		return fmt.Errorf("%w: Failure.Message must be at most %d bytes, got %d", ErrInvalid, MaxFailureMessageBytes, len(f.Message))
 	case len(f.Data) > MaxResultBytes:
 		return fmt.Errorf("%w: Failure.Data must be at most %d bytes, got %d", ErrInvalid, MaxResultBytes, len(f.Data))
 	}

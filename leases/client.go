@@ -103,6 +103,9 @@ func (c *Client) acquireArgs(key string, ttl time.Duration, opts *AcquireOptions
 		if len(opts.HolderInfo) > MaxHolderInfoBytes {
 			return 0, "", invalid("AcquireOptions.HolderInfo", "must be at most %d bytes, got %d", MaxHolderInfoBytes, len(opts.HolderInfo))
 		}
+		if err := validText("AcquireOptions.HolderInfo", opts.HolderInfo); err != nil {
+			return 0, "", err
+		}
 		if opts.HolderInfo != "" {
 			info = opts.HolderInfo
 		}

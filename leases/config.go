@@ -4,22 +4,35 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+)
+
+// Limits on input. The client checks them before any round trip and returns
+// an [ErrInvalid] error naming the argument and the limit; the SQL functions
+// enforce the same limits for other clients (PF008, pgfence.lease_check_args),
+// and a test compares the two.
+const (
+	// MaxTTLLimit is the largest TTL the database accepts
+	// (pgfence.lease_max_ttl()); [Config.MaxTTL] may lower it per client.
+	MaxTTLLimit = 24 * time.Hour
+	// MinTTL is the shortest TTL the client accepts (the database accepts any
+	// positive TTL).
+	MinTTL = time.Millisecond
+	// MaxKeyBytes is the longest key, in bytes (not characters).
+	MaxKeyBytes = 512
+	// MaxHolderInfoBytes is the longest holder description, in bytes.
+	MaxHolderInfoBytes = 1024
 )
 
 // Defaults for [Config], [AcquireOptions] and [KeepAliveOptions] fields left zero.
 const (
 	// MaxTTLDefault is the default largest TTL a client accepts.
 	MaxTTLDefault = time.Hour
-	// MaxTTLLimit is the largest TTL the database accepts (pgfence.lease_max_ttl()).
-	MaxTTLLimit = 24 * time.Hour
-	// MaxKeyBytes is the longest key, in bytes.
-	MaxKeyBytes = 512
-	// MaxHolderInfoBytes is the longest holder description, in bytes.
-	MaxHolderInfoBytes = 1024
 
 	// BackoffMinDefault is the first retry delay of a waiting Acquire.
 	BackoffMinDefault = 10 * time.Millisecond
@@ -124,6 +137,9 @@ func (c *Config) resolve() (Config, error) {
 	if len(cfg.HolderInfo) > MaxHolderInfoBytes {
 		return cfg, invalid("Config.HolderInfo", "must be at most %d bytes, got %d", MaxHolderInfoBytes, len(cfg.HolderInfo))
 	}
+	if err := validText("Config.HolderInfo", cfg.HolderInfo); err != nil {
+		return cfg, err
+	}
 	durations := []struct {
 		name string
 		v    *time.Duration
@@ -189,13 +205,26 @@ type KeepAliveOptions struct {
 	MaxFailures int
 }
 
-// validateKey checks a lease key.
+// validateKey checks a lease key: 1 to [MaxKeyBytes] bytes of text
+// PostgreSQL can store (valid UTF-8, no NUL byte).
 func validateKey(key string) error {
 	if len(key) == 0 {
 		return invalid("key", "must not be empty")
 	}
 	if len(key) > MaxKeyBytes {
 		return invalid("key", "must be at most %d bytes, got %d", MaxKeyBytes, len(key))
+	}
+	return validText("key", key)
+}
+
+// validText refuses what a PostgreSQL text value cannot hold, before the
+// server does it with a less clear error.
+func validText(field, s string) error {
+	if strings.IndexByte(s, 0) >= 0 {
+		return invalid(field, "must not contain a NUL byte")
+	}
+	if !utf8.ValidString(s) {
+		return invalid(field, "must be valid UTF-8")
 	}
 	return nil
 }
@@ -209,8 +238,8 @@ func (c *Client) validateTTL(ttl time.Duration) (margin time.Duration, err error
 	if ttl > c.cfg.MaxTTL {
 		return 0, invalid("ttl", "must be at most %s (Config.MaxTTL), got %s", c.cfg.MaxTTL, ttl)
 	}
-	if ttl < time.Millisecond {
-		return 0, invalid("ttl", "must be at least 1ms, got %s", ttl)
+	if ttl < MinTTL {
+		return 0, invalid("ttl", "must be at least %s, got %s", MinTTL, ttl)
 	}
 	margin = c.cfg.SafetyMargin
 	if margin == 0 {

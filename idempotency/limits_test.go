@@ -1,0 +1,181 @@
+package idempotency_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// TestLimitsMatchSQL checks each Go limit against the SQL functions other
+// clients call: the limit itself is accepted, one byte more is refused with
+// PF008. Either side changing alone fails here.
+func TestLimitsMatchSQL(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	ctx := context.Background()
+	accepts := func(what string, limit int, sql string, arg func(n int) any) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql, arg(limit)); err != nil {
+			t.Errorf("%s of %d bytes (the Go limit): %v, want accepted by SQL", what, limit, err)
+		}
+		if _, err := pool.Exec(ctx, sql, arg(limit+1)); pgerr.Code(err) != pgerr.CodeInvalid {
+			t.Errorf("%s of %d bytes: %v, want PF008 from SQL", what, limit+1, err)
+		}
+	}
+	text := func(n int) any { return strings.Repeat("é", n/2) + strings.Repeat("k", n%2) } // bytes, not characters
+	blob := func(n int) any { return make([]byte, n) }
+	const fp = `'\x00112233445566778899aabbccddeeff'::bytea`
+	accepts("scope", idempotency.MaxScopeBytes,
+		`SELECT pgfence.idempotency_check_args($1, 'k', `+fp+`, '1 day')`, text)
+	accepts("key", idempotency.MaxKeyBytes,
+		`SELECT pgfence.idempotency_check_args('s', $1, `+fp+`, '1 day')`, text)
+	accepts("result", idempotency.MaxResultBytes,
+		`SELECT pgfence.idempotency_check_result($1, NULL, NULL)`, blob)
+	accepts("failure code", idempotency.MaxFailureCodeBytes,
+		`SELECT pgfence.idempotency_check_result(NULL, $1, NULL)`, text)
+	accepts("failure message", idempotency.MaxFailureMessageBytes,
+		`SELECT pgfence.idempotency_check_result(NULL, 'c', $1)`, text)
+	// The fingerprint Go sends is within what SQL accepts.
+	if n := len(idempotency.Fingerprint(nil)); n < 16 || n > 64 {
+		t.Errorf("Fingerprint is %d bytes; the schema accepts 16 to 64", n)
+	}
+
+	// Recovery points are checked by idempotency_advance, for the owner of a key.
+	var owner string
+	if err := pool.QueryRow(ctx, `SELECT owner::text FROM pgfence.idempotency_claim('s', 'rp', sha256('a'), '1 minute', '1 day')`).Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	accepts("recovery point", idempotency.MaxRecoveryPointBytes,
+		`SELECT pgfence.idempotency_advance('s', 'rp', '`+owner+`', $1, NULL, '1 minute')`, text)
+	accepts("recovery data", idempotency.MaxRecoveryDataBytes,
+		`SELECT pgfence.idempotency_advance('s', 'rp', '`+owner+`', 'p', $1, '1 minute')`, blob)
+}
+
+// TestLimitsCheckedBeforeRoundTrip: every over-limit argument is refused
+// with an error naming the field and the limit, on a pool whose server does
+// not exist, so nothing was sent.
+func TestLimitsCheckedBeforeRoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	store := newStore(t, nil)
+	noop := func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }
+	for _, c := range []struct {
+		req  idempotency.Request
+		want string
+	}{
+		{idempotency.Request{Scope: strings.Repeat("s", idempotency.MaxScopeBytes+1), Key: "k"}, "Request.Scope must be 1 to 512 bytes, got 513"},
+		{idempotency.Request{Scope: "s", Key: strings.Repeat("k", idempotency.MaxKeyBytes+1)}, "Request.Key must be 1 to 512 bytes, got 513"},
+		{idempotency.Request{Scope: "", Key: "k"}, "Request.Scope"},
+		{idempotency.Request{Scope: "s", Key: ""}, "Request.Key"},
+	} {
+		for name, call := range map[string]func() error{
+			"Do":    func() error { _, err := store.Do(ctx, pool, c.req, noop); return err },
+			"Claim": func() error { _, err := store.Claim(ctx, pool, c.req); return err },
+		} {
+			if err := call(); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%s(scope %d bytes, key %d bytes): %v, want ErrInvalid with %q", name, len(c.req.Scope), len(c.req.Key), err, c.want)
+			}
+		}
+	}
+}
+
+// TestOversizedResultWritesNothing: a result over the limit is refused and
+// leaves the key exactly as it was: atomic mode rolls the claim back (the
+// key is free for the next attempt); leased mode keeps the claim with the
+// same owner, who can still complete it; and the SQL function refuses it for
+// any client without touching the row.
+func TestOversizedResultWritesNothing(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	createCharges(t, pool)
+	ctx := context.Background()
+	store := newStore(t, nil)
+	big := bytes.Repeat([]byte{'x'}, idempotency.MaxResultBytes+1)
+
+	req := idempotency.Request{Scope: "orders", Key: "big-1", Payload: []byte("p")}
+	_, err := store.Do(ctx, pool, req, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		if _, err := charge("big-1", 5)(ctx, tx); err != nil {
+			return nil, err
+		}
+		return big, nil
+	})
+	if !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), "at most 16777216 bytes") {
+		t.Fatalf("Do with an oversized result: %v, want ErrInvalid naming the limit", err)
+	}
+	if n := countCharges(t, pool, "big-1"); n != 0 {
+		t.Fatalf("the refused attempt's business write committed: %d charges", n)
+	}
+	assertRows(t, pool, "orders", "big-1", 0)
+	out, err := store.Do(ctx, pool, req, charge("big-1", 5))
+	if err != nil || out.Status != idempotency.New || countCharges(t, pool, "big-1") != 1 {
+		t.Fatalf("retry after the refused result: %+v, %v; want New and one charge", out, err)
+	}
+
+	// Leased: refused before the round trip; the owner still holds the key.
+	lreq := idempotency.Request{Scope: "orders", Key: "big-2", Payload: []byte("p")}
+	claimed, err := store.Claim(ctx, pool, lreq)
+	if err != nil || claimed.Status != idempotency.New {
+		t.Fatalf("Claim: %+v, %v", claimed, err)
+	}
+	a := claimed.Attempt
+	if _, err := a.Complete(ctx, big); !errors.Is(err, idempotency.ErrInvalid) {
+		t.Fatalf("Complete with an oversized result: %v, want ErrInvalid", err)
+	}
+	if _, err := a.Fail(ctx, &idempotency.Failure{Code: strings.Repeat("c", idempotency.MaxFailureCodeBytes+1)}); !errors.Is(err, idempotency.ErrInvalid) ||
+		!strings.Contains(err.Error(), "Failure.Code") {
+		t.Fatalf("Fail with an oversized code: %v, want ErrInvalid naming Failure.Code", err)
+	}
+	if err := a.Advance(ctx, strings.Repeat("p", idempotency.MaxRecoveryPointBytes+1), nil); !errors.Is(err, idempotency.ErrInvalid) {
+		t.Fatalf("Advance with an oversized point: %v, want ErrInvalid", err)
+	}
+	// Another client sends the oversized result straight to SQL.
+	var owner string
+	var epoch int64
+	if err := pool.QueryRow(ctx, `SELECT owner::text, epoch FROM pgfence.idempotency_keys WHERE scope = 'orders' AND key = 'big-2'`).Scan(&owner, &epoch); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT pgfence.idempotency_complete('orders', 'big-2', $1::uuid, $2, NULL, NULL)`, owner, big); pgerr.Code(err) != pgerr.CodeInvalid {
+		t.Fatalf("SQL complete with an oversized result: %v, want PF008", err)
+	}
+	var status string
+	var result []byte
+	var owner2 string
+	var epoch2 int64
+	if err := pool.QueryRow(ctx, `SELECT status, result, owner::text, epoch FROM pgfence.idempotency_keys WHERE scope = 'orders' AND key = 'big-2'`).
+		Scan(&status, &result, &owner2, &epoch2); err != nil {
+		t.Fatal(err)
+	}
+	if status != "in_progress" || result != nil || owner2 != owner || epoch2 != epoch {
+		t.Fatalf("after refused completions: status %s, result %d bytes, owner %s epoch %d; want in_progress, none, %s %d", status, len(result), owner2, epoch2, owner, epoch)
+	}
+	if _, err := a.Complete(ctx, []byte("ok")); err != nil {
+		t.Fatalf("the owner completes with a small result: %v", err)
+	}
+	replay, err := store.Claim(ctx, pool, lreq)
+	if err != nil || replay.Status != idempotency.Replayed || string(replay.Result) != "ok" {
+		t.Fatalf("replay: %+v, %v", replay, err)
+	}
+	assertRows(t, pool, "orders", "big-2", 1)
+}
+
+func assertRows(t *testing.T, pool *pgxpool.Pool, scope, key string, want int) {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pgfence.idempotency_keys WHERE scope = $1 AND key = $2`, scope, key).Scan(&n); err != nil || n != want {
+		t.Fatalf("%s/%s: %d rows, %v; want %d", scope, key, n, err, want)
+	}
+}
