@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"unicode/utf8"
 )
 
 // Fingerprint returns the SHA-256 of payload: what is stored with a key and
@@ -19,8 +20,13 @@ func Fingerprint(payload []byte) []byte {
 // CanonicalJSON re-encodes one JSON value canonically: object keys sorted, no
 // insignificant white space, numbers kept as written. Two documents that differ
 // only in key order or spacing get the same bytes (and so the same
-// [Fingerprint]).
+// [Fingerprint]). Input that is not valid UTF-8 is refused: the decoder would
+// replace each bad byte with U+FFFD, so two different requests would share a
+// fingerprint.
 func CanonicalJSON(data []byte) ([]byte, error) {
+	if !utf8.Valid(data) {
+		return nil, fmt.Errorf("%w: canonical JSON: not valid UTF-8", ErrInvalid)
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	var v any

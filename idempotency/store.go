@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -186,6 +188,10 @@ func (s *Store) check(req Request) (fingerprint []byte, retention time.Duration,
 		return nil, 0, fmt.Errorf("%w: Request.Scope must be 1 to %d bytes, got %d", ErrInvalid, MaxScopeBytes, len(req.Scope))
 	case len(req.Key) == 0 || len(req.Key) > MaxKeyBytes:
 		return nil, 0, fmt.Errorf("%w: Request.Key must be 1 to %d bytes, got %d", ErrInvalid, MaxKeyBytes, len(req.Key))
+	case !validText(req.Scope):
+		return nil, 0, fmt.Errorf("%w: Request.Scope must be valid UTF-8 without NUL bytes", ErrInvalid)
+	case !validText(req.Key):
+		return nil, 0, fmt.Errorf("%w: Request.Key must be valid UTF-8 without NUL bytes", ErrInvalid)
 	case req.Retention < 0:
 		return nil, 0, fmt.Errorf("%w: Request.Retention must not be negative, got %v", ErrInvalid, req.Retention)
 	}
@@ -194,6 +200,12 @@ func (s *Store) check(req Request) (fingerprint []byte, retention time.Duration,
 		retention = s.retention
 	}
 	return Fingerprint(req.Payload), retention, nil
+}
+
+// validText reports whether s is text PostgreSQL can store: valid UTF-8
+// without NUL bytes.
+func validText(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
 }
 
 // Status says what a claim found.

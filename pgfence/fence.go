@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -30,8 +32,13 @@ var (
 	_ DB = pgx.Tx(nil)
 )
 
-// MaxResourceLen is the longest resource name, in bytes.
+// MaxResourceLen is the longest resource name, in bytes (not characters);
+// pgfence.fence() enforces the same limit for other clients (PF008).
 const MaxResourceLen = 512
+
+// MaxReasonLen is the longest reason of [RaiseTokenFloor], in characters;
+// pgfence.raise_token_floor() enforces the same limit.
+const MaxReasonLen = 1000
 
 // SQL run by the helpers; the functions are installed by the migrations.
 const (
@@ -82,6 +89,9 @@ type Receipt struct {
 func validate(resource string, token int64) error {
 	if len(resource) == 0 || len(resource) > MaxResourceLen {
 		return fmt.Errorf("%w: resource must be 1 to %d bytes, got %d", ErrInvalid, MaxResourceLen, len(resource))
+	}
+	if strings.IndexByte(resource, 0) >= 0 || !utf8.ValidString(resource) {
+		return fmt.Errorf("%w: resource must be valid UTF-8 without NUL bytes", ErrInvalid)
 	}
 	if token <= 0 {
 		return fmt.Errorf("%w: token must be positive, got %d", ErrInvalid, token)

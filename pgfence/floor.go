@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -12,13 +13,13 @@ import (
 // after the schema was rebuilt or restored from an older backup, so tokens
 // never restart below tokens already stored. It refuses to lower the floor
 // ([ErrFloorLowered]); the current value is a no-op. It returns the floor
-// before. reason (1 to 1000 characters) is recorded.
+// before. reason (1 to [MaxReasonLen] characters) is recorded.
 func RaiseTokenFloor(ctx context.Context, db DB, floor int64, reason string) (previous int64, err error) {
 	if floor < 0 {
 		return 0, fmt.Errorf("%w: floor must be >= 0, got %d", ErrInvalid, floor)
 	}
-	if n := len([]rune(reason)); n < 1 || n > 1000 {
-		return 0, fmt.Errorf("%w: reason must be 1 to 1000 characters, got %d", ErrInvalid, n)
+	if n := utf8.RuneCountInString(reason); n < 1 || n > MaxReasonLen {
+		return 0, fmt.Errorf("%w: reason must be 1 to %d characters, got %d", ErrInvalid, MaxReasonLen, n)
 	}
 	err = db.QueryRow(ctx, `SELECT pgfence.raise_token_floor($1, $2)`, floor, reason).Scan(&previous)
 	return previous, mapError(err, false)

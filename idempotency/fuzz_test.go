@@ -1,0 +1,90 @@
+package idempotency
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// FuzzParseKey: the Idempotency-Key parser never panics, accepts only 1 to
+// HTTPMaxKeyBytes of printable ASCII, and reads back every such key sent as a
+// quoted sf-string.
+func FuzzParseKey(f *testing.F) {
+	for _, s := range []string{`"8e03978e-40d5-43e8-bc93-6894a57f9324"`, `abc`, `"a\"b\\c"`, `"`, `""`, `"\x"`, " \"k\" ", "k;x", strings.Repeat("k", 256), "\"é\""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		key, err := parseKey(s)
+		if err == nil {
+			if len(key) == 0 || len(key) > HTTPMaxKeyBytes {
+				t.Fatalf("parseKey(%q) = %q: %d bytes", s, key, len(key))
+			}
+			for i := 0; i < len(key); i++ {
+				if key[i] < 0x20 || key[i] > 0x7e {
+					t.Fatalf("parseKey(%q) = %q: byte %#x is not printable ASCII", s, key, key[i])
+				}
+			}
+		}
+		printable := s != "" && len(s) <= HTTPMaxKeyBytes
+		for i := 0; i < len(s); i++ {
+			printable = printable && s[i] >= 0x20 && s[i] <= 0x7e
+		}
+		if printable {
+			quoted := `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
+			if got, err := parseKey(quoted); err != nil || got != s {
+				t.Fatalf("parseKey(%q) = %q, %v; want %q", quoted, got, err, s)
+			}
+		}
+	})
+}
+
+// FuzzCanonicalJSON: no panics; the canonical form is valid JSON with the
+// same value, canonicalizing it again changes nothing, and re-indenting the
+// input does not change its fingerprint.
+func FuzzCanonicalJSON(f *testing.F) {
+	for _, s := range []string{`{"b":1,"a":[true,null,"x"]}`, ` { "a" : 1.50 , "b" : {"d":{},"c":[]} } `, `"\u00e9\ud83d\ude00"`, `1e400`, `{"a":1,"a":2}`, `[1,2] [3]`, "\"\xff\"", `{"<>&":"\u2028"}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		out, err := CanonicalJSON(data)
+		if err != nil {
+			return
+		}
+		if !utf8.Valid(data) {
+			t.Fatalf("CanonicalJSON accepted invalid UTF-8 %q", data)
+		}
+		if !json.Valid(out) {
+			t.Fatalf("CanonicalJSON(%q) = %q: not JSON", data, out)
+		}
+		again, err := CanonicalJSON(out)
+		if err != nil || !bytes.Equal(again, out) {
+			t.Fatalf("not idempotent: %q -> %q -> %q, %v", data, out, again, err)
+		}
+		var in, canon any
+		decode := func(b []byte, v *any) error {
+			dec := json.NewDecoder(bytes.NewReader(b))
+			dec.UseNumber()
+			return dec.Decode(v)
+		}
+		if err := decode(data, &in); err != nil {
+			t.Fatal(err)
+		}
+		if err := decode(out, &canon); err != nil {
+			t.Fatal(err)
+		}
+		a, _ := json.Marshal(in)
+		b, _ := json.Marshal(canon)
+		if !bytes.Equal(a, b) {
+			t.Fatalf("value changed: %q -> %q", data, out)
+		}
+		var indented bytes.Buffer
+		if err := json.Indent(&indented, bytes.TrimSpace(data), "", "\t "); err == nil {
+			re, err := CanonicalJSON(indented.Bytes())
+			if err != nil || !bytes.Equal(Fingerprint(re), Fingerprint(out)) {
+				t.Fatalf("re-indented %q gets another fingerprint: %q vs %q, %v", data, re, out, err)
+			}
+		}
+	})
+}
