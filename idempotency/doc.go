@@ -99,6 +99,15 @@
 //     lease the key is taken over; if it wakes up, its writes get
 //     [ErrNotOwner]. Use [Attempt.TrustedUntil] to stop starting external
 //     calls before the lease can have expired.
+//   - Limits on input (scope and key [MaxScopeBytes] and [MaxKeyBytes] of
+//     UTF-8 without NUL, results [MaxResultBytes], failure codes and messages
+//     [MaxFailureCodeBytes] and [MaxFailureMessageBytes], recovery points
+//     [MaxRecoveryPointBytes] and [MaxRecoveryDataBytes]) are checked before
+//     any round trip ([ErrInvalid] names the field and the limit) and enforced
+//     by the SQL functions for other clients (PF008). A refused call writes
+//     nothing: an atomic claim rolls back with the caller's writes and the key
+//     stays free; a leased attempt keeps the key and can still complete it.
+//     A payload is only hashed, never sent or stored: bound what you read.
 //
 // # SQL interface
 //
@@ -133,7 +142,9 @@
 // in_progress, mismatch, unprotected, bad_key, bad_body, unavailable, error)
 // and logs it at debug level. [GC] takes its providers and logger in
 // [GCOptions]: pgfence.idempotency.gc.deleted, a span per call and a debug
-// event.
+// event. Nothing records request or response bodies, and there is no
+// option to: the result is stored in pgfence.idempotency_keys.result
+// (replays need it), the request only as its SHA-256.
 //
 // When the context carries a valid span context, the claim (Do or Claim)
 // sets its trace id for the claim's transaction in the same pipeline (no

@@ -81,6 +81,12 @@
 //     keeps no session state.
 //   - A holder process dies: its lease is taken over after its TTL by the next
 //     Acquire, recorded as taken_over in the history.
+//   - Limits on input, checked before any round trip ([ErrInvalid] names the
+//     argument and the limit) and enforced by pgfence.lease_check_args for
+//     every other client (PF008): a key is 1 to [MaxKeyBytes] bytes of UTF-8
+//     without NUL, a TTL [MinTTL] to [MaxTTLLimit] (and at most
+//     [Config.MaxTTL]), a holder description at most [MaxHolderInfoBytes]. A
+//     refused call writes nothing.
 //
 // # Observability
 //

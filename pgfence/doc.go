@@ -28,7 +28,8 @@
 //
 // # SQL surface
 //
-// Installed by migration 00003_fence.sql; any client can use it:
+// Installed by migration 00003_fence.sql (protected_tables as fixed by
+// 00010_protected_tables_names.sql); any client can use it:
 //
 //	pgfence.fence(resource text, token bigint, op uuid DEFAULT NULL) RETURNS bigint  -- PF001 if stale
 //	pgfence.check_lease(key text, holder uuid, token bigint) RETURNS void            -- PF002 if not held
@@ -102,6 +103,14 @@
 //     that token. Revoke write access to pgfence.fences from application roles
 //     that should only use pgfence.fence(). A lease-checked write's lease can
 //     expire between the check and COMMIT, but no takeover can interleave.
+//   - Names of tables, schemas and columns ([Protect], [UpdateRow],
+//     [MaxStoredToken]) are always quoted; names PostgreSQL or pgx would
+//     change (over [MaxIdentifierLen] bytes: truncated; NUL bytes: dropped)
+//     are refused by [CheckIdentifier] with [ErrInvalid], so a call never acts
+//     on another object than the one named. Resources are 1 to
+//     [MaxResourceLen] bytes of UTF-8 without NUL, floor reasons 1 to
+//     [MaxReasonLen] characters; pgfence.fence and pgfence.raise_token_floor
+//     enforce the same for other clients (PF008).
 //   - Cost: [Exec] is one round trip and one commit, like the unfenced
 //     statement; the protection trigger adds one plpgsql call and one
 //     primary-key lookup per row written (see the benchmarks).
