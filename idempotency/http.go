@@ -57,7 +57,8 @@ type HTTPConfig struct {
 	// Principal returns who sends the request (user, tenant, API client), as
 	// established by authentication that runs before the middleware. Keys of
 	// different principals never meet. Default: everyone is "" (only safe for
-	// APIs whose keys are unguessable).
+	// APIs whose keys are unguessable). Return an identity, never a
+	// credential: it becomes part of the stored scope and of span attributes.
 	Principal func(*http.Request) string
 	// Route names the operation. Default: method + " " + the ServeMux pattern
 	// that matched (r.Pattern; wrap the handler, not the mux, to have it), or
