@@ -73,3 +73,27 @@ func TestGivenURL(t *testing.T) {
 		t.Fatalf("bad URL: %v", err)
 	}
 }
+
+// A connection string with a password that cannot be used (bad syntax, no
+// server) gives an error that does not contain the password.
+func TestOpenErrorsHideThePassword(t *testing.T) {
+	const pw = "s3cr3t-PW"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, url := range []string{
+		"postgres://app:" + pw + "@127.0.0.1:1/orders?connect_timeout=2",
+		"postgres://app:" + pw + "@127.0.0.1:notaport/orders",
+		"host=127.0.0.1 port=1 user=app password=" + pw + " dbname=orders connect_timeout=2",
+		"host=127.0.0.1 port=1 user=app password='" + pw + " x' dbname=orders connect_timeout=2",
+		"host=127.0.0.1 port=notaport user=app password=" + pw,
+	} {
+		db, err := devdb.Open(ctx, url, &devdb.Options{Progress: &bytes.Buffer{}})
+		if err == nil {
+			db.Close()
+			t.Fatalf("Open(%q) succeeded", url)
+		}
+		if strings.Contains(err.Error(), pw) {
+			t.Errorf("Open: the password leaked: %v", err)
+		}
+	}
+}
