@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Func does the business work of an atomic intent inside tx, the transaction
@@ -89,11 +91,11 @@ func (s *Store) Do(ctx context.Context, db DB, req Request, fn Func) (o *Outcome
 type storeFailure struct{ *Failure }
 
 func (s *Store) runAtomic(ctx context.Context, db DB, req Request, fp []byte, retention time.Duration, fn Func) (*Outcome, error) {
-	tx, err := begin(ctx, db)
+	tx, err := beginAtomic(ctx, db)
 	if err != nil {
 		return nil, classify(err, false)
 	}
-	defer rollback(tx) // a no-op after Commit
+	defer tx.end() // rolls back unless committed
 
 	out, err := s.claimAtomic(ctx, tx, req, fp, retention)
 	if err != nil || out.Status != New {
@@ -119,14 +121,100 @@ func (s *Store) runAtomic(ctx context.Context, db DB, req Request, fp []byte, re
 		out.Failure = failure
 		code, message = &failure.Code, &failure.Message
 	}
-	if err := tx.QueryRow(ctx, completeAtomicSQL, req.Scope, req.Key, result, code, message).Scan(&out.ExpiresAt); err != nil {
-		return nil, classify(err, false)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, classify(err, true)
+	if out.ExpiresAt, err = tx.completeAndCommit(ctx, req, result, code, message); err != nil {
+		return nil, err
 	}
 	s.logger.DebugContext(ctx, "idempotency: atomic key applied", "scope", req.Scope, "key", req.Key, "failed", failure != nil)
 	return out, nil
+}
+
+// atomicTx is the transaction of one atomic attempt. On a pool or a
+// connection it holds the connection itself, so that the stored result and
+// the COMMIT travel in one pipeline (one round trip instead of two); in a
+// caller's transaction it is a savepoint, released the ordinary way.
+type atomicTx struct {
+	pgx.Tx
+	conn      *pgx.Conn // nil: commit through Tx
+	release   func()    // returns a connection acquired from a pool
+	committed bool
+}
+
+func beginAtomic(ctx context.Context, db DB) (*atomicTx, error) {
+	opts := pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+	switch db := db.(type) {
+	case *pgxpool.Pool:
+		c, err := db.Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		tx, err := c.Conn().BeginTx(ctx, opts)
+		if err != nil {
+			c.Release()
+			return nil, err
+		}
+		return &atomicTx{Tx: tx, conn: c.Conn(), release: c.Release}, nil
+	case *pgx.Conn:
+		tx, err := db.BeginTx(ctx, opts)
+		if err != nil {
+			return nil, err
+		}
+		return &atomicTx{Tx: tx, conn: db}, nil
+	}
+	tx, err := begin(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	return &atomicTx{Tx: tx}, nil
+}
+
+// completeAndCommit stores the attempt's result (or failure) and commits,
+// returning when the stored result expires.
+func (t *atomicTx) completeAndCommit(ctx context.Context, req Request, result []byte, code, message *string) (time.Time, error) {
+	var expiresAt time.Time
+	if t.conn == nil {
+		if err := t.QueryRow(ctx, completeAtomicSQL, req.Scope, req.Key, result, code, message).Scan(&expiresAt); err != nil {
+			return time.Time{}, classify(err, false)
+		}
+		if err := t.Commit(ctx); err != nil {
+			return time.Time{}, classify(err, true)
+		}
+		t.committed = true
+		return expiresAt, nil
+	}
+	// One pipeline: if the completion fails, the server skips the COMMIT and
+	// the transaction is rolled back by end. Once the batch is sent, a lost
+	// connection leaves the outcome unknown: the COMMIT may have run.
+	b := &pgx.Batch{}
+	b.Queue(completeAtomicSQL, req.Scope, req.Key, result, code, message)
+	b.Queue("commit")
+	br := t.conn.SendBatch(ctx, b)
+	err := br.QueryRow().Scan(&expiresAt)
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return time.Time{}, classify(err, true)
+	}
+	if tag.String() != "COMMIT" {
+		return time.Time{}, pgx.ErrTxCommitRollback // the server answered ROLLBACK: nothing committed
+	}
+	t.committed = true
+	return expiresAt, nil
+}
+
+// end rolls back an attempt that did not commit and returns a pooled
+// connection.
+func (t *atomicTx) end() {
+	if !t.committed {
+		rollback(t.Tx)
+	}
+	if t.release != nil {
+		t.release()
+	}
 }
 
 // claimAtomic claims the key inside tx or reports what holds it.
