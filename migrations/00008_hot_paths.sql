@@ -149,7 +149,108 @@ ALTER TABLE pgfence.idempotency_keys
     ADD CONSTRAINT valid_row CHECK (pgfence.idempotency_key_valid(idempotency_keys)) NOT VALID;
 -- +goose StatementEnd
 
+-- pgfence.fences: the same rules, checked without per-statement planning.
+-- Trigger WHEN clauses and CHECK expressions are read back from the catalog
+-- and planned again for every statement that updates the table (~75k and
+-- ~60k CPU instructions per fenced write, measured with callgrind): the two
+-- BEFORE UPDATE triggers become one plpgsql trigger without a WHEN clause, and
+-- the three CHECKs one CHECK calling a plpgsql function (plpgsql keeps its
+-- compiled expressions for the session).
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.fences_before_update() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- fences_monotonic of 00003: a stale writer must not reset the fence.
+    IF NEW.token < OLD.token OR NEW.resource <> OLD.resource THEN
+        RAISE EXCEPTION 'pgfence: token for resource % may not be lowered from % to %', OLD.resource, OLD.token, NEW.token
+            USING ERRCODE = 'PF001',
+                  DETAIL = format('accepted=%s presented=%s resource=%s', OLD.token, NEW.token, OLD.resource);
+    END IF;
+    -- fences_trace_id of 00005: an UPDATE that does not set trace_id itself
+    -- takes the current transaction's trace id.
+    IF (OLD.trace_id IS NOT NULL OR current_setting('pgfence.trace_id', true) <> '')
+       AND NEW.trace_id IS NOT DISTINCT FROM OLD.trace_id THEN
+        NEW.trace_id := pgfence.current_trace_id();
+    END IF;
+    RETURN NEW;
+END;
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+DROP TRIGGER fences_monotonic ON pgfence.fences;
+-- +goose StatementEnd
+-- +goose StatementBegin
+DROP TRIGGER fences_trace_id ON pgfence.fences;
+-- +goose StatementEnd
+-- +goose StatementBegin
+DROP FUNCTION pgfence.fences_set_trace_id();
+-- +goose StatementEnd
+-- +goose StatementBegin
+CREATE TRIGGER fences_before_update BEFORE UPDATE ON pgfence.fences
+    FOR EACH ROW EXECUTE FUNCTION pgfence.fences_before_update();
+-- +goose StatementEnd
+
+-- The column CHECKs of 00003, unchanged, in one call.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.fence_row_valid(f pgfence.fences) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN octet_length(f.resource) BETWEEN 1 AND 512 AND f.token > 0 AND f.writes >= 0;
+END;
+$$;
+-- +goose StatementEnd
+
+-- NOT VALID: every existing row passed the identical constraints.
+-- +goose StatementBegin
+ALTER TABLE pgfence.fences
+    DROP CONSTRAINT fences_resource_check,
+    DROP CONSTRAINT fences_token_check,
+    DROP CONSTRAINT fences_writes_check,
+    ADD CONSTRAINT valid_row CHECK (pgfence.fence_row_valid(fences)) NOT VALID;
+-- +goose StatementEnd
+
 -- +goose Down
+
+-- +goose StatementBegin
+ALTER TABLE pgfence.fences
+    DROP CONSTRAINT valid_row,
+    ADD CONSTRAINT fences_resource_check CHECK (octet_length(resource) BETWEEN 1 AND 512),
+    ADD CONSTRAINT fences_token_check CHECK (token > 0),
+    ADD CONSTRAINT fences_writes_check CHECK (writes >= 0);
+-- +goose StatementEnd
+-- +goose StatementBegin
+DROP FUNCTION pgfence.fence_row_valid(pgfence.fences);
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+DROP TRIGGER fences_before_update ON pgfence.fences;
+-- +goose StatementEnd
+-- +goose StatementBegin
+DROP FUNCTION pgfence.fences_before_update();
+-- +goose StatementEnd
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.fences_set_trace_id() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.trace_id IS NOT DISTINCT FROM OLD.trace_id THEN
+        NEW.trace_id := pgfence.current_trace_id();
+    END IF;
+    RETURN NEW;
+END;
+$$;
+-- +goose StatementEnd
+-- +goose StatementBegin
+CREATE TRIGGER fences_trace_id BEFORE UPDATE ON pgfence.fences
+    FOR EACH ROW
+    WHEN (OLD.trace_id IS NOT NULL OR current_setting('pgfence.trace_id', true) <> '')
+    EXECUTE FUNCTION pgfence.fences_set_trace_id();
+-- +goose StatementEnd
+-- +goose StatementBegin
+CREATE TRIGGER fences_monotonic BEFORE UPDATE ON pgfence.fences
+    FOR EACH ROW WHEN (NEW.token < OLD.token OR NEW.resource <> OLD.resource)
+    EXECUTE FUNCTION pgfence.reject_fence_change();
+-- +goose StatementEnd
 
 -- +goose StatementBegin
 ALTER TABLE pgfence.idempotency_keys
