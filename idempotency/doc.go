@@ -36,6 +36,10 @@
 // dies, the key is simply free again. There is nothing to clean up after a
 // crash. Do works inside the caller's transaction too (pass a [pgx.Tx]).
 //
+// On a pool or a connection, Do sends the stored result and COMMIT in one
+// pipeline; a new key costs a lookup, BEGIN, the claim, the Func's statements
+// and that pipeline.
+//
 // # Leased mode
 //
 // [Store.Claim] is for effects outside the database: a payment provider, an

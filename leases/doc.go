@@ -88,6 +88,17 @@
 //     [Config.MaxTTL]), a holder description at most [MaxHolderInfoBytes]. A
 //     refused call writes nothing.
 //
+// # Cost
+//
+// A grant commits durably (one WAL flush); a release does not by default
+// ([Config.DurableRelease]), so a grant + release cycle waits for one flush.
+// pgfence.leases has fillfactor 80 (migration 00008): grants and releases
+// update the key's row in place (HOT), so the table and its index do not grow
+// under churn; rows of pages filled before 00008 get that room after a VACUUM
+// FULL. The row checks of leases and lease_events run as one plpgsql call per
+// row, because PostgreSQL plans CHECK expressions again for every statement
+// (measured: 2.1M → 1.3M CPU instructions per grant + release).
+//
 // # Observability
 //
 // [Config.MeterProvider] and [Config.TracerProvider] (default: the global

@@ -48,6 +48,13 @@
 //	    lease_reason text, operation text, op uuid, trace_id text) RETURNS void
 //	pgfence.prune_fence_rejections(max_age interval DEFAULT '7 days') RETURNS bigint
 //
+// pgfence.fence() runs one UPDATE for a resource fenced before, and an
+// INSERT ... ON CONFLICT DO UPDATE ... WHERE for its first write (migration
+// 00008). The fences table's rules (tokens never lowered, the trace id) are one
+// plpgsql trigger without a WHEN clause and its CHECKs one plpgsql call, since
+// PostgreSQL plans WHEN clauses and CHECKs again for every statement; a fenced
+// write costs ~2.3× the CPU of the bare UPDATE (~2.7× before).
+//
 // # Guarantees
 //
 //   - A write guarded by token T on resource R commits only if no write with a
