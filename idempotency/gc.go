@@ -41,17 +41,10 @@ type GCResult struct {
 }
 
 // gcSQL deletes one batch of completed keys whose retention ended (database
-// clock). In-progress keys have no expires_at and are never selected; rows a
-// claim is reusing right now are locked and skipped.
-const gcSQL = `WITH batch AS (
-    SELECT scope, key FROM pgfence.idempotency_keys
-     WHERE expires_at <= clock_timestamp()
-     ORDER BY expires_at
-     LIMIT $1
-       FOR UPDATE SKIP LOCKED)
-DELETE FROM pgfence.idempotency_keys k
- USING batch b
- WHERE k.scope = b.scope AND k.key = b.key AND k.expires_at <= clock_timestamp()`
+// clock) and returns how many (migrations/00009_security.sql). In-progress
+// keys have no expires_at and are never selected; rows a claim is reusing
+// right now are locked and skipped.
+const gcSQL = `SELECT pgfence.idempotency_gc($1)`
 
 // GC deletes expired completed keys in batches, each its own statement (and
 // transaction when db is a pool or connection), so it never holds many locks
@@ -78,13 +71,13 @@ func GC(ctx context.Context, db DB, opts *GCOptions) (res GCResult, err error) {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		tag, err := db.Exec(ctx, gcSQL, size)
-		if err != nil {
+		var deleted int64
+		if err := db.QueryRow(ctx, gcSQL, size).Scan(&deleted); err != nil {
 			return res, fmt.Errorf("idempotency: gc: %w", classify(err, true))
 		}
 		res.Batches++
-		res.Deleted += tag.RowsAffected()
-		if tag.RowsAffected() < int64(size) {
+		res.Deleted += deleted
+		if deleted < int64(size) {
 			break
 		}
 	}

@@ -329,6 +329,9 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 			remaining = held.Remaining
 		case errors.Is(err, ErrUnavailable), errors.Is(err, ErrOutcomeUnknown):
 			// Transient: retry with backoff until the deadline.
+		case errors.Is(err, ErrGrantsPaused):
+			// A kill switch is temporary too: wait for the resume like for
+			// a holder, until the deadline (the error then wraps it).
 		default:
 			return nil, err
 		}

@@ -37,6 +37,12 @@ var (
 	ErrInvalid = pgerr.ErrInvalid
 	// ErrNotPrimary: the server is a standby; leases are granted by a primary.
 	ErrNotPrimary = pgerr.ErrNotPrimary
+	// ErrGrantsPaused: an operator paused new grants for a prefix of the key
+	// ([Client.PauseGrants], SQLSTATE PF011); nothing was granted. Current
+	// holders keep renewing and releasing. [Client.TryAcquire] returns it at
+	// once; [Client.Acquire] keeps waiting (as if the key were held) until the
+	// pause is lifted or its deadline passes. It is pgerr's shared sentinel.
+	ErrGrantsPaused = pgerr.ErrGrantsPaused
 )
 
 // HeldError is returned by [Client.TryAcquire] (and, wrapped, by

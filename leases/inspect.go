@@ -34,6 +34,10 @@ type Status struct {
 	// Remaining is the time the grant has left by the database clock (0 unless
 	// Live).
 	Remaining time.Duration
+	// ClientVersion is the client library that made the grant
+	// ([ClientVersion] for this package); empty for clients that do not pass
+	// one (plain SQL, or pgfence before schema version 9).
+	ClientVersion string
 }
 
 // HistoryEntry is one recorded transition of a key.
@@ -53,6 +57,9 @@ type HistoryEntry struct {
 	// Reason says more: the expired grant for taken_over, the operator's
 	// reason for force_released.
 	Reason string
+	// ClientVersion is the granting client's library version on acquired and
+	// taken_over entries (see [Status.ClientVersion]); empty otherwise.
+	ClientVersion string
 }
 
 // ForceReleased reports what [Client.ForceRelease] did.
@@ -73,7 +80,7 @@ func scanStatus(row pgx.Row) (Status, error) {
 		remainingMicros   int64
 	)
 	err := row.Scan(&s.Key, &s.Holder, &s.Token, &s.GrantedAt, &renewed, &s.ExpiresAt, &released,
-		&s.HolderInfo, &s.Live, &remainingMicros)
+		&s.HolderInfo, &s.Live, &remainingMicros, &s.ClientVersion)
 	if renewed != nil {
 		s.RenewedAt = *renewed
 	}
@@ -127,7 +134,7 @@ func (c *Client) History(ctx context.Context, key string, limit int) ([]HistoryE
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (HistoryEntry, error) {
 		var e HistoryEntry
-		err := row.Scan(&e.ID, &e.Key, &e.Event, &e.Holder, &e.Token, &e.At, &e.Reason)
+		err := row.Scan(&e.ID, &e.Key, &e.Event, &e.Holder, &e.Token, &e.At, &e.Reason, &e.ClientVersion)
 		return e, err
 	})
 	if err != nil {

@@ -6,7 +6,7 @@ package leases
 const (
 	sqlTryAcquire = `SELECT acquired, holder::text, token, granted_at, expires_at,
        (extract(epoch FROM remaining) * 1000000)::bigint
-  FROM pgfence.try_acquire($1, $2::bigint * interval '1 microsecond', $3, $4::uuid)`
+  FROM pgfence.try_acquire($1, $2::bigint * interval '1 microsecond', $3, $4::uuid, $5)`
 
 	sqlRenew = `SELECT expires_at FROM pgfence.renew($1, $2::uuid, $3, $4::bigint * interval '1 microsecond')`
 
@@ -28,14 +28,18 @@ const (
  WHERE pid = $1 AND datname = current_database() AND usename = current_user AND backend_type = 'client backend'`
 
 	sqlStatusColumns = `SELECT key, holder::text, token, granted_at, renewed_at, expires_at, released_at,
-       holder_info, live, (extract(epoch FROM remaining) * 1000000)::bigint
+       holder_info, live, (extract(epoch FROM remaining) * 1000000)::bigint, coalesce(client_version, '')
   FROM pgfence.lease_status`
 
 	sqlList = sqlStatusColumns + ` ORDER BY key`
 	sqlGet  = sqlStatusColumns + ` WHERE key = $1`
 
-	sqlHistory = `SELECT id, key, event, holder::text, token, at, coalesce(reason, '')
+	sqlHistory = `SELECT id, key, event, holder::text, token, at, coalesce(reason, ''), coalesce(client_version, '')
   FROM pgfence.lease_events WHERE key = $1 ORDER BY id DESC LIMIT $2`
 
 	sqlListen = `LISTEN ` + NotifyChannel
+
+	sqlPause  = `SELECT pgfence.pause_grants($1, $2)`
+	sqlResume = `SELECT pgfence.resume_grants($1, $2)`
+	sqlPauses = `SELECT prefix, paused_by, reason, paused_at FROM pgfence.grant_pauses ORDER BY prefix`
 )

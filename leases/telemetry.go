@@ -163,13 +163,13 @@ func (c *Client) scanGrant(ctx context.Context, conn *pgxpool.Conn, key, holder 
 		takenOver bool
 	)
 	if traceID == "" && !countTakeovers {
-		err = conn.QueryRow(ctx, sqlTryAcquire, key, ttl.Microseconds(), info, holder).Scan(dest...)
+		err = conn.QueryRow(ctx, sqlTryAcquire, key, ttl.Microseconds(), info, holder, ClientVersion()).Scan(dest...)
 	} else {
 		b := &pgx.Batch{}
 		if traceID != "" {
 			b.Queue(telemetry.SetTraceIDSQL, traceID)
 		}
-		b.Queue(sqlTryAcquire, key, ttl.Microseconds(), info, holder)
+		b.Queue(sqlTryAcquire, key, ttl.Microseconds(), info, holder, ClientVersion())
 		if countTakeovers {
 			b.Queue(sqlGrantEvent, key, holder)
 		}

@@ -45,11 +45,11 @@ const (
 	sqlFence    = `SELECT pgfence.fence($1, $2, $3)`
 	sqlAccepted = `SELECT token, writes, op FROM pgfence.fences WHERE resource = $1`
 	// sqlProbe waits for any transaction that holds the fence row (or is
-	// inserting it) and returns the newest committed state; the caller rolls
-	// it back. writes = 0 marks the probe's own row: no token was ever accepted.
-	sqlProbe = `INSERT INTO pgfence.fences AS f (resource, token, writes) VALUES ($1, 1, 0)
-ON CONFLICT (resource) DO UPDATE SET writes = f.writes
-RETURNING token, writes, op`
+	// inserting it) and returns the newest committed state, changing nothing
+	// (pgfence.fence_probe undoes its probe row itself, so the application
+	// role needs no write privilege on pgfence.fences). writes = 0 means no
+	// token was ever accepted.
+	sqlProbe = `SELECT token, writes, op FROM pgfence.fence_probe($1)`
 )
 
 // OpID identifies one fenced write. It is stored with the accepted token so

@@ -30,6 +30,7 @@ const (
 	CodeInvalid        = "PF008" // invalid argument
 	CodeFloorNotRaised = "PF009" // the token floor may only be raised
 	CodeIsolation      = "PF010" // the transaction is not READ COMMITTED (raised before any write)
+	CodeGrantsPaused   = "PF011" // new grants for the key's prefix are paused (pgfence.pause_grants)
 )
 
 // PostgreSQL SQLSTATEs pgfence reacts to.
@@ -68,6 +69,10 @@ var (
 	ErrIdleInTransactionTimeout = errors.New("pgfence: idle in transaction timeout")
 	// ErrInvalid: an argument was rejected before or by the database.
 	ErrInvalid = errors.New("pgfence: invalid argument")
+	// ErrGrantsPaused: an operator paused new grants for a prefix of the key
+	// (pgfence.pause_grants); nothing was granted. Current holders are not
+	// affected.
+	ErrGrantsPaused = errors.New("pgfence: new grants are paused for this key")
 )
 
 // Code returns the SQLSTATE of err, or "" when err carries none.
@@ -137,6 +142,8 @@ func Classify(err error, sent bool) error {
 		return fmt.Errorf("%w: %w", ErrIdleInTransactionTimeout, err)
 	case CodeInvalid:
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	case CodeGrantsPaused:
+		return fmt.Errorf("%w: %w", ErrGrantsPaused, err)
 	}
 	if PgError(err) != nil && !IsConnectionError(err) {
 		return err // the server answered: the statement failed, nothing committed

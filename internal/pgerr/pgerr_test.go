@@ -28,6 +28,7 @@ func TestClassifyServerErrors(t *testing.T) {
 		{pgerr.CodeQueryCanceled, pgerr.ErrStatementTimeout},
 		{pgerr.CodeIdleInTxTimeout, pgerr.ErrIdleInTransactionTimeout},
 		{pgerr.CodeInvalid, pgerr.ErrInvalid},
+		{pgerr.CodeGrantsPaused, pgerr.ErrGrantsPaused},
 	} {
 		err := pgerr.Classify(fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: tc.code}), true)
 		if !errors.Is(err, tc.want) {

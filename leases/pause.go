@@ -1,0 +1,87 @@
+package leases
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Pause is one kill switch: new grants of every key that starts with Prefix
+// are refused with [ErrGrantsPaused] until it is lifted.
+type Pause struct {
+	// Prefix is the paused key prefix; "" pauses every key.
+	Prefix string
+	// PausedBy is the database role (session_user) that paused it.
+	PausedBy string
+	// Reason is the operator's reason.
+	Reason string
+	// PausedAt is the database time of the pause (of the latest, when the
+	// prefix was paused again).
+	PausedAt time.Time
+}
+
+// PauseGrants stops new grants of every key that starts with prefix ("" is
+// every key), for a rollout or an incident: [Client.TryAcquire] fails with
+// [ErrGrantsPaused], waiting [Client.Acquire] calls keep waiting. Current
+// holders keep renewing, releasing and writing with their tokens until they
+// finish (or until [Client.ForceRelease] ends them, after which their fenced
+// writes are refused). The prefix is matched literally (no pattern). reason
+// (1 to 1000 characters) and the database role are recorded in
+// pgfence.grant_pause_events. It reports whether the prefix was not paused
+// yet; pausing it again replaces the reason. It needs the pgfence_operator
+// role (see the package documentation).
+func (c *Client) PauseGrants(ctx context.Context, prefix, reason string) (bool, error) {
+	if len(prefix) > MaxKeyBytes {
+		return false, invalid("prefix", "must be at most %d bytes, got %d", MaxKeyBytes, len(prefix))
+	}
+	if len(reason) == 0 || len([]rune(reason)) > 1000 {
+		return false, invalid("reason", "must be 1 to 1000 characters, got %d", len([]rune(reason)))
+	}
+	var added bool
+	if err := c.queryRow(ctx, sqlPause, prefix, reason).Scan(&added); err != nil {
+		return false, fmt.Errorf("leases: pause grants %q: %w", prefix, classify(err))
+	}
+	return added, nil
+}
+
+// ResumeGrants lifts the pause of exactly prefix (a pause of a shorter prefix
+// stays) and reports whether there was one. reason is optional ("" for none)
+// and recorded with the role in pgfence.grant_pause_events. Waiting
+// [Client.Acquire] calls notice within their poll interval. It needs the
+// pgfence_operator role.
+func (c *Client) ResumeGrants(ctx context.Context, prefix, reason string) (bool, error) {
+	if len([]rune(reason)) > 1000 {
+		return false, invalid("reason", "must be at most 1000 characters, got %d", len([]rune(reason)))
+	}
+	var r *string
+	if reason != "" {
+		r = &reason
+	}
+	var removed bool
+	if err := c.queryRow(ctx, sqlResume, prefix, r).Scan(&removed); err != nil {
+		return false, fmt.Errorf("leases: resume grants %q: %w", prefix, classify(err))
+	}
+	if removed {
+		c.wakeAll()
+	}
+	return removed, nil
+}
+
+// Pauses returns the paused prefixes, ordered by prefix.
+func (c *Client) Pauses(ctx context.Context) ([]Pause, error) {
+	rows, err := c.pool.Query(ctx, sqlPauses)
+	if err != nil {
+		return nil, fmt.Errorf("leases: pauses: %w", classify(err))
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Pause, error) {
+		var p Pause
+		err := row.Scan(&p.Prefix, &p.PausedBy, &p.Reason, &p.PausedAt)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("leases: pauses: %w", classify(err))
+	}
+	return out, nil
+}

@@ -1,0 +1,36 @@
+package leases
+
+import (
+	"runtime/debug"
+	"sync"
+)
+
+// modulePath is this module's import path, looked up in the build info.
+const modulePath = "github.com/pgfence/pgfence"
+
+// ClientVersion is what this client records with every grant it makes
+// (pgfence.leases.client_version, shown by [Status.ClientVersion] and in the
+// acquired/taken_over history entries): "pgfence-go/" followed by the
+// module version the binary was built with, "(devel)" for a build inside this
+// module. During a rolling deploy it tells which grants came from which
+// library version, and grants by clients that predate it (or by plain SQL
+// clients) show an empty version.
+func ClientVersion() string { return clientVersion() }
+
+var clientVersion = sync.OnceValue(func() string {
+	v := "(devel)"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.Main.Path == modulePath && bi.Main.Version != "" {
+			v = bi.Main.Version
+		}
+		for _, d := range bi.Deps {
+			if d.Path == modulePath {
+				v = d.Version
+				if d.Replace != nil && d.Replace.Version != "" {
+					v = d.Replace.Version
+				}
+			}
+		}
+	}
+	return "pgfence-go/" + v
+})

@@ -1,0 +1,354 @@
+package migrations_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+const codeInsufficientPrivilege = "42501"
+
+// loginRole creates a LOGIN role that is a member of group (cluster-wide, so
+// its name is random) and returns a pool on db connected as it. The role and
+// everything it was granted in db are dropped when the test ends.
+func loginRole(t *testing.T, db *pgfencetest.Database, group string) (name string, pool *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name = "pgfence_t_" + strings.TrimPrefix(group, "pgfence_") + "_" + hex.EncodeToString(b[:])
+	const password = "pgfence-test-password"
+	if _, err := db.Pool.Exec(ctx, `CREATE ROLE `+pgx.Identifier{name}.Sanitize()+` LOGIN PASSWORD '`+password+`' IN ROLE `+pgx.Identifier{group}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User = name
+	cfg.ConnConfig.Password = password
+	cfg.MaxConns = 4
+	pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		// DROP OWNED revokes what the role was granted in this database; the
+		// role itself is cluster-wide.
+		_, _ = db.Pool.Exec(context.Background(), `DROP OWNED BY `+pgx.Identifier{name}.Sanitize()+` CASCADE`)
+		if _, err := db.Pool.Exec(context.Background(), `DROP ROLE `+pgx.Identifier{name}.Sanitize()); err != nil {
+			t.Logf("drop role %s: %v", name, err)
+		}
+	})
+	return name, pool
+}
+
+// denied fails unless err is SQLSTATE 42501 (insufficient_privilege).
+func denied(t *testing.T, what string, err error) {
+	t.Helper()
+	if code := pgerr.Code(err); code != codeInsufficientPrivilege {
+		t.Errorf("%s: want 42501 insufficient_privilege, got %v", what, err)
+	}
+}
+
+// TestLeastPrivilege connects as members of pgfence_app and pgfence_operator
+// and proves that the application role takes part in the protocol through
+// the functions only: it cannot write lease, token, floor or fence rows,
+// lower a token, or remove the guard of a table it does not own; the operator
+// role can run the operations the application role cannot.
+func TestLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	db := pgfencetest.NewDatabase(t)
+	owner := db.Pool // the role that ran the migrations and owns the business table
+
+	// The recommended setup: the business table belongs to the owner role,
+	// the application's login role gets DML on it only.
+	mustExecPool(t, owner, `CREATE TABLE acct (id int PRIMARY KEY, balance int NOT NULL)`)
+	mustExecPool(t, owner, `INSERT INTO acct VALUES (1, 10), (2, 20)`)
+	if err := pgfence.Protect(ctx, owner, pgx.Identifier{"acct"}, "id", "acct:"); err != nil {
+		t.Fatal(err)
+	}
+	appName, app := loginRole(t, db, "pgfence_app")
+	opName, op := loginRole(t, db, "pgfence_operator")
+	mustExecPool(t, owner, `GRANT SELECT, INSERT, UPDATE, DELETE ON acct TO `+pgx.Identifier{appName}.Sanitize())
+
+	// The protocol works through the functions, via the Go packages.
+	lc, err := leases.New(app, &leases.Config{DisableWakeups: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Close()
+	l, err := lc.TryAcquire(ctx, "acct:1", time.Minute, nil)
+	if err != nil {
+		t.Fatalf("app: TryAcquire: %v", err)
+	}
+	if err := l.Renew(ctx); err != nil {
+		t.Fatalf("app: Renew: %v", err)
+	}
+	if _, err := lc.Acquire(ctx, "fair:1", time.Minute, &leases.AcquireOptions{Fair: true, MaxWait: 10 * time.Second}); err != nil {
+		t.Fatalf("app: fair Acquire: %v", err)
+	}
+	if _, err := lc.Get(ctx, "acct:1"); err != nil {
+		t.Fatalf("app: Get (lease_status): %v", err)
+	}
+	if _, err := lc.History(ctx, "acct:1", 10); err != nil {
+		t.Fatalf("app: History: %v", err)
+	}
+	rcpt, err := pgfence.Write(ctx, app, "acct:1", l.Token(), func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE acct SET balance = 11 WHERE id = 1`)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("app: fenced write: %v", err)
+	}
+	if got, err := pgfence.Resolve(ctx, app, &pgfence.OutcomeUnknownError{Resource: rcpt.Resource, Token: rcpt.Token, Op: rcpt.Op}); err != nil || got != pgfence.Applied {
+		t.Fatalf("app: Resolve = %v, %v; want applied", got, err)
+	}
+	if got, err := pgfence.Resolve(ctx, app, &pgfence.OutcomeUnknownError{Resource: "acct:never", Token: 1}); err != nil || got != pgfence.NotApplied {
+		t.Fatalf("app: Resolve of an unwritten resource = %v, %v; want not applied", got, err)
+	}
+	if _, err := pgfence.Accepted(ctx, owner, "acct:never"); !errors.Is(err, pgfence.ErrNotFound) {
+		t.Fatalf("Resolve left a fence row behind: %v", err)
+	}
+	if err := pgfence.WriteLeased(ctx, app, pgfence.Lease{Key: l.Key(), Holder: l.Holder(), Token: l.Token()}, func(ctx context.Context, tx pgx.Tx) error {
+		return nil
+	}); err != nil {
+		t.Fatalf("app: lease-checked write: %v", err)
+	}
+	store, err := idempotency.NewStore(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := store.Do(ctx, app, idempotency.Request{Scope: "s", Key: "k1"}, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		return []byte("ok"), nil
+	})
+	if err != nil || out.Status != idempotency.New {
+		t.Fatalf("app: atomic idempotency = %+v, %v", out, err)
+	}
+	out, err = store.Claim(ctx, app, idempotency.Request{Scope: "s", Key: "k2"})
+	if err != nil || out.Status != idempotency.New {
+		t.Fatalf("app: leased claim = %+v, %v", out, err)
+	}
+	if _, err := out.Attempt.Complete(ctx, []byte("done")); err != nil {
+		t.Fatalf("app: complete: %v", err)
+	}
+	// A write outside the protocol is still refused by the guard.
+	if _, err := app.Exec(ctx, `UPDATE acct SET balance = 0 WHERE id = 2`); !errors.Is(pgfence.MapError(err), pgfence.ErrUnfencedWrite) {
+		t.Errorf("app: unfenced write: want PF006, got %v", err)
+	}
+
+	// No direct write on any pgfence table: no token, fence or floor can be
+	// minted, moved or lowered, no lease or history row forged or erased.
+	for _, q := range []string{
+		`INSERT INTO pgfence.leases (key, holder, token, granted_at, expires_at) VALUES ('x', gen_random_uuid(), 1, now(), now() + interval '1 h')`,
+		`UPDATE pgfence.leases SET expires_at = clock_timestamp() + interval '1 day'`,
+		`UPDATE pgfence.leases SET token = token + 1000`,
+		`DELETE FROM pgfence.leases`,
+		`INSERT INTO pgfence.fences (resource, token) VALUES ('acct:2', 9223372036854775807)`,
+		`UPDATE pgfence.fences SET token = 1`,
+		`UPDATE pgfence.fences SET fenced_xid = pg_current_xact_id()`,
+		`DELETE FROM pgfence.fences`,
+		`TRUNCATE pgfence.fences`,
+		`UPDATE pgfence.token_floor SET floor = 0`,
+		`DELETE FROM pgfence.token_floor`,
+		`INSERT INTO pgfence.lease_events (key, event, holder, token) VALUES ('x', 'acquired', gen_random_uuid(), 1)`,
+		`DELETE FROM pgfence.lease_events`,
+		`DELETE FROM pgfence.idempotency_keys`,
+		`UPDATE pgfence.idempotency_keys SET status = 'in_progress'`,
+		`DELETE FROM pgfence.lease_waiters`,
+		`INSERT INTO pgfence.grant_pauses (prefix, reason) VALUES ('', 'x')`,
+		`DELETE FROM pgfence.grant_pauses`,
+		// Operator functions.
+		`SELECT pgfence.raise_token_floor(0, 'lower it')`,
+		`SELECT pgfence.raise_token_floor(9000000000000000000, 'exhaust it')`,
+		`SELECT * FROM pgfence.force_release('acct:1', 'steal it')`,
+		`SELECT pgfence.pause_grants('', 'stop everyone')`,
+		`SELECT pgfence.resume_grants('')`,
+		`SELECT pgfence.prune_lease_events(NULL, 0)`,
+		`SELECT pgfence.idempotency_gc(10)`,
+		`SELECT pgfence.next_token(NULL)`,
+		// The guard of a table the application does not own.
+		`SELECT pgfence.unprotect('acct')`,
+		`SELECT pgfence.protect('acct', 'id', 'other:')`,
+		`DROP TRIGGER pgfence_guard ON acct`,
+		`ALTER TABLE acct DISABLE TRIGGER pgfence_guard`,
+		`ALTER TABLE acct DISABLE TRIGGER ALL`,
+		`SET session_replication_role = replica`,
+		`TRUNCATE acct`,
+	} {
+		_, err := app.Exec(ctx, q)
+		denied(t, "app: "+q, err)
+	}
+	if _, err := lc.ForceRelease(ctx, "acct:1", "steal it"); pgerr.Code(err) != codeInsufficientPrivilege {
+		t.Errorf("app: ForceRelease: want 42501, got %v", err)
+	}
+	if _, err := lc.PauseGrants(ctx, "acct:", "stop"); pgerr.Code(err) != codeInsufficientPrivilege {
+		t.Errorf("app: PauseGrants: want 42501, got %v", err)
+	}
+	if _, err := idempotency.GC(ctx, app, nil); pgerr.Code(err) != codeInsufficientPrivilege {
+		t.Errorf("app: idempotency GC: want 42501, got %v", err)
+	}
+
+	// A hostile search_path changes nothing inside the functions.
+	mustExecPool(t, owner, `CREATE SCHEMA evil AUTHORIZATION `+pgx.Identifier{appName}.Sanitize())
+	mustExecPool(t, app, `CREATE FUNCTION evil.gen_random_uuid() RETURNS uuid LANGUAGE sql AS $$ SELECT '00000000-0000-4000-8000-000000000001'::uuid $$`)
+	mustExecPool(t, app, `CREATE FUNCTION evil.clock_timestamp() RETURNS timestamptz LANGUAGE sql AS $$ SELECT timestamptz '2000-01-01' $$`)
+	mustExecPool(t, app, `CREATE TABLE evil.leases (LIKE pgfence.leases)`)
+	conn, err := app.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `SET search_path = evil, pg_catalog, pgfence`); err != nil {
+		t.Fatal(err)
+	}
+	var holder string
+	var expires time.Time
+	if err := conn.QueryRow(ctx, `SELECT holder::text, expires_at FROM pgfence.try_acquire('hostile', interval '1 minute')`).Scan(&holder, &expires); err != nil {
+		t.Fatalf("app: try_acquire under a hostile search_path: %v", err)
+	}
+	conn.Release()
+	if holder == "00000000-0000-4000-8000-000000000001" || expires.Year() < 2020 {
+		t.Errorf("try_acquire used the caller's functions: holder %s, expires %s", holder, expires)
+	}
+
+	// The operator role runs the operations.
+	oc, err := leases.New(op, &leases.Config{DisableWakeups: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer oc.Close()
+	if fr, err := oc.ForceRelease(ctx, "acct:1", "incident 42"); err != nil || !fr.Released {
+		t.Fatalf("operator: ForceRelease = %+v, %v", fr, err)
+	}
+	if _, err := op.Exec(ctx, `SELECT pgfence.raise_token_floor(pgfence.max_stored_token() + 10, 'restore drill')`); err != nil {
+		t.Fatalf("operator: raise_token_floor: %v", err)
+	}
+	if _, err := op.Exec(ctx, `SELECT pgfence.raise_token_floor(0, 'lower it')`); !errors.Is(pgfence.MapError(err), pgfence.ErrFloorLowered) {
+		t.Errorf("operator: lowering the floor: want PF009, got %v", err)
+	}
+	if _, err := oc.PauseGrants(ctx, "acct:", "rollout"); err != nil {
+		t.Fatalf("operator: PauseGrants: %v", err)
+	}
+	if _, err := oc.ResumeGrants(ctx, "acct:", ""); err != nil {
+		t.Fatalf("operator: ResumeGrants: %v", err)
+	}
+	if _, err := idempotency.GC(ctx, op, nil); err != nil {
+		t.Fatalf("operator: idempotency GC: %v", err)
+	}
+	// protect checks the caller's own rights on the table: an operator
+	// protects the tables it owns, not the owner's.
+	mustExecPool(t, owner, `CREATE SCHEMA `+pgx.Identifier{opName}.Sanitize()+` AUTHORIZATION `+pgx.Identifier{opName}.Sanitize())
+	mustExecPool(t, op, `CREATE TABLE `+pgx.Identifier{opName}.Sanitize()+`.jobs (id int PRIMARY KEY)`)
+	if err := pgfence.Protect(ctx, op, pgx.Identifier{opName, "jobs"}, "id", "job:"); err != nil {
+		t.Fatalf("operator: protect its own table: %v", err)
+	}
+	if _, err := op.Exec(ctx, `SELECT pgfence.unprotect('acct')`); pgerr.Code(err) != codeInsufficientPrivilege {
+		t.Errorf("operator: unprotect a table it does not own: want 42501, got %v", err)
+	}
+	// Fence rows stay monotone for the operator too: no direct writes.
+	_, err = op.Exec(ctx, `UPDATE pgfence.fences SET token = 1`)
+	denied(t, "operator: lower a fence", err)
+}
+
+// TestPrivilegeCatalog checks the grants in the catalog, so that a function
+// or table added by a later migration cannot silently widen them.
+func TestPrivilegeCatalog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgfencetest.NewPool(t)
+
+	rows, err := pool.Query(ctx, `
+		SELECT p.oid::regprocedure::text
+		  FROM pg_proc p
+		 WHERE p.pronamespace = 'pgfence'::regnamespace
+		   AND has_function_privilege('public', p.oid, 'EXECUTE')
+		 ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	public, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(public) > 0 {
+		t.Errorf("functions executable by PUBLIC: %v", public)
+	}
+
+	// Every SECURITY DEFINER function pins its search_path.
+	rows, err = pool.Query(ctx, `
+		SELECT p.oid::regprocedure::text
+		  FROM pg_proc p
+		 WHERE p.pronamespace = 'pgfence'::regnamespace AND p.prosecdef
+		   AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)
+		 ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unpinned, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(unpinned) > 0 {
+		t.Errorf("SECURITY DEFINER functions without search_path = pg_catalog, pg_temp: %v", unpinned)
+	}
+
+	// Neither role may write any pgfence table directly.
+	for _, role := range []string{"pgfence_app", "pgfence_operator"} {
+		rows, err = pool.Query(ctx, `
+			SELECT c.relname || ' ' || priv
+			  FROM pg_class c
+			 CROSS JOIN unnest(ARRAY['INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'REFERENCES', 'TRIGGER']) AS priv
+			 WHERE c.relnamespace = 'pgfence'::regnamespace AND c.relkind IN ('r', 'v', 'p')
+			   AND has_table_privilege($1, c.oid, priv)
+			 ORDER BY 1`, role)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writable, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(writable) > 0 {
+			t.Errorf("%s may write pgfence tables directly: %v", role, writable)
+		}
+	}
+
+	// The application role has exactly the protocol, not the operations.
+	for _, fn := range []string{
+		"pgfence.force_release(text,text)", "pgfence.raise_token_floor(bigint,text)",
+		"pgfence.protect(regclass,text,text)", "pgfence.unprotect(regclass)",
+		"pgfence.pause_grants(text,text)", "pgfence.resume_grants(text,text)",
+		"pgfence.idempotency_gc(integer)", "pgfence.prune_lease_events(text,integer)",
+	} {
+		var app, op bool
+		if err := pool.QueryRow(ctx, `SELECT has_function_privilege('pgfence_app', $1, 'EXECUTE'), has_function_privilege('pgfence_operator', $1, 'EXECUTE')`, fn).Scan(&app, &op); err != nil {
+			t.Fatal(err)
+		}
+		if app || !op {
+			t.Errorf("%s: pgfence_app may execute: %v (want false), pgfence_operator: %v (want true)", fn, app, op)
+		}
+	}
+}
+
+func mustExecPool(t *testing.T, pool *pgxpool.Pool, sql string) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
