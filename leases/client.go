@@ -268,6 +268,11 @@ func (c *Client) readBackGrant(ctx context.Context, key, holder string, pid uint
 // order); it retries with capped exponential backoff and full jitter, right
 // after the holder's expiry, and at once when a release notification arrives.
 //
+// While an operator has paused new grants for the key's prefix
+// ([Client.PauseGrants]), it waits the same way (polling with backoff) and is
+// granted after the resume; if its deadline comes first, the error usually
+// wraps [ErrGrantsPaused].
+//
 // When it gives up, the error wraps the context's error and the last attempt's
 // (usually a [*HeldError]).
 func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions) (l *Lease, err error) {
