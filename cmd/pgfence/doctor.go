@@ -6,6 +6,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/migrations"
@@ -154,9 +155,31 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 		} else {
 			add("leases", statusOK, "%d live, none past expiry", live)
 		}
+		out = append(out, grantPauses(ctx, pool))
 		out = append(out, unprotectedTables(ctx, pool))
 	}
 	return out
+}
+
+// grantPauses reports the kill switches in force (pgfence.grant_pauses): a
+// forgotten pause keeps refusing grants long after its rollout.
+func grantPauses(ctx context.Context, pool *pgxpool.Pool) check {
+	rows, err := pool.Query(ctx, `
+		SELECT format('%L by %s since %s (%s)', prefix, paused_by,
+		              to_char(paused_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS"Z"'), reason)
+		FROM pgfence.grant_pauses ORDER BY prefix`)
+	if err != nil {
+		return check{Name: "grant pauses", Status: statusFail, Detail: fmt.Sprintf("cannot read pgfence.grant_pauses: %v", err)}
+	}
+	pauses, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return check{Name: "grant pauses", Status: statusFail, Detail: fmt.Sprintf("cannot read pgfence.grant_pauses: %v", err)}
+	}
+	if len(pauses) > 0 {
+		return check{Name: "grant pauses", Status: statusWarn, Detail: fmt.Sprintf(
+			"new grants are paused for %d prefix(es): %s; `pgfence leases resume PREFIX` lifts a pause", len(pauses), strings.Join(pauses, "; "))}
+	}
+	return check{Name: "grant pauses", Status: statusOK, Detail: "no key prefix is paused"}
 }
 
 // detectPooler checks whether consecutive statements on one client connection

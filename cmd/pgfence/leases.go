@@ -10,17 +10,20 @@ import (
 	"github.com/pgfence/pgfence/leases"
 )
 
-const leasesUsage = `leases <list|show|release> [flags]
+const leasesUsage = `leases <list|show|release|pause|resume> [flags]
 
-  list                                   every lease row with its remaining time (database clock)
+  list                                   every lease row with its remaining time (database clock), and the paused prefixes
   show KEY [--history N]                 one lease and its recent grant history
-  release KEY --force --reason TEXT      end the current grant whoever holds it (recorded in the history)`
+  release KEY --force --reason TEXT      end the current grant whoever holds it (recorded in the history)
+  pause PREFIX --reason TEXT             kill switch: refuse new grants of keys starting with PREFIX ('' = every key);
+                                         current holders keep renewing, writing and releasing
+  resume PREFIX [--reason TEXT]          lift the pause of exactly PREFIX`
 
 func runLeases(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprintf(e.stderr, "Usage: pgfence %s\n", leasesUsage)
 		if len(args) == 0 {
-			return usageError("leases needs a subcommand: list, show or release")
+			return usageError("leases needs a subcommand: list, show, release, pause or resume")
 		}
 		return nil
 	}
@@ -31,11 +34,11 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	history := fs.Int("history", 10, "show: how many history entries (newest first)")
 	force := fs.Bool("force", false, "release: required; ending someone else's grant is an operator action")
-	reason := fs.String("reason", "", "release: why (recorded in the grant history)")
+	reason := fs.String("reason", "", "release, pause, resume: why (recorded in the grant or pause history)")
 	switch sub {
-	case "list", "show", "release":
+	case "list", "show", "release", "pause", "resume":
 	default:
-		return usageError("leases: unknown subcommand %q (want list, show or release)", sub)
+		return usageError("leases: unknown subcommand %q (want list, show, release, pause or resume)", sub)
 	}
 	if err := parse(fs, interspersed(fs, rest)); err != nil {
 		return err
@@ -46,11 +49,19 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 		if fs.NArg() != 0 {
 			return usageError("leases list takes no arguments, got %q", fs.Args())
 		}
+	case "pause", "resume":
+		if fs.NArg() != 1 {
+			return usageError("leases %s needs exactly one PREFIX ('' for every key), got %d arguments", sub, fs.NArg())
+		}
+		key = fs.Arg(0)
 	default:
 		if fs.NArg() != 1 {
 			return usageError("leases %s needs exactly one KEY, got %d arguments", sub, fs.NArg())
 		}
 		key = fs.Arg(0)
+	}
+	if sub == "pause" && *reason == "" {
+		return usageError("leases pause needs --reason TEXT (it is recorded in the pause history)")
 	}
 	if sub == "release" && !*force {
 		return usageError("leases release ends another process's grant: pass --force (and --reason) to confirm")
@@ -79,20 +90,69 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 			return dbError(err)
 		}
 		if *asJSON {
+			// The lease rows as before (scripts parse an array); paused
+			// prefixes are in `pgfence doctor --json` (check "grant pauses").
 			if ls == nil {
 				ls = []leases.Status{}
 			}
 			return writeJSON(e, ls)
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "KEY\tSTATE\tTOKEN\tHOLDER\tREMAINING\tHOLDER INFO")
+		fmt.Fprintln(tw, "KEY\tSTATE\tTOKEN\tHOLDER\tREMAINING\tHOLDER INFO\tCLIENT")
 		for _, l := range ls {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", l.Key, leaseState(l), l.Token, l.Holder, remaining(l), l.HolderInfo)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.Key, leaseState(l), l.Token, l.Holder, remaining(l), l.HolderInfo, clientVersion(l.ClientVersion))
 		}
 		tw.Flush()
 		if len(ls) == 0 {
 			fmt.Fprintln(e.stdout, "(no leases)")
 		}
+		pauses, err := client.Pauses(ctx)
+		if err != nil {
+			return dbError(err)
+		}
+		if len(pauses) > 0 {
+			fmt.Fprintln(e.stdout, "\nnew grants paused (pgfence leases resume PREFIX lifts a pause):")
+			tw = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "PREFIX\tPAUSED BY\tSINCE\tREASON")
+			for _, p := range pauses {
+				fmt.Fprintf(tw, "%q\t%s\t%s\t%s\n", p.Prefix, p.PausedBy, stamp(p.PausedAt), p.Reason)
+			}
+			tw.Flush()
+		}
+		return nil
+	case "pause":
+		added, err := client.PauseGrants(ctx, key, *reason)
+		if errors.Is(err, leases.ErrInvalid) {
+			return &cliError{msg: err.Error(), hint: "the prefix is at most 512 bytes, the reason 1 to 1000 characters", code: exitUsage, err: err}
+		}
+		if err != nil {
+			return dbError(err)
+		}
+		if *asJSON {
+			return writeJSON(e, map[string]any{"prefix": key, "paused": true, "new": added})
+		}
+		verb := "paused"
+		if !added {
+			verb = "still paused (reason replaced)"
+		}
+		fmt.Fprintf(e.stdout, "new grants of keys starting with %q are %s; current holders keep their leases (`pgfence leases release KEY --force` ends one)\n", key, verb)
+		return nil
+	case "resume":
+		removed, err := client.ResumeGrants(ctx, key, *reason)
+		if errors.Is(err, leases.ErrInvalid) {
+			return &cliError{msg: err.Error(), hint: "the reason is at most 1000 characters", code: exitUsage, err: err}
+		}
+		if err != nil {
+			return dbError(err)
+		}
+		if *asJSON {
+			return writeJSON(e, map[string]any{"prefix": key, "resumed": removed})
+		}
+		if !removed {
+			fmt.Fprintf(e.stdout, "prefix %q was not paused (a pause lifts only with its exact prefix; `pgfence leases list` shows them)\n", key)
+			return nil
+		}
+		fmt.Fprintf(e.stdout, "new grants of keys starting with %q are allowed again\n", key)
 		return nil
 	case "show":
 		l, err := client.Get(ctx, key)
@@ -119,6 +179,7 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintf(tw, "token\t%d\n", l.Token)
 		fmt.Fprintf(tw, "holder\t%s\n", l.Holder)
 		fmt.Fprintf(tw, "holder info\t%s\n", l.HolderInfo)
+		fmt.Fprintf(tw, "client\t%s\n", clientVersion(l.ClientVersion))
 		fmt.Fprintf(tw, "granted at\t%s\n", stamp(l.GrantedAt))
 		fmt.Fprintf(tw, "renewed at\t%s\n", stamp(l.RenewedAt))
 		fmt.Fprintf(tw, "expires at\t%s\n", stamp(l.ExpiresAt))
@@ -128,9 +189,13 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 		if len(hist) > 0 {
 			fmt.Fprintln(e.stdout, "\nhistory (newest first):")
 			tw = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "AT\tEVENT\tTOKEN\tHOLDER\tREASON")
+			fmt.Fprintln(tw, "AT\tEVENT\tTOKEN\tHOLDER\tCLIENT\tREASON")
 			for _, h := range hist {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", stamp(h.At), h.Event, h.Token, h.Holder, h.Reason)
+				client := "-"
+				if h.Event == "acquired" || h.Event == "taken_over" {
+					client = clientVersion(h.ClientVersion)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", stamp(h.At), h.Event, h.Token, h.Holder, client, h.Reason)
 			}
 			tw.Flush()
 		}
@@ -156,6 +221,15 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 		}
 		return nil
 	}
+}
+
+// clientVersion shows a grant's client version; grants by plain SQL clients
+// and by clients older than the version column have none.
+func clientVersion(v string) string {
+	if v == "" {
+		return "(unknown: SQL or old client)"
+	}
+	return v
 }
 
 func leaseState(l leases.Status) string {

@@ -190,3 +190,72 @@ func TestKeysGC(t *testing.T) {
 		t.Fatalf("--batch-size 0: code %d, want usage error", code)
 	}
 }
+
+func TestLeasesPauseCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgfencetest.NewDatabase(t)
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	client, err := leases.New(db.Pool, &leases.Config{DisableWakeups: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+
+	if code, _, errOut := cli(t, environ, "leases", "pause", "deploy/"); code != exitUsage || !strings.Contains(errOut, "--reason") {
+		t.Fatalf("pause without --reason: code %d, %s", code, errOut)
+	}
+	code, out, errOut := cli(t, environ, "leases", "pause", "deploy/", "--reason", "rollout 7")
+	if code != exitOK || !strings.Contains(out, "paused") {
+		t.Fatalf("pause: code %d\n%s%s", code, out, errOut)
+	}
+	if _, err := client.TryAcquire(ctx, "deploy/web", time.Minute, nil); !errors.Is(err, leases.ErrGrantsPaused) {
+		t.Fatalf("TryAcquire after `leases pause`: want ErrGrantsPaused, got %v", err)
+	}
+	l, err := client.TryAcquire(ctx, "batch/1", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ = cli(t, environ, "leases", "list")
+	if code != exitOK || !strings.Contains(out, `"deploy/"`) || !strings.Contains(out, "rollout 7") || !strings.Contains(out, leases.ClientVersion()) {
+		t.Fatalf("leases list shows neither the pause nor the client version:\n%s", out)
+	}
+	code, out, _ = cli(t, environ, "leases", "show", "batch/1")
+	if code != exitOK || !strings.Contains(out, "client") || !strings.Contains(out, leases.ClientVersion()) {
+		t.Fatalf("leases show lacks the client version:\n%s", out)
+	}
+	_ = l.Release(ctx)
+	code, out, _ = cli(t, environ, "doctor", "--json")
+	var res struct{ Checks []check }
+	if json.Unmarshal([]byte(out), &res) != nil {
+		t.Fatalf("doctor --json: code %d\n%s", code, out)
+	}
+	found := false
+	for _, c := range res.Checks {
+		if c.Name == "grant pauses" {
+			found = true
+			if c.Status != statusWarn || !strings.Contains(c.Detail, "'deploy/'") || !strings.Contains(c.Detail, "rollout 7") {
+				t.Errorf("doctor grant pauses = %+v, want a warning naming the prefix and reason", c)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("doctor has no grant pauses check: %s", out)
+	}
+
+	code, out, errOut = cli(t, environ, "leases", "resume", "deploy/", "--reason", "done")
+	if code != exitOK || !strings.Contains(out, "allowed again") {
+		t.Fatalf("resume: code %d\n%s%s", code, out, errOut)
+	}
+	if code, out, _ := cli(t, environ, "leases", "resume", "deploy/"); code != exitOK || !strings.Contains(out, "was not paused") {
+		t.Fatalf("resume again: code %d\n%s", code, out)
+	}
+	l, err = client.TryAcquire(ctx, "deploy/web", time.Minute, nil)
+	if err != nil {
+		t.Fatalf("TryAcquire after `leases resume`: %v", err)
+	}
+	_ = l.Release(ctx)
+	if code, out, _ := cli(t, environ, "leases", "list"); code != exitOK || strings.Contains(out, "paused") {
+		t.Fatalf("leases list still shows a pause:\n%s", out)
+	}
+}
