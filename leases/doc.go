@@ -7,7 +7,15 @@
 // and released ([Lease.Release]). [Client.Do] runs a function under a
 // kept-alive lease and cancels its context when the lease is lost.
 // [Client.List], [Client.Get], [Client.History] and [Client.ForceRelease] are
-// for inspection and operators.
+// for inspection and operators; [Client.PauseGrants] and [Client.ResumeGrants]
+// are the kill switch for rollouts (new grants of a key prefix are refused
+// with [ErrGrantsPaused] while current holders finish). Every grant records
+// [ClientVersion], shown in [Status.ClientVersion].
+//
+// Privileges: the application's database role needs membership in
+// pgfence_app (the protocol functions and reads); ForceRelease, PauseGrants
+// and ResumeGrants need pgfence_operator. Neither role may write the lease
+// tables directly (migration 00009; README "Security and least privilege").
 //
 // The protocol lives in SQL functions installed by the migrations
 // (pgfence.try_acquire, pgfence.acquire, pgfence.renew, pgfence.release,

@@ -104,12 +104,21 @@
 //     [ErrLockTimeout] and [ErrStatementTimeout]. Under REPEATABLE READ or
 //     SERIALIZABLE a concurrent fence fails with [ErrIsolation]: use READ
 //     COMMITTED.
-//   - Limits: a superuser can disable triggers (ALTER TABLE … DISABLE TRIGGER,
-//     session_replication_role = replica) or drop them; direct DML on
-//     pgfence.fences that keeps the current token is equivalent to presenting
-//     that token. Revoke write access to pgfence.fences from application roles
-//     that should only use pgfence.fence(). A lease-checked write's lease can
-//     expire between the check and COMMIT, but no takeover can interleave.
+//   - Limits: the table's owner and a superuser can disable triggers (ALTER
+//     TABLE … DISABLE TRIGGER, session_replication_role = replica) or drop
+//     them; direct DML on pgfence.fences that keeps the current token is
+//     equivalent to presenting that token. Hence the recommended setup
+//     (migration 00009, README "Security and least privilege"): business
+//     tables are owned by a migration/owner role that is a member of
+//     pgfence_operator and runs [Protect]; the application's login role is a
+//     member of pgfence_app and gets only SELECT/INSERT/UPDATE/DELETE on the
+//     business tables. pgfence_app has no write privilege on any pgfence
+//     table (pgfence.fence() and pgfence.check_lease() run as their owner), so
+//     it can neither forge nor lower a fence, nor remove the guard.
+//     pgfence.protect and pgfence.unprotect run with the caller's rights:
+//     CREATE/DROP TRIGGER require the caller to own the table. A
+//     lease-checked write's lease can expire between the check and COMMIT,
+//     but no takeover can interleave.
 //   - Names of tables, schemas and columns ([Protect], [UpdateRow],
 //     [MaxStoredToken]) are always quoted; names PostgreSQL or pgx would
 //     change (over [MaxIdentifierLen] bytes: truncated; NUL bytes: dropped)
