@@ -231,8 +231,17 @@ func (m *Migrator) prepare(ctx context.Context) error {
 	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, LockID); err != nil {
 		return m.wrap(err)
 	}
-	if _, err := tx.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+Schema); err != nil {
+	// Only when it is missing: CREATE SCHEMA checks the CREATE privilege on
+	// the database even with IF NOT EXISTS, which a pgfence_operator running
+	// `pgfence doctor` or `migrate status` does not have.
+	var schemaExists bool
+	if err := tx.QueryRowContext(ctx, `SELECT to_regnamespace($1) IS NOT NULL`, Schema).Scan(&schemaExists); err != nil {
 		return m.wrap(err)
+	}
+	if !schemaExists {
+		if _, err := tx.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+Schema); err != nil {
+			return m.wrap(err)
+		}
 	}
 	var exists bool
 	if err := tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, VersionTable).Scan(&exists); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/pgfence/pgfence/idempotency"
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
@@ -227,7 +228,16 @@ func TestLeastPrivilege(t *testing.T) {
 		t.Errorf("try_acquire used the caller's functions: holder %s, expires %s", holder, expires)
 	}
 
-	// The operator role runs the operations.
+	// The operator role runs the operations, and reads the schema version
+	// (pgfence doctor, migrate status) without the CREATE privilege.
+	m, err := migrations.New(op, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if current, latest, err := m.Version(ctx); err != nil || current != latest {
+		t.Fatalf("operator: schema version = %d of %d, %v", current, latest, err)
+	}
+	_ = m.Close()
 	oc, err := leases.New(op, &leases.Config{DisableWakeups: true})
 	if err != nil {
 		t.Fatal(err)
