@@ -155,10 +155,29 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 		} else {
 			add("leases", statusOK, "%d live, none past expiry", live)
 		}
+		out = append(out, roleMembers(ctx, pool))
 		out = append(out, grantPauses(ctx, pool))
 		out = append(out, unprotectedTables(ctx, pool))
 	}
 	return out
+}
+
+// roleMembers checks that applications can connect with least privilege: a
+// cluster where no role is a member of pgfence_app usually means the
+// applications connect as the schema owner, which may write lease and fence
+// rows directly.
+func roleMembers(ctx context.Context, pool *pgxpool.Pool) check {
+	var app, operator int
+	if err := pool.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE r.rolname = 'pgfence_app'), count(*) FILTER (WHERE r.rolname = 'pgfence_operator')
+		FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid
+		WHERE r.rolname IN ('pgfence_app', 'pgfence_operator')`).Scan(&app, &operator); err != nil {
+		return check{Name: "roles", Status: statusFail, Detail: fmt.Sprintf("cannot read role memberships: %v", err)}
+	}
+	if app == 0 {
+		return check{Name: "roles", Status: statusWarn, Detail: "no role is a member of pgfence_app: applications probably connect as the schema owner, which can write lease and fence rows directly; GRANT pgfence_app TO your application's login role (README, \"Security and least privilege\")"}
+	}
+	return check{Name: "roles", Status: statusOK, Detail: fmt.Sprintf("%d member(s) of pgfence_app, %d of pgfence_operator", app, operator)}
 }
 
 // grantPauses reports the kill switches in force (pgfence.grant_pauses): a

@@ -242,6 +242,22 @@ func TestLeasesPauseCommands(t *testing.T) {
 	if !found {
 		t.Errorf("doctor has no grant pauses check: %s", out)
 	}
+	// With a member of pgfence_app, the roles check is satisfied.
+	member := "pgfence_t_cli_" + strings.ReplaceAll(db.Name[len(db.Name)-12:], "_", "")
+	if _, err := db.Pool.Exec(ctx, `CREATE ROLE `+member+` NOLOGIN IN ROLE pgfence_app`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), `DROP ROLE `+member) })
+	_, out, _ = cli(t, environ, "doctor", "--json")
+	res.Checks = nil
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range res.Checks {
+		if c.Name == "roles" && (c.Status != statusOK || !strings.Contains(c.Detail, "member(s) of pgfence_app")) {
+			t.Errorf("doctor roles check with a pgfence_app member = %+v", c)
+		}
+	}
 
 	code, out, errOut = cli(t, environ, "leases", "resume", "deploy/", "--reason", "done")
 	if code != exitOK || !strings.Contains(out, "allowed again") {
