@@ -5,14 +5,15 @@
 --
 --   pgfence_app       takes part in the protocol through the functions only:
 --                     try_acquire/acquire/renew/release, the fair queue,
---                     fence/check_lease/fence_probe, the idempotency claims,
---                     and reads of the pgfence tables and lease_status. It has
+--                     fence/check_lease/fence_probe, record_fence_rejection,
+--                     the idempotency claims, and reads of the pgfence tables
+--                     and lease_status. It has
 --                     no INSERT/UPDATE/DELETE on any pgfence table, so it can
 --                     neither mint, move nor lower a token, a fence or the floor.
 --   pgfence_operator  everything pgfence_app can, plus force_release,
 --                     raise_token_floor, protect/unprotect (of tables it owns),
---                     pause_grants/resume_grants, prune_lease_events and
---                     idempotency_gc.
+--                     pause_grants/resume_grants, prune_lease_events,
+--                     prune_fence_rejections and idempotency_gc.
 --
 --   GRANT pgfence_app TO orders_service;      -- a LOGIN role of the application
 --   GRANT pgfence_operator TO oncall;         -- people and the CLI
@@ -400,6 +401,11 @@ ALTER FUNCTION pgfence.idempotency_heartbeat(text, text, uuid, interval) SECURIT
 ALTER FUNCTION pgfence.idempotency_advance(text, text, uuid, text, bytea, interval) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION pgfence.idempotency_complete(text, text, uuid, bytea, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION pgfence.idempotency_release(text, text, uuid) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION pgfence.idempotency_keys_set_trace_id() SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+-- Migration 00007's audit of rejected writes: the application records its
+-- own rejections (an audit hint, not a protocol state).
+ALTER FUNCTION pgfence.record_fence_rejection(text, bigint, bigint, text, text, text, uuid, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION pgfence.prune_fence_rejections(interval) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 
 -- Invoker functions that operators call: pinned search_path only. protect and
 -- unprotect must stay SECURITY INVOKER (see the header).
@@ -418,7 +424,7 @@ GRANT USAGE ON SCHEMA pgfence TO pgfence_app, pgfence_operator;
 -- and idempotency results back after lost replies).
 GRANT SELECT ON pgfence.leases, pgfence.lease_status, pgfence.lease_events, pgfence.lease_waiters,
                 pgfence.fences, pgfence.token_floor, pgfence.idempotency_keys,
-                pgfence.grant_pauses, pgfence.grant_pause_events
+                pgfence.grant_pauses, pgfence.grant_pause_events, pgfence.fence_rejections
    TO pgfence_app, pgfence_operator;
 
 -- +goose StatementBegin
@@ -453,7 +459,8 @@ GRANT EXECUTE ON FUNCTION
     pgfence.idempotency_heartbeat(text, text, uuid, interval),
     pgfence.idempotency_advance(text, text, uuid, text, bytea, interval),
     pgfence.idempotency_complete(text, text, uuid, bytea, text, text),
-    pgfence.idempotency_release(text, text, uuid)
+    pgfence.idempotency_release(text, text, uuid),
+    pgfence.record_fence_rejection(text, bigint, bigint, text, text, text, uuid, text)
   TO pgfence_app, pgfence_operator;
 
 -- Operations: the operator role only. CREATE TRIGGER needs EXECUTE on the
@@ -461,6 +468,7 @@ GRANT EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION
     pgfence.force_release(text, text),
     pgfence.prune_lease_events(text, integer),
+    pgfence.prune_fence_rejections(interval),
     pgfence.raise_token_floor(bigint, text),
     pgfence.max_stored_token(),
     pgfence.next_token(bigint),
@@ -484,6 +492,9 @@ REVOKE USAGE ON SCHEMA pgfence FROM pgfence_app, pgfence_operator;
 ALTER FUNCTION pgfence.max_stored_token() RESET search_path;
 ALTER FUNCTION pgfence.unprotect(regclass) RESET search_path;
 ALTER FUNCTION pgfence.protect(regclass, text, text) RESET search_path;
+ALTER FUNCTION pgfence.prune_fence_rejections(interval) SECURITY INVOKER RESET search_path;
+ALTER FUNCTION pgfence.record_fence_rejection(text, bigint, bigint, text, text, text, uuid, text) SECURITY INVOKER RESET search_path;
+ALTER FUNCTION pgfence.idempotency_keys_set_trace_id() SECURITY INVOKER RESET search_path;
 ALTER FUNCTION pgfence.idempotency_release(text, text, uuid) SECURITY INVOKER RESET search_path;
 ALTER FUNCTION pgfence.idempotency_complete(text, text, uuid, bytea, text, text) SECURITY INVOKER RESET search_path;
 ALTER FUNCTION pgfence.idempotency_advance(text, text, uuid, text, bytea, interval) SECURITY INVOKER RESET search_path;

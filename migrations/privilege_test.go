@@ -149,6 +149,16 @@ func TestLeastPrivilege(t *testing.T) {
 	if _, err := out.Attempt.Complete(ctx, []byte("done")); err != nil {
 		t.Fatalf("app: complete: %v", err)
 	}
+	// A stale write is refused, and the application records the rejection
+	// (pgfence.record_fence_rejection, migration 00007) without any write
+	// privilege on pgfence.fence_rejections.
+	if _, err := pgfence.Exec(ctx, app, "acct:1", l.Token()-1, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("app: stale write: want ErrStaleToken, got %v", err)
+	}
+	var rejections int
+	if err := owner.QueryRow(ctx, `SELECT count(*) FROM pgfence.fence_rejections WHERE resource = 'acct:1' AND presented_token = $1`, l.Token()-1).Scan(&rejections); err != nil || rejections != 1 {
+		t.Fatalf("app: recorded rejections = %d, %v; want 1", rejections, err)
+	}
 	// A write outside the protocol is still refused by the guard.
 	if _, err := app.Exec(ctx, `UPDATE acct SET balance = 0 WHERE id = 2`); !errors.Is(pgfence.MapError(err), pgfence.ErrUnfencedWrite) {
 		t.Errorf("app: unfenced write: want PF006, got %v", err)
@@ -175,6 +185,8 @@ func TestLeastPrivilege(t *testing.T) {
 		`DELETE FROM pgfence.lease_waiters`,
 		`INSERT INTO pgfence.grant_pauses (prefix, reason) VALUES ('', 'x')`,
 		`DELETE FROM pgfence.grant_pauses`,
+		`DELETE FROM pgfence.fence_rejections`,
+		`SELECT pgfence.prune_fence_rejections(interval '0')`,
 		// Operator functions.
 		`SELECT pgfence.raise_token_floor(0, 'lower it')`,
 		`SELECT pgfence.raise_token_floor(9000000000000000000, 'exhaust it')`,
@@ -345,6 +357,7 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.protect(regclass,text,text)", "pgfence.unprotect(regclass)",
 		"pgfence.pause_grants(text,text)", "pgfence.resume_grants(text,text)",
 		"pgfence.idempotency_gc(integer)", "pgfence.prune_lease_events(text,integer)",
+		"pgfence.prune_fence_rejections(interval)",
 	} {
 		var app, op bool
 		if err := pool.QueryRow(ctx, `SELECT has_function_privilege('pgfence_app', $1, 'EXECUTE'), has_function_privilege('pgfence_operator', $1, 'EXECUTE')`, fn).Scan(&app, &op); err != nil {
