@@ -33,6 +33,7 @@
 //
 //	pgfence.fence(resource text, token bigint, op uuid DEFAULT NULL) RETURNS bigint  -- PF001 if stale
 //	pgfence.check_lease(key text, holder uuid, token bigint) RETURNS void            -- PF002 if not held
+//	pgfence.fence_probe(resource text) RETURNS TABLE (token bigint, writes bigint, op uuid)  -- 00009, for Resolve
 //	pgfence.protect(relation regclass, resource_column text, prefix text DEFAULT '') RETURNS void
 //	pgfence.unprotect(relation regclass) RETURNS boolean
 //	pgfence.protected_tables() RETURNS TABLE (relation regclass, resource_column text, prefix text)
