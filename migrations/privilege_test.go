@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -365,6 +366,68 @@ func TestPrivilegeCatalog(t *testing.T) {
 		}
 		if app || !op {
 			t.Errorf("%s: pgfence_app may execute: %v (want false), pgfence_operator: %v (want true)", fn, app, op)
+		}
+	}
+
+	// Each role executes exactly its list (00009), nothing more: a function a
+	// later migration grants, or forgets to revoke from a role, shows here.
+	protocol := []string{
+		"pgfence.acquire(text,interval,text,uuid,text)",
+		"pgfence.check_lease(text,uuid,bigint)",
+		"pgfence.current_trace_id()",
+		"pgfence.fence(text,bigint,uuid)",
+		"pgfence.fence_probe(text)",
+		"pgfence.idempotency_advance(text,text,uuid,text,bytea,interval)",
+		"pgfence.idempotency_claim(text,text,bytea,interval,interval)",
+		"pgfence.idempotency_claim_atomic(text,text,bytea,interval,interval)",
+		"pgfence.idempotency_complete(text,text,uuid,bytea,text,text)",
+		"pgfence.idempotency_complete_atomic(text,text,bytea,text,text)",
+		"pgfence.idempotency_heartbeat(text,text,uuid,interval)",
+		"pgfence.idempotency_release(text,text,uuid)",
+		"pgfence.lease_max_ttl()",
+		"pgfence.lease_queue_leave(text,uuid)",
+		"pgfence.lease_queue_turn(text,uuid,interval)",
+		"pgfence.protected_tables()",
+		"pgfence.record_fence_rejection(text,bigint,bigint,text,text,text,uuid,text)",
+		"pgfence.release(text,uuid,bigint,boolean)",
+		"pgfence.renew(text,uuid,bigint,interval)",
+		"pgfence.try_acquire(text,interval,text,uuid,text)",
+	}
+	operations := []string{
+		"pgfence.force_release(text,text)",
+		"pgfence.guard()",
+		"pgfence.idempotency_gc(integer)",
+		"pgfence.max_stored_token()",
+		"pgfence.next_token(bigint)",
+		"pgfence.pause_grants(text,text)",
+		"pgfence.protect(regclass,text,text)",
+		"pgfence.prune_fence_rejections(interval)",
+		"pgfence.prune_lease_events(text,integer)",
+		"pgfence.raise_token_floor(bigint,text)",
+		"pgfence.reject_truncate()",
+		"pgfence.resume_grants(text,text)",
+		"pgfence.token_epoch()",
+		"pgfence.unprotect(regclass)",
+	}
+	for role, want := range map[string][]string{
+		"pgfence_app":      protocol,
+		"pgfence_operator": append(slices.Clone(protocol), operations...),
+	} {
+		rows, err := pool.Query(ctx, `
+			SELECT replace(p.oid::regprocedure::text, ', ', ',')
+			  FROM pg_proc p
+			 WHERE p.pronamespace = 'pgfence'::regnamespace AND has_function_privilege($1, p.oid, 'EXECUTE')`, role)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s may execute\n  %v\nwant exactly\n  %v", role, got, want)
 		}
 	}
 }
