@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-redsync/redsync/v4"
@@ -99,6 +100,9 @@ func startServer(ctx context.Context, bin string, mode Mode) (*server, error) {
 	args = append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
 		"--daemonize", "no", "--protected-mode", "yes", "--logfile", filepath.Join(dir, "redis.log")}, args...)
 	cmd := exec.Command(bin, args...)
+	// Killed, the peer (run by `pgfence bench` with a deadline) cannot stop the
+	// server itself: the kernel does, so no redis-server outlives it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("start %s: %w", bin, err)

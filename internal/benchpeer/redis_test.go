@@ -1,9 +1,15 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"errors"
+	"fmt"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -50,4 +56,80 @@ func TestUnknownMode(t *testing.T) {
 	if _, err := Measure(context.Background(), "fast", 1, time.Millisecond); err == nil {
 		t.Fatal("mode fast accepted")
 	}
+}
+
+// holdEnv makes the test binary a peer that starts a redis-server, prints its
+// pid and waits to be killed (TestServerDiesWithPeer).
+const holdEnv = "PGFENCE_BENCHPEER_TEST_HOLD"
+
+func TestHoldServer(t *testing.T) {
+	if os.Getenv(holdEnv) != "1" {
+		t.Skip("helper process of TestServerDiesWithPeer")
+	}
+	srv, err := startServer(context.Background(), findServer(), Memory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println("redis-server pid", srv.cmd.Process.Pid)
+	time.Sleep(time.Minute) // killed long before
+	srv.stop()
+}
+
+// A peer killed with SIGKILL (as `pgfence bench` does past its deadline)
+// cannot stop its redis-server: the server must not outlive it.
+func TestServerDiesWithPeer(t *testing.T) {
+	if findServer() == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("redis-server not found; CI must install it")
+		}
+		t.Skip("redis-server not found")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	peer := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestHoldServer$")
+	// The killed server leaves its directory behind: in a test directory.
+	peer.Env = append(os.Environ(), holdEnv+"=1", "TMPDIR="+t.TempDir())
+	out, err := peer.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := peer.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	for sc := bufio.NewScanner(out); pid == 0 && sc.Scan(); {
+		if rest, ok := strings.CutPrefix(sc.Text(), "redis-server pid "); ok {
+			pid, _ = strconv.Atoi(rest)
+		}
+	}
+	if pid == 0 {
+		_ = peer.Process.Kill()
+		_ = peer.Wait()
+		t.Fatal("the helper printed no redis-server pid")
+	}
+	_ = peer.Process.Kill()
+	_ = peer.Wait()
+	for !gone(pid) {
+		if ctx.Err() != nil {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatalf("redis-server %d still runs after its peer was killed", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// gone reports whether process pid has exited (a zombie waiting for its new
+// parent to reap it counts as exited).
+func gone(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return true
+	}
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	// pid (comm) STATE ...: comm may hold spaces, the state follows the last ')'.
+	s := string(stat)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && i+2 < len(s) && s[i+2] == 'Z'
 }
