@@ -163,7 +163,8 @@ func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 
 // Measure starts a redis-server in mode, runs lock + unlock with redsync on
 // random keys out of 100k with workers workers for d, and stops the server.
-// Without a redis-server binary the result is marked skipped.
+// Without a redis-server binary the result is marked skipped; a run that ctx
+// cuts short is an error, never a result.
 func Measure(ctx context.Context, mode Mode, workers int, d time.Duration) (benchrun.Result, error) {
 	name := "redis-" + string(mode)
 	skipped := benchrun.Result{Case: name, Workers: workers, What: mode.Describe()}
@@ -203,6 +204,10 @@ func Measure(ctx context.Context, mode Mode, workers int, d time.Duration) (benc
 	}
 	var before int64
 	r := benchrun.Run(ctx, op, benchrun.Config{Workers: workers, Duration: d, Started: func() { before = commands.n.Load() }})
+	if ctx.Err() != nil {
+		// A run cut short would pass for a figure: none.
+		return benchrun.Result{}, fmt.Errorf("interrupted after %.1fs of %s: no result: %w", r.Seconds, d, context.Cause(ctx))
+	}
 	r.Case, r.What = name, mode.Describe()
 	r.SetStatements(commands.n.Load() - before)
 	return r, nil

@@ -40,6 +40,21 @@ func TestMeasure(t *testing.T) {
 	}
 }
 
+// Interrupted (the peer's SIGINT, sent by `pgfence bench` when it is itself
+// interrupted or past its deadline), a run gives no result: its partial
+// figures would pass for a measurement.
+func TestMeasureInterrupted(t *testing.T) {
+	if findServer() == "" {
+		t.Skip("redis-server not found")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // redis-server starts well before
+	defer cancel()
+	r, err := Measure(ctx, Memory, 1, time.Minute)
+	if err == nil || !strings.Contains(err.Error(), "interrupted") || r.Ops != 0 {
+		t.Fatalf("Measure cut short: %+v, %v; want an error and no result", r, err)
+	}
+}
+
 // Without redis-server the result says so instead of pretending to measure.
 func TestMeasureWithoutServer(t *testing.T) {
 	t.Setenv("REDIS_SERVER", "/nonexistent/redis-server")
