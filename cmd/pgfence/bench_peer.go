@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -23,6 +24,9 @@ const (
 	peerDir    = "internal/benchpeer"
 	// peerEnv names the peer binary to use instead of searching for it.
 	peerEnv = "PGFENCE_BENCHPEER"
+	// peerGrace is the time a peer gets beyond the run's duration: starting
+	// redis-server (the peer waits at most 10s for it), the warm-up, stopping.
+	peerGrace = time.Minute
 )
 
 // peerRunner finds (or builds) the peer binary on first use.
@@ -32,6 +36,7 @@ type peerRunner struct {
 	bin      string
 	missing  string // why there is no peer: its cases are reported as skipped
 	tmp      string
+	grace    time.Duration // a run's time beyond its duration; 0: peerGrace
 }
 
 func (p *peerRunner) close() {
@@ -108,13 +113,24 @@ func (p *peerRunner) measure(ctx context.Context, mode string, n int, d time.Dur
 	if p.missing != "" {
 		return benchrun.Result{Workers: n, Skipped: p.missing}, nil
 	}
+	grace := cmp.Or(p.grace, peerGrace)
+	limit := d + grace
+	pctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, p.bin, "-mode", mode, "-workers", strconv.Itoa(n), "-duration", d.String())
+	cmd := exec.CommandContext(pctx, p.bin, "-mode", mode, "-workers", strconv.Itoa(n), "-duration", d.String())
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		if ctx.Err() != nil {
-			return benchrun.Result{}, ctx.Err()
-		}
+	// Interrupted, the peer stops its redis-server and removes its directory;
+	// one that does not exit within WaitDelay is killed (its server dies with it).
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 10 * time.Second
+	err := cmd.Run()
+	switch {
+	case ctx.Err() != nil:
+		return benchrun.Result{}, ctx.Err()
+	case pctx.Err() != nil:
+		return benchrun.Result{Workers: n, Skipped: fmt.Sprintf("the Redis peer did not finish within %s (the run's duration + %s)", limit, grace)}, nil
+	case err != nil:
 		return benchrun.Result{Workers: n, Skipped: fmt.Sprintf("the Redis peer failed: %v: %s", err, oneLine(stderr.String()))}, nil
 	}
 	var r benchrun.Result

@@ -219,3 +219,30 @@ func TestBenchCurves(t *testing.T) {
 		t.Errorf("%d curve rows left behind (%v)", left, err)
 	}
 }
+
+// A peer that overruns its deadline is interrupted (so it can stop its
+// redis-server), never left running, and its row says why it has no figure.
+func TestBenchPeerDeadline(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	mark := filepath.Join(dir, "mark")
+	peer := filepath.Join(dir, "hanging-peer")
+	script := "#!/bin/sh\ntrap 'echo interrupted > " + mark + "; kill $!; exit 1' INT\nsleep 30 &\nwait $!\n"
+	if err := os.WriteFile(peer, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	p := &peerRunner{e: &env{stderr: &stderr, getenv: func(string) string { return "" }}, resolved: true, bin: peer, grace: 300 * time.Millisecond}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r, err := p.measure(ctx, "memory", 1, 100*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(r.Skipped, "did not finish within 400ms") || r.Ops != 0 {
+		t.Errorf("%+v, want skipped for the deadline", r)
+	}
+	if got, err := os.ReadFile(mark); err != nil || strings.TrimSpace(string(got)) != "interrupted" {
+		t.Errorf("the peer was not interrupted (%q, %v)", got, err)
+	}
+}
