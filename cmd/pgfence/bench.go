@@ -195,11 +195,17 @@ func openBench(ctx context.Context, e *env, url string, maxWorkers int) (*benchD
 	return b, nil
 }
 
+// cleanupTimeout bounds what the bench undoes on its way out (also after
+// Ctrl-C, or with the database gone): it must not hang the exit.
+const cleanupTimeout = 30 * time.Second
+
 func (b *benchDB) close() {
 	if b.pool != nil {
 		b.pool.Close()
 	}
-	_, _ = b.db.Pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS pgfence_bench CASCADE`)
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	_, _ = b.db.Pool.Exec(ctx, `DROP SCHEMA IF EXISTS pgfence_bench CASCADE`)
 	b.db.Close()
 }
 

@@ -263,9 +263,11 @@ func prepareLeased(write func(ctx context.Context, b *benchDB, l pgfence.Lease, 
 		held := make([]*leases.Lease, n)
 		run := strconv.FormatInt(time.Now().UnixNano(), 36)
 		cleanup := func() {
+			ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+			defer cancel()
 			for _, l := range held {
 				if l != nil {
-					_ = l.Release(context.Background())
+					_ = l.Release(ctx)
 				}
 			}
 			client.Close()
