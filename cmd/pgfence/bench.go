@@ -124,8 +124,11 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	return nil
 }
 
+// maxBenchDuration is the longest --duration, of one case or one curve point.
+const maxBenchDuration = 10 * time.Minute
+
 func checkDuration(d time.Duration) error {
-	if d < 100*time.Millisecond || d > 10*time.Minute {
+	if d < 100*time.Millisecond || d > maxBenchDuration {
 		return usageError("--duration must be between 100ms and 10m, got %s", d)
 	}
 	return nil

@@ -252,8 +252,9 @@ func prepareReplay(ctx context.Context, b *benchDB, _ int) (benchrun.Op, func(),
 	}, func() {}, nil
 }
 
-// prepareLeased gives every worker its own lease (taken in the warm-up) and
-// measures write, on a random row, checked against it.
+// prepareLeased gives every worker its own lease (taken in the warm-up, long
+// enough for the longest --duration) and measures write, on a random row,
+// checked against it.
 func prepareLeased(write func(ctx context.Context, b *benchDB, l pgfence.Lease, id int) error) func(context.Context, *benchDB, int) (benchrun.Op, func(), error) {
 	return func(_ context.Context, b *benchDB, n int) (benchrun.Op, func(), error) {
 		client, err := leases.New(b.pool, &leases.Config{DisableWakeups: true})
@@ -276,7 +277,7 @@ func prepareLeased(write func(ctx context.Context, b *benchDB, l pgfence.Lease, 
 			l := held[w.ID] // only worker w.ID touches this slot
 			if l == nil {
 				var err error
-				if l, err = client.TryAcquire(ctx, "bench/leased/"+run+"/"+strconv.Itoa(w.ID), 10*time.Minute, nil); err != nil {
+				if l, err = client.TryAcquire(ctx, "bench/leased/"+run+"/"+strconv.Itoa(w.ID), 2*maxBenchDuration, nil); err != nil {
 					return 0, err
 				}
 				held[w.ID] = l
