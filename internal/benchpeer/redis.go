@@ -174,6 +174,9 @@ func Measure(ctx context.Context, mode Mode, workers int, d time.Duration) (benc
 	bin := findServer()
 	if bin == "" {
 		skipped.Skipped = "redis-server not found (set REDIS_SERVER or install it, e.g. apt-get install redis-server)"
+		if env := os.Getenv("REDIS_SERVER"); env != "" {
+			skipped.Skipped = fmt.Sprintf("redis-server not found: REDIS_SERVER=%s does not exist", env)
+		}
 		return skipped, nil
 	}
 	srv, err := startServer(ctx, bin, mode)

@@ -62,7 +62,7 @@ func TestMeasureWithoutServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(r.Skipped, "redis-server not found") || r.Ops != 0 {
+	if !strings.Contains(r.Skipped, "redis-server not found") || !strings.Contains(r.Skipped, "/nonexistent/redis-server") || r.Ops != 0 {
 		t.Fatalf("%+v", r)
 	}
 }
