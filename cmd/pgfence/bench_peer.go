@@ -27,6 +27,8 @@ const (
 	// peerGrace is the time a peer gets beyond the run's duration: starting
 	// redis-server (the peer waits at most 10s for it), the warm-up, stopping.
 	peerGrace = time.Minute
+	// peerBuildTimeout bounds building the peer from source.
+	peerBuildTimeout = 5 * time.Minute
 )
 
 // peerRunner finds (or builds) the peer binary on first use.
@@ -77,9 +79,15 @@ func (p *peerRunner) resolve(ctx context.Context) {
 	}
 	bin := filepath.Join(p.tmp, peerBinary)
 	fmt.Fprintf(p.e.stderr, "  building the Redis peer: go build in %s\n", src)
-	cmd := exec.CommandContext(ctx, goBin, "build", "-o", bin, ".")
+	// The first build may download the peer's modules: bounded all the same.
+	bctx, cancel := context.WithTimeout(ctx, peerBuildTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(bctx, goBin, "build", "-o", bin, ".")
 	cmd.Dir = src
 	if out, err := cmd.CombinedOutput(); err != nil {
+		if bctx.Err() != nil && ctx.Err() == nil {
+			err = fmt.Errorf("not done within %s", peerBuildTimeout)
+		}
 		p.missing = fmt.Sprintf("building the Redis peer in %s failed: %v: %s", src, err, oneLine(string(out)))
 		return
 	}
