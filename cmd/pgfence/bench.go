@@ -71,7 +71,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		}
 	}
 
-	b, err := openBench(ctx, e, db.url, slices.Max(workers))
+	b, err := openBench(ctx, e, &db, slices.Max(workers))
 	if err != nil {
 		return err
 	}
@@ -158,9 +158,19 @@ type benchDB struct {
 
 // openBench opens the database (or a throwaway durable local cluster) and a
 // traced pool sized for maxWorkers, and creates the bench tables.
-func openBench(ctx context.Context, e *env, url string, maxWorkers int) (*benchDB, error) {
+func openBench(ctx context.Context, e *env, db *dbFlags, maxWorkers int) (*benchDB, error) {
+	url := db.url
 	if url == "" {
 		url = e.getenv("DATABASE_URL")
+	}
+	if url != "" {
+		// Every command's check first: a bad or unreachable URL is explained
+		// as everywhere else, within --connect-timeout.
+		pool, err := db.connect(ctx, e)
+		if err != nil {
+			return nil, err
+		}
+		pool.Close()
 	}
 	d, err := devdb.Open(ctx, url, &devdb.Options{Progress: e.stderr, MaxConns: 8, Settings: map[string]string{
 		// hot-key: one LISTEN connection per waiter, besides the pool

@@ -119,7 +119,7 @@ func runBenchCurves(ctx context.Context, e *env, args []string) error {
 		}
 	}
 
-	b, err := openBench(ctx, e, db.url, max(*workers, int(maxWaiters)))
+	b, err := openBench(ctx, e, &db, max(*workers, int(maxWaiters)))
 	if err != nil {
 		return err
 	}

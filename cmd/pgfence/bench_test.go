@@ -101,9 +101,19 @@ func TestBench(t *testing.T) {
 		{"bench", "--workers", "0"},
 		{"bench", "curves", "--curves", "nope"},
 		{"bench", "curves", "--max-rows", "lots"},
+		{"bench", "--database-url", "postgres://app@127.0.0.1:notaport/x"},
+		{"bench", "--database-url", "postgres://app@127.0.0.1/x", "--connect-timeout", "0s"},
 	} {
 		if code, _, errOut := cli(t, environ, args...); code != exitUsage {
 			t.Errorf("%q: code %d, want usage error\n%s", args, code, errOut)
+		}
+	}
+	// An unreachable server is explained as by every command (and within
+	// --connect-timeout, which bench used to ignore).
+	for _, args := range [][]string{{"bench"}, {"bench", "curves"}} {
+		args = append(args, "--database-url", "postgres://app@127.0.0.1:1/x", "--connect-timeout", "2s")
+		if code, _, errOut := cli(t, nil, args...); code != exitUnavailable || !strings.Contains(errOut, "cannot reach the database at 127.0.0.1:1") {
+			t.Errorf("%q: code %d, want unreachable\n%s", args, code, errOut)
 		}
 	}
 }
