@@ -303,6 +303,50 @@ func TestRejectionRecordFailure(t *testing.T) {
 	if rows, err := pgfence.Rejections(ctx, pool, "kv:a", 0); err != nil || len(rows) != 0 {
 		t.Fatalf("rejections: %v %v", rows, err)
 	}
+
+	// A nil logger makes a context quiet again.
+	before := len(logs.find("pgfence: write rejected")) + len(f)
+	quiet := pgfence.ContextWithLogger(ctx, nil)
+	if _, err := pgfence.Exec(quiet, pool, "kv:a", 3, update, "three", 3); !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("stale Exec with a nil logger: %v", err)
+	}
+	if after := len(logs.find("pgfence: write rejected")) + len(logs.find("pgfence: recording a rejection failed")); after != before {
+		t.Errorf("a nil logger still logged: %d records, want %d", after, before)
+	}
+}
+
+// TestRejectionRecordBounded: a record that cannot get its lock (another
+// session holds pgfence.fence_rejections) gives up after its own short
+// timeout, long before the caller's deadline, and the caller still gets the
+// rejection. Without that bound the stale Exec would wait as long as the lock
+// is held, up to the caller's whole deadline.
+func TestRejectionRecordBounded(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	setupKV(t, pool)
+	logs := &capture{}
+	ctx := pgfence.ContextWithLogger(testContext(t), slog.New(logs))
+	update := `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`
+	if _, err := pgfence.Exec(ctx, pool, "kv:a", 5, update, "five", 5); err != nil {
+		t.Fatal(err)
+	}
+	locker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = locker.Rollback(context.Background()) }()
+	mustExec(t, locker, `LOCK TABLE pgfence.fence_rejections IN ACCESS EXCLUSIVE MODE`)
+
+	var stale *pgfence.StaleTokenError
+	if _, err := pgfence.Exec(ctx, pool, "kv:a", 4, update, "four", 4); !errors.As(err, &stale) || stale.Accepted != 5 || stale.Presented != 4 {
+		t.Fatalf("stale Exec while the record is blocked: %v", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the stale Exec returned only after the caller's deadline: %v", ctx.Err())
+	}
+	if f := logs.find("pgfence: recording a rejection failed"); len(f) != 1 || f[0].Level != slog.LevelDebug {
+		t.Fatalf("record failure records: %d, want 1 at debug level", len(f))
+	}
 }
 
 // TestRecordFenceRejectionSQL: the SQL function stores a bad trace id as
