@@ -18,19 +18,26 @@ const modulePath = "github.com/pgfence/pgfence"
 func ClientVersion() string { return clientVersion() }
 
 var clientVersion = sync.OnceValue(func() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "pgfence-go/(devel)"
+	}
+	return "pgfence-go/" + moduleVersion(bi)
+})
+
+// moduleVersion is the version of this module in bi (see [ClientVersion]).
+func moduleVersion(bi *debug.BuildInfo) string {
 	v := "(devel)"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		if bi.Main.Path == modulePath && bi.Main.Version != "" {
-			v = bi.Main.Version
-		}
-		for _, d := range bi.Deps {
-			if d.Path == modulePath {
-				v = d.Version
-				if d.Replace != nil && d.Replace.Version != "" {
-					v = d.Replace.Version
-				}
+	if bi.Main.Path == modulePath && bi.Main.Version != "" {
+		v = bi.Main.Version
+	}
+	for _, d := range bi.Deps {
+		if d.Path == modulePath {
+			v = d.Version
+			if d.Replace != nil && d.Replace.Version != "" {
+				v = d.Replace.Version
 			}
 		}
 	}
-	return "pgfence-go/" + v
-})
+	return v
+}
