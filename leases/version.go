@@ -11,10 +11,13 @@ const modulePath = "github.com/pgfence/pgfence"
 // ClientVersion is what this client records with every grant it makes
 // (pgfence.leases.client_version, shown by [Status.ClientVersion] and in the
 // acquired/taken_over history entries): "pgfence-go/" followed by the
-// module version the binary was built with, "(devel)" for a build inside this
-// module. During a rolling deploy it tells which grants came from which
-// library version, and grants by clients that predate it (or by plain SQL
-// clients) show an empty version.
+// module version the binary was built with. A build inside this module
+// reports what the go command stamped (a version from the VCS with go
+// build, "(devel)" with go run or go test), and a dependency replaced by a
+// local directory reports "(devel)": its code is no released version. During
+// a rolling deploy it tells which grants came from which library version, and
+// grants by clients that predate it (or by plain SQL clients) show an empty
+// version.
 func ClientVersion() string { return clientVersion() }
 
 var clientVersion = sync.OnceValue(func() string {
@@ -32,11 +35,16 @@ func moduleVersion(bi *debug.BuildInfo) string {
 		v = bi.Main.Version
 	}
 	for _, d := range bi.Deps {
-		if d.Path == modulePath {
-			v = d.Version
-			if d.Replace != nil && d.Replace.Version != "" {
-				v = d.Replace.Version
-			}
+		if d.Path != modulePath {
+			continue
+		}
+		switch {
+		case d.Replace == nil:
+			return d.Version
+		case d.Replace.Version != "":
+			return d.Replace.Version
+		default: // a directory: not the required version's code
+			return "(devel)"
 		}
 	}
 	return v

@@ -33,6 +33,10 @@ func TestModuleVersion(t *testing.T) {
 			debug.BuildInfo{Main: main("v1.0.0"), Deps: []*debug.Module{
 				{Path: path, Version: "v0.4.0", Replace: &debug.Module{Path: "example.com/fork", Version: "v0.4.0-fork.1"}},
 			}}, "v0.4.0-fork.1"},
+		{"a dependency replaced by a local directory",
+			debug.BuildInfo{Main: main("v1.0.0"), Deps: []*debug.Module{
+				{Path: path, Version: "v0.4.0", Replace: &debug.Module{Path: "../pgfence"}},
+			}}, "(devel)"},
 		{"not in the build info at all", debug.BuildInfo{Main: main("v1.0.0")}, "(devel)"},
 	} {
 		if got := leases.ModuleVersion(&c.bi); got != c.want {
