@@ -217,6 +217,24 @@ func validateKey(key string) error {
 	return validText("key", key)
 }
 
+// maxReasonChars is the longest operator reason ([Client.ForceRelease],
+// [Client.PauseGrants], [Client.ResumeGrants]), in characters; the SQL
+// functions enforce the same limit.
+const maxReasonChars = 1000
+
+// validateReason checks an operator's reason: text of at most maxReasonChars
+// characters, and not empty when required.
+func validateReason(reason string, required bool) error {
+	n := utf8.RuneCountInString(reason)
+	switch {
+	case required && (n == 0 || n > maxReasonChars):
+		return invalid("reason", "must be 1 to %d characters, got %d", maxReasonChars, n)
+	case n > maxReasonChars:
+		return invalid("reason", "must be at most %d characters, got %d", maxReasonChars, n)
+	}
+	return validText("reason", reason)
+}
+
 // validText refuses what a PostgreSQL text value cannot hold, before the
 // server does it with a less clear error.
 func validText(field, s string) error {

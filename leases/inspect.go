@@ -151,8 +151,8 @@ func (c *Client) ForceRelease(ctx context.Context, key, reason string) (ForceRel
 	if err := validateKey(key); err != nil {
 		return ForceReleased{}, err
 	}
-	if len(reason) == 0 || len([]rune(reason)) > 1000 {
-		return ForceReleased{}, invalid("reason", "must be 1 to 1000 characters, got %d", len([]rune(reason)))
+	if err := validateReason(reason, true); err != nil {
+		return ForceReleased{}, err
 	}
 	var (
 		r      ForceReleased

@@ -118,6 +118,32 @@ func TestLimitsCheckedBeforeRoundTrip(t *testing.T) {
 	if _, err := client.Get(ctx, strings.Repeat("k", leases.MaxKeyBytes+1)); !errors.Is(err, leases.ErrInvalid) {
 		t.Errorf("Get with a long key: %v, want ErrInvalid", err)
 	}
+
+	// Operator calls: the prefix and the reason (1 to 1000 characters).
+	long := strings.Repeat("é", 1001)
+	for _, c := range []struct {
+		what string
+		call func() error
+		want string
+	}{
+		{"PauseGrants long prefix", func() error {
+			_, err := client.PauseGrants(ctx, strings.Repeat("p", leases.MaxKeyBytes+1), "r")
+			return err
+		}, "prefix: must be at most 512 bytes"},
+		{"PauseGrants NUL prefix", func() error { _, err := client.PauseGrants(ctx, "a\x00", "r"); return err }, "prefix: must not contain a NUL byte"},
+		{"PauseGrants no reason", func() error { _, err := client.PauseGrants(ctx, "p", ""); return err }, "reason: must be 1 to 1000 characters, got 0"},
+		{"PauseGrants long reason", func() error { _, err := client.PauseGrants(ctx, "p", long); return err }, "reason: must be 1 to 1000 characters, got 1001"},
+		{"PauseGrants invalid UTF-8 reason", func() error { _, err := client.PauseGrants(ctx, "p", "\xff"); return err }, "reason: must be valid UTF-8"},
+		{"ResumeGrants invalid UTF-8 prefix", func() error { _, err := client.ResumeGrants(ctx, "\xff", ""); return err }, "prefix: must be valid UTF-8"},
+		{"ResumeGrants long reason", func() error { _, err := client.ResumeGrants(ctx, "p", long); return err }, "reason: must be at most 1000 characters, got 1001"},
+		{"ResumeGrants NUL reason", func() error { _, err := client.ResumeGrants(ctx, "p", "a\x00"); return err }, "reason: must not contain a NUL byte"},
+		{"ForceRelease no reason", func() error { _, err := client.ForceRelease(ctx, "k", ""); return err }, "reason: must be 1 to 1000 characters, got 0"},
+		{"ForceRelease NUL reason", func() error { _, err := client.ForceRelease(ctx, "k", "a\x00"); return err }, "reason: must not contain a NUL byte"},
+	} {
+		if err := c.call(); !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrInvalid with %q", c.what, err, c.want)
+		}
+	}
 }
 
 // FuzzKeyValidation: the client accepts exactly the keys PostgreSQL can

@@ -36,8 +36,11 @@ func (c *Client) PauseGrants(ctx context.Context, prefix, reason string) (bool, 
 	if len(prefix) > MaxKeyBytes {
 		return false, invalid("prefix", "must be at most %d bytes, got %d", MaxKeyBytes, len(prefix))
 	}
-	if len(reason) == 0 || len([]rune(reason)) > 1000 {
-		return false, invalid("reason", "must be 1 to 1000 characters, got %d", len([]rune(reason)))
+	if err := validText("prefix", prefix); err != nil {
+		return false, err
+	}
+	if err := validateReason(reason, true); err != nil {
+		return false, err
 	}
 	var added bool
 	if err := c.queryRow(ctx, sqlPause, prefix, reason).Scan(&added); err != nil {
@@ -52,8 +55,11 @@ func (c *Client) PauseGrants(ctx context.Context, prefix, reason string) (bool, 
 // [Client.Acquire] calls notice within their poll interval. It needs the
 // pgfence_operator role.
 func (c *Client) ResumeGrants(ctx context.Context, prefix, reason string) (bool, error) {
-	if len([]rune(reason)) > 1000 {
-		return false, invalid("reason", "must be at most 1000 characters, got %d", len([]rune(reason)))
+	if err := validText("prefix", prefix); err != nil {
+		return false, err
+	}
+	if err := validateReason(reason, false); err != nil {
+		return false, err
 	}
 	var r *string
 	if reason != "" {
