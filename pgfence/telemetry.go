@@ -169,17 +169,16 @@ func startWrite(ctx context.Context, db DB, w *write, attrs ...attribute.KeyValu
 		case outcomeAccepted:
 			log.DebugContext(ctx, "pgfence: write accepted", la...)
 		case outcomeStaleToken, outcomeLeaseNotHeld, outcomeUnfenced:
+			la = append(la, "pgfence.outcome", outcome)
 			r, ok := rejectionOf(err, w)
 			if ok {
-				la = append(la, "pgfence.outcome", outcome, "pgfence.fence.accepted_token", r.AcceptedToken)
+				la = append(la, "pgfence.fence.accepted_token", r.AcceptedToken)
 				if r.LeaseReason != "" {
 					la = append(la, "pgfence.lease.reason", r.LeaseReason)
 				}
 				if w.resource == "" {
 					la = append(la, "pgfence.fence.resource", r.Resource)
 				}
-			} else {
-				la = append(la, "pgfence.outcome", outcome)
 			}
 			log.InfoContext(ctx, "pgfence: write rejected", la...)
 			if ok {
