@@ -34,9 +34,9 @@ var hostileNames = []string{
 	"\u202egnp.exe", // right-to-left override
 	"שלום",          // right-to-left script
 	"🐘",             // 4-byte UTF-8
-	strings.Repeat("x", pgfence.MaxIdentifierLen),        // the longest name PostgreSQL keeps
-	strings.Repeat("€", pgfence.MaxIdentifierLen/3),      // 63 bytes of 3-byte runes
-	strings.Repeat("y", pgfence.MaxIdentifierLen-1) + "", // 62 bytes
+	strings.Repeat("x", pgfence.MaxIdentifierLen),   // the longest name PostgreSQL keeps
+	strings.Repeat("€", pgfence.MaxIdentifierLen/3), // 63 bytes of 3-byte runes
+	strings.Repeat("y", pgfence.MaxIdentifierLen-1), // 62 bytes
 }
 
 // TestHostileIdentifiers runs every helper that builds SQL from names on
