@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -15,7 +16,8 @@ const GCBatchSizeDefault = 1000
 // GCOptions configures [GC]. A nil *GCOptions and the zero value use the
 // defaults.
 type GCOptions struct {
-	// BatchSize is the most keys one statement deletes. Default
+	// BatchSize is the most keys one statement deletes, at most
+	// math.MaxInt32 (the SQL function takes an integer). Default
 	// [GCBatchSizeDefault].
 	BatchSize int
 	// MaxBatches stops after this many batches. Default 0: until no expired
@@ -61,6 +63,8 @@ func GC(ctx context.Context, db DB, opts *GCOptions) (res GCResult, err error) {
 	switch {
 	case size < 0:
 		return GCResult{}, fmt.Errorf("%w: GCOptions.BatchSize must not be negative, got %d", ErrInvalid, size)
+	case size > math.MaxInt32:
+		return GCResult{}, fmt.Errorf("%w: GCOptions.BatchSize must be at most %d, got %d", ErrInvalid, math.MaxInt32, size)
 	case size == 0:
 		size = GCBatchSizeDefault
 	}

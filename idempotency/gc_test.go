@@ -3,6 +3,8 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"math"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -86,6 +88,14 @@ SELECT 'gc', 'expired-' || i, sha256(''), CASE WHEN i % 2 = 0 THEN 'atomic' ELSE
 	}
 	if _, err := idempotency.GC(ctx, pool, &idempotency.GCOptions{BatchSize: -1}); !errors.Is(err, idempotency.ErrInvalid) {
 		t.Fatalf("negative batch: %v", err)
+	}
+	// The SQL function takes an integer: a larger batch is refused by name,
+	// not sent (pgx would fail to encode it, reported as an unknown outcome).
+	if over := int64(math.MaxInt32) + 1; int64(int(over)) == over { // 64-bit int
+		if _, err := idempotency.GC(ctx, pool, &idempotency.GCOptions{BatchSize: int(over)}); !errors.Is(err, idempotency.ErrInvalid) ||
+			!strings.Contains(err.Error(), "GCOptions.BatchSize must be at most 2147483647") {
+			t.Fatalf("batch over int32: %v, want ErrInvalid naming GCOptions.BatchSize", err)
+		}
 	}
 }
 
