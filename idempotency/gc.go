@@ -52,7 +52,8 @@ const gcSQL = `SELECT pgfence.idempotency_gc($1)`
 // transaction when db is a pool or connection), so it never holds many locks
 // for long and never blocks claims. Keys in progress, atomic or leased, are
 // never deleted. It returns what it deleted so far even when it stops on an
-// error.
+// error. It calls pgfence.idempotency_gc, which members of pgfence_app may
+// not run: connect as a member of pgfence_operator (or the schema owner).
 func GC(ctx context.Context, db DB, opts *GCOptions) (res GCResult, err error) {
 	if opts == nil {
 		opts = &GCOptions{}
