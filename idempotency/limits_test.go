@@ -81,6 +81,10 @@ func TestLimitsCheckedBeforeRoundTrip(t *testing.T) {
 		{idempotency.Request{Scope: "s", Key: strings.Repeat("k", idempotency.MaxKeyBytes+1)}, "Request.Key must be 1 to 512 bytes, got 513"},
 		{idempotency.Request{Scope: "", Key: "k"}, "Request.Scope"},
 		{idempotency.Request{Scope: "s", Key: ""}, "Request.Key"},
+		{idempotency.Request{Scope: "s\x00", Key: "k"}, "Request.Scope must be valid UTF-8 without NUL bytes"},
+		{idempotency.Request{Scope: "\xff", Key: "k"}, "Request.Scope must be valid UTF-8 without NUL bytes"},
+		{idempotency.Request{Scope: "s", Key: "k\x00"}, "Request.Key must be valid UTF-8 without NUL bytes"},
+		{idempotency.Request{Scope: "s", Key: "\xc3"}, "Request.Key must be valid UTF-8 without NUL bytes"},
 	} {
 		for name, call := range map[string]func() error{
 			"Do":    func() error { _, err := store.Do(ctx, pool, c.req, noop); return err },
