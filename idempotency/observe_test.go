@@ -11,23 +11,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgfence/pgfence/idempotency"
 	"github.com/pgfence/pgfence/internal/telemetry/telemetrytest"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
-// withTrace returns a context carrying a remote span context with trace id
-// id: the claims store it without an SDK installed.
+// withTrace returns a context carrying a remote trace id id.
 func withTrace(t *testing.T, id string) context.Context {
-	t.Helper()
-	tid, err := trace.TraceIDFromHex(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return trace.ContextWithRemoteSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
-		TraceID: tid, SpanID: trace.SpanID{1}, TraceFlags: trace.FlagsSampled, Remote: true}))
+	return telemetrytest.RemoteTrace(t, context.Background(), id)
 }
 
 // TestKeyTraceID: a key stores the trace id of the claim that created it or

@@ -11,7 +11,21 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
+
+// RemoteTrace returns ctx carrying a sampled remote span context whose trace
+// id is id (32 hex digits), as an incoming request's propagated context: the
+// pgfence packages store that trace id without an SDK installed.
+func RemoteTrace(t testing.TB, ctx context.Context, id string) context.Context {
+	t.Helper()
+	tid, err := trace.TraceIDFromHex(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return trace.ContextWithRemoteSpanContext(ctx, trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: tid, SpanID: trace.SpanID{1}, TraceFlags: trace.FlagsSampled, Remote: true}))
+}
 
 // Providers are an SDK meter provider with a manual reader and an SDK tracer
 // provider with a span recorder.
