@@ -6,10 +6,12 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/pgfence/pgfence/idempotency"
@@ -188,6 +190,78 @@ func TestHTTPTelemetry(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), `{"n":`) {
 		t.Errorf("the log shows a request body:\n%s", logs.String())
+	}
+}
+
+// TestHTTPTelemetryOutcomes: the outcomes TestHTTPTelemetry cannot reach
+// through its fixture (a duplicate in flight, a body too large, a store that
+// is down) are counted too, and every outcome is set on the request's own
+// span.
+func TestHTTPTelemetryOutcomes(t *testing.T) {
+	t.Parallel()
+	p := telemetrytest.New(t)
+	storeCfg := &idempotency.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer}
+	entered, release := make(chan struct{}), make(chan struct{})
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-release
+		w.WriteHeader(http.StatusNoContent)
+	})
+	up, err := idempotency.NewMiddleware(newStore(t, storeCfg), pgfencetest.NewPool(t), &idempotency.HTTPConfig{MaxBodyBytes: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	down, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer down.Close()
+	unreachable, err := idempotency.NewMiddleware(newStore(t, storeCfg), down, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// serve sends one POST inside a span of its own and returns the status
+	// and the outcome set on that span.
+	serve := func(h http.Handler, key, body string) (int, string) {
+		ctx, span := p.Tracer.Tracer("test").Start(context.Background(), "request "+key)
+		req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/jobs", strings.NewReader(body))
+		req.Header.Set(idempotency.HeaderKey, key)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		span.End()
+		ended := p.Ended("request " + key)
+		v, _ := telemetrytest.Attr(ended[len(ended)-1], "pgfence.idempotency.http.outcome")
+		return rec.Code, v.AsString()
+	}
+	first := make(chan string)
+	go func() {
+		_, outcome := serve(up.Wrap(slow), "job-1", "{}")
+		first <- outcome
+	}()
+	<-entered
+	for _, c := range []struct {
+		h         http.Handler
+		key, body string
+		status    int
+		outcome   string
+	}{
+		{up.Wrap(slow), "job-1", "{}", http.StatusConflict, "in_progress"},
+		{up.Wrap(slow), "job-2", "{\"too\":\"long\"}", http.StatusRequestEntityTooLarge, "bad_body"},
+		{unreachable.Wrap(slow), "job-3", "{}", http.StatusServiceUnavailable, "unavailable"},
+	} {
+		if status, outcome := serve(c.h, c.key, c.body); status != c.status || outcome != c.outcome {
+			t.Errorf("%s: status %d, span outcome %q; want %d and %q", c.key, status, outcome, c.status, c.outcome)
+		}
+	}
+	close(release)
+	if outcome := <-first; outcome != "executed" {
+		t.Errorf("job-1: span outcome %q, want executed", outcome)
+	}
+	m := p.Metrics(t)
+	for _, outcome := range []string{"executed", "in_progress", "bad_body", "unavailable"} {
+		if n := m.Sum("pgfence.idempotency.http.requests", attribute.String("pgfence.outcome", outcome)); n != 1 {
+			t.Errorf("http.requests{%s} = %d, want 1", outcome, n)
+		}
 	}
 }
 
