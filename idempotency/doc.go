@@ -139,9 +139,10 @@
 // OpenTelemetry providers) receive pgfence.idempotency.requests and
 // .duration by mode and outcome (new, replayed, in_progress, mismatch,
 // unknown, error), takeovers, settlements (not_owner counts a replaced
-// owner's late write), lease extensions (Heartbeat, Advance), and spans with scope, key, owner and epoch — never the
-// payload or the result. [Config.Logger] gets claims, duplicates, takeovers
-// and settlements. The [Middleware] counts every request of a covered method
+// owner's late write), lease extensions (Heartbeat, Advance), and spans with
+// scope, key, owner and epoch — never the payload or the result.
+// [Config.Logger] gets claims, duplicates, takeovers and settlements. The
+// [Middleware] counts every request of a covered method
 // in pgfence.idempotency.http.requests by outcome (executed, replayed,
 // in_progress, mismatch, unprotected, bad_key, bad_body, unavailable, error)
 // and logs it at debug level. [GC] takes its providers and logger in
