@@ -93,6 +93,12 @@
 //   - The connection breaks while Do commits, or around a leased call:
 //     [ErrOutcomeUnknown]. Send the same request again: the key answers with
 //     the stored result if it committed, or runs the intent if it did not.
+//     The same holds when the caller's context ends while Do waits for its
+//     COMMIT's answer (pgx closes the connection). A context that ended
+//     before the result and COMMIT were sent returns the context's error, and
+//     a result or COMMIT the server refuses (a deferred constraint, say)
+//     returns the server's error: either way nothing was stored and the key is
+//     free.
 //   - The database is unreachable: [ErrUnavailable], nothing was done.
 //   - The caller's context ends while a duplicate waits for the first attempt:
 //     the context's error; the first attempt is unaffected.
