@@ -62,9 +62,13 @@ func counted(runs *atomic.Int32, orderID string) idempotency.Func {
 	}
 }
 
-// TestAtomicCommitReplyLost: the server commits but its answer is lost. Do
-// says the outcome is unknown; the same request again replays the committed
-// result without running fn.
+// TestAtomicCommitReplyLost: the connection breaks right after the result
+// and COMMIT were sent, dropping the server's answer. Do says the outcome is
+// unknown; the same request again resolves it: it replays the committed result
+// without running fn, or, if the COMMIT did not land (a reset can make the
+// server drop input it had not read yet), applies the intent. Either way there
+// is exactly one charge. (TestAtomicCancelledWhileCommitting waits for the
+// COMMIT on the server, so there the replay is certain.)
 func TestAtomicCommitReplyLost(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
@@ -85,11 +89,18 @@ func TestAtomicCommitReplyLost(t *testing.T) {
 			t.Fatalf("%s: Do with a lost COMMIT answer: %v, want ErrOutcomeUnknown", name, err)
 		}
 		out, err := store.Do(ctx, db.Pool, req, counted(&runs, req.Key))
-		if err != nil || out.Status != idempotency.Replayed || len(out.Result) == 0 {
-			t.Fatalf("%s: the same request again: %+v, %v; want the committed result replayed", name, out, err)
+		if err != nil {
+			t.Fatalf("%s: the same request again: %v", name, err)
 		}
-		if runs.Load() != 1 || countCharges(t, db.Pool, req.Key) != 1 {
-			t.Fatalf("%s: fn ran %d times, %d charges; want 1 and 1", name, runs.Load(), countCharges(t, db.Pool, req.Key))
+		switch {
+		case out.Status == idempotency.Replayed && len(out.Result) > 0 && runs.Load() == 1:
+		case out.Status == idempotency.New && runs.Load() == 2:
+			t.Logf("%s: the COMMIT did not land; the retry applied the intent", name)
+		default:
+			t.Fatalf("%s: the same request again: %+v after %d runs; want Replayed after 1 or New after 2", name, out, runs.Load())
+		}
+		if n := countCharges(t, db.Pool, req.Key); n != 1 {
+			t.Fatalf("%s: %d charges, want exactly 1", name, n)
 		}
 	}
 }
