@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pgfence/pgfence/internal/telemetry/telemetrytest"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
@@ -56,18 +56,6 @@ func attrs(r slog.Record) map[string]string {
 	return m
 }
 
-// traced returns ctx carrying a remote span context with trace id id (32 hex
-// digits): the helpers store it without an SDK installed.
-func traced(t *testing.T, ctx context.Context, id string) context.Context {
-	t.Helper()
-	tid, err := trace.TraceIDFromHex(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: trace.SpanID{1}, TraceFlags: trace.FlagsSampled, Remote: true})
-	return trace.ContextWithRemoteSpanContext(ctx, sc)
-}
-
 // auditQuery and winnerQuery are the README's audit queries (the test checks
 // that the README shows them verbatim).
 const auditQuery = `SELECT e.key, e.event, e.token AS lease_token,
@@ -97,8 +85,8 @@ func TestRejectionAudit(t *testing.T) {
 	setupKV(t, pool)
 	const traceA, traceB = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa1", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb2"
 	logs := &capture{}
-	ctxA := pgfence.ContextWithLogger(traced(t, testContext(t), traceA), slog.New(logs))
-	ctxB := traced(t, testContext(t), traceB)
+	ctxA := pgfence.ContextWithLogger(telemetrytest.RemoteTrace(t, testContext(t), traceA), slog.New(logs))
+	ctxB := telemetrytest.RemoteTrace(t, testContext(t), traceB)
 
 	c, err := leases.New(pool, &leases.Config{DisableWakeups: true})
 	if err != nil {

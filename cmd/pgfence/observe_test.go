@@ -7,22 +7,12 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/internal/telemetry/telemetrytest"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
-
-func tracedContext(t *testing.T, id string) context.Context {
-	t.Helper()
-	tid, err := trace.TraceIDFromHex(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return trace.ContextWithRemoteSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
-		TraceID: tid, SpanID: trace.SpanID{1}, TraceFlags: trace.FlagsSampled, Remote: true}))
-}
 
 // TestFencesShowRejections: `fences show RESOURCE` lists the recorded
 // rejected writes, newest first, with their trace ids.
@@ -31,7 +21,7 @@ func TestFencesShowRejections(t *testing.T) {
 	db := pgfencetest.NewDatabase(t)
 	environ := map[string]string{"DATABASE_URL": db.URL}
 	const traceID = "0123456789abcdef0123456789abcdef"
-	ctx := tracedContext(t, traceID)
+	ctx := telemetrytest.RemoteTrace(t, context.Background(), traceID)
 	if _, err := pgfence.Exec(ctx, db.Pool, "stock/apple", 9, `SELECT 1`); err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +60,7 @@ func TestKeysShow(t *testing.T) {
 		t.Fatal(err)
 	}
 	const traceID = "fedcba9876543210fedcba9876543210"
-	if _, err := store.Do(tracedContext(t, traceID), db.Pool, idempotency.Request{Scope: "orders", Key: "o-1"},
+	if _, err := store.Do(telemetrytest.RemoteTrace(t, context.Background(), traceID), db.Pool, idempotency.Request{Scope: "orders", Key: "o-1"},
 		func(context.Context, pgx.Tx) ([]byte, error) { return []byte("secret-result"), nil }); err != nil {
 		t.Fatal(err)
 	}
