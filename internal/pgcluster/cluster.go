@@ -454,27 +454,101 @@ func (c *Cluster) stopLocked(mode Mode) error {
 	return nil
 }
 
-// Kill sends SIGKILL to every server process (the postmaster and its backends,
-// one process group), as a crash of the whole instance would. The next Start
-// runs crash recovery.
+// Kill sends SIGKILL to every server process (the postmaster and all its
+// children), as a crash of the whole instance would. The next Start runs
+// crash recovery.
+//
+// PostgreSQL puts each child in a session of its own (setsid), so signalling
+// the postmaster's process group would reach the postmaster alone; the
+// children are found through /proc instead.
 func (c *Cluster) Kill() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cmd == nil {
 		return nil
 	}
-	pgid := c.cmd.Process.Pid // Setpgid: the postmaster leads its group
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	pm := c.cmd.Process.Pid
+	// Stopped, the postmaster cannot fork a child the scan would miss.
+	_ = syscall.Kill(pm, syscall.SIGSTOP)
+	pids := append(descendants(pm), pm)
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
 	<-c.exited
 	c.cmd, c.exited = nil, nil
-	// Backends that were mid-exit may still hold the shared memory segment; a
-	// restart before they are gone fails with "pre-existing shared memory
-	// block is still in use".
+	// A backend still alive holds the shared memory segment, and a restart
+	// before it is gone fails with "pre-existing shared memory block is still
+	// in use". A zombie has already released its memory.
 	deadline := time.Now().Add(10 * time.Second)
-	for syscall.Kill(-pgid, 0) == nil && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	for _, pid := range pids {
+		for alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 	return nil
+}
+
+// descendants returns the pids of every process below pid, read from /proc.
+func descendants(pid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	children := map[int][]int{}
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, ok := parentOf(p); ok {
+			children[ppid] = append(children[ppid], p)
+		}
+	}
+	var out []int
+	queue := []int{pid}
+	for len(queue) > 0 {
+		next := queue[0]
+		queue = queue[1:]
+		for _, ch := range children[next] {
+			out = append(out, ch)
+			queue = append(queue, ch)
+		}
+	}
+	return out
+}
+
+// procStat returns the state letter and parent pid from /proc/pid/stat.
+func procStat(pid int) (state byte, ppid int, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	// The command name is in parentheses and may contain spaces; the fields
+	// after its closing parenthesis are "state ppid ...".
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0, 0, false
+	}
+	ppid, err = strconv.Atoi(f[1])
+	if err != nil || len(f[0]) == 0 {
+		return 0, 0, false
+	}
+	return f[0][0], ppid, true
+}
+
+func parentOf(pid int) (int, bool) {
+	_, ppid, ok := procStat(pid)
+	return ppid, ok
+}
+
+// alive reports whether pid exists and has not yet exited (a zombie has).
+func alive(pid int) bool {
+	state, _, ok := procStat(pid)
+	return ok && state != 'Z' && state != 'X'
 }
 
 // Restart stops the server in mode and starts it again on the same port.

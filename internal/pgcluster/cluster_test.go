@@ -2,6 +2,7 @@ package pgcluster_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgcluster"
 )
@@ -166,4 +169,50 @@ func TestCloseRemovesDirectory(t *testing.T) {
 	if err := c.Start(context.Background()); err == nil {
 		t.Fatal("Start after Close succeeded")
 	}
+}
+
+// Kill takes the backends down with the postmaster before it returns: they
+// live in sessions of their own, and one still alive would hold the shared
+// memory segment and make the next Start fail.
+func TestKillStopsBackendsAndRestarts(t *testing.T) {
+	ctx := context.Background()
+	c, err := pgcluster.Start(ctx, nil)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	for round := 0; round < 3; round++ {
+		var backends []int
+		for i := 0; i < 4; i++ {
+			conn, err := pgx.Connect(ctx, c.ConnString("postgres"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			var pid int
+			if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+				t.Fatal(err)
+			}
+			backends = append(backends, pid)
+		}
+		if err := c.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		for _, pid := range backends {
+			if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && !zombie(b) {
+				t.Fatalf("round %d: backend %d still running after Kill: %s", round, pid, b)
+			}
+		}
+		if err := c.Start(ctx); err != nil {
+			t.Fatalf("round %d: start after Kill: %v", round, err)
+		}
+	}
+}
+
+func zombie(stat []byte) bool {
+	i := bytes.LastIndexByte(stat, ')')
+	return i >= 0 && i+2 < len(stat) && (stat[i+2] == 'Z' || stat[i+2] == 'X')
 }
