@@ -37,8 +37,9 @@ type Client struct {
 
 	mu       sync.Mutex
 	closed   bool
-	queues   map[string]*queue // waiting Acquire calls per key
-	listener *listener         // started by the first waiting Acquire
+	queues   map[string]*queue        // waiting Acquire calls per key
+	windows  map[string]time.Duration // hold-back window after a wake-up, per contended key
+	listener *listener                // started by the first waiting Acquire
 }
 
 // New returns a client on pool. A nil cfg uses the defaults. The pool is the
@@ -58,6 +59,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		tel:     newTelemetry(&resolved),
 		closing: make(chan struct{}),
 		queues:  make(map[string]*queue),
+		windows: make(map[string]time.Duration),
 	}, nil
 }
 
@@ -126,10 +128,10 @@ func (c *Client) TryAcquire(ctx context.Context, key string, ttl time.Duration, 
 	if err != nil {
 		return nil, err
 	}
-	return c.tryAcquire(ctx, key, ttl, margin, info)
+	return c.tryAcquire(ctx, key, ttl, margin, info, false)
 }
 
-func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Duration, info string) (*Lease, error) {
+func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Duration, info string, announce bool) (*Lease, error) {
 	holder := newHolderID()
 	start := time.Now()
 	var (
@@ -147,7 +149,7 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 		return nil, fmt.Errorf("leases: acquire %q: %w", key, pgerr.Classify(err, false))
 	}
 	pid := conn.Conn().PgConn().PID() // the backend that runs the grant
-	err = c.scanGrant(ctx, conn, key, holder, ttl, info, &acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)
+	err = c.scanGrant(ctx, conn, key, holder, ttl, info, announce, &acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)
 	conn.Release()
 	if err != nil {
 		classified := classify(err)
@@ -305,42 +307,62 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 	case <-c.closing:
 		return nil, ErrClosed
 	}
+	woken := false // the last wait ended with a release of the key
 	for attempt := 0; ; attempt++ {
-		select {
-		case <-w.wake: // this attempt covers it
-		default:
-		}
 		var (
-			l   *Lease
-			err error
-		)
-		if fair {
-			err = c.queueTurn(ctx, key, waiter)
-		}
-		if err == nil {
-			l, err = c.tryAcquire(ctx, key, ttl, margin, info)
-		}
-		if err == nil {
-			return l, nil
-		}
-		var (
-			held      *HeldError
+			l         *Lease
+			err       error
 			remaining time.Duration
+			heard     bool
 		)
-		switch {
-		case ctx.Err() != nil:
-			return nil, fmt.Errorf("leases: acquire %q: gave up waiting: %w (last attempt: %w)", key, context.Cause(ctx), err)
-		case errors.As(err, &held):
-			remaining = held.Remaining
-		case errors.Is(err, ErrUnavailable), errors.Is(err, ErrOutcomeUnknown):
-			// Transient: retry with backoff until the deadline.
-		case errors.Is(err, ErrGrantsPaused):
-			// A kill switch is temporary too: wait for the resume like for
-			// a holder, until the deadline (the error then wraps it).
-		default:
-			return nil, err
+		if woken && !fair {
+			// Every client waiting for the key heard the release. Hold back
+			// a moment; if another waiter's grant is announced meanwhile,
+			// the key is taken and an attempt would only cost a statement.
+			remaining, heard = c.holdBack(ctx, key, w)
+			select {
+			case <-c.closing:
+				return nil, ErrClosed
+			default:
+			}
 		}
-		last = err
+		if !heard {
+			select {
+			case <-w.wake: // this attempt covers it
+			default:
+			}
+			if fair {
+				err = c.queueTurn(ctx, key, waiter)
+			}
+			if err == nil {
+				// Once this call has lost the key, its grant is announced.
+				l, err = c.tryAcquire(ctx, key, ttl, margin, info, attempt > 0)
+			}
+			if err == nil {
+				if woken {
+					c.adapt(key, true)
+				}
+				return l, nil
+			}
+			var held *HeldError
+			switch {
+			case ctx.Err() != nil:
+				return nil, fmt.Errorf("leases: acquire %q: gave up waiting: %w (last attempt: %w)", key, context.Cause(ctx), err)
+			case errors.As(err, &held):
+				remaining = held.Remaining
+				if woken {
+					c.adapt(key, false) // lost the race that followed a release
+				}
+			case errors.Is(err, ErrUnavailable), errors.Is(err, ErrOutcomeUnknown):
+				// Transient: retry with backoff until the deadline.
+			case errors.Is(err, ErrGrantsPaused):
+				// A kill switch is temporary too: wait for the resume like for
+				// a holder, until the deadline (the error then wraps it).
+			default:
+				return nil, err
+			}
+			last = err
+		}
 		timer := time.NewTimer(c.delay(attempt, remaining))
 		select {
 		case <-ctx.Done():
@@ -351,7 +373,9 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 			return nil, ErrClosed
 		case <-w.wake:
 			timer.Stop()
+			woken = true
 		case <-timer.C:
+			woken = false
 		}
 	}
 }

@@ -60,6 +60,11 @@ const (
 	// NotifyChannel is the channel pgfence.release and pgfence.force_release
 	// notify, with the key as payload.
 	NotifyChannel = "pgfence_lease_released"
+	// GrantNotifyChannel is the channel a grant notifies when the waiter that
+	// won it had already lost a race for the key (migration 00011), with the
+	// payload "<lease length in microseconds>:<key>". Other clients' waiters
+	// woken by the same release hear it and skip their attempt.
+	GrantNotifyChannel = "pgfence_lease_granted"
 	// ListenerApplicationName is the application_name of a client's LISTEN
 	// connection.
 	ListenerApplicationName = "pgfence-leases-listener"

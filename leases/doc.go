@@ -22,7 +22,8 @@
 // pgfence.force_release, the view pgfence.lease_status); this package calls
 // them, and workers in other languages may call them directly and take part in
 // the same protocol. Releases send NOTIFY pgfence_lease_released with the key
-// as payload.
+// as payload; a grant won by a waiter that had lost the key before sends
+// NOTIFY pgfence_lease_granted (see [GrantNotifyChannel]).
 //
 // # Guarantees
 //
@@ -47,7 +48,11 @@
 //   - A failed acquire writes nothing; waiting is bounded by the context, polls
 //     with capped exponential backoff and full jitter, is woken by release
 //     notifications, and within a client only the first waiter of a key polls
-//     (the others queue in FIFO order). With [AcquireOptions.Fair], waiters of
+//     (the others queue in FIFO order). Waiters in different clients do not
+//     stampede: after a release each waits a random moment (a window that
+//     adapts to how often it loses, at most 64 ms) and skips its attempt when
+//     another waiter's grant is announced meanwhile; a single waiting client
+//     has no such delay. Resuming paused grants wakes waiters at once. With [AcquireOptions.Fair], waiters of
 //     every client and process take turns in arrival order through a queue in
 //     the database (pgfence.lease_waiters).
 //

@@ -6,7 +6,7 @@ package leases
 const (
 	sqlTryAcquire = `SELECT acquired, holder::text, token, granted_at, expires_at,
        (extract(epoch FROM remaining) * 1000000)::bigint
-  FROM pgfence.try_acquire($1, $2::bigint * interval '1 microsecond', $3, $4::uuid, $5)`
+  FROM pgfence.try_acquire($1, $2::bigint * interval '1 microsecond', $3, $4::uuid, $5, $6)`
 
 	sqlRenew = `SELECT expires_at FROM pgfence.renew($1, $2::uuid, $3, $4::bigint * interval '1 microsecond')`
 
@@ -37,7 +37,7 @@ const (
 	sqlHistory = `SELECT id, key, event, holder::text, token, at, coalesce(reason, ''), coalesce(client_version, '')
   FROM pgfence.lease_events WHERE key = $1 ORDER BY id DESC LIMIT $2`
 
-	sqlListen = `LISTEN ` + NotifyChannel
+	sqlListen = `LISTEN ` + NotifyChannel + `; LISTEN ` + GrantNotifyChannel
 
 	sqlPause  = `SELECT pgfence.pause_grants($1, $2)`
 	sqlResume = `SELECT pgfence.resume_grants($1, $2)`

@@ -153,7 +153,7 @@ func (t *instruments) startAcquire(ctx context.Context, key string, ttl time.Dur
 // grant's transaction in the same pipeline (it is stored in the lease event);
 // when takeovers are counted, the event the grant recorded is read back in
 // the same pipeline too. Neither costs a round trip.
-func (c *Client) scanGrant(ctx context.Context, conn *pgxpool.Conn, key, holder string, ttl time.Duration, info string, acquired *bool, rest ...any) error {
+func (c *Client) scanGrant(ctx context.Context, conn *pgxpool.Conn, key, holder string, ttl time.Duration, info string, announce bool, acquired *bool, rest ...any) error {
 	t := c.tel
 	countTakeovers := t.takeovers.Enabled(ctx)
 	traceID := telemetry.TraceID(ctx)
@@ -163,13 +163,13 @@ func (c *Client) scanGrant(ctx context.Context, conn *pgxpool.Conn, key, holder 
 		takenOver bool
 	)
 	if traceID == "" && !countTakeovers {
-		err = conn.QueryRow(ctx, sqlTryAcquire, key, ttl.Microseconds(), info, holder, ClientVersion()).Scan(dest...)
+		err = conn.QueryRow(ctx, sqlTryAcquire, key, ttl.Microseconds(), info, holder, ClientVersion(), announce).Scan(dest...)
 	} else {
 		b := &pgx.Batch{}
 		if traceID != "" {
 			b.Queue(telemetry.SetTraceIDSQL, traceID)
 		}
-		b.Queue(sqlTryAcquire, key, ttl.Microseconds(), info, holder, ClientVersion())
+		b.Queue(sqlTryAcquire, key, ttl.Microseconds(), info, holder, ClientVersion(), announce)
 		if countTakeovers {
 			b.Queue(sqlGrantEvent, key, holder)
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,12 +22,13 @@ type queue struct {
 }
 
 type waiter struct {
-	turn chan struct{} // closed when the waiter becomes the head
-	wake chan struct{} // a release of the key was seen (buffered, 1)
+	turn    chan struct{}      // closed when the waiter becomes the head
+	wake    chan struct{}      // a release of the key was seen (buffered, 1)
+	granted chan time.Duration // an announced grant of the key, its lease length (buffered, 1)
 }
 
 func (c *Client) enqueue(key string) *waiter {
-	w := &waiter{turn: make(chan struct{}), wake: make(chan struct{}, 1)}
+	w := &waiter{turn: make(chan struct{}), wake: make(chan struct{}, 1), granted: make(chan time.Duration, 1)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	q := c.queues[key]
@@ -72,6 +75,82 @@ func (c *Client) wake(key string) {
 		default:
 		}
 	}
+}
+
+// granted tells the head waiter for key (if any) that another waiter's grant
+// of it was announced, with that lease's length.
+func (c *Client) granted(key string, lease time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if q := c.queues[key]; q != nil && len(q.waiters) > 0 {
+		select {
+		case q.waiters[0].granted <- lease:
+		default:
+		}
+	}
+}
+
+// Hold-back after a wake-up. A release wakes one waiter in every client that
+// waits for the key, and all of them would try at once: N waiting clients, N
+// attempts, one grant. Instead each waits a random time in [0, window] first,
+// and one that hears the winner's grant announced (GrantNotifyChannel) in the
+// meantime skips its attempt. The window is per client and key, and adapts
+// like Ethernet's backoff: it doubles when an attempt after a wake-up loses
+// the race and halves when one wins, so it settles where about one extra
+// attempt is made per hand-off; with a single waiting client it stays zero
+// and costs no latency.
+const (
+	holdBackMin = time.Millisecond
+	holdBackMax = 64 * time.Millisecond
+	maxWindows  = 4096 // keys whose window a client remembers
+)
+
+// holdBack waits up to the key's window after a wake-up. It reports whether
+// another waiter's grant was announced meanwhile, and that lease's length.
+func (c *Client) holdBack(ctx context.Context, key string, w *waiter) (lease time.Duration, heard bool) {
+	select {
+	case <-w.granted: // announced before the release that woke us: stale
+	default:
+	}
+	c.mu.Lock()
+	window := c.windows[key]
+	c.mu.Unlock()
+	if window <= 0 {
+		return 0, false
+	}
+	t := time.NewTimer(fullJitter(window))
+	defer t.Stop()
+	select {
+	case lease := <-w.granted:
+		return lease, true
+	case <-ctx.Done():
+	case <-c.closing:
+	case <-t.C:
+	}
+	return 0, false
+}
+
+// adapt updates key's hold-back window after an attempt that followed a
+// wake-up: it won the key, or lost it to another waiter.
+func (c *Client) adapt(key string, won bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w, known := c.windows[key]
+	if won {
+		if w /= 2; w < holdBackMin {
+			delete(c.windows, key)
+			return
+		}
+	} else {
+		w = min(max(2*w, holdBackMin), holdBackMax)
+	}
+	if !known && len(c.windows) >= maxWindows {
+		for k := range c.windows { // forget one other key
+			delete(c.windows, k)
+			break
+		}
+	}
+	c.windows[key] = w
 }
 
 // wakeAll wakes the head waiter of every key: notifications may have been
@@ -127,6 +206,26 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 		return false
 	case <-t.C:
 		return true
+	}
+}
+
+// dispatch hands a notification to the waiters it concerns.
+func (c *Client) dispatch(channel, payload string) {
+	switch channel {
+	case NotifyChannel:
+		if payload == "" { // grants resumed: keys are never empty
+			c.wakeAll()
+			return
+		}
+		c.wake(payload)
+	case GrantNotifyChannel:
+		micros, key, ok := strings.Cut(payload, ":")
+		if !ok {
+			return
+		}
+		if n, err := strconv.ParseInt(micros, 10, 64); err == nil && n > 0 {
+			c.granted(key, time.Duration(n)*time.Microsecond)
+		}
 	}
 }
 
@@ -218,7 +317,7 @@ func (c *Client) listenOnce(ctx context.Context, l *listener) (connected bool, e
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		if err == nil {
-			c.wake(n.Payload)
+			c.dispatch(n.Channel, n.Payload)
 			continue
 		}
 		if ctx.Err() != nil {

@@ -391,7 +391,7 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.record_fence_rejection(text,bigint,bigint,text,text,text,uuid,text)",
 		"pgfence.release(text,uuid,bigint,boolean)",
 		"pgfence.renew(text,uuid,bigint,interval)",
-		"pgfence.try_acquire(text,interval,text,uuid,text)",
+		"pgfence.try_acquire(text,interval,text,uuid,text,boolean)",
 	}
 	operations := []string{
 		"pgfence.force_release(text,text)",

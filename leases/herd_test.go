@@ -1,0 +1,175 @@
+package leases_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// attempts counts the grant attempts (pgfence.try_acquire) sent through a
+// pool, started and finished.
+type attempts struct{ started, ended atomic.Int64 }
+
+func (a *attempts) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "pgfence.try_acquire(") {
+		a.started.Add(1)
+		return context.WithValue(ctx, attempts{}, true)
+	}
+	return ctx
+}
+
+func (a *attempts) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if ctx.Value(attempts{}) != nil {
+		a.ended.Add(1)
+	}
+}
+
+func countingPool(t *testing.T, url string, maxConns int32) (*pgxpool.Pool, *attempts) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &attempts{}
+	cfg.ConnConfig.Tracer = a
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, a
+}
+
+// A release wakes every client waiting for the key, but they do not all try
+// at once: a woken waiter holds back a moment and skips its attempt when it
+// hears another waiter's grant announced. Twelve clients taking turns on one
+// key would, without that, send about eleven attempts per hand-off (every
+// woken waiter tries, one wins).
+func TestReleaseDoesNotStampede(t *testing.T) {
+	checkLeaks(t)
+	const (
+		waiters = 12
+		grants  = 150
+	)
+	db := pgfencetest.NewDatabase(t)
+	pool, count := countingPool(t, db.URL, waiters+4)
+	ctx := ctxTimeout(t, 2*time.Minute)
+
+	clients := make([]*leases.Client, waiters)
+	for i := range clients {
+		up, onEvent := events(leases.EventListenerUp)
+		clients[i] = newClient(t, pool, &leases.Config{OnEvent: onEvent})
+		// Start the listener: a waiter without it would poll.
+		l, err := clients[i].Acquire(ctx, "warm-up", time.Minute, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waitEvent(t, up, leases.EventListenerUp, 10*time.Second)
+	}
+	before := count.started.Load()
+
+	var (
+		granted atomic.Int64
+		wg      sync.WaitGroup
+		errs    = make(chan error, waiters)
+	)
+	for _, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for granted.Load() < grants {
+				l, err := c.Acquire(ctx, "hot", time.Minute, nil)
+				if err != nil {
+					errs <- err
+					return
+				}
+				granted.Add(1)
+				time.Sleep(time.Millisecond) // the critical section
+				if err := l.Release(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	n, sent := granted.Load(), count.started.Load()-before
+	perGrant := float64(sent) / float64(n)
+	t.Logf("%d waiting clients: %d grants, %d attempts, %.2f attempts per grant", waiters, n, sent, perGrant)
+	// Every grant is one attempt; each waiter's first attempt finds the key
+	// held. A stampede is about waiters-1 attempts per grant.
+	if perGrant > 4 {
+		t.Fatalf("%.2f attempts per grant with %d waiting clients: woken waiters stampede", perGrant, waiters)
+	}
+}
+
+// Lifting a kill switch wakes the waiters at once; they do not wait for their
+// next poll.
+func TestResumeWakesWaiters(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	pool, count := countingPool(t, db.URL, 4)
+	ctx := ctxTimeout(t, time.Minute)
+	up, onEvent := events(leases.EventListenerUp)
+	c := newClient(t, pool, &leases.Config{OnEvent: onEvent, PollInterval: time.Hour})
+	operator := newClient(t, db.Pool, &leases.Config{DisableWakeups: true})
+
+	l, err := c.Acquire(ctx, "warm-up", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, up, leases.EventListenerUp, 10*time.Second)
+	if _, err := operator.PauseGrants(ctx, "deploy/", "rollout"); err != nil {
+		t.Fatal(err)
+	}
+
+	before := count.ended.Load()
+	got := make(chan error, 1)
+	go func() {
+		l, err := c.Acquire(ctx, "deploy/job", time.Minute, nil)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	// Its first attempt is refused; from then on it sleeps until woken (a
+	// notification that comes meanwhile is kept for it).
+	for count.ended.Load() == before {
+		select {
+		case err := <-got:
+			t.Fatalf("Acquire returned while grants were paused: %v", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if _, err := operator.ResumeGrants(ctx, "deploy/", "rollout done"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("waiter not woken by the resume (its poll interval is an hour)")
+	}
+}
