@@ -102,8 +102,8 @@ func benchCases() []*benchCase {
 			prepare: simple(func(ctx context.Context, b *benchDB, w *benchrun.Worker) error {
 				k := benchKey(w)
 				var ok bool
-				var holder string
-				var tok int64
+				var holder *string // NULL when the key is held
+				var tok *int64
 				if err := b.pool.QueryRow(ctx, `SELECT acquired, holder::text, token FROM pgfence.try_acquire($1, interval '30 seconds')`, k).Scan(&ok, &holder, &tok); err != nil {
 					return err
 				}
