@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,8 @@ const (
 	queueLength = 256
 )
 
+var errCancelDropped = errors.New("faultproxy: cancel request for a cut session dropped")
+
 // conn is one proxied connection: four goroutines, a reader and a writer per
 // direction, joined by queues that carry each chunk's due time.
 type conn struct {
@@ -34,8 +37,25 @@ type conn struct {
 	// dropReplies is set when a cut-after-forward sends its message: from then
 	// on nothing the server says reaches the client.
 	dropReplies atomic.Bool
-	spoke       chan struct{} // closed when the server speaks after dropReplies
+	spoke       chan struct{} // closed when the server has answered the cut message
 	spokeOnce   sync.Once
+
+	// The server has finished a request when it sends ReadyForQuery ('Z'):
+	// one after the startup, one per Sync, simple Query and FunctionCall. A
+	// reply to an earlier message of a pipeline (its rows, CommandComplete)
+	// does not mean the transaction that the cut message ends has committed.
+	requests   atomic.Int64 // requests forwarded that end with ReadyForQuery
+	ready      atomic.Int64 // ReadyForQuery messages the server sent
+	replyReady atomic.Int64 // the count of ready that answers the cut message
+
+	// The server→client message parser (readServer only): the current
+	// message's header, the body bytes left to skip, and the body of
+	// BackendKeyData ('K'), which names the session in cancel requests.
+	hdr     [5]byte
+	hdrN    int
+	skip    int64
+	keyData []byte
+	key     atomic.Pointer[[8]byte] // the session's process id and secret key
 
 	mu      sync.Mutex
 	claimed []*Trigger // triggers this connection took, finished at the end
@@ -47,10 +67,57 @@ type chunk struct {
 	due  time.Time
 	eof  bool     // the sender closed its side
 	cut  *Trigger // cut the connection after this chunk (before it if !cut.forward)
+	// startup: the startup packet, which the server answers with
+	// ReadyForQuery once the session is ready.
+	startup bool
 }
 
 func newConn(p *Proxy, client, server net.Conn) *conn {
-	return &conn{p: p, client: client, server: server, done: make(chan struct{}), spoke: make(chan struct{})}
+	c := &conn{p: p, client: client, server: server, done: make(chan struct{}), spoke: make(chan struct{})}
+	c.replyReady.Store(math.MaxInt64)
+	return c
+}
+
+// endsRequest reports whether a client message makes the server finish with
+// ReadyForQuery: Sync, simple Query, FunctionCall.
+func endsRequest(data []byte) bool {
+	return len(data) > 0 && (data[0] == 'S' || data[0] == 'Q' || data[0] == 'F')
+}
+
+// scanServer follows the server's messages: it counts ReadyForQuery and keeps
+// BackendKeyData. Every server message has a type byte and a length, from the
+// first byte on (the proxy answers SSL and GSS requests itself).
+func (c *conn) scanServer(b []byte) {
+	for len(b) > 0 {
+		if c.skip > 0 {
+			k := min(int64(len(b)), c.skip)
+			if c.keyData != nil {
+				c.keyData = append(c.keyData, b[:k]...)
+				if len(c.keyData) == 8 {
+					key := [8]byte(c.keyData)
+					c.key.Store(&key)
+					c.keyData = nil
+				}
+			}
+			c.skip -= k
+			b = b[k:]
+			continue
+		}
+		k := copy(c.hdr[c.hdrN:], b)
+		c.hdrN += k
+		b = b[k:]
+		if c.hdrN < len(c.hdr) {
+			return
+		}
+		c.skip = int64(binary.BigEndian.Uint32(c.hdr[1:])) - 4
+		c.hdrN = 0
+		switch {
+		case c.hdr[0] == 'Z':
+			c.ready.Add(1)
+		case c.hdr[0] == 'K' && c.skip == 8:
+			c.keyData = make([]byte, 0, 8)
+		}
+	}
 }
 
 func (c *conn) run() {
@@ -118,8 +185,11 @@ func (c *conn) readServer(q chan<- chunk) {
 	for {
 		n, err := c.server.Read(buf)
 		if n > 0 {
+			c.scanServer(buf[:n])
 			if c.dropReplies.Load() {
-				c.spokeOnce.Do(func() { close(c.spoke) })
+				if c.ready.Load() >= c.replyReady.Load() {
+					c.spokeOnce.Do(func() { close(c.spoke) })
+				}
 			} else if !c.push(ServerToClient, q, chunk{data: append([]byte(nil), buf[:n]...)}) {
 				return
 			}
@@ -215,7 +285,13 @@ func (c *conn) startup(r *bufio.Reader, q chan<- chunk) (raw bool, err error) {
 			}
 			continue
 		}
-		if !c.push(ClientToServer, q, chunk{data: data}) {
+		if code == codeCancel && len(data) == 16 && c.p.wasCut([8]byte(data[8:16])) {
+			// The client lost its connection to this session in a cut: its
+			// network is down, and its cancel request is lost with it.
+			c.p.droppedCancels.Add(1)
+			return false, errCancelDropped
+		}
+		if !c.push(ClientToServer, q, chunk{data: data, startup: code != codeCancel}) {
 			return false, net.ErrClosed
 		}
 		return code == codeCancel, nil
@@ -274,6 +350,9 @@ func (c *conn) write(dir Direction, dst net.Conn, q <-chan chunk) {
 			c.close()
 			return
 		}
+		if dir == ClientToServer && (ch.startup || endsRequest(ch.data)) {
+			c.requests.Add(1)
+		}
 	}
 }
 
@@ -286,7 +365,13 @@ func (c *conn) cut(ch chunk, blackhole bool) {
 		t.finish(false)
 		return
 	}
+	// The cut message is a Sync or a Query: the server has processed it, and
+	// committed what it ends, when it sends the ReadyForQuery that answers it.
+	c.replyReady.Store(c.requests.Add(1))
 	c.dropReplies.Store(true)
+	if key := c.key.Load(); key != nil {
+		c.p.markCut(*key)
+	}
 	if _, err := c.server.Write(ch.data); err != nil {
 		c.close()
 		t.finish(false)

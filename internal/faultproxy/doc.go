@@ -35,9 +35,15 @@
 //   - A message cut after forwarding reaches the server in full (for the
 //     extended protocol: up to and including the next Sync), and no byte the
 //     server sends after it reaches the client. The proxy keeps the server side
-//     open until the server answers (or [Config.CutGrace] passes), so the server
+//     open until the server has finished the message, that is until the
+//     ReadyForQuery that answers it (or [Config.CutGrace] passes): a reply to
+//     an earlier message of the same pipeline does not count. So the server
 //     has processed the message when [Trigger.Done] is closed, and
-//     [Trigger.Replied] says whether it answered.
+//     [Trigger.Replied] says whether it finished in time.
+//   - The client's network to a session cut after forwarding stays down: a
+//     cancel request for that session (pgx sends one when a connection breaks
+//     mid-query) is dropped, so it cannot abort what the server received
+//     ([Stats.DroppedCancels] counts them).
 //   - [Proxy.Close] closes the listener and every connection and returns after
 //     every goroutine the proxy started has exited.
 //

@@ -192,9 +192,10 @@ func (t *Trigger) Fired() bool {
 	return t.fired
 }
 
-// Replied reports whether, for [Proxy.CutAfter], the server answered the
-// forwarded message before the connection was closed (its answer was
-// dropped): proof that the server processed it.
+// Replied reports whether, for [Proxy.CutAfter], the server finished the
+// forwarded message before the connection was closed (its ReadyForQuery, and
+// the rest of its answer, were dropped): proof that the server processed it
+// and committed the implicit transaction it ended, if any.
 func (t *Trigger) Replied() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()

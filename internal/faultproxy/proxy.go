@@ -61,10 +61,13 @@ type Proxy struct {
 	delay     [2]time.Duration
 	blackhole [2]bool
 	closed    bool
+	cutKeys   map[[8]byte]struct{} // sessions cut after forwarding: process id, secret key
 
 	accepted atomic.Int64
 	refused  atomic.Int64
 	cuts     atomic.Int64
+
+	droppedCancels atomic.Int64
 }
 
 // Start listens on 127.0.0.1 on a free port and forwards every connection to
@@ -93,7 +96,7 @@ func Start(target string, cfg *Config) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("faultproxy: listen: %w", err)
 	}
-	p := &Proxy{target: target, cfg: c, ln: ln, conns: make(map[*conn]struct{})}
+	p := &Proxy{target: target, cfg: c, ln: ln, conns: make(map[*conn]struct{}), cutKeys: make(map[[8]byte]struct{})}
 	p.wg.Add(1)
 	go p.acceptLoop()
 	return p, nil
@@ -176,6 +179,9 @@ type Stats struct {
 	Refused  int64 // connections reset by SetRefuse or a failed dial
 	Open     int   // connections open now
 	Cuts     int64 // connections closed by CutAll or a trigger
+	// DroppedCancels counts cancel requests for sessions cut after
+	// forwarding, which the proxy drops.
+	DroppedCancels int64
 }
 
 // Stats returns the proxy's counters.
@@ -183,7 +189,23 @@ func (p *Proxy) Stats() Stats {
 	p.mu.Lock()
 	open := len(p.conns)
 	p.mu.Unlock()
-	return Stats{Accepted: p.accepted.Load(), Refused: p.refused.Load(), Open: open, Cuts: p.cuts.Load()}
+	return Stats{Accepted: p.accepted.Load(), Refused: p.refused.Load(), Open: open, Cuts: p.cuts.Load(),
+		DroppedCancels: p.droppedCancels.Load()}
+}
+
+// markCut remembers a session cut after forwarding, by the process id and
+// secret key its cancel requests carry.
+func (p *Proxy) markCut(key [8]byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cutKeys[key] = struct{}{}
+}
+
+func (p *Proxy) wasCut(key [8]byte) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.cutKeys[key]
+	return ok
 }
 
 // Close stops listening, closes every connection and waits until every

@@ -338,6 +338,32 @@ func TestCutExtendedProtocolExecute(t *testing.T) {
 	}
 }
 
+// A cut after a pipeline's Sync waits for the server to finish the whole
+// pipeline (its ReadyForQuery), not just for the first reply: the rows of the
+// first statement (too many to buffer) come back at once, long before the
+// slow second statement commits. The client's cancel request (pgx sends one
+// when the connection breaks mid-query) is dropped, or it would abort the
+// statement.
+func TestCutAfterPipelineWaitsForReadyForQuery(t *testing.T) {
+	e := setup(t)
+	c := e.connect(t)
+	ctx := context.Background()
+	trig := e.proxy.CutAfter(faultproxy.SQLContains("'slow'"))
+	b := &pgx.Batch{}
+	b.Queue(`SELECT repeat('x', 100000)`) // more than the server buffers: sent at once
+	b.Queue(`INSERT INTO t SELECT 7, 'slow' FROM pg_sleep(0.3)`)
+	if err := c.SendBatch(ctx, b).Close(); err == nil {
+		t.Fatal("the client got the reply of a cut pipeline")
+	}
+	<-trig.Done()
+	if !trig.Replied() {
+		t.Fatal("the server did not finish the forwarded pipeline within the grace period")
+	}
+	if !e.rowExists(t, 7) {
+		t.Fatal("the trigger was done before the server committed the pipeline")
+	}
+}
+
 func TestTriggerCancel(t *testing.T) {
 	e := setup(t)
 	trig := e.proxy.CutBefore(faultproxy.IsCommit)
