@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -18,7 +19,7 @@ import (
 	"github.com/pgfence/pgfence/internal/devdb"
 )
 
-const benchUsage = `bench [--database-url URL] [--duration 3s] [--workers 1,8] [--cases a,b] [--peers redis|none] [--json]
+const benchUsage = `bench [--database-url URL] [--duration 3s] [--workers 1,8] [--cases a,b] [--rounds 1] [--peers redis|none] [--json]
        pgfence bench curves [--database-url URL] [--max 100000] [--max-waiters 64] [--cycles 20000] [--json]`
 
 func runBench(ctx context.Context, e *env, args []string) error {
@@ -32,12 +33,16 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	workersFlag := fs.String("workers", "1,8", "comma-separated concurrency levels (hot-key: the number of waiters)")
 	casesFlag := fs.String("cases", "", "comma-separated case names (default: all)")
 	peersFlag := fs.String("peers", "redis", "peers measured in the same run: redis (a local redis-server through redsync, durable and in memory) or none")
+	rounds := fs.Int("rounds", 1, "run every case this many times, interleaved, and report each one's median run by ops/s (1 to 20)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := parse(fs, interspersed(fs, args)); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usageError("bench takes no arguments (or the subcommand curves), got %q", fs.Args())
+	}
+	if *rounds < 1 || *rounds > 20 {
+		return usageError("--rounds must be between 1 and 20, got %d", *rounds)
 	}
 	if err := checkDuration(*duration); err != nil {
 		return err
@@ -79,35 +84,46 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	peer := &peerRunner{e: e}
 	defer peer.close()
 
-	fmt.Fprintf(e.stderr, "bench: %d case(s) × workers %v × %s; %s\n", len(cases), workers, *duration, b.settings)
-	var results []benchrun.Result
-	total, step := len(cases)*len(workers), 0
-	for _, c := range cases {
-		for _, n := range workers {
-			if ctx.Err() != nil {
-				return ctx.Err()
+	fmt.Fprintf(e.stderr, "bench: %d case(s) × workers %v × %s × %d round(s); %s\n", len(cases), workers, *duration, *rounds, b.settings)
+	// Rounds interleave: a drift of the machine (a checkpoint, autovacuum,
+	// another process) spreads over every case instead of hitting one.
+	samples := make([][]benchrun.Result, len(cases)*len(workers))
+	total, step := len(samples)**rounds, 0
+	for round := 1; round <= *rounds; round++ {
+		for ci, c := range cases {
+			for wi, n := range workers {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				step++
+				label := fmt.Sprintf("[%d/%d] %s, %d workers", step, total, c.name, n)
+				if *rounds > 1 {
+					label += fmt.Sprintf(", round %d/%d", round, *rounds)
+				}
+				done := startProgress(e.stderr, label, *duration, time.Duration(total-step+1)*(*duration+500*time.Millisecond))
+				var r benchrun.Result
+				if c.peer != "" {
+					r, err = peer.measure(ctx, c.peer, n, *duration)
+				} else {
+					r, err = b.measure(ctx, c, n, *duration)
+				}
+				done()
+				if err != nil {
+					return fmt.Errorf("bench %s with %d workers: %w", c.name, n, err)
+				}
+				r.Case, r.Group, r.What = c.name, c.group, c.what
+				fmt.Fprintf(e.stderr, "  %s\n", resultLine(r))
+				samples[ci*len(workers)+wi] = append(samples[ci*len(workers)+wi], r)
 			}
-			step++
-			label := fmt.Sprintf("[%d/%d] %s, %d workers", step, total, c.name, n)
-			done := startProgress(e.stderr, label, *duration, time.Duration(total-step+1)*(*duration+500*time.Millisecond))
-			var r benchrun.Result
-			if c.peer != "" {
-				r, err = peer.measure(ctx, c.peer, n, *duration)
-			} else {
-				r, err = b.measure(ctx, c, n, *duration)
-			}
-			done()
-			if err != nil {
-				return fmt.Errorf("bench %s with %d workers: %w", c.name, n, err)
-			}
-			r.Case, r.Group, r.What = c.name, c.group, c.what
-			fmt.Fprintf(e.stderr, "  %s\n", resultLine(r))
-			results = append(results, r)
 		}
+	}
+	results := make([]benchrun.Result, len(samples))
+	for i, runs := range samples {
+		results[i] = medianRun(runs)
 	}
 	comparisons := compare(results)
 	if *asJSON {
-		return writeJSON(e, map[string]any{"machine": b.machine(), "settings": b.settings, "duration_s": duration.Seconds(), "results": results, "comparisons": comparisons})
+		return writeJSON(e, map[string]any{"machine": b.machine(), "settings": b.settings, "duration_s": duration.Seconds(), "rounds": *rounds, "results": results, "comparisons": comparisons})
 	}
 	printBenchResults(e.stdout, results)
 	if len(comparisons) > 0 {
@@ -122,6 +138,23 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "\n%s; %s\n", b.machine(), b.settings)
 	return nil
+}
+
+// medianRun returns the run with the median ops/s (the lower middle one of an
+// even count), whole: its latencies and counts belong to the same run. Errors
+// are not hidden by the choice: it carries the errors of every run.
+func medianRun(runs []benchrun.Result) benchrun.Result {
+	sorted := slices.Clone(runs)
+	slices.SortStableFunc(sorted, func(a, b benchrun.Result) int { return cmp.Compare(a.OpsPerS, b.OpsPerS) })
+	m := sorted[(len(sorted)-1)/2]
+	m.Errors, m.FirstError = 0, ""
+	for _, r := range runs {
+		m.Errors += r.Errors
+		if m.FirstError == "" {
+			m.FirstError = r.FirstError
+		}
+	}
+	return m
 }
 
 // maxBenchDuration is the longest --duration, of one case or one curve point.
@@ -235,6 +268,11 @@ func (b *benchDB) measure(ctx context.Context, c *benchCase, n int, d time.Durat
 		return benchrun.Result{}, err
 	}
 	defer cleanup()
+	// Every case starts right after a checkpoint, so none pays for another's
+	// (a checkpoint's I/O, and the full-page images written on the first
+	// change of each page after one). Without the privilege (pg_checkpoint,
+	// on --database-url) the cases run as the server's checkpoints fall.
+	_, _ = b.db.Pool.Exec(ctx, `CHECKPOINT`)
 	var before int64
 	r := benchrun.Run(ctx, op, benchrun.Config{Workers: n, Duration: d, Started: func() { before = b.stmts.Load() }})
 	r.SetStatements(b.stmts.Load() - before)

@@ -99,6 +99,8 @@ func TestBench(t *testing.T) {
 		{"bench", "--cases", "nope"},
 		{"bench", "--peers", "etcd"},
 		{"bench", "--workers", "0"},
+		{"bench", "--rounds", "0"},
+		{"bench", "--rounds", "21"},
 		{"bench", "curves", "--curves", "nope"},
 		{"bench", "curves", "--max-rows", "lots"},
 		{"bench", "--database-url", "postgres://app@127.0.0.1:notaport/x"},
@@ -115,6 +117,55 @@ func TestBench(t *testing.T) {
 		if code, _, errOut := cli(t, nil, args...); code != exitUnavailable || !strings.Contains(errOut, "cannot reach the database at 127.0.0.1:1") {
 			t.Errorf("%q: code %d, want unreachable\n%s", args, code, errOut)
 		}
+	}
+}
+
+// --rounds runs every case that many times, interleaved, and reports one
+// result per case: the median run.
+func TestBenchRounds(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	code, out, errOut := cli(t, map[string]string{"DATABASE_URL": db.URL},
+		"bench", "--duration", "100ms", "--workers", "1", "--cases", "raw-update,replay", "--rounds", "3", "--peers", "none", "--json")
+	if code != exitOK {
+		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
+	}
+	var res struct {
+		Rounds  int
+		Results []benchrun.Result
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Rounds != 3 || len(res.Results) != 2 || res.Results[0].Case != "raw-update" || res.Results[1].Case != "replay" {
+		t.Fatalf("rounds %d, results %+v; want 3 rounds and one result per case", res.Rounds, res.Results)
+	}
+	// Interleaved: the second case's first round comes before the first
+	// case's second round.
+	first, second := strings.Index(errOut, "replay, 1 workers, round 1/3"), strings.Index(errOut, "raw-update, 1 workers, round 2/3")
+	if first < 0 || second < 0 || first > second || !strings.Contains(errOut, "[6/6]") {
+		t.Errorf("rounds not interleaved on stderr:\n%s", errOut)
+	}
+}
+
+func TestMedianRun(t *testing.T) {
+	runs := []benchrun.Result{
+		{OpsPerS: 300, P50ms: 3},
+		{OpsPerS: 100, P50ms: 1, Errors: 2, FirstError: "first"},
+		{OpsPerS: 200, P50ms: 2, Errors: 1, FirstError: "second"},
+	}
+	m := medianRun(runs)
+	if m.OpsPerS != 200 || m.P50ms != 2 {
+		t.Errorf("median of 100, 200, 300 ops/s: %+v", m)
+	}
+	if m.Errors != 3 || m.FirstError != "first" {
+		t.Errorf("errors %d (%q), want every run's 3 and the first one's text", m.Errors, m.FirstError)
+	}
+	if m := medianRun(runs[:2]); m.OpsPerS != 100 {
+		t.Errorf("median of two runs: %v ops/s, want the lower", m.OpsPerS)
+	}
+	if m := medianRun(runs[:1]); m.OpsPerS != 300 {
+		t.Errorf("one run: %v ops/s", m.OpsPerS)
 	}
 }
 
