@@ -69,6 +69,11 @@ const (
 // record is best effort: it commits with synchronous_commit off, a failure
 // to record is logged at debug level and never changes the write's error.
 func Rejections(ctx context.Context, db DB, resource string, limit int) ([]Rejection, error) {
+	// A name no write could use is the caller's mistake, not an empty
+	// history (and the server would refuse invalid UTF-8 with 22021).
+	if err := validate(resource, 1); err != nil {
+		return nil, err
+	}
 	switch {
 	case limit < 0 || limit > MaxRejectionsLimit:
 		return nil, fmt.Errorf("%w: limit must be 0 to %d, got %d", ErrInvalid, MaxRejectionsLimit, limit)

@@ -165,6 +165,11 @@ func TestRejectionAudit(t *testing.T) {
 	if rows, err := pgfence.Rejections(testContext(t), pool, `"kv"[a]`, 0); err != nil || len(rows) != 1 || rows[0].Operation != "update_row" {
 		t.Errorf("UpdateRow rejection: %+v %v", rows, err)
 	}
+	for _, bad := range []string{"", "kv\x00a", "kv\xffa", strings.Repeat("r", pgfence.MaxResourceLen+1)} {
+		if _, err := pgfence.Rejections(testContext(t), pool, bad, 0); !errors.Is(err, pgfence.ErrInvalid) {
+			t.Errorf("Rejections(%q): %v, want ErrInvalid", bad, err)
+		}
+	}
 	if _, err := pgfence.Rejections(testContext(t), pool, "kv:a", pgfence.MaxRejectionsLimit+1); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Errorf("Rejections over the limit: %v", err)
 	}
