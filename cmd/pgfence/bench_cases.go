@@ -321,9 +321,12 @@ func prepareHotKey(_ context.Context, b *benchDB, n int) (benchrun.Op, func(), e
 			handoff = now - time.Duration(prev)
 		}
 		released.Store(int64(time.Since(base)))
-		// Released even if the caller's context ends: a grant left behind
-		// would block the key for its TTL.
-		if err := l.Release(context.WithoutCancel(ctx)); err != nil {
+		// Released even if the caller's context ends (a grant left behind
+		// would block the key for its TTL), but not waited for forever.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leases.ReleaseTimeoutDefault)
+		err = l.Release(rctx)
+		cancel()
+		if err != nil {
 			return 0, err
 		}
 		return handoff, nil // 0 for the very first grant: its own latency

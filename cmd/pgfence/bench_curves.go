@@ -314,8 +314,12 @@ const sqlLeaseStats = `
 func readLeaseStats(ctx context.Context, b *benchDB) (tableStats, error) {
 	// Backends report their counters when they go idle or exit, at most once a
 	// second: give the closed churn connections the time to.
-	time.Sleep(1500 * time.Millisecond)
 	var s tableStats
+	select {
+	case <-time.After(1500 * time.Millisecond):
+	case <-ctx.Done():
+		return s, ctx.Err()
+	}
 	conn, err := b.db.Pool.Acquire(ctx)
 	if err != nil {
 		return s, err
