@@ -150,8 +150,8 @@
 // [Config.Logger] gets claims, duplicates, takeovers and settlements. The
 // [Middleware] counts every request of a covered method
 // in pgfence.idempotency.http.requests by outcome (executed, replayed,
-// in_progress, mismatch, unprotected, bad_key, bad_body, unavailable, error)
-// and logs it at debug level. [GC] takes its providers and logger in
+// in_progress, mismatch, unprotected, bad_key, bad_body, unavailable, error,
+// panicked) and logs it at debug level. [GC] takes its providers and logger in
 // [GCOptions]: pgfence.idempotency.gc.deleted, a span per call and a debug
 // event. Nothing records request or response bodies, and there is no
 // option to: the result is stored in pgfence.idempotency_keys.result

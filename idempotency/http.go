@@ -198,8 +198,18 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return
 	}
-	outcome, status, key := m.serveCovered(w, r, next)
-	m.store.tel.httpRequest(r.Context(), outcome, status, key)
+	// A handler that panics is counted too, as it unwinds (the key is
+	// released by run; net/http recovers or the caller does).
+	res := &httpResult{outcome: httpPanicked}
+	defer func() { m.store.tel.httpRequest(r.Context(), res.outcome, res.status, res.key) }()
+	res.outcome, res.status = m.serveCovered(w, r, next, res)
+}
+
+// httpResult is what the middleware records of a covered request.
+type httpResult struct {
+	outcome string
+	status  int    // sent by the middleware itself; 0 when the handler answered
+	key     string // "" until parsed
 }
 
 // Outcomes of a covered request (pgfence.idempotency.http.requests).
@@ -213,39 +223,41 @@ const (
 	httpBadBody     = "bad_body"    // 400 or 413: the body is unreadable or too large
 	httpUnavailable = "unavailable" // 503: the store is unreachable
 	httpError       = "error"       // 500: the claim failed otherwise
+	httpPanicked    = "panicked"    // the handler panicked; the key was released
 )
 
 // serveCovered handles a request of a covered method and returns its
-// outcome, the status sent by the middleware itself (0 when the handler
-// answered) and the key ("" if none).
-func (m *Middleware) serveCovered(w http.ResponseWriter, r *http.Request, next http.Handler) (outcome string, status int, key string) {
+// outcome and the status sent by the middleware itself (0 when the handler
+// answered); it sets res.key once the key is parsed.
+func (m *Middleware) serveCovered(w http.ResponseWriter, r *http.Request, next http.Handler, res *httpResult) (outcome string, status int) {
 	values := r.Header.Values(HeaderKey)
 	if len(values) == 0 {
 		if m.required {
 			problem(w, http.StatusBadRequest, "Idempotency-Key is missing", "This operation requires an Idempotency-Key header.")
-			return httpBadKey, http.StatusBadRequest, ""
+			return httpBadKey, http.StatusBadRequest
 		}
 		next.ServeHTTP(w, r)
-		return httpUnprotected, 0, ""
+		return httpUnprotected, 0
 	}
 	if len(values) > 1 {
 		problem(w, http.StatusBadRequest, "Idempotency-Key is repeated", "Send exactly one Idempotency-Key header.")
-		return httpBadKey, http.StatusBadRequest, ""
+		return httpBadKey, http.StatusBadRequest
 	}
 	key, err := parseKey(values[0])
 	if err != nil {
 		problem(w, http.StatusBadRequest, "Idempotency-Key is malformed", err.Error())
-		return httpBadKey, http.StatusBadRequest, ""
+		return httpBadKey, http.StatusBadRequest
 	}
+	res.key = key
 	body, err := io.ReadAll(io.LimitReader(r.Body, m.maxBody+1))
 	if err != nil {
 		problem(w, http.StatusBadRequest, "Request body unreadable", err.Error())
-		return httpBadBody, http.StatusBadRequest, key
+		return httpBadBody, http.StatusBadRequest
 	}
 	if int64(len(body)) > m.maxBody {
 		problem(w, http.StatusRequestEntityTooLarge, "Request body too large",
 			fmt.Sprintf("An idempotent request body may have at most %d bytes.", m.maxBody))
-		return httpBadBody, http.StatusRequestEntityTooLarge, key
+		return httpBadBody, http.StatusRequestEntityTooLarge
 	}
 	_ = r.Body.Close()
 	r.Body = io.NopCloser(bytes.NewReader(body))
@@ -262,26 +274,26 @@ func (m *Middleware) serveCovered(w http.ResponseWriter, r *http.Request, next h
 	case errors.Is(err, ErrMismatch):
 		problem(w, http.StatusUnprocessableEntity, "Idempotency-Key reused",
 			"This Idempotency-Key was used with a different request; use a new key for a new request.")
-		return httpMismatch, http.StatusUnprocessableEntity, key
+		return httpMismatch, http.StatusUnprocessableEntity
 	case errors.Is(err, ErrInProgress):
 		w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Max(1, math.Ceil(out.RetryAfter.Seconds()))), 10))
 		problem(w, http.StatusConflict, "Request in progress",
 			"A request with this Idempotency-Key is still being processed; retry later.")
-		return httpInProgress, http.StatusConflict, key
+		return httpInProgress, http.StatusConflict
 	case errors.Is(err, ErrUnavailable):
 		w.Header().Set("Retry-After", "1")
 		problem(w, http.StatusServiceUnavailable, "Idempotency store unavailable", "Retry later.")
-		return httpUnavailable, http.StatusServiceUnavailable, key
+		return httpUnavailable, http.StatusServiceUnavailable
 	case err != nil:
 		m.store.logger.ErrorContext(r.Context(), "idempotency: claim failed", "scope", req.Scope, "key", req.Key, "error", err)
 		problem(w, http.StatusInternalServerError, "Idempotency store error", "The request was not processed; retry later.")
-		return httpError, http.StatusInternalServerError, key
+		return httpError, http.StatusInternalServerError
 	case out.Status == Replayed:
 		m.replay(w, out)
-		return httpReplayed, 0, key
+		return httpReplayed, 0
 	}
 	m.run(w, r, next, out.Attempt)
-	return httpExecuted, 0, key
+	return httpExecuted, 0
 }
 
 // claimTimeout bounds the middleware's claim, which does not end with the

@@ -195,8 +195,8 @@ func TestHTTPTelemetry(t *testing.T) {
 
 // TestHTTPTelemetryOutcomes: the outcomes TestHTTPTelemetry cannot reach
 // through its fixture (a duplicate in flight, a body too large, a store that
-// is down) are counted too, and every outcome is set on the request's own
-// span.
+// is down, a store that fails otherwise, a handler that panics) are counted
+// too, and every outcome is set on the request's own span.
 func TestHTTPTelemetryOutcomes(t *testing.T) {
 	t.Parallel()
 	p := telemetrytest.New(t)
@@ -220,6 +220,17 @@ func TestHTTPTelemetryOutcomes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A database without the pgfence schema: the claim fails, not with an
+	// outage.
+	broken := pgfencetest.NewPool(t)
+	if _, err := broken.Exec(context.Background(), `DROP SCHEMA pgfence CASCADE`); err != nil {
+		t.Fatal(err)
+	}
+	failing, err := idempotency.NewMiddleware(newStore(t, storeCfg), broken, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	panics := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("handler bug") })
 	// serve sends one POST inside a span of its own and returns the status
 	// and the outcome set on that span.
 	serve := func(h http.Handler, key, body string) (int, string) {
@@ -227,7 +238,14 @@ func TestHTTPTelemetryOutcomes(t *testing.T) {
 		req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/jobs", strings.NewReader(body))
 		req.Header.Set(idempotency.HeaderKey, key)
 		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
+		func() {
+			defer func() {
+				if v := recover(); v != nil && v != "handler bug" {
+					panic(v)
+				}
+			}()
+			h.ServeHTTP(rec, req)
+		}()
 		span.End()
 		ended := p.Ended("request " + key)
 		v, _ := telemetrytest.Attr(ended[len(ended)-1], "pgfence.idempotency.http.outcome")
@@ -248,6 +266,8 @@ func TestHTTPTelemetryOutcomes(t *testing.T) {
 		{up.Wrap(slow), "job-1", "{}", http.StatusConflict, "in_progress"},
 		{up.Wrap(slow), "job-2", "{\"too\":\"long\"}", http.StatusRequestEntityTooLarge, "bad_body"},
 		{unreachable.Wrap(slow), "job-3", "{}", http.StatusServiceUnavailable, "unavailable"},
+		{failing.Wrap(slow), "job-4", "{}", http.StatusInternalServerError, "error"},
+		{up.Wrap(panics), "job-5", "{}", http.StatusOK, "panicked"}, // nothing written: the recorder's default
 	} {
 		if status, outcome := serve(c.h, c.key, c.body); status != c.status || outcome != c.outcome {
 			t.Errorf("%s: status %d, span outcome %q; want %d and %q", c.key, status, outcome, c.status, c.outcome)
@@ -258,7 +278,7 @@ func TestHTTPTelemetryOutcomes(t *testing.T) {
 		t.Errorf("job-1: span outcome %q, want executed", outcome)
 	}
 	m := p.Metrics(t)
-	for _, outcome := range []string{"executed", "in_progress", "bad_body", "unavailable"} {
+	for _, outcome := range []string{"executed", "in_progress", "bad_body", "unavailable", "error", "panicked"} {
 		if n := m.Sum("pgfence.idempotency.http.requests", attribute.String("pgfence.outcome", outcome)); n != 1 {
 			t.Errorf("http.requests{%s} = %d, want 1", outcome, n)
 		}

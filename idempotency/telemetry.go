@@ -75,7 +75,7 @@ func newInstruments(mp metric.MeterProvider, tp trace.TracerProvider, log *slog.
 		extensions: telemetry.Counter(m, "pgfence.idempotency.lease_extensions", "{extension}",
 			"Lease extensions of leased attempts by pgfence.operation (heartbeat, advance) and outcome: ok, not_owner (the key was taken over), unknown, error.", report),
 		http: telemetry.Counter(m, "pgfence.idempotency.http.requests", "{request}",
-			"Requests of a covered method through the HTTP middleware, by outcome: executed, replayed, in_progress, mismatch, unprotected, bad_key, bad_body, unavailable, error.", report),
+			"Requests of a covered method through the HTTP middleware, by outcome: executed, replayed, in_progress, mismatch, unprotected, bad_key, bad_body, unavailable, error, panicked.", report),
 	}
 }
 
