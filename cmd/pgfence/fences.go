@@ -8,6 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -210,6 +211,12 @@ func runProtect(ctx context.Context, e *env, args []string) error {
 	}
 	if *column == "" {
 		return usageError("protect needs --resource-column: the column that names each row's resource")
+	}
+	if err := pgfence.CheckIdentifier(pgx.Identifier{*column}); err != nil {
+		return usageError("--resource-column: %s", strings.TrimPrefix(err.Error(), pgfence.ErrInvalid.Error()+": "))
+	}
+	if p := *prefix; len(p) >= pgfence.MaxResourceLen || strings.IndexByte(p, 0) >= 0 || !utf8.ValidString(p) {
+		return usageError("--prefix must be valid UTF-8 without NUL bytes and shorter than %d bytes, got %d bytes", pgfence.MaxResourceLen, len(p))
 	}
 	table, err := parseTable(fs.Arg(0))
 	if err != nil {

@@ -122,8 +122,16 @@ func TestProtectHostileNames(t *testing.T) {
 			t.Errorf("unprotect %q: code %d, want %d", bad, code, exitUsage)
 		}
 	}
-	if code, _, errOut := cli(t, environ, "protect", "canary", "--resource-column", strings.Repeat("c", 64)); code != exitFailure || !strings.Contains(errOut, "resourceColumn") {
-		t.Errorf("protect with a 64-byte column: code %d:\n%s", code, errOut)
+	for _, bad := range [][]string{
+		{"--resource-column", strings.Repeat("c", 64)},
+		{"--resource-column", "c\x00d"},
+		{"--resource-column", "id", "--prefix", strings.Repeat("p", 512)},
+		{"--resource-column", "id", "--prefix", "p\xff"},
+	} {
+		args := append([]string{"protect", "canary"}, bad...)
+		if code, _, errOut := cli(t, environ, args...); code != exitUsage || !strings.Contains(errOut, bad[len(bad)-2]) {
+			t.Errorf("protect %q: code %d, want %d (usage) naming %s:\n%s", bad, code, exitUsage, bad[len(bad)-2], errOut)
+		}
 	}
 	if code, _, errOut := cli(t, environ, "floor", "show", "--column", `canary.id"; DROP TABLE canary; --`); code != exitUsage {
 		t.Errorf("floor show with a hostile --column: code %d:\n%s", code, errOut)
