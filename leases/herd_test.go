@@ -114,8 +114,10 @@ func TestReleaseDoesNotStampede(t *testing.T) {
 	perGrant := float64(sent) / float64(n)
 	t.Logf("%d waiting clients: %d grants, %d attempts, %.2f attempts per grant", waiters, n, sent, perGrant)
 	// Every grant is one attempt; each waiter's first attempt finds the key
-	// held. A stampede is about waiters-1 attempts per grant.
-	if perGrant > 4 {
+	// held. A stampede is about waiters-1 attempts per grant; holding back
+	// makes it about 2 on an idle machine. Half the stampede leaves room for
+	// a loaded one (under -race, with other packages' tests running).
+	if perGrant > waiters/2 {
 		t.Fatalf("%.2f attempts per grant with %d waiting clients: woken waiters stampede", perGrant, waiters)
 	}
 }
