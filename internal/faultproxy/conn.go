@@ -377,7 +377,11 @@ func (c *conn) cut(ch chunk, blackhole bool) {
 		t.finish(false)
 		return
 	}
-	_ = c.client.Close() // the client sees the connection break now
+	// The client sees its connection break only once the server has
+	// finished (or the grace period passed): a reply lost on the way, noticed
+	// afterwards. Closing it at once would let the client act on the break
+	// (reconnect, stop the backend with pg_terminate_backend) while the server
+	// is still running the message, and make the outcome a race.
 	timer := time.NewTimer(c.p.cfg.CutGrace)
 	defer timer.Stop()
 	replied := false

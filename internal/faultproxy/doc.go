@@ -16,9 +16,9 @@
 //   - [Proxy.CutBefore]: close a connection when a client→server message
 //     matches a predicate, before the message reaches the server (a lost
 //     request);
-//   - [Proxy.CutAfter]: close a connection right after a matching message was
-//     forwarded, dropping the server's reply (a lost reply: the server commits,
-//     the client sees a broken connection).
+//   - [Proxy.CutAfter]: forward a matching message, drop the server's reply and
+//     close the connection once the server has finished (a lost reply: the
+//     server commits, the client sees a broken connection).
 //
 // The client→server stream is parsed as the PostgreSQL frontend protocol
 // (startup packet, then 1-byte type + int32 length messages), so predicates see
@@ -35,10 +35,11 @@
 //   - A message cut after forwarding reaches the server in full (for the
 //     extended protocol: up to and including the next Sync), and no byte the
 //     server sends after it reaches the client. The proxy keeps the server side
-//     open until the server has finished the message, that is until the
-//     ReadyForQuery that answers it (or [Config.CutGrace] passes): a reply to
-//     an earlier message of the same pipeline does not count. So the server
-//     has processed the message when [Trigger.Done] is closed, and
+//     and the client side open until the server has finished the message,
+//     that is until the ReadyForQuery that answers it (or [Config.CutGrace]
+//     passes): a reply to an earlier message of the same pipeline does not
+//     count. So the server has processed the message before the client sees
+//     the connection break and when [Trigger.Done] is closed, and
 //     [Trigger.Replied] says whether it finished in time.
 //   - The client's network to a session cut after forwarding stays down: a
 //     cancel request for that session (pgx sends one when a connection breaks

@@ -341,9 +341,9 @@ func TestCutExtendedProtocolExecute(t *testing.T) {
 // A cut after a pipeline's Sync waits for the server to finish the whole
 // pipeline (its ReadyForQuery), not just for the first reply: the rows of the
 // first statement (too many to buffer) come back at once, long before the
-// slow second statement commits. The client's cancel request (pgx sends one
-// when the connection breaks mid-query) is dropped, or it would abort the
-// statement.
+// slow second statement commits; the client sees its connection break only
+// after that. The client's cancel request (pgx sends one when the connection
+// breaks mid-query) is dropped, or it would abort the statement.
 func TestCutAfterPipelineWaitsForReadyForQuery(t *testing.T) {
 	e := setup(t)
 	c := e.connect(t)
@@ -354,6 +354,10 @@ func TestCutAfterPipelineWaitsForReadyForQuery(t *testing.T) {
 	b.Queue(`INSERT INTO t SELECT 7, 'slow' FROM pg_sleep(0.3)`)
 	if err := c.SendBatch(ctx, b).Close(); err == nil {
 		t.Fatal("the client got the reply of a cut pipeline")
+	}
+	// The client sees the break only once the server has finished.
+	if !e.rowExists(t, 7) {
+		t.Fatal("the client saw the connection break before the server committed the pipeline")
 	}
 	<-trig.Done()
 	if !trig.Replied() {
