@@ -178,3 +178,19 @@ func FuzzKeyValidation(f *testing.F) {
 		}
 	})
 }
+
+// A database without the pgfence schema (or with an older one) gets an error
+// that says to apply the migrations, not a bare "function does not exist".
+func TestSchemaMissingSaysMigrate(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, 30*time.Second)
+	if _, err := pool.Exec(ctx, `DROP SCHEMA pgfence CASCADE`); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	_, err := c.TryAcquire(ctx, "k", time.Minute, nil)
+	if err == nil || !strings.Contains(err.Error(), "migrate up") || errors.Is(err, leases.ErrOutcomeUnknown) {
+		t.Fatalf("TryAcquire without the schema: %v; want an error that says to apply the migrations", err)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -45,6 +46,9 @@ const (
 	CodeCrashShutdown        = "57P02"
 	CodeCannotConnectNow     = "57P03"
 	CodeUniqueViolation      = "23505"
+	CodeUndefinedFunction    = "42883"
+	CodeUndefinedTable       = "42P01"
+	CodeInvalidSchemaName    = "3F000"
 )
 
 // Shared sentinels. Public packages re-export them under their own names.
@@ -121,6 +125,28 @@ func IsConnectionError(err error) bool {
 		errors.Is(err, context.DeadlineExceeded) && pgconn.Timeout(err)
 }
 
+// schemaMissing reports whether the server refused a statement because a
+// pgfence object does not exist: the schema is missing, or older than the
+// client (a function signature a later migration created). An application's
+// own missing table is not this.
+func schemaMissing(pe *pgconn.PgError) bool {
+	switch pe.Code {
+	case CodeUndefinedFunction, CodeUndefinedTable, CodeInvalidSchemaName:
+		return strings.Contains(pe.Message, "pgfence.") || strings.Contains(pe.Message, `"pgfence`)
+	}
+	return false
+}
+
+// schemaError adds what to do to a server error caused by a missing or
+// outdated pgfence schema; errors.As still finds the *pgconn.PgError.
+type schemaError struct{ err error }
+
+func (e *schemaError) Error() string {
+	return e.err.Error() + " (the pgfence schema is missing or older than this client: apply the migrations, `pgfence migrate up` or migrations.Up)"
+}
+
+func (e *schemaError) Unwrap() error { return e.err }
+
 // Classify maps a database error to pgfence's shared sentinels, keeping the
 // original in the chain. sent reports whether the statement may have reached
 // the server: a broken connection after sending is an unknown outcome, before
@@ -145,7 +171,10 @@ func Classify(err error, sent bool) error {
 	case CodeGrantsPaused:
 		return fmt.Errorf("%w: %w", ErrGrantsPaused, err)
 	}
-	if PgError(err) != nil && !IsConnectionError(err) {
+	if pe := PgError(err); pe != nil && !IsConnectionError(err) {
+		if schemaMissing(pe) {
+			return &schemaError{err}
+		}
 		return err // the server answered: the statement failed, nothing committed
 	}
 	// A connection that could not be established sent nothing, whatever the

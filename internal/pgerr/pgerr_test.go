@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,5 +91,30 @@ func TestClassifyClientSideError(t *testing.T) {
 	local := fmt.Errorf("mismatched param and argument count")
 	if got := pgerr.Classify(local, false); got != local {
 		t.Errorf("Classify(client-side error) = %v, want it unchanged", got)
+	}
+}
+
+// A pgfence object that does not exist means the schema is missing or older
+// than the client: the error says what to do and keeps the server's error.
+// An application's own missing table is left alone.
+func TestClassifySchemaMissing(t *testing.T) {
+	for _, tc := range []struct {
+		code, msg string
+		hint      bool
+	}{
+		{"42883", "function pgfence.try_acquire(unknown, bigint, unknown, unknown, unknown, boolean) does not exist", true},
+		{"42P01", `relation "pgfence.leases" does not exist`, true},
+		{"3F000", `schema "pgfence" does not exist`, true},
+		{"42P01", `relation "orders" does not exist`, false},
+		{"42883", "function my_func(integer) does not exist", false},
+	} {
+		pe := &pgconn.PgError{Code: tc.code, Message: tc.msg}
+		err := pgerr.Classify(fmt.Errorf("leases: acquire: %w", pe), true)
+		if got := strings.Contains(err.Error(), "migrate up"); got != tc.hint {
+			t.Errorf("Classify(%s %q) = %v; hint %v, want %v", tc.code, tc.msg, err, got, tc.hint)
+		}
+		if pgerr.Code(err) != tc.code || errors.Is(err, pgerr.ErrOutcomeUnknown) {
+			t.Errorf("Classify(%s %q) = %v: lost the server error or called it unknown", tc.code, tc.msg, err)
+		}
 	}
 }
