@@ -11,8 +11,8 @@ import (
 	"os/exec"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -314,25 +314,48 @@ func resultOf(err, want error) string {
 	}
 }
 
+// demoDetailWidth is where a timeline entry's detail line is cut.
+const demoDetailWidth = 140
+
 func printDemo(w io.Writer, rep *demoReport) {
 	fmt.Fprintf(w, "\npgfence demo on %s: a paused lock holder wakes up and writes\n\n", rep.Database)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DB TIME\tWHO\tWHAT\tTOKEN\tRESULT")
+	// Columns by hand: a detail line goes under WHAT without widening it
+	// (text/tabwriter would size the column to the longest detail).
+	rows := [][5]string{{"DB TIME", "WHO", "WHAT", "TOKEN", "RESULT"}}
 	for _, ev := range rep.Timeline {
 		tok := "-"
 		if ev.Token != 0 {
 			tok = fmt.Sprint(ev.Token)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", ev.At.UTC().Format("15:04:05.000"), ev.Actor, ev.Action, tok, ev.Result)
-		if ev.Detail != "" {
-			detail := ev.Detail
-			if len(detail) > 160 {
-				detail = detail[:157] + "..."
-			}
-			fmt.Fprintf(tw, "\t\t  %s\t\t\n", detail)
+		rows = append(rows, [5]string{ev.At.UTC().Format("15:04:05.000"), ev.Actor, ev.Action, tok, ev.Result})
+	}
+	var width [4]int
+	for _, r := range rows {
+		for i := range width {
+			width[i] = max(width[i], utf8.RuneCountInString(r[i]))
 		}
 	}
-	tw.Flush()
+	line := func(r [5]string) {
+		var b strings.Builder
+		for i := range width {
+			b.WriteString(r[i])
+			b.WriteString(strings.Repeat(" ", width[i]-utf8.RuneCountInString(r[i])+2))
+		}
+		b.WriteString(r[4])
+		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
+	}
+	line(rows[0])
+	indent := strings.Repeat(" ", width[0]+2+width[1]+2+2)
+	for i, ev := range rep.Timeline {
+		line(rows[i+1])
+		if ev.Detail != "" {
+			detail := ev.Detail
+			if n := utf8.RuneCountInString(detail); n > demoDetailWidth {
+				detail = string([]rune(detail)[:demoDetailWidth-3]) + "..."
+			}
+			fmt.Fprintf(w, "%s%s\n", indent, detail)
+		}
+	}
 	f := rep.Final
 	fmt.Fprintf(w, "\nfinal state: stock %s = %d (started at %d), last written with token %d by %s; %d order(s)\n\n", f.SKU, f.Quantity, demoInitial, f.LastToken, f.LastWriter, f.Orders)
 	for _, c := range rep.Checks {
