@@ -325,6 +325,9 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 				return nil, ErrClosed
 			default:
 			}
+			if heard {
+				c.tel.skippedAttempt(ctx)
+			}
 		}
 		if !heard {
 			select {

@@ -116,7 +116,8 @@
 //
 // [Config.MeterProvider] and [Config.TracerProvider] (default: the global
 // OpenTelemetry providers, no-ops until set) receive the pgfence.lease.*
-// metrics (grant attempts, wait and hold time, renewals and the trust window
+// metrics (grant attempts, attempts skipped after a wake-up, wait and hold
+// time, renewals and the trust window
 // left at each, takeovers, releases by non-holders, unknown outcomes, and why
 // each KeepAlive loop stopped) and a span per acquire, renew and release with
 // key, holder and token. When a call's context carries a valid span context,

@@ -11,13 +11,28 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/telemetry/telemetrytest"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
 // attempts counts the grant attempts (pgfence.try_acquire) sent through a
-// pool, started and finished.
+// pool, started and finished, alone or in a batch (the client batches the
+// grant with its trace id or takeover check when telemetry is on).
 type attempts struct{ started, ended atomic.Int64 }
+
+func (a *attempts) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (a *attempts) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if strings.Contains(d.SQL, "pgfence.try_acquire(") {
+		a.started.Add(1)
+		a.ended.Add(1)
+	}
+}
+
+func (a *attempts) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 func (a *attempts) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	if strings.Contains(d.SQL, "pgfence.try_acquire(") {
@@ -65,10 +80,11 @@ func TestReleaseDoesNotStampede(t *testing.T) {
 	pool, count := countingPool(t, db.URL, waiters+4)
 	ctx := ctxTimeout(t, 2*time.Minute)
 
+	p := telemetrytest.New(t)
 	clients := make([]*leases.Client, waiters)
 	for i := range clients {
 		up, onEvent := events(leases.EventListenerUp)
-		clients[i] = newClient(t, pool, &leases.Config{OnEvent: onEvent})
+		clients[i] = newClient(t, pool, &leases.Config{OnEvent: onEvent, MeterProvider: p.Meter, TracerProvider: p.Tracer})
 		// Start the listener: a waiter without it would poll.
 		l, err := clients[i].Acquire(ctx, "warm-up", time.Minute, nil)
 		if err != nil {
@@ -113,12 +129,19 @@ func TestReleaseDoesNotStampede(t *testing.T) {
 	n, sent := granted.Load(), count.started.Load()-before
 	perGrant := float64(sent) / float64(n)
 	t.Logf("%d waiting clients: %d grants, %d attempts, %.2f attempts per grant", waiters, n, sent, perGrant)
+	if sent < n {
+		t.Fatalf("%d attempts counted for %d grants: the counter misses attempts", sent, n)
+	}
 	// Every grant is one attempt; each waiter's first attempt finds the key
 	// held. A stampede is about waiters-1 attempts per grant; holding back
 	// makes it about 2 on an idle machine. Half the stampede leaves room for
 	// a loaded one (under -race, with other packages' tests running).
 	if perGrant > waiters/2 {
 		t.Fatalf("%.2f attempts per grant with %d waiting clients: woken waiters stampede", perGrant, waiters)
+	}
+	// The attempts not sent are counted: most woken waiters skip theirs.
+	if skipped := p.Metrics(t).Sum("pgfence.lease.acquire.skipped"); skipped < n {
+		t.Errorf("pgfence.lease.acquire.skipped = %d over %d grants, want at least one per grant", skipped, n)
 	}
 }
 

@@ -67,6 +67,7 @@ type instruments struct {
 	tracer trace.Tracer
 
 	attempts        metric.Int64Counter
+	skipped         metric.Int64Counter
 	takeovers       metric.Int64Counter
 	renewals        metric.Int64Counter
 	releases        metric.Int64Counter
@@ -92,6 +93,8 @@ func newTelemetry(cfg *Config) *instruments {
 		tracer: tp.Tracer(InstrumentationName),
 		attempts: telemetry.Counter(m, "pgfence.lease.acquire.attempts", "{attempt}",
 			"Grant attempts (one statement each), by outcome: acquired, held, unavailable, unknown, error.", report),
+		skipped: telemetry.Counter(m, "pgfence.lease.acquire.skipped", "{attempt}",
+			"Attempts a waiting Acquire skipped after a release because another waiter's grant was announced meanwhile (no statement sent).", report),
 		takeovers: telemetry.Counter(m, "pgfence.lease.takeovers", "{takeover}",
 			"Grants that replaced a grant which expired without a release.", report),
 		renewals: telemetry.Counter(m, "pgfence.lease.renewals", "{renewal}",
@@ -243,6 +246,15 @@ func (r tracedRow) Scan(dest ...any) error {
 		err = cerr
 	}
 	return err
+}
+
+// skippedAttempt records an attempt a woken waiter did not send because
+// another waiter's grant of the key was announced during its hold-back.
+func (t *instruments) skippedAttempt(ctx context.Context) {
+	t.skipped.Add(context.WithoutCancel(ctx), 1)
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.AddEvent("attempt_skipped")
+	}
 }
 
 // startRenew starts the span of a renewal and records the time left in the
