@@ -117,12 +117,12 @@
 // [Config.MeterProvider] and [Config.TracerProvider] (default: the global
 // OpenTelemetry providers, no-ops until set) receive the pgfence.lease.*
 // metrics (grant attempts, attempts skipped after a wake-up, wait and hold
-// time, renewals and the trust window
-// left at each, takeovers, releases by non-holders, unknown outcomes, and why
-// each KeepAlive loop stopped) and a span per acquire, renew and release with
-// key, holder and token. When a call's context carries a valid span context,
-// its trace id is stored in the lease events it records
-// (pgfence.lease_events.trace_id), set in the same pipeline as the statement.
+// time, renewals and the trust window left at each, takeovers, releases by
+// non-holders, unknown outcomes, and why each KeepAlive loop stopped) and a
+// span per acquire, renew and release with key, holder and token. When a
+// call's context carries a valid span context, its trace id is stored in the
+// lease events it records (pgfence.lease_events.trace_id), set in the same
+// pipeline as the statement.
 // [Config.Logger] gets one event per transition, and one when a KeepAlive loop
 // stops, naming the reason.
 // The README's Observability section lists every metric.
