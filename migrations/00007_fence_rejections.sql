@@ -85,8 +85,10 @@ $$;
 
 -- record_fence_rejection stores one rejected fenced write. It lowers
 -- synchronous_commit to off only while its transaction has written nothing
--- else (call it in a transaction of its own, as the Go helpers do), so it
--- never makes anyone else's write non-durable.
+-- else, so a write made before it keeps its durability; but the setting holds
+-- until the transaction ends, so writes made after it in the same transaction
+-- commit non-durably too. Call it in a transaction of its own, as the Go
+-- helpers do.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.record_fence_rejection(
     p_resource text, p_presented_token bigint, p_accepted_token bigint, p_reason text,
