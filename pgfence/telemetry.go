@@ -162,6 +162,9 @@ func startWrite(ctx context.Context, db DB, w *write, attrs ...attribute.KeyValu
 		t.writes.Add(mctx, 1, set)
 		t.duration.Record(mctx, time.Since(start).Seconds(), set)
 		span.SetAttributes(telemetry.Outcome.String(outcome))
+		// The span is the write: it ends before the rejection is recorded
+		// (the record keeps the trace id, which the context still carries).
+		telemetry.End(span, err)
 
 		log := loggerFrom(ctx)
 		la := w.logAttrs(ctx)
@@ -189,7 +192,6 @@ func startWrite(ctx context.Context, db DB, w *write, attrs ...attribute.KeyValu
 		default:
 			log.DebugContext(ctx, "pgfence: write failed", append(la, "error.type", telemetry.ErrorTypeOf(err))...)
 		}
-		telemetry.End(span, err)
 	}
 }
 
