@@ -268,12 +268,16 @@ func (c *Client) readBackGrant(ctx context.Context, key, holder string, pid uint
 // until ctx ends (or opts.MaxWait passes). Waiting is cheap: within a client,
 // only the first waiter for a key polls (the others queue behind it in FIFO
 // order); it retries with capped exponential backoff and full jitter, right
-// after the holder's expiry, and at once when a release notification arrives.
+// after the holder's expiry, and when a release notification arrives. Waiters
+// in different clients do not all try at once after a release: each holds
+// back a random moment in a window (at most 64 ms) that grows while it loses
+// races for the key and shrinks while it wins (zero when it waits alone), and
+// skips its attempt if another waiter's grant is announced meanwhile
+// (pgfence.lease.acquire.skipped).
 //
 // While an operator has paused new grants for the key's prefix
-// ([Client.PauseGrants]), it waits the same way (polling with backoff) and is
-// granted after the resume; if its deadline comes first, the error usually
-// wraps [ErrGrantsPaused].
+// ([Client.PauseGrants]), it waits the same way and is woken by the resume;
+// if its deadline comes first, the error usually wraps [ErrGrantsPaused].
 //
 // When it gives up, the error wraps the context's error and the last attempt's
 // (usually a [*HeldError]).
