@@ -311,7 +311,9 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 	case <-c.closing:
 		return nil, ErrClosed
 	}
-	woken := false // the last wait ended with a release of the key
+	// woken: the last wait ended with a release of the key, or at the
+	// holder's expiry: every waiting client tries now.
+	woken := false
 	for attempt := 0; ; attempt++ {
 		var (
 			l         *Lease
@@ -320,9 +322,10 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 			heard     bool
 		)
 		if woken && !fair {
-			// Every client waiting for the key heard the release. Hold back
-			// a moment; if another waiter's grant is announced meanwhile,
-			// the key is taken and an attempt would only cost a statement.
+			// Every client waiting for the key heard the release (or saw
+			// the expiry). Hold back a moment; if another waiter's grant is
+			// announced meanwhile, the key is taken and an attempt would
+			// only cost a statement.
 			remaining, heard = c.holdBack(ctx, key, w)
 			select {
 			case <-c.closing:
@@ -358,7 +361,7 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 			case errors.As(err, &held):
 				remaining = held.Remaining
 				if woken {
-					c.adapt(key, false) // lost the race that followed a release
+					c.adapt(key, false) // lost the race that followed a release or expiry
 				}
 			case errors.Is(err, ErrUnavailable), errors.Is(err, ErrOutcomeUnknown):
 				// Transient: retry with backoff until the deadline.
@@ -370,19 +373,34 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 			}
 			last = err
 		}
-		timer := time.NewTimer(c.delay(attempt, remaining))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return nil, fmt.Errorf("leases: acquire %q: gave up waiting: %w (last attempt: %w)", key, context.Cause(ctx), last)
-		case <-c.closing:
-			timer.Stop()
-			return nil, ErrClosed
-		case <-w.wake:
-			timer.Stop()
-			woken = true
-		case <-timer.C:
-			woken = false
+		d, atExpiry := c.delay(attempt, remaining)
+		timer := time.NewTimer(d)
+		due := time.Now().Add(d)
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return nil, fmt.Errorf("leases: acquire %q: gave up waiting: %w (last attempt: %w)", key, context.Cause(ctx), last)
+			case <-c.closing:
+				timer.Stop()
+				return nil, ErrClosed
+			case <-w.wake:
+				timer.Stop()
+				woken = true
+				break wait
+			case lease := <-w.granted:
+				// Another waiter got the key (announced): its expiry is the
+				// next chance if it never releases. A waiter that lost to
+				// the contention filter knows no expiry until now.
+				if e := lease + fullJitter(c.cfg.BackoffMin); time.Now().Add(e).Before(due) {
+					timer.Reset(e)
+					due, atExpiry = time.Now().Add(e), true
+				}
+			case <-timer.C:
+				woken = atExpiry
+				break wait
+			}
 		}
 	}
 }

@@ -52,7 +52,9 @@
 //     stampede: after a release each waits a random moment (a window that
 //     adapts to how often it loses, at most 64 ms) and skips its attempt when
 //     another waiter's grant is announced meanwhile; a single waiting client
-//     has no such delay. Resuming paused grants wakes waiters at once. With [AcquireOptions.Fair], waiters of
+//     has no such delay. The same hold-back applies at a crashed holder's
+//     expiry, and a waiter that hears a grant announced sets its timer to
+//     that lease's expiry. Resuming paused grants wakes waiters at once. With [AcquireOptions.Fair], waiters of
 //     every client and process take turns in arrival order through a queue in
 //     the database (pgfence.lease_waiters).
 //

@@ -92,7 +92,8 @@ func (c *Client) granted(key string, lease time.Duration) {
 
 // Hold-back after a wake-up. A release wakes one waiter in every client that
 // waits for the key, and all of them would try at once: N waiting clients, N
-// attempts, one grant. Instead each waits a random time in [0, window] first,
+// attempts, one grant. The same happens when a holder that crashed reaches
+// its expiry: every waiter's timer is set to it. Instead each waits a random time in [0, window] first,
 // and one that hears the winner's grant announced (GrantNotifyChannel) in the
 // meantime skips its attempt. The window is per client and key, and adapts
 // like Ethernet's backoff: it doubles when an attempt after a wake-up loses
@@ -169,9 +170,9 @@ func (c *Client) wakeAll() {
 }
 
 // delay is how long the head waiter sleeps after its attempt-th failed try.
-// remaining is the holder's time left (0 when unknown).
-func (c *Client) delay(attempt int, remaining time.Duration) time.Duration {
-	var d time.Duration
+// remaining is the holder's time left (0 when unknown). atExpiry reports that
+// the sleep ends at the holder's expiry, when every waiting client tries.
+func (c *Client) delay(attempt int, remaining time.Duration) (d time.Duration, atExpiry bool) {
 	if c.listening() {
 		// Releases are announced: poll rarely, as a safety net.
 		d = c.cfg.PollInterval/2 + fullJitter(c.cfg.PollInterval/2)
@@ -184,9 +185,11 @@ func (c *Client) delay(attempt int, remaining time.Duration) time.Duration {
 	}
 	if remaining > 0 {
 		// Expiry is not announced: be there when it comes.
-		d = min(d, remaining+fullJitter(c.cfg.BackoffMin))
+		if e := remaining + fullJitter(c.cfg.BackoffMin); e < d {
+			d, atExpiry = e, true
+		}
 	}
-	return max(d, time.Millisecond)
+	return max(d, time.Millisecond), atExpiry
 }
 
 // fullJitter returns a random duration in [0, d].
