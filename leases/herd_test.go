@@ -65,6 +65,37 @@ func countingPool(t *testing.T, url string, maxConns int32) (*pgxpool.Pool, *att
 	return pool, a
 }
 
+// listeningClient returns a client on pool whose LISTEN connection is up (a
+// waiter without it would poll). cfg's OnEvent is taken over.
+func listeningClient(t *testing.T, ctx context.Context, pool *pgxpool.Pool, cfg leases.Config) *leases.Client {
+	t.Helper()
+	up, onEvent := events(leases.EventListenerUp)
+	cfg.OnEvent = onEvent
+	c := newClient(t, pool, &cfg)
+	l, err := c.Acquire(ctx, "warm-up", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, up, leases.EventListenerUp, 10*time.Second)
+	return c
+}
+
+// waitFirstAttempt waits until a grant attempt started after the counter
+// showed before has finished; got must stay silent meanwhile.
+func waitFirstAttempt(t *testing.T, count *attempts, before int64, got <-chan error) {
+	t.Helper()
+	for count.ended.Load() == before {
+		select {
+		case err := <-got:
+			t.Fatalf("Acquire returned before its first attempt was turned away: %v", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
 // A release wakes every client waiting for the key, but they do not all try
 // at once: a woken waiter holds back a moment and skips its attempt when it
 // hears another waiter's grant announced. Twelve clients taking turns on one
@@ -83,17 +114,7 @@ func TestReleaseDoesNotStampede(t *testing.T) {
 	p := telemetrytest.New(t)
 	clients := make([]*leases.Client, waiters)
 	for i := range clients {
-		up, onEvent := events(leases.EventListenerUp)
-		clients[i] = newClient(t, pool, &leases.Config{OnEvent: onEvent, MeterProvider: p.Meter, TracerProvider: p.Tracer})
-		// Start the listener: a waiter without it would poll.
-		l, err := clients[i].Acquire(ctx, "warm-up", time.Minute, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-		waitEvent(t, up, leases.EventListenerUp, 10*time.Second)
+		clients[i] = listeningClient(t, ctx, pool, leases.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer})
 	}
 	before := count.started.Load()
 
@@ -152,18 +173,8 @@ func TestResumeWakesWaiters(t *testing.T) {
 	db := pgfencetest.NewDatabase(t)
 	pool, count := countingPool(t, db.URL, 4)
 	ctx := ctxTimeout(t, time.Minute)
-	up, onEvent := events(leases.EventListenerUp)
-	c := newClient(t, pool, &leases.Config{OnEvent: onEvent, PollInterval: time.Hour})
+	c := listeningClient(t, ctx, pool, leases.Config{PollInterval: time.Hour})
 	operator := newClient(t, db.Pool, &leases.Config{DisableWakeups: true})
-
-	l, err := c.Acquire(ctx, "warm-up", time.Minute, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	waitEvent(t, up, leases.EventListenerUp, 10*time.Second)
 	if _, err := operator.PauseGrants(ctx, "deploy/", "rollout"); err != nil {
 		t.Fatal(err)
 	}
@@ -179,13 +190,7 @@ func TestResumeWakesWaiters(t *testing.T) {
 	}()
 	// Its first attempt is refused; from then on it sleeps until woken (a
 	// notification that comes meanwhile is kept for it).
-	for count.ended.Load() == before {
-		select {
-		case err := <-got:
-			t.Fatalf("Acquire returned while grants were paused: %v", err)
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	waitFirstAttempt(t, count, before, got)
 	if _, err := operator.ResumeGrants(ctx, "deploy/", "rollout done"); err != nil {
 		t.Fatal(err)
 	}
@@ -218,16 +223,7 @@ func TestExpiryDoesNotStampede(t *testing.T) {
 	p := telemetrytest.New(t)
 	clients := make([]*leases.Client, waiters)
 	for i := range clients {
-		up, onEvent := events(leases.EventListenerUp)
-		clients[i] = newClient(t, pool, &leases.Config{OnEvent: onEvent, MeterProvider: p.Meter, PollInterval: 2 * time.Second})
-		l, err := clients[i].Acquire(ctx, "warm-up", time.Minute, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-		waitEvent(t, up, leases.EventListenerUp, 10*time.Second)
+		clients[i] = listeningClient(t, ctx, pool, leases.Config{MeterProvider: p.Meter, PollInterval: 2 * time.Second})
 	}
 	before := count.started.Load()
 	start := time.Now()
@@ -281,16 +277,7 @@ func TestAnnouncedGrantSetsWaitersTimer(t *testing.T) {
 	db := pgfencetest.NewDatabase(t)
 	pool, count := countingPool(t, db.URL, 4)
 	ctx := ctxTimeout(t, time.Minute)
-	up, onEvent := events(leases.EventListenerUp)
-	c := newClient(t, pool, &leases.Config{OnEvent: onEvent, PollInterval: time.Hour})
-	l, err := c.Acquire(ctx, "warm-up", time.Minute, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	waitEvent(t, up, leases.EventListenerUp, 10*time.Second)
+	c := listeningClient(t, ctx, pool, leases.Config{PollInterval: time.Hour})
 
 	// Another transaction "is granting" the key: the waiter's first attempt
 	// is turned away with no expiry to wait for.
@@ -311,13 +298,7 @@ func TestAnnouncedGrantSetsWaitersTimer(t *testing.T) {
 		}
 		got <- err
 	}()
-	for count.ended.Load() == before {
-		select {
-		case err := <-got:
-			t.Fatalf("Acquire returned while the key was being granted elsewhere: %v", err)
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	waitFirstAttempt(t, count, before, got)
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
