@@ -284,11 +284,23 @@ func (b *benchDB) measure(ctx context.Context, c *benchCase, n int, d time.Durat
 // step's duration and left the whole run's estimate (0: unknown). The returned
 // function clears the line.
 func startProgress(w io.Writer, label string, d, left time.Duration) (done func()) {
-	tty := false
-	if f, ok := w.(*os.File); ok {
-		st, err := f.Stat()
-		tty = err == nil && st.Mode()&os.ModeCharDevice != 0
+	return startProgressStatus(w, label, d, left, nil)
+}
+
+// isTerminal reports whether w is a terminal (progress lines are redrawn).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
 	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// startProgressStatus is startProgress with a status (how far the step has
+// come) appended to the refreshed line; nil for none.
+func startProgressStatus(w io.Writer, label string, d, left time.Duration, status func() string) (done func()) {
+	tty := isTerminal(w)
 	if d > 0 {
 		label += " for " + d.String()
 	}
@@ -308,6 +320,9 @@ func startProgress(w io.Writer, label string, d, left time.Duration) (done func(
 		for {
 			el := time.Since(start)
 			line := fmt.Sprintf("\r\033[K  %s: %s elapsed", label, el.Round(100*time.Millisecond))
+			if status != nil {
+				line += ", " + status()
+			}
 			if left > 0 {
 				line += fmt.Sprintf(", about %s left in all", max(left-el, 0).Round(time.Second))
 			}

@@ -29,6 +29,7 @@ const (
 	curvePrefix = "bench-curve/"
 	curveScope  = "bench-curve"
 	churnKeys   = 1000
+	churnChunk  = 5000 // cycles per statement of the churn curve
 )
 
 // countFlag is a count that accepts 1e6 as well as 1000000.
@@ -379,7 +380,30 @@ func curveChurn(ctx context.Context, e *env, b *benchDB, cycles int64) (*churnRe
 		return nil, err
 	}
 	const conns = 4
-	done := startProgress(e.stderr, fmt.Sprintf("churn: %d acquire/release cycles on %d keys over %d connections", cycles, churnKeys, conns), 0, 0)
+	var cyclesDone atomic.Int64
+	status := func() string {
+		return fmt.Sprintf("%d of %d cycles (%.0f%%)", cyclesDone.Load(), cycles, 100*float64(cyclesDone.Load())/float64(max(cycles, 1)))
+	}
+	done := startProgressStatus(e.stderr, fmt.Sprintf("churn: %d acquire/release cycles on %d keys over %d connections", cycles, churnKeys, conns), 0, 0, status)
+	// Elsewhere than on a terminal, a line at every tenth.
+	tenth := max(cycles/10, 1)
+	reported := atomic.Int64{}
+	report := func() {
+		if isTerminal(e.stderr) {
+			return
+		}
+		for {
+			step := cyclesDone.Load() / tenth
+			last := reported.Load()
+			if step <= last || step >= 10 {
+				return
+			}
+			if reported.CompareAndSwap(last, step) {
+				fmt.Fprintf(e.stderr, "  churn: %s\n", status())
+				return
+			}
+		}
+	}
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make([]error, conns)
@@ -397,8 +421,14 @@ func curveChurn(ctx context.Context, e *env, b *benchDB, cycles int64) (*churnRe
 			if i == 0 {
 				share += cycles % conns
 			}
-			if share > 0 {
-				_, errs[i] = conn.Exec(ctx, churnSQL(share))
+			// In chunks, so that progress shows and Ctrl-C stops it soon.
+			for share > 0 && errs[i] == nil {
+				n := min(share, churnChunk)
+				if _, errs[i] = conn.Exec(ctx, churnSQL(n)); errs[i] == nil {
+					share -= n
+					cyclesDone.Add(n)
+					report()
+				}
 			}
 		}()
 	}

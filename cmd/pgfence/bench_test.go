@@ -275,6 +275,10 @@ func TestBenchCurves(t *testing.T) {
 	if c == nil || c.Cycles != 200 || c.Keys != churnKeys || c.After.Updates <= c.Before.Updates || c.After.TotalBytes == 0 || c.Before.LiveTuples < churnKeys {
 		t.Errorf("churn %+v", c)
 	}
+	// Off a terminal, the churn reports its progress in lines.
+	if !strings.Contains(errOut, " of 200 cycles (") {
+		t.Errorf("no churn progress on stderr:\n%s", errOut)
+	}
 	var left int
 	if err := db.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM pgfence.leases WHERE key LIKE 'bench-curve/%') + (SELECT count(*) FROM pgfence.idempotency_keys WHERE scope = 'bench-curve')`).Scan(&left); err != nil || left != 0 {
 		t.Errorf("%d curve rows left behind (%v)", left, err)
