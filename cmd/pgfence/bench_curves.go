@@ -63,6 +63,9 @@ type tableStats struct {
 	TotalBytes  int64 `json:"total_bytes"`
 	EventRows   int64 `json:"lease_events_rows"`
 	EventsBytes int64 `json:"lease_events_total_bytes"`
+	// The grant history's dead rows (pruned, not yet vacuumed) and vacuums.
+	EventsDead    int64 `json:"lease_events_n_dead_tup"`
+	EventsVacuums int64 `json:"lease_events_autovacuum_count"`
 }
 
 // churnResult is the table after many acquire/release cycles on a fixed set of
@@ -309,8 +312,10 @@ func curveResources(ctx context.Context, e *env, b *benchDB, sizes []int64, n in
 const sqlLeaseStats = `
 	SELECT s.n_live_tup, s.n_dead_tup, s.n_tup_upd, s.n_tup_hot_upd, s.autovacuum_count,
 	       pg_total_relation_size('pgfence.leases'),
-	       (SELECT count(*) FROM pgfence.lease_events), pg_total_relation_size('pgfence.lease_events')
-	FROM pg_stat_user_tables s WHERE s.relid = 'pgfence.leases'::regclass`
+	       (SELECT count(*) FROM pgfence.lease_events), pg_total_relation_size('pgfence.lease_events'),
+	       e.n_dead_tup, e.autovacuum_count
+	FROM pg_stat_user_tables s, pg_stat_user_tables e
+	WHERE s.relid = 'pgfence.leases'::regclass AND e.relid = 'pgfence.lease_events'::regclass`
 
 func readLeaseStats(ctx context.Context, b *benchDB) (tableStats, error) {
 	// Backends report their counters when they go idle or exit, at most once a
@@ -329,7 +334,7 @@ func readLeaseStats(ctx context.Context, b *benchDB) (tableStats, error) {
 	if _, err := conn.Exec(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
 		return s, err
 	}
-	err = conn.QueryRow(ctx, sqlLeaseStats).Scan(&s.LiveTuples, &s.DeadTuples, &s.Updates, &s.HotUpdates, &s.Vacuums, &s.TotalBytes, &s.EventRows, &s.EventsBytes)
+	err = conn.QueryRow(ctx, sqlLeaseStats).Scan(&s.LiveTuples, &s.DeadTuples, &s.Updates, &s.HotUpdates, &s.Vacuums, &s.TotalBytes, &s.EventRows, &s.EventsBytes, &s.EventsDead, &s.EventsVacuums)
 	return s, err
 }
 
@@ -466,12 +471,13 @@ func printCurves(w io.Writer, points []curvePoint, churn *churnResult) {
 	}
 	fmt.Fprintf(w, "\nchurn: %d acquire/release cycles on %d keys in %.1fs (%.0f cycles/s); %s\n", churn.Cycles, churn.Keys, churn.Seconds, churn.CyclesPerS, churn.Settings)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "pgfence.leases\tLIVE\tDEAD\tUPDATES\tHOT UPDATES\tAUTOVACUUMS\tTOTAL SIZE\tEVENT ROWS\tEVENTS SIZE\t")
+	fmt.Fprintln(tw, "pgfence.leases\tLIVE\tDEAD\tUPDATES\tHOT UPDATES\tAUTOVACUUMS\tTOTAL SIZE\tEVENT ROWS\tEVENTS DEAD\tEVENTS AUTOVACUUMS\tEVENTS SIZE\t")
 	for _, r := range []struct {
 		name string
 		s    tableStats
 	}{{"before", churn.Before}, {"after", churn.After}} {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t\n", r.name, r.s.LiveTuples, r.s.DeadTuples, r.s.Updates, r.s.HotUpdates, r.s.Vacuums, bytesString(r.s.TotalBytes), r.s.EventRows, bytesString(r.s.EventsBytes))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t\n", r.name, r.s.LiveTuples, r.s.DeadTuples, r.s.Updates, r.s.HotUpdates, r.s.Vacuums, bytesString(r.s.TotalBytes),
+			r.s.EventRows, r.s.EventsDead, r.s.EventsVacuums, bytesString(r.s.EventsBytes))
 	}
 	tw.Flush()
 }
