@@ -83,10 +83,19 @@ func listeningClient(t *testing.T, ctx context.Context, pool *pgxpool.Pool, cfg 
 	return c
 }
 
-// waitFirstAttempt waits until a grant attempt started after the counter
-// showed before has finished; got must stay silent meanwhile.
-func waitFirstAttempt(t *testing.T, count *attempts, before int64, got <-chan error) {
+// startWaiter starts c.Acquire(key) (and its release) and returns once that
+// call's first attempt has been turned away; the channel gets its outcome.
+func startWaiter(t *testing.T, ctx context.Context, c *leases.Client, key string, count *attempts) <-chan error {
 	t.Helper()
+	before := count.ended.Load()
+	got := make(chan error, 1)
+	go func() {
+		l, err := c.Acquire(ctx, key, time.Minute, nil)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
 	for count.ended.Load() == before {
 		select {
 		case err := <-got:
@@ -94,6 +103,39 @@ func waitFirstAttempt(t *testing.T, count *attempts, before int64, got <-chan er
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+	return got
+}
+
+// takeTurns has every client acquire key in a loop until grants leases were
+// granted in all, calling then with each; it returns how many were granted.
+func takeTurns(t *testing.T, ctx context.Context, clients []*leases.Client, key string, ttl time.Duration, grants int64, then func(*leases.Lease) error) int64 {
+	t.Helper()
+	var (
+		granted atomic.Int64
+		wg      sync.WaitGroup
+		errs    = make(chan error, len(clients))
+	)
+	for _, c := range clients {
+		wg.Go(func() {
+			for granted.Load() < grants {
+				l, err := c.Acquire(ctx, key, ttl, nil)
+				if err == nil {
+					granted.Add(1)
+					err = then(l)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return granted.Load()
 }
 
 // A release wakes every client waiting for the key, but they do not all try
@@ -118,36 +160,11 @@ func TestReleaseDoesNotStampede(t *testing.T) {
 	}
 	before := count.started.Load()
 
-	var (
-		granted atomic.Int64
-		wg      sync.WaitGroup
-		errs    = make(chan error, waiters)
-	)
-	for _, c := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for granted.Load() < grants {
-				l, err := c.Acquire(ctx, "hot", time.Minute, nil)
-				if err != nil {
-					errs <- err
-					return
-				}
-				granted.Add(1)
-				time.Sleep(time.Millisecond) // the critical section
-				if err := l.Release(ctx); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	n, sent := granted.Load(), count.started.Load()-before
+	n := takeTurns(t, ctx, clients, "hot", time.Minute, grants, func(l *leases.Lease) error {
+		time.Sleep(time.Millisecond) // the critical section
+		return l.Release(ctx)
+	})
+	sent := count.started.Load() - before
 	perGrant := float64(sent) / float64(n)
 	t.Logf("%d waiting clients: %d grants, %d attempts, %.2f attempts per grant", waiters, n, sent, perGrant)
 	if sent < n {
@@ -179,18 +196,9 @@ func TestResumeWakesWaiters(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	before := count.ended.Load()
-	got := make(chan error, 1)
-	go func() {
-		l, err := c.Acquire(ctx, "deploy/job", time.Minute, nil)
-		if err == nil {
-			err = l.Release(ctx)
-		}
-		got <- err
-	}()
 	// Its first attempt is refused; from then on it sleeps until woken (a
 	// notification that comes meanwhile is kept for it).
-	waitFirstAttempt(t, count, before, got)
+	got := startWaiter(t, ctx, c, "deploy/job", count)
 	if _, err := operator.ResumeGrants(ctx, "deploy/", "rollout done"); err != nil {
 		t.Fatal(err)
 	}
@@ -227,30 +235,9 @@ func TestExpiryDoesNotStampede(t *testing.T) {
 	}
 	before := count.started.Load()
 	start := time.Now()
-	var (
-		granted atomic.Int64
-		wg      sync.WaitGroup
-		errs    = make(chan error, waiters)
-	)
-	for _, c := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for granted.Load() < grants {
-				if _, err := c.Acquire(ctx, "crashy", ttl, nil); err != nil {
-					errs <- err
-					return
-				}
-				granted.Add(1) // and never released: it expires
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	n, sent := granted.Load(), count.started.Load()-before
+	// Each winner never releases: its lease expires, as a crashed holder's.
+	n := takeTurns(t, ctx, clients, "crashy", ttl, grants, func(*leases.Lease) error { return nil })
+	sent := count.started.Load() - before
 	if sent < n {
 		t.Fatalf("%d attempts counted for %d grants: the counter misses attempts", sent, n)
 	}
@@ -289,16 +276,7 @@ func TestAnnouncedGrantSetsWaitersTimer(t *testing.T) {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('pgfence.lease:' || 'k', 0))`); err != nil {
 		t.Fatal(err)
 	}
-	before := count.ended.Load()
-	got := make(chan error, 1)
-	go func() {
-		l, err := c.Acquire(ctx, "k", time.Minute, nil)
-		if err == nil {
-			err = l.Release(ctx)
-		}
-		got <- err
-	}()
-	waitFirstAttempt(t, count, before, got)
+	got := startWaiter(t, ctx, c, "k", count)
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
