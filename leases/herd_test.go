@@ -106,6 +106,20 @@ func startWaiter(t *testing.T, ctx context.Context, c *leases.Client, key string
 	return got
 }
 
+// awaitWaiter waits for a waiter started by startWaiter to get its lease;
+// stuck says what it means if it does not within 20 s.
+func awaitWaiter(t *testing.T, got <-chan error, stuck string) {
+	t.Helper()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal(stuck)
+	}
+}
+
 // takeTurns has every client acquire key in a loop until grants leases were
 // granted in all, calling then with each; it returns how many were granted.
 func takeTurns(t *testing.T, ctx context.Context, clients []*leases.Client, key string, ttl time.Duration, grants int64, then func(*leases.Lease) error) int64 {
@@ -202,14 +216,7 @@ func TestResumeWakesWaiters(t *testing.T) {
 	if _, err := operator.ResumeGrants(ctx, "deploy/", "rollout done"); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("waiter not woken by the resume (its poll interval is an hour)")
-	}
+	awaitWaiter(t, got, "waiter not woken by the resume (its poll interval is an hour)")
 }
 
 // A holder that crashes never releases: every waiting client's timer is set
@@ -285,12 +292,5 @@ func TestAnnouncedGrantSetsWaitersTimer(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `SELECT * FROM pgfence.try_acquire('k', interval '300 milliseconds', p_announce => true)`); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("waiter did not take over at the announced lease's expiry (its poll interval is an hour)")
-	}
+	awaitWaiter(t, got, "waiter did not take over at the announced lease's expiry (its poll interval is an hour)")
 }
