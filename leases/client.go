@@ -373,34 +373,44 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 			}
 			last = err
 		}
-		d, atExpiry := c.delay(attempt, remaining)
-		timer := time.NewTimer(d)
-		due := time.Now().Add(d)
-	wait:
-		for {
-			select {
-			case <-ctx.Done():
-				timer.Stop()
-				return nil, fmt.Errorf("leases: acquire %q: gave up waiting: %w (last attempt: %w)", key, context.Cause(ctx), last)
-			case <-c.closing:
-				timer.Stop()
-				return nil, ErrClosed
-			case <-w.wake:
-				timer.Stop()
-				woken = true
-				break wait
-			case lease := <-w.granted:
-				// Another waiter got the key (announced): its expiry is the
-				// next chance if it never releases. A waiter that lost to
-				// the contention filter knows no expiry until now.
-				if e := lease + fullJitter(c.cfg.BackoffMin); time.Now().Add(e).Before(due) {
-					timer.Reset(e)
-					due, atExpiry = time.Now().Add(e), true
-				}
-			case <-timer.C:
-				woken = atExpiry
-				break wait
+		var stop error
+		if woken, stop = c.waitTurn(ctx, w, attempt, remaining); stop != nil {
+			if errors.Is(stop, ErrClosed) {
+				return nil, stop
 			}
+			return nil, fmt.Errorf("leases: acquire %q: gave up waiting: %w (last attempt: %w)", key, stop, last)
+		}
+	}
+}
+
+// waitTurn sleeps after the head waiter's attempt-th failed try (remaining:
+// the holder's time left, 0 when unknown) until the delay passes or a release
+// of the key is announced. It reports whether every waiting client tries now
+// (a release, or the holder's expiry), or why waiting ended: the context's
+// cause, or ErrClosed.
+func (c *Client) waitTurn(ctx context.Context, w *waiter, attempt int, remaining time.Duration) (woken bool, stop error) {
+	d, atExpiry := c.delay(attempt, remaining)
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	due := time.Now().Add(d)
+	for {
+		select {
+		case <-ctx.Done():
+			return false, context.Cause(ctx)
+		case <-c.closing:
+			return false, ErrClosed
+		case <-w.wake:
+			return true, nil
+		case lease := <-w.granted:
+			// Another waiter got the key (announced): its expiry is the next
+			// chance if it never releases. A waiter that lost to the
+			// contention filter knows no expiry until now.
+			if e := lease + fullJitter(c.cfg.BackoffMin); time.Now().Add(e).Before(due) {
+				timer.Reset(e)
+				due, atExpiry = time.Now().Add(e), true
+			}
+		case <-timer.C:
+			return atExpiry, nil
 		}
 	}
 }

@@ -65,15 +65,29 @@ func (c *Client) dequeue(key string, w *waiter) {
 	}
 }
 
+// head returns key's first waiter, the one that polls, or nil. c.mu is held.
+func (c *Client) head(key string) *waiter {
+	if q := c.queues[key]; q != nil && len(q.waiters) > 0 {
+		return q.waiters[0]
+	}
+	return nil
+}
+
+// offer sends v on ch unless ch's one-slot buffer is full: a signal already
+// pending covers the new one.
+func offer[T any](ch chan T, v T) {
+	select {
+	case ch <- v:
+	default:
+	}
+}
+
 // wake tells the head waiter for key (if any) to try now.
 func (c *Client) wake(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if q := c.queues[key]; q != nil && len(q.waiters) > 0 {
-		select {
-		case q.waiters[0].wake <- struct{}{}:
-		default:
-		}
+	if w := c.head(key); w != nil {
+		offer(w.wake, struct{}{})
 	}
 }
 
@@ -82,20 +96,17 @@ func (c *Client) wake(key string) {
 func (c *Client) granted(key string, lease time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if q := c.queues[key]; q != nil && len(q.waiters) > 0 {
-		select {
-		case q.waiters[0].granted <- lease:
-		default:
-		}
+	if w := c.head(key); w != nil {
+		offer(w.granted, lease)
 	}
 }
 
 // Hold-back after a wake-up. A release wakes one waiter in every client that
 // waits for the key, and all of them would try at once: N waiting clients, N
 // attempts, one grant. The same happens when a holder that crashed reaches
-// its expiry: every waiter's timer is set to it. Instead each waits a random time in [0, window] first,
-// and one that hears the winner's grant announced (GrantNotifyChannel) in the
-// meantime skips its attempt. The window is per client and key, and adapts
+// its expiry: every waiter's timer is set to it. Instead each waits a random
+// time in [0, window] first, and one that hears the winner's grant announced
+// (GrantNotifyChannel) in the meantime skips its attempt. The window is per client and key, and adapts
 // like Ethernet's backoff: it doubles when an attempt after a wake-up loses
 // the race and halves when one wins, so it settles where about one extra
 // attempt is made per hand-off; with a single waiting client it stays zero
@@ -110,7 +121,7 @@ const (
 // another waiter's grant was announced meanwhile, and that lease's length.
 func (c *Client) holdBack(ctx context.Context, key string, w *waiter) (lease time.Duration, heard bool) {
 	select {
-	case <-w.granted: // announced before the release that woke us: stale
+	case <-w.granted: // announced before this wake-up: stale
 	default:
 	}
 	c.mu.Lock()
@@ -159,12 +170,9 @@ func (c *Client) adapt(key string, won bool) {
 func (c *Client) wakeAll() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, q := range c.queues {
-		if len(q.waiters) > 0 {
-			select {
-			case q.waiters[0].wake <- struct{}{}:
-			default:
-			}
+	for key := range c.queues {
+		if w := c.head(key); w != nil {
+			offer(w.wake, struct{}{})
 		}
 	}
 }
