@@ -86,12 +86,20 @@ type Receipt struct {
 	Op       OpID
 }
 
-func validate(resource string, token int64) error {
+// validateResource checks a resource name as every fenced write does.
+func validateResource(resource string) error {
 	if len(resource) == 0 || len(resource) > MaxResourceLen {
 		return fmt.Errorf("%w: resource must be 1 to %d bytes, got %d", ErrInvalid, MaxResourceLen, len(resource))
 	}
 	if strings.IndexByte(resource, 0) >= 0 || !utf8.ValidString(resource) {
 		return fmt.Errorf("%w: resource must be valid UTF-8 without NUL bytes", ErrInvalid)
+	}
+	return nil
+}
+
+func validate(resource string, token int64) error {
+	if err := validateResource(resource); err != nil {
+		return err
 	}
 	if token <= 0 {
 		return fmt.Errorf("%w: token must be positive, got %d", ErrInvalid, token)

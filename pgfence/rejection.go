@@ -71,7 +71,7 @@ const (
 func Rejections(ctx context.Context, db DB, resource string, limit int) ([]Rejection, error) {
 	// A name no write could use is the caller's mistake, not an empty
 	// history (and the server would refuse invalid UTF-8 with 22021).
-	if err := validate(resource, 1); err != nil {
+	if err := validateResource(resource); err != nil {
 		return nil, err
 	}
 	switch {
