@@ -132,7 +132,8 @@ func IsConnectionError(err error) bool {
 func schemaMissing(pe *pgconn.PgError) bool {
 	switch pe.Code {
 	case CodeUndefinedFunction, CodeUndefinedTable, CodeInvalidSchemaName:
-		return strings.Contains(pe.Message, "pgfence.") || strings.Contains(pe.Message, `"pgfence`)
+		// function pgfence.f(...), relation "pgfence.t", schema "pgfence"
+		return strings.Contains(pe.Message, "pgfence.") || strings.Contains(pe.Message, `"pgfence"`)
 	}
 	return false
 }

@@ -106,6 +106,7 @@ func TestClassifySchemaMissing(t *testing.T) {
 		{"42P01", `relation "pgfence.leases" does not exist`, true},
 		{"3F000", `schema "pgfence" does not exist`, true},
 		{"42P01", `relation "orders" does not exist`, false},
+		{"42P01", `relation "pgfence_demo.stock" does not exist`, false},
 		{"42883", "function my_func(integer) does not exist", false},
 	} {
 		pe := &pgconn.PgError{Code: tc.code, Message: tc.msg}
