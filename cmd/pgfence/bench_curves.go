@@ -391,22 +391,18 @@ func curveChurn(ctx context.Context, e *env, b *benchDB, cycles int64) (*churnRe
 	}
 	done := startProgressStatus(e.stderr, fmt.Sprintf("churn: %d acquire/release cycles on %d keys over %d connections", cycles, churnKeys, conns), 0, 0, status)
 	// Elsewhere than on a terminal, a line at every tenth.
-	tenth := max(cycles/10, 1)
-	reported := atomic.Int64{}
+	var (
+		reportMu sync.Mutex
+		reported int64 // tenths reported
+		lines    = !isTerminal(e.stderr)
+		tenth    = max(cycles/10, 1)
+	)
 	report := func() {
-		if isTerminal(e.stderr) {
-			return
-		}
-		for {
-			step := cyclesDone.Load() / tenth
-			last := reported.Load()
-			if step <= last || step >= 10 {
-				return
-			}
-			if reported.CompareAndSwap(last, step) {
-				fmt.Fprintf(e.stderr, "  churn: %s\n", status())
-				return
-			}
+		reportMu.Lock()
+		defer reportMu.Unlock()
+		if step := cyclesDone.Load() / tenth; lines && step > reported && step < 10 {
+			reported = step
+			fmt.Fprintf(e.stderr, "  churn: %s\n", status())
 		}
 	}
 	start := time.Now()
