@@ -21,6 +21,9 @@ import (
 // grant with its trace id or takeover check when telemetry is on).
 type attempts struct{ started, ended atomic.Int64 }
 
+// attemptKey marks a traced query that is a grant attempt.
+type attemptKey struct{}
+
 func (a *attempts) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
 	return ctx
 }
@@ -37,13 +40,13 @@ func (a *attempts) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndDa
 func (a *attempts) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	if strings.Contains(d.SQL, "pgfence.try_acquire(") {
 		a.started.Add(1)
-		return context.WithValue(ctx, attempts{}, true)
+		return context.WithValue(ctx, attemptKey{}, true)
 	}
 	return ctx
 }
 
 func (a *attempts) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
-	if ctx.Value(attempts{}) != nil {
+	if ctx.Value(attemptKey{}) != nil {
 		a.ended.Add(1)
 	}
 }
@@ -63,6 +66,16 @@ func countingPool(t *testing.T, url string, maxConns int32) (*pgxpool.Pool, *att
 	}
 	t.Cleanup(pool.Close)
 	return pool, a
+}
+
+// listeningClients returns n clients made by listeningClient.
+func listeningClients(t *testing.T, ctx context.Context, pool *pgxpool.Pool, n int, cfg leases.Config) []*leases.Client {
+	t.Helper()
+	clients := make([]*leases.Client, n)
+	for i := range clients {
+		clients[i] = listeningClient(t, ctx, pool, cfg)
+	}
+	return clients
 }
 
 // listeningClient returns a client on pool whose LISTEN connection is up (a
@@ -168,10 +181,7 @@ func TestReleaseDoesNotStampede(t *testing.T) {
 	ctx := ctxTimeout(t, 2*time.Minute)
 
 	p := telemetrytest.New(t)
-	clients := make([]*leases.Client, waiters)
-	for i := range clients {
-		clients[i] = listeningClient(t, ctx, pool, leases.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer})
-	}
+	clients := listeningClients(t, ctx, pool, waiters, leases.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer})
 	before := count.started.Load()
 
 	n := takeTurns(t, ctx, clients, "hot", time.Minute, grants, func(l *leases.Lease) error {
@@ -236,10 +246,7 @@ func TestExpiryDoesNotStampede(t *testing.T) {
 	ctx := ctxTimeout(t, 2*time.Minute)
 
 	p := telemetrytest.New(t)
-	clients := make([]*leases.Client, waiters)
-	for i := range clients {
-		clients[i] = listeningClient(t, ctx, pool, leases.Config{MeterProvider: p.Meter, PollInterval: 2 * time.Second})
-	}
+	clients := listeningClients(t, ctx, pool, waiters, leases.Config{MeterProvider: p.Meter, PollInterval: 2 * time.Second})
 	before := count.started.Load()
 	start := time.Now()
 	// Each winner never releases: its lease expires, as a crashed holder's.
