@@ -234,3 +234,37 @@ func BenchmarkTelemetryExec(b *testing.B) {
 		})
 	}
 }
+
+// TestTelemetryRejectionSpanExcludesRecord: a rejected write's span is the
+// write alone; it ends before the best-effort audit insert, which here waits
+// its whole timeout (a second) for a table another session has locked.
+func TestTelemetryRejectionSpanExcludesRecord(t *testing.T) {
+	p := useGlobalProviders(t)
+	pool := pgfencetest.NewPool(t)
+	setupKV(t, pool)
+	ctx := testContext(t)
+	update := `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`
+	if _, err := pgfence.Exec(ctx, pool, "kv:a", 5, update, "five", 5); err != nil {
+		t.Fatal(err)
+	}
+	locker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = locker.Rollback(context.Background()) }()
+	mustExec(t, locker, `LOCK TABLE pgfence.fence_rejections IN ACCESS EXCLUSIVE MODE`)
+
+	if _, err := pgfence.Exec(ctx, pool, "kv:a", 4, update, "four", 4); !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("stale Exec: %v", err)
+	}
+	returned := time.Now()
+	spans := p.Ended("pgfence.fence.exec")
+	last := spans[len(spans)-1]
+	if v, _ := telemetrytest.Attr(last, "pgfence.outcome"); v.AsString() != "stale_token" {
+		t.Fatalf("last exec span's outcome %q, want stale_token", v.AsString())
+	}
+	// The record blocked for about a second after the write was decided.
+	if gap := returned.Sub(last.EndTime()); gap < 500*time.Millisecond {
+		t.Errorf("the span ended %v before Exec returned: it includes the blocked audit record", gap)
+	}
+}
