@@ -247,12 +247,7 @@ func TestTelemetryRejectionSpanExcludesRecord(t *testing.T) {
 	if _, err := pgfence.Exec(ctx, pool, "kv:a", 5, update, "five", 5); err != nil {
 		t.Fatal(err)
 	}
-	locker, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = locker.Rollback(context.Background()) }()
-	mustExec(t, locker, `LOCK TABLE pgfence.fence_rejections IN ACCESS EXCLUSIVE MODE`)
+	blockRejectionRecords(t, ctx, pool)
 
 	if _, err := pgfence.Exec(ctx, pool, "kv:a", 4, update, "four", 4); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("stale Exec: %v", err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/telemetry/telemetrytest"
 	"github.com/pgfence/pgfence/leases"
@@ -308,6 +309,19 @@ func TestRejectionRecordFailure(t *testing.T) {
 	}
 }
 
+// blockRejectionRecords holds a lock on pgfence.fence_rejections, in a
+// transaction of another session, until the test ends: every rejection
+// record waits for it.
+func blockRejectionRecords(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
+	t.Helper()
+	locker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = locker.Rollback(context.Background()) })
+	mustExec(t, locker, `LOCK TABLE pgfence.fence_rejections IN ACCESS EXCLUSIVE MODE`)
+}
+
 // TestRejectionRecordBounded: a record that cannot get its lock (another
 // session holds pgfence.fence_rejections) gives up after its own short
 // timeout, long before the caller's deadline, and the caller still gets the
@@ -323,12 +337,7 @@ func TestRejectionRecordBounded(t *testing.T) {
 	if _, err := pgfence.Exec(ctx, pool, "kv:a", 5, update, "five", 5); err != nil {
 		t.Fatal(err)
 	}
-	locker, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = locker.Rollback(context.Background()) }()
-	mustExec(t, locker, `LOCK TABLE pgfence.fence_rejections IN ACCESS EXCLUSIVE MODE`)
+	blockRejectionRecords(t, ctx, pool)
 
 	var stale *pgfence.StaleTokenError
 	if _, err := pgfence.Exec(ctx, pool, "kv:a", 4, update, "four", 4); !errors.As(err, &stale) || stale.Accepted != 5 || stale.Presented != 4 {
