@@ -19,7 +19,7 @@ import (
 	"github.com/pgfence/pgfence/internal/devdb"
 )
 
-const benchUsage = `bench [--database-url URL] [--duration 3s] [--workers 1,8] [--cases a,b] [--rounds 1] [--peers redis|none] [--json]
+const benchUsage = `bench [--database-url URL] [--duration 3s] [--warmup 1s] [--workers 1,8] [--cases a,b] [--rounds 1] [--peers redis|none] [--json]
        pgfence bench curves [--database-url URL] [--max 100000] [--max-waiters 64] [--cycles 20000] [--json]`
 
 func runBench(ctx context.Context, e *env, args []string) error {
@@ -30,6 +30,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	var db dbFlags
 	db.register(fs)
 	duration := fs.Duration("duration", 3*time.Second, "how long each case runs at each concurrency")
+	warmup := fs.Duration("warmup", time.Second, "how long each case runs before its clock starts, outcomes discarded (0 to 10m)")
 	workersFlag := fs.String("workers", "1,8", "comma-separated concurrency levels (hot-key: the number of waiters)")
 	casesFlag := fs.String("cases", "", "comma-separated case names (default: all)")
 	peersFlag := fs.String("peers", "redis", "peers measured in the same run: redis (a local redis-server through redsync, durable and in memory) or none")
@@ -47,6 +48,10 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	if err := checkDuration(*duration); err != nil {
 		return err
 	}
+	if err := checkWarmup(*warmup); err != nil {
+		return err
+	}
+	timing := benchTiming{duration: *duration, warmup: *warmup}
 	workers, err := parseWorkers(*workersFlag)
 	if err != nil {
 		return err
@@ -84,7 +89,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	peer := &peerRunner{e: e}
 	defer peer.close()
 
-	fmt.Fprintf(e.stderr, "bench: %d case(s) × workers %v × %s × %d round(s); %s\n", len(cases), workers, *duration, *rounds, b.settings)
+	fmt.Fprintf(e.stderr, "bench: %d case(s) × workers %v × %s (after %s of warm-up) × %d round(s); %s\n", len(cases), workers, *duration, *warmup, *rounds, b.settings)
 	// Rounds interleave: a drift of the machine (a checkpoint, autovacuum,
 	// another process) spreads over every case instead of hitting one.
 	samples := make([][]benchrun.Result, len(cases)*len(workers))
@@ -100,12 +105,12 @@ func runBench(ctx context.Context, e *env, args []string) error {
 				if *rounds > 1 {
 					label += fmt.Sprintf(", round %d/%d", round, *rounds)
 				}
-				done := startProgress(e.stderr, label, *duration, time.Duration(total-step+1)*(*duration+500*time.Millisecond))
+				done := startProgress(e.stderr, label, timing.total(), time.Duration(total-step+1)*(timing.total()+500*time.Millisecond))
 				var r benchrun.Result
 				if c.peer != "" {
-					r, err = peer.measure(ctx, c.peer, n, *duration)
+					r, err = peer.measure(ctx, c.peer, n, timing)
 				} else {
-					r, err = b.measure(ctx, c, n, *duration)
+					r, err = b.measure(ctx, c, n, timing)
 				}
 				done()
 				if err != nil {
@@ -123,7 +128,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	}
 	comparisons := compare(results)
 	if *asJSON {
-		return writeJSON(e, map[string]any{"machine": b.machine(), "settings": b.settings, "duration_s": duration.Seconds(), "rounds": *rounds, "results": results, "comparisons": comparisons})
+		return writeJSON(e, map[string]any{"machine": b.machine(), "settings": b.settings, "duration_s": duration.Seconds(), "warmup_s": warmup.Seconds(), "rounds": *rounds, "results": results, "comparisons": comparisons})
 	}
 	printBenchResults(e.stdout, results)
 	if len(comparisons) > 0 {
@@ -155,6 +160,29 @@ func medianRun(runs []benchrun.Result) benchrun.Result {
 		}
 	}
 	return m
+}
+
+// benchTiming is how long one case or curve point runs: warmup, then
+// duration on the clock.
+type benchTiming struct {
+	duration, warmup time.Duration
+}
+
+func (t benchTiming) total() time.Duration { return t.warmup + t.duration }
+
+// config is the benchrun configuration of n workers; started is called when
+// the clock starts.
+func (t benchTiming) config(n int, started func()) benchrun.Config {
+	return benchrun.Config{Workers: n, Duration: t.duration, Warmup: t.warmup, Started: started}
+}
+
+// checkWarmup checks --warmup: 0 (the first operation of each worker only)
+// up to maxBenchDuration.
+func checkWarmup(d time.Duration) error {
+	if d < 0 || d > maxBenchDuration {
+		return usageError("--warmup must be from 0 to %s, got %s", maxBenchDuration, d)
+	}
+	return nil
 }
 
 // maxBenchDuration is the longest --duration, of one case or one curve point.
@@ -260,21 +288,24 @@ func (b *benchDB) machine() string {
 	return fmt.Sprintf("%s/%s, %d CPUs, %s, host %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), host)
 }
 
-// measure runs one PostgreSQL case with n workers for d and counts the
+// measure runs one PostgreSQL case with n workers as t says and counts the
 // statements the pool sent while the clock ran.
-func (b *benchDB) measure(ctx context.Context, c *benchCase, n int, d time.Duration) (benchrun.Result, error) {
+func (b *benchDB) measure(ctx context.Context, c *benchCase, n int, t benchTiming) (benchrun.Result, error) {
 	op, cleanup, err := c.prepare(ctx, b, n)
 	if err != nil {
 		return benchrun.Result{}, err
 	}
 	defer cleanup()
 	// Every case starts right after a checkpoint, so none pays for another's
-	// (a checkpoint's I/O, and the full-page images written on the first
-	// change of each page after one). Without the privilege (pg_checkpoint,
-	// on --database-url) the cases run as the server's checkpoints fall.
+	// checkpoint I/O, and then warms up: the first change of each page after
+	// a checkpoint writes a full-page image to the WAL, a cost that a server
+	// spreads over its checkpoint interval (5 min by default) but that would
+	// dominate a few seconds measured right after one, charged to whichever
+	// case writes more pages. Without the privilege (pg_checkpoint, on
+	// --database-url) the cases run as the server's checkpoints fall.
 	_, _ = b.db.Pool.Exec(ctx, `CHECKPOINT`)
 	var before int64
-	r := benchrun.Run(ctx, op, benchrun.Config{Workers: n, Duration: d, Started: func() { before = b.stmts.Load() }})
+	r := benchrun.Run(ctx, op, t.config(n, func() { before = b.stmts.Load() }))
 	r.SetStatements(b.stmts.Load() - before)
 	return r, nil
 }

@@ -85,6 +85,7 @@ func runBenchCurves(ctx context.Context, e *env, args []string) error {
 	var db dbFlags
 	db.register(fs)
 	duration := fs.Duration("duration", 2*time.Second, "how long each point is measured")
+	warmup := fs.Duration("warmup", time.Second, "how long each point runs before its clock starts, outcomes discarded (0 to 10m)")
 	workers := fs.Int("workers", 4, "concurrent workers at each point (the hot-key curve varies its waiters instead)")
 	maxRows, maxKeys, maxResources, maxWaiters, cycles := countFlag(100_000), countFlag(1_000_000), countFlag(100_000), countFlag(64), countFlag(20_000)
 	fs.Var(&maxRows, "max-rows", "acquire latency with 10^3 … this many lease rows (10^6: opt-in, loads in about a minute)")
@@ -103,6 +104,10 @@ func runBenchCurves(ctx context.Context, e *env, args []string) error {
 	if err := checkDuration(*duration); err != nil {
 		return err
 	}
+	if err := checkWarmup(*warmup); err != nil {
+		return err
+	}
+	timing := benchTiming{duration: *duration, warmup: *warmup}
 	if *workers < 1 || *workers > 256 {
 		return usageError("--workers: %d is not from 1 to 256", *workers)
 	}
@@ -129,13 +134,13 @@ func runBenchCurves(ctx context.Context, e *env, args []string) error {
 	}
 	defer b.close()
 	defer cleanupCurves(b)
-	fmt.Fprintf(e.stderr, "bench curves: %s per point, %d workers; %s\n", *duration, *workers, b.settings)
+	fmt.Fprintf(e.stderr, "bench curves: %s per point (after %s of warm-up), %d workers; %s\n", *duration, *warmup, *workers, b.settings)
 
 	var points []curvePoint
 	measure := func(curve string, x int64, n int, op benchrun.Op) {
-		done := startProgress(e.stderr, fmt.Sprintf("%s = %d, %d workers", curve, x, n), *duration, 0)
+		done := startProgress(e.stderr, fmt.Sprintf("%s = %d, %d workers", curve, x, n), timing.total(), 0)
 		var before int64
-		r := benchrun.Run(ctx, op, benchrun.Config{Workers: n, Duration: *duration, Started: func() { before = b.stmts.Load() }})
+		r := benchrun.Run(ctx, op, timing.config(n, func() { before = b.stmts.Load() }))
 		done()
 		r.SetStatements(b.stmts.Load() - before)
 		r.Case = curve
@@ -178,7 +183,7 @@ func runBenchCurves(ctx context.Context, e *env, args []string) error {
 	}
 	verdicts := curveVerdicts(points, churn)
 	if *asJSON {
-		return writeJSON(e, map[string]any{"machine": b.machine(), "settings": b.settings, "duration_s": duration.Seconds(), "workers": *workers, "points": points, "churn": churn, "comparisons": verdicts})
+		return writeJSON(e, map[string]any{"machine": b.machine(), "settings": b.settings, "duration_s": duration.Seconds(), "warmup_s": warmup.Seconds(), "workers": *workers, "points": points, "churn": churn, "comparisons": verdicts})
 	}
 	printCurves(e.stdout, points, churn)
 	if len(verdicts) > 0 {

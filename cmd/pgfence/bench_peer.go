@@ -114,19 +114,19 @@ func findPeerSource() string {
 	}
 }
 
-// measure runs the peer in mode with n workers for d. A missing peer, or one
+// measure runs the peer in mode with n workers as t says. A missing peer, or one
 // that fails, gives a skipped result saying why: never a figure.
-func (p *peerRunner) measure(ctx context.Context, mode string, n int, d time.Duration) (benchrun.Result, error) {
+func (p *peerRunner) measure(ctx context.Context, mode string, n int, t benchTiming) (benchrun.Result, error) {
 	p.resolve(ctx)
 	if p.missing != "" {
 		return benchrun.Result{Workers: n, Skipped: p.missing}, nil
 	}
 	grace := cmp.Or(p.grace, peerGrace)
-	limit := d + grace
+	limit := t.total() + grace
 	pctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(pctx, p.bin, "-mode", mode, "-workers", strconv.Itoa(n), "-duration", d.String())
+	cmd := exec.CommandContext(pctx, p.bin, "-mode", mode, "-workers", strconv.Itoa(n), "-duration", t.duration.String(), "-warmup", t.warmup.String())
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	// Interrupted, the peer stops its redis-server and removes its directory;
 	// one that does not exit within WaitDelay is killed (its server dies with it).

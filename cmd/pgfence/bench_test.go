@@ -18,6 +18,7 @@ import (
 
 type benchOutput struct {
 	Settings    string
+	WarmupS     float64 `json:"warmup_s"`
 	Results     []benchrun.Result
 	Comparisons []string
 }
@@ -38,7 +39,7 @@ func TestBench(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
 	environ := map[string]string{"DATABASE_URL": db.URL}
-	code, out, errOut := cli(t, environ, "bench", "--duration", "100ms", "--workers", "2", "--peers", "none", "--json")
+	code, out, errOut := cli(t, environ, "bench", "--duration", "100ms", "--warmup", "50ms", "--workers", "2", "--peers", "none", "--json")
 	if code != exitOK {
 		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
 	}
@@ -81,11 +82,14 @@ func TestBench(t *testing.T) {
 	if !strings.Contains(errOut, "[1/") || !strings.Contains(errOut, "raw-update, 2 workers") {
 		t.Errorf("no progress on stderr:\n%s", errOut)
 	}
+	if res.WarmupS != 0.05 {
+		t.Errorf("warmup_s = %v, want the 50ms of --warmup", res.WarmupS)
+	}
 	if len(res.Comparisons) == 0 || !strings.Contains(res.Settings, "fsync=") {
 		t.Errorf("comparisons %q, settings %q", res.Comparisons, res.Settings)
 	}
 
-	code, out, errOut = cli(t, environ, "bench", "--duration", "100ms", "--workers", "1", "--cases", "raw-update,leases")
+	code, out, errOut = cli(t, environ, "bench", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,leases")
 	if code != exitOK {
 		t.Fatalf("bench text: code %d\n%s%s", code, out, errOut)
 	}
@@ -101,6 +105,9 @@ func TestBench(t *testing.T) {
 		{"bench", "--workers", "0"},
 		{"bench", "--rounds", "0"},
 		{"bench", "--rounds", "21"},
+		{"bench", "--warmup", "-1s"},
+		{"bench", "--warmup", "11m"},
+		{"bench", "curves", "--warmup", "-1s"},
 		{"bench", "curves", "--curves", "nope"},
 		{"bench", "curves", "--max-rows", "lots"},
 		{"bench", "--database-url", "postgres://app@127.0.0.1:notaport/x"},
@@ -126,7 +133,7 @@ func TestBenchRounds(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
 	code, out, errOut := cli(t, map[string]string{"DATABASE_URL": db.URL},
-		"bench", "--duration", "100ms", "--workers", "1", "--cases", "raw-update,replay", "--rounds", "3", "--peers", "none", "--json")
+		"bench", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,replay", "--rounds", "3", "--peers", "none", "--json")
 	if code != exitOK {
 		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
 	}
@@ -175,7 +182,7 @@ func TestBenchPeerMissing(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
 	environ := map[string]string{"DATABASE_URL": db.URL, peerEnv: filepath.Join(t.TempDir(), "no-such-peer")}
-	code, out, errOut := cli(t, environ, "bench", "--duration", "100ms", "--workers", "1", "--cases", "raw-update,redis-durable,redis-memory", "--json")
+	code, out, errOut := cli(t, environ, "bench", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,redis-durable,redis-memory", "--json")
 	if code != exitOK {
 		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
 	}
@@ -188,7 +195,7 @@ func TestBenchPeerMissing(t *testing.T) {
 			t.Errorf("peer row %+v, want skipped naming the missing binary", r)
 		}
 	}
-	code, out, _ = cli(t, environ, "bench", "--duration", "100ms", "--workers", "1", "--cases", "redis-memory")
+	code, out, _ = cli(t, environ, "bench", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "redis-memory")
 	if code != exitOK || !strings.Contains(out, "skipped") || !strings.Contains(out, "no-such-peer") {
 		t.Fatalf("text: code %d\n%s", code, out)
 	}
@@ -220,7 +227,7 @@ func TestBenchRedisPeer(t *testing.T) {
 	}
 	db := pgfencetest.NewDatabase(t)
 	environ := map[string]string{"DATABASE_URL": db.URL, peerEnv: bin}
-	code, out, errOut := cli(t, environ, "bench", "--duration", "100ms", "--workers", "2", "--cases", "redis-durable,redis-memory,leases", "--json")
+	code, out, errOut := cli(t, environ, "bench", "--duration", "100ms", "--warmup", "0s", "--workers", "2", "--cases", "redis-durable,redis-memory,leases", "--json")
 	if code != exitOK {
 		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
 	}
@@ -244,7 +251,7 @@ func TestBenchCurves(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
 	environ := map[string]string{"DATABASE_URL": db.URL}
-	code, out, errOut := cli(t, environ, "bench", "curves", "--duration", "100ms", "--workers", "2",
+	code, out, errOut := cli(t, environ, "bench", "curves", "--duration", "100ms", "--warmup", "0s", "--workers", "2",
 		"--max-rows", "1e3", "--max-keys", "1e4", "--max-resources", "10", "--max-waiters", "2", "--cycles", "200", "--json")
 	if code != exitOK {
 		t.Fatalf("bench curves: code %d\n%s%s", code, out, errOut)
@@ -300,7 +307,7 @@ func TestBenchPeerDeadline(t *testing.T) {
 	p := &peerRunner{e: &env{stderr: &stderr, getenv: func(string) string { return "" }}, resolved: true, bin: peer, grace: 300 * time.Millisecond}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	r, err := p.measure(ctx, "memory", 1, 100*time.Millisecond)
+	r, err := p.measure(ctx, "memory", 1, benchTiming{duration: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,20 +26,23 @@ import (
 	"os"
 	"os/signal"
 	"time"
+
+	"github.com/pgfence/pgfence/internal/benchrun"
 )
 
 func main() {
 	mode := flag.String("mode", "durable", "durable (appendonly yes, appendfsync always) or memory (no persistence)")
 	workers := flag.Int("workers", 1, "concurrent workers")
 	duration := flag.Duration("duration", 3*time.Second, "how long to run")
+	warmup := flag.Duration("warmup", 0, "how long to run before the clock starts, outcomes discarded")
 	flag.Parse()
-	if flag.NArg() > 0 || *workers < 1 || *workers > 1024 || *duration <= 0 {
+	if flag.NArg() > 0 || *workers < 1 || *workers > 1024 || *duration <= 0 || *warmup < 0 {
 		flag.Usage()
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	r, err := Measure(ctx, Mode(*mode), *workers, *duration)
+	r, err := Measure(ctx, Mode(*mode), benchrun.Config{Workers: *workers, Duration: *duration, Warmup: *warmup})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "pgfence-benchpeer:", err)
 		os.Exit(1)

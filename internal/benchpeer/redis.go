@@ -162,10 +162,12 @@ func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 }
 
 // Measure starts a redis-server in mode, runs lock + unlock with redsync on
-// random keys out of 100k with workers workers for d, and stops the server.
+// random keys out of 100k as cfg says (its Started is Measure's own), and
+// stops the server.
 // Without a redis-server binary the result is marked skipped; a run that ctx
 // cuts short is an error, never a result.
-func Measure(ctx context.Context, mode Mode, workers int, d time.Duration) (benchrun.Result, error) {
+func Measure(ctx context.Context, mode Mode, cfg benchrun.Config) (benchrun.Result, error) {
+	workers, d := max(cfg.Workers, 1), cfg.Duration
 	name := "redis-" + string(mode)
 	skipped := benchrun.Result{Case: name, Workers: workers, What: mode.Describe()}
 	if _, err := mode.config(); err != nil {
@@ -206,7 +208,8 @@ func Measure(ctx context.Context, mode Mode, workers int, d time.Duration) (benc
 		return 0, err
 	}
 	var before int64
-	r := benchrun.Run(ctx, op, benchrun.Config{Workers: workers, Duration: d, Started: func() { before = commands.n.Load() }})
+	cfg.Workers, cfg.Started = workers, func() { before = commands.n.Load() }
+	r := benchrun.Run(ctx, op, cfg)
 	if ctx.Err() != nil {
 		// A run cut short would pass for a figure: none.
 		return benchrun.Result{}, fmt.Errorf("interrupted after %.1fs of %s: no result: %w", r.Seconds, d, context.Cause(ctx))

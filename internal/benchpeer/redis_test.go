@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pgfence/pgfence/internal/benchrun"
 )
 
 // Both modes lock and unlock through a real redis-server; the figures are not
@@ -26,7 +28,7 @@ func TestMeasure(t *testing.T) {
 	}
 	for _, mode := range []Mode{Durable, Memory} {
 		t.Run(string(mode), func(t *testing.T) {
-			r, err := Measure(context.Background(), mode, 2, 200*time.Millisecond)
+			r, err := Measure(context.Background(), mode, benchrun.Config{Workers: 2, Duration: 200 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -49,7 +51,7 @@ func TestMeasureInterrupted(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // redis-server starts well before
 	defer cancel()
-	r, err := Measure(ctx, Memory, 1, time.Minute)
+	r, err := Measure(ctx, Memory, benchrun.Config{Workers: 1, Duration: time.Minute})
 	if err == nil || !strings.Contains(err.Error(), "interrupted") || r.Ops != 0 {
 		t.Fatalf("Measure cut short: %+v, %v; want an error and no result", r, err)
 	}
@@ -58,7 +60,7 @@ func TestMeasureInterrupted(t *testing.T) {
 // Without redis-server the result says so instead of pretending to measure.
 func TestMeasureWithoutServer(t *testing.T) {
 	t.Setenv("REDIS_SERVER", "/nonexistent/redis-server")
-	r, err := Measure(context.Background(), Memory, 1, 100*time.Millisecond)
+	r, err := Measure(context.Background(), Memory, benchrun.Config{Workers: 1, Duration: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +70,7 @@ func TestMeasureWithoutServer(t *testing.T) {
 }
 
 func TestUnknownMode(t *testing.T) {
-	if _, err := Measure(context.Background(), "fast", 1, time.Millisecond); err == nil {
+	if _, err := Measure(context.Background(), "fast", benchrun.Config{Workers: 1, Duration: time.Millisecond}); err == nil {
 		t.Fatal("mode fast accepted")
 	}
 }

@@ -50,6 +50,12 @@ type Config struct {
 	// started before it ends is awaited and counted, so no connection is cut
 	// in the middle of a statement.
 	Duration time.Duration
+	// Warmup is how long all workers keep running the operation after the
+	// first call of each, outside the clock, its outcomes discarded. A
+	// database case needs it to reach its steady state: right after a
+	// checkpoint the first change of each page writes a full-page image to
+	// the WAL, and a case that writes more pages pays more of them.
+	Warmup time.Duration
 	// Started, if set, is called once the warm-up is over, right before the
 	// clock starts (to snapshot statement counters).
 	Started func()
@@ -94,8 +100,10 @@ func (r *Result) SetStatements(n int64) {
 }
 
 // Run warms up (every worker runs op once, outside the clock: connections
-// open, statements get planned), then runs op with cfg.Workers workers until
-// cfg.Duration has passed and every started operation has returned.
+// open, statements get planned; then, with cfg.Warmup, all workers keep
+// running op for that long, still outside the clock), then runs op with
+// cfg.Workers workers until cfg.Duration has passed and every started
+// operation has returned.
 func Run(ctx context.Context, op Op, cfg Config) Result {
 	n := max(cfg.Workers, 1)
 	workers := make([]*Worker, n)
@@ -112,62 +120,73 @@ func Run(ctx context.Context, op Op, cfg Config) Result {
 		}()
 	}
 	warm.Wait()
+	if cfg.Warmup > 0 {
+		drive(ctx, op, workers, cfg.Warmup)
+	}
 	if cfg.Started != nil {
 		cfg.Started()
 	}
+	start := time.Now()
+	t := drive(ctx, op, workers, cfg.Duration)
+	return Summarize(t.lat, time.Since(start), n, t.errs, t.held, t.first)
+}
 
+// tally is what the workers of one [drive] did.
+type tally struct {
+	lat        []time.Duration
+	errs, held int
+	first      error
+}
+
+// drive runs op on every worker until d has passed and every started
+// operation has returned, and collects the outcomes.
+func drive(ctx context.Context, op Op, workers []*Worker, d time.Duration) tally {
 	var stop atomic.Bool
-	timer := time.AfterFunc(cfg.Duration, func() { stop.Store(true) })
+	timer := time.AfterFunc(d, func() { stop.Store(true) })
 	defer timer.Stop()
 	var (
-		mu       sync.Mutex
-		lat      []time.Duration
-		errs     int
-		held     int
-		firstErr error
-		wg       sync.WaitGroup
+		mu  sync.Mutex
+		all tally
+		wg  sync.WaitGroup
 	)
-	start := time.Now()
 	for _, w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var mine []time.Duration
-			bad, busy := 0, 0
-			var first error
+			var mine tally
 			for !stop.Load() && ctx.Err() == nil {
 				t0 := time.Now()
 				sample, err := op(ctx, w)
 				switch {
 				case errors.Is(err, ErrHeld):
-					busy++
+					mine.held++
 				case err != nil:
 					if ctx.Err() != nil {
 						break // interrupted: not the case's failure
 					}
-					if first == nil {
-						first = err
+					if mine.first == nil {
+						mine.first = err
 					}
-					bad++
+					mine.errs++
 				default:
 					if sample <= 0 {
 						sample = time.Since(t0)
 					}
-					mine = append(mine, sample)
+					mine.lat = append(mine.lat, sample)
 				}
 			}
 			mu.Lock()
-			lat = append(lat, mine...)
-			errs += bad
-			held += busy
-			if firstErr == nil {
-				firstErr = first
+			all.lat = append(all.lat, mine.lat...)
+			all.errs += mine.errs
+			all.held += mine.held
+			if all.first == nil {
+				all.first = mine.first
 			}
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
-	return Summarize(lat, time.Since(start), n, errs, held, firstErr)
+	return all
 }
 
 // Summarize turns latency samples into a [Result] (Case and What left empty).

@@ -63,3 +63,32 @@ func TestRunClassifiesEveryCall(t *testing.T) {
 		t.Fatalf("p50 %v p99 %v, want the 7 ms samples", r.P50ms, r.P99ms)
 	}
 }
+
+// With Warmup, the workers keep running the operation before the clock starts,
+// and nothing they did then is counted.
+func TestRunWarmup(t *testing.T) {
+	var calls, atStart atomic.Int64
+	var startedAt time.Time
+	op := func(ctx context.Context, w *Worker) (time.Duration, error) {
+		calls.Add(1)
+		time.Sleep(time.Millisecond)
+		return 0, errors.New("failed") // every call fails: any warm-up call counted would show
+	}
+	begin := time.Now()
+	r := Run(context.Background(), op, Config{Workers: 2, Duration: 30 * time.Millisecond, Warmup: 60 * time.Millisecond, Started: func() {
+		startedAt = time.Now()
+		atStart.Store(calls.Load())
+	}})
+	if warm := startedAt.Sub(begin); warm < 60*time.Millisecond {
+		t.Errorf("the clock started %s after Run, before the 60ms warm-up ended", warm)
+	}
+	if atStart.Load() <= 2 {
+		t.Errorf("%d calls before the clock started, want more than the first call of each of 2 workers", atStart.Load())
+	}
+	if got, want := int64(r.Errors), calls.Load()-atStart.Load(); got != want || r.Ops != 0 {
+		t.Errorf("counted %d errors and %d ops, want the %d calls after the clock started", got, r.Ops, want)
+	}
+	if r.Seconds >= 0.06 {
+		t.Errorf("measured %.3fs: the warm-up was counted in the run's time", r.Seconds)
+	}
+}
