@@ -432,7 +432,10 @@ func compare(results []benchrun.Result) []string {
 			out = append(out, fmt.Sprintf("%3d workers: leases acquire+release at %.0f%% of durable Redis (redsync) ops/s", n, 100*l.OpsPerS/rd.OpsPerS))
 		}
 		if fu, ru := find("fenced-update", n), find("raw-update", n); fu != nil && ru != nil {
-			out = append(out, fmt.Sprintf("%3d workers: fenced write p50 %.2f× the unfenced UPDATE (goal ≤ 1.15×)", n, fu.P50ms/ru.P50ms))
+			out = append(out, fmt.Sprintf("%3d workers: fenced write (pgfence.Exec) p50 %.2f× the unfenced UPDATE (goal ≤ 1.15×)", n, fu.P50ms/ru.P50ms))
+		}
+		if vu, ru := find("versioned-update", n), find("raw-update", n); vu != nil && ru != nil {
+			out = append(out, fmt.Sprintf("%3d workers: versioned row write (pgfence.UpdateRow) p50 %.2f× the unfenced UPDATE (goal ≤ 1.15×)", n, vu.P50ms/ru.P50ms))
 		}
 		if h := find("hot-key", n); h != nil {
 			out = append(out, fmt.Sprintf("%3d workers: hot-key hand-off p50 %.2f ms (goal ≤ 5 ms)", n, h.P50ms))

@@ -22,7 +22,7 @@ import (
 const benchSchema = `
 	DROP SCHEMA IF EXISTS pgfence_bench CASCADE;
 	CREATE SCHEMA pgfence_bench;
-	CREATE TABLE pgfence_bench.stock (id int PRIMARY KEY, qty bigint NOT NULL);
+	CREATE TABLE pgfence_bench.stock (id int PRIMARY KEY, qty bigint NOT NULL, fence bigint);
 	INSERT INTO pgfence_bench.stock SELECT g, 0 FROM generate_series(0, 99999) g;
 	CREATE TABLE pgfence_bench.orders (id bigserial PRIMARY KEY, item int NOT NULL);
 	CREATE TABLE pgfence_bench.locks (key text PRIMARY KEY, holder uuid NOT NULL, token bigint NOT NULL, expires_at timestamptz NOT NULL);
@@ -46,6 +46,10 @@ const (
   FROM generate_series(0, 99999) g
  WHERE NOT EXISTS (SELECT 1 FROM pgfence.fences f WHERE f.resource = 'bench/' || g)`
 )
+
+// benchStock is pgfence_bench.stock as a versioned table: its rows carry
+// their own fence token.
+var benchStock = pgfence.Table{Name: pgx.Identifier{"pgfence_bench", "stock"}, Key: "id", Fence: "fence"}
 
 // benchCase is one row of the bench table.
 type benchCase struct {
@@ -169,6 +173,16 @@ func benchCases() []*benchCase {
 					id := w.Key()
 					_, err := pgfence.Exec(ctx, b.pool, "bench/"+strconv.Itoa(id), token, sqlUpdate, id)
 					return 0, err
+				}, func() {}, nil
+			}},
+		{name: "versioned-update", group: "fenced write", what: "pgfence.UpdateRow: the row carries its own token (column fence); one UPDATE sets qty where the row's token is not newer",
+			prepare: func(ctx context.Context, b *benchDB, _ int) (benchrun.Op, func(), error) {
+				var token int64
+				if err := b.pool.QueryRow(ctx, `SELECT pgfence.next_token(NULL)`).Scan(&token); err != nil {
+					return nil, nil, err
+				}
+				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+					return 0, pgfence.UpdateRow(ctx, b.pool, benchStock, w.Key(), token, map[string]any{"qty": w.Rand.Int64()})
 				}, func() {}, nil
 			}},
 		{name: "leased-exec", group: "lease-checked write", what: "pgfence.ExecLeased: the same UPDATE checked against the worker's live lease, one round trip",
