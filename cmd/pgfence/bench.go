@@ -434,6 +434,9 @@ func compare(results []benchrun.Result) []string {
 		if fu, ru := find("fenced-update", n), find("raw-update", n); fu != nil && ru != nil {
 			out = append(out, fmt.Sprintf("%3d workers: fenced write (pgfence.Exec) p50 %.2f× the unfenced UPDATE (goal ≤ 1.15×)", n, fu.P50ms/ru.P50ms))
 		}
+		if fr, ru := find("raw-fence-row", n), find("raw-update", n); fr != nil && ru != nil {
+			out = append(out, fmt.Sprintf("%3d workers: a hand-written fence row in the same batch: p50 %.2f× the unfenced UPDATE (the floor of a fence that records its writes)", n, fr.P50ms/ru.P50ms))
+		}
 		if vu, ru := find("versioned-update", n), find("raw-update", n); vu != nil && ru != nil {
 			out = append(out, fmt.Sprintf("%3d workers: versioned row write (pgfence.UpdateRow) p50 %.2f× the unfenced UPDATE (goal ≤ 1.15×)", n, vu.P50ms/ru.P50ms))
 		}

@@ -26,7 +26,10 @@ const benchSchema = `
 	INSERT INTO pgfence_bench.stock SELECT g, 0 FROM generate_series(0, 99999) g;
 	CREATE TABLE pgfence_bench.orders (id bigserial PRIMARY KEY, item int NOT NULL);
 	CREATE TABLE pgfence_bench.locks (key text PRIMARY KEY, holder uuid NOT NULL, token bigint NOT NULL, expires_at timestamptz NOT NULL);
-	ANALYZE pgfence_bench.stock`
+	CREATE TABLE pgfence_bench.fences (resource text PRIMARY KEY, token bigint NOT NULL, op uuid) WITH (fillfactor = 50);
+	INSERT INTO pgfence_bench.fences SELECT 'bench/' || g, 1 FROM generate_series(0, 99999) g;
+	ANALYZE pgfence_bench.stock;
+	ANALYZE pgfence_bench.fences`
 
 // The SQL of the raw cases: what a team writes by hand without pgfence.
 const (
@@ -40,7 +43,10 @@ const (
 		RETURNING token`
 	sqlFloorRelease = `UPDATE pgfence_bench.locks SET expires_at = clock_timestamp() WHERE key = $1 AND holder = $2 AND token = $3`
 	sqlUpdate       = `UPDATE pgfence_bench.stock SET qty = qty + 1 WHERE id = $1`
-	sqlInsert       = `INSERT INTO pgfence_bench.orders (item) VALUES ($1)`
+	// The floor of a fence that records each write: a hand-written fence row
+	// update (token check, operation id), sent with sqlUpdate in one batch.
+	sqlFenceRow = `UPDATE pgfence_bench.fences SET token = $2, op = $3 WHERE resource = $1 AND token <= $2`
+	sqlInsert   = `INSERT INTO pgfence_bench.orders (item) VALUES ($1)`
 	// sqlFenceAll fences each bench resource that has no fence row yet.
 	sqlFenceAll = `SELECT count(pgfence.fence('bench/' || g, $1))
   FROM generate_series(0, 99999) g
@@ -152,6 +158,22 @@ func benchCases() []*benchCase {
 		{name: "raw-update", group: "fenced write", what: "UPDATE of one row, unfenced (1 statement, 1 commit)",
 			prepare: simple(func(ctx context.Context, b *benchDB, w *benchrun.Worker) error {
 				_, err := b.pool.Exec(ctx, sqlUpdate, w.Key())
+				return err
+			})},
+		{name: "raw-fence-row", group: "fenced write", what: "the same UPDATE plus a hand-written fence row UPDATE (token check, operation id) in one batch: the floor of any fence that records its writes",
+			prepare: simple(func(ctx context.Context, b *benchDB, w *benchrun.Worker) error {
+				id := w.Key()
+				batch := &pgx.Batch{}
+				batch.Queue(sqlFenceRow, "bench/"+strconv.Itoa(id), 2, randomUUID(w))
+				batch.Queue(sqlUpdate, id)
+				br := b.pool.SendBatch(ctx, batch)
+				tag, err := br.Exec()
+				if err == nil && tag.RowsAffected() != 1 {
+					err = fmt.Errorf("the fence row of bench/%d refused token 2", id)
+				}
+				if cerr := br.Close(); err == nil {
+					err = cerr
+				}
 				return err
 			})},
 		{name: "fenced-update", group: "fenced write", what: "pgfence.Exec: the same UPDATE fenced by a token, one round trip",

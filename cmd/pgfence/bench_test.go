@@ -319,3 +319,4 @@ func TestBenchPeerDeadline(t *testing.T) {
 		t.Errorf("the peer was not interrupted (%q, %v)", got, err)
 	}
 }
+
