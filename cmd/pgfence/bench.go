@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -126,7 +127,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	for i, runs := range samples {
 		results[i] = medianRun(runs)
 	}
-	comparisons := compare(results)
+	comparisons := compare(samples)
 	if *asJSON {
 		return writeJSON(e, map[string]any{"machine": b.machine(), "settings": b.settings, "duration_s": duration.Seconds(), "warmup_s": warmup.Seconds(), "rounds": *rounds, "results": results, "comparisons": comparisons})
 	}
@@ -406,49 +407,89 @@ func printBenchResults(w io.Writer, results []benchrun.Result) {
 	}
 }
 
-// compare states the goals of issue #9 that this run's rows can check, as
-// ratios measured in the same run (absolute figures vary with the machine).
-func compare(results []benchrun.Result) []string {
-	find := func(name string, n int) *benchrun.Result {
-		for i := range results {
-			if r := &results[i]; r.Case == name && r.Workers == n && r.Skipped == "" && r.Ops > 0 {
-				return r
+// compare states the run's figures against the goals of issue #9. runs holds
+// every round of each case at each concurrency. A ratio between two cases is
+// taken round by round, between runs that ran next to each other, and the
+// median of those is reported with their range: the machine's drift between
+// rounds (fsync latency varies by a third on a VM) cancels instead of
+// landing on whichever case it hit.
+func compare(runs [][]benchrun.Result) []string {
+	find := func(name string, n int) []benchrun.Result {
+		for _, rs := range runs {
+			if len(rs) > 0 && rs[0].Case == name && rs[0].Workers == n {
+				return rs
 			}
 		}
 		return nil
 	}
 	var out []string
 	var levels []int
-	for _, r := range results {
-		if !slices.Contains(levels, r.Workers) {
-			levels = append(levels, r.Workers)
+	for _, rs := range runs {
+		if len(rs) > 0 && !slices.Contains(levels, rs[0].Workers) {
+			levels = append(levels, rs[0].Workers)
 		}
 	}
+	opsRatio := func(a, b benchrun.Result) float64 { return a.OpsPerS / b.OpsPerS }
+	p50Ratio := func(a, b benchrun.Result) float64 { return a.P50ms / b.P50ms }
+	pct := func(x float64) string { return fmt.Sprintf("%.0f%%", 100*x) }
+	times := func(x float64) string { return fmt.Sprintf("%.2f×", x) }
 	for _, n := range levels {
-		if l, f := find("leases", n), find("raw-lock-upsert", n); l != nil && f != nil {
-			out = append(out, fmt.Sprintf("%3d workers: leases acquire+release at %.0f%% of the raw inline-upsert floor's ops/s (goal ≥ 90%%)", n, 100*l.OpsPerS/f.OpsPerS))
+		pair := func(a, b string, ratio func(a, b benchrun.Result) float64, show func(float64) string, text string) {
+			if v, ok := pairedRatio(find(a, n), find(b, n), ratio, show); ok {
+				out = append(out, fmt.Sprintf("%3d workers: "+text, n, v))
+			}
 		}
-		if l, rd := find("leases", n), find("redis-durable", n); l != nil && rd != nil {
-			out = append(out, fmt.Sprintf("%3d workers: leases acquire+release at %.0f%% of durable Redis (redsync) ops/s", n, 100*l.OpsPerS/rd.OpsPerS))
-		}
-		if fu, ru := find("fenced-update", n), find("raw-update", n); fu != nil && ru != nil {
-			out = append(out, fmt.Sprintf("%3d workers: fenced write (pgfence.Exec) p50 %.2f× the unfenced UPDATE (goal ≤ 1.15×)", n, fu.P50ms/ru.P50ms))
-		}
-		if fr, ru := find("raw-fence-row", n), find("raw-update", n); fr != nil && ru != nil {
-			out = append(out, fmt.Sprintf("%3d workers: a hand-written fence row in the same batch: p50 %.2f× the unfenced UPDATE (the floor of a fence that records its writes)", n, fr.P50ms/ru.P50ms))
-		}
-		if vu, ru := find("versioned-update", n), find("raw-update", n); vu != nil && ru != nil {
-			out = append(out, fmt.Sprintf("%3d workers: versioned row write (pgfence.UpdateRow) p50 %.2f× the unfenced UPDATE (goal ≤ 1.15×)", n, vu.P50ms/ru.P50ms))
-		}
-		if h := find("hot-key", n); h != nil {
+		pair("leases", "raw-lock-upsert", opsRatio, pct, "leases acquire+release at %s of the raw inline-upsert floor's ops/s (goal ≥ 90%%)")
+		pair("leases", "redis-durable", opsRatio, pct, "leases acquire+release at %s of durable Redis (redsync) ops/s")
+		pair("fenced-update", "raw-update", p50Ratio, times, "fenced write (pgfence.Exec) p50 %s the unfenced UPDATE (goal ≤ 1.15×)")
+		pair("raw-fence-row", "raw-update", p50Ratio, times, "a hand-written fence row in the same batch: p50 %s the unfenced UPDATE (the floor of a fence that records its writes)")
+		pair("versioned-update", "raw-update", p50Ratio, times, "versioned row write (pgfence.UpdateRow) p50 %s the unfenced UPDATE (goal ≤ 1.15×)")
+		if h := medianOf(find("hot-key", n)); h != nil {
 			out = append(out, fmt.Sprintf("%3d workers: hot-key hand-off p50 %.2f ms (goal ≤ 5 ms)", n, h.P50ms))
 		}
 	}
-	if one := find("hot-key", 1); one != nil && len(levels) > 1 {
+	if len(levels) > 1 {
 		most := slices.Max(levels)
-		if h := find("hot-key", most); h != nil && most > 1 && one.StatementsPerS > 0 {
-			out = append(out, fmt.Sprintf("hot key: %d waiters send %.2f× the statements/s of 1 (goal for 64: ≤ 2×)", most, h.StatementsPerS/one.StatementsPerS))
+		stmts := func(a, b benchrun.Result) float64 { return a.StatementsPerS / b.StatementsPerS }
+		if v, ok := pairedRatio(find("hot-key", most), find("hot-key", 1), stmts, times); ok && most > 1 {
+			out = append(out, fmt.Sprintf("hot key: %d waiters send %s the statements/s of 1 (goal for 64: ≤ 2×)", most, v))
 		}
 	}
 	return out
+}
+
+// pairedRatio computes ratio(a[i], b[i]) for every round i in which both ran,
+// and formats the median with show; with more than one round it adds their
+// range. ok is false when no round has both.
+func pairedRatio(a, b []benchrun.Result, ratio func(a, b benchrun.Result) float64, show func(float64) string) (_ string, ok bool) {
+	var rs []float64
+	for i := range min(len(a), len(b)) {
+		if usable(a[i]) && usable(b[i]) {
+			if v := ratio(a[i], b[i]); v > 0 && !math.IsInf(v, 0) && !math.IsNaN(v) {
+				rs = append(rs, v)
+			}
+		}
+	}
+	if len(rs) == 0 {
+		return "", false
+	}
+	slices.Sort(rs)
+	m := show(rs[(len(rs)-1)/2])
+	if len(rs) > 1 {
+		m += fmt.Sprintf(" (%d rounds: %s to %s)", len(rs), show(rs[0]), show(rs[len(rs)-1]))
+	}
+	return m, true
+}
+
+// usable tells whether a run measured something.
+func usable(r benchrun.Result) bool { return r.Skipped == "" && r.Ops > 0 }
+
+// medianOf is the median run of the usable ones, nil if none.
+func medianOf(runs []benchrun.Result) *benchrun.Result {
+	ok := slices.DeleteFunc(slices.Clone(runs), func(r benchrun.Result) bool { return !usable(r) })
+	if len(ok) == 0 {
+		return nil
+	}
+	m := medianRun(ok)
+	return &m
 }

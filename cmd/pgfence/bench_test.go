@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -320,3 +321,27 @@ func TestBenchPeerDeadline(t *testing.T) {
 	}
 }
 
+// Ratios between cases are taken round by round, between runs that ran next
+// to each other; rounds where a side did not run are left out.
+func TestCompareRoundByRound(t *testing.T) {
+	run := func(name string, p50, ops float64) benchrun.Result {
+		return benchrun.Result{Case: name, Workers: 1, Ops: 100, P50ms: p50, OpsPerS: ops}
+	}
+	skipped := benchrun.Result{Case: "redis-durable", Workers: 1, Skipped: "no redis-server"}
+	out := compare([][]benchrun.Result{
+		{run("raw-update", 1, 0), run("raw-update", 2, 0), run("raw-update", 1, 0)},
+		// Chosen by themselves, the median runs would be 2.4 against 1: 2.4×.
+		{run("fenced-update", 1.1, 0), run("fenced-update", 2.4, 0), run("fenced-update", 1.3, 0)},
+		{run("leases", 0, 90), run("leases", 0, 80), run("leases", 0, 50)},
+		{run("raw-lock-upsert", 0, 100), run("raw-lock-upsert", 0, 100), run("raw-lock-upsert", 0, 50)},
+		{skipped, run("redis-durable", 0, 40), skipped},
+	})
+	want := []string{
+		"  1 workers: leases acquire+release at 90% (3 rounds: 80% to 100%) of the raw inline-upsert floor's ops/s (goal ≥ 90%)",
+		"  1 workers: leases acquire+release at 200% of durable Redis (redsync) ops/s",
+		"  1 workers: fenced write (pgfence.Exec) p50 1.20× (3 rounds: 1.10× to 1.30×) the unfenced UPDATE (goal ≤ 1.15×)",
+	}
+	if !slices.Equal(out, want) {
+		t.Errorf("compare:\n%s\nwant:\n%s", strings.Join(out, "\n"), strings.Join(want, "\n"))
+	}
+}
