@@ -3,6 +3,7 @@ package pgfence
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"reflect"
 	"sync/atomic"
 	"time"
@@ -51,6 +52,23 @@ const (
 	attrLeaseTok = attribute.Key("pgfence.lease.token")
 	attrReason   = attribute.Key("pgfence.lease.reason")
 )
+
+// spanNames and outcomeSets are built once: every write would otherwise
+// concatenate its span name and sort its metric attributes, even with the
+// default no-op providers.
+var (
+	spanNames   = map[string]string{}
+	outcomeSets = map[[2]string]attribute.Set{}
+)
+
+func init() {
+	for _, op := range []string{opWrite, opExec, opWriteLeased, opExecLeased, opUpdateRow} {
+		spanNames[op] = "pgfence.fence." + op
+		for _, outcome := range []string{outcomeAccepted, outcomeStaleToken, outcomeLeaseNotHeld, outcomeUnfenced, outcomeUnknown, outcomeError} {
+			outcomeSets[[2]string{op, outcome}] = attribute.NewSet(telemetry.Operation.String(op), telemetry.Outcome.String(outcome))
+		}
+	}
+}
 
 // instruments are the tracer and instruments of one pair of global providers.
 type instruments struct {
@@ -130,34 +148,14 @@ func startWrite(ctx context.Context, db DB, w *write, attrs ...attribute.KeyValu
 	t := tel()
 	start := time.Now()
 	op := w.op
-	ctx, span := t.tracer.Start(ctx, "pgfence.fence."+op, trace.WithSpanKind(trace.SpanKindClient),
+	ctx, span := t.tracer.Start(ctx, spanNames[op], trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(append(attrs, telemetry.DBSystem, telemetry.Operation.String(op))...))
 	return ctx, func(err error) {
 		outcome := outcomeAccepted
-		var (
-			stale *StaleTokenError
-			lost  *LeaseNotHeldError
-		)
-		switch {
-		case err == nil:
-		case errors.As(err, &stale):
-			outcome = outcomeStaleToken
-			span.AddEvent("pgfence.rejected", trace.WithAttributes(attrAccepted.Int64(stale.Accepted)))
-		case errors.As(err, &lost):
-			outcome = outcomeLeaseNotHeld
-			span.AddEvent("pgfence.rejected", trace.WithAttributes(attrReason.String(lost.Reason), attrLeaseTok.Int64(lost.Current)))
-		case errors.Is(err, ErrStaleToken):
-			outcome = outcomeStaleToken
-		case errors.Is(err, ErrLeaseNotHeld):
-			outcome = outcomeLeaseNotHeld
-		case errors.Is(err, ErrUnfencedWrite):
-			outcome = outcomeUnfenced
-		case errors.Is(err, ErrOutcomeUnknown):
-			outcome = outcomeUnknown
-		default:
-			outcome = outcomeError
+		if err != nil {
+			outcome = writeOutcome(err, span)
 		}
-		set := metric.WithAttributeSet(attribute.NewSet(telemetry.Operation.String(op), telemetry.Outcome.String(outcome)))
+		set := metric.WithAttributeSet(outcomeSets[[2]string{op, outcome}])
 		mctx := context.WithoutCancel(ctx)
 		t.writes.Add(mctx, 1, set)
 		t.duration.Record(mctx, time.Since(start).Seconds(), set)
@@ -167,12 +165,14 @@ func startWrite(ctx context.Context, db DB, w *write, attrs ...attribute.KeyValu
 		telemetry.End(span, err)
 
 		log := loggerFrom(ctx)
-		la := w.logAttrs(ctx)
 		switch outcome {
 		case outcomeAccepted:
-			log.DebugContext(ctx, "pgfence: write accepted", la...)
+			// The common case: no attributes are built for a disabled level.
+			if log.Enabled(ctx, slog.LevelDebug) {
+				log.DebugContext(ctx, "pgfence: write accepted", w.logAttrs(ctx)...)
+			}
 		case outcomeStaleToken, outcomeLeaseNotHeld, outcomeUnfenced:
-			la = append(la, "pgfence.outcome", outcome)
+			la := append(w.logAttrs(ctx), "pgfence.outcome", outcome)
 			r, ok := rejectionOf(err, w)
 			if ok {
 				la = append(la, "pgfence.fence.accepted_token", r.AcceptedToken)
@@ -188,11 +188,40 @@ func startWrite(ctx context.Context, db DB, w *write, attrs ...attribute.KeyValu
 				recordRejection(ctx, db, r, la)
 			}
 		case outcomeUnknown:
-			log.WarnContext(ctx, "pgfence: write outcome unknown", append(la, "error.type", telemetry.ErrorTypeOf(err))...)
+			log.WarnContext(ctx, "pgfence: write outcome unknown", append(w.logAttrs(ctx), "error.type", telemetry.ErrorTypeOf(err))...)
 		default:
-			log.DebugContext(ctx, "pgfence: write failed", append(la, "error.type", telemetry.ErrorTypeOf(err))...)
+			if log.Enabled(ctx, slog.LevelDebug) {
+				log.DebugContext(ctx, "pgfence: write failed", append(w.logAttrs(ctx), "error.type", telemetry.ErrorTypeOf(err))...)
+			}
 		}
 	}
+}
+
+// writeOutcome classifies a failed write for its span, metrics and log, and
+// adds the rejection event to span. (Apart from the accepted path, so that
+// the accepted path allocates no error targets.)
+func writeOutcome(err error, span trace.Span) string {
+	var (
+		stale *StaleTokenError
+		lost  *LeaseNotHeldError
+	)
+	switch {
+	case errors.As(err, &stale):
+		span.AddEvent("pgfence.rejected", trace.WithAttributes(attrAccepted.Int64(stale.Accepted)))
+		return outcomeStaleToken
+	case errors.As(err, &lost):
+		span.AddEvent("pgfence.rejected", trace.WithAttributes(attrReason.String(lost.Reason), attrLeaseTok.Int64(lost.Current)))
+		return outcomeLeaseNotHeld
+	case errors.Is(err, ErrStaleToken):
+		return outcomeStaleToken
+	case errors.Is(err, ErrLeaseNotHeld):
+		return outcomeLeaseNotHeld
+	case errors.Is(err, ErrUnfencedWrite):
+		return outcomeUnfenced
+	case errors.Is(err, ErrOutcomeUnknown):
+		return outcomeUnknown
+	}
+	return outcomeError
 }
 
 func fenceAttrs(resource string, token int64) []attribute.KeyValue {
@@ -207,7 +236,7 @@ func leaseAttrs(l Lease) []attribute.KeyValue {
 // is set for the transaction in the same pipeline (pgfence.fences stores it
 // with the accepted token), so tracing adds no round trip.
 func fenceTx(ctx context.Context, tx pgx.Tx, resource string, token int64, op OpID) error {
-	trace.SpanFromContext(ctx).SetAttributes(attrOp.String(op.String()))
+	setOpAttr(ctx, op)
 	b := &pgx.Batch{}
 	if !telemetry.QueueTraceID(ctx, b) {
 		_, err := tx.Exec(ctx, sqlFence, resource, token, op)
@@ -221,7 +250,15 @@ func fenceTx(ctx context.Context, tx pgx.Tx, resource string, token int64, op Op
 // queueFence queues the fence of an [Exec] on b, preceded by setting the
 // trace id when ctx carries one.
 func queueFence(ctx context.Context, b *pgx.Batch, resource string, token int64, op OpID) {
-	trace.SpanFromContext(ctx).SetAttributes(attrOp.String(op.String()))
+	setOpAttr(ctx, op)
 	telemetry.QueueTraceID(ctx, b)
 	b.Queue(sqlFence, resource, token, op)
+}
+
+// setOpAttr puts the write's operation id on its span, formatting it only for
+// a span that records.
+func setOpAttr(ctx context.Context, op OpID) {
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(attrOp.String(op.String()))
+	}
 }
