@@ -273,7 +273,8 @@ func (c *Client) readBackGrant(ctx context.Context, key, holder string, pid uint
 // back a random moment in a window (at most 64 ms) that grows while it loses
 // races for the key and shrinks while it wins (zero when it waits alone), and
 // skips its attempt if another waiter's grant is announced meanwhile
-// (pgfence.lease.acquire.skipped).
+// (pgfence.lease.acquire.skipped; grants are announced by clients with
+// [Config.AnnounceGrants]).
 //
 // While an operator has paused new grants for the key's prefix
 // ([Client.PauseGrants]), it waits the same way and is woken by the resume;
@@ -345,8 +346,9 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 				err = c.queueTurn(ctx, key, waiter)
 			}
 			if err == nil {
-				// Once this call has lost the key, its grant is announced.
-				l, err = c.tryAcquire(ctx, key, ttl, margin, info, attempt > 0)
+				// Once this call has lost the key, its grant is announced
+				// (Config.AnnounceGrants).
+				l, err = c.tryAcquire(ctx, key, ttl, margin, info, attempt > 0 && c.cfg.AnnounceGrants)
 			}
 			if err == nil {
 				if woken {

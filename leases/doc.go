@@ -50,11 +50,11 @@
 //     notifications, and within a client only the first waiter of a key polls
 //     (the others queue in FIFO order). Waiters in different clients do not
 //     stampede: after a release each waits a random moment (a window that
-//     adapts to how often it loses, at most 64 ms) and skips its attempt when
-//     another waiter's grant is announced meanwhile; a single waiting client
+//     adapts to how often it loses, at most 64 ms); a single waiting client
 //     has no such delay. The same hold-back applies at a crashed holder's
-//     expiry, and a waiter that hears a grant announced sets its timer to
-//     that lease's expiry. Resuming paused grants wakes waiters at once. With [AcquireOptions.Fair], waiters of
+//     expiry. With [Config.AnnounceGrants], a waiter that lost a race
+//     announces its grant, and waiters that hear it skip their attempt and
+//     set their timers to that lease's expiry. Resuming paused grants wakes waiters at once. With [AcquireOptions.Fair], waiters of
 //     every client and process take turns in arrival order through a queue in
 //     the database (pgfence.lease_waiters).
 //

@@ -94,7 +94,7 @@ func newTelemetry(cfg *Config) *instruments {
 		attempts: telemetry.Counter(m, "pgfence.lease.acquire.attempts", "{attempt}",
 			"Grant attempts (one statement each), by outcome: acquired, held, unavailable, unknown, error.", report),
 		skipped: telemetry.Counter(m, "pgfence.lease.acquire.skipped", "{attempt}",
-			"Attempts a waiting Acquire skipped after a release or a holder's expiry because another waiter's grant was announced meanwhile (no statement sent).", report),
+			"Attempts a waiting Acquire skipped after a release or a holder's expiry because another waiter's grant was announced meanwhile (no statement sent; grants are announced by clients with Config.AnnounceGrants).", report),
 		takeovers: telemetry.Counter(m, "pgfence.lease.takeovers", "{takeover}",
 			"Grants that replaced a grant which expired without a release.", report),
 		renewals: telemetry.Counter(m, "pgfence.lease.renewals", "{renewal}",
