@@ -10,7 +10,10 @@
 // percentiles. One invocation measures one mode at one concurrency and prints
 // one JSON object (a benchrun.Result) on stdout:
 //
-//	pgfence-benchpeer -mode durable -workers 8 -duration 3s
+//	pgfence-benchpeer -mode durable -workers 8 -warmup 1s -duration 3s
+//
+// -warmup runs the operation that long before the clock starts, as `pgfence
+// bench --warmup` does for its own cases.
 //
 // Modes: durable (appendonly yes, appendfsync always: every acknowledged lock
 // survives a crash) and memory (no persistence). When redis-server cannot be
