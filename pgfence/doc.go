@@ -99,7 +99,11 @@
 //     *[OutcomeUnknownError] (errors.Is [ErrOutcomeUnknown]). [Resolve] waits
 //     for any transaction still holding the fence row and answers [Applied],
 //     [NotApplied] or [Superseded] from the accepted token and the write's
-//     operation id. Never retry blindly: resolve first.
+//     operation id. Never retry blindly: resolve first. The helpers whose
+//     one statement commits on its own ([UpdateRow], [RaiseTokenFloor],
+//     [Protect], [Unprotect]) return an error wrapping [ErrOutcomeUnknown]
+//     when the connection is lost after sending it: re-read the row, the
+//     floor or [Protected] before trying again.
 //   - Errors before anything was sent are [ErrUnavailable]; a standby answers
 //     [ErrNotPrimary]; lock_timeout and statement_timeout map to
 //     [ErrLockTimeout] and [ErrStatementTimeout]. Under REPEATABLE READ or

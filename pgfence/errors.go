@@ -138,6 +138,15 @@ func MapError(err error) error { return mapError(err, false) }
 // mapError turns a database error into this package's errors: pgfence
 // SQLSTATEs become typed errors; the rest is classified by internal/pgerr.
 // sent reports whether a COMMIT (or an implicit one) may have reached the server.
+// ownCommit reports whether a statement sent on db commits on its own (db is
+// a pool or a connection, not the caller's transaction): a connection lost
+// after sending it leaves its outcome unknown. Inside the caller's
+// transaction, a lost connection aborts the transaction.
+func ownCommit(db DB) bool {
+	_, inTx := db.(pgx.Tx)
+	return !inTx
+}
+
 func mapError(err error, sent bool) error {
 	if err == nil {
 		return nil

@@ -186,8 +186,7 @@ func Exec(ctx context.Context, db DB, resource string, token int64, sql string, 
 	b.Queue(sql, args...)
 	tag, err := execBatch(ctx, db, b)
 	if err != nil {
-		_, nested := db.(pgx.Tx)
-		return tag, unknown(mapError(err, !nested), resource, token, op)
+		return tag, unknown(mapError(err, ownCommit(db)), resource, token, op)
 	}
 	return tag, nil
 }

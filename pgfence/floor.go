@@ -22,7 +22,7 @@ func RaiseTokenFloor(ctx context.Context, db DB, floor int64, reason string) (pr
 		return 0, fmt.Errorf("%w: reason must be 1 to %d characters, got %d", ErrInvalid, MaxReasonLen, n)
 	}
 	err = db.QueryRow(ctx, `SELECT pgfence.raise_token_floor($1, $2)`, floor, reason).Scan(&previous)
-	return previous, mapError(err, false)
+	return previous, mapError(err, ownCommit(db))
 }
 
 // Column is a token column of one of the application's tables.

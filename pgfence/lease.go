@@ -71,7 +71,6 @@ func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Co
 	if fn == nil {
 		return fmt.Errorf("%w: fn is nil", ErrInvalid)
 	}
-	_, nested := db.(pgx.Tx)
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return mapError(err, false)
@@ -83,7 +82,7 @@ func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Co
 		return rollback(ctx, tx, mapError(err, false))
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return mapError(err, !nested)
+		return mapError(err, ownCommit(db))
 	}
 	return nil
 }
@@ -101,8 +100,7 @@ func ExecLeased(ctx context.Context, db DB, lease Lease, sql string, args ...any
 	b.Queue(sql, args...)
 	tag, err := execBatch(ctx, db, b)
 	if err != nil {
-		_, nested := db.(pgx.Tx)
-		return tag, mapError(err, !nested)
+		return tag, mapError(err, ownCommit(db))
 	}
 	return tag, nil
 }

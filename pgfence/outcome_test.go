@@ -217,3 +217,66 @@ func TestExecIsOneRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// UpdateRow, RaiseTokenFloor, Protect and Unprotect each run one statement
+// that commits on its own: a reply lost after the statement reached the
+// server is an unknown outcome, never "unavailable" (which says nothing
+// happened). In each case here the server committed it.
+func TestAutocommitLostReplyIsUnknown(t *testing.T) {
+	ctx := testContext(t)
+	db := pgfencetest.NewDatabase(t)
+	setupKV(t, db.Pool)
+	kv := pgfence.Table{Name: pgx.Identifier{"kv"}, Key: "k", Fence: "token"}
+	var floor int64
+	if err := db.Pool.QueryRow(ctx, `SELECT pgfence.max_stored_token() + 1000`).Scan(&floor); err != nil {
+		t.Fatal(err)
+	}
+	protected := func() bool {
+		t.Helper()
+		var n int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.protected_tables() WHERE relation = 'kv'::regclass`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	for _, c := range []struct {
+		name, sql string
+		call      func(conn *pgx.Conn) error
+		applied   func() bool
+	}{
+		{"UpdateRow", "UPDATE", func(conn *pgx.Conn) error {
+			return pgfence.UpdateRow(ctx, conn, kv, "a", 7, map[string]any{"v": "lost reply"})
+		}, func() bool { return kvValue(t, db.Pool) == "lost reply" }},
+		{"RaiseTokenFloor", "raise_token_floor", func(conn *pgx.Conn) error {
+			_, err := pgfence.RaiseTokenFloor(ctx, conn, floor, "restore drill")
+			return err
+		}, func() bool {
+			var token int64
+			if err := db.Pool.QueryRow(ctx, `SELECT pgfence.next_token(NULL)`).Scan(&token); err != nil {
+				t.Fatal(err)
+			}
+			return token > floor
+		}},
+		{"Protect", "pgfence.protect", func(conn *pgx.Conn) error {
+			return pgfence.Protect(ctx, conn, pgx.Identifier{"kv"}, "k", "kv:")
+		}, protected},
+		{"Unprotect", "pgfence.unprotect", func(conn *pgx.Conn) error {
+			_, err := pgfence.Unprotect(ctx, conn, pgx.Identifier{"kv"})
+			return err
+		}, func() bool { return !protected() }},
+	} {
+		conn, p := proxied(t, db)
+		trig := p.CutAfter(faultproxy.SQLContains(c.sql))
+		err := c.call(conn)
+		<-trig.Done()
+		if !trig.Fired() || !trig.Replied() {
+			t.Fatalf("%s: the proxy did not forward the statement and drop its answer (fired %v replied %v)", c.name, trig.Fired(), trig.Replied())
+		}
+		if !errors.Is(err, pgfence.ErrOutcomeUnknown) || errors.Is(err, pgfence.ErrUnavailable) {
+			t.Errorf("%s with a lost reply: %v, want ErrOutcomeUnknown", c.name, err)
+		}
+		if !c.applied() {
+			t.Fatalf("%s: the server did not commit the statement the proxy forwarded", c.name)
+		}
+	}
+}

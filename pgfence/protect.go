@@ -34,7 +34,7 @@ func Protect(ctx context.Context, db DB, table pgx.Identifier, resourceColumn, p
 			ErrInvalid, MaxResourceLen, MaxResourceLen, len(prefix))
 	}
 	_, err := db.Exec(ctx, `SELECT pgfence.protect($1::regclass, $2, $3)`, table.Sanitize(), resourceColumn, prefix)
-	return mapError(err, false)
+	return mapError(err, ownCommit(db))
 }
 
 // Unprotect removes the guard from table and reports whether it was protected.
@@ -44,7 +44,7 @@ func Unprotect(ctx context.Context, db DB, table pgx.Identifier) (bool, error) {
 	}
 	var had bool
 	err := db.QueryRow(ctx, `SELECT pgfence.unprotect($1::regclass)`, table.Sanitize()).Scan(&had)
-	return had, mapError(err, false)
+	return had, mapError(err, ownCommit(db))
 }
 
 // ProtectedTable is one table guarded by [Protect].

@@ -42,7 +42,10 @@ func (t Table) validate() error {
 // is checked first with [CheckIdentifier]. It returns
 // nil if the row was updated, a *[StaleTokenError] if the row carries a newer
 // token, and [ErrNotFound] if there is no such row (both told apart by reading
-// the row after a miss; the successful path is one round trip).
+// the row after a miss; the successful path is one round trip). A connection
+// lost after the UPDATE was sent on a pool or connection returns an error
+// wrapping [ErrOutcomeUnknown]: the write may have committed, and the row's
+// fence column tells whether it (or a later write) did.
 func UpdateRow(ctx context.Context, db DB, t Table, id any, token int64, set map[string]any) (err error) {
 	ctx, done := startWrite(ctx, db, &write{op: opUpdateRow, token: token}, attrToken.Int64(token), attribute.String("db.collection.name", strings.Join(t.Name, ".")))
 	defer func() { done(err) }()
@@ -80,7 +83,9 @@ func UpdateRow(ctx context.Context, db DB, t Table, id any, token int64, set map
 	for range 3 {
 		tag, err := db.Exec(ctx, update, args...)
 		if err != nil {
-			return mapError(err, false)
+			// On a pool the UPDATE is its own transaction: lost after
+			// sending, its outcome is unknown (re-read the row).
+			return mapError(err, ownCommit(db))
 		}
 		if tag.RowsAffected() > 0 {
 			return nil
