@@ -131,9 +131,12 @@ func (e *OutcomeUnknownError) Unwrap() error { return e.err }
 // this package's errors: PF001 becomes a *[StaleTokenError], PF002 a
 // *[LeaseNotHeldError], PF006 [ErrUnfencedWrite], PF009 [ErrFloorLowered], and
 // the rest is classified like the helpers' own errors, with the original
-// error kept in the chain. It assumes nothing was committed (a lost
-// connection is [ErrUnavailable], not [ErrOutcomeUnknown]); nil stays nil.
-func MapError(err error) error { return mapError(err, false) }
+// error kept in the chain; nil stays nil. It does not guess: a connection
+// lost before the statement was sent is [ErrUnavailable], one lost after it
+// may have been sent is [ErrOutcomeUnknown] (a statement on a pool may have
+// committed: re-read before retrying; inside your own transaction the
+// transaction is gone and nothing of it committed).
+func MapError(err error) error { return mapError(err, true) }
 
 // mapError turns a database error into this package's errors: pgfence
 // SQLSTATEs become typed errors; the rest is classified by internal/pgerr.

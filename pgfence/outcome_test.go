@@ -280,3 +280,24 @@ func TestAutocommitLostReplyIsUnknown(t *testing.T) {
 		}
 	}
 }
+
+// MapError does not guess about the caller's own statement: lost after it
+// was sent (here it committed), it is an unknown outcome, not "unavailable".
+func TestMapErrorLostReplyIsUnknown(t *testing.T) {
+	ctx := testContext(t)
+	db := pgfencetest.NewDatabase(t)
+	setupKV(t, db.Pool)
+	conn, p := proxied(t, db)
+	trig := p.CutAfter(faultproxy.SQLContains("UPDATE kv"))
+	_, err := conn.Exec(ctx, `UPDATE kv SET v = 'own statement' WHERE k = 'a'`)
+	<-trig.Done()
+	if !trig.Fired() || !trig.Replied() {
+		t.Fatalf("the proxy did not forward the UPDATE and drop its answer (fired %v replied %v)", trig.Fired(), trig.Replied())
+	}
+	if err := pgfence.MapError(err); !errors.Is(err, pgfence.ErrOutcomeUnknown) || errors.Is(err, pgfence.ErrUnavailable) {
+		t.Fatalf("MapError of a lost reply: %v, want ErrOutcomeUnknown", err)
+	}
+	if v := kvValue(t, db.Pool); v != "own statement" {
+		t.Fatalf("row %q: the server did not commit the UPDATE the proxy forwarded", v)
+	}
+}
