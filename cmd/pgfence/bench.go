@@ -21,7 +21,8 @@ import (
 )
 
 const benchUsage = `bench [--database-url URL] [--duration 3s] [--warmup 1s] [--workers 1,8] [--cases a,b] [--rounds 1] [--peers redis|none] [--json]
-       pgfence bench curves [--database-url URL] [--max 100000] [--max-waiters 64] [--cycles 20000] [--json]`
+       pgfence bench curves [--database-url URL] [--duration 2s] [--warmup 1s] [--workers 4] [--curves rows,keys,resources,waiters,churn]
+                            [--max-rows 1e5] [--max-keys 1e6] [--max-resources 1e5] [--max-waiters 64] [--cycles 20000] [--json]`
 
 func runBench(ctx context.Context, e *env, args []string) error {
 	if len(args) > 0 && args[0] == "curves" {
