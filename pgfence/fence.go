@@ -134,7 +134,6 @@ func Write(ctx context.Context, db DB, resource string, token int64, fn func(ctx
 	}
 	op := newOpID()
 	w.id = op
-	_, nested := db.(pgx.Tx)
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return Receipt{}, mapError(err, false)
@@ -146,7 +145,7 @@ func Write(ctx context.Context, db DB, resource string, token int64, fn func(ctx
 		return Receipt{}, rollback(ctx, tx, mapError(err, false))
 	}
 	if err := tx.Commit(ctx); err != nil {
-		if nested {
+		if !ownCommit(db) {
 			// A lost RELEASE SAVEPOINT kills the caller's transaction: nothing
 			// can commit, so the outcome is known.
 			return Receipt{}, mapError(err, false)
