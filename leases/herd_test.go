@@ -244,8 +244,8 @@ func TestResumeWakesWaiters(t *testing.T) {
 // to its expiry, and they would all try at once. They hold back there too,
 // and (with AnnounceGrants) a waiter that hears the winner's grant announced
 // skips its attempt and sets its timer to the new lease's expiry instead of
-// sleeping until its next poll. Each winner
-// here abandons its lease, as a crashed holder would.
+// sleeping until its next poll. Each winner here abandons its lease, as a
+// crashed holder would.
 func TestExpiryDoesNotStampede(t *testing.T) {
 	checkLeaks(t)
 	const (
