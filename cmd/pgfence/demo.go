@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,7 +31,7 @@ import (
 const (
 	demoSchema   = "pgfence_demo"
 	demoSKU      = "sku-42"
-	demoKey      = "inventory/" + demoSKU // lease key and fence resource
+	demoPrefix   = "inventory/" // the stock's fence resources: demoPrefix + sku
 	demoInitial  = 10
 	demoTTLMin   = 200 * time.Millisecond
 	demoSetupSQL = `
@@ -134,6 +136,14 @@ func demo(ctx context.Context, d *devdb.DB, ttl time.Duration, progress io.Write
 		rep.Database = fmt.Sprintf("%s:%d/%s", cfg.Host, cfg.Port, cfg.Database)
 	}
 	pool := d.Pool
+	// Accepted tokens, lease rows and idempotency keys outlive the demo's
+	// schema, so on a user's database every run uses a SKU of its own: a rerun
+	// must not meet the tokens and keys of the run before.
+	sku := demoSKU
+	if !d.Embedded {
+		sku = demoSKU + "-" + demoRunID()
+	}
+	key := demoPrefix + sku // lease key and fence resource
 	dbNow := func() time.Time {
 		var t time.Time
 		if err := pool.QueryRow(context.WithoutCancel(ctx), `SELECT clock_timestamp()`).Scan(&t); err != nil {
@@ -155,16 +165,16 @@ func demo(ctx context.Context, d *devdb.DB, ttl time.Duration, progress io.Write
 	if _, err := pool.Exec(ctx, demoSetupSQL); err != nil {
 		return nil, fmt.Errorf("demo setup: %w", err)
 	}
-	if err := pgfence.Protect(ctx, pool, pgx.Identifier{demoSchema, "stock"}, "sku", "inventory/"); err != nil {
+	if err := pgfence.Protect(ctx, pool, pgx.Identifier{demoSchema, "stock"}, "sku", demoPrefix); err != nil {
 		return nil, fmt.Errorf("demo setup: protect: %w", err)
 	}
-	if _, err := pgfence.Exec(ctx, pool, demoKey, 1, `INSERT INTO pgfence_demo.stock VALUES ($1, $2, NULL, 'setup')`, demoSKU, demoInitial); err != nil {
+	if _, err := pgfence.Exec(ctx, pool, key, 1, `INSERT INTO pgfence_demo.stock VALUES ($1, $2, NULL, 'setup')`, sku, demoInitial); err != nil {
 		return nil, fmt.Errorf("demo setup: seed stock: %w", err)
 	}
-	fmt.Fprintf(progress, "demo: stock %s = %d; lease TTL %s; worker A is a separate OS process\n", demoSKU, demoInitial, ttl)
+	fmt.Fprintf(progress, "demo: stock %s = %d; lease TTL %s; worker A is a separate OS process\n", sku, demoInitial, ttl)
 
 	// Worker A: an OS process that takes the lease, then is frozen.
-	a, err := startDemoWorker(ctx, d.URL, ttl)
+	a, err := startDemoWorker(ctx, d.URL, ttl, sku)
 	if err != nil {
 		return nil, err
 	}
@@ -174,7 +184,7 @@ func demo(ctx context.Context, d *devdb.DB, ttl time.Duration, progress io.Write
 		return nil, fmt.Errorf("worker A could not take the lease: %v %s", err, got.Detail)
 	}
 	tokenA, holderA := got.Token, got.Holder
-	add(demoEvent{Actor: "A", Action: "acquire lease " + demoKey, Token: tokenA, Holder: holderA, Result: "granted", Detail: "TTL " + ttl.String()})
+	add(demoEvent{Actor: "A", Action: "acquire lease " + key, Token: tokenA, Holder: holderA, Result: "granted", Detail: "TTL " + ttl.String()})
 
 	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		return nil, fmt.Errorf("freeze worker A: %w", err)
@@ -190,16 +200,16 @@ func demo(ctx context.Context, d *devdb.DB, ttl time.Duration, progress io.Write
 	}
 	defer client.Close()
 	actx, cancel := context.WithTimeout(ctx, 10*ttl+5*time.Second)
-	lb, err := client.Acquire(actx, demoKey, ttl*5, nil)
+	lb, err := client.Acquire(actx, key, ttl*5, nil)
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("worker B could not take over: %w", err)
 	}
-	add(demoEvent{Actor: "B", Action: "acquire lease " + demoKey, Token: lb.Token(), Holder: lb.Holder(), Result: "granted (A's lease expired: taken over)"})
+	add(demoEvent{Actor: "B", Action: "acquire lease " + key, Token: lb.Token(), Holder: lb.Holder(), Result: "granted (A's lease expired: taken over)"})
 	check("fencing tokens strictly increase across grants", lb.Token() > tokenA, "A got %d, B got %d", tokenA, lb.Token())
 
-	if _, err := pgfence.Exec(ctx, pool, demoKey, lb.Token(),
-		`UPDATE pgfence_demo.stock SET quantity = quantity - 1, last_token = $2, last_writer = 'B' WHERE sku = $1`, demoSKU, lb.Token()); err != nil {
+	if _, err := pgfence.Exec(ctx, pool, key, lb.Token(),
+		`UPDATE pgfence_demo.stock SET quantity = quantity - 1, last_token = $2, last_writer = 'B' WHERE sku = $1`, sku, lb.Token()); err != nil {
 		return nil, fmt.Errorf("worker B's fenced write failed: %w", err)
 	}
 	add(demoEvent{Actor: "B", Action: "fenced write: stock - 1", Token: lb.Token(), Result: "accepted"})
@@ -233,7 +243,7 @@ func demo(ctx context.Context, d *devdb.DB, ttl time.Duration, progress io.Write
 		return nil, err
 	}
 	add(demoEvent{Actor: "A", Action: "release its (old) lease", Token: tokenA, Result: release.Result, Detail: release.Detail})
-	st, err := client.Get(ctx, demoKey)
+	st, err := client.Get(ctx, key)
 	if err != nil {
 		return nil, err
 	}
@@ -246,15 +256,15 @@ func demo(ctx context.Context, d *devdb.DB, ttl time.Duration, progress io.Write
 	if err != nil {
 		return nil, err
 	}
-	order := idempotency.Request{Scope: "demo.orders", Key: "order-1001:deduct", Payload: []byte(`{"qty":2,"sku":"sku-42"}`)}
+	order := idempotency.Request{Scope: "demo.orders/" + sku, Key: "order-1001:deduct", Payload: []byte(`{"qty":2,"sku":"sku-42"}`)}
 	placeOrder := func(actor string) (*idempotency.Outcome, error) {
 		return store.Do(ctx, pool, order, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 			// The order is written under B's lease token, fenced like any write.
-			if _, err := pgfence.Write(ctx, tx, demoKey, lb.Token(), func(ctx context.Context, tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, `UPDATE pgfence_demo.stock SET quantity = quantity - 2, last_token = $2, last_writer = $3 WHERE sku = $1`, demoSKU, lb.Token(), "B/"+actor); err != nil {
+			if _, err := pgfence.Write(ctx, tx, key, lb.Token(), func(ctx context.Context, tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, `UPDATE pgfence_demo.stock SET quantity = quantity - 2, last_token = $2, last_writer = $3 WHERE sku = $1`, sku, lb.Token(), "B/"+actor); err != nil {
 					return err
 				}
-				_, err := tx.Exec(ctx, `INSERT INTO pgfence_demo.orders VALUES ('order-1001', $1, 2)`, demoSKU)
+				_, err := tx.Exec(ctx, `INSERT INTO pgfence_demo.orders VALUES ('order-1001', $1, 2)`, sku)
 				return err
 			}); err != nil {
 				return nil, err
@@ -386,12 +396,12 @@ type workerLine struct {
 	Detail string `json:"detail,omitempty"`
 }
 
-func startDemoWorker(ctx context.Context, url string, ttl time.Duration) (*demoWorker, error) {
+func startDemoWorker(ctx context.Context, url string, ttl time.Duration, sku string) (*demoWorker, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("demo: find own executable for worker A: %w", err)
 	}
-	cmd := exec.CommandContext(ctx, exe, "demo-worker", "--ttl", ttl.String())
+	cmd := exec.CommandContext(ctx, exe, "demo-worker", "--ttl", ttl.String(), "--sku", sku)
 	cmd.Env = append(os.Environ(), "PGFENCE_DEMO_WORKER_URL="+url)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
@@ -437,15 +447,24 @@ func (w *demoWorker) kill() {
 	}
 }
 
+// demoRunID returns 8 random hex digits that name one run of the demo.
+func demoRunID() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}
+
 // runDemoWorker is worker A's side: take the lease, say so, wait for "write"
 // (the parent freezes and resumes us meanwhile), then write as if the lease
 // were still ours: through the fence, through plain SQL, then release.
 func runDemoWorker(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "demo-worker", "demo-worker (internal)")
 	ttl := fs.Duration("ttl", time.Second, "lease TTL")
+	sku := fs.String("sku", demoSKU, "the stock row; the lease key and resource are "+demoPrefix+"SKU")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	key := demoPrefix + *sku
 	url := e.getenv("PGFENCE_DEMO_WORKER_URL")
 	say := func(l workerLine) { _ = json.NewEncoder(e.stdout).Encode(l) }
 	pool, err := pgxpool.New(ctx, url)
@@ -460,7 +479,7 @@ func runDemoWorker(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer client.Close()
-	l, err := client.TryAcquire(ctx, demoKey, *ttl, nil)
+	l, err := client.TryAcquire(ctx, key, *ttl, nil)
 	if err != nil {
 		say(workerLine{Result: "error", Detail: err.Error()})
 		return err
@@ -472,10 +491,10 @@ func runDemoWorker(ctx context.Context, e *env, args []string) error {
 		return errors.New("demo-worker: expected \"write\" on stdin")
 	}
 	// A does not look at its lease: the point is that it does not have to.
-	_, err = pgfence.Exec(ctx, pool, demoKey, l.Token(),
-		`UPDATE pgfence_demo.stock SET quantity = quantity - 1, last_token = $2, last_writer = 'A' WHERE sku = $1`, demoSKU, l.Token())
+	_, err = pgfence.Exec(ctx, pool, key, l.Token(),
+		`UPDATE pgfence_demo.stock SET quantity = quantity - 1, last_token = $2, last_writer = 'A' WHERE sku = $1`, *sku, l.Token())
 	say(outcomeLine(err))
-	_, err = pool.Exec(ctx, `UPDATE pgfence_demo.stock SET quantity = quantity - 1, last_token = $2, last_writer = 'A (plain SQL)' WHERE sku = $1`, demoSKU, l.Token())
+	_, err = pool.Exec(ctx, `UPDATE pgfence_demo.stock SET quantity = quantity - 1, last_token = $2, last_writer = 'A (plain SQL)' WHERE sku = $1`, *sku, l.Token())
 	say(outcomeLine(err))
 	err = l.Release(ctx)
 	switch {

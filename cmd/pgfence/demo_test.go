@@ -16,9 +16,23 @@ func TestDemo(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
 	environ := map[string]string{"DATABASE_URL": db.URL}
+	// Twice on the same database: accepted tokens, lease rows and
+	// idempotency keys outlive a run, and the second run must not trip on
+	// the first's.
+	for run := 1; run <= 2; run++ {
+		checkDemoRun(t, db, environ, run)
+	}
+	if code, _, errOut := cli(t, environ, "demo", "--ttl", "1ms"); code != exitUsage || !strings.Contains(errOut, "--ttl") {
+		t.Fatalf("demo --ttl 1ms: code %d, %s", code, errOut)
+	}
+}
+
+// checkDemoRun runs the demo on db and checks its report.
+func checkDemoRun(t *testing.T, db *pgfencetest.Database, environ map[string]string, run int) {
+	t.Helper()
 	code, out, errOut := cli(t, environ, "demo", "--json", "--ttl", "300ms")
 	if code != exitOK {
-		t.Fatalf("demo: code %d\n%s\n%s", code, out, errOut)
+		t.Fatalf("demo run %d: code %d\n%s\n%s", run, code, out, errOut)
 	}
 	var rep demoReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
@@ -51,9 +65,6 @@ func TestDemo(t *testing.T) {
 	var exists bool
 	if err := db.Pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'pgfence_demo')`).Scan(&exists); err != nil || exists {
 		t.Fatalf("pgfence_demo schema left behind (%v)", err)
-	}
-	if code, _, errOut := cli(t, environ, "demo", "--ttl", "1ms"); code != exitUsage || !strings.Contains(errOut, "--ttl") {
-		t.Fatalf("demo --ttl 1ms: code %d, %s", code, errOut)
 	}
 }
 
