@@ -194,10 +194,14 @@ func interspersed(fs *flag.FlagSet, args []string) []string {
 		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
 			continue
 		}
-		if i+1 < len(args) {
-			flags = append(flags, args[i+1])
-			i++
+		if i+1 == len(args) {
+			// The flag's value is missing. Give Parse the flag last, so that
+			// it reports "flag needs an argument" instead of taking the "--"
+			// that would follow as the value.
+			return flags
 		}
+		flags = append(flags, args[i+1])
+		i++
 	}
 	return append(append(flags, "--"), positional...)
 }

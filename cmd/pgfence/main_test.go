@@ -1,0 +1,50 @@
+package main
+
+import (
+	"io"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestInterspersed(t *testing.T) {
+	e := &env{stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }}
+	for _, tc := range []struct {
+		args, want []string
+	}{
+		{[]string{"KEY", "--json"}, []string{"--json", "--", "KEY"}},
+		{[]string{"KEY", "--reason", "r", "--force"}, []string{"--reason", "r", "--force", "--", "KEY"}},
+		{[]string{"--reason=r", "KEY"}, []string{"--reason=r", "--", "KEY"}},
+		{[]string{"KEY", "--", "-not-a-flag"}, []string{"--", "KEY", "-not-a-flag"}},
+		// A value flag given last has no value: Parse must see it last, not
+		// followed by "--" (which it would take as the value).
+		{[]string{"KEY", "--force", "--reason"}, []string{"--force", "--reason"}},
+	} {
+		fs := newFlags(e, "t", "t")
+		fs.Bool("json", false, "")
+		fs.Bool("force", false, "")
+		fs.String("reason", "", "")
+		if got := interspersed(fs, tc.args); !slices.Equal(got, tc.want) {
+			t.Errorf("interspersed(%q) = %q, want %q", tc.args, got, tc.want)
+		}
+	}
+}
+
+// A string flag given last without its value is a usage error, before the
+// command connects or changes anything: it once took "--" as the value, and
+// `leases release KEY --force --reason` released a live lease with reason "--".
+func TestFlagWithoutValueLast(t *testing.T) {
+	environ := map[string]string{"DATABASE_URL": "postgres://pgfence@127.0.0.1:1/none"}
+	for _, args := range [][]string{
+		{"leases", "release", "jobs/c", "--force", "--reason"},
+		{"leases", "pause", "billing/", "--reason"},
+		{"floor", "raise", "--reason"},
+		{"protect", "stock", "--resource-column", "sku", "--prefix"},
+		{"leases", "show", "jobs/a", "--database-url"},
+	} {
+		code, _, errOut := cli(t, environ, args...)
+		if code != exitUsage || !strings.Contains(errOut, "flag needs an argument") {
+			t.Errorf("%q: code %d, want %d with \"flag needs an argument\":\n%s", args, code, exitUsage, errOut)
+		}
+	}
+}
