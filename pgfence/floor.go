@@ -9,14 +9,22 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// MaxTokenFloor is the highest floor [RaiseTokenFloor] accepts: 2^62, far
+// above any token a real cluster issues (timeline << 40 | counter), and far
+// below the end of the bigint range, so tokens keep room to grow. A floor
+// is never lowered, so one near the end of the range would make every later
+// grant fail for good.
+const MaxTokenFloor int64 = 1 << 62
+
 // RaiseTokenFloor makes every token issued from now on greater than floor,
 // after the schema was rebuilt or restored from an older backup, so tokens
 // never restart below tokens already stored. It refuses to lower the floor
 // ([ErrFloorLowered]); the current value is a no-op. It returns the floor
-// before. reason (1 to [MaxReasonLen] characters) is recorded.
+// before. floor must be 0 to [MaxTokenFloor]; reason (1 to [MaxReasonLen]
+// characters) is recorded.
 func RaiseTokenFloor(ctx context.Context, db DB, floor int64, reason string) (previous int64, err error) {
-	if floor < 0 {
-		return 0, fmt.Errorf("%w: floor must be >= 0, got %d", ErrInvalid, floor)
+	if floor < 0 || floor > MaxTokenFloor {
+		return 0, fmt.Errorf("%w: floor must be 0 to %d (MaxTokenFloor), got %d", ErrInvalid, MaxTokenFloor, floor)
 	}
 	if n := utf8.RuneCountInString(reason); n < 1 || n > MaxReasonLen {
 		return 0, fmt.Errorf("%w: reason must be 1 to %d characters, got %d", ErrInvalid, MaxReasonLen, n)

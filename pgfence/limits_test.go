@@ -2,6 +2,7 @@ package pgfence_test
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 
@@ -53,6 +54,13 @@ func TestLimitsMatchSQL(t *testing.T) {
 	}
 	if _, err := pgfence.RaiseTokenFloor(ctx, dead, 1, chars(pgfence.MaxReasonLen+1)); !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), "reason") {
 		t.Errorf("RaiseTokenFloor with a long reason: %v, want ErrInvalid naming reason", err)
+	}
+	// A floor near the end of the bigint range would leave no room for the
+	// next token, and a floor is never lowered.
+	for _, floor := range []int64{-1, pgfence.MaxTokenFloor + 1, math.MaxInt64} {
+		if _, err := pgfence.RaiseTokenFloor(ctx, dead, floor, "restore"); !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), "floor must be") {
+			t.Errorf("RaiseTokenFloor(%d): %v, want ErrInvalid naming the floor", floor, err)
+		}
 	}
 	if err := pgfence.Protect(ctx, dead, pgx.Identifier{strings.Repeat("t", pgfence.MaxIdentifierLen+1)}, "c", ""); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Errorf("Protect with a long name: %v, want ErrInvalid before any round trip", err)

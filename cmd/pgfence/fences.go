@@ -303,6 +303,11 @@ func runFloor(ctx context.Context, e *env, args []string) error {
 	if sub == "raise" && *reason == "" {
 		return usageError("floor raise needs --reason TEXT (it is recorded)")
 	}
+	// -1, the default, means "the highest stored token"; any other value is
+	// the floor itself.
+	if *to < -1 || *to > pgfence.MaxTokenFloor {
+		return usageError("--to must be 0 to %d, got %d (a floor is never lowered, so one near the end of the bigint range would stop every later grant)", pgfence.MaxTokenFloor, *to)
+	}
 	pool, err := db.connect(ctx, e)
 	if err != nil {
 		return err

@@ -153,6 +153,17 @@ func TestFloorCommands(t *testing.T) {
 	if code != exitFailure || !strings.Contains(errOut, "may only be raised") {
 		t.Fatalf("lowering the floor: code %d, %s", code, errOut)
 	}
+	// A floor that leaves no room for tokens, or a negative one (once taken
+	// as "the highest stored token"), is refused before anything changes.
+	for _, to := range []string{"9223372036854775807", "4611686018427387905", "-5"} {
+		code, _, errOut = cli(t, environ, "floor", "raise", "--to", to, "--reason", "typo")
+		if code != exitUsage || !strings.Contains(errOut, "--to must be") {
+			t.Fatalf("floor raise --to %s: code %d, %s", to, code, errOut)
+		}
+	}
+	if err := db.Pool.QueryRow(ctx, `SELECT pgfence.next_token(NULL)`).Scan(&next); err != nil || next > 1<<51 {
+		t.Fatalf("next token after the refused raises = %d, %v; want the floor unchanged", next, err)
+	}
 }
 
 func TestKeysGC(t *testing.T) {
