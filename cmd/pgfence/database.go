@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
@@ -58,10 +60,21 @@ func (f *dbFlags) connect(ctx context.Context, e *env) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, &cliError{
-			msg:  "invalid database URL: " + redact(err.Error()),
+			msg:  "invalid database URL: " + parseErrorText(err),
 			hint: "expected postgres://user:password@host:5432/dbname?sslmode=disable or 'host=... dbname=...'",
 			code: exitUsage,
 			err:  err,
+		}
+	}
+	// postgres://user:p@ss@host parses with the password's tail in the host
+	// name, which every later message would show.
+	for _, host := range hosts(cfg) {
+		if strings.Contains(host, "@") {
+			return nil, &cliError{
+				msg:  "invalid database URL: its host name contains '@'",
+				hint: "percent-encode an '@' in the user name or password as %40",
+				code: exitUsage,
+			}
 		}
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > f.timeout {
@@ -80,6 +93,40 @@ func (f *dbFlags) connect(ctx context.Context, e *env) (*pgxpool.Pool, error) {
 		return nil, unreachable(addr, cfg.ConnConfig.Database, err, cfg.ConnConfig.Password)
 	}
 	return pool, nil
+}
+
+// hosts returns every host cfg would connect to.
+func hosts(cfg *pgxpool.Config) []string {
+	hs := []string{cfg.ConnConfig.Host}
+	for _, fb := range cfg.ConnConfig.Fallbacks {
+		hs = append(hs, fb.Host)
+	}
+	return hs
+}
+
+// parseErrorText describes a connection string that could not be parsed
+// without quoting it: pgx's message quotes the whole string with the password
+// hidden as well as pgx can tell where it ends, which an unterminated quote
+// defeats (password='hunter 22 ... showed "22 ...").
+func parseErrorText(err error) string {
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return redact(err.Error())
+	}
+	text := pe.Error()
+	inner := errors.Unwrap(pe)
+	if inner != nil {
+		text = strings.TrimSuffix(text, " ("+inner.Error()+")")
+	}
+	if i := strings.LastIndex(text, "`: "); i >= 0 {
+		text = text[i+len("`: "):]
+	} else {
+		text = "cannot parse the connection string"
+	}
+	if inner != nil {
+		text += ": " + redact(inner.Error())
+	}
+	return text
 }
 
 // unreachable explains a failed connection attempt; password is hidden from
