@@ -128,7 +128,7 @@ func results(rs []*goose.MigrationResult) []Result {
 
 // Up applies every pending migration. It is a no-op on an up-to-date schema.
 func (m *Migrator) Up(ctx context.Context) ([]Result, error) {
-	if err := m.prepare(ctx); err != nil {
+	if _, err := m.prepare(ctx, true); err != nil {
 		return nil, err
 	}
 	rs, err := m.provider.Up(ctx)
@@ -139,12 +139,14 @@ func (m *Migrator) Up(ctx context.Context) ([]Result, error) {
 }
 
 // DownTo rolls back every applied migration above version; DownTo(ctx, 0)
-// removes every pgfence object but the schema and its version table.
+// removes every pgfence object but the schema and its version table. On a
+// database without the version table it does nothing and creates nothing.
 func (m *Migrator) DownTo(ctx context.Context, version int64) ([]Result, error) {
 	if version < 0 {
 		return nil, fmt.Errorf("migrations: version %d: must be >= 0", version)
 	}
-	if err := m.prepare(ctx); err != nil {
+	installed, err := m.prepare(ctx, false)
+	if err != nil || !installed {
 		return nil, err
 	}
 	rs, err := m.provider.DownTo(ctx, version)
@@ -163,9 +165,19 @@ type Status struct {
 }
 
 // Status reports every migration this binary knows and whether it is applied.
+// It creates nothing: on a database without the version table every migration
+// is pending.
 func (m *Migrator) Status(ctx context.Context) ([]Status, error) {
-	if err := m.prepare(ctx); err != nil {
+	installed, err := m.prepare(ctx, false)
+	if err != nil {
 		return nil, err
+	}
+	if !installed {
+		var out []Status
+		for _, src := range m.provider.ListSources() {
+			out = append(out, Status{Version: src.Version, Name: sourceName(src.Path)})
+		}
+		return out, nil
 	}
 	ss, err := m.provider.Status(ctx)
 	if err != nil {
@@ -184,11 +196,16 @@ func (m *Migrator) Status(ctx context.Context) ([]Status, error) {
 
 // Version returns the applied schema version (0 for none) and the newest version
 // this binary knows. It returns [ErrSchemaTooNew] when the database is ahead.
+// It creates nothing: a database without the version table is at version 0.
 func (m *Migrator) Version(ctx context.Context) (current, latest int64, err error) {
-	if err := m.prepare(ctx); err != nil {
+	installed, err := m.prepare(ctx, false)
+	if err != nil {
 		return 0, 0, err
 	}
 	latest = Latest()
+	if !installed {
+		return 0, latest, nil
+	}
 	current, err = m.provider.GetDBVersion(ctx)
 	if err != nil {
 		return 0, latest, m.wrap(err)
@@ -214,52 +231,57 @@ func (m *Migrator) Pending(ctx context.Context) ([]Status, error) {
 	return out, nil
 }
 
-// prepare creates the schema that holds goose's version table, under the same
-// advisory lock as the migrations so that concurrent first runs do not race on
-// CREATE SCHEMA, and refuses to touch a schema newer than this build.
-func (m *Migrator) prepare(ctx context.Context) error {
+// prepare reports whether goose's version table exists and refuses to touch a
+// schema newer than this build. With create (Up) it also creates the schema
+// that holds the version table, under the same advisory lock as the
+// migrations so that concurrent first runs do not race on CREATE SCHEMA.
+// Without create it writes nothing: the callers that read (Status, Version)
+// or have nothing to undo on a blank database (DownTo) must not leave a
+// schema behind, nor need the CREATE privilege a read-only role lacks. They
+// skip goose when the table is missing, since goose creates it on any call.
+func (m *Migrator) prepare(ctx context.Context, create bool) (installed bool, err error) {
 	conn, err := m.db.Conn(ctx)
 	if err != nil {
-		return m.wrap(err)
+		return false, m.wrap(err)
 	}
 	defer conn.Close()
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
-		return m.wrap(err)
+		return false, m.wrap(err)
 	}
 	defer func() { _ = tx.Rollback() }()
 	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, LockID); err != nil {
-		return m.wrap(err)
+		return false, m.wrap(err)
 	}
-	// Only when it is missing: CREATE SCHEMA checks the CREATE privilege on
-	// the database even with IF NOT EXISTS, which a pgfence_operator running
-	// `pgfence doctor` or `migrate status` does not have.
-	var schemaExists bool
-	if err := tx.QueryRowContext(ctx, `SELECT to_regnamespace($1) IS NOT NULL`, Schema).Scan(&schemaExists); err != nil {
-		return m.wrap(err)
-	}
-	if !schemaExists {
-		if _, err := tx.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+Schema); err != nil {
-			return m.wrap(err)
+	if create {
+		// Only when it is missing: CREATE SCHEMA checks the CREATE privilege
+		// on the database even with IF NOT EXISTS.
+		var schemaExists bool
+		if err := tx.QueryRowContext(ctx, `SELECT to_regnamespace($1) IS NOT NULL`, Schema).Scan(&schemaExists); err != nil {
+			return false, m.wrap(err)
+		}
+		if !schemaExists {
+			if _, err := tx.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+Schema); err != nil {
+				return false, m.wrap(err)
+			}
 		}
 	}
-	var exists bool
-	if err := tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, VersionTable).Scan(&exists); err != nil {
-		return m.wrap(err)
+	if err := tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, VersionTable).Scan(&installed); err != nil {
+		return false, m.wrap(err)
 	}
-	if exists {
+	if installed {
 		var newest sql.NullInt64
 		if err := tx.QueryRowContext(ctx, `SELECT max(version_id) FROM `+VersionTable+` WHERE is_applied`).Scan(&newest); err != nil {
-			return m.wrap(err)
+			return false, m.wrap(err)
 		}
 		if newest.Valid && newest.Int64 > Latest() {
-			return fmt.Errorf("%w: database is at version %d, this build knows up to %d; upgrade pgfence", ErrSchemaTooNew, newest.Int64, Latest())
+			return false, fmt.Errorf("%w: database is at version %d, this build knows up to %d; upgrade pgfence", ErrSchemaTooNew, newest.Int64, Latest())
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return m.wrap(err)
+		return false, m.wrap(err)
 	}
-	return nil
+	return installed, nil
 }
 
 func partial(err error) []*goose.MigrationResult {
