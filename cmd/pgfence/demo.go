@@ -98,6 +98,15 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	if url == "" {
 		url = e.getenv("DATABASE_URL")
 	}
+	if url != "" {
+		// Every command's check first: a bad or unreachable URL is explained
+		// as everywhere else, within --connect-timeout.
+		pool, err := db.connect(ctx, e)
+		if err != nil {
+			return err
+		}
+		pool.Close()
+	}
 	progress := e.stderr
 	d, err := devdb.Open(ctx, url, &devdb.Options{Progress: progress})
 	if err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -96,5 +97,45 @@ func TestPrintDemoColumns(t *testing.T) {
 	if !strings.HasPrefix(detail, strings.Repeat(" ", len("10:00:00.000  A    ")+2)+"ddd") || !strings.HasSuffix(detail, "...") ||
 		len(strings.TrimSpace(detail)) != demoDetailWidth {
 		t.Errorf("detail line %q: want it indented under WHAT and cut to %d characters", detail, demoDetailWidth)
+	}
+}
+
+// The demo checks a user's database like every other command: within
+// --connect-timeout, a server that accepts connections and never answers is
+// reported as unreachable (it once waited without end), and a refused
+// password as an authentication failure.
+func TestDemoConnectionErrors(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		var conns []net.Conn // held open, never answered
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	start := time.Now()
+	code, _, errOut := cli(t, nil, "demo", "--connect-timeout", "1s", "--database-url", "postgres://app@"+ln.Addr().String()+"/orders")
+	if code != exitUnavailable || !strings.Contains(errOut, "cannot reach the database") {
+		t.Fatalf("demo against a silent server: code %d, %s", code, errOut)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Fatalf("demo against a silent server took %s with --connect-timeout 1s", d)
+	}
+	code, _, errOut = cli(t, nil, "demo", "--database-url", strings.Replace(startPasswordCluster(t), "pwuser@", "pwuser:wrong@", 1))
+	if code != exitFailure || !strings.Contains(errOut, "authentication failed") {
+		t.Fatalf("demo with a refused password: code %d, %s", code, errOut)
 	}
 }
