@@ -194,6 +194,8 @@ func dbError(err error) error {
 		return &cliError{msg: "lost the database: " + redact(err.Error()), hint: "check that the server is up and reachable, then rerun", code: exitUnavailable, err: err}
 	case pgerr.Code(err) == "42P01" || pgerr.Code(err) == "3F000" || pgerr.Code(err) == "42883":
 		return &cliError{msg: redact(err.Error()), hint: "the pgfence schema is missing or outdated: run `pgfence migrate up`", code: exitSchema, err: err}
+	case pgerr.Code(err) == "42501":
+		return &cliError{msg: redact(err.Error()), hint: "the role lacks a privilege: run operating commands as a member of pgfence_operator (protect and unprotect as the table's owner); see \"Security and least privilege\" in the README", code: exitFailure, err: err}
 	}
 	return err
 }

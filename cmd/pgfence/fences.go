@@ -99,7 +99,7 @@ func runFences(ctx context.Context, e *env, args []string) error {
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RESOURCE\tACCEPTED TOKEN\tWRITES\tLAST ACCEPTED AT")
 	for _, f := range fences {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", f.Resource, f.Token, f.Writes, stamp(f.AcceptedAt))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", cell(f.Resource), f.Token, f.Writes, stamp(f.AcceptedAt))
 	}
 	tw.Flush()
 	if len(fences) == 0 {
@@ -163,7 +163,7 @@ func printRejections(e *env, rejections []pgfence.Rejection) {
 		if r.AcceptedToken != 0 {
 			accepted = strconv.FormatInt(r.AcceptedToken, 10)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", stamp(r.At), reason, r.PresentedToken, accepted, dash(r.Operation), dash(r.TraceID))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", stamp(r.At), reason, r.PresentedToken, accepted, cell(dash(r.Operation)), dash(r.TraceID))
 	}
 	tw.Flush()
 }
@@ -273,8 +273,11 @@ func runUnprotect(ctx context.Context, e *env, args []string) error {
 }
 
 // pgerr42 reports a syntax or undefined-object error (class 42): a bad name.
+// A missing pgfence function (42883: the schema is not installed) and a
+// missing privilege (42501) are not the caller's names; dbError explains them.
 func pgerr42(err error) bool {
-	return strings.HasPrefix(pgerr.Code(err), "42")
+	code := pgerr.Code(err)
+	return strings.HasPrefix(code, "42") && code != "42883" && code != "42501"
 }
 
 func runFloor(ctx context.Context, e *env, args []string) error {
@@ -315,6 +318,14 @@ func runFloor(ctx context.Context, e *env, args []string) error {
 	defer pool.Close()
 	stored, err := pgfence.MaxStoredToken(ctx, pool, columns...)
 	if err != nil {
+		// pgfence's own objects are a function (42883 when missing) in schema
+		// pgfence; another missing schema, table or column is one of the
+		// --column flags.
+		code := pgerr.Code(err)
+		userSchema := code == "3F000" && !strings.Contains(err.Error(), `"pgfence"`)
+		if len(columns) > 0 && (code == "42P01" || code == "42703" || userSchema) {
+			return &cliError{msg: redact(err.Error()), hint: "check the --column flags: schema.table.column of an existing column, case-sensitive as created", code: exitUsage, err: err}
+		}
 		return dbError(err)
 	}
 	var floor int64

@@ -134,7 +134,7 @@ func runKeysShow(ctx context.Context, e *env, args []string) error {
 		if k.TraceID != nil {
 			trace = *k.TraceID
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", k.Key, k.Mode, k.Status, k.Epoch, stamp(k.CreatedAt), expires, trace)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", cell(k.Key), k.Mode, k.Status, k.Epoch, stamp(k.CreatedAt), expires, trace)
 	}
 	tw.Flush()
 	if len(keys) == 0 {

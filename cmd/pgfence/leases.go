@@ -100,7 +100,7 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "KEY\tSTATE\tTOKEN\tHOLDER\tREMAINING\tHOLDER INFO\tCLIENT")
 		for _, l := range ls {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.Key, leaseState(l), l.Token, l.Holder, remaining(l), l.HolderInfo, clientVersion(l.ClientVersion))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cell(l.Key), leaseState(l), l.Token, l.Holder, remaining(l), cell(l.HolderInfo), cell(clientVersion(l.ClientVersion)))
 		}
 		tw.Flush()
 		if len(ls) == 0 {
@@ -115,7 +115,7 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 			tw = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "PREFIX\tPAUSED BY\tSINCE\tREASON")
 			for _, p := range pauses {
-				fmt.Fprintf(tw, "%q\t%s\t%s\t%s\n", p.Prefix, p.PausedBy, stamp(p.PausedAt), p.Reason)
+				fmt.Fprintf(tw, "%q\t%s\t%s\t%s\n", p.Prefix, cell(p.PausedBy), stamp(p.PausedAt), cell(p.Reason))
 			}
 			tw.Flush()
 		}
@@ -123,7 +123,7 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 	case "pause":
 		added, err := client.PauseGrants(ctx, key, *reason)
 		if errors.Is(err, leases.ErrInvalid) {
-			return &cliError{msg: err.Error(), hint: "the prefix is at most 512 bytes, the reason 1 to 1000 characters", code: exitUsage, err: err}
+			return leaseArgError(err)
 		}
 		if err != nil {
 			return dbError(err)
@@ -140,7 +140,7 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 	case "resume":
 		removed, err := client.ResumeGrants(ctx, key, *reason)
 		if errors.Is(err, leases.ErrInvalid) {
-			return &cliError{msg: err.Error(), hint: "the reason is at most 1000 characters", code: exitUsage, err: err}
+			return leaseArgError(err)
 		}
 		if err != nil {
 			return dbError(err)
@@ -159,6 +159,9 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 		if errors.Is(err, leases.ErrNotFound) {
 			return &cliError{msg: fmt.Sprintf("no lease for key %q", key), hint: "`pgfence leases list` shows every key", code: exitFailure, err: err}
 		}
+		if errors.Is(err, leases.ErrInvalid) {
+			return leaseArgError(err)
+		}
 		if err != nil {
 			return dbError(err)
 		}
@@ -174,12 +177,12 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 			return writeJSON(e, map[string]any{"lease": l, "history": hist})
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "key\t%s\n", l.Key)
+		fmt.Fprintf(tw, "key\t%s\n", cell(l.Key))
 		fmt.Fprintf(tw, "state\t%s\n", leaseState(l))
 		fmt.Fprintf(tw, "token\t%d\n", l.Token)
 		fmt.Fprintf(tw, "holder\t%s\n", l.Holder)
-		fmt.Fprintf(tw, "holder info\t%s\n", l.HolderInfo)
-		fmt.Fprintf(tw, "client\t%s\n", clientVersion(l.ClientVersion))
+		fmt.Fprintf(tw, "holder info\t%s\n", cell(l.HolderInfo))
+		fmt.Fprintf(tw, "client\t%s\n", cell(clientVersion(l.ClientVersion)))
 		fmt.Fprintf(tw, "granted at\t%s\n", stamp(l.GrantedAt))
 		fmt.Fprintf(tw, "renewed at\t%s\n", stamp(l.RenewedAt))
 		fmt.Fprintf(tw, "expires at\t%s\n", stamp(l.ExpiresAt))
@@ -195,7 +198,7 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 				if h.Event == "acquired" || h.Event == "taken_over" {
 					client = clientVersion(h.ClientVersion)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", stamp(h.At), h.Event, h.Token, h.Holder, client, h.Reason)
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", stamp(h.At), h.Event, h.Token, h.Holder, cell(client), cell(h.Reason))
 			}
 			tw.Flush()
 		}
@@ -203,7 +206,7 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 	default: // release
 		res, err := client.ForceRelease(ctx, key, *reason)
 		if errors.Is(err, leases.ErrInvalid) {
-			return &cliError{msg: err.Error(), hint: "the reason must be 1 to 1000 characters", code: exitUsage, err: err}
+			return leaseArgError(err)
 		}
 		if err != nil {
 			return dbError(err)
@@ -255,4 +258,10 @@ func stamp(t time.Time) string {
 		return "-"
 	}
 	return t.UTC().Format("2006-01-02 15:04:05.000Z")
+}
+
+// leaseArgError explains a key, prefix or reason the leases package refused;
+// its message names which and why.
+func leaseArgError(err error) error {
+	return &cliError{msg: err.Error(), hint: "a key or prefix is 1 to 512 bytes of UTF-8 without NUL; a reason 1 to 1000 characters", code: exitUsage, err: err}
 }

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 )
@@ -135,7 +136,10 @@ func report(w io.Writer, err error) int {
 	if !errors.As(err, &ce) {
 		ce = &cliError{msg: err.Error(), code: exitFailure}
 	}
-	fmt.Fprintf(w, "pgfence: %s\n", oneLine(redact(ce.msg))) // the last line of defence for a connection string
+	// The library's errors start with their package's name; "pgfence:
+	// pgfence: ..." says nothing twice.
+	msg := strings.TrimPrefix(oneLine(redact(ce.msg)), "pgfence: ") // redact: the last line of defence for a connection string
+	fmt.Fprintf(w, "pgfence: %s\n", msg)
 	if ce.hint != "" {
 		fmt.Fprintf(w, "hint: %s\n", ce.hint)
 	}
@@ -204,4 +208,16 @@ func interspersed(fs *flag.FlagSet, args []string) []string {
 		i++
 	}
 	return append(append(flags, "--"), positional...)
+}
+
+// cell returns s for a table cell: as it is when every character prints,
+// quoted otherwise, so that a tab or newline in a key, reason or holder
+// description cannot shift columns or forge a row.
+func cell(s string) string {
+	for _, r := range s {
+		if !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }

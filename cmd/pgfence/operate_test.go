@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -292,4 +293,75 @@ func TestLeasesPauseCommands(t *testing.T) {
 	if code, out, _ := cli(t, environ, "leases", "list"); code != exitOK || strings.Contains(out, "paused") {
 		t.Fatalf("leases list still shows a pause:\n%s", out)
 	}
+}
+
+// Operating commands explain what went wrong with the exit code that fits:
+// a bad argument is a usage error, a missing schema says to migrate, a missing
+// privilege names the role to use, and text from the database cannot forge
+// table rows.
+func TestOperatingErrors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgfencetest.NewDatabase(t)
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE public.stock (sku text PRIMARY KEY, quantity int)`); err != nil {
+		t.Fatal(err)
+	}
+	expect := func(wantCode int, wantErr string, args ...string) {
+		t.Helper()
+		code, out, errOut := cli(t, environ, args...)
+		if code != wantCode || !strings.Contains(errOut, wantErr) || strings.Contains(errOut, "pgfence: pgfence:") {
+			t.Errorf("%q: code %d, want %d with %q:\n%s%s", args, code, wantCode, wantErr, out, errOut)
+		}
+	}
+	// Keys, prefixes and reasons the leases package refuses.
+	expect(exitUsage, "key: must not be empty", "leases", "show", "")
+	expect(exitUsage, "key: must be valid UTF-8", "leases", "show", "\xff")
+	expect(exitUsage, "512 bytes", "leases", "show", strings.Repeat("k", 600))
+	expect(exitUsage, "key: must not be empty", "leases", "release", "", "--force", "--reason", "r")
+	expect(exitUsage, "prefix", "leases", "resume", "\xff")
+	// A --column that names nothing is the caller's mistake, not the schema's.
+	expect(exitUsage, "check the --column flags", "floor", "show", "--column", "nosuch.col")
+	expect(exitUsage, "check the --column flags", "floor", "show", "--column", "public.stock.nosuch")
+	expect(exitUsage, "check the --column flags", "floor", "show", "--column", "nosuch.t.c")
+
+	// Control characters in a key are quoted in the table, not printed.
+	client, err := leases.New(db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	l, err := client.TryAcquire(ctx, "weird\tkey\nforged row", time.Minute, &leases.AcquireOptions{HolderInfo: "a\nb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	code, out, errOut := cli(t, environ, "leases", "list")
+	if code != exitOK || !strings.Contains(out, `"weird\tkey\nforged row"`) || !strings.Contains(out, `"a\nb"`) || strings.Contains(out, "\nforged row") {
+		t.Errorf("leases list with a control character in a key: code %d\n%s%s", code, out, errOut)
+	}
+
+	// A role without the privilege is told which role to use.
+	role := fmt.Sprintf("pgfence_nobody_%d", time.Now().UnixNano())
+	if _, err := db.Pool.Exec(ctx, `CREATE ROLE `+role+` LOGIN PASSWORD 'not-a-secret'`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), `DROP ROLE `+role) })
+	cfg, err := pgx.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	weak := map[string]string{"DATABASE_URL": fmt.Sprintf("host=%s port=%d dbname=%s user=%s password=not-a-secret", cfg.Host, cfg.Port, cfg.Database, role)}
+	code, out, errOut = cli(t, weak, "protect", "public.stock", "--resource-column", "sku")
+	if code != exitFailure || !strings.Contains(errOut, "pgfence_operator") {
+		t.Errorf("protect without the privilege: code %d\n%s%s", code, out, errOut)
+	}
+
+	// Without the schema, protect and unprotect say to migrate.
+	if _, err := db.Pool.Exec(ctx, `DROP SCHEMA pgfence CASCADE`); err != nil {
+		t.Fatal(err)
+	}
+	expect(exitSchema, "migrate up", "protect", "public.stock", "--resource-column", "sku")
+	expect(exitSchema, "migrate up", "unprotect", "public.stock")
+	expect(exitSchema, "migrate up", "floor", "show", "--column", "public.stock.quantity")
 }
