@@ -71,11 +71,13 @@ func main() {
 
 // run executes one command line and returns the process exit code.
 func run(ctx context.Context, args []string, e *env) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	if len(args) == 0 {
+		// A usage error: the help goes where errors go, not into a pipe.
+		usage(e.stderr)
+		return exitUsage
+	}
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		usage(e.stdout)
-		if len(args) == 0 {
-			return exitUsage
-		}
 		return exitOK
 	}
 	if args[0] == "demo-worker" { // the demo's worker A, a child process

@@ -48,3 +48,16 @@ func TestFlagWithoutValueLast(t *testing.T) {
 		}
 	}
 }
+
+// Asked for, the help goes to stdout; without a command it is a usage error
+// and goes to stderr.
+func TestHelpOutput(t *testing.T) {
+	code, out, errOut := cli(t, nil)
+	if code != exitUsage || out != "" || !strings.Contains(errOut, "Exit codes:") {
+		t.Errorf("pgfence without arguments: code %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	code, out, errOut = cli(t, nil, "help")
+	if code != exitOK || errOut != "" || !strings.Contains(out, "Exit codes:") {
+		t.Errorf("pgfence help: code %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
