@@ -22,6 +22,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -110,6 +112,15 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (res result, er
 		return res, err
 	}
 
+	// The idempotency keys name the requests; they are kept for a day, so a
+	// run id in the scope keeps reruns on the same database apart (else a
+	// rerun's requests would all be replays of the previous run's, and write
+	// nothing). The lease rows and accepted tokens need no run id: tokens keep
+	// increasing across runs.
+	runID := make([]byte, 4)
+	rand.Read(runID)
+	scope := "counter/run-" + hex.EncodeToString(runID)
+
 	var mu sync.Mutex
 	// increment is one request, in one trace: it takes the lease, then claims
 	// the request's idempotency key, presents the lease's token and increments
@@ -122,7 +133,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (res result, er
 		if err != nil {
 			return err
 		}
-		o, err := store.Do(ctx, pool, idempotency.Request{Scope: "counter", Key: requestKey},
+		o, err := store.Do(ctx, pool, idempotency.Request{Scope: scope, Key: requestKey},
 			func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 				_, err := pgfence.Exec(ctx, tx, key, l.Token(),
 					`UPDATE example_counter SET n = n + 1, token = $1 WHERE id = 1`, l.Token())
