@@ -114,6 +114,16 @@ func runBenchCurves(ctx context.Context, e *env, args []string) error {
 	if maxWaiters < 1 || maxWaiters > 256 {
 		return usageError("--max-waiters: %d is not from 1 to 256", maxWaiters)
 	}
+	// Each curve starts at its smallest size; a maximum below it would
+	// measure nothing and still report success.
+	for _, f := range []struct {
+		name     string
+		got, min countFlag
+	}{{"max-rows", maxRows, 1000}, {"max-keys", maxKeys, 10_000}, {"max-resources", maxResources, 1}, {"cycles", cycles, 1}} {
+		if f.got < f.min {
+			return usageError("--%s: %d is below the curve's first point, %d", f.name, f.got, f.min)
+		}
+	}
 	all := []string{"rows", "keys", "resources", "waiters", "churn"}
 	want := map[string]bool{}
 	for _, c := range all {

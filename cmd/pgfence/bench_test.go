@@ -112,6 +112,10 @@ func TestBench(t *testing.T) {
 		{"bench", "curves", "--warmup", "-1s"},
 		{"bench", "curves", "--curves", "nope"},
 		{"bench", "curves", "--max-rows", "lots"},
+		{"bench", "curves", "--max-rows", "999"},
+		{"bench", "curves", "--max-keys", "0"},
+		{"bench", "curves", "--max-resources", "0"},
+		{"bench", "curves", "--cycles", "0"},
 		{"bench", "--database-url", "postgres://app@127.0.0.1:notaport/x"},
 		{"bench", "--database-url", "postgres://app@127.0.0.1/x", "--connect-timeout", "0s"},
 	} {
