@@ -374,11 +374,31 @@ func TestSQLExport(t *testing.T) {
 	if a, b := pgfenceObjects(t, plain.Pool), pgfenceObjects(t, viaGoose); strings.Join(a, ",") != strings.Join(b, ",") {
 		t.Fatalf("exported SQL and migrator disagree:\nsql   %v\ngoose %v", a, b)
 	}
+	// The script records its versions in goose's table, as the migrator does.
+	m := newMigrator(t, plain.Pool)
+	if current, latest, err := m.Version(ctx); err != nil || current != latest {
+		t.Fatalf("Version after the exported up SQL = %d of %d, %v", current, latest, err)
+	}
+	if rs, err := m.Up(ctx); err != nil || len(rs) != 0 {
+		t.Fatalf("Up after the exported up SQL = %v, %v; want nothing to apply", rs, err)
+	}
+	if pending, err := m.Pending(ctx); err != nil || len(pending) != 0 {
+		t.Fatalf("Pending after the exported up SQL = %v, %v", pending, err)
+	}
 	if _, err := plain.Pool.Exec(ctx, down); err != nil {
 		t.Fatalf("apply exported down SQL: %v", err)
 	}
 	if left := pgfenceObjects(t, plain.Pool); len(left) != 0 {
 		t.Fatalf("after exported down SQL these remain: %v", left)
+	}
+	if current, _, err := m.Version(ctx); err != nil || current != 0 {
+		t.Fatalf("Version after the exported down SQL = %d, %v", current, err)
+	}
+	if rs, err := m.Up(ctx); err != nil || int64(len(rs)) != migrations.Latest() {
+		t.Fatalf("Up after the exported down SQL applied %d, %v", len(rs), err)
+	}
+	if _, err := migrations.Script(0, migrations.Latest()+1); err == nil {
+		t.Fatal("Script to an unknown version succeeded")
 	}
 }
 

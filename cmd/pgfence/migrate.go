@@ -14,7 +14,8 @@ const migrateUsage = `migrate <up|down|status|sql> [flags]
   up       apply every pending migration (safe to run from several processes at once)
   down     roll back the newest migration, or down to --to VERSION (0 removes everything)
   status   list migrations and whether each is applied
-  sql      print the plain SQL (--direction up|down) for other migration tools; needs no database`
+  sql      print the plain SQL (--direction up|down, --from/--to VERSION) for other migration
+           tools or psql; it records its steps like up and down do; needs no database`
 
 func runMigrate(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
@@ -36,19 +37,50 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 }
 
 func runMigrateSQL(e *env, args []string) error {
-	fs := newFlags(e, "migrate sql", "migrate sql [--direction up|down]")
+	fs := newFlags(e, "migrate sql", "migrate sql [--direction up|down] [--from VERSION] [--to VERSION]")
 	direction := fs.String("direction", "up", "up or down")
+	from := fs.Int64("from", -1, "the schema version the script starts from (default: 0 up, the latest down)")
+	to := fs.Int64("to", -1, "the schema version the script ends at (default: the latest up, 0 down)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usageError("migrate sql takes no arguments, got %q", fs.Args())
 	}
-	sql, err := migrations.SQL(*direction)
+	latest := migrations.Latest()
+	switch *direction {
+	case "up":
+		if *from == -1 {
+			*from = 0
+		}
+		if *to == -1 {
+			*to = latest
+		}
+		if *from > *to {
+			return usageError("--direction up: --from %d is above --to %d", *from, *to)
+		}
+	case "down":
+		if *from == -1 {
+			*from = latest
+		}
+		if *to == -1 {
+			*to = 0
+		}
+		if *from < *to {
+			return usageError("--direction down: --from %d is below --to %d", *from, *to)
+		}
+	default:
+		return usageError("--direction %q: want up or down", *direction)
+	}
+	if *from < 0 || *to < 0 || *from > latest || *to > latest {
+		return usageError("--from %d --to %d: versions run from 0 to %d", *from, *to, latest)
+	}
+	sql, err := migrations.Script(*from, *to)
 	if err != nil {
 		return usageError("%v", err)
 	}
-	fmt.Fprintf(e.stdout, "-- pgfence schema, migrations up to version %d (%s).\n", migrations.Latest(), *direction)
+	fmt.Fprintf(e.stdout, "-- pgfence schema, %s from version %d to version %d.\n", *direction, *from, *to)
+	fmt.Fprintf(e.stdout, "-- It records each step in %s, as `pgfence migrate %s` does.\n", migrations.VersionTable, *direction)
 	fmt.Fprintln(e.stdout, "-- Apply in one transaction, e.g. psql --single-transaction -v ON_ERROR_STOP=1 -f this.sql")
 	fmt.Fprint(e.stdout, sql)
 	return nil
