@@ -152,15 +152,34 @@ func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
 }
 
-// newFlags returns a flag set that reports errors instead of exiting.
+// newFlags returns a flag set that reports errors instead of exiting. It
+// prints its usage for -h only: a parse error is reported by [parse], in one
+// line with a hint, like every other error.
 func newFlags(e *env, name, usageLine string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
+	// The flag package writes a parse error's message to the output and then
+	// calls Usage; for -h it calls Usage alone.
+	failed := &wroteTo{}
+	fs.SetOutput(failed)
 	fs.Usage = func() {
+		if failed.wrote {
+			failed.wrote = false
+			return
+		}
 		fmt.Fprintf(e.stderr, "Usage: pgfence %s\n\nFlags:\n", usageLine)
+		fs.SetOutput(e.stderr)
 		fs.PrintDefaults()
+		fs.SetOutput(failed)
 	}
 	return fs
+}
+
+// wroteTo discards what is written to it and remembers that it was.
+type wroteTo struct{ wrote bool }
+
+func (w *wroteTo) Write(p []byte) (int, error) {
+	w.wrote = true
+	return len(p), nil
 }
 
 // parse parses args, turning flag errors into usage errors.

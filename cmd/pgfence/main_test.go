@@ -61,3 +61,17 @@ func TestHelpOutput(t *testing.T) {
 		t.Errorf("pgfence help: code %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
+
+// A bad flag is reported like every other error, in one line plus a hint,
+// without the usage; -h prints the usage and exits 0.
+func TestFlagErrorsAreOneLine(t *testing.T) {
+	code, out, errOut := cli(t, nil, "leases", "list", "--nope")
+	if code != exitUsage || out != "" || strings.Contains(errOut, "Usage:") ||
+		errOut != "pgfence: flag provided but not defined: -nope\nhint: run the command with -h for its flags\n" {
+		t.Errorf("bad flag: code %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	code, _, errOut = cli(t, nil, "leases", "list", "-h")
+	if code != exitOK || !strings.Contains(errOut, "Usage: pgfence leases") || !strings.Contains(errOut, "-database-url") {
+		t.Errorf("-h: code %d, stderr %q", code, errOut)
+	}
+}
