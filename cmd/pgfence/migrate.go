@@ -3,9 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"path"
 	"text/tabwriter"
 
+	"github.com/pressly/goose/v3"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -119,11 +124,11 @@ func runMigrateDB(ctx context.Context, e *env, sub string, args []string) error 
 	case "status":
 		ss, err := m.Status(ctx)
 		if err != nil {
-			return schemaError(err)
+			return migrateError(err)
 		}
 		current, latest, err := m.Version(ctx)
 		if err != nil {
-			return schemaError(err)
+			return migrateError(err)
 		}
 		if *asJSON {
 			return writeJSON(e, map[string]any{"current": current, "latest": latest, "migrations": ss})
@@ -142,12 +147,16 @@ func runMigrateDB(ctx context.Context, e *env, sub string, args []string) error 
 		return nil
 	case "up":
 		rs, err := m.Up(ctx)
-		printResults(e, rs, *asJSON)
 		if err != nil {
-			return schemaError(err)
+			printResults(e, "up", rs, *asJSON, false) // what was applied before the failure
+			return migrateError(err)
 		}
+		printResults(e, "up", rs, *asJSON, true)
 		if !*asJSON {
-			current, _, _ := m.Version(ctx)
+			current, _, err := m.Version(ctx)
+			if err != nil {
+				return migrateError(err)
+			}
 			fmt.Fprintf(e.stdout, "schema at version %d\n", current)
 		}
 		return nil
@@ -155,7 +164,7 @@ func runMigrateDB(ctx context.Context, e *env, sub string, args []string) error 
 		if to == -1 {
 			current, _, err := m.Version(ctx)
 			if err != nil {
-				return schemaError(err)
+				return migrateError(err)
 			}
 			if current == 0 {
 				fmt.Fprintln(e.stdout, "nothing to roll back: no pgfence migration is applied")
@@ -163,7 +172,7 @@ func runMigrateDB(ctx context.Context, e *env, sub string, args []string) error 
 			}
 			ss, err := m.Status(ctx)
 			if err != nil {
-				return schemaError(err)
+				return migrateError(err)
 			}
 			to = 0
 			for _, s := range ss {
@@ -173,10 +182,11 @@ func runMigrateDB(ctx context.Context, e *env, sub string, args []string) error 
 			}
 		}
 		rs, err := m.DownTo(ctx, to)
-		printResults(e, rs, *asJSON)
 		if err != nil {
-			return schemaError(err)
+			printResults(e, "down", rs, *asJSON, false)
+			return migrateError(err)
 		}
+		printResults(e, "down", rs, *asJSON, true)
 		if !*asJSON {
 			fmt.Fprintf(e.stdout, "schema at version %d\n", to)
 		}
@@ -184,7 +194,13 @@ func runMigrateDB(ctx context.Context, e *env, sub string, args []string) error 
 	}
 }
 
-func printResults(e *env, rs []migrations.Result, asJSON bool) {
+// printResults prints the migrations applied or rolled back. After a failure
+// (done false) it prints only the steps that completed, and nothing when there
+// were none: the error says what happened.
+func printResults(e *env, direction string, rs []migrations.Result, asJSON, done bool) {
+	if !done && len(rs) == 0 {
+		return
+	}
 	if asJSON {
 		if rs == nil {
 			rs = []migrations.Result{}
@@ -193,13 +209,46 @@ func printResults(e *env, rs []migrations.Result, asJSON bool) {
 		return
 	}
 	if len(rs) == 0 {
-		fmt.Fprintln(e.stdout, "no migrations to apply")
+		if direction == "up" {
+			fmt.Fprintln(e.stdout, "no migrations to apply")
+		} else {
+			fmt.Fprintln(e.stdout, "nothing to roll back")
+		}
 	}
 	for _, r := range rs {
 		fmt.Fprintf(e.stdout, "%-4s %05d_%s (%s)\n", r.Direction, r.Version, r.Name, r.Duration)
 	}
 }
 
+// migrateError explains a failed migration in one line with a hint. goose's
+// error quotes the whole failing statement; the server's message and the
+// migration's name say what went wrong.
+func migrateError(err error) error {
+	var ce *cliError
+	if errors.As(schemaError(err), &ce) {
+		return ce
+	}
+	msg := err.Error()
+	var pe *goose.PartialError
+	if errors.As(err, &pe) && pe.Failed != nil && pe.Failed.Source != nil {
+		msg = fmt.Sprintf("migration %s (%s) failed", path.Base(pe.Failed.Source.Path), pe.Failed.Direction)
+		if pgErr := pgerr.PgError(err); pgErr != nil {
+			msg += ": " + pgErr.Error()
+		} else {
+			msg += ": " + rootCause(err).Error()
+		}
+	} else if pgErr := pgerr.PgError(err); pgErr != nil {
+		msg = "migrations: " + pgErr.Error()
+	}
+	hint := "each migration runs in its own transaction: `pgfence migrate status` shows the version the schema stayed at; fix the cause and rerun"
+	switch pgerr.Code(err) {
+	case "42501": // insufficient_privilege
+		hint = "run the migrations as a role that may create objects in this database, such as its owner"
+	case "42P07", "42710", "42723": // duplicate table, object, function
+		hint = "pgfence objects exist that " + migrations.VersionTable + " does not record (installed by a script from an older `pgfence migrate sql`?); `pgfence migrate status` shows the recorded version"
+	}
+	return &cliError{msg: redact(msg), hint: hint, code: exitFailure, err: err}
+}
 func writeJSON(e *env, v any) error {
 	enc := json.NewEncoder(e.stdout)
 	enc.SetIndent("", "  ")

@@ -132,3 +132,28 @@ func TestMigrateErrors(t *testing.T) {
 		})
 	}
 }
+
+// A failed `migrate up` says why in one line with a hint, and never first
+// that there was nothing to do (it printed "no migrations to apply", or [],
+// before looking at the error).
+func TestMigrateUpFailure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgfencetest.NewDatabase(t)
+	// pgfence objects the version table does not record.
+	if _, err := db.Pool.Exec(ctx, `DROP TABLE pgfence.goose_db_version`); err != nil {
+		t.Fatal(err)
+	}
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	for _, args := range [][]string{{"migrate", "up"}, {"migrate", "up", "--json"}} {
+		code, out, errOut := cli(t, environ, args...)
+		if code != exitFailure || out != "" {
+			t.Errorf("%q: code %d, stdout %q; want %d and nothing on stdout", args, code, out, exitFailure)
+		}
+		lines := strings.Split(strings.TrimSpace(errOut), "\n")
+		if len(lines) != 2 || !strings.Contains(lines[0], "00001_schema") || !strings.Contains(lines[0], `relation "token_floor" already exists`) ||
+			strings.Contains(lines[0], "CREATE TABLE") || !strings.HasPrefix(lines[1], "hint: ") {
+			t.Errorf("%q: stderr, want the migration and the server's message in one line, then a hint:\n%s", args, errOut)
+		}
+	}
+}
