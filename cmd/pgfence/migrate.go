@@ -161,12 +161,18 @@ func runMigrateDB(ctx context.Context, e *env, sub string, args []string) error 
 		}
 		return nil
 	default: // down
+		current, _, err := m.Version(ctx)
+		if err != nil {
+			return migrateError(err)
+		}
+		if to > current {
+			return usageError("--to %d is above the schema's version %d: down only rolls back", to, current)
+		}
 		if to == -1 {
-			current, _, err := m.Version(ctx)
-			if err != nil {
-				return migrateError(err)
-			}
 			if current == 0 {
+				if *asJSON {
+					return writeJSON(e, []migrations.Result{})
+				}
 				fmt.Fprintln(e.stdout, "nothing to roll back: no pgfence migration is applied")
 				return nil
 			}
@@ -188,7 +194,11 @@ func runMigrateDB(ctx context.Context, e *env, sub string, args []string) error 
 		}
 		printResults(e, "down", rs, *asJSON, true)
 		if !*asJSON {
-			fmt.Fprintf(e.stdout, "schema at version %d\n", to)
+			current, _, err := m.Version(ctx)
+			if err != nil {
+				return migrateError(err)
+			}
+			fmt.Fprintf(e.stdout, "schema at version %d\n", current)
 		}
 		return nil
 	}

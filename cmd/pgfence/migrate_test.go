@@ -157,3 +157,31 @@ func TestMigrateUpFailure(t *testing.T) {
 		}
 	}
 }
+
+// `migrate down` reports the version the schema is at afterwards, and --to
+// above it is a usage error: it once printed "schema at version 999".
+func TestMigrateDownTo(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	latest := migrations.Latest()
+
+	code, out, errOut := cli(t, environ, "migrate", "down", "--to", "999")
+	if code != exitUsage || strings.Contains(out, "schema at version") || !strings.Contains(errOut, "above the schema's version "+itoa(latest)) {
+		t.Fatalf("down --to 999: code %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = cli(t, environ, "migrate", "down", "--to", itoa(latest))
+	if code != exitOK || !strings.Contains(out, "nothing to roll back") || strings.Contains(out, "no migrations to apply") ||
+		!strings.Contains(out, "schema at version "+itoa(latest)) {
+		t.Fatalf("down --to %d: code %d\n%s%s", latest, code, out, errOut)
+	}
+	code, out, errOut = cli(t, environ, "migrate", "down")
+	if code != exitOK || !strings.Contains(out, "schema at version "+itoa(latest-1)) {
+		t.Fatalf("down: code %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = cli(t, environ, "migrate", "down", "--to", "9", "--json")
+	var rs []migrations.Result
+	if code != exitOK || json.Unmarshal([]byte(out), &rs) != nil || len(rs) != int(latest-1-9) {
+		t.Fatalf("down --to 9 --json: code %d\n%s%s", code, out, errOut)
+	}
+}
