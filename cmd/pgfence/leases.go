@@ -28,17 +28,32 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 		return nil
 	}
 	sub, rest := args[0], args[1:]
-	fs := newFlags(e, "leases "+sub, "leases "+sub+" [flags]")
+	usageLine, ok := map[string]string{
+		"list":    "leases list [--json]",
+		"show":    "leases show KEY [--history N] [--json]",
+		"release": "leases release KEY --force --reason TEXT [--json]",
+		"pause":   "leases pause PREFIX --reason TEXT [--json]",
+		"resume":  "leases resume PREFIX [--reason TEXT] [--json]",
+	}[sub]
+	if !ok {
+		return usageError("leases: unknown subcommand %q (want list, show, release, pause or resume)", sub)
+	}
+	fs := newFlags(e, "leases "+sub, usageLine)
 	var db dbFlags
 	db.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
-	history := fs.Int("history", 10, "show: how many history entries (newest first)")
-	force := fs.Bool("force", false, "release: required; ending someone else's grant is an operator action")
-	reason := fs.String("reason", "", "release, pause, resume: why (recorded in the grant or pause history)")
+	// Each subcommand has the flags it uses, so that -h lists those only.
+	history, force, reason := new(int), new(bool), new(string)
 	switch sub {
-	case "list", "show", "release", "pause", "resume":
-	default:
-		return usageError("leases: unknown subcommand %q (want list, show, release, pause or resume)", sub)
+	case "show":
+		history = fs.Int("history", 10, "how many history entries (newest first)")
+	case "release":
+		force = fs.Bool("force", false, "required: ending someone else's grant is an operator action")
+		reason = fs.String("reason", "", "why (required; recorded in the grant history)")
+	case "pause":
+		reason = fs.String("reason", "", "why (required; recorded in the pause history)")
+	case "resume":
+		reason = fs.String("reason", "", "why (recorded in the pause history)")
 	}
 	if err := parse(fs, interspersed(fs, rest)); err != nil {
 		return err

@@ -74,4 +74,12 @@ func TestFlagErrorsAreOneLine(t *testing.T) {
 	if code != exitOK || !strings.Contains(errOut, "Usage: pgfence leases") || !strings.Contains(errOut, "-database-url") {
 		t.Errorf("-h: code %d, stderr %q", code, errOut)
 	}
+	// A subcommand's -h shows its own arguments and flags, not its siblings'.
+	code, _, errOut = cli(t, nil, "leases", "pause", "-h")
+	if code != exitOK || !strings.Contains(errOut, "leases pause PREFIX --reason TEXT") || strings.Contains(errOut, "-force") || strings.Contains(errOut, "-history") {
+		t.Errorf("leases pause -h: code %d, stderr %q", code, errOut)
+	}
+	if code, _, errOut = cli(t, nil, "leases", "list", "--force"); code != exitUsage {
+		t.Errorf("leases list --force: code %d, want a usage error: %q", code, errOut)
+	}
 }
