@@ -185,3 +185,38 @@ func TestMigrateDownTo(t *testing.T) {
 		t.Fatalf("down --to 9 --json: code %d\n%s%s", code, out, errOut)
 	}
 }
+
+// Commands that read, and rollbacks with nothing to undo, create nothing on
+// a database without pgfence: goose created its version table (and so the
+// schema pgfence) on every call.
+func TestMigrateReadOnlyCreatesNothing(t *testing.T) {
+	t.Parallel()
+	db := blankDB(t)
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	for _, args := range [][]string{
+		{"migrate", "status"},
+		{"migrate", "status", "--json"},
+		{"doctor"},
+		{"migrate", "down"},
+		{"migrate", "down", "--to", "0"},
+	} {
+		code, out, errOut := cli(t, environ, args...)
+		wantCode := exitOK
+		if args[0] == "doctor" {
+			wantCode = exitFailure
+		}
+		if code != wantCode {
+			t.Errorf("%q: code %d, want %d\n%s%s", args, code, wantCode, out, errOut)
+		}
+		var exists bool
+		if err := db.Pool.QueryRow(context.Background(), `SELECT to_regnamespace('pgfence') IS NOT NULL`).Scan(&exists); err != nil {
+			t.Fatal(err)
+		}
+		if exists {
+			t.Fatalf("%q created the schema pgfence:\n%s", args, out)
+		}
+	}
+	if c := doctorCheck(t, environ, "schema"); c.Status != statusFail || !strings.Contains(c.Detail, "not installed") {
+		t.Fatalf("doctor's schema check on a blank database: %+v", c)
+	}
+}
