@@ -95,6 +95,8 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 		switch {
 		case verr != nil:
 			add("schema", statusFail, "%v", verr)
+		case current == 0 && unrecordedObjects(ctx, pool):
+			add("schema", statusFail, "pgfence objects exist but %s records no migration (installed by a script from an older `pgfence migrate sql`?), so `pgfence migrate up` would fail on them; record the installed versions (README, \"Install the schema\")", migrations.VersionTable)
 		case current == 0:
 			add("schema", statusFail, "the pgfence schema is not installed; run `pgfence migrate up`")
 		case current < latest:
@@ -160,6 +162,15 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 		out = append(out, unprotectedTables(ctx, pool))
 	}
 	return out
+}
+
+// unrecordedObjects reports whether the first migration's objects exist in a
+// database whose version table records none: a schema installed without
+// goose's bookkeeping.
+func unrecordedObjects(ctx context.Context, pool *pgxpool.Pool) bool {
+	var exists bool
+	err := pool.QueryRow(ctx, `SELECT to_regclass('pgfence.token_floor') IS NOT NULL`).Scan(&exists)
+	return err == nil && exists
 }
 
 // roleMembers checks that applications can connect with least privilege: a

@@ -60,3 +60,18 @@ func TestDoctor(t *testing.T) {
 		t.Fatalf("doctor without schema: code %d\n%s%s", code, out, errOut)
 	}
 }
+
+// A schema whose version table records nothing (installed by a script from
+// before `migrate sql` recorded its versions) is not "not installed": `migrate
+// up` would fail on the objects that exist.
+func TestDoctorUnrecordedSchema(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	if _, err := db.Pool.Exec(context.Background(), `DELETE FROM pgfence.goose_db_version WHERE version_id > 0`); err != nil {
+		t.Fatal(err)
+	}
+	c := doctorCheck(t, map[string]string{"DATABASE_URL": db.URL}, "schema")
+	if c.Status != statusFail || !strings.Contains(c.Detail, "records no migration") || strings.Contains(c.Detail, "not installed") {
+		t.Fatalf("schema check = %+v, want a failure naming the unrecorded objects", c)
+	}
+}
