@@ -227,6 +227,11 @@ func runProtect(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer pool.Close()
+	// Protecting again replaces the settings; say so when they change. A
+	// failed lookup only loses that remark: Protect reports the real error.
+	var oldColumn, oldPrefix string
+	wasProtected := pool.QueryRow(ctx, `SELECT resource_column, prefix FROM pgfence.protected_tables() WHERE relation = to_regclass($1)`,
+		table.Sanitize()).Scan(&oldColumn, &oldPrefix) == nil
 	if err := pgfence.Protect(ctx, pool, table, *column, *prefix); err != nil {
 		if errors.Is(err, pgfence.ErrInvalid) || pgerr42(err) {
 			return &cliError{msg: redact(err.Error()), hint: "check the table and column names (schema.table, case-sensitive as created)", code: exitFailure, err: err}
@@ -235,6 +240,9 @@ func runProtect(ctx context.Context, e *env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "protected %s: every INSERT, UPDATE and DELETE must now present an accepted token for resource %s%s\n",
 		table.Sanitize(), quotePrefix(*prefix), *column)
+	if wasProtected && (oldColumn != *column || oldPrefix != *prefix) {
+		fmt.Fprintf(e.stdout, "(it was protected with resource %s%s before; that setting is replaced)\n", quotePrefix(oldPrefix), oldColumn)
+	}
 	return nil
 }
 

@@ -102,6 +102,17 @@ func TestFenceCommands(t *testing.T) {
 	if code != exitOK || json.Unmarshal([]byte(out), &shown) != nil || len(shown.Fences) != 1 || shown.Fences[0].Token != 7 {
 		t.Fatalf("fences show stock/apple --json: code %d\n%s", code, out)
 	}
+	// Protecting again with the same settings says nothing more; with other
+	// settings it says what it replaced.
+	if code, out, errOut = cli(t, environ, "protect", "public.stock", "--resource-column", "sku", "--prefix", "stock/"); code != exitOK || strings.Contains(out, "replaced") {
+		t.Fatalf("protect again, same settings: code %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut = cli(t, environ, "protect", "public.stock", "--resource-column", "sku", "--prefix", "shop/"); code != exitOK || !strings.Contains(out, `it was protected with resource "stock/" || sku before; that setting is replaced`) {
+		t.Fatalf("protect again, another prefix: code %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut = cli(t, environ, "protect", "public.stock", "--resource-column", "sku", "--prefix", "stock/"); code != exitOK {
+		t.Fatalf("protect back: code %d\n%s%s", code, out, errOut)
+	}
 	if code, _, errOut := cli(t, environ, "protect", "public.nope", "--resource-column", "sku"); code == exitOK || !strings.Contains(errOut, "hint:") {
 		t.Fatalf("protect a missing table: code %d, %s", code, errOut)
 	}
