@@ -16,7 +16,6 @@ import (
 
 func TestRedact(t *testing.T) {
 	const pw = "s3cr3t-PW"
-	const tail = "Zq9-rest-of-it" // the part of a password pgx may not recognise as one
 	for _, s := range []string{
 		"postgres://app:s3cr3t-PW@db.internal:5432/orders",
 		"postgresql://app:s3cr3t-PW@db.internal/orders?sslmode=disable",
