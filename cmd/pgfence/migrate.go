@@ -17,7 +17,8 @@ import (
 const migrateUsage = `migrate <up|down|status|sql> [flags]
 
   up       apply every pending migration (safe to run from several processes at once)
-  down     roll back the newest migration, or down to --to VERSION (0 removes everything)
+  down     roll back the newest migration, or down to --to VERSION (0 rolls back all; the empty
+           schema pgfence, its version table and the cluster-wide roles remain)
   status   list migrations and whether each is applied
   sql      print the plain SQL (--direction up|down, --from/--to VERSION) for other migration
            tools or psql; it records its steps like up and down do; needs no database`
