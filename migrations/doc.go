@@ -8,7 +8,13 @@
 // never waits for them.
 //
 // Teams that apply SQL with another tool read the files from [FS] or print
-// them with [SQL] (`pgfence migrate sql`).
+// one script with [SQL] or [Script] (`pgfence migrate sql`). A script
+// records each step in [VersionTable] as a Migrator does, so a Migrator (and
+// `pgfence migrate status`, `pgfence doctor`) sees what it applied, and it
+// refuses to run on a schema at another version than the one it starts from.
+//
+// Status, Version and DownTo read the schema without creating anything: on a
+// database without pgfence they report version 0 and every migration pending.
 //
 // # Roles and privileges
 //
