@@ -41,6 +41,26 @@ func TestLimitsMatchSQL(t *testing.T) {
 	chars := func(n int) string { return strings.Repeat("é", n) }
 	probe("resource bytes", pgfence.MaxResourceLen, `SELECT pgfence.fence($1, 1)`, bytesOf)
 	probe("floor reason characters", pgfence.MaxReasonLen, `SELECT pgfence.raise_token_floor(0, $1)`, chars)
+	// The floor's limit: SQL accepts MaxTokenFloor and refuses one more
+	// (check violation), and a grant still gets a token above it.
+	for floor, ok := range map[int64]bool{pgfence.MaxTokenFloor: true, pgfence.MaxTokenFloor + 1: false, math.MaxInt64: false} {
+		var next int64
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT pgfence.raise_token_floor($1, 'limit probe')`, floor); err != nil {
+				return err
+			}
+			if err := tx.QueryRow(ctx, `SELECT pgfence.next_token(NULL)`).Scan(&next); err != nil {
+				return err
+			}
+			return errRollback
+		})
+		switch {
+		case ok && (!errors.Is(err, errRollback) || next != floor+1):
+			t.Errorf("floor %d (the Go limit): %v, next token %d; want accepted, next token %d", floor, err, next, floor+1)
+		case !ok && sqlstate(err) != "23514":
+			t.Errorf("floor %d: %v, want a check violation (23514)", floor, err)
+		}
+	}
 	// The Go side refuses the same, before any round trip.
 	dead, err := pgxpool.New(ctx, "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
 	if err != nil {
