@@ -25,7 +25,10 @@ type fenceRow struct {
 }
 
 func runFences(ctx context.Context, e *env, args []string) error {
-	if len(args) > 0 && (args[0] == "show" || args[0] == "list") {
+	switch {
+	case len(args) > 0 && args[0] == "help":
+		args = []string{"-h"} // a resource named help: `fences show help`
+	case len(args) > 0 && (args[0] == "show" || args[0] == "list"):
 		args = args[1:]
 	}
 	fs := newFlags(e, "fences show", "fences show [RESOURCE [--rejections N]] [--json]")

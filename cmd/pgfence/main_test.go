@@ -79,6 +79,9 @@ func TestFlagErrorsAreOneLine(t *testing.T) {
 	if code != exitOK || !strings.Contains(errOut, "leases pause PREFIX --reason TEXT") || strings.Contains(errOut, "-force") || strings.Contains(errOut, "-history") {
 		t.Errorf("leases pause -h: code %d, stderr %q", code, errOut)
 	}
+	if code, _, errOut = cli(t, nil, "fences", "help"); code != exitOK || !strings.Contains(errOut, "Usage: pgfence fences show") {
+		t.Errorf("fences help: code %d, stderr %q", code, errOut)
+	}
 	if code, _, errOut = cli(t, nil, "leases", "list", "--force"); code != exitUsage {
 		t.Errorf("leases list --force: code %d, want a usage error: %q", code, errOut)
 	}
