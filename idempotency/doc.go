@@ -109,12 +109,14 @@
 //     lease the key is taken over; if it wakes up, its writes get
 //     [ErrNotOwner]. Use [Attempt.TrustedUntil] to stop starting external
 //     calls before the lease can have expired.
-//   - Limits on input (scope and key [MaxScopeBytes] and [MaxKeyBytes] of
-//     UTF-8 without NUL, results [MaxResultBytes], failure codes and messages
+//   - Limits on input (scope and key [MaxScopeBytes] and [MaxKeyBytes],
+//     results [MaxResultBytes], failure codes and messages
 //     [MaxFailureCodeBytes] and [MaxFailureMessageBytes], recovery points
-//     [MaxRecoveryPointBytes] and [MaxRecoveryDataBytes]) are checked before
-//     any round trip ([ErrInvalid] names the field and the limit) and enforced
-//     by the SQL functions for other clients (PF008). A refused call writes
+//     [MaxRecoveryPointBytes] and [MaxRecoveryDataBytes]; every text — scope,
+//     key, failure code and message, recovery point — valid UTF-8 without
+//     NUL) are checked before any round trip ([ErrInvalid] names the field
+//     and the limit) and enforced by the SQL functions for other clients
+//     (PF008; the server itself refuses such text, 22021). A refused call writes
 //     nothing: an atomic claim rolls back with the caller's writes and the key
 //     stays free; a leased attempt keeps the key and can still complete it.
 //     A payload is only hashed, never sent or stored: bound what you read.

@@ -164,7 +164,8 @@ func (a *Attempt) Heartbeat(ctx context.Context) (err error) {
 	return nil
 }
 
-// Advance records that the work reached point (with optional data, for
+// Advance records that the work reached point (at most
+// [MaxRecoveryPointBytes] of UTF-8 without NUL) with optional data (for
 // example the id a payment provider returned) and extends the lease. An
 // attempt that takes the key over after a crash resumes from the last point.
 func (a *Attempt) Advance(ctx context.Context, point string, data []byte) (err error) {
@@ -175,6 +176,8 @@ func (a *Attempt) Advance(ctx context.Context, point string, data []byte) (err e
 		return fmt.Errorf("%w: recovery point must be at most %d bytes, got %d", ErrInvalid, MaxRecoveryPointBytes, len(point))
 	case len(data) > MaxRecoveryDataBytes:
 		return fmt.Errorf("%w: recovery data must be at most %d bytes, got %d", ErrInvalid, MaxRecoveryDataBytes, len(data))
+	case !validText(point):
+		return fmt.Errorf("%w: recovery point must be valid UTF-8 without NUL bytes", ErrInvalid)
 	}
 	start := time.Now()
 	var until time.Time

@@ -183,3 +183,51 @@ func assertRows(t *testing.T, pool *pgxpool.Pool, scope, key string, want int) {
 		t.Fatalf("%s/%s: %d rows, %v; want %d", scope, key, n, err, want)
 	}
 }
+
+// TestTextCheckedBeforeRoundTrip: failure codes and messages and recovery
+// points with NUL or invalid UTF-8 are refused with ErrInvalid naming the
+// field, like the other limits, not with the server's encoding error; the
+// refused call writes nothing.
+func TestTextCheckedBeforeRoundTrip(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	ctx := context.Background()
+	store := newStore(t, nil)
+	bad := map[string]string{"NUL": "a\x00b", "invalid UTF-8": "a\xffb"}
+	for name, text := range bad {
+		for _, c := range []struct {
+			field   string
+			failure *idempotency.Failure
+		}{
+			{"Failure.Code", &idempotency.Failure{Code: text}},
+			{"Failure.Message", &idempotency.Failure{Code: "c", Message: text}},
+		} {
+			req := idempotency.Request{Scope: "text", Key: "do-" + c.field + "-" + name, Payload: []byte("p")}
+			_, err := store.Do(ctx, pool, req, func(context.Context, pgx.Tx) ([]byte, error) { return nil, c.failure })
+			if !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), c.field) {
+				t.Errorf("Do failing with %s in %s: %v, want ErrInvalid naming %s", name, c.field, err, c.field)
+			}
+			assertRows(t, pool, req.Scope, req.Key, 0)
+
+			lreq := idempotency.Request{Scope: "text", Key: "fail-" + c.field + "-" + name, Payload: []byte("p")}
+			a := claimNew(t, store, pool, lreq)
+			if _, err := a.Fail(ctx, c.failure); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), c.field) {
+				t.Errorf("Attempt.Fail with %s in %s: %v, want ErrInvalid naming %s", name, c.field, err, c.field)
+			}
+			if _, err := a.Complete(ctx, []byte("ok")); err != nil {
+				t.Errorf("the owner completes after the refused Fail: %v", err)
+			}
+		}
+		lreq := idempotency.Request{Scope: "text", Key: "advance-" + name, Payload: []byte("p")}
+		a := claimNew(t, store, pool, lreq)
+		if err := a.Advance(ctx, text, nil); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), "recovery point") {
+			t.Errorf("Advance to a recovery point with %s: %v, want ErrInvalid naming the recovery point", name, err)
+		}
+		if a.RecoveryPoint() != "" {
+			t.Errorf("after the refused Advance the recovery point is %q, want none", a.RecoveryPoint())
+		}
+		if _, err := a.Complete(ctx, []byte("ok")); err != nil {
+			t.Errorf("the owner completes after the refused Advance: %v", err)
+		}
+	}
+}

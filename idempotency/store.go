@@ -263,9 +263,10 @@ type Outcome struct {
 // transient: never stored, the key stays free for a retry.
 type Failure struct {
 	// Code classifies the failure for programs, e.g. "insufficient_funds".
-	// 1 to [MaxFailureCodeBytes] bytes.
+	// 1 to [MaxFailureCodeBytes] bytes of UTF-8 without NUL.
 	Code string
-	// Message is for people. At most [MaxFailureMessageBytes] bytes.
+	// Message is for people. At most [MaxFailureMessageBytes] bytes of UTF-8
+	// without NUL.
 	Message string
 	// Data is an optional stored payload (for example an error response body).
 	Data []byte
@@ -284,6 +285,10 @@ func (f *Failure) check() error {
 		return fmt.Errorf("%w: Failure.Code must be 1 to %d bytes, got %d", ErrInvalid, MaxFailureCodeBytes, len(f.Code))
 	case len(f.Message) > MaxFailureMessageBytes:
 		return fmt.Errorf("%w: Failure.Message must be at most %d bytes, got %d", ErrInvalid, MaxFailureMessageBytes, len(f.Message))
+	case !validText(f.Code):
+		return fmt.Errorf("%w: Failure.Code must be valid UTF-8 without NUL bytes", ErrInvalid)
+	case !validText(f.Message):
+		return fmt.Errorf("%w: Failure.Message must be valid UTF-8 without NUL bytes", ErrInvalid)
 	case len(f.Data) > MaxResultBytes:
 		return fmt.Errorf("%w: Failure.Data must be at most %d bytes, got %d", ErrInvalid, MaxResultBytes, len(f.Data))
 	}
