@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -655,6 +657,29 @@ func TestInvalidArguments(t *testing.T) {
 		// No database needed: refused before any round trip.
 		if _, err := store.Do(context.Background(), nil, req, noop); !errors.Is(err, idempotency.ErrInvalid) {
 			t.Errorf("Do(%+v): %v, want ErrInvalid", req, err)
+		}
+	}
+}
+
+// TestWaitTimeoutWithinLockTimeout: the wait is a lock_timeout, an int32 of
+// milliseconds. The longest accepted WaitTimeout works against the server;
+// anything longer is refused by NewStore, naming the field and the maximum,
+// instead of failing every Do with the server's 22023.
+func TestWaitTimeoutWithinLockTimeout(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	ctx := context.Background()
+	noop := func(context.Context, pgx.Tx) ([]byte, error) { return []byte("ok"), nil }
+	store := newStore(t, &idempotency.Config{WaitTimeout: idempotency.MaxWaitTimeout})
+	out, err := store.Do(ctx, pool, idempotency.Request{Scope: "wait", Key: "max"}, noop)
+	if err != nil || out.Status != idempotency.New {
+		t.Fatalf("Do with WaitTimeout %v: %+v, %v; want New", idempotency.MaxWaitTimeout, out, err)
+	}
+	for _, wait := range []time.Duration{idempotency.MaxWaitTimeout + time.Microsecond, idempotency.MaxWaitTimeout + time.Millisecond, 30 * 24 * time.Hour, math.MaxInt64} {
+		_, err := idempotency.NewStore(&idempotency.Config{WaitTimeout: wait})
+		if !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), "Config.WaitTimeout") ||
+			!strings.Contains(err.Error(), idempotency.MaxWaitTimeout.String()) {
+			t.Errorf("NewStore with WaitTimeout %v: %v, want ErrInvalid naming Config.WaitTimeout and %v", wait, err, idempotency.MaxWaitTimeout)
 		}
 	}
 }

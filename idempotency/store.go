@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -45,6 +46,10 @@ const (
 	// RetryAfterDefault is the retry hint of [InProgress] when the database
 	// cannot tell when the key will be free (an uncommitted atomic claim).
 	RetryAfterDefault = time.Second
+	// MaxWaitTimeout is the longest [Config.WaitTimeout]: the wait is a
+	// PostgreSQL lock_timeout, whose largest value is 2^31-1 milliseconds
+	// (about 24.8 days).
+	MaxWaitTimeout = math.MaxInt32 * time.Millisecond
 )
 
 // Limits on input. The Go API checks them before any round trip and returns
@@ -83,7 +88,8 @@ type Config struct {
 	Retention time.Duration
 	// WaitTimeout bounds how long an atomic duplicate waits for an uncommitted
 	// first attempt (a lock_timeout on the claim). The caller's ctx bounds it
-	// too. Negative means do not wait (1 ms). Default [WaitTimeoutDefault].
+	// too. Negative means do not wait (1 ms). Default [WaitTimeoutDefault];
+	// 1ms to [MaxWaitTimeout].
 	WaitTimeout time.Duration
 	// Lease is how long a leased claim (and each heartbeat or recovery point)
 	// holds the key before another attempt may take it over. Default
@@ -142,6 +148,8 @@ func NewStore(cfg *Config) (*Store, error) {
 		s.wait = WaitTimeoutDefault
 	case s.wait < time.Millisecond:
 		return nil, fmt.Errorf("%w: Config.WaitTimeout must be at least 1ms, got %v", ErrInvalid, s.wait)
+	case s.wait > MaxWaitTimeout:
+		return nil, fmt.Errorf("%w: Config.WaitTimeout must be at most %v (lock_timeout's limit), got %v", ErrInvalid, MaxWaitTimeout, s.wait)
 	}
 	switch {
 	case s.lease < 0:
