@@ -421,7 +421,8 @@ func (c *Client) waitTurn(ctx context.Context, w *waiter, attempt int, remaining
 // [Client.Acquire]), keeps it alive with the default [KeepAliveOptions] while
 // fn runs, cancels fn's context the moment the lease is lost, and releases it
 // when fn returns. It returns fn's error, else an [ErrLeaseLost] error if the
-// lease ended before fn returned, else the release's error.
+// lease ended before fn returned, else the release's error. If fn panics, Do
+// stops the keep-alive and releases the lease before the panic continues.
 func (c *Client) Do(ctx context.Context, key string, ttl time.Duration, fn func(ctx context.Context, l *Lease) error) error {
 	if fn == nil {
 		return invalid("fn", "must not be nil")
@@ -439,16 +440,28 @@ func (c *Client) Do(ctx context.Context, key string, ttl time.Duration, fn func(
 	fnCtx, cancelFn := context.WithCancelCause(ctx)
 	stopWatch := context.AfterFunc(l.ctx, func() { cancelFn(context.Cause(l.ctx)) })
 
+	var lostErr, relErr error
+	finish := func() {
+		stopWatch()
+		lostErr = l.Err()
+		stopKeepAlive()
+		<-kaDone
+		cancelFn(nil)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ReleaseTimeoutDefault)
+		relErr = l.Release(rctx)
+		cancel()
+	}
+	returned := false
+	defer func() {
+		if !returned {
+			// fn panicked (or called runtime.Goexit): do not leave the lease
+			// kept alive by a leaked goroutine; the panic goes on.
+			finish()
+		}
+	}()
 	fnErr := fn(fnCtx, l)
-
-	stopWatch()
-	lostErr := l.Err()
-	stopKeepAlive()
-	<-kaDone
-	cancelFn(nil)
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ReleaseTimeoutDefault)
-	relErr := l.Release(rctx)
-	cancel()
+	returned = true
+	finish()
 	switch {
 	case fnErr != nil:
 		return fnErr
