@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -305,5 +306,28 @@ func TestLeasedCompleteTxWithBusinessWrite(t *testing.T) {
 	}
 	if out, err := store.Claim(ctx, pool, req); err != nil || out.Status != idempotency.Replayed || countCharges(t, pool, "order-4") != 1 {
 		t.Fatalf("after commit: %+v, %v", out, err)
+	}
+}
+
+// TestRetryAfterOfLeaseLongerThanDuration: another client may take a key
+// with a lease longer than a time.Duration holds; the retry hint of Claim
+// and Do saturates instead of wrapping around to a negative duration.
+func TestRetryAfterOfLeaseLongerThanDuration(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	ctx := context.Background()
+	store := newStore(t, nil)
+	req := idempotency.Request{Scope: "long", Key: "k", Payload: []byte("p")}
+	if _, err := pool.Exec(ctx, `SELECT pgfence.idempotency_claim($1, $2, $3, '1000 years', '1 day')`,
+		req.Scope, req.Key, idempotency.Fingerprint(req.Payload)); err != nil {
+		t.Fatal(err)
+	}
+	out, err := store.Claim(ctx, pool, req)
+	if !errors.Is(err, idempotency.ErrInProgress) || out.RetryAfter != math.MaxInt64 {
+		t.Errorf("Claim: %+v, %v; want in progress, retry after %v", out, err, time.Duration(math.MaxInt64))
+	}
+	out, err = store.Do(ctx, pool, req, func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil })
+	if !errors.Is(err, idempotency.ErrInProgress) || out.RetryAfter != math.MaxInt64 {
+		t.Errorf("Do: %+v, %v; want in progress, retry after %v", out, err, time.Duration(math.MaxInt64))
 	}
 }

@@ -383,9 +383,15 @@ func rollback(tx pgx.Tx) {
 
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
+// fromMicros converts microseconds read from the database. Another client
+// may have set a lease longer than a time.Duration holds (about 292 years);
+// that saturates instead of wrapping around to a negative duration.
 func fromMicros(us *int64) time.Duration {
-	if us == nil {
+	switch {
+	case us == nil || *us <= 0:
 		return 0
+	case *us > int64(math.MaxInt64/time.Microsecond):
+		return math.MaxInt64
 	}
 	return time.Duration(*us) * time.Microsecond
 }
