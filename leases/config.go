@@ -97,7 +97,8 @@ type Config struct {
 	// SafetyMargin is subtracted from a grant's or renewal's TTL, counted from
 	// the moment the request was sent by the local monotonic clock, to get the
 	// local trust window; the lease's context ends when it runs out. It must be
-	// below half of every TTL used. Default: TTL/10.
+	// below half of every TTL used ([New] refuses one of half of MaxTTL or
+	// more, which leaves no TTL). Default: TTL/10.
 	SafetyMargin time.Duration
 
 	// DisableWakeups turns off the LISTEN connection; waiting Acquire calls then
@@ -181,6 +182,11 @@ func (c *Config) resolve() (Config, error) {
 	}
 	if cfg.MaxTTL > MaxTTLLimit {
 		return cfg, invalid("Config.MaxTTL", "must be at most %s, got %s", MaxTTLLimit, cfg.MaxTTL)
+	}
+	if cfg.SafetyMargin > (cfg.MaxTTL-1)/2 {
+		// No TTL up to MaxTTL would exceed twice the margin (and twice a huge
+		// margin overflows).
+		return cfg, invalid("Config.SafetyMargin", "must be below half of MaxTTL (%s), got %s", cfg.MaxTTL, cfg.SafetyMargin)
 	}
 	if cfg.BackoffMax < cfg.BackoffMin {
 		return cfg, invalid("Config.BackoffMax", "must be at least BackoffMin (%s), got %s", cfg.BackoffMin, cfg.BackoffMax)
@@ -280,7 +286,7 @@ func (c *Client) validateTTL(ttl time.Duration) (margin time.Duration, err error
 	if margin == 0 {
 		margin = ttl / 10
 	}
-	if 2*margin >= ttl {
+	if margin >= ttl-margin { // 2*margin >= ttl, without overflow
 		return 0, invalid("ttl", "must exceed twice Config.SafetyMargin (%s), got %s", margin, ttl)
 	}
 	return margin, nil

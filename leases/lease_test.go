@@ -3,6 +3,7 @@ package leases_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -324,6 +325,20 @@ func TestInvalidInput(t *testing.T) {
 		{"negative backoff", "Config.BackoffMin", func() error { _, err := leases.New(pool, &leases.Config{BackoffMin: -1}); return err }},
 		{"MaxTTL above limit", "Config.MaxTTL", func() error { _, err := leases.New(pool, &leases.Config{MaxTTL: 25 * time.Hour}); return err }},
 		{"nil pool", "pool", func() error { _, err := leases.New(nil, nil); return err }},
+		// 2 × these overflowed, and a TTL passed the check with a trust window
+		// that had run out at the grant.
+		{"SafetyMargin 1<<62", "Config.SafetyMargin", func() error {
+			_, err := leases.New(pool, &leases.Config{SafetyMargin: 1 << 62})
+			return err
+		}},
+		{"SafetyMargin MaxInt64", "Config.SafetyMargin", func() error {
+			_, err := leases.New(pool, &leases.Config{SafetyMargin: math.MaxInt64})
+			return err
+		}},
+		{"SafetyMargin leaves no TTL", "Config.SafetyMargin", func() error {
+			_, err := leases.New(pool, &leases.Config{MaxTTL: time.Minute, SafetyMargin: 30 * time.Second})
+			return err
+		}},
 	}
 	for _, tc := range cases {
 		err := tc.call()
