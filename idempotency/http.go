@@ -62,7 +62,9 @@ type HTTPConfig struct {
 	Principal func(*http.Request) string
 	// Route names the operation. Default: method + " " + the ServeMux pattern
 	// that matched (r.Pattern; wrap the handler, not the mux, to have it), or
-	// the path when there is none.
+	// the path when there is none. A route and principal whose scope would
+	// be longer than [MaxScopeBytes] or not valid UTF-8 without NUL (a path
+	// decoded from %00 or %FF) are stored as a hash of it.
 	Route func(*http.Request) string
 	// MaxBodyBytes bounds the request body read to fingerprint it; a larger
 	// body gets 413. Default [HTTPMaxBodyBytesDefault].
@@ -502,10 +504,13 @@ func parseKey(v string) (string, error) {
 	return v, nil
 }
 
-// httpScope keeps keys of different routes and principals apart.
+// httpScope keeps keys of different routes and principals apart. A scope
+// that is too long, or is not text PostgreSQL can store (a decoded path or a
+// principal may hold NUL or invalid UTF-8: POST /a%00b), is kept as its
+// SHA-256; "http:sha256:" never starts a scope of the other form.
 func httpScope(route, principal string) string {
 	s := fmt.Sprintf("http:%d:%s:%s", len(route), route, principal)
-	if len(s) > MaxScopeBytes {
+	if len(s) > MaxScopeBytes || !validText(s) {
 		sum := sha256.Sum256([]byte(s))
 		s = "http:sha256:" + hex.EncodeToString(sum[:])
 	}

@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -360,3 +361,62 @@ func TestHTTPLostLeaseCancelsHandler(t *testing.T) {
 		t.Fatalf("stored answer is not the owner's: %+v vs %+v", again, r)
 	}
 }
+
+// TestHTTPPathsAndPrincipalsThatAreNotText: a decoded path or a principal
+// may hold NUL or invalid UTF-8 (POST /a%00b), which PostgreSQL cannot
+// store as text. Such a scope is kept as its hash, so the request is
+// protected like any other instead of failing with 500, and different
+// routes and principals still never meet. Scopes of ordinary text are the
+// same as before, so stored keys stay valid across an upgrade.
+func TestHTTPPathsAndPrincipalsThatAreNotText(t *testing.T) {
+	t.Parallel()
+	var logged strings.Builder
+	var logMu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logged.Write(p)
+	}), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	f := &httpFixture{pool: pgfencetest.NewPool(t), api: &orderAPI{}}
+	mw, err := idempotency.NewMiddleware(newStore(t, &idempotency.Config{Logger: logger}), f.pool, &idempotency.HTTPConfig{
+		Principal: func(r *http.Request) string { return r.URL.Query().Get("user") },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.srv = httptest.NewServer(mw.Wrap(f.api)) // no ServeMux pattern: the route is the decoded path
+	t.Cleanup(f.srv.Close)
+
+	bodies := map[string]string{}
+	for _, path := range []string{"/a%00b", "/a%FFb", "/p?user=%00", "/p?user=%FF", "/p?user=%FE", "/p?user=x"} {
+		first := f.do(t, "POST", path, `"k"`, "{}")
+		if first.status != http.StatusCreated || first.header.Get(idempotency.HeaderReplayed) != "" {
+			t.Errorf("POST %s: %d %s, want 201 from the handler", path, first.status, first.body)
+			continue
+		}
+		for other, body := range bodies {
+			if body == first.body {
+				t.Errorf("POST %s got the response of POST %s: scopes must differ", path, other)
+			}
+		}
+		bodies[path] = first.body
+		again := f.do(t, "POST", path, `"k"`, "{}")
+		if again.status != http.StatusCreated || again.body != first.body || again.header.Get(idempotency.HeaderReplayed) != "true" {
+			t.Errorf("POST %s again: %d %s, want the replay of %s", path, again.status, again.body, first.body)
+		}
+	}
+	if n := f.api.calls.Load(); n != int64(len(bodies)) {
+		t.Errorf("handler ran %d times for %d distinct requests", n, len(bodies))
+	}
+	logMu.Lock()
+	if logged.Len() > 0 {
+		t.Errorf("the middleware logged warnings or errors:\n%s", logged.String())
+	}
+	logMu.Unlock()
+	// An ordinary path and principal keep the scope they always had.
+	assertRows(t, f.pool, "http:7:POST /p:x", "k", 1)
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (w writerFunc) Write(p []byte) (int, error) { return w(p) }
