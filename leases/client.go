@@ -84,6 +84,24 @@ func (c *Client) Close() error {
 	return nil
 }
 
+// conn takes a connection from the pool for one statement. When it fails,
+// nothing was sent, for certain: the error is the context's cause when ctx
+// ended (the caller's deadline, not an outage), else it wraps
+// [ErrUnavailable] (the database could not be reached, or the pool is closed).
+func (c *Client) conn(ctx context.Context) (*pgxpool.Conn, error) {
+	conn, err := c.pool.Acquire(ctx)
+	switch {
+	case err == nil:
+		return conn, nil
+	case ctx.Err() != nil:
+		return nil, context.Cause(ctx)
+	}
+	if classified := pgerr.Classify(err, false); errors.Is(classified, ErrUnavailable) {
+		return nil, classified
+	}
+	return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
 func (c *Client) isClosed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -141,12 +159,9 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 		granted, expiresAt *time.Time
 		remainingMicros    int64
 	)
-	conn, err := c.pool.Acquire(ctx)
+	conn, err := c.conn(ctx)
 	if err != nil {
-		if ctx.Err() != nil { // our deadline, not an outage
-			return nil, fmt.Errorf("leases: acquire %q: %w", key, context.Cause(ctx))
-		}
-		return nil, fmt.Errorf("leases: acquire %q: %w", key, pgerr.Classify(err, false))
+		return nil, fmt.Errorf("leases: acquire %q: %w", key, err)
 	}
 	pid := conn.Conn().PgConn().PID() // the backend that runs the grant
 	err = c.scanGrant(ctx, conn, key, holder, ttl, info, announce, &acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)

@@ -64,8 +64,11 @@
 //     remaining time), [ErrLeaseLost] (renewal or release of a grant that
 //     expired, was taken over or force-released), [ErrInvalid] (the message
 //     names the argument), [ErrNotPrimary].
-//   - The database cannot be reached before a statement is sent:
-//     [ErrUnavailable]; nothing happened. Acquire retries until its deadline.
+//   - The database cannot be reached before a statement is sent (no
+//     connection, or the pool is closed): [ErrUnavailable]; nothing happened.
+//     Acquire retries until its deadline. When the caller's context has
+//     already ended before anything was sent, the error is the context's
+//     (not [ErrOutcomeUnknown]): nothing happened either.
 //   - The connection breaks after a grant was sent: the client stops the
 //     backend that ran it (pg_terminate_backend on its own, already abandoned
 //     session) and waits until it has exited, then reads the row

@@ -121,8 +121,9 @@ func (l *Lease) trustDeadline() time.Time {
 // Renew extends the lease to the database's clock_timestamp() + TTL, if this
 // grant still holds it and it has not expired. When the database refuses, the
 // lease is lost: its context ends and the error wraps [ErrLeaseLost]. Other
-// failures ([ErrUnavailable], [ErrOutcomeUnknown]) leave the lease as it was;
-// its trust window still runs from the last confirmed renewal.
+// failures ([ErrUnavailable], [ErrOutcomeUnknown], or the context's error when
+// ctx ended before the renewal was sent) leave the lease as it was; its trust
+// window still runs from the last confirmed renewal.
 func (l *Lease) Renew(ctx context.Context) (err error) {
 	ctx, done := l.c.tel.startRenew(ctx, l)
 	defer func() { done(err) }()
@@ -131,14 +132,19 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 	}
 	start := time.Now()
 	var expiresAt time.Time
-	err = l.c.pool.QueryRow(ctx, sqlRenew, l.key, l.holder, l.token, l.ttl.Microseconds()).Scan(&expiresAt)
-	if err != nil {
+	conn, err := l.c.conn(ctx) // fails only when nothing was sent
+	if err == nil {
+		err = conn.QueryRow(ctx, sqlRenew, l.key, l.holder, l.token, l.ttl.Microseconds()).Scan(&expiresAt)
+		conn.Release()
 		if pgerr.Code(err) == pgerr.CodeLeaseNotHeld {
 			lost := l.lostError("the database refused the renewal", err)
 			l.end(lost)
 			return lost
 		}
-		err = fmt.Errorf("leases: renew %q (holder %s, token %d): %w", l.key, l.holder, l.token, classify(err))
+		err = classify(err)
+	}
+	if err != nil {
+		err = fmt.Errorf("leases: renew %q (holder %s, token %d): %w", l.key, l.holder, l.token, err)
 		l.c.emit(Event{Kind: EventRenewFailed, Key: l.key, Holder: l.holder, Token: l.token, Err: err, Duration: time.Since(start)})
 		return err
 	}
@@ -180,11 +186,10 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	ctx, done := l.c.tel.startRelease(ctx, l)
 	defer func() { done(status, err) }()
 	for attempt := 0; attempt < 3; attempt++ {
-		err = l.c.queryRow(ctx, sqlRelease, l.key, l.holder, l.token, l.c.cfg.DurableRelease).Scan(&changed, &status)
+		changed, status, err = l.releaseOnce(ctx)
 		if err == nil {
 			break
 		}
-		err = classify(err)
 		if !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrOutcomeUnknown) {
 			break
 		}
@@ -211,6 +216,17 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	default:
 		return l.lostError("the key was granted to another holder before the release; nothing changed", nil)
 	}
+}
+
+// releaseOnce sends one release; its error is classified.
+func (l *Lease) releaseOnce(ctx context.Context) (changed bool, status string, err error) {
+	conn, err := l.c.conn(ctx) // fails only when nothing was sent
+	if err != nil {
+		return false, "", err
+	}
+	defer conn.Release()
+	err = queryRowOn(ctx, conn, sqlRelease, l.key, l.holder, l.token, l.c.cfg.DurableRelease).Scan(&changed, &status)
+	return changed, status, classify(err)
 }
 
 // KeepAlive renews the lease every opts.Interval until ctx ends (it returns nil

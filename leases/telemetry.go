@@ -224,14 +224,25 @@ func (c *Client) scanGrant(ctx context.Context, conn *pgxpool.Conn, key, holder 
 // transaction, no extra round trip) by setting pgfence.trace_id when ctx
 // carries a trace id, so that lease events record it.
 func (c *Client) queryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return queryRowOn(ctx, c.pool, sql, args...)
+}
+
+// querier is a pool or one of its connections.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// queryRowOn is queryRow on q.
+func queryRowOn(ctx context.Context, q querier, sql string, args ...any) pgx.Row {
 	traceID := telemetry.TraceID(ctx)
 	if traceID == "" {
-		return c.pool.QueryRow(ctx, sql, args...)
+		return q.QueryRow(ctx, sql, args...)
 	}
 	b := &pgx.Batch{}
 	b.Queue(telemetry.SetTraceIDSQL, traceID)
 	b.Queue(sql, args...)
-	return tracedRow{c.pool.SendBatch(ctx, b)}
+	return tracedRow{q.SendBatch(ctx, b)}
 }
 
 // tracedRow is the second statement's row of a two-statement batch.

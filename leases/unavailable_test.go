@@ -1,0 +1,56 @@
+package leases_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// A call that sends nothing says so: the caller's own context ended
+// (context's error) or the pool is closed (ErrUnavailable), never
+// ErrOutcomeUnknown, and never a bare pool error.
+func TestNothingSentIsNotUnknown(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	ctx := ctxTimeout(t, 30*time.Second)
+
+	l1, err := c.TryAcquire(ctx, "k1", 10*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, err := c.TryAcquire(ctx, "k2", 10*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := l1.Renew(canceled); !errors.Is(err, context.Canceled) || errors.Is(err, leases.ErrOutcomeUnknown) {
+		t.Errorf("Renew with a canceled context: %v, want context.Canceled", err)
+	}
+	if err := l1.Release(canceled); !errors.Is(err, context.Canceled) || errors.Is(err, leases.ErrOutcomeUnknown) {
+		t.Errorf("Release with a canceled context: %v, want context.Canceled", err)
+	}
+	if _, err := c.TryAcquire(canceled, "k3", 10*time.Second, nil); !errors.Is(err, context.Canceled) || errors.Is(err, leases.ErrOutcomeUnknown) {
+		t.Errorf("TryAcquire with a canceled context: %v, want context.Canceled", err)
+	}
+
+	pool.Close()
+	unavailable := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, leases.ErrUnavailable) || errors.Is(err, leases.ErrOutcomeUnknown) {
+			t.Errorf("%s on a closed pool: %v, want ErrUnavailable", what, err)
+		}
+	}
+	_, err = c.TryAcquire(ctx, "k3", 10*time.Second, nil)
+	unavailable("TryAcquire", err)
+	_, err = c.Acquire(ctx, "k3", 10*time.Second, &leases.AcquireOptions{MaxWait: 100 * time.Millisecond})
+	unavailable("Acquire", err)
+	unavailable("Renew", l2.Renew(ctx))
+	unavailable("Release", l2.Release(ctx))
+}
