@@ -60,7 +60,10 @@
 // the key comes with another request, replays marked "Idempotent-Replayed:
 // true" with allow-listed headers only; 2xx, 3xx and permanent 4xx answers are
 // stored, 5xx, 408, 409, 425 and 429 are not. Keys are scoped by principal and
-// route. Handlers reach the [Attempt] with [AttemptFromContext].
+// route. Handlers reach the [Attempt] with [AttemptFromContext]. A client
+// that goes away ends the handler's context but not its lease: the key stays
+// in progress until the handler returns, and its answer is stored for the
+// retry.
 //
 // # Guarantees
 //

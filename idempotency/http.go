@@ -97,6 +97,11 @@ type HTTPConfig struct {
 // 2xx and 3xx responses are stored as results, 4xx responses as permanent
 // failures — except 408, 409, 425 and 429, which, like 5xx and panics, release
 // the key so that a retry runs the handler again.
+//
+// The lease is extended until the handler returns, also after the client went
+// away: net/http then ends the handler's context, but a handler inside a call
+// that ignores it still runs, so a retry gets 409 until it returns and then
+// its stored answer. The handler's context also ends if the key is lost.
 type Middleware struct {
 	store     *Store
 	db        DB
@@ -303,9 +308,13 @@ func (m *Middleware) serveCovered(w http.ResponseWriter, r *http.Request, next h
 const claimTimeout = 10 * time.Second
 
 func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, a *Attempt) {
+	// The handler's context ends when the client goes away or the key is
+	// lost. The lease must outlive the client: a handler inside a call that
+	// ignores its context still runs, and a retry must not take the key over
+	// and run it again. The heartbeat stops when the handler returns.
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
-	stopBeat := m.keepAlive(ctx, a, cancel)
+	stopBeat := m.keepAlive(context.WithoutCancel(r.Context()), a, cancel)
 
 	rec := &recorder{ResponseWriter: w, max: m.maxResp, allowed: m.headers}
 	finished := false
@@ -326,8 +335,11 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	finished = true
 }
 
-// keepAlive extends the lease until stop is called; it cancels the handler's
-// context if the key is lost (taken over) or can no longer be trusted.
+// keepAlive extends the lease until stop is called, which waits for a
+// heartbeat in flight; it cancels the handler's context if the key is lost
+// (taken over) or can no longer be trusted. ctx must not be the request's
+// context, which ends when the client goes away while the handler may still
+// run.
 func (m *Middleware) keepAlive(ctx context.Context, a *Attempt, cancel context.CancelCauseFunc) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -338,11 +350,12 @@ func (m *Middleware) keepAlive(ctx context.Context, a *Attempt, cancel context.C
 			select {
 			case <-done:
 				return
-			case <-ctx.Done():
-				return
 			case <-t.C:
 			}
-			err := a.Heartbeat(ctx)
+			// A heartbeat answered after a whole lease extends nothing.
+			hctx, hcancel := context.WithTimeout(ctx, m.store.lease)
+			err := a.Heartbeat(hctx)
+			hcancel()
 			switch {
 			case errors.Is(err, ErrNotOwner):
 				cancel(err)

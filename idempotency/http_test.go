@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -420,3 +421,86 @@ func TestHTTPPathsAndPrincipalsThatAreNotText(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (w writerFunc) Write(p []byte) (int, error) { return w(p) }
+
+// TestHTTPClientGoneKeepsLease: a client that gives up does not end the
+// lease of the handler it started. net/http cancels the request's context
+// when the client disconnects, but the handler may still be inside a
+// downstream call that ignores it; the key stays in progress until the
+// handler returns, a retry meanwhile gets 409 instead of running the
+// handler a second time, and the first handler's answer is stored and
+// replayed.
+func TestHTTPClientGoneKeepsLease(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	mw, err := idempotency.NewMiddleware(newStore(t, &idempotency.Config{Lease: 600 * time.Millisecond}), pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	handlerCtx := make(chan context.Context, 1)
+	srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		select {
+		case handlerCtx <- r.Context():
+		default:
+		}
+		time.Sleep(2 * time.Second) // a downstream call that ignores the context
+		fmt.Fprint(w, "done")
+	})))
+	t.Cleanup(srv.Close)
+	post := func(ctx context.Context) (response, error) {
+		req, err := http.NewRequestWithContext(ctx, "POST", srv.URL+"/pay", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(idempotency.HeaderKey, `"gone"`)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			return response{}, err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return response{resp.StatusCode, resp.Header, string(b)}, nil
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if r, err := post(ctx); err == nil {
+		t.Fatalf("the impatient client got an answer: %+v", r)
+	}
+	// The server noticed the disconnect: the handler's context ended.
+	select {
+	case hctx := <-handlerCtx:
+		select {
+		case <-hctx.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("the handler's context did not end when the client left")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handler did not run")
+	}
+	// Well past the lease of the claim, while the first handler still runs.
+	time.Sleep(900 * time.Millisecond)
+	r, err := post(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.status != http.StatusConflict {
+		t.Errorf("retry while the first handler runs: %d %q, want 409", r.status, r.body)
+	}
+	// Once the first handler returned, its answer is replayed.
+	deadline := time.Now().Add(10 * time.Second)
+	for r.status == http.StatusConflict && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		if r, err = post(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r.status != http.StatusOK || r.body != "done" || r.header.Get(idempotency.HeaderReplayed) != "true" {
+		t.Errorf("retry after the first handler returned: %d %q replayed=%q, want its stored 200 \"done\"",
+			r.status, r.body, r.header.Get(idempotency.HeaderReplayed))
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times for one key", n)
+	}
+}
