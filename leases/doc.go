@@ -88,7 +88,12 @@
 //     the trust window, and ends the lease's context when the window runs out or
 //     after [KeepAliveOptions.MaxFailures] failures in a row. Work under the
 //     lease must stop when [Lease.Done] is closed.
-//   - A release whose reply is lost is retried (it is idempotent). By default a
+//   - A release whose reply is lost is retried (it is idempotent). A release
+//     that was not sent, or whose outcome stays unknown, does not end the
+//     lease as released ([ErrReleased] means a confirmed release): the lease
+//     may still be held, so its context stays open until its trust window
+//     runs out (then it ends with [ErrLeaseLost]) or a retried [Lease.Release]
+//     is confirmed, and [Lease.KeepAlive] no longer renews it. By default a
 //     release commits with synchronous_commit = off ([Config.DurableRelease]): if
 //     the server crashes right after, the release may be lost and the next holder
 //     waits until the lease expires; any later durable commit makes it durable.

@@ -19,7 +19,7 @@ var (
 	// keep-alive gave up. Work done under it is no longer protected.
 	ErrLeaseLost = errors.New("leases: lease lost")
 	// ErrReleased: the lease was released by its holder; it is the cause of the
-	// lease's context after [Lease.Release].
+	// lease's context after a [Lease.Release] that was confirmed.
 	ErrReleased = errors.New("leases: lease released")
 	// ErrMaxHold: keep-alive reached its maximum total hold time
 	// ([KeepAliveOptions.MaxHold]) and stopped; the lease's context ends with it.

@@ -35,6 +35,10 @@ type Lease struct {
 	timer      *time.Timer // ends the lease at trustUntil
 	ended      bool
 	released   bool // a Release call committed (or found it already released)
+	// releaseAsked: Release was called. Until a release is confirmed, the
+	// lease may still be held (the release was not sent or its outcome is
+	// unknown): KeepAlive no longer renews it, and its trust window runs out.
+	releaseAsked bool
 }
 
 func (c *Client) newLease(key, holder string, token int64, ttl, margin time.Duration, start, grantedAt, expiresAt time.Time) *Lease {
@@ -82,8 +86,8 @@ func (l *Lease) Context() context.Context { return l.ctx }
 func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err is nil while the lease is held. Afterwards it is [ErrReleased] after a
-// Release, [ErrMaxHold] when keep-alive reached its limit, and otherwise an
-// error wrapping [ErrLeaseLost] that says why.
+// confirmed Release, [ErrMaxHold] when keep-alive reached its limit, and
+// otherwise an error wrapping [ErrLeaseLost] that says why.
 func (l *Lease) Err() error {
 	if l.ctx.Err() == nil {
 		return nil
@@ -92,7 +96,20 @@ func (l *Lease) Err() error {
 }
 
 func (l *Lease) trustExpired() {
+	l.mu.Lock()
+	asked := l.releaseAsked
+	l.mu.Unlock()
+	if asked {
+		l.end(l.lostError("the local trust window ran out before a release was confirmed", nil))
+		return
+	}
 	l.end(l.lostError("the local trust window ran out before a renewal was confirmed", nil))
+}
+
+func (l *Lease) releaseRequested() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.releaseAsked
 }
 
 // end ends the lease's context with cause (once).
@@ -169,10 +186,18 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 // never frees another holder's grant and is idempotent: releasing twice, or
 // retrying after a lost reply, returns nil. When the lease had already expired
 // or been taken over before the release, the error wraps [ErrLeaseLost] (work
-// done under it may not have been protected to the end). It retries a lost
-// reply at most twice within ctx.
+// done under it may not have been protected to the end) and so does the
+// lease's context's cause. It retries a lost reply at most twice within ctx.
+//
+// When the release was not sent ([ErrUnavailable], or the context's error) or
+// its outcome stays unknown ([ErrOutcomeUnknown]), the lease may still be
+// held: it is not ended as released. Its context stays open until its trust
+// window runs out (then it ends with an [ErrLeaseLost] error), or until a
+// later Release is confirmed; call Release again to free the key before its
+// TTL. [Lease.KeepAlive] no longer renews a lease whose holder called Release.
 func (l *Lease) Release(ctx context.Context) (err error) {
 	l.mu.Lock()
+	l.releaseAsked = true
 	released := l.released
 	l.mu.Unlock()
 	if released {
@@ -197,9 +222,23 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 			break
 		}
 	}
-	l.end(ErrReleased)
 	if err != nil {
+		// Not sent, or the outcome is unknown: the lease may still be held
+		// (until its trust window runs out), so it is not ended as released.
 		return fmt.Errorf("leases: release %q (holder %s, token %d): %w", l.key, l.holder, l.token, err)
+	}
+	var result error
+	switch status {
+	case "released", "already_released":
+	case "expired":
+		result = l.lostError("the lease had expired before the release (now released)", nil)
+	default:
+		result = l.lostError("the key was granted to another holder before the release; nothing changed", nil)
+	}
+	if result == nil {
+		l.end(ErrReleased)
+	} else {
+		l.end(result)
 	}
 	l.mu.Lock()
 	l.released = status != "not_held"
@@ -208,14 +247,7 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 		l.c.wake(l.key) // local waiters need not wait for the notification
 	}
 	l.c.emit(Event{Kind: EventReleased, Key: l.key, Holder: l.holder, Token: l.token, Duration: time.Since(start)})
-	switch status {
-	case "released", "already_released":
-		return nil
-	case "expired":
-		return l.lostError("the lease had expired before the release (now released)", nil)
-	default:
-		return l.lostError("the key was granted to another holder before the release; nothing changed", nil)
-	}
+	return result
 }
 
 // releaseOnce sends one release; its error is classified.
@@ -236,7 +268,9 @@ func (l *Lease) releaseOnce(ctx context.Context) (changed bool, status string, e
 // (it ends the lease's context with an [ErrLeaseLost] error). No renewal attempt
 // outlives the trust window, so a renewal whose outcome stays unknown ends the
 // lease's context when the window runs out, before the database could grant
-// the key to anyone else.
+// the key to anyone else. Once [Lease.Release] has been called, it renews no
+// more and returns when the lease ends (nil once a release is confirmed, an
+// [ErrLeaseLost] error when the trust window runs out first).
 func (l *Lease) KeepAlive(ctx context.Context, opts *KeepAliveOptions) error {
 	var o KeepAliveOptions
 	if opts != nil {
@@ -274,16 +308,30 @@ func (l *Lease) keepAlive(ctx context.Context, o KeepAliveOptions) (string, erro
 	next := o.Interval
 	timer := time.NewTimer(min(next, time.Until(holdUntil)))
 	defer timer.Stop()
+	ended := func() (string, error) {
+		if err := l.Err(); !errors.Is(err, ErrReleased) {
+			return stopEnded(err), err
+		}
+		return outcomeReleased, nil
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return stopCanceled, nil
 		case <-l.ctx.Done():
-			if err := l.Err(); !errors.Is(err, ErrReleased) {
-				return stopEnded(err), err
-			}
-			return outcomeReleased, nil
+			return ended()
 		case <-timer.C:
+		}
+		if l.releaseRequested() {
+			// The holder asked to give the lease up, but no release was
+			// confirmed: renewing would keep it held. Wait for a confirmed
+			// release or for the trust window to run out.
+			select {
+			case <-ctx.Done():
+				return stopCanceled, nil
+			case <-l.ctx.Done():
+				return ended()
+			}
 		}
 		if !time.Now().Before(holdUntil) {
 			err := fmt.Errorf("%w: lease %q (holder %s, token %d) kept for %s", ErrMaxHold, l.key, l.holder, l.token, o.MaxHold)
