@@ -89,6 +89,11 @@
 //     after [KeepAliveOptions.MaxFailures] failures in a row. Work under the
 //     lease must stop when [Lease.Done] is closed.
 //   - A release whose reply is lost is retried (it is idempotent). A release
+//     that finds the grant already released reads the lease's history: a
+//     release with the grant's holder id and token (the lost attempt's, or
+//     another client's acting for the holder) returns nil, an operator's
+//     force-release [ErrLeaseLost]; if the history cannot say after a lost
+//     reply, the error also wraps [ErrOutcomeUnknown]. A release
 //     that was not sent, or whose outcome stays unknown, does not end the
 //     lease as released ([ErrReleased] means a confirmed release): the lease
 //     may still be held, so its context stays open until its trust window

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
@@ -34,7 +36,13 @@ type Lease struct {
 	trustUntil time.Time   // local monotonic
 	timer      *time.Timer // ends the lease at trustUntil
 	ended      bool
-	released   bool // a Release call committed (or found it already released)
+	released   bool  // a Release call got a conclusive answer ...
+	releaseErr error // ... and returned this (later calls return it too)
+	// releaseSent: a release of this lease was sent and its reply lost, so it
+	// may have committed. Without it, a release that finds the grant already
+	// released knows someone else ended it.
+	releaseSent bool
+	relSem      chan struct{} // one Release at a time
 	// releaseAsked: Release was called. Until a release is confirmed, the
 	// lease may still be held (the release was not sent or its outcome is
 	// unknown): KeepAlive no longer renews it, and its trust window runs out.
@@ -47,6 +55,7 @@ func (c *Client) newLease(key, holder string, token int64, ttl, margin time.Dura
 		c: c, key: key, holder: holder, token: token, ttl: ttl, margin: margin,
 		grantedAt: grantedAt, start: start, ctx: ctx, cancel: cancel,
 		expiresAt: expiresAt, trustUntil: start.Add(ttl - margin),
+		relSem: make(chan struct{}, 1),
 	}
 	l.mu.Lock()
 	l.timer = time.AfterFunc(time.Until(l.trustUntil), l.trustExpired)
@@ -183,11 +192,16 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 }
 
 // Release ends the grant and ends the lease's context with [ErrReleased]. It
-// never frees another holder's grant and is idempotent: releasing twice, or
-// retrying after a lost reply, returns nil. When the lease had already expired
-// or been taken over before the release, the error wraps [ErrLeaseLost] (work
-// done under it may not have been protected to the end) and so does the
-// lease's context's cause. It retries a lost reply at most twice within ctx.
+// never frees another holder's grant and is idempotent: releasing twice (or
+// concurrently), or retrying after a lost reply, returns nil; once a release
+// got an answer, later calls return the same result. When the lease had
+// already expired, been taken over or been force-released before the release,
+// the error wraps [ErrLeaseLost] (work done under it may not have been
+// protected to the end) and so does the lease's context's cause. It retries a
+// lost reply at most twice within ctx. When it finds the grant already
+// released, the lease's history says how: with the grant's holder id and
+// token (an earlier attempt whose reply was lost, or another client acting
+// for the holder: nil) or by an operator's force-release ([ErrLeaseLost]).
 //
 // When the release was not sent ([ErrUnavailable], or the context's error) or
 // its outcome stays unknown ([ErrOutcomeUnknown]), the lease may still be
@@ -198,10 +212,20 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 func (l *Lease) Release(ctx context.Context) (err error) {
 	l.mu.Lock()
 	l.releaseAsked = true
-	released := l.released
 	l.mu.Unlock()
-	if released {
-		return nil
+	// One release at a time: a call that finds the grant released by another
+	// call of this lease would otherwise take it for an operator's doing.
+	select {
+	case l.relSem <- struct{}{}:
+	case <-ctx.Done():
+		if released, result := l.releaseResult(); released {
+			return result
+		}
+		return fmt.Errorf("leases: release %q (holder %s, token %d): %w", l.key, l.holder, l.token, context.Cause(ctx))
+	}
+	defer func() { <-l.relSem }()
+	if released, result := l.releaseResult(); released {
+		return result
 	}
 	start := time.Now()
 	var (
@@ -215,6 +239,11 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 		if err == nil {
 			break
 		}
+		if errors.Is(err, ErrOutcomeUnknown) {
+			l.mu.Lock()
+			l.releaseSent = true
+			l.mu.Unlock()
+		}
 		if !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrOutcomeUnknown) {
 			break
 		}
@@ -222,14 +251,26 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 			break
 		}
 	}
+	l.mu.Lock()
+	sent := l.releaseSent
+	l.mu.Unlock()
 	if err != nil {
 		// Not sent, or the outcome is unknown: the lease may still be held
 		// (until its trust window runs out), so it is not ended as released.
+		if sent && !errors.Is(err, ErrOutcomeUnknown) {
+			err = fmt.Errorf("%w: the reply to an earlier attempt was lost; the last attempt: %w", ErrOutcomeUnknown, err)
+		}
 		return fmt.Errorf("leases: release %q (holder %s, token %d): %w", l.key, l.holder, l.token, err)
 	}
 	var result error
 	switch status {
-	case "released", "already_released":
+	case "released":
+	case "already_released":
+		if result = l.releasedBy(ctx, sent); errors.Is(result, ErrOutcomeUnknown) {
+			// The grant is not held any more, whoever ended it.
+			l.end(result)
+			return result
+		}
 	case "expired":
 		result = l.lostError("the lease had expired before the release (now released)", nil)
 	default:
@@ -241,13 +282,54 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 		l.end(result)
 	}
 	l.mu.Lock()
-	l.released = status != "not_held"
+	l.released, l.releaseErr = true, result
 	l.mu.Unlock()
 	if changed {
 		l.c.wake(l.key) // local waiters need not wait for the notification
 	}
 	l.c.emit(Event{Kind: EventReleased, Key: l.key, Holder: l.holder, Token: l.token, Duration: time.Since(start)})
 	return result
+}
+
+// releasedAfterExpiry is the reason pgfence.release records for a release of
+// an expired grant (status expired).
+const releasedAfterExpiry = "released after expiry"
+
+// releaseResult reports whether a release got a conclusive answer, and the
+// result it returned.
+func (l *Lease) releaseResult() (bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.released, l.releaseErr
+}
+
+// releasedBy interprets a release that found this grant already released,
+// from the lease's history: nil when it was released with its holder id and
+// token (by this lease's earlier attempt whose reply was lost, or by another
+// client acting for the holder), an [ErrLeaseLost] error when an operator
+// force-released it or it had expired first. sent says whether an earlier
+// release of this lease may have committed without its reply: when the
+// history cannot say, that makes the outcome unknown (the error wraps
+// [ErrLeaseLost] and [ErrOutcomeUnknown]); without one, someone else ended the
+// grant.
+func (l *Lease) releasedBy(ctx context.Context, sent bool) error {
+	var event, reason string
+	err := l.c.pool.QueryRow(ctx, sqlReleasedBy, l.key, l.holder, l.token).Scan(&event, &reason)
+	switch {
+	case err == nil && event == "force_released":
+		return l.lostError("the grant had been force-released before the release; nothing changed", nil)
+	case err == nil && reason == releasedAfterExpiry:
+		return l.lostError("the lease had expired before the release (now released)", nil)
+	case err == nil:
+		return nil
+	case errors.Is(err, pgx.ErrNoRows):
+		err = errors.New("its end is no longer in the history")
+	}
+	if !sent {
+		return l.lostError("the grant had been ended by someone else before the release (the history could not say how)", err)
+	}
+	return l.lostError("the grant is released, but whether by an earlier attempt of this release (its reply was lost) or by an operator could not be read back",
+		fmt.Errorf("%w: %w", ErrOutcomeUnknown, err))
 }
 
 // releaseOnce sends one release; its error is classified.

@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/faultproxy"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
@@ -65,5 +68,119 @@ func TestReleaseNotSentKeepsLease(t *testing.T) {
 	}
 	if st, err := c.Get(ctx, "abandoned"); err != nil || !st.RenewedAt.IsZero() {
 		t.Fatalf("KeepAlive renewed a lease its holder asked to release: %+v %v", st, err)
+	}
+}
+
+// A release that finds its grant already ended by someone else (an operator's
+// ForceRelease) says the lease was lost; releases of the same lease, one
+// after the other or at once, return nil.
+func TestReleaseAfterForceReleaseIsLost(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	ctx := ctxTimeout(t, 30*time.Second)
+
+	l, err := c.TryAcquire(ctx, "k", 10*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ForceRelease(ctx, "k", "op"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+		t.Fatalf("release of a force-released grant: %v, want ErrLeaseLost", err)
+	}
+	if !errors.Is(l.Err(), leases.ErrLeaseLost) {
+		t.Fatalf("lease after the release of a force-released grant: %v", l.Err())
+	}
+	if err := l.Release(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+		t.Fatalf("second release of a force-released grant: %v, want ErrLeaseLost", err)
+	}
+
+	// Do reports it too when the operator acts while fn runs.
+	err = c.Do(ctx, "k", 10*time.Second, func(ctx context.Context, l *leases.Lease) error {
+		_, err := c.ForceRelease(ctx, "k", "op")
+		return err
+	})
+	if !errors.Is(err, leases.ErrLeaseLost) {
+		t.Fatalf("Do whose lease was force-released: %v, want ErrLeaseLost", err)
+	}
+
+	// Concurrent releases of one lease all succeed.
+	l, err = c.TryAcquire(ctx, "k", 10*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 5)
+	for range 5 {
+		go func() { errs <- l.Release(ctx) }()
+	}
+	for range 5 {
+		if err := <-errs; err != nil {
+			t.Errorf("concurrent release: %v", err)
+		}
+	}
+	if err := l.Release(ctx); err != nil || !errors.Is(l.Err(), leases.ErrReleased) {
+		t.Fatalf("release after concurrent releases: %v, lease %v", err, l.Err())
+	}
+}
+
+// After a lost release reply, a retry that finds the grant released asks the
+// history who released it.
+func TestReleaseRetryAfterLostReply(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	proxy := newProxy(t, db.URL)
+	url, err := proxy.ConnString(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1 // after a cut, every retry needs a new connection
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	ctx := ctxTimeout(t, 30*time.Second)
+
+	// The lost release committed: the retry finds it.
+	l, err := c.TryAcquire(ctx, "mine", 10*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trig := proxy.CutAfter(faultproxy.SQLContains("pgfence.release"))
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("release retried after a lost reply: %v", err)
+	}
+	if !trig.Fired() || !errors.Is(l.Err(), leases.ErrReleased) {
+		t.Fatalf("cut fired %v, lease %v", trig.Fired(), l.Err())
+	}
+
+	// The lost release never arrived and an operator ended the grant before
+	// the retry: the retry says the lease was lost.
+	l, err = c.TryAcquire(ctx, "forced", 10*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.CutBefore(faultproxy.SQLContains("pgfence.release"))
+	proxy.SetRefuse(true)
+	if err := l.Release(ctx); !errors.Is(err, leases.ErrOutcomeUnknown) {
+		t.Fatalf("release whose reply was lost and whose retries were refused: %v, want ErrOutcomeUnknown", err)
+	}
+	if l.Err() != nil {
+		t.Fatalf("lease ended by a release of unknown outcome: %v", l.Err())
+	}
+	if _, err := leasesClient(t, db).ForceRelease(ctx, "forced", "op"); err != nil {
+		t.Fatal(err)
+	}
+	proxy.SetRefuse(false)
+	if err := l.Release(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+		t.Fatalf("retried release of a force-released grant: %v, want ErrLeaseLost", err)
 	}
 }

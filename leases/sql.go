@@ -12,6 +12,13 @@ const (
 
 	sqlRelease = `SELECT released, status FROM pgfence.release($1, $2::uuid, $3, $4)`
 
+	// sqlReleasedBy says how a grant that a release found already released
+	// ended: 'released' (with its holder id and token; the reason says
+	// whether it had expired) or 'force_released' (an operator).
+	sqlReleasedBy = `SELECT event, coalesce(reason, '') FROM pgfence.lease_events
+ WHERE key = $1 AND holder = $2::uuid AND token = $3 AND event IN ('released', 'force_released')
+ ORDER BY id LIMIT 1`
+
 	sqlForceRelease = `SELECT released, holder::text, token, was_live FROM pgfence.force_release($1, $2)`
 
 	// sqlReadBack resolves a grant whose reply was lost: the holder id is fresh
