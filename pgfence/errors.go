@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -204,6 +205,46 @@ func details(detail string) map[string]string {
 // rollback ends tx after a failure. A rollback error other than
 // [pgx.ErrTxClosed] is joined to cause; the rollback gets its own short
 // deadline so a cancelled ctx still releases the connection's locks.
+// checkDB refuses a nil db (or a nil pointer in it) with ErrInvalid instead
+// of a nil dereference somewhere inside.
+func checkDB(db DB) error {
+	if db == nil {
+		return fmt.Errorf("%w: db is nil", ErrInvalid)
+	}
+	if v := reflect.ValueOf(db); v.Kind() == reflect.Pointer && v.IsNil() {
+		return fmt.Errorf("%w: db is a nil %T", ErrInvalid, db)
+	}
+	return nil
+}
+
+// endOnPanic is deferred by a helper right after it begins tx, with returned
+// set once the caller's fn has returned. If fn panics (returned is still
+// false, and no error was returned), it rolls tx back while the panic goes
+// on, so the connection does not stay in an open transaction that holds the
+// fence row's (or the lease row's) lock, and the helper's telemetry records a
+// failure. It does not recover: the panic keeps its stack.
+func endOnPanic(ctx context.Context, tx pgx.Tx, returned *bool, err *error) {
+	if *returned || *err != nil {
+		return
+	}
+	*err = errors.Join(errFnPanicked, rollback(ctx, tx, nil))
+}
+
+// errFnPanicked is the error the telemetry of a helper records when the
+// caller's fn panicked; the panic itself goes on to the caller.
+var errFnPanicked = errors.New("pgfence: fn panicked")
+
+// fnEndedTx is the error of a helper whose fn committed or rolled back the
+// transaction itself (tx.Commit then reports pgx.ErrTxClosed): the helper
+// cannot tell which, so on its own transaction the outcome is unknown.
+func fnEndedTx(own bool) error {
+	const msg = "fn committed or rolled back the transaction itself; it must leave that to the helper"
+	if own {
+		return fmt.Errorf("%w: %w: %s", ErrOutcomeUnknown, ErrInvalid, msg)
+	}
+	return fmt.Errorf("%w: %s", ErrInvalid, msg)
+}
+
 func rollback(ctx context.Context, tx pgx.Tx, cause error) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()

@@ -114,7 +114,10 @@ func validate(resource string, token int64) error {
 //
 // A stale token returns a *[StaleTokenError] (errors.Is [ErrStaleToken]) and fn
 // is not called. If fn returns an error the transaction rolls back and that
-// error is returned unchanged (pgfence SQLSTATEs raised inside fn are mapped).
+// error is returned unchanged (pgfence SQLSTATEs raised inside fn are mapped);
+// if fn panics, the transaction rolls back and the panic goes on. fn must not
+// commit or roll back tx itself: Write then cannot know the outcome and
+// returns an error that wraps both [ErrInvalid] and [ErrOutcomeUnknown].
 // A COMMIT whose answer is lost returns an *[OutcomeUnknownError]; pass it to
 // [Resolve].
 //
@@ -123,6 +126,9 @@ func validate(resource string, token int64) error {
 // caller commits. Write costs BEGIN, the fence, fn's statements and COMMIT;
 // [Exec] does a single statement in one round trip.
 func Write(ctx context.Context, db DB, resource string, token int64, fn func(ctx context.Context, tx pgx.Tx) error) (_ Receipt, err error) {
+	if err := checkDB(db); err != nil {
+		return Receipt{}, err
+	}
 	w := &write{op: opWrite, resource: resource, token: token}
 	ctx, done := startWrite(ctx, db, w, fenceAttrs(resource, token)...)
 	defer func() { done(err) }()
@@ -138,13 +144,20 @@ func Write(ctx context.Context, db DB, resource string, token int64, fn func(ctx
 	if err != nil {
 		return Receipt{}, mapError(err, false)
 	}
+	returned := false
+	defer endOnPanic(ctx, tx, &returned, &err)
 	if err := fenceTx(ctx, tx, resource, token, op); err != nil {
 		return Receipt{}, rollback(ctx, tx, mapError(err, false))
 	}
-	if err := fn(ctx, tx); err != nil {
-		return Receipt{}, rollback(ctx, tx, mapError(err, false))
+	ferr := fn(ctx, tx)
+	returned = true
+	if ferr != nil {
+		return Receipt{}, rollback(ctx, tx, mapError(ferr, false))
 	}
 	if err := tx.Commit(ctx); err != nil {
+		if errors.Is(err, pgx.ErrTxClosed) {
+			return Receipt{}, unknown(fnEndedTx(ownCommit(db)), resource, token, op)
+		}
 		if !ownCommit(db) {
 			// A lost RELEASE SAVEPOINT kills the caller's transaction: nothing
 			// can commit, so the outcome is known.
@@ -172,6 +185,9 @@ func unknown(err error, resource string, token int64, op OpID) error {
 // aborts it, as any failing statement does; use [Write] to confine a rejection
 // to a savepoint. Errors are as for [Write].
 func Exec(ctx context.Context, db DB, resource string, token int64, sql string, args ...any) (_ pgconn.CommandTag, err error) {
+	if err := checkDB(db); err != nil {
+		return pgconn.CommandTag{}, err
+	}
 	w := &write{op: opExec, resource: resource, token: token}
 	ctx, done := startWrite(ctx, db, w, fenceAttrs(resource, token)...)
 	defer func() { done(err) }()
@@ -220,6 +236,9 @@ type FenceState struct {
 // or [ErrNotFound] if none was. It reads the last committed state without
 // waiting for writers in flight; after an unknown outcome use [Resolve].
 func Accepted(ctx context.Context, db DB, resource string) (FenceState, error) {
+	if err := checkDB(db); err != nil {
+		return FenceState{}, err
+	}
 	var a FenceState
 	var op *[16]byte
 	err := db.QueryRow(ctx, sqlAccepted, resource).Scan(&a.Token, &a.Writes, &op)
@@ -267,6 +286,9 @@ func (o Outcome) String() string {
 // then compares the accepted token and operation id with the write's. It
 // changes nothing.
 func Resolve(ctx context.Context, db DB, e *OutcomeUnknownError) (Outcome, error) {
+	if err := checkDB(db); err != nil {
+		return 0, err
+	}
 	if e == nil {
 		return 0, fmt.Errorf("%w: nil *OutcomeUnknownError", ErrInvalid)
 	}

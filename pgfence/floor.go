@@ -23,6 +23,9 @@ const MaxTokenFloor int64 = 1 << 62
 // before. floor must be 0 to [MaxTokenFloor]; reason (1 to [MaxReasonLen]
 // characters) is recorded.
 func RaiseTokenFloor(ctx context.Context, db DB, floor int64, reason string) (previous int64, err error) {
+	if err := checkDB(db); err != nil {
+		return 0, err
+	}
 	if floor < 0 || floor > MaxTokenFloor {
 		return 0, fmt.Errorf("%w: floor must be 0 to %d (MaxTokenFloor), got %d", ErrInvalid, MaxTokenFloor, floor)
 	}
@@ -43,6 +46,9 @@ type Column struct {
 // (fences, leases, lease history, the floor) and in columns: the least floor
 // for [RaiseTokenFloor] after a restore.
 func MaxStoredToken(ctx context.Context, db DB, columns ...Column) (int64, error) {
+	if err := checkDB(db); err != nil {
+		return 0, err
+	}
 	var sb strings.Builder
 	sb.WriteString("SELECT greatest(pgfence.max_stored_token()")
 	for _, c := range columns {

@@ -2,8 +2,10 @@ package pgfence
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -26,6 +28,9 @@ func (l Lease) validate() error {
 	if len(l.Key) == 0 || len(l.Key) > MaxResourceLen {
 		return fmt.Errorf("%w: lease key must be 1 to %d bytes, got %d", ErrInvalid, MaxResourceLen, len(l.Key))
 	}
+	if strings.IndexByte(l.Key, 0) >= 0 || !utf8.ValidString(l.Key) {
+		return fmt.Errorf("%w: lease key must be valid UTF-8 without NUL bytes", ErrInvalid)
+	}
 	if l.Token <= 0 {
 		return fmt.Errorf("%w: lease token must be positive, got %d", ErrInvalid, l.Token)
 	}
@@ -35,14 +40,23 @@ func (l Lease) validate() error {
 	return nil
 }
 
-// isUUID reports whether s is 32 hex digits, optionally with dashes and braces
-// (the forms PostgreSQL's uuid input accepts).
+// isUUID reports whether s is a UUID in a form PostgreSQL's uuid input
+// accepts: 32 hex digits, optionally in braces, with at most one dash after
+// any group of four digits (8-4-4-4-12 is the usual one).
 func isUUID(s string) bool {
-	s = strings.TrimSuffix(strings.TrimPrefix(s, "{"), "}")
+	if strings.HasPrefix(s, "{") {
+		if !strings.HasSuffix(s, "}") {
+			return false
+		}
+		s = s[1 : len(s)-1]
+	}
 	n := 0
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; {
 		case c == '-':
+			if n == 0 || n%4 != 0 || n == 32 || s[i-1] == '-' {
+				return false
+			}
 		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
 			n++
 		default:
@@ -63,6 +77,9 @@ func isUUID(s string) bool {
 // it over in between; hold a margin (the leases package's trust window) before
 // starting long work. Other errors are as for [Write].
 func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
+	if err := checkDB(db); err != nil {
+		return err
+	}
 	ctx, done := startWrite(ctx, db, &write{op: opWriteLeased, resource: lease.Key, token: lease.Token, holder: lease.Holder}, leaseAttrs(lease)...)
 	defer func() { done(err) }()
 	if err := lease.validate(); err != nil {
@@ -75,13 +92,20 @@ func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Co
 	if err != nil {
 		return mapError(err, false)
 	}
+	returned := false
+	defer endOnPanic(ctx, tx, &returned, &err)
 	if _, err := tx.Exec(ctx, sqlCheckLease, lease.Key, lease.Holder, lease.Token); err != nil {
 		return rollback(ctx, tx, mapError(err, false))
 	}
-	if err := fn(ctx, tx); err != nil {
-		return rollback(ctx, tx, mapError(err, false))
+	ferr := fn(ctx, tx)
+	returned = true
+	if ferr != nil {
+		return rollback(ctx, tx, mapError(ferr, false))
 	}
 	if err := tx.Commit(ctx); err != nil {
+		if errors.Is(err, pgx.ErrTxClosed) {
+			return fnEndedTx(ownCommit(db))
+		}
 		return mapError(err, ownCommit(db))
 	}
 	return nil
@@ -90,6 +114,9 @@ func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Co
 // ExecLeased checks lease as [WriteLeased] does and runs one statement, in a
 // single round trip and one implicit transaction.
 func ExecLeased(ctx context.Context, db DB, lease Lease, sql string, args ...any) (_ pgconn.CommandTag, err error) {
+	if err := checkDB(db); err != nil {
+		return pgconn.CommandTag{}, err
+	}
 	ctx, done := startWrite(ctx, db, &write{op: opExecLeased, resource: lease.Key, token: lease.Token, holder: lease.Holder}, leaseAttrs(lease)...)
 	defer func() { done(err) }()
 	if err := lease.validate(); err != nil {

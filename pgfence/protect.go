@@ -23,6 +23,9 @@ import (
 // Cost: one plpgsql call and one primary-key lookup in pgfence.fences per row
 // written (see BenchmarkProtectedRow).
 func Protect(ctx context.Context, db DB, table pgx.Identifier, resourceColumn, prefix string) error {
+	if err := checkDB(db); err != nil {
+		return err
+	}
 	if err := checkIdentifier("table", table); err != nil {
 		return err
 	}
@@ -39,6 +42,9 @@ func Protect(ctx context.Context, db DB, table pgx.Identifier, resourceColumn, p
 
 // Unprotect removes the guard from table and reports whether it was protected.
 func Unprotect(ctx context.Context, db DB, table pgx.Identifier) (bool, error) {
+	if err := checkDB(db); err != nil {
+		return false, err
+	}
 	if err := checkIdentifier("table", table); err != nil {
 		return false, err
 	}
@@ -58,6 +64,9 @@ type ProtectedTable struct {
 
 // Protected lists the protected tables of the database, from the catalog.
 func Protected(ctx context.Context, db DB) ([]ProtectedTable, error) {
+	if err := checkDB(db); err != nil {
+		return nil, err
+	}
 	rows, err := db.Query(ctx, `SELECT relation::text, resource_column, prefix FROM pgfence.protected_tables()`)
 	if err != nil {
 		return nil, mapError(err, false)

@@ -69,6 +69,9 @@ const (
 // record is best effort: it commits with synchronous_commit off, a failure
 // to record is logged at debug level and never changes the write's error.
 func Rejections(ctx context.Context, db DB, resource string, limit int) ([]Rejection, error) {
+	if err := checkDB(db); err != nil {
+		return nil, err
+	}
 	// A name no write could use is the caller's mistake, not an empty
 	// history (and the server would refuse invalid UTF-8 with 22021).
 	if err := validateResource(resource); err != nil {

@@ -47,6 +47,9 @@ func (t Table) validate() error {
 // wrapping [ErrOutcomeUnknown]: the write may have committed, and the row's
 // fence column tells whether it (or a later write) did.
 func UpdateRow(ctx context.Context, db DB, t Table, id any, token int64, set map[string]any) (err error) {
+	if err := checkDB(db); err != nil {
+		return err
+	}
 	ctx, done := startWrite(ctx, db, &write{op: opUpdateRow, token: token}, attrToken.Int64(token), attribute.String("db.collection.name", strings.Join(t.Name, ".")))
 	defer func() { done(err) }()
 	if err := t.validate(); err != nil {

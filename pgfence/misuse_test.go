@@ -1,0 +1,159 @@
+package pgfence_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/pgfence"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// mustPanic runs f and reports whether it panicked with "boom".
+func mustPanic(t *testing.T, f func()) {
+	t.Helper()
+	defer func() {
+		if p := recover(); p != "boom" {
+			t.Fatalf("recovered %v, want the panic of fn to reach the caller", p)
+		}
+	}()
+	f()
+}
+
+// A panic in fn rolls the transaction back on its way to the caller: the
+// connection goes back to the pool, and the fence row (for Write) or the lease
+// row (for WriteLeased) is not left locked by an open transaction. It once
+// was, until the backend was killed: every later writer of the resource
+// waited, a takeover of the lease waited, and the pool's Close hung.
+func TestPanicInFnRollsBack(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	boom := func(context.Context, pgx.Tx) error { panic("boom") }
+
+	mustPanic(t, func() { _, _ = pgfence.Write(ctx, pool, "panic/1", 1, boom) })
+	if n := pool.Stat().AcquiredConns(); n != 0 {
+		t.Fatalf("%d connections still acquired after fn panicked", n)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := pgfence.Write(wctx, pool, "panic/1", 2, func(context.Context, pgx.Tx) error { return nil }); err != nil {
+		t.Fatalf("the next writer of the resource: %v", err)
+	}
+
+	lease := grant(t, pool, "panic/lease")
+	mustPanic(t, func() { _ = pgfence.WriteLeased(ctx, pool, lease, boom) })
+	if n := pool.Stat().AcquiredConns(); n != 0 {
+		t.Fatalf("%d connections still acquired after fn panicked", n)
+	}
+	// A takeover updates the lease row; FOR UPDATE NOWAIT fails at once if a
+	// transaction still holds FOR SHARE on it.
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT 1 FROM pgfence.leases WHERE key = 'panic/lease' FOR UPDATE NOWAIT`)
+		return err
+	}); err != nil {
+		t.Fatalf("the lease row is still locked after fn panicked: %v", err)
+	}
+
+	// Inside a caller's transaction only the savepoint is rolled back, and
+	// the caller's transaction goes on.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	mustPanic(t, func() {
+		_, _ = pgfence.Write(ctx, tx, "panic/2", 1, func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `CREATE TEMP TABLE rolled_back (x int)`); err != nil {
+				return err
+			}
+			panic("boom")
+		})
+	})
+	var n int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname = 'rolled_back'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("caller's transaction after the panic: %d tables, %v; want it usable, the savepoint rolled back", n, err)
+	}
+}
+
+// fn must leave COMMIT and ROLLBACK to the helper. When it ends the
+// transaction itself the helper cannot know the outcome: the error says so,
+// wraps ErrInvalid and ErrOutcomeUnknown, and Resolve tells what happened.
+func TestFnEndsTransactionItself(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	for _, tc := range []struct {
+		end  func(context.Context, pgx.Tx) error
+		want pgfence.Outcome
+	}{
+		{func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }, pgfence.NotApplied},
+		{func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }, pgfence.Applied},
+	} {
+		_, err := pgfence.Write(ctx, pool, "ended/1", 5, tc.end)
+		var unknown *pgfence.OutcomeUnknownError
+		if !errors.Is(err, pgfence.ErrInvalid) || !errors.As(err, &unknown) {
+			t.Fatalf("fn ended the transaction: %v, want ErrInvalid and *OutcomeUnknownError", err)
+		}
+		if got, err := pgfence.Resolve(ctx, pool, unknown); err != nil || got != tc.want {
+			t.Errorf("Resolve: %v, %v; want %v", got, err, tc.want)
+		}
+	}
+	lease := grant(t, pool, "ended/lease")
+	err := pgfence.WriteLeased(ctx, pool, lease, func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) })
+	if !errors.Is(err, pgfence.ErrInvalid) || !errors.Is(err, pgfence.ErrOutcomeUnknown) {
+		t.Fatalf("WriteLeased, fn committed: %v, want ErrInvalid and ErrOutcomeUnknown", err)
+	}
+}
+
+// A nil db, or a nil pool in it, is refused as an invalid argument instead of
+// a nil dereference inside.
+func TestNilDB(t *testing.T) {
+	ctx := testContext(t)
+	noop := func(context.Context, pgx.Tx) error { return nil }
+	lease := pgfence.Lease{Key: "k", Holder: "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", Token: 1}
+	for _, db := range []pgfence.DB{nil, (*pgxpool.Pool)(nil), (*pgx.Conn)(nil)} {
+		for name, call := range map[string]func() error{
+			"Write":       func() error { _, err := pgfence.Write(ctx, db, "r", 1, noop); return err },
+			"Exec":        func() error { _, err := pgfence.Exec(ctx, db, "r", 1, `SELECT 1`); return err },
+			"WriteLeased": func() error { return pgfence.WriteLeased(ctx, db, lease, noop) },
+			"ExecLeased":  func() error { _, err := pgfence.ExecLeased(ctx, db, lease, `SELECT 1`); return err },
+			"Accepted":    func() error { _, err := pgfence.Accepted(ctx, db, "r"); return err },
+			"Protected":   func() error { _, err := pgfence.Protected(ctx, db); return err },
+			"UpdateRow": func() error {
+				return pgfence.UpdateRow(ctx, db, pgfence.Table{Name: pgx.Identifier{"t"}, Key: "id", Fence: "f"}, 1, 1, map[string]any{"x": 1})
+			},
+		} {
+			if err := call(); !errors.Is(err, pgfence.ErrInvalid) {
+				t.Errorf("%s with db %#v: %v, want ErrInvalid", name, db, err)
+			}
+		}
+	}
+}
+
+// A lease whose key or holder the database would refuse is refused before
+// any round trip, as ErrInvalid, like every other argument.
+func TestLeaseArgumentsCheckedFirst(t *testing.T) {
+	ctx := testContext(t)
+	dead, err := pgxpool.New(ctx, "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	const holder = "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
+	for _, l := range []pgfence.Lease{
+		{Key: "a\x00b", Holder: holder, Token: 1},
+		{Key: "\xff", Holder: holder, Token: 1},
+		{Key: "k", Holder: "3b2e1a4c0000400080000000000000-00", Token: 1},
+		{Key: "k", Holder: "{" + holder, Token: 1},
+	} {
+		if err := pgfence.WriteLeased(ctx, dead, l, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrInvalid) {
+			t.Errorf("WriteLeased with %#v: %v, want ErrInvalid", l, err)
+		}
+		if _, err := pgfence.ExecLeased(ctx, dead, l, `SELECT 1`); !errors.Is(err, pgfence.ErrInvalid) {
+			t.Errorf("ExecLeased with %#v: %v, want ErrInvalid", l, err)
+		}
+	}
+}
