@@ -533,8 +533,14 @@ func (c *Client) queuePatience() time.Duration {
 // queueTurn refreshes waiter's place in key's queue; it returns a *HeldError
 // while other fair waiters are ahead.
 func (c *Client) queueTurn(ctx context.Context, key, waiter string) error {
+	conn, err := c.conn(ctx) // fails only when nothing was sent
+	if err != nil {
+		return fmt.Errorf("leases: acquire %q: queue: %w", key, err)
+	}
 	var ahead int64
-	if err := c.pool.QueryRow(ctx, sqlQueueTurn, key, waiter, c.queuePatience().Microseconds()).Scan(&ahead); err != nil {
+	err = conn.QueryRow(ctx, sqlQueueTurn, key, waiter, c.queuePatience().Microseconds()).Scan(&ahead)
+	conn.Release()
+	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("leases: acquire %q: %w", key, context.Cause(ctx))
 		}

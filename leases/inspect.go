@@ -93,7 +93,12 @@ func scanStatus(row pgx.Row) (Status, error) {
 
 // List returns every lease row (one per key ever leased), ordered by key.
 func (c *Client) List(ctx context.Context) ([]Status, error) {
-	rows, err := c.pool.Query(ctx, sqlList)
+	conn, err := c.conn(ctx) // fails only when nothing was sent
+	if err != nil {
+		return nil, fmt.Errorf("leases: list: %w", err)
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, sqlList)
 	if err != nil {
 		return nil, fmt.Errorf("leases: list: %w", classify(err))
 	}
@@ -109,7 +114,12 @@ func (c *Client) Get(ctx context.Context, key string) (Status, error) {
 	if err := validateKey(key); err != nil {
 		return Status{}, err
 	}
-	s, err := scanStatus(c.pool.QueryRow(ctx, sqlGet, key))
+	conn, err := c.conn(ctx) // fails only when nothing was sent
+	if err != nil {
+		return Status{}, fmt.Errorf("leases: get %q: %w", key, err)
+	}
+	defer conn.Release()
+	s, err := scanStatus(conn.QueryRow(ctx, sqlGet, key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Status{}, fmt.Errorf("%w: %q", ErrNotFound, key)
 	}
@@ -128,7 +138,12 @@ func (c *Client) History(ctx context.Context, key string, limit int) ([]HistoryE
 	if limit <= 0 {
 		return nil, invalid("limit", "must be positive, got %d", limit)
 	}
-	rows, err := c.pool.Query(ctx, sqlHistory, key, limit)
+	conn, err := c.conn(ctx) // fails only when nothing was sent
+	if err != nil {
+		return nil, fmt.Errorf("leases: history %q: %w", key, err)
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, sqlHistory, key, limit)
 	if err != nil {
 		return nil, fmt.Errorf("leases: history %q: %w", key, classify(err))
 	}
@@ -159,7 +174,12 @@ func (c *Client) ForceRelease(ctx context.Context, key, reason string) (ForceRel
 		holder *string
 		token  *int64
 	)
-	err := c.queryRow(ctx, sqlForceRelease, key, reason).Scan(&r.Released, &holder, &token, &r.WasLive)
+	conn, err := c.conn(ctx) // fails only when nothing was sent: nothing was released
+	if err != nil {
+		return ForceReleased{}, fmt.Errorf("leases: force release %q: %w", key, err)
+	}
+	err = queryRowOn(ctx, conn, sqlForceRelease, key, reason).Scan(&r.Released, &holder, &token, &r.WasLive)
+	conn.Release()
 	if err != nil {
 		return ForceReleased{}, fmt.Errorf("leases: force release %q: %w", key, classify(err))
 	}

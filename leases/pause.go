@@ -42,8 +42,13 @@ func (c *Client) PauseGrants(ctx context.Context, prefix, reason string) (bool, 
 	if err := validateReason(reason, true); err != nil {
 		return false, err
 	}
+	conn, err := c.conn(ctx) // fails only when nothing was sent: nothing was paused
+	if err != nil {
+		return false, fmt.Errorf("leases: pause grants %q: %w", prefix, err)
+	}
+	defer conn.Release()
 	var added bool
-	if err := c.queryRow(ctx, sqlPause, prefix, reason).Scan(&added); err != nil {
+	if err := queryRowOn(ctx, conn, sqlPause, prefix, reason).Scan(&added); err != nil {
 		return false, fmt.Errorf("leases: pause grants %q: %w", prefix, classify(err))
 	}
 	return added, nil
@@ -65,8 +70,14 @@ func (c *Client) ResumeGrants(ctx context.Context, prefix, reason string) (bool,
 	if reason != "" {
 		r = &reason
 	}
+	conn, err := c.conn(ctx) // fails only when nothing was sent: nothing was resumed
+	if err != nil {
+		return false, fmt.Errorf("leases: resume grants %q: %w", prefix, err)
+	}
 	var removed bool
-	if err := c.queryRow(ctx, sqlResume, prefix, r).Scan(&removed); err != nil {
+	err = queryRowOn(ctx, conn, sqlResume, prefix, r).Scan(&removed)
+	conn.Release()
+	if err != nil {
 		return false, fmt.Errorf("leases: resume grants %q: %w", prefix, classify(err))
 	}
 	if removed {
@@ -77,7 +88,12 @@ func (c *Client) ResumeGrants(ctx context.Context, prefix, reason string) (bool,
 
 // Pauses returns the paused prefixes, ordered by prefix.
 func (c *Client) Pauses(ctx context.Context) ([]Pause, error) {
-	rows, err := c.pool.Query(ctx, sqlPauses)
+	conn, err := c.conn(ctx) // fails only when nothing was sent
+	if err != nil {
+		return nil, fmt.Errorf("leases: pauses: %w", err)
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, sqlPauses)
 	if err != nil {
 		return nil, fmt.Errorf("leases: pauses: %w", classify(err))
 	}

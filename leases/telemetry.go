@@ -220,20 +220,15 @@ func (c *Client) scanGrant(ctx context.Context, conn *pgxpool.Conn, key, holder 
 	return err
 }
 
-// queryRow is c.pool.QueryRow, preceded in the same pipeline (one implicit
-// transaction, no extra round trip) by setting pgfence.trace_id when ctx
-// carries a trace id, so that lease events record it.
-func (c *Client) queryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return queryRowOn(ctx, c.pool, sql, args...)
-}
-
 // querier is a pool or one of its connections.
 type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// queryRowOn is queryRow on q.
+// queryRowOn is q.QueryRow, preceded in the same pipeline (one implicit
+// transaction, no extra round trip) by setting pgfence.trace_id when ctx
+// carries a trace id, so that lease events record it.
 func queryRowOn(ctx context.Context, q querier, sql string, args ...any) pgx.Row {
 	traceID := telemetry.TraceID(ctx)
 	if traceID == "" {

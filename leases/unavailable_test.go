@@ -54,3 +54,48 @@ func TestNothingSentIsNotUnknown(t *testing.T) {
 	unavailable("Renew", l2.Renew(ctx))
 	unavailable("Release", l2.Release(ctx))
 }
+
+// The inspection, operator and fair-queue calls say the same when they send
+// nothing: the context's error, or ErrUnavailable on a closed pool, never
+// ErrOutcomeUnknown and never a bare pool error.
+func TestOtherCallsNothingSentIsNotUnknown(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	ctx := ctxTimeout(t, 30*time.Second)
+	if _, err := c.TryAcquire(ctx, "k1", 10*time.Second, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	calls := []struct {
+		name string
+		call func(ctx context.Context) error
+	}{
+		{"ForceRelease", func(ctx context.Context) error { _, err := c.ForceRelease(ctx, "k1", "test"); return err }},
+		{"PauseGrants", func(ctx context.Context) error { _, err := c.PauseGrants(ctx, "k", "test"); return err }},
+		{"ResumeGrants", func(ctx context.Context) error { _, err := c.ResumeGrants(ctx, "k", "test"); return err }},
+		{"List", func(ctx context.Context) error { _, err := c.List(ctx); return err }},
+		{"Get", func(ctx context.Context) error { _, err := c.Get(ctx, "k1"); return err }},
+		{"History", func(ctx context.Context) error { _, err := c.History(ctx, "k1", 10); return err }},
+		{"Pauses", func(ctx context.Context) error { _, err := c.Pauses(ctx); return err }},
+		{"fair Acquire", func(ctx context.Context) error {
+			_, err := c.Acquire(ctx, "k2", 10*time.Second, &leases.AcquireOptions{Fair: true, MaxWait: 100 * time.Millisecond})
+			return err
+		}},
+	}
+
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	for _, tc := range calls {
+		if err := tc.call(canceled); !errors.Is(err, context.Canceled) || errors.Is(err, leases.ErrOutcomeUnknown) {
+			t.Errorf("%s with a canceled context: %v, want context.Canceled", tc.name, err)
+		}
+	}
+
+	pool.Close()
+	for _, tc := range calls {
+		if err := tc.call(ctx); !errors.Is(err, leases.ErrUnavailable) || errors.Is(err, leases.ErrOutcomeUnknown) {
+			t.Errorf("%s on a closed pool: %v, want ErrUnavailable", tc.name, err)
+		}
+	}
+}
