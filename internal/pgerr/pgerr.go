@@ -99,7 +99,9 @@ func PgError(err error) *pgconn.PgError {
 
 // IsConnectionError reports whether err means the connection failed (refused,
 // reset, closed, timed out at the network level) rather than the server
-// rejecting a statement.
+// rejecting a statement. A connection pgx had already closed
+// ([pgconn.ErrConnClosed]) is one too; whether anything was sent on it is
+// [pgconn.SafeToRetry]'s to say (see [Classify]).
 func IsConnectionError(err error) bool {
 	if err == nil {
 		return false
@@ -122,6 +124,7 @@ func IsConnectionError(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
 		errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, pgconn.ErrConnClosed) ||
 		errors.Is(err, context.DeadlineExceeded) && pgconn.Timeout(err)
 }
 

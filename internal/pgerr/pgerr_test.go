@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
@@ -117,5 +118,87 @@ func TestClassifySchemaMissing(t *testing.T) {
 		if pgerr.Code(err) != tc.code || errors.Is(err, pgerr.ErrOutcomeUnknown) {
 			t.Errorf("Classify(%s %q) = %v: lost the server error or called it unknown", tc.code, tc.msg, err)
 		}
+	}
+}
+
+// fakeServer accepts one connection on 127.0.0.1, completes the startup
+// without authentication, then reads one message and closes the connection
+// without answering. It returns a connection string to it.
+func fakeServer(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { l.Close(); <-done })
+	go func() {
+		defer close(done)
+		conn, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		b := pgproto3.NewBackend(conn, conn)
+		if _, err := b.ReceiveStartupMessage(); err != nil {
+			return
+		}
+		b.Send(&pgproto3.AuthenticationOk{})
+		b.Send(&pgproto3.BackendKeyData{ProcessID: 1, SecretKey: []byte{0, 0, 0, 0}})
+		b.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+		if err := b.Flush(); err != nil {
+			return
+		}
+		_, _ = b.Receive() // the statement: then hang up without a reply
+	}()
+	host, port, _ := net.SplitHostPort(l.Addr().String())
+	return fmt.Sprintf("host=%s port=%s user=u database=db sslmode=disable", host, port)
+}
+
+// pgx refuses to use a connection it already closed before sending anything
+// ("conn closed", safe to retry): unavailable, never "outcome unknown", even
+// when the caller was about to send a commit.
+func TestClassifyClosedConnection(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgconn.Connect(ctx, fakeServer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Exec(ctx, "commit").ReadAll()
+	if !errors.Is(err, pgconn.ErrConnClosed) || !pgconn.SafeToRetry(err) {
+		t.Fatalf("Exec on a closed connection: %v, want a safe-to-retry conn closed", err)
+	}
+	for _, sent := range []bool{false, true} {
+		got := pgerr.Classify(err, sent)
+		if !errors.Is(got, pgerr.ErrUnavailable) || errors.Is(got, pgerr.ErrOutcomeUnknown) || !errors.Is(got, pgconn.ErrConnClosed) {
+			t.Errorf("Classify(conn closed before sending, sent=%v) = %v, want ErrUnavailable only, wrapping it", sent, got)
+		}
+	}
+	if !pgerr.IsConnectionError(err) {
+		t.Errorf("IsConnectionError(conn closed) = false")
+	}
+}
+
+// pgx also says "conn closed" when the connection broke after the statement
+// was written (not safe to retry): that outcome is unknown, not guessed.
+func TestClassifyClosedAfterSend(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgconn.Connect(ctx, fakeServer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "commit").ReadAll()
+	if !errors.Is(err, pgconn.ErrConnClosed) || pgconn.SafeToRetry(err) {
+		t.Fatalf("Exec cut after sending: %v, want a conn closed that is not safe to retry", err)
+	}
+	if got := pgerr.Classify(err, true); !errors.Is(got, pgerr.ErrOutcomeUnknown) || errors.Is(got, pgerr.ErrUnavailable) {
+		t.Errorf("Classify(conn closed after sending) = %v, want ErrOutcomeUnknown only", got)
 	}
 }
