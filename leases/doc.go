@@ -69,6 +69,11 @@
 //     Acquire retries until its deadline. When the caller's context has
 //     already ended before anything was sent, the error is the context's
 //     (not [ErrOutcomeUnknown]): nothing happened either.
+//     The reads ([Client.List], [Client.Get], [Client.History],
+//     [Client.Pauses]) change nothing, so they never report
+//     [ErrOutcomeUnknown]: a connection that breaks after they were sent is
+//     [ErrUnavailable] as well, and a deadline that passes meanwhile the
+//     context's error.
 //   - The connection breaks after a grant was sent: the client stops the
 //     backend that ran it (pg_terminate_backend on its own, already abandoned
 //     session) and waits until it has exited, then reads the row

@@ -1,6 +1,7 @@
 package leases
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -72,6 +73,20 @@ func invalid(field, format string, args ...any) error {
 
 // classify maps a database error of a statement that was sent.
 func classify(err error) error { return pgerr.Classify(err, true) }
+
+// classifyRead maps a database error of a read-only statement. A read changes
+// nothing, so it has no outcome to be unknown, sent or not: a broken
+// connection is [ErrUnavailable], and a context that ended is the caller's
+// (its cause, with the error it caused).
+func classifyRead(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil && pgerr.PgError(err) == nil {
+		if cause := context.Cause(ctx); !errors.Is(err, cause) {
+			return fmt.Errorf("%w: %w", cause, err)
+		}
+		return err
+	}
+	return pgerr.Classify(err, false)
+}
 
 // lost returns an ErrLeaseLost error for l with the given reason.
 func (l *Lease) lostError(reason string, cause error) error {

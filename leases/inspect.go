@@ -100,11 +100,11 @@ func (c *Client) List(ctx context.Context) ([]Status, error) {
 	defer conn.Release()
 	rows, err := conn.Query(ctx, sqlList)
 	if err != nil {
-		return nil, fmt.Errorf("leases: list: %w", classify(err))
+		return nil, fmt.Errorf("leases: list: %w", classifyRead(ctx, err))
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Status, error) { return scanStatus(row) })
 	if err != nil {
-		return nil, fmt.Errorf("leases: list: %w", classify(err))
+		return nil, fmt.Errorf("leases: list: %w", classifyRead(ctx, err))
 	}
 	return out, nil
 }
@@ -124,7 +124,7 @@ func (c *Client) Get(ctx context.Context, key string) (Status, error) {
 		return Status{}, fmt.Errorf("%w: %q", ErrNotFound, key)
 	}
 	if err != nil {
-		return Status{}, fmt.Errorf("leases: get %q: %w", key, classify(err))
+		return Status{}, fmt.Errorf("leases: get %q: %w", key, classifyRead(ctx, err))
 	}
 	return s, nil
 }
@@ -145,7 +145,7 @@ func (c *Client) History(ctx context.Context, key string, limit int) ([]HistoryE
 	defer conn.Release()
 	rows, err := conn.Query(ctx, sqlHistory, key, limit)
 	if err != nil {
-		return nil, fmt.Errorf("leases: history %q: %w", key, classify(err))
+		return nil, fmt.Errorf("leases: history %q: %w", key, classifyRead(ctx, err))
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (HistoryEntry, error) {
 		var e HistoryEntry
@@ -153,7 +153,7 @@ func (c *Client) History(ctx context.Context, key string, limit int) ([]HistoryE
 		return e, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("leases: history %q: %w", key, classify(err))
+		return nil, fmt.Errorf("leases: history %q: %w", key, classifyRead(ctx, err))
 	}
 	return out, nil
 }

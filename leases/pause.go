@@ -95,7 +95,7 @@ func (c *Client) Pauses(ctx context.Context) ([]Pause, error) {
 	defer conn.Release()
 	rows, err := conn.Query(ctx, sqlPauses)
 	if err != nil {
-		return nil, fmt.Errorf("leases: pauses: %w", classify(err))
+		return nil, fmt.Errorf("leases: pauses: %w", classifyRead(ctx, err))
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Pause, error) {
 		var p Pause
@@ -103,7 +103,7 @@ func (c *Client) Pauses(ctx context.Context) ([]Pause, error) {
 		return p, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("leases: pauses: %w", classify(err))
+		return nil, fmt.Errorf("leases: pauses: %w", classifyRead(ctx, err))
 	}
 	return out, nil
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgfence/pgfence/internal/faultproxy"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
@@ -97,5 +98,65 @@ func TestOtherCallsNothingSentIsNotUnknown(t *testing.T) {
 		if err := tc.call(ctx); !errors.Is(err, leases.ErrUnavailable) || errors.Is(err, leases.ErrOutcomeUnknown) {
 			t.Errorf("%s on a closed pool: %v, want ErrUnavailable", tc.name, err)
 		}
+	}
+}
+
+// A read changes nothing, so a connection that breaks after it was sent is
+// ErrUnavailable, not an unknown outcome: there is no outcome to resolve.
+func TestReadCutIsUnavailable(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	p := newProxy(t, db.URL)
+	c := newClient(t, proxiedPool(t, db.URL, p), &leases.Config{DisableWakeups: true})
+	ctx := ctxTimeout(t, time.Minute)
+	l, err := c.TryAcquire(ctx, "k1", 10*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Release(ctx) }()
+
+	for _, tc := range []struct {
+		name, sql string
+		call      func() error
+	}{
+		{"List", "lease_status", func() error { _, err := c.List(ctx); return err }},
+		{"Get", "lease_status", func() error { _, err := c.Get(ctx, "k1"); return err }},
+		{"History", "lease_events", func() error { _, err := c.History(ctx, "k1", 10); return err }},
+		{"Pauses", "grant_pauses", func() error { _, err := c.Pauses(ctx); return err }},
+	} {
+		for _, cut := range []struct {
+			name string
+			arm  func(func(faultproxy.Message) bool) *faultproxy.Trigger
+		}{{"before", p.CutBefore}, {"after", p.CutAfter}} {
+			trig := cut.arm(faultproxy.SQLContains(tc.sql))
+			err := tc.call()
+			select {
+			case <-trig.Done():
+			case <-time.After(5 * time.Second):
+				trig.Cancel()
+			}
+			if !trig.Fired() {
+				t.Errorf("%s: the read was not cut %s sending (%v)", tc.name, cut.name, err)
+				continue
+			}
+			if !errors.Is(err, leases.ErrUnavailable) || errors.Is(err, leases.ErrOutcomeUnknown) {
+				t.Errorf("%s cut %s sending: %v, want ErrUnavailable", tc.name, cut.name, err)
+			}
+		}
+	}
+
+	// The caller's deadline passes while the reply is on its way: the
+	// context's error, neither an outage nor an unknown outcome.
+	if _, err := c.Get(ctx, "k1"); err != nil { // a connection in the pool
+		t.Fatal(err)
+	}
+	p.SetBlackhole(faultproxy.ServerToClient, true)
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	_, err = c.Get(short, "k1")
+	p.Heal()
+	p.CutAll()
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, leases.ErrUnavailable) || errors.Is(err, leases.ErrOutcomeUnknown) {
+		t.Errorf("Get past its deadline: %v, want context.DeadlineExceeded only", err)
 	}
 }
