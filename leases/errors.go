@@ -28,8 +28,10 @@ var (
 	// ErrClosed: the [Client] was closed.
 	ErrClosed = errors.New("leases: client closed")
 
-	// ErrOutcomeUnknown: the connection broke around a grant, renewal or release
-	// and the client could not read back what happened. It is pgerr's shared
+	// ErrOutcomeUnknown: the connection broke around a change (a grant,
+	// renewal or release, or an operator's ForceRelease, PauseGrants or
+	// ResumeGrants) and the client could not read back what happened; Get,
+	// History and Pauses tell. Reads never return it. It is pgerr's shared
 	// sentinel.
 	ErrOutcomeUnknown = pgerr.ErrOutcomeUnknown
 	// ErrUnavailable: the database could not be reached; nothing was done.
