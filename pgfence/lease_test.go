@@ -148,3 +148,32 @@ func TestLeaseCheckedBlocksTakeover(t *testing.T) {
 		t.Fatalf("takeover token %d not above %d", l2.Token, l.Token)
 	}
 }
+
+// Expiry is judged by the database clock at the moment of the check
+// (clock_timestamp()), not by the start of the writer's transaction (now()):
+// a transaction opened while the lease was live cannot write after it
+// expired. The lease row is moved in time, no sleep.
+func TestLeaseCheckedUsesClockTimestamp(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	l := grant(t, pool, "clock/1")
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var t0 time.Time
+	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&t0); err != nil {
+		t.Fatal(err)
+	}
+	// Live at the transaction's start, expired a microsecond later.
+	if _, err := pool.Exec(ctx, `UPDATE pgfence.leases SET granted_at = $2::timestamptz - interval '1 minute', expires_at = $2::timestamptz + interval '1 microsecond' WHERE key = $1`,
+		l.Key, t0); err != nil {
+		t.Fatal(err)
+	}
+	_, err = pgfence.ExecLeased(ctx, tx, l, `SELECT 1`)
+	var lost *pgfence.LeaseNotHeldError
+	if !errors.As(err, &lost) || lost.Reason != "expired" {
+		t.Fatalf("write in a transaction that began before the lease expired: %v, want *LeaseNotHeldError with reason expired", err)
+	}
+}
