@@ -331,6 +331,13 @@ func (c *conn) write(dir Direction, dst net.Conn, q <-chan chunk) {
 				return
 			}
 		}
+		if hold := c.p.held(dir); hold != nil {
+			select {
+			case <-hold:
+			case <-c.done:
+				return
+			}
+		}
 		_, blackhole := c.p.settings(dir)
 		if ch.cut != nil {
 			c.cut(ch, blackhole)

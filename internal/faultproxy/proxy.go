@@ -60,6 +60,7 @@ type Proxy struct {
 	refuse    bool
 	delay     [2]time.Duration
 	blackhole [2]bool
+	hold      [2]chan struct{} // open while a direction is held; closed to release it
 	closed    bool
 	cutKeys   map[[8]byte]struct{} // sessions cut after forwarding: process id, secret key
 
@@ -138,6 +139,29 @@ func (p *Proxy) SetBlackhole(dir Direction, on bool) {
 	p.blackhole[dir] = on
 }
 
+// SetHold holds every byte of direction dir, read before or after the call,
+// before it is forwarded, while on is true; setting it false releases them in
+// order. Unlike a delay, a held request arrives exactly when the test says
+// so, however slow the machine. Connections stay open.
+func (p *Proxy) SetHold(dir Direction, on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case on && p.hold[dir] == nil:
+		p.hold[dir] = make(chan struct{})
+	case !on && p.hold[dir] != nil:
+		close(p.hold[dir])
+		p.hold[dir] = nil
+	}
+}
+
+// held returns the channel a writer of dir waits on while dir is held, or nil.
+func (p *Proxy) held(dir Direction) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.hold[dir]
+}
+
 // SetRefuse makes the proxy reset every new connection while on is true (the
 // client's connect fails); open connections are not affected.
 func (p *Proxy) SetRefuse(on bool) {
@@ -146,7 +170,7 @@ func (p *Proxy) SetRefuse(on bool) {
 	p.refuse = on
 }
 
-// Heal removes every delay, blackhole and refusal and disarms every trigger.
+// Heal removes every delay, hold, blackhole and refusal and disarms every trigger.
 // It does not reopen cut connections.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
@@ -154,6 +178,12 @@ func (p *Proxy) Heal() {
 	p.refuse = false
 	p.delay = [2]time.Duration{}
 	p.blackhole = [2]bool{}
+	for dir, ch := range p.hold {
+		if ch != nil {
+			close(ch)
+			p.hold[dir] = nil
+		}
+	}
 	p.triggers = nil
 }
 
