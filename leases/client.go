@@ -35,6 +35,12 @@ type Client struct {
 	// server on an older timeline: a demoted primary that still accepts writes.
 	seenEpoch atomic.Int64
 
+	// clockOffset shifts the wall clock the client reads (now) against the
+	// database's. It is zero except in tests (SetClockOffset in
+	// export_test.go), which show that no trust window or hold time depends
+	// on the client's wall clock.
+	clockOffset time.Duration
+
 	mu       sync.Mutex
 	closed   bool
 	queues   map[string]*queue        // waiting Acquire calls per key
@@ -102,6 +108,18 @@ func (c *Client) conn(ctx context.Context) (*pgxpool.Conn, error) {
 	return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
 
+// now reads the client's clock: time.Now (shifted by clockOffset in tests).
+// Its times carry the monotonic reading, and trust windows and hold times are
+// computed only from differences of such times (until, since), never
+// against a database time.
+func (c *Client) now() time.Time { return time.Now().Add(c.clockOffset) }
+
+// until is the time from now to t, a time read with now.
+func (c *Client) until(t time.Time) time.Duration { return t.Sub(c.now()) }
+
+// since is the time from t, a time read with now, to now.
+func (c *Client) since(t time.Time) time.Duration { return c.now().Sub(t) }
+
 func (c *Client) isClosed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -151,7 +169,7 @@ func (c *Client) TryAcquire(ctx context.Context, key string, ttl time.Duration, 
 
 func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Duration, info string, announce bool) (*Lease, error) {
 	holder := newHolderID()
-	start := time.Now()
+	start := c.now()
 	var (
 		acquired           bool
 		gotHolder          *string
@@ -184,7 +202,7 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 		return nil, err
 	}
 	l := c.newLease(key, holder, *token, ttl, margin, start, *granted, *expiresAt)
-	c.emit(Event{Kind: EventAcquired, Key: key, Holder: holder, Token: *token, Duration: time.Since(start)})
+	c.emit(Event{Kind: EventAcquired, Key: key, Holder: holder, Token: *token, Duration: c.since(start)})
 	return l, nil
 }
 
@@ -231,7 +249,7 @@ func (c *Client) resolveGrant(ctx context.Context, key, holder string, pid uint3
 			return nil, fmt.Errorf("leases: acquire %q: %w", key, context.Cause(ctx))
 		}
 		if r.err == nil {
-			c.emit(Event{Kind: EventAcquired, Key: key, Holder: holder, Token: r.l.Token(), Duration: time.Since(start)})
+			c.emit(Event{Kind: EventAcquired, Key: key, Holder: holder, Token: r.l.Token(), Duration: c.since(start)})
 		}
 		return r.l, r.err
 	case <-ctx.Done():

@@ -1,5 +1,7 @@
 package leases
 
+import "time"
+
 // SetSeenEpoch makes c believe it already saw a grant from timeline epoch.
 func SetSeenEpoch(c *Client, epoch int64) { c.seenEpoch.Store(epoch) }
 
@@ -8,3 +10,8 @@ func SeenEpoch(c *Client) int64 { return c.seenEpoch.Load() }
 
 // ModuleVersion is the version ClientVersion reports for build info bi.
 var ModuleVersion = moduleVersion
+
+// SetClockOffset shifts the wall clock c reads by d against the database's
+// (and against time.Now), as if the client's host clock were off. Call it
+// before c is used.
+func SetClockOffset(c *Client, d time.Duration) { c.clockOffset = d }

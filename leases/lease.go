@@ -58,7 +58,7 @@ func (c *Client) newLease(key, holder string, token int64, ttl, margin time.Dura
 		relSem: make(chan struct{}, 1),
 	}
 	l.mu.Lock()
-	l.timer = time.AfterFunc(time.Until(l.trustUntil), l.trustExpired)
+	l.timer = time.AfterFunc(c.until(l.trustUntil), l.trustExpired)
 	l.mu.Unlock()
 	return l
 }
@@ -156,7 +156,7 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 	if err := l.Err(); err != nil {
 		return err
 	}
-	start := time.Now()
+	start := l.c.now()
 	var expiresAt time.Time
 	conn, err := l.c.conn(ctx) // fails only when nothing was sent
 	if err == nil {
@@ -171,7 +171,7 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 	}
 	if err != nil {
 		err = fmt.Errorf("leases: renew %q (holder %s, token %d): %w", l.key, l.holder, l.token, err)
-		l.c.emit(Event{Kind: EventRenewFailed, Key: l.key, Holder: l.holder, Token: l.token, Err: err, Duration: time.Since(start)})
+		l.c.emit(Event{Kind: EventRenewFailed, Key: l.key, Holder: l.holder, Token: l.token, Err: err, Duration: l.c.since(start)})
 		return err
 	}
 	l.mu.Lock()
@@ -180,14 +180,14 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 		l.expiresAt = expiresAt
 		if trust := start.Add(l.ttl - l.margin); trust.After(l.trustUntil) {
 			l.trustUntil = trust
-			l.timer.Reset(time.Until(trust))
+			l.timer.Reset(l.c.until(trust))
 		}
 	}
 	l.mu.Unlock()
 	if ended {
 		return l.Err()
 	}
-	l.c.emit(Event{Kind: EventRenewed, Key: l.key, Holder: l.holder, Token: l.token, Duration: time.Since(start)})
+	l.c.emit(Event{Kind: EventRenewed, Key: l.key, Holder: l.holder, Token: l.token, Duration: l.c.since(start)})
 	return nil
 }
 
@@ -388,7 +388,7 @@ func (l *Lease) keepAlive(ctx context.Context, o KeepAliveOptions) (string, erro
 	holdUntil := l.start.Add(o.MaxHold)
 	failures := 0
 	next := o.Interval
-	timer := time.NewTimer(min(next, time.Until(holdUntil)))
+	timer := time.NewTimer(min(next, l.c.until(holdUntil)))
 	defer timer.Stop()
 	ended := func() (string, error) {
 		if err := l.Err(); !errors.Is(err, ErrReleased) {
@@ -415,12 +415,12 @@ func (l *Lease) keepAlive(ctx context.Context, o KeepAliveOptions) (string, erro
 				return ended()
 			}
 		}
-		if !time.Now().Before(holdUntil) {
+		if !l.c.now().Before(holdUntil) {
 			err := fmt.Errorf("%w: lease %q (holder %s, token %d) kept for %s", ErrMaxHold, l.key, l.holder, l.token, o.MaxHold)
 			l.end(err)
 			return outcomeMaxHold, err
 		}
-		rctx, cancel := context.WithDeadline(ctx, l.trustDeadline())
+		rctx, cancel := context.WithTimeout(ctx, l.c.until(l.trustDeadline()))
 		err := l.Renew(rctx)
 		cancel()
 		switch {
@@ -443,6 +443,6 @@ func (l *Lease) keepAlive(ctx context.Context, o KeepAliveOptions) (string, erro
 			}
 			next = max(time.Millisecond, o.Interval/4/2+fullJitter(o.Interval/4/2))
 		}
-		timer.Reset(min(next, max(0, time.Until(holdUntil))))
+		timer.Reset(min(next, max(0, l.c.until(holdUntil))))
 	}
 }

@@ -270,7 +270,7 @@ func (t *instruments) startRenew(ctx context.Context, l *Lease) (context.Context
 		trace.WithAttributes(telemetry.DBSystem, attrKey.String(l.key), attrHolder.String(l.holder), attrToken.Int64(l.token)))
 	held := l.Err() == nil
 	if held {
-		remaining := max(0, time.Until(l.trustDeadline()))
+		remaining := max(0, l.c.until(l.trustDeadline()))
 		t.renewRemaining.Record(context.WithoutCancel(ctx), remaining.Seconds())
 		span.SetAttributes(attribute.Float64("pgfence.lease.remaining", remaining.Seconds()))
 	}
@@ -325,7 +325,7 @@ func (t *instruments) ended(l *Lease, cause error) {
 	case errors.Is(cause, ErrMaxHold):
 		outcome = outcomeMaxHold
 	}
-	t.holdDuration.Record(context.Background(), time.Since(l.start).Seconds(), outcomeAttr(outcome))
+	t.holdDuration.Record(context.Background(), l.c.since(l.start).Seconds(), outcomeAttr(outcome))
 }
 
 // stopEnded is why a KeepAlive stopped when the lease ended under it.
