@@ -15,3 +15,10 @@ var ModuleVersion = moduleVersion
 // (and against time.Now), as if the client's host clock were off. Call it
 // before c is used.
 func SetClockOffset(c *Client, d time.Duration) { c.clockOffset = d }
+
+// Delay is how long c's head waiter sleeps after its attempt-th failed try
+// while the holder has remaining left (0: unknown), and whether the sleep
+// ends at the holder's expiry.
+func Delay(c *Client, attempt int, remaining time.Duration) (time.Duration, bool) {
+	return c.delay(attempt, remaining)
+}
