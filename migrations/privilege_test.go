@@ -33,7 +33,11 @@ func loginRole(t *testing.T, db *pgfencetest.Database, group string) (name strin
 	_, _ = rand.Read(b[:])
 	name = "pgfence_t_" + strings.TrimPrefix(group, "pgfence_") + "_" + hex.EncodeToString(b[:])
 	const password = "pgfence-test-password"
-	if _, err := db.Pool.Exec(ctx, `CREATE ROLE `+pgx.Identifier{name}.Sanitize()+` LOGIN PASSWORD '`+password+`' IN ROLE `+pgx.Identifier{group}.Sanitize()); err != nil {
+	create := `CREATE ROLE ` + pgx.Identifier{name}.Sanitize() + ` LOGIN PASSWORD '` + password + `'`
+	if group != "" {
+		create += ` IN ROLE ` + pgx.Identifier{group}.Sanitize()
+	}
+	if _, err := db.Pool.Exec(ctx, create); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := pgxpool.ParseConfig(db.URL)
@@ -57,6 +61,61 @@ func loginRole(t *testing.T, db *pgfencetest.Database, group string) (name strin
 		}
 	})
 	return name, pool
+}
+
+// The guard of a protected table runs with the rights of the role that
+// writes, never the pgfence owner's: it turns the row into jsonb, which calls
+// any cast to json of a column's type, and the owner of a table can create
+// such a type and cast. As SECURITY DEFINER (migrations 00009 to 00012) the
+// cast of an operator's own table ran as the pgfence owner, a superuser, on
+// every write. A writer that belongs to no pgfence role is refused with PF006
+// like any unfenced write, not with a permission error.
+func TestGuardRunsAsTheWriter(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := pgfencetest.NewDatabase(t)
+	owner := db.Pool
+	opName, op := loginRole(t, db, "pgfence_operator")
+	mustExecPool(t, owner, `GRANT CREATE ON SCHEMA public TO `+pgx.Identifier{opName}.Sanitize())
+	for _, q := range []string{
+		`CREATE TYPE mood AS ENUM ('x')`,
+		`CREATE TABLE cast_ran_as (who text)`,
+		`CREATE FUNCTION mood_json(v mood) RETURNS json LANGUAGE sql VOLATILE AS
+		    'INSERT INTO public.cast_ran_as VALUES (current_user); SELECT ''"x"''::json'`,
+		`CREATE CAST (mood AS json) WITH FUNCTION mood_json(mood)`,
+		`CREATE TABLE moods (r text PRIMARY KEY, v mood)`,
+	} {
+		mustExecPool(t, op, q)
+	}
+	if err := pgfence.Protect(ctx, op, pgx.Identifier{"moods"}, "r", "mood:"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgfence.Exec(ctx, op, "mood:1", 1, `INSERT INTO moods VALUES ('1', 'x')`); err != nil {
+		t.Fatalf("operator: fenced insert into its own protected table: %v", err)
+	}
+	rows, err := owner.Query(ctx, `SELECT DISTINCT who FROM cast_ran_as`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	who, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(who) != 1 || who[0] != opName {
+		t.Fatalf("the table's cast to json ran as %q inside the guard, want only the writer %q", who, opName)
+	}
+
+	// A writer outside the pgfence roles, with DML on a protected table.
+	outsiderName, outsider := loginRole(t, db, "")
+	mustExecPool(t, owner, `CREATE TABLE ledger (id int PRIMARY KEY)`)
+	if err := pgfence.Protect(ctx, owner, pgx.Identifier{"ledger"}, "id", "ledger:"); err != nil {
+		t.Fatal(err)
+	}
+	mustExecPool(t, owner, `GRANT SELECT, INSERT, UPDATE, DELETE ON ledger TO `+pgx.Identifier{outsiderName}.Sanitize())
+	if _, err := outsider.Exec(ctx, `INSERT INTO ledger VALUES (1)`); pgerr.Code(err) != "PF006" {
+		t.Fatalf("outsider: unfenced insert: %v, want PF006", err)
+	}
 }
 
 // denied fails unless err is SQLSTATE 42501 (insufficient_privilege).
