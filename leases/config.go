@@ -119,11 +119,11 @@ type Config struct {
 	// BackoffMin is the first retry delay of a waiting Acquire (full jitter).
 	// Default [BackoffMinDefault].
 	BackoffMin time.Duration
-	// BackoffMax caps the retry delay when no notifications arrive. Default
-	// [BackoffMaxDefault].
+	// BackoffMax caps the retry delay when no notifications arrive, at most
+	// [MaxTTLLimit]. Default [BackoffMaxDefault].
 	BackoffMax time.Duration
-	// PollInterval is the safety-net poll while notifications work. Default
-	// [PollIntervalDefault].
+	// PollInterval is the safety-net poll while notifications work, at most
+	// [MaxTTLLimit]. Default [PollIntervalDefault].
 	PollInterval time.Duration
 	// ResolveTimeout bounds reading back a grant whose reply was lost. The
 	// caller never waits past its own context for it: the read-back goes on in
@@ -182,6 +182,14 @@ func (c *Config) resolve() (Config, error) {
 	}
 	if cfg.MaxTTL > MaxTTLLimit {
 		return cfg, invalid("Config.MaxTTL", "must be at most %s, got %s", MaxTTLLimit, cfg.MaxTTL)
+	}
+	// A waiter polls at least once per MaxTTLLimit; a fair waiter keeps its
+	// place in the queue for twice its longest pause, which must not overflow.
+	if cfg.BackoffMax > MaxTTLLimit {
+		return cfg, invalid("Config.BackoffMax", "must be at most %s, got %s", MaxTTLLimit, cfg.BackoffMax)
+	}
+	if cfg.PollInterval > MaxTTLLimit {
+		return cfg, invalid("Config.PollInterval", "must be at most %s, got %s", MaxTTLLimit, cfg.PollInterval)
 	}
 	if cfg.SafetyMargin > (cfg.MaxTTL-1)/2 {
 		// No TTL up to MaxTTL would exceed twice the margin (and twice a huge

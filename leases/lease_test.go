@@ -324,6 +324,16 @@ func TestInvalidInput(t *testing.T) {
 		{"Do without fn", "fn", func() error { return c.Do(ctx, "k", time.Second, nil) }},
 		{"negative backoff", "Config.BackoffMin", func() error { _, err := leases.New(pool, &leases.Config{BackoffMin: -1}); return err }},
 		{"MaxTTL above limit", "Config.MaxTTL", func() error { _, err := leases.New(pool, &leases.Config{MaxTTL: 25 * time.Hour}); return err }},
+		// Twice the longest pause is a fair waiter's patience: math.MaxInt64
+		// overflowed it into a negative interval the database refused.
+		{"BackoffMax above limit", "Config.BackoffMax", func() error {
+			_, err := leases.New(pool, &leases.Config{BackoffMax: math.MaxInt64})
+			return err
+		}},
+		{"PollInterval above limit", "Config.PollInterval", func() error {
+			_, err := leases.New(pool, &leases.Config{PollInterval: leases.MaxTTLLimit + time.Second})
+			return err
+		}},
 		{"nil pool", "pool", func() error { _, err := leases.New(nil, nil); return err }},
 		// 2 × these overflowed, and a TTL passed the check with a trust window
 		// that had run out at the grant.
