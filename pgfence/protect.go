@@ -17,6 +17,11 @@ import (
 // sends them; TRUNCATE is refused. Protecting a table again replaces its
 // settings. It runs pgfence.protect(table, resourceColumn, prefix).
 //
+// resourceColumn must be text, varchar, char, smallint, integer, bigint,
+// numeric or uuid (or a domain over one), whose text is the same in every
+// session; other types ([ErrInvalid], PF008) print differently under the
+// writer's TimeZone, extra_float_digits or IntervalStyle.
+//
 // Names are checked with [CheckIdentifier] and quoted; a name that does not
 // exist fails (SQLSTATE 42P01 or PF008) and changes nothing.
 //

@@ -3,6 +3,7 @@ package pgfence_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -146,6 +147,29 @@ func TestProtectInvalid(t *testing.T) {
 	// NULL resource: no token can cover it.
 	if _, err := pgfence.Exec(ctx, pool, `p\xr`, 1, `INSERT INTO "Odd Name" VALUES ('k', NULL)`); !errors.Is(err, pgfence.ErrUnfencedWrite) {
 		t.Fatalf("NULL resource: %v", err)
+	}
+}
+
+// A resource column must print the same in every session: the guard builds
+// the resource from its text in the writer's session, and a timestamptz (by
+// TimeZone), a float (by extra_float_digits) or an interval (by
+// IntervalStyle) would make one row several resources, fenced apart.
+func TestProtectResourceColumnTypes(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	mustExec(t, pool, `CREATE DOMAIN sku_code AS text CHECK (VALUE <> '')`)
+	mustExec(t, pool, `CREATE TABLE typed (at timestamptz, f float8, iv interval, n numeric, i int8, u uuid, c char(4), v varchar, d sku_code, b bytea)`)
+	for col, ok := range map[string]bool{
+		"at": false, "f": false, "iv": false, "b": false,
+		"n": true, "i": true, "u": true, "c": true, "v": true, "d": true,
+	} {
+		err := pgfence.Protect(ctx, pool, pgx.Identifier{"typed"}, col, "t:")
+		switch {
+		case ok && err != nil:
+			t.Errorf("protect on a %s column: %v", col, err)
+		case !ok && (!errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), "must be text")):
+			t.Errorf("protect on a %s column: %v, want ErrInvalid naming the allowed types", col, err)
+		}
 	}
 }
 
