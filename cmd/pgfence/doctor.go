@@ -160,8 +160,38 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 		out = append(out, roleMembers(ctx, pool))
 		out = append(out, grantPauses(ctx, pool))
 		out = append(out, unprotectedTables(ctx, pool))
+		out = append(out, unstableResourceColumns(ctx, pool))
 	}
 	return out
+}
+
+// unstableResourceColumns lists protected tables whose resource column prints
+// differently by session settings (a timestamptz by TimeZone, a float by
+// extra_float_digits, an interval by IntervalStyle): protected before
+// migration 00014 refused such columns, one row may be several resources.
+func unstableResourceColumns(ctx context.Context, pool *pgxpool.Pool) check {
+	const name = "protected resource columns"
+	rows, err := pool.Query(ctx, `
+		SELECT format('%s.%I (%s)', p.relation, p.resource_column, format_type(a.atttypid, a.atttypmod))
+		FROM pgfence.protected_tables() p
+		JOIN pg_attribute a ON a.attrelid = p.relation AND a.attname = p.resource_column AND NOT a.attisdropped
+		JOIN pg_type t ON t.oid = a.atttypid
+		WHERE (CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END)
+		      NOT IN ('text'::regtype, 'varchar'::regtype, 'bpchar'::regtype, 'int2'::regtype,
+		              'int4'::regtype, 'int8'::regtype, 'numeric'::regtype, 'uuid'::regtype)
+		ORDER BY 1`)
+	if err != nil {
+		return check{Name: name, Status: statusFail, Detail: err.Error()}
+	}
+	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return check{Name: name, Status: statusFail, Detail: err.Error()}
+	}
+	if len(cols) > 0 {
+		return check{Name: name, Status: statusWarn, Detail: fmt.Sprintf(
+			"%s: the resource is the column's text, which depends on the writer's session settings, so one row can be several resources fenced apart; protect the table on a text or integer key column instead", strings.Join(cols, ", "))}
+	}
+	return check{Name: name, Status: statusOK, Detail: "every protected table's resource column prints the same in every session"}
 }
 
 // unrecordedObjects reports whether the first migration's objects exist in a

@@ -29,7 +29,11 @@ func TestDoctor(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `
 		INSERT INTO pgfence.leases (key, holder, token, granted_at, expires_at)
 		VALUES ('job', gen_random_uuid(), pgfence.next_token(NULL), clock_timestamp() - interval '1 minute', clock_timestamp() - interval '30 seconds');
-		CREATE TABLE public.reports (id int PRIMARY KEY, fence_token bigint NOT NULL)`); err != nil {
+		CREATE TABLE public.reports (id int PRIMARY KEY, fence_token bigint NOT NULL);
+		-- protected on a timestamptz column, as protect() allowed before migration 00014
+		CREATE TABLE public.slots (at timestamptz PRIMARY KEY);
+		CREATE TRIGGER pgfence_guard BEFORE INSERT OR UPDATE OR DELETE ON public.slots
+		    FOR EACH ROW EXECUTE FUNCTION pgfence.guard('at', 'slot:')`); err != nil {
 		t.Fatal(err)
 	}
 	code, out, _ = cli(t, environ, "doctor", "--json")
@@ -49,6 +53,9 @@ func TestDoctor(t *testing.T) {
 	}
 	if c := got["protected tables"]; c.Status != statusWarn || !strings.Contains(c.Detail, "public.reports") {
 		t.Errorf("protected tables check = %+v, want a warning naming public.reports", c)
+	}
+	if c := got["protected resource columns"]; c.Status != statusWarn || !strings.Contains(c.Detail, "slots.at (timestamp with time zone)") {
+		t.Errorf("protected resource columns check = %+v, want a warning naming slots.at", c)
 	}
 
 	// A missing schema fails the doctor.
