@@ -139,9 +139,6 @@ func (e *OutcomeUnknownError) Unwrap() error { return e.err }
 // transaction is gone and nothing of it committed).
 func MapError(err error) error { return mapError(err, true) }
 
-// mapError turns a database error into this package's errors: pgfence
-// SQLSTATEs become typed errors; the rest is classified by internal/pgerr.
-// sent reports whether a COMMIT (or an implicit one) may have reached the server.
 // ownCommit reports whether a statement sent on db commits on its own (db is
 // a pool or a connection, not the caller's transaction): a connection lost
 // after sending it leaves its outcome unknown. Inside the caller's
@@ -151,6 +148,9 @@ func ownCommit(db DB) bool {
 	return !inTx
 }
 
+// mapError turns a database error into this package's errors: pgfence
+// SQLSTATEs become typed errors; the rest is classified by internal/pgerr.
+// sent reports whether a COMMIT (or an implicit one) may have reached the server.
 func mapError(err error, sent bool) error {
 	if err == nil {
 		return nil
@@ -202,9 +202,6 @@ func details(detail string) map[string]string {
 	return out
 }
 
-// rollback ends tx after a failure. A rollback error other than
-// [pgx.ErrTxClosed] is joined to cause; the rollback gets its own short
-// deadline so a cancelled ctx still releases the connection's locks.
 // checkDB refuses a nil db (or a nil pointer in it) with ErrInvalid instead
 // of a nil dereference somewhere inside.
 func checkDB(db DB) error {
@@ -245,6 +242,9 @@ func fnEndedTx(own bool) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, msg)
 }
 
+// rollback ends tx after a failure. A rollback error other than
+// [pgx.ErrTxClosed] is joined to cause; the rollback gets its own short
+// deadline so a cancelled ctx still releases the connection's locks.
 func rollback(ctx context.Context, tx pgx.Tx, cause error) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
