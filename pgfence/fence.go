@@ -87,12 +87,16 @@ type Receipt struct {
 }
 
 // validateResource checks a resource name as every fenced write does.
-func validateResource(resource string) error {
-	if len(resource) == 0 || len(resource) > MaxResourceLen {
-		return fmt.Errorf("%w: resource must be 1 to %d bytes, got %d", ErrInvalid, MaxResourceLen, len(resource))
+func validateResource(resource string) error { return validateName("resource", resource) }
+
+// validateName checks a resource or lease key: 1 to MaxResourceLen bytes of
+// UTF-8 without NUL, as the SQL functions require.
+func validateName(what, s string) error {
+	if len(s) == 0 || len(s) > MaxResourceLen {
+		return fmt.Errorf("%w: %s must be 1 to %d bytes, got %d", ErrInvalid, what, MaxResourceLen, len(s))
 	}
-	if strings.IndexByte(resource, 0) >= 0 || !utf8.ValidString(resource) {
-		return fmt.Errorf("%w: resource must be valid UTF-8 without NUL bytes", ErrInvalid)
+	if strings.IndexByte(s, 0) >= 0 || !utf8.ValidString(s) {
+		return fmt.Errorf("%w: %s must be valid UTF-8 without NUL bytes", ErrInvalid, what)
 	}
 	return nil
 }

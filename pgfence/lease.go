@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -25,11 +24,8 @@ type Lease struct {
 const sqlCheckLease = `SELECT pgfence.check_lease($1, $2, $3)`
 
 func (l Lease) validate() error {
-	if len(l.Key) == 0 || len(l.Key) > MaxResourceLen {
-		return fmt.Errorf("%w: lease key must be 1 to %d bytes, got %d", ErrInvalid, MaxResourceLen, len(l.Key))
-	}
-	if strings.IndexByte(l.Key, 0) >= 0 || !utf8.ValidString(l.Key) {
-		return fmt.Errorf("%w: lease key must be valid UTF-8 without NUL bytes", ErrInvalid)
+	if err := validateName("lease key", l.Key); err != nil {
+		return err
 	}
 	if l.Token <= 0 {
 		return fmt.Errorf("%w: lease token must be positive, got %d", ErrInvalid, l.Token)
