@@ -25,6 +25,7 @@ DECLARE
     may_read     boolean := false;
     old_resource text;
     new_resource text;
+    res          text;
     fenced       boolean;
 BEGIN
     -- Checked one after the other: naming pgfence.fences needs USAGE first.
@@ -33,42 +34,36 @@ BEGIN
     END IF;
     IF TG_OP <> 'INSERT' THEN
         old_resource := TG_ARGV[1] || (to_jsonb(OLD) ->> TG_ARGV[0]);
-        fenced := false;
-        IF may_read AND old_resource IS NOT NULL THEN
-            fenced := EXISTS (SELECT 1 FROM pgfence.fences f
-                               WHERE f.resource = old_resource AND f.fenced_xid = pg_current_xact_id());
-        END IF;
-        IF NOT fenced THEN
-            IF old_resource IS NULL THEN
-                RAISE EXCEPTION 'pgfence: unfenced write to %: the row has no resource', TG_RELID::regclass
-                    USING ERRCODE = 'PF006';
-            END IF;
-            RAISE EXCEPTION 'pgfence: unfenced write to % for resource %: this transaction presented no accepted token', TG_RELID::regclass, quote_literal(old_resource)
-                USING ERRCODE = 'PF006',
-                      DETAIL = format('resource=%s', old_resource),
-                      HINT = 'Call pgfence.fence(resource, token) in the same transaction before writing.';
-        END IF;
-        IF TG_OP = 'DELETE' THEN
-            RETURN OLD;
-        END IF;
     END IF;
-    new_resource := TG_ARGV[1] || (to_jsonb(NEW) ->> TG_ARGV[0]);
-    IF new_resource IS NULL OR new_resource IS DISTINCT FROM old_resource THEN -- an INSERT, or a row moved to another resource
+    IF TG_OP <> 'DELETE' THEN
+        new_resource := TG_ARGV[1] || (to_jsonb(NEW) ->> TG_ARGV[0]);
+    END IF;
+    -- The old row's resource, then the new row's if it is another one (an
+    -- INSERT, or a row moved to another resource).
+    FOREACH res IN ARRAY CASE
+            WHEN TG_OP = 'INSERT' THEN ARRAY[new_resource]
+            WHEN TG_OP = 'DELETE' OR new_resource IS NOT DISTINCT FROM old_resource THEN ARRAY[old_resource]
+            ELSE ARRAY[old_resource, new_resource]
+        END
+    LOOP
         fenced := false;
-        IF may_read AND new_resource IS NOT NULL THEN
+        IF may_read AND res IS NOT NULL THEN
             fenced := EXISTS (SELECT 1 FROM pgfence.fences f
-                               WHERE f.resource = new_resource AND f.fenced_xid = pg_current_xact_id());
+                               WHERE f.resource = res AND f.fenced_xid = pg_current_xact_id());
         END IF;
         IF NOT fenced THEN
-            IF new_resource IS NULL THEN
+            IF res IS NULL THEN
                 RAISE EXCEPTION 'pgfence: unfenced write to %: the row has no resource', TG_RELID::regclass
                     USING ERRCODE = 'PF006';
             END IF;
-            RAISE EXCEPTION 'pgfence: unfenced write to % for resource %: this transaction presented no accepted token', TG_RELID::regclass, quote_literal(new_resource)
+            RAISE EXCEPTION 'pgfence: unfenced write to % for resource %: this transaction presented no accepted token', TG_RELID::regclass, quote_literal(res)
                 USING ERRCODE = 'PF006',
-                      DETAIL = format('resource=%s', new_resource),
+                      DETAIL = format('resource=%s', res),
                       HINT = 'Call pgfence.fence(resource, token) in the same transaction before writing.';
         END IF;
+    END LOOP;
+    IF TG_OP = 'DELETE' THEN
+        RETURN OLD;
     END IF;
     RETURN NEW;
 END;
