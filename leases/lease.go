@@ -105,14 +105,11 @@ func (l *Lease) Err() error {
 }
 
 func (l *Lease) trustExpired() {
-	l.mu.Lock()
-	asked := l.releaseAsked
-	l.mu.Unlock()
-	if asked {
-		l.end(l.lostError("the local trust window ran out before a release was confirmed", nil))
-		return
+	awaited := "renewal"
+	if l.releaseRequested() {
+		awaited = "release"
 	}
-	l.end(l.lostError("the local trust window ran out before a renewal was confirmed", nil))
+	l.end(l.lostError("the local trust window ran out before a "+awaited+" was confirmed", nil))
 }
 
 func (l *Lease) releaseRequested() bool {
@@ -227,7 +224,7 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	if released, result := l.releaseResult(); released {
 		return result
 	}
-	start := time.Now()
+	start := l.c.now()
 	var (
 		changed bool
 		status  string
@@ -287,7 +284,7 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	if changed {
 		l.c.wake(l.key) // local waiters need not wait for the notification
 	}
-	l.c.emit(Event{Kind: EventReleased, Key: l.key, Holder: l.holder, Token: l.token, Duration: time.Since(start)})
+	l.c.emit(Event{Kind: EventReleased, Key: l.key, Holder: l.holder, Token: l.token, Duration: l.c.since(start)})
 	return result
 }
 
