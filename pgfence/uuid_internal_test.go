@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -33,12 +34,12 @@ func TestIsUUIDMatchesPostgreSQL(t *testing.T) {
 		" a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
 		"",
 	} {
-		var pgOK bool
-		if err := pool.QueryRow(ctx, `SELECT pg_input_is_valid($1, 'uuid')`, s).Scan(&pgOK); err != nil {
-			// pg_input_is_valid is PostgreSQL 16+; fall back to a cast.
-			pgOK = pool.QueryRow(ctx, `SELECT $1::uuid`, s).Scan(new(any)) == nil
+		var parsed string
+		err := pool.QueryRow(ctx, `SELECT $1::text::uuid::text`, s).Scan(&parsed)
+		if err != nil && pgerr.Code(err) != "22P02" { // invalid_text_representation
+			t.Fatalf("%q::uuid: %v", s, err)
 		}
-		if got := isUUID(s); got != pgOK {
+		if got, pgOK := isUUID(s), err == nil; got != pgOK {
 			t.Errorf("isUUID(%q) = %v, PostgreSQL says %v", s, got, pgOK)
 		}
 	}
