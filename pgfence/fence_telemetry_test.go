@@ -263,3 +263,25 @@ func TestTelemetryRejectionSpanExcludesRecord(t *testing.T) {
 		t.Errorf("the span ended %v before Exec returned: it includes the blocked audit record", gap)
 	}
 }
+
+// A write whose fn panicked is recorded as a failed write, not an accepted
+// one, while the panic goes on to the caller.
+func TestTelemetryPanicInFn(t *testing.T) {
+	p := useGlobalProviders(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := testContext(t)
+	mustPanic(t, func() {
+		_, _ = pgfence.Write(ctx, pool, "panic/t", 1, func(context.Context, pgx.Tx) error { panic("boom") })
+	})
+	m := p.Metrics(t)
+	if n := m.Sum("pgfence.fence.writes", attribute.String("pgfence.operation", "write"), attribute.String("pgfence.outcome", "accepted")); n != 0 {
+		t.Errorf("writes{write,accepted} = %d after fn panicked, want 0", n)
+	}
+	spans := p.Ended("pgfence.fence.write")
+	if len(spans) != 1 {
+		t.Fatalf("%d write spans", len(spans))
+	}
+	if v, ok := telemetrytest.Attr(spans[0], "error.type"); !ok || v.AsString() == "" {
+		t.Errorf("span of a write whose fn panicked has no error.type")
+	}
+}
