@@ -193,6 +193,19 @@ func TestHoldRequest(t *testing.T) {
 	if !e.rowExists(t, 1) {
 		t.Fatal("the released request was not carried out")
 	}
+	// Heal releases a hold too.
+	e.proxy.SetHold(faultproxy.ClientToServer, true)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := c.Exec(ctx, `INSERT INTO t VALUES (2, 'healed')`)
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	e.proxy.Heal()
+	if err := <-done; err != nil || !e.rowExists(t, 2) {
+		t.Fatalf("the request held until Heal: %v", err)
+	}
 }
 
 func TestBlackholeRequest(t *testing.T) {
