@@ -86,10 +86,11 @@ func runFences(ctx context.Context, e *env, args []string) error {
 		if fences == nil {
 			fences = []fenceRow{}
 		}
-		if protected == nil {
-			protected = []pgfence.ProtectedTable{}
+		tables := make([]protectedRow, 0, len(protected))
+		for _, p := range protected {
+			tables = append(tables, protectedRow{Table: p.Table, ResourceColumn: p.ResourceColumn, Prefix: p.Prefix})
 		}
-		out := map[string]any{"fences": fences, "protected_tables": protected, "token_floor": floor}
+		out := map[string]any{"fences": fences, "protected_tables": tables, "token_floor": floor}
 		if fs.NArg() == 1 {
 			rows := make([]rejectionRow, 0, len(rejections))
 			for _, r := range rejections {
@@ -125,6 +126,13 @@ func runFences(ctx context.Context, e *env, args []string) error {
 		printRejections(e, rejections)
 	}
 	return nil
+}
+
+// protectedRow is one protected table as `fences show --json` prints it.
+type protectedRow struct {
+	Table          string `json:"table"` // as PostgreSQL prints a regclass
+	ResourceColumn string `json:"resource_column"`
+	Prefix         string `json:"prefix"`
 }
 
 // rejectionRow is one pgfence.fence_rejections row as `fences show RESOURCE

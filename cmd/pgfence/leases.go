@@ -105,12 +105,13 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 			return dbError(err)
 		}
 		if *asJSON {
-			// The lease rows as before (scripts parse an array); paused
-			// prefixes are in `pgfence doctor --json` (check "grant pauses").
-			if ls == nil {
-				ls = []leases.Status{}
+			// An array of lease rows; paused prefixes are in
+			// `pgfence doctor --json` (check "grant pauses").
+			rows := make([]leaseRow, 0, len(ls))
+			for _, l := range ls {
+				rows = append(rows, newLeaseRow(l))
 			}
-			return writeJSON(e, ls)
+			return writeJSON(e, rows)
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "KEY\tSTATE\tTOKEN\tHOLDER\tREMAINING\tHOLDER INFO\tCLIENT")
@@ -186,10 +187,11 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 		}
 		hist = hist[:min(len(hist), *history)]
 		if *asJSON {
-			if hist == nil {
-				hist = []leases.HistoryEntry{}
+			rows := make([]historyRow, 0, len(hist))
+			for _, h := range hist {
+				rows = append(rows, newHistoryRow(h))
 			}
-			return writeJSON(e, map[string]any{"lease": l, "history": hist})
+			return writeJSON(e, map[string]any{"lease": newLeaseRow(l), "history": rows})
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintf(tw, "key\t%s\n", cell(l.Key))
@@ -227,7 +229,7 @@ func runLeases(ctx context.Context, e *env, args []string) error {
 			return dbError(err)
 		}
 		if *asJSON {
-			return writeJSON(e, res)
+			return writeJSON(e, releaseRow{Key: key, Released: res.Released, WasLive: res.WasLive, Token: res.Token, Holder: res.Holder})
 		}
 		switch {
 		case !res.Released:
@@ -279,4 +281,60 @@ func stamp(t time.Time) string {
 // its message names which and why.
 func leaseArgError(err error) error {
 	return &cliError{msg: err.Error(), hint: "a key or prefix is 1 to 512 bytes of UTF-8 without NUL; a reason 1 to 1000 characters", code: exitUsage, err: err}
+}
+
+// leaseRow is one lease as `leases list --json` and `leases show --json`
+// print it: snake_case keys like every other --json output, times the
+// database recorded, and no time at all (not a zero one) where none was.
+type leaseRow struct {
+	Key           string     `json:"key"`
+	State         string     `json:"state"` // held, expired or released
+	Live          bool       `json:"live"`
+	Token         int64      `json:"token"`
+	Holder        string     `json:"holder"`
+	HolderInfo    string     `json:"holder_info"`
+	ClientVersion string     `json:"client_version,omitempty"` // absent for SQL and old clients
+	GrantedAt     time.Time  `json:"granted_at"`
+	RenewedAt     *time.Time `json:"renewed_at,omitempty"` // absent if never renewed
+	ExpiresAt     time.Time  `json:"expires_at"`
+	ReleasedAt    *time.Time `json:"released_at,omitempty"` // absent unless released
+	RemainingMS   int64      `json:"remaining_ms"`          // 0 unless live, by the database clock
+}
+
+func newLeaseRow(l leases.Status) leaseRow {
+	return leaseRow{Key: l.Key, State: leaseState(l), Live: l.Live, Token: l.Token, Holder: l.Holder,
+		HolderInfo: l.HolderInfo, ClientVersion: l.ClientVersion, GrantedAt: l.GrantedAt,
+		RenewedAt: optionalTime(l.RenewedAt), ExpiresAt: l.ExpiresAt, ReleasedAt: optionalTime(l.ReleasedAt),
+		RemainingMS: l.Remaining.Milliseconds()}
+}
+
+// historyRow is one grant-history entry as `leases show --json` prints it.
+type historyRow struct {
+	ID            int64     `json:"id"`
+	At            time.Time `json:"at"`
+	Event         string    `json:"event"` // acquired, taken_over, released or force_released
+	Token         int64     `json:"token"`
+	Holder        string    `json:"holder"`
+	Reason        string    `json:"reason,omitempty"`
+	ClientVersion string    `json:"client_version,omitempty"`
+}
+
+func newHistoryRow(h leases.HistoryEntry) historyRow {
+	return historyRow{ID: h.ID, At: h.At, Event: h.Event, Token: h.Token, Holder: h.Holder, Reason: h.Reason, ClientVersion: h.ClientVersion}
+}
+
+// releaseRow is what `leases release --json` prints.
+type releaseRow struct {
+	Key      string `json:"key"`
+	Released bool   `json:"released"`
+	WasLive  bool   `json:"was_live"`
+	Token    int64  `json:"token,omitempty"`  // the grant it ended
+	Holder   string `json:"holder,omitempty"` // the grant it ended
+}
+
+func optionalTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }

@@ -39,8 +39,8 @@ func TestLeasesCommands(t *testing.T) {
 	}
 	code, out, _ = cli(t, environ, "leases", "show", "jobs/nightly", "--json")
 	var shown struct {
-		Lease   leases.Status
-		History []leases.HistoryEntry
+		Lease   leaseRow
+		History []historyRow
 	}
 	if code != exitOK || json.Unmarshal([]byte(out), &shown) != nil {
 		t.Fatalf("leases show --json: code %d\n%s", code, out)
@@ -375,4 +375,115 @@ func TestOperatingErrors(t *testing.T) {
 	expect(exitSchema, "migrate up", "protect", "public.stock", "--resource-column", "sku")
 	expect(exitSchema, "migrate up", "unprotect", "public.stock")
 	expect(exitSchema, "migrate up", "floor", "show", "--column", "public.stock.quantity")
+}
+
+// TestOperateJSONShape pins what scripts parse: every key of every --json
+// output of leases and fences is snake_case, and a time the database never
+// recorded is absent rather than printed as year 1.
+func TestOperateJSONShape(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgfencetest.NewDatabase(t)
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	client, err := leases.New(db.Pool, &leases.Config{DisableWakeups: true, HolderInfo: "worker-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	l, err := client.TryAcquire(ctx, "jobs/json", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE public.items (id text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := cli(t, environ, "protect", "public.items", "--resource-column", "id"); code != exitOK {
+		t.Fatalf("protect: code %d\n%s%s", code, out, errOut)
+	}
+
+	// run runs one --json command and returns its output decoded, after
+	// checking every object key in it.
+	run := func(args ...string) any {
+		t.Helper()
+		code, out, errOut := cli(t, environ, append(args, "--json")...)
+		var v any
+		if code != exitOK || json.Unmarshal([]byte(out), &v) != nil {
+			t.Fatalf("%v --json: code %d\n%s%s", args, code, out, errOut)
+		}
+		var walk func(path string, v any)
+		walk = func(path string, v any) {
+			switch v := v.(type) {
+			case map[string]any:
+				for k, x := range v {
+					if !snakeCase(k) {
+						t.Errorf("%v --json: key %s%q is not snake_case", args, path, k)
+					}
+					walk(path+k+".", x)
+				}
+			case []any:
+				for _, x := range v {
+					walk(path, x)
+				}
+			}
+		}
+		walk("", v)
+		return v
+	}
+
+	list := run("leases", "list").([]any)
+	if len(list) != 1 {
+		t.Fatalf("leases list --json: %v, want one lease", list)
+	}
+	row := list[0].(map[string]any)
+	if row["key"] != "jobs/json" || row["state"] != "held" || row["live"] != true || row["token"] != float64(l.Token()) ||
+		row["holder_info"] != "worker-1" || row["client_version"] != leases.ClientVersion() {
+		t.Fatalf("leases list --json: %v", row)
+	}
+	if ms, ok := row["remaining_ms"].(float64); !ok || ms <= 0 || ms > 60000 {
+		t.Fatalf("remaining_ms = %v, want 0 < ms <= 60000", row["remaining_ms"])
+	}
+	for _, k := range []string{"granted_at", "expires_at"} {
+		if _, err := time.Parse(time.RFC3339Nano, fmt.Sprint(row[k])); err != nil {
+			t.Errorf("%s = %v: %v", k, row[k], err)
+		}
+	}
+	for _, k := range []string{"renewed_at", "released_at"} {
+		if v, ok := row[k]; ok {
+			t.Errorf("a lease never renewed nor released has %s = %v", k, v)
+		}
+	}
+
+	released := run("leases", "release", "jobs/json", "--force", "--reason", "json shape").(map[string]any)
+	if released["key"] != "jobs/json" || released["released"] != true || released["was_live"] != true || released["token"] != float64(l.Token()) {
+		t.Fatalf("leases release --json: %v", released)
+	}
+	shown := run("leases", "show", "jobs/json").(map[string]any)
+	lease := shown["lease"].(map[string]any)
+	if lease["state"] != "released" || lease["live"] != false || lease["remaining_ms"] != float64(0) || lease["released_at"] == nil {
+		t.Fatalf("leases show --json after release: %v", lease)
+	}
+	history := shown["history"].([]any)
+	if len(history) != 2 || history[0].(map[string]any)["event"] != "force_released" || history[0].(map[string]any)["reason"] != "json shape" {
+		t.Fatalf("leases show --json history: %v", history)
+	}
+	run("leases", "pause", "jobs/", "--reason", "json shape")
+	run("leases", "resume", "jobs/")
+
+	fences := run("fences", "show").(map[string]any)
+	tables := fences["protected_tables"].([]any)
+	if len(tables) != 1 || tables[0].(map[string]any)["table"] != "items" || tables[0].(map[string]any)["resource_column"] != "id" {
+		t.Fatalf("fences show --json protected_tables: %v", tables)
+	}
+}
+
+func snakeCase(k string) bool {
+	if k == "" || k[0] < 'a' || k[0] > 'z' {
+		return false
+	}
+	for _, r := range k {
+		if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '_' {
+			return false
+		}
+	}
+	return true
 }
