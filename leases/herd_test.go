@@ -299,8 +299,16 @@ func TestAnnouncedGrantSetsWaitersTimer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('pgfence.lease:' || 'k', 0))`); err != nil {
-		t.Fatal(err)
+	// What a first grant holds before its commit: the key's advisory lock
+	// and ROW EXCLUSIVE on the leases table (the advisory lock alone proves
+	// nothing: any role can take it).
+	for _, q := range []string{
+		`SELECT pg_advisory_xact_lock(hashtextextended('pgfence.lease:' || 'k', 0))`,
+		`LOCK TABLE pgfence.leases IN ROW EXCLUSIVE MODE`,
+	} {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
 	}
 	got := startWaiter(t, ctx, c, "k", count)
 	if err := tx.Rollback(ctx); err != nil {
