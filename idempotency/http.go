@@ -337,9 +337,12 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 
 // keepAlive extends the lease until stop is called, which waits for a
 // heartbeat in flight; it cancels the handler's context if the key is lost
-// (taken over) or can no longer be trusted. ctx must not be the request's
-// context, which ends when the client goes away while the handler may still
-// run.
+// (taken over) or can no longer be trusted. A lease that can no longer be
+// trusted is still extended: the handler may run on (inside a call that
+// ignores its context), and once the store answers again a heartbeat keeps
+// the key for it unless another attempt took it over. ctx must not be the
+// request's context, which ends when the client goes away while the handler
+// may still run.
 func (m *Middleware) keepAlive(ctx context.Context, a *Attempt, cancel context.CancelCauseFunc) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -362,7 +365,6 @@ func (m *Middleware) keepAlive(ctx context.Context, a *Attempt, cancel context.C
 				return
 			case err != nil && time.Now().After(a.TrustedUntil()):
 				cancel(fmt.Errorf("idempotency: lease may have expired: %w", err))
-				return
 			}
 		}
 	})

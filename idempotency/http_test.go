@@ -504,3 +504,93 @@ func TestHTTPClientGoneKeepsLease(t *testing.T) {
 		t.Errorf("the handler ran %d times for one key", n)
 	}
 }
+
+// TestHTTPLeaseKeptAfterStoreComesBack: the key store is unreachable for
+// longer than the lease while a handler runs. The middleware stops trusting
+// the lease and ends the handler's context, but a handler inside a call that
+// ignores its context still runs. Once the store is back and nobody took the
+// key over, the lease must be extended again until the handler returns:
+// otherwise it expires under a running handler and a retry runs it a second
+// time.
+func TestHTTPLeaseKeptAfterStoreComesBack(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	p, dbs := throughProxy(t, db)
+	direct, err := pgxpool.New(context.Background(), db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(direct.Close)
+	const lease = 400 * time.Millisecond
+	mw, err := idempotency.NewMiddleware(newStore(t, &idempotency.Config{Lease: lease}), dbs["pool"],
+		&idempotency.HTTPConfig{Heartbeat: lease / 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	gate := make(chan struct{})
+	handlerCtx := make(chan context.Context, 1)
+	srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			handlerCtx <- r.Context()
+			<-gate // a downstream call that ignores the context
+		}
+		fmt.Fprint(w, "done")
+	})))
+	t.Cleanup(srv.Close)
+	first := make(chan response, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", srv.URL+"/pay", strings.NewReader("{}"))
+		req.Header.Set(idempotency.HeaderKey, `"back"`)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			first <- response{}
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		first <- response{resp.StatusCode, resp.Header, string(b)}
+	}()
+	var hctx context.Context
+	select {
+	case hctx = <-handlerCtx:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler did not run")
+	}
+
+	// The store goes away until the middleware stops trusting the lease.
+	p.SetRefuse(true)
+	p.CutAll()
+	select {
+	case <-hctx.Done():
+	case <-time.After(30 * time.Second):
+		close(gate)
+		t.Fatal("the handler's context did not end while its lease could not be extended")
+	}
+	var back time.Time
+	if err := direct.QueryRow(context.Background(), `SELECT clock_timestamp()`).Scan(&back); err != nil {
+		t.Fatal(err)
+	}
+	p.Heal()
+
+	// The store is back and the key still belongs to the running handler: a
+	// heartbeat extends its lease again.
+	extended := false
+	for deadline := time.Now().Add(10 * time.Second); !extended && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		if err := direct.QueryRow(context.Background(), `SELECT coalesce(bool_or(updated_at > $1 AND epoch = 1), false)
+  FROM pgfence.idempotency_keys WHERE key = 'back' AND status = 'in_progress'`, back).Scan(&extended); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(gate)
+	if !extended {
+		t.Error("the lease of the running handler was not extended after the store came back")
+	}
+	if r := <-first; r.status != http.StatusOK || r.body != "done" {
+		t.Errorf("first: %+v", r)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times", n)
+	}
+}
