@@ -256,7 +256,11 @@ func (m *Middleware) serveCovered(w http.ResponseWriter, r *http.Request, next h
 		return httpBadKey, http.StatusBadRequest
 	}
 	res.key = key
-	body, err := io.ReadAll(io.LimitReader(r.Body, m.maxBody+1))
+	limit := m.maxBody + 1 // one byte more tells a body that is too large
+	if limit < 0 {
+		limit = m.maxBody // math.MaxInt64: no body is that large
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit))
 	if err != nil {
 		problem(w, http.StatusBadRequest, "Request body unreadable", err.Error())
 		return httpBadBody, http.StatusBadRequest

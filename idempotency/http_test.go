@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -592,5 +593,20 @@ func TestHTTPLeaseKeptAfterStoreComesBack(t *testing.T) {
 	}
 	if n := runs.Load(); n != 1 {
 		t.Errorf("the handler ran %d times", n)
+	}
+}
+
+// TestHTTPMaxBodyBytesWithoutLimit: the largest MaxBodyBytes (math.MaxInt64,
+// "no limit") still reads the body: the handler gets it, and another body
+// under the same key is refused, not answered with the first one's response.
+func TestHTTPMaxBodyBytesWithoutLimit(t *testing.T) {
+	t.Parallel()
+	f := newHTTPFixture(t, nil, &idempotency.HTTPConfig{MaxBodyBytes: math.MaxInt64})
+	first := f.do(t, "POST", "/orders/1", `"nolimit"`, `{"qty":2}`)
+	if first.status != http.StatusCreated || !strings.Contains(first.body, `{\"qty\":2}`) {
+		t.Fatalf("first: %+v, want 201 from a handler that got the body", first)
+	}
+	if r := f.do(t, "POST", "/orders/1", `"nolimit"`, `{"qty":3}`); r.status != http.StatusUnprocessableEntity {
+		t.Fatalf("another body with the same key: %d %s, want 422", r.status, r.body)
 	}
 }
