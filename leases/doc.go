@@ -94,7 +94,8 @@
 //     after [KeepAliveOptions.MaxFailures] failures in a row. Work under the
 //     lease must stop when [Lease.Done] is closed.
 //   - A release whose reply is lost is retried (it is idempotent). A release
-//     that finds the grant already released reads the lease's history: a
+//     that finds the grant already released (or, after a lost reply, the key
+//     granted to another holder) reads the lease's history: a
 //     release with the grant's holder id and token (the lost attempt's, or
 //     another client's acting for the holder) returns nil, an operator's
 //     force-release [ErrLeaseLost]; if the history cannot say after a lost

@@ -196,9 +196,11 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 // the error wraps [ErrLeaseLost] (work done under it may not have been
 // protected to the end) and so does the lease's context's cause. It retries a
 // lost reply at most twice within ctx. When it finds the grant already
-// released, the lease's history says how: with the grant's holder id and
-// token (an earlier attempt whose reply was lost, or another client acting
-// for the holder: nil) or by an operator's force-release ([ErrLeaseLost]).
+// released, or after a lost reply the key granted to another holder, the
+// lease's history says how the grant ended: released with the grant's holder
+// id and token (an earlier attempt whose reply was lost, or another client
+// acting for the holder: nil) or by an operator's force-release
+// ([ErrLeaseLost]).
 //
 // When the release was not sent ([ErrUnavailable], or the context's error) or
 // its outcome stays unknown ([ErrOutcomeUnknown]), the lease may still be
@@ -263,7 +265,7 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	switch status {
 	case "released":
 	case "already_released":
-		if result = l.releasedBy(ctx, sent); errors.Is(result, ErrOutcomeUnknown) {
+		if result = l.releasedBy(ctx, sent, false); errors.Is(result, ErrOutcomeUnknown) {
 			// The grant is not held any more, whoever ended it.
 			l.end(result)
 			return result
@@ -271,7 +273,17 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	case "expired":
 		result = l.lostError("the lease had expired before the release (now released)", nil)
 	default:
-		result = l.lostError("the key was granted to another holder before the release; nothing changed", nil)
+		if !sent {
+			result = l.lostError("the key was granted to another holder before the release; nothing changed", nil)
+			break
+		}
+		// An earlier attempt whose reply was lost may have released the
+		// grant, and a waiter taken the key before this attempt: the
+		// history says whether this grant was released, and how.
+		if result = l.releasedBy(ctx, sent, true); errors.Is(result, ErrOutcomeUnknown) {
+			l.end(result)
+			return result
+		}
 	}
 	if result == nil {
 		l.end(ErrReleased)
@@ -301,15 +313,15 @@ func (l *Lease) releaseResult() (bool, error) {
 }
 
 // releasedBy interprets a release that found this grant already released,
-// from the lease's history: nil when it was released with its holder id and
-// token (by this lease's earlier attempt whose reply was lost, or by another
-// client acting for the holder), an [ErrLeaseLost] error when an operator
-// force-released it or it had expired first. sent says whether an earlier
-// release of this lease may have committed without its reply: when the
-// history cannot say, that makes the outcome unknown (the error wraps
-// [ErrLeaseLost] and [ErrOutcomeUnknown]); without one, someone else ended the
-// grant.
-func (l *Lease) releasedBy(ctx context.Context, sent bool) error {
+// or (regranted) the key granted to another holder since, from the lease's
+// history: nil when it was released with its holder id and token (by this
+// lease's earlier attempt whose reply was lost, or by another client acting
+// for the holder), an [ErrLeaseLost] error when an operator force-released it
+// or it had expired first. sent says whether an earlier release of this lease
+// may have committed without its reply: when the history cannot say, that
+// makes the outcome unknown (the error wraps [ErrLeaseLost] and
+// [ErrOutcomeUnknown]); without one, someone else ended the grant.
+func (l *Lease) releasedBy(ctx context.Context, sent, regranted bool) error {
 	var event, reason string
 	err := l.c.pool.QueryRow(ctx, sqlReleasedBy, l.key, l.holder, l.token).Scan(&event, &reason)
 	switch {
@@ -322,8 +334,12 @@ func (l *Lease) releasedBy(ctx context.Context, sent bool) error {
 	case errors.Is(err, pgx.ErrNoRows):
 		err = errors.New("its end is no longer in the history")
 	}
-	if !sent {
+	switch {
+	case !sent:
 		return l.lostError("the grant had been ended by someone else before the release (the history could not say how)", err)
+	case regranted:
+		return l.lostError("the key was granted to another holder, and whether an earlier attempt of this release (its reply was lost) had released the grant first could not be read back",
+			fmt.Errorf("%w: %w", ErrOutcomeUnknown, err))
 	}
 	return l.lostError("the grant is released, but whether by an earlier attempt of this release (its reply was lost) or by an operator could not be read back",
 		fmt.Errorf("%w: %w", ErrOutcomeUnknown, err))

@@ -1,0 +1,71 @@
+package leases_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/faultproxy"
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// A release whose reply was lost committed, and a waiter took the key before
+// the retry: the retry finds the key held by another grant (not_held). The
+// release was this lease's own, so Release returns nil and the lease ends as
+// released, not lost.
+func TestReleaseRetryAfterTakeover(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	proxy := newProxy(t, db.URL)
+	url, err := proxy.ConnString(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1 // after the cut, every retry needs a new connection
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	other := leasesClient(t, db)
+	ctx := ctxTimeout(t, 30*time.Second)
+
+	l, err := c.TryAcquire(ctx, "k", 10*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The release commits, its reply is lost, and its retries are refused.
+	trig := proxy.CutAfter(faultproxy.SQLContains("pgfence.release"))
+	proxy.SetRefuse(true)
+	if err := l.Release(ctx); !errors.Is(err, leases.ErrOutcomeUnknown) {
+		t.Fatalf("release whose reply was lost and whose retries were refused: %v, want ErrOutcomeUnknown", err)
+	}
+	if !trig.Replied() {
+		t.Fatal("the release did not commit before the cut")
+	}
+	// A waiter takes the key the release freed.
+	next, err := other.TryAcquire(ctx, "k", 10*time.Second, nil)
+	if err != nil {
+		t.Fatalf("the key after the committed release: %v", err)
+	}
+	proxy.SetRefuse(false)
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("retried release of a grant this lease released: %v, want nil", err)
+	}
+	if !errors.Is(l.Err(), leases.ErrReleased) {
+		t.Errorf("lease after the retried release: %v, want ErrReleased", l.Err())
+	}
+	if err := next.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
