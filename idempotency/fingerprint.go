@@ -33,8 +33,10 @@ func CanonicalJSON(data []byte) ([]byte, error) {
 	if err := dec.Decode(&v); err != nil {
 		return nil, fmt.Errorf("%w: canonical JSON: %w", ErrInvalid, err)
 	}
-	if dec.More() {
-		return nil, fmt.Errorf("%w: canonical JSON: more than one value", ErrInvalid)
+	// Only white space may follow the value (Decoder.More would let a stray
+	// ] or } through).
+	if len(bytes.TrimLeft(data[dec.InputOffset():], " \t\r\n")) > 0 {
+		return nil, fmt.Errorf("%w: canonical JSON: data after the value", ErrInvalid)
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)

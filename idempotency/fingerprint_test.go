@@ -27,3 +27,21 @@ func TestCanonicalJSONRefusesInvalidUTF8(t *testing.T) {
 		t.Fatalf("é and \\u00e9: %q and %q, %v; want the same bytes", a, b, err)
 	}
 }
+
+// TestCanonicalJSONRefusesTrailingData: a document with anything but white
+// space after its value is not JSON. Accepting a stray closing bracket
+// would give {"a":1}] the fingerprint of {"a":1}: a corrected retry under
+// the same key would replay the stored answer to the malformed request
+// instead of being refused as another payload.
+func TestCanonicalJSONRefusesTrailingData(t *testing.T) {
+	for _, in := range []string{`{"a":1}]`, `{"a":1}}`, `[1]]`, `1]`, `{} x`, `[1] [2]`, `"a"}`} {
+		if out, err := idempotency.CanonicalJSON([]byte(in)); !errors.Is(err, idempotency.ErrInvalid) {
+			t.Errorf("CanonicalJSON(%q) = %q, %v; want ErrInvalid", in, out, err)
+		}
+	}
+	for _, in := range []string{` {"a":1} `, "{\"a\":1}\n", "\t[1]\r\n"} {
+		if _, err := idempotency.CanonicalJSON([]byte(in)); err != nil {
+			t.Errorf("CanonicalJSON(%q): %v", in, err)
+		}
+	}
+}
