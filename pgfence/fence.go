@@ -200,14 +200,38 @@ func Exec(ctx context.Context, db DB, resource string, token int64, sql string, 
 	}
 	op := newOpID()
 	w.id = op
+	conn, release, err := acquire(ctx, db)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	defer release()
 	b := &pgx.Batch{}
 	queueFence(ctx, b, resource, token, op)
 	b.Queue(sql, args...)
-	tag, err := execBatch(ctx, db, b)
+	tag, err := execBatch(ctx, conn, b)
 	if err != nil {
 		return tag, unknown(mapError(err, ownCommit(db)), resource, token, op)
 	}
 	return tag, nil
+}
+
+// acquire returns what a helper whose statement commits on its own runs it
+// on: db itself, or for a pool one of its connections, with the function that
+// gives it back. A pool that gives no connection (the context ended while the
+// pool was exhausted, or before the call; the pool is closed) has sent
+// nothing, so that error is never an unknown outcome, which it would be if
+// the pool's own Exec or SendBatch reported it after the statement was
+// handed over.
+func acquire(ctx context.Context, db DB) (DB, func(), error) {
+	p, ok := db.(*pgxpool.Pool)
+	if !ok {
+		return db, func() {}, nil
+	}
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		return nil, nil, mapError(err, false)
+	}
+	return c, c.Release, nil
 }
 
 // execBatch sends b and returns the last statement's command tag.

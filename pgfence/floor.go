@@ -32,7 +32,12 @@ func RaiseTokenFloor(ctx context.Context, db DB, floor int64, reason string) (pr
 	if n := utf8.RuneCountInString(reason); n < 1 || n > MaxReasonLen {
 		return 0, fmt.Errorf("%w: reason must be 1 to %d characters, got %d", ErrInvalid, MaxReasonLen, n)
 	}
-	err = db.QueryRow(ctx, `SELECT pgfence.raise_token_floor($1, $2)`, floor, reason).Scan(&previous)
+	conn, release, err := acquire(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	err = conn.QueryRow(ctx, `SELECT pgfence.raise_token_floor($1, $2)`, floor, reason).Scan(&previous)
 	return previous, mapError(err, ownCommit(db))
 }
 

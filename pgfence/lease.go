@@ -118,10 +118,15 @@ func ExecLeased(ctx context.Context, db DB, lease Lease, sql string, args ...any
 	if err := lease.validate(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
+	conn, release, err := acquire(ctx, db)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	defer release()
 	b := &pgx.Batch{}
 	b.Queue(sqlCheckLease, lease.Key, lease.Holder, lease.Token)
 	b.Queue(sql, args...)
-	tag, err := execBatch(ctx, db, b)
+	tag, err := execBatch(ctx, conn, b)
 	if err != nil {
 		return tag, mapError(err, ownCommit(db))
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/faultproxy"
 	"github.com/pgfence/pgfence/pgfence"
@@ -299,5 +300,79 @@ func TestMapErrorLostReplyIsUnknown(t *testing.T) {
 	}
 	if v := kvValue(t, db.Pool); v != "own statement" {
 		t.Fatalf("row %q: the server did not commit the UPDATE the proxy forwarded", v)
+	}
+}
+
+// A call on a pool that cannot get a connection (the pool is exhausted until
+// the caller's deadline, or the context ended before the call) sent nothing:
+// it returns the context's error, never ErrOutcomeUnknown, which would send
+// the caller to Resolve or re-read a write that was never attempted.
+func TestPoolAcquireFailureIsNotUnknown(t *testing.T) {
+	ctx := testContext(t)
+	db := pgfencetest.NewDatabase(t)
+	setupKV(t, db.Pool)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	held, err := pool.Acquire(ctx) // the pool's only connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	kv := pgfence.Table{Name: pgx.Identifier{"kv"}, Key: "k", Fence: "token"}
+	lease := pgfence.Lease{Key: "acquire", Holder: newHolder(), Token: 1}
+	calls := []struct {
+		name string
+		call func(ctx context.Context) error
+	}{
+		{"Exec", func(ctx context.Context) error {
+			_, err := pgfence.Exec(ctx, pool, "kv:a", 1, `UPDATE kv SET v = 'x' WHERE k = 'a'`)
+			return err
+		}},
+		{"ExecLeased", func(ctx context.Context) error {
+			_, err := pgfence.ExecLeased(ctx, pool, lease, `UPDATE kv SET v = 'x' WHERE k = 'a'`)
+			return err
+		}},
+		{"UpdateRow", func(ctx context.Context) error {
+			return pgfence.UpdateRow(ctx, pool, kv, "a", 1, map[string]any{"v": "x"})
+		}},
+		{"RaiseTokenFloor", func(ctx context.Context) error {
+			_, err := pgfence.RaiseTokenFloor(ctx, pool, 1, "drill")
+			return err
+		}},
+		{"Protect", func(ctx context.Context) error {
+			return pgfence.Protect(ctx, pool, pgx.Identifier{"kv"}, "k", "kv:")
+		}},
+		{"Unprotect", func(ctx context.Context) error {
+			_, err := pgfence.Unprotect(ctx, pool, pgx.Identifier{"kv"})
+			return err
+		}},
+	}
+	for _, c := range calls {
+		// The pool stays exhausted until the deadline.
+		dctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		err := c.call(dctx)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
+			t.Errorf("%s on an exhausted pool: %v, want the deadline, not ErrOutcomeUnknown", c.name, err)
+		}
+		// The context ended before the call.
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		err = c.call(cctx)
+		if !errors.Is(err, context.Canceled) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
+			t.Errorf("%s with a cancelled context: %v, want context.Canceled, not ErrOutcomeUnknown", c.name, err)
+		}
+	}
+	held.Release()
+	if v := kvValue(t, db.Pool); v != "init" {
+		t.Fatalf("row %q: a call that got no connection wrote", v)
 	}
 }

@@ -41,7 +41,12 @@ func Protect(ctx context.Context, db DB, table pgx.Identifier, resourceColumn, p
 		return fmt.Errorf("%w: prefix must be valid UTF-8 without NUL bytes and shorter than %d bytes (a resource is at most %d), got %d bytes",
 			ErrInvalid, MaxResourceLen, MaxResourceLen, len(prefix))
 	}
-	_, err := db.Exec(ctx, `SELECT pgfence.protect($1::regclass, $2, $3)`, table.Sanitize(), resourceColumn, prefix)
+	conn, release, err := acquire(ctx, db)
+	if err != nil {
+		return err
+	}
+	defer release()
+	_, err = conn.Exec(ctx, `SELECT pgfence.protect($1::regclass, $2, $3)`, table.Sanitize(), resourceColumn, prefix)
 	return mapError(err, ownCommit(db))
 }
 
@@ -53,8 +58,13 @@ func Unprotect(ctx context.Context, db DB, table pgx.Identifier) (bool, error) {
 	if err := checkIdentifier("table", table); err != nil {
 		return false, err
 	}
+	conn, release, err := acquire(ctx, db)
+	if err != nil {
+		return false, err
+	}
+	defer release()
 	var had bool
-	err := db.QueryRow(ctx, `SELECT pgfence.unprotect($1::regclass)`, table.Sanitize()).Scan(&had)
+	err = conn.QueryRow(ctx, `SELECT pgfence.unprotect($1::regclass)`, table.Sanitize()).Scan(&had)
 	return had, mapError(err, ownCommit(db))
 }
 

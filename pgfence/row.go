@@ -81,10 +81,15 @@ func UpdateRow(ctx context.Context, db DB, t Table, id any, token int64, set map
 	update := sb.String()
 	read := fmt.Sprintf("SELECT %s FROM %s WHERE %s = $1", fence, table, key)
 
+	conn, release, err := acquire(ctx, db)
+	if err != nil {
+		return err
+	}
+	defer release()
 	// A miss is re-read; if a concurrent writer changed the row in between (a
 	// delete and re-insert), the update is tried again, a bounded number of times.
 	for range 3 {
-		tag, err := db.Exec(ctx, update, args...)
+		tag, err := conn.Exec(ctx, update, args...)
 		if err != nil {
 			// On a pool the UPDATE is its own transaction: lost after
 			// sending, its outcome is unknown (re-read the row).
@@ -94,7 +99,7 @@ func UpdateRow(ctx context.Context, db DB, t Table, id any, token int64, set map
 			return nil
 		}
 		var current *int64
-		err = db.QueryRow(ctx, read, id).Scan(&current)
+		err = conn.QueryRow(ctx, read, id).Scan(&current)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: no row %s = %v in %s", ErrNotFound, key, id, table)
 		}
