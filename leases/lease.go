@@ -143,7 +143,10 @@ func (l *Lease) trustDeadline() time.Time {
 
 // Renew extends the lease to the database's clock_timestamp() + TTL, if this
 // grant still holds it and it has not expired. When the database refuses, the
-// lease is lost: its context ends and the error wraps [ErrLeaseLost]. Other
+// lease is lost: its context ends and the error wraps [ErrLeaseLost]; but
+// once [Lease.Release] has been called, a refusal because the grant was
+// released with its holder id and token (by that Release, running meanwhile)
+// ends the lease as released and returns [ErrReleased]. Other
 // failures ([ErrUnavailable], [ErrOutcomeUnknown], or the context's error when
 // ctx ended before the renewal was sent) leave the lease as it was; its trust
 // window still runs from the last confirmed renewal.
@@ -160,6 +163,13 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 		err = conn.QueryRow(ctx, sqlRenew, l.key, l.holder, l.token, l.ttl.Microseconds()).Scan(&expiresAt)
 		conn.Release()
 		if pgerr.Code(err) == pgerr.CodeLeaseNotHeld {
+			if l.releaseRequested() && l.releasedBy(ctx, false, false) == nil {
+				// The holder's release (a Release running meanwhile, say,
+				// with KeepAlive's renewal sent just after it committed)
+				// ended the grant: it was released, not lost.
+				l.end(ErrReleased)
+				return l.Err()
+			}
 			lost := l.lostError("the database refused the renewal", err)
 			l.end(lost)
 			return lost

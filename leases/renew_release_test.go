@@ -1,0 +1,98 @@
+package leases_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// holdReleaseReply blocks the first pgfence.release statement's caller after
+// the server committed it and its reply was read, until unblock is closed.
+type holdReleaseReply struct {
+	reached, unblock chan struct{}
+	once             sync.Once
+}
+
+type holdReleaseKey struct{}
+
+func (h *holdReleaseReply) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "pgfence.release(") {
+		return context.WithValue(ctx, holdReleaseKey{}, true)
+	}
+	return ctx
+}
+
+func (h *holdReleaseReply) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if ctx.Value(holdReleaseKey{}) != nil {
+		h.once.Do(func() {
+			close(h.reached)
+			<-h.unblock
+		})
+	}
+}
+
+// A renewal (KeepAlive's, or the holder's own) that runs while Release is in
+// flight can reach the database right after the release committed and be
+// refused. The lease was released by its holder, not lost: its context ends
+// with ErrReleased and no lost event is emitted.
+func TestRenewDuringReleaseIsNotLost(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	hold := &holdReleaseReply{reached: make(chan struct{}), unblock: make(chan struct{})}
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = hold
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var mu sync.Mutex
+	var lost []error
+	c := newClient(t, pool, &leases.Config{
+		DisableWakeups: true,
+		OnEvent: func(e leases.Event) {
+			if e.Kind == leases.EventLost {
+				mu.Lock()
+				lost = append(lost, e.Err)
+				mu.Unlock()
+			}
+		},
+	})
+	ctx := ctxTimeout(t, 30*time.Second)
+
+	l, err := c.TryAcquire(ctx, "k", 10*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan error, 1)
+	go func() { released <- l.Release(ctx) }()
+	<-hold.reached // the release committed; Release has not seen its reply yet
+	renewErr := l.Renew(ctx)
+	close(hold.unblock)
+	if err := <-released; err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if renewErr == nil {
+		t.Fatal("a renewal after the release committed succeeded")
+	}
+	if !errors.Is(l.Err(), leases.ErrReleased) {
+		t.Errorf("lease after a confirmed release: %v, want ErrReleased", l.Err())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lost) > 0 {
+		t.Errorf("lost events for a released lease: %v", lost)
+	}
+}
