@@ -101,6 +101,6 @@ func ExampleStore_Claim() {
 	}
 	fmt.Println(out.Status, string(out.Result))
 	// Output:
-	// capture with key order-1234:capture:capture
+	// capture with key 0f5f7a27-3e7f-8430-aea9-46d43435365d
 	// replayed receipt ch_1
 }

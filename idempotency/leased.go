@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"sync"
@@ -146,10 +147,22 @@ func (a *Attempt) TrustedUntil() time.Time {
 }
 
 // DerivedKey returns the idempotency key to hand to a downstream system for
-// one step of this intent: key + ":" + step. It is the same for every attempt
-// and takeover, so the downstream system deduplicates a step that a crashed
-// owner already sent.
-func (a *Attempt) DerivedKey(step string) string { return a.key + ":" + step }
+// one step of this intent. It is the same for every attempt and takeover, so
+// the downstream system deduplicates a step that a crashed owner already
+// sent, and it differs for every other scope, key or step: the downstream
+// system sees only this string, and the same key in two scopes (two
+// principals of the HTTP middleware, say) is two intents. It is a UUID
+// (RFC 9562 version 8) made of the SHA-256 of scope, key and step, so it
+// fits the limits of common providers and does not disclose the scope.
+func (a *Attempt) DerivedKey(step string) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "pgfence.idempotency.derived_key\x00%d:%s%d:%s%d:%s", len(a.scope), a.scope, len(a.key), a.key, len(step), step)
+	var u [16]byte
+	copy(u[:], h.Sum(nil))
+	u[6] = u[6]&0x0f | 0x80 // version 8
+	u[8] = u[8]&0x3f | 0x80 // variant 10
+	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
+}
 
 // Heartbeat extends the lease to now + [Config.Lease] (database clock).
 func (a *Attempt) Heartbeat(ctx context.Context) (err error) {

@@ -3,7 +3,11 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -329,5 +333,68 @@ func TestRetryAfterOfLeaseLongerThanDuration(t *testing.T) {
 	out, err = store.Do(ctx, pool, req, func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil })
 	if !errors.Is(err, idempotency.ErrInProgress) || out.RetryAfter != math.MaxInt64 {
 		t.Errorf("Do: %+v, %v; want in progress, retry after %v", out, err, time.Duration(math.MaxInt64))
+	}
+}
+
+// TestDerivedKeysOfDifferentIntentsDiffer: a derived key is handed to a
+// downstream system (a payment provider) that deduplicates on it alone. Two
+// intents must never share one: not the same key in two scopes (the HTTP
+// middleware scopes a client's Idempotency-Key by principal, so two
+// customers sending "1" are two intents), and not a key and step that only
+// concatenate alike. Otherwise the provider answers the second customer's
+// charge with the first one's.
+func TestDerivedKeysOfDifferentIntentsDiffer(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	store := newStore(t, nil)
+	type derived struct {
+		scope, key, step string
+	}
+	seen := map[string]derived{}
+	attempts := map[[2]string]*idempotency.Attempt{}
+	for _, d := range []derived{
+		{"payments/tenant-a", "1", "charge"},
+		{"payments/tenant-b", "1", "charge"},
+		{"payments/tenant-a", "1:charge", "x"},
+		{"payments/tenant-a", "1", "charge:x"},
+		{"a:b", "c", "s"},
+		{"a", "b:c", "s"},
+	} {
+		a := attempts[[2]string{d.scope, d.key}]
+		if a == nil {
+			a = claimNew(t, store, pool, idempotency.Request{Scope: d.scope, Key: d.key})
+			attempts[[2]string{d.scope, d.key}] = a
+		}
+		k := a.DerivedKey(d.step)
+		if other, ok := seen[k]; ok {
+			t.Errorf("%+v and %+v share the derived key %q", d, other, k)
+		}
+		seen[k] = d
+		if k2 := a.DerivedKey(d.step); k2 != k {
+			t.Errorf("%+v: derived key not stable: %q, %q", d, k, k2)
+		}
+	}
+
+	// Through the middleware: two principals, the same Idempotency-Key.
+	mw, err := idempotency.NewMiddleware(store, pool, &idempotency.HTTPConfig{
+		Principal: func(r *http.Request) string { return r.Header.Get("X-User") },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, idempotency.AttemptFromContext(r.Context()).DerivedKey("charge"))
+	}))
+	keys := map[string]string{}
+	for _, user := range []string{"alice", "bob"} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("POST", "/pay", strings.NewReader("{}"))
+		req.Header.Set(idempotency.HeaderKey, `"1"`)
+		req.Header.Set("X-User", user)
+		h.ServeHTTP(rec, req)
+		keys[user] = rec.Body.String()
+	}
+	if keys["alice"] == "" || keys["alice"] == keys["bob"] {
+		t.Errorf("alice and bob derive %q and %q for the same Idempotency-Key", keys["alice"], keys["bob"])
 	}
 }
