@@ -392,6 +392,11 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 			var held *HeldError
 			switch {
 			case ctx.Err() != nil:
+				if last != nil && errors.Is(err, context.Cause(ctx)) && !errors.Is(err, ErrOutcomeUnknown) {
+					// This attempt ended with the context and says nothing
+					// about the key: report the last one that got an answer.
+					err = last
+				}
 				return nil, fmt.Errorf("leases: acquire %q: gave up waiting: %w (last attempt: %w)", key, context.Cause(ctx), err)
 			case errors.As(err, &held):
 				remaining = held.Remaining
