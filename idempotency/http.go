@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -375,7 +376,11 @@ func (m *Middleware) keepAlive(ctx context.Context, a *Attempt, cancel context.C
 	return func() { close(done); wg.Wait() }
 }
 
-// settle stores a final response, or releases the key for a retry.
+// settle stores a final response, or releases the key for a retry. A
+// failure to reach the store is retried until ctx ends: the handler has
+// run, and a key left in progress would be taken over once its lease
+// expired and the handler run again. A retry after an unknown outcome that
+// had committed gets ErrNotOwner, as does a key taken over meanwhile.
 func (m *Middleware) settle(ctx context.Context, a *Attempt, rec *recorder) error {
 	status := rec.status
 	if status == 0 {
@@ -388,16 +393,34 @@ func (m *Middleware) settle(ctx context.Context, a *Attempt, rec *recorder) erro
 	if err != nil {
 		return err
 	}
-	switch {
-	case status >= 200 && status < 400:
-		_, err = a.Complete(ctx, stored)
-	case status >= 400 && status < 500 && !transientStatus[status]:
-		_, err = a.Fail(ctx, &Failure{Code: "http_" + strconv.Itoa(status), Message: http.StatusText(status), Data: stored})
-	default:
-		err = a.Release(ctx)
+	for delay := settleRetryMin; ; delay = min(2*delay, settleRetryMax) {
+		switch {
+		case status >= 200 && status < 400:
+			_, err = a.Complete(ctx, stored)
+		case status >= 400 && status < 500 && !transientStatus[status]:
+			_, err = a.Fail(ctx, &Failure{Code: "http_" + strconv.Itoa(status), Message: http.StatusText(status), Data: stored})
+		default:
+			err = a.Release(ctx)
+		}
+		if err == nil || errors.Is(err, ErrNotOwner) || errors.Is(err, ErrInvalid) {
+			return err
+		}
+		m.store.logger.DebugContext(ctx, "idempotency: settling key failed, retrying", "scope", a.scope, "key", a.key, "error", err)
+		t := time.NewTimer(delay/2 + rand.N(delay/2+1)) // jitter
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
 	}
-	return err
 }
+
+// Bounds of the delay between attempts to settle a key.
+const (
+	settleRetryMin = 20 * time.Millisecond
+	settleRetryMax = time.Second
+)
 
 // transientStatus are 4xx answers that a retry may change.
 var transientStatus = map[int]bool{

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/internal/faultproxy"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -608,5 +609,61 @@ func TestHTTPMaxBodyBytesWithoutLimit(t *testing.T) {
 	}
 	if r := f.do(t, "POST", "/orders/1", `"nolimit"`, `{"qty":3}`); r.status != http.StatusUnprocessableEntity {
 		t.Fatalf("another body with the same key: %d %s, want 422", r.status, r.body)
+	}
+}
+
+// TestHTTPSettleSurvivesLostConnection: the connection that stores the
+// handler's answer breaks once. The middleware has the answer and the key,
+// so it must store it on another connection; otherwise the key stays in
+// progress without a heartbeat, its lease expires and a retry runs the
+// handler a second time.
+func TestHTTPSettleSurvivesLostConnection(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	p, dbs := throughProxy(t, db)
+	mw, err := idempotency.NewMiddleware(newStore(t, nil), dbs["pool"], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "run %d", runs.Add(1))
+	})))
+	t.Cleanup(srv.Close)
+	post := func() response {
+		req, _ := http.NewRequest("POST", srv.URL+"/pay", strings.NewReader("{}"))
+		req.Header.Set(idempotency.HeaderKey, `"settle"`)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return response{resp.StatusCode, resp.Header, string(b)}
+	}
+	trig := p.CutBefore(faultproxy.SQLContains("idempotency_complete"))
+	first := post()
+	if !trig.Fired() {
+		t.Fatal("the proxy did not cut the completion")
+	}
+	if first.status != http.StatusCreated || first.body != "run 1" {
+		t.Fatalf("first: %+v", first)
+	}
+	var status string
+	if err := db.Pool.QueryRow(context.Background(),
+		`SELECT status FROM pgfence.idempotency_keys WHERE key = 'settle'`).Scan(&status); err != nil {
+		t.Fatal(err)
+	}
+	if status != "succeeded" {
+		t.Errorf("the key is %s after the handler answered, want succeeded", status)
+		// What follows once its lease has run out.
+		expireLease(t, db.Pool, "settle")
+	}
+	if r := post(); r.body != first.body || r.header.Get(idempotency.HeaderReplayed) != "true" {
+		t.Errorf("retry: %d %q, want the replay of %q", r.status, r.body, first.body)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times", n)
 	}
 }
