@@ -214,9 +214,11 @@ type AcquireOptions struct {
 	// Fair makes Acquire wait its turn in a queue in the database
 	// (pgfence.lease_waiters), so fair waiters of every client and process
 	// are granted in arrival order. Without it, waiters are FIFO within one
-	// client only. It costs one small non-durable write per poll, and it
-	// orders fair waiters only: a TryAcquire or a non-fair Acquire can still
-	// take a free lease first. TryAcquire ignores it.
+	// client only. Each fair waiter takes its place from its arrival, and so
+	// polls even while another waiter of its client waits for the same key.
+	// It costs one small non-durable write per poll, and it orders fair
+	// waiters only: a TryAcquire or a non-fair Acquire can still take a free
+	// lease first. TryAcquire ignores it.
 	Fair bool
 }
 

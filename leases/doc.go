@@ -56,7 +56,8 @@
 //     announces its grant, and waiters that hear it skip their attempt and
 //     set their timers to that lease's expiry. Resuming paused grants wakes waiters at once. With [AcquireOptions.Fair], waiters of
 //     every client and process take turns in arrival order through a queue in
-//     the database (pgfence.lease_waiters).
+//     the database (pgfence.lease_waiters); each fair waiter polls from its
+//     arrival, even behind another waiter of its own client.
 //
 // # Failure handling
 //

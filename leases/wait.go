@@ -16,19 +16,25 @@ import (
 // queue holds the waiting Acquire calls of one client for one key, in arrival
 // order. Only the head polls the database and receives wake-ups, so a release
 // wakes one waiter per client, not all of them, and N idle waiters cost the
-// statements of one.
+// statements of one. Fair waiters (AcquireOptions.Fair) are the exception:
+// each polls from its arrival, because its place in the database queue
+// (pgfence.lease_waiters), shared by every client, counts from its first
+// poll; one queued behind another waiter of its own client would get its
+// place only after waiters of other clients that arrived later.
 type queue struct {
 	waiters []*waiter
 }
 
 type waiter struct {
-	turn    chan struct{}      // closed when the waiter becomes the head
+	turn    chan struct{}      // closed when the waiter starts polling
 	wake    chan struct{}      // a release of the key was seen (buffered, 1)
 	granted chan time.Duration // an announced grant of the key, its lease length (buffered, 1)
+	fair    bool               // polls from its arrival (AcquireOptions.Fair)
+	polling bool               // turn is closed; c.mu guards it
 }
 
-func (c *Client) enqueue(key string) *waiter {
-	w := &waiter{turn: make(chan struct{}), wake: make(chan struct{}, 1), granted: make(chan time.Duration, 1)}
+func (c *Client) enqueue(key string, fair bool) *waiter {
+	w := &waiter{turn: make(chan struct{}), wake: make(chan struct{}, 1), granted: make(chan time.Duration, 1), fair: fair}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	q := c.queues[key]
@@ -37,9 +43,7 @@ func (c *Client) enqueue(key string) *waiter {
 		c.queues[key] = q
 	}
 	q.waiters = append(q.waiters, w)
-	if len(q.waiters) == 1 {
-		close(w.turn)
-	}
+	q.handOut()
 	return w
 }
 
@@ -51,26 +55,41 @@ func (c *Client) dequeue(key string, w *waiter) {
 		return
 	}
 	for i, x := range q.waiters {
-		if x != w {
-			continue
+		if x == w {
+			q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
+			break
 		}
-		q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
-		if i == 0 && len(q.waiters) > 0 {
-			close(q.waiters[0].turn) // the next waiter polls now
-		}
-		break
 	}
+	q.handOut() // the next waiter polls now
 	if len(q.waiters) == 0 {
 		delete(c.queues, key)
 	}
 }
 
-// head returns key's first waiter, the one that polls, or nil. c.mu is held.
-func (c *Client) head(key string) *waiter {
-	if q := c.queues[key]; q != nil && len(q.waiters) > 0 {
-		return q.waiters[0]
+// handOut lets the first waiter that is not fair, and every fair waiter,
+// poll. c.mu is held.
+func (q *queue) handOut() {
+	head := true
+	for _, w := range q.waiters {
+		if (head || w.fair) && !w.polling {
+			w.polling = true
+			close(w.turn)
+		}
+		if !w.fair {
+			head = false
+		}
 	}
-	return nil
+}
+
+// pollers calls f for every waiter of key that polls. c.mu is held.
+func (c *Client) pollers(key string, f func(*waiter)) {
+	if q := c.queues[key]; q != nil {
+		for _, w := range q.waiters {
+			if w.polling {
+				f(w)
+			}
+		}
+	}
 }
 
 // offer sends v on ch unless ch's one-slot buffer is full: a signal already
@@ -82,23 +101,19 @@ func offer[T any](ch chan T, v T) {
 	}
 }
 
-// wake tells the head waiter for key (if any) to try now.
+// wake tells the waiters for key that poll (if any) to try now.
 func (c *Client) wake(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if w := c.head(key); w != nil {
-		offer(w.wake, struct{}{})
-	}
+	c.pollers(key, func(w *waiter) { offer(w.wake, struct{}{}) })
 }
 
-// granted tells the head waiter for key (if any) that another waiter's grant
-// of it was announced, with that lease's length.
+// granted tells the waiters for key that poll (if any) that another waiter's
+// grant of it was announced, with that lease's length.
 func (c *Client) granted(key string, lease time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if w := c.head(key); w != nil {
-		offer(w.granted, lease)
-	}
+	c.pollers(key, func(w *waiter) { offer(w.granted, lease) })
 }
 
 // Hold-back after a wake-up. A release wakes one waiter in every client that
@@ -165,15 +180,13 @@ func (c *Client) adapt(key string, won bool) {
 	c.windows[key] = w
 }
 
-// wakeAll wakes the head waiter of every key: notifications may have been
-// missed while the LISTEN connection was down.
+// wakeAll wakes the waiters that poll of every key: notifications may have
+// been missed while the LISTEN connection was down.
 func (c *Client) wakeAll() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for key := range c.queues {
-		if w := c.head(key); w != nil {
-			offer(w.wake, struct{}{})
-		}
+		c.pollers(key, func(w *waiter) { offer(w.wake, struct{}{}) })
 	}
 }
 
