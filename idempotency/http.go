@@ -504,8 +504,18 @@ func (w *recorder) Write(p []byte) (int, error) {
 	return w.ResponseWriter.Write(p)
 }
 
-// Unwrap lets http.ResponseController reach the underlying writer (Flush,
-// deadlines).
+// Flush sends what was written so far, so that a streaming handler that
+// asks for an http.Flusher still streams. A flush before any write sends
+// the implicit 200, which is then the answer.
+func (w *recorder) Flush() {
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer
+// (deadlines, full duplex).
 func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // parseKey accepts the draft's sf-string ("...") and, leniently, a bare token

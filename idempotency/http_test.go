@@ -667,3 +667,50 @@ func TestHTTPSettleSurvivesLostConnection(t *testing.T) {
 		t.Errorf("the handler ran %d times", n)
 	}
 }
+
+// TestHTTPStreamingHandler: a streaming handler checks that its writer can
+// flush (the usual w.(http.Flusher)) and answers 500 when it cannot. Behind
+// the middleware it must still stream, and a flush before any write sends
+// (and stores) the implicit 200.
+func TestHTTPStreamingHandler(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	mw, err := idempotency.NewMiddleware(newStore(t, nil), pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		f, ok := w.(http.Flusher)
+		if !ok {
+			http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+			return
+		}
+		f.Flush()
+		fmt.Fprint(w, "a")
+		f.Flush()
+		fmt.Fprint(w, "b")
+	})))
+	t.Cleanup(srv.Close)
+	post := func() response {
+		req, _ := http.NewRequest("POST", srv.URL+"/events", strings.NewReader("{}"))
+		req.Header.Set(idempotency.HeaderKey, `"stream"`)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return response{resp.StatusCode, resp.Header, string(b)}
+	}
+	if r := post(); r.status != http.StatusOK || r.body != "ab" {
+		t.Fatalf("first: %d %q, want the streamed 200 \"ab\"", r.status, r.body)
+	}
+	if r := post(); r.status != http.StatusOK || r.body != "ab" || r.header.Get(idempotency.HeaderReplayed) != "true" {
+		t.Fatalf("retry: %d %q, want the replay", r.status, r.body)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times", n)
+	}
+}
