@@ -120,8 +120,9 @@ func validate(resource string, token int64) error {
 // is not called. If fn returns an error the transaction rolls back and that
 // error is returned unchanged (pgfence SQLSTATEs raised inside fn are mapped);
 // if fn panics, the transaction rolls back and the panic goes on. fn must not
-// commit or roll back tx itself: Write then cannot know the outcome and
-// returns an error that wraps both [ErrInvalid] and [ErrOutcomeUnknown].
+// commit or roll back tx itself (tx.Commit, tx.Rollback, or COMMIT or
+// ROLLBACK sent as SQL): Write then cannot know the outcome and returns an
+// error that wraps both [ErrInvalid] and [ErrOutcomeUnknown].
 // A COMMIT whose answer is lost returns an *[OutcomeUnknownError]; pass it to
 // [Resolve].
 //
@@ -144,10 +145,11 @@ func Write(ctx context.Context, db DB, resource string, token int64, fn func(ctx
 	}
 	op := newOpID()
 	w.id = op
-	tx, err := db.Begin(ctx)
+	tx, release, err := begin(ctx, db)
 	if err != nil {
-		return Receipt{}, mapError(err, false)
+		return Receipt{}, err
 	}
+	defer release()
 	returned := false
 	defer endOnPanic(ctx, tx, &returned, &err)
 	if err := fenceTx(ctx, tx, resource, token, op); err != nil {
@@ -157,6 +159,9 @@ func Write(ctx context.Context, db DB, resource string, token int64, fn func(ctx
 	returned = true
 	if ferr != nil {
 		return Receipt{}, rollback(ctx, tx, mapError(ferr, false))
+	}
+	if endedByFn(tx) {
+		return Receipt{}, unknown(rollback(ctx, tx, fnEndedTx(true)), resource, token, op)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		if errors.Is(err, pgx.ErrTxClosed) {
@@ -232,6 +237,33 @@ func acquire(ctx context.Context, db DB) (DB, func(), error) {
 		return nil, nil, mapError(err, false)
 	}
 	return c, c.Release, nil
+}
+
+// begin starts the transaction of [Write] or [WriteLeased] on db. On a pool
+// it first acquires a connection that it keeps until release, so that the
+// connection stays the helper's even if fn commits or rolls back tx itself
+// (see endedByFn).
+func begin(ctx context.Context, db DB) (pgx.Tx, func(), error) {
+	conn, release, err := acquire(ctx, db)
+	if err != nil {
+		return nil, nil, err
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		release()
+		return nil, nil, mapError(err, false)
+	}
+	return tx, release, nil
+}
+
+// endedByFn reports whether the connection of tx is outside any transaction
+// after fn returned: fn ended the transaction itself, with tx.Commit or
+// tx.Rollback, or with SQL (COMMIT or ROLLBACK through tx.Exec), which pgx's
+// tx does not notice: a COMMIT sent then succeeds with a mere warning, for a
+// fence that may have been rolled back. Reading the status costs no round
+// trip.
+func endedByFn(tx pgx.Tx) bool {
+	return tx.Conn().PgConn().TxStatus() == 'I'
 }
 
 // execBatch sends b and returns the last statement's command tag.

@@ -84,10 +84,11 @@ func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Co
 	if fn == nil {
 		return fmt.Errorf("%w: fn is nil", ErrInvalid)
 	}
-	tx, err := db.Begin(ctx)
+	tx, release, err := begin(ctx, db)
 	if err != nil {
-		return mapError(err, false)
+		return err
 	}
+	defer release()
 	returned := false
 	defer endOnPanic(ctx, tx, &returned, &err)
 	if _, err := tx.Exec(ctx, sqlCheckLease, lease.Key, lease.Holder, lease.Token); err != nil {
@@ -97,6 +98,9 @@ func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Co
 	returned = true
 	if ferr != nil {
 		return rollback(ctx, tx, mapError(ferr, false))
+	}
+	if endedByFn(tx) {
+		return rollback(ctx, tx, fnEndedTx(true))
 	}
 	if err := tx.Commit(ctx); err != nil {
 		if errors.Is(err, pgx.ErrTxClosed) {

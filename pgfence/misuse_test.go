@@ -157,3 +157,48 @@ func TestLeaseArgumentsCheckedFirst(t *testing.T) {
 		}
 	}
 }
+
+// The same when fn ends the transaction with SQL (COMMIT or ROLLBACK sent
+// through tx.Exec): pgx's tx does not know, and a COMMIT sent afterwards
+// succeeds with only a warning ("there is no transaction in progress"). Write
+// must not return a receipt for a fence that was rolled back, nor for
+// statements of fn that then ran outside any fenced transaction.
+func TestFnEndsTransactionWithSQL(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	setupKV(t, pool)
+	lease := grant(t, pool, "ended-sql/lease")
+	for i, tc := range []struct {
+		sql  string
+		want pgfence.Outcome
+	}{
+		{"ROLLBACK", pgfence.NotApplied},
+		{"COMMIT", pgfence.Applied},
+	} {
+		token := int64(10 + i)
+		// After ending the transaction, fn writes: that statement commits on
+		// its own, unfenced.
+		end := func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, tc.sql); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `UPDATE kv SET v = $1 WHERE k = 'a'`, tc.sql)
+			return err
+		}
+		rcpt, err := pgfence.Write(ctx, pool, "ended-sql/1", token, end)
+		var unknown *pgfence.OutcomeUnknownError
+		if !errors.Is(err, pgfence.ErrInvalid) || !errors.As(err, &unknown) {
+			t.Fatalf("Write, fn sent %s: receipt %+v, error %v; want ErrInvalid and *OutcomeUnknownError", tc.sql, rcpt, err)
+		}
+		if got, err := pgfence.Resolve(ctx, pool, unknown); err != nil || got != tc.want {
+			t.Errorf("Resolve after fn sent %s: %v, %v; want %v", tc.sql, got, err, tc.want)
+		}
+		err = pgfence.WriteLeased(ctx, pool, lease, end)
+		if !errors.Is(err, pgfence.ErrInvalid) || !errors.Is(err, pgfence.ErrOutcomeUnknown) {
+			t.Fatalf("WriteLeased, fn sent %s: %v, want ErrInvalid and ErrOutcomeUnknown", tc.sql, err)
+		}
+	}
+	if n := pool.Stat().AcquiredConns(); n != 0 {
+		t.Fatalf("%d connections still acquired", n)
+	}
+}
