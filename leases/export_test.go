@@ -22,3 +22,7 @@ func SetClockOffset(c *Client, d time.Duration) { c.clockOffset = d }
 func Delay(c *Client, attempt int, remaining time.Duration) (time.Duration, bool) {
 	return c.delay(attempt, remaining)
 }
+
+// ListenerDelay is how long c's LISTEN connection waits before its
+// attempt-th reconnect.
+func ListenerDelay(c *Client, attempt int) time.Duration { return c.listenerDelay(attempt) }

@@ -198,11 +198,7 @@ func (c *Client) delay(attempt int, remaining time.Duration) (d time.Duration, a
 		// Releases are announced: poll rarely, as a safety net.
 		d = c.cfg.PollInterval/2 + fullJitter(c.cfg.PollInterval/2)
 	} else {
-		d = c.cfg.BackoffMax
-		if attempt < 30 && c.cfg.BackoffMin<<attempt < d {
-			d = c.cfg.BackoffMin << attempt
-		}
-		d = fullJitter(d)
+		d = fullJitter(capped(c.cfg.BackoffMin, attempt, c.cfg.BackoffMax))
 	}
 	if remaining > 0 {
 		// Expiry is not announced: be there when it comes.
@@ -307,11 +303,27 @@ func (c *Client) listen(ctx context.Context, l *listener) {
 		if connected {
 			attempt = 0
 		}
-		d := min(listenerBackoffMax, c.cfg.BackoffMin<<min(attempt, 20))
-		if !sleepCtx(ctx, fullJitter(d)) {
+		if !sleepCtx(ctx, c.listenerDelay(attempt)) {
 			return
 		}
 	}
+}
+
+// listenerDelay is how long the LISTEN connection waits before its
+// attempt-th reconnect.
+func (c *Client) listenerDelay(attempt int) time.Duration {
+	return fullJitter(capped(c.cfg.BackoffMin, attempt, listenerBackoffMax))
+}
+
+// capped is min(limit, base·2ⁿ), without overflowing: a long base (BackoffMin
+// may be up to MaxTTLLimit) shifted left wraps around to a negative or tiny
+// delay.
+func capped(base time.Duration, n int, limit time.Duration) time.Duration {
+	d := min(base, limit)
+	for ; n > 0 && d < limit; n-- {
+		d = min(2*d, limit) // d < limit <= MaxTTLLimit: 2*d does not overflow
+	}
+	return d
 }
 
 // listenOnce connects, listens and dispatches notifications until the
