@@ -64,8 +64,9 @@
 //     locked from the check until the commit, and the check runs on the newest
 //     committed row (UPDATE … WHERE token <= $t under READ COMMITTED waits for
 //     a concurrent writer and re-checks its committed version; a new resource
-//     goes through INSERT … ON CONFLICT DO NOTHING). Accepted tokens per
-//     resource never decrease, in commit order.
+//     goes through INSERT … ON CONFLICT DO UPDATE … WHERE token <= $t, whose
+//     WHERE runs on the newest version after the row lock). Accepted tokens
+//     per resource never decrease, in commit order.
 //   - The accepted token is never lowered or forgotten, even by direct DML:
 //     triggers on pgfence.fences reject UPDATEs that lower it, DELETE and
 //     TRUNCATE (PF001).
