@@ -376,11 +376,13 @@ func (m *Middleware) keepAlive(ctx context.Context, a *Attempt, cancel context.C
 	return func() { close(done); wg.Wait() }
 }
 
-// settle stores a final response, or releases the key for a retry. A
-// failure to reach the store is retried until ctx ends: the handler has
-// run, and a key left in progress would be taken over once its lease
+// settle stores a final response, or releases the key for a retry. Storing
+// is retried until ctx ends when the store cannot be reached: the handler
+// has run, and a key left in progress would be taken over once its lease
 // expired and the handler run again. A retry after an unknown outcome that
-// had committed gets ErrNotOwner, as does a key taken over meanwhile.
+// had committed gets ErrNotOwner, as does a key taken over meanwhile. A
+// release is tried once: a lost one only keeps the key until its lease
+// expires.
 func (m *Middleware) settle(ctx context.Context, a *Attempt, rec *recorder) error {
 	status := rec.status
 	if status == 0 {
@@ -400,7 +402,7 @@ func (m *Middleware) settle(ctx context.Context, a *Attempt, rec *recorder) erro
 		case status >= 400 && status < 500 && !transientStatus[status]:
 			_, err = a.Fail(ctx, &Failure{Code: "http_" + strconv.Itoa(status), Message: http.StatusText(status), Data: stored})
 		default:
-			err = a.Release(ctx)
+			return a.Release(ctx)
 		}
 		if err == nil || errors.Is(err, ErrNotOwner) || errors.Is(err, ErrInvalid) {
 			return err
