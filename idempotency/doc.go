@@ -92,7 +92,9 @@
 //
 //   - The caller's transaction is REPEATABLE READ or SERIALIZABLE:
 //     [ErrIsolation] before anything is written (SQLSTATE PF010; a 40001 maps
-//     to the same sentinel).
+//     to the same sentinel). On a pool or a connection whose sessions default
+//     to such a level (default_transaction_isolation), Do and Claim run in
+//     READ COMMITTED transactions of their own.
 //   - The connection breaks while Do commits, or around a leased call:
 //     [ErrOutcomeUnknown]. Send the same request again: the key answers with
 //     the stored result if it committed, or runs the intent if it did not.

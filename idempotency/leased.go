@@ -7,6 +7,10 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 const (
@@ -36,7 +40,9 @@ const (
 //   - Mismatch (with [ErrMismatch]): the key was used with another payload.
 //
 // The claim is one statement; db should not be a transaction (the claim must
-// be visible before the external call is made).
+// be visible before the external call is made). When db's sessions default
+// to another isolation level than READ COMMITTED, the claim runs in a READ
+// COMMITTED transaction of its own.
 func (s *Store) Claim(ctx context.Context, db DB, req Request) (o *Outcome, err error) {
 	ctx, done := s.tel.start(ctx, modeLeased, req)
 	defer func() { done(o, err) }()
@@ -52,8 +58,17 @@ func (s *Store) Claim(ctx context.Context, db DB, req Request) (o *Outcome, err 
 		expiresAt                      *time.Time
 	)
 	start := time.Now()
-	err = tracedQueryRow(ctx, db, claimSQL, req.Scope, req.Key, fp, micros(s.lease), micros(retention)).
-		Scan(&outcome, &owner, &epoch, &recoveryPoint, &recoveryData, &status, &result, &code, &message, &expiresAt)
+	claim := func(db DB) error {
+		return tracedQueryRow(ctx, db, claimSQL, req.Scope, req.Key, fp, micros(s.lease), micros(retention)).
+			Scan(&outcome, &owner, &epoch, &recoveryPoint, &recoveryData, &status, &result, &code, &message, &expiresAt)
+	}
+	err = claim(db)
+	if _, inTx := db.(pgx.Tx); !inTx && pgerr.Code(err) == pgerr.CodeIsolation {
+		// The session's default isolation is not READ COMMITTED, and the
+		// caller has no transaction of its own (PF010 is raised before
+		// anything is written): claim in a READ COMMITTED transaction.
+		err = inReadCommitted(ctx, db, claim)
+	}
 	if err != nil {
 		err = classify(err, true)
 		switch {
@@ -85,6 +100,19 @@ func (s *Store) Claim(ctx context.Context, db DB, req Request) (o *Outcome, err 
 	s.logger.DebugContext(ctx, "idempotency: leased key claimed", "scope", req.Scope, "key", req.Key,
 		"epoch", epoch, "recovery_point", recoveryPoint)
 	return &Outcome{Status: New, Attempt: a}, nil
+}
+
+// inReadCommitted runs fn in a READ COMMITTED transaction on db and commits.
+func inReadCommitted(ctx context.Context, db DB, fn func(DB) error) error {
+	tx, err := begin(ctx, db)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		rollback(tx)
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // Attempt is one owner's claim on a leased key. Its methods are accepted only

@@ -398,3 +398,55 @@ func TestDerivedKeysOfDifferentIntentsDiffer(t *testing.T) {
 		t.Errorf("alice and bob derive %q and %q for the same Idempotency-Key", keys["alice"], keys["bob"])
 	}
 }
+
+// TestLeasedClaimOnRepeatableReadDefault: a database (or role) whose
+// sessions default to REPEATABLE READ. The claim needs READ COMMITTED; on a
+// pool the caller has no transaction to change, so Claim must not refuse
+// with ErrIsolation (Do runs its own READ COMMITTED transaction too), and the
+// HTTP middleware must not answer every keyed request with 500.
+func TestLeasedClaimOnRepeatableReadDefault(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	ctx := context.Background()
+	store := newStore(t, nil)
+	req := idempotency.Request{Scope: "payments", Key: "rr", Payload: []byte("p")}
+	out, err := store.Claim(ctx, pool, req)
+	if err != nil || out.Status != idempotency.New {
+		t.Fatalf("claim: %+v, %v; want New", out, err)
+	}
+	if out, err := store.Claim(ctx, pool, req); !errors.Is(err, idempotency.ErrInProgress) || out.Status != idempotency.InProgress {
+		t.Fatalf("duplicate: %+v, %v; want InProgress", out, err)
+	}
+	if _, err := store.Claim(ctx, pool, idempotency.Request{Scope: "payments", Key: "rr", Payload: []byte("q")}); !errors.Is(err, idempotency.ErrMismatch) {
+		t.Fatalf("other payload: %v; want ErrMismatch", err)
+	}
+	if _, err := out.Attempt.Complete(ctx, []byte("done")); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := store.Claim(ctx, pool, req); err != nil || out.Status != idempotency.Replayed || string(out.Result) != "done" {
+		t.Fatalf("replay: %+v, %v", out, err)
+	}
+
+	mw, err := idempotency.NewMiddleware(store, pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	rec := httptest.NewRecorder()
+	hreq := httptest.NewRequest("POST", "/pay", strings.NewReader("{}"))
+	hreq.Header.Set(idempotency.HeaderKey, `"rr"`)
+	h.ServeHTTP(rec, hreq)
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("middleware: %d %s, want the handler's 201", rec.Code, rec.Body)
+	}
+}
