@@ -459,8 +459,11 @@ func (c *Client) waitTurn(ctx context.Context, w *waiter, attempt int, remaining
 // [Client.Acquire]), keeps it alive with the default [KeepAliveOptions] while
 // fn runs, cancels fn's context the moment the lease is lost, and releases it
 // when fn returns. It returns fn's error, else an [ErrLeaseLost] error if the
-// lease ended before fn returned, else the release's error. If fn panics, Do
-// stops the keep-alive and releases the lease before the panic continues.
+// lease ended before fn returned ([ErrMaxHold] when it was kept for
+// [MaxHoldDefault]), else the release's error. fn may release the lease
+// itself ([Lease.Release]) to free the key early: that ends it as released,
+// not lost. If fn panics, Do stops the keep-alive and releases the lease
+// before the panic continues.
 func (c *Client) Do(ctx context.Context, key string, ttl time.Duration, fn func(ctx context.Context, l *Lease) error) error {
 	if fn == nil {
 		return invalid("fn", "must not be nil")
@@ -481,7 +484,9 @@ func (c *Client) Do(ctx context.Context, key string, ttl time.Duration, fn func(
 	var lostErr, relErr error
 	finish := func() {
 		stopWatch()
-		lostErr = l.Err()
+		if lostErr = l.Err(); errors.Is(lostErr, ErrReleased) {
+			lostErr = nil // fn released the lease: not lost
+		}
 		stopKeepAlive()
 		<-kaDone
 		cancelFn(nil)
