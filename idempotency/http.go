@@ -12,6 +12,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -76,7 +77,9 @@ type HTTPConfig struct {
 	// [HTTPMaxResponseBytesDefault].
 	MaxResponseBytes int
 	// ReplayHeaders are the response headers stored and replayed. Default
-	// [HTTPReplayHeadersDefault].
+	// [HTTPReplayHeadersDefault]. Content-Encoding is always kept too: the
+	// body is stored as sent, and a replay without it would pass compressed
+	// bytes off as the body.
 	ReplayHeaders []string
 	// Heartbeat is how often the lease is extended while the handler runs.
 	// Default a third of the store's [Config.Lease].
@@ -164,6 +167,9 @@ func NewMiddleware(store *Store, db DB, cfg *HTTPConfig) (*Middleware, error) {
 	}
 	if m.headers == nil {
 		m.headers = HTTPReplayHeadersDefault
+	}
+	if !slices.ContainsFunc(m.headers, func(h string) bool { return strings.EqualFold(h, "Content-Encoding") }) {
+		m.headers = append(slices.Clip(m.headers), "Content-Encoding")
 	}
 	switch {
 	case m.heartbeat < 0:

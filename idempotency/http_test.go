@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -712,5 +713,44 @@ func TestHTTPStreamingHandler(t *testing.T) {
 	}
 	if n := runs.Load(); n != 1 {
 		t.Fatalf("the handler ran %d times", n)
+	}
+}
+
+// TestHTTPReplayKeepsContentEncoding: a handler (or a compressing
+// middleware inside this one) that answers with an encoded body. The body
+// is stored as sent, so a replay must say how it is encoded; without
+// Content-Encoding the client gets the compressed bytes as the body.
+func TestHTTPReplayKeepsContentEncoding(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	mw, err := idempotency.NewMiddleware(newStore(t, nil), pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", "gzip")
+		w.WriteHeader(http.StatusCreated)
+		zw := gzip.NewWriter(w)
+		fmt.Fprint(zw, `{"order":1}`)
+		_ = zw.Close()
+	})))
+	t.Cleanup(srv.Close)
+	post := func() response {
+		req, _ := http.NewRequest("POST", srv.URL+"/orders", strings.NewReader("{}"))
+		req.Header.Set(idempotency.HeaderKey, `"gz"`)
+		resp, err := srv.Client().Do(req) // asks for gzip and decodes it
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return response{resp.StatusCode, resp.Header, string(b)}
+	}
+	if r := post(); r.status != http.StatusCreated || r.body != `{"order":1}` {
+		t.Fatalf("first: %d %q", r.status, r.body)
+	}
+	if r := post(); r.status != http.StatusCreated || r.body != `{"order":1}` || r.header.Get(idempotency.HeaderReplayed) != "true" {
+		t.Fatalf("replay: %d %q, want the decoded body of the first answer", r.status, r.body)
 	}
 }
