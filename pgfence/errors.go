@@ -178,6 +178,14 @@ func mapError(err error, sent bool) error {
 	if errors.Is(err, pgx.ErrTxCommitRollback) {
 		return err // the server answered ROLLBACK: nothing committed
 	}
+	// pgx prepares a batch's statements new to the connection in a round trip
+	// of their own, and encodes the arguments, before it sends the batch's
+	// Sync (requests left without it are aborted when pgx closes the
+	// connection): a failure reported as preprocessing committed nothing.
+	var pre pgx.ErrPreprocessingBatch
+	if sent && errors.As(err, &pre) {
+		sent = false
+	}
 	return pgerr.Classify(err, sent)
 }
 

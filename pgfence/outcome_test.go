@@ -376,3 +376,30 @@ func TestPoolAcquireFailureIsNotUnknown(t *testing.T) {
 		t.Fatalf("row %q: a call that got no connection wrote", v)
 	}
 }
+
+// pgx prepares the statements of a batch it has not seen on the connection
+// in a round trip of their own, before it sends any of them: a connection
+// lost then ran nothing. Exec on a connection whose session was terminated
+// is unavailable, not an unknown outcome.
+func TestExecPrepareFailureIsNotUnknown(t *testing.T) {
+	ctx := testContext(t)
+	db := pgfencetest.NewDatabase(t)
+	setupKV(t, db.Pool)
+	conn, err := pgx.Connect(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	pid := conn.PgConn().PID()
+	var gone bool
+	if err := db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1, 30000)`, pid).Scan(&gone); err != nil || !gone {
+		t.Fatalf("terminating the session: %v %v", gone, err)
+	}
+	_, err = pgfence.Exec(ctx, conn, "kv:a", 1, `UPDATE kv SET v = 'x' WHERE k = 'a'`)
+	if !errors.Is(err, pgfence.ErrUnavailable) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
+		t.Fatalf("Exec on a terminated session: %v, want ErrUnavailable, not ErrOutcomeUnknown", err)
+	}
+	if v := kvValue(t, db.Pool); v != "init" {
+		t.Fatalf("row %q", v)
+	}
+}
