@@ -261,9 +261,11 @@ func begin(ctx context.Context, db DB) (pgx.Tx, func(), error) {
 // tx.Rollback, or with SQL (COMMIT or ROLLBACK through tx.Exec), which pgx's
 // tx does not notice: a COMMIT sent then succeeds with a mere warning, for a
 // fence that may have been rolled back. Reading the status costs no round
-// trip.
+// trip. A pgx.Tx of another implementation without a connection reports
+// false (its Commit then decides, as before).
 func endedByFn(tx pgx.Tx) bool {
-	return tx.Conn().PgConn().TxStatus() == 'I'
+	c := tx.Conn()
+	return c != nil && c.PgConn() != nil && c.PgConn().TxStatus() == 'I'
 }
 
 // execBatch sends b and returns the last statement's command tag.

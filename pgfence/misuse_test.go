@@ -202,3 +202,36 @@ func TestFnEndsTransactionWithSQL(t *testing.T) {
 		t.Fatalf("%d connections still acquired", n)
 	}
 }
+
+// connlessTx is a pgx.Tx of another implementation (a wrapper of the kind
+// tracing or mocking libraries provide) that exposes no connection.
+type connlessTx struct{ pgx.Tx }
+
+func (t connlessTx) Conn() *pgx.Conn { return nil }
+
+func (t connlessTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := t.Tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return connlessTx{tx}, nil
+}
+
+// Write and WriteLeased work on a pgx.Tx that exposes no connection.
+func TestWriteOnConnlessTx(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	lease := grant(t, pool, "connless/lease")
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	noop := func(context.Context, pgx.Tx) error { return nil }
+	if _, err := pgfence.Write(ctx, connlessTx{tx}, "connless/1", 1, noop); err != nil {
+		t.Fatalf("Write: %v", err)
+	}
+	if err := pgfence.WriteLeased(ctx, connlessTx{tx}, lease, noop); err != nil {
+		t.Fatalf("WriteLeased: %v", err)
+	}
+}
