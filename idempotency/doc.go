@@ -134,10 +134,11 @@
 //	    → (outcome, status, result, failure_code, failure_message, expires_at, retry_after)
 //	    outcome: new | replayed | mismatch | in_progress; never raises for these
 //	idempotency_complete_atomic(scope, key, result bytea [, failure_code, failure_message]) → expires_at
-//	idempotency_claim(scope, key, fingerprint bytea, lease interval, retention interval)
+//	idempotency_claim(scope, key, fingerprint bytea, lease interval, retention interval [, wait interval])
 //	    → (outcome, owner, epoch, lease_expires_at, recovery_point, recovery_data,
 //	       status, result, failure_code, failure_message, expires_at)
 //	    outcome: new | replayed; raises PF004 mismatch, PF007 in progress
+//	    (also after waiting wait, default 5s, for a row another transaction holds locked)
 //	idempotency_heartbeat(scope, key, owner uuid, lease interval) → lease_expires_at
 //	idempotency_advance(scope, key, owner uuid, recovery_point text, recovery_data bytea, lease interval) → lease_expires_at
 //	idempotency_complete(scope, key, owner uuid, result bytea [, failure_code, failure_message]) → expires_at

@@ -16,7 +16,8 @@ import (
 const (
 	claimSQL = `SELECT outcome, owner::text, epoch, recovery_point, recovery_data,
        status, result, failure_code, failure_message, expires_at
-  FROM pgfence.idempotency_claim($1, $2, $3, $4 * interval '1 microsecond', $5 * interval '1 microsecond')`
+  FROM pgfence.idempotency_claim($1, $2, $3, $4 * interval '1 microsecond', $5 * interval '1 microsecond',
+                                 $6 * interval '1 microsecond')`
 
 	// retryAfterSQL reads the rest of the lease after a PF007 refusal.
 	retryAfterSQL = `SELECT (extract(epoch FROM greatest(lease_expires_at - clock_timestamp(), interval '0')) * 1e6)::bigint
@@ -59,7 +60,7 @@ func (s *Store) Claim(ctx context.Context, db DB, req Request) (o *Outcome, err 
 	)
 	start := time.Now()
 	claim := func(db DB) error {
-		return tracedQueryRow(ctx, db, claimSQL, req.Scope, req.Key, fp, micros(s.lease), micros(retention)).
+		return tracedQueryRow(ctx, db, claimSQL, req.Scope, req.Key, fp, micros(s.lease), micros(retention), micros(s.wait)).
 			Scan(&outcome, &owner, &epoch, &recoveryPoint, &recoveryData, &status, &result, &code, &message, &expiresAt)
 	}
 	err = claim(db)
@@ -78,6 +79,12 @@ func (s *Store) Claim(ctx context.Context, db DB, req Request) (o *Outcome, err 
 			var us *int64
 			if rerr := db.QueryRow(ctx, retryAfterSQL, req.Scope, req.Key).Scan(&us); rerr != nil {
 				us = nil // the hint is best effort; the default applies
+			}
+			if us != nil && *us <= 0 {
+				// The lease is over but the row was locked (its owner is
+				// completing in a transaction, or another claim is taking it
+				// over): no lease to go by.
+				us = nil
 			}
 			return s.inProgress(req, us)
 		}

@@ -259,6 +259,8 @@ func TestLeasedSQLFunctions(t *testing.T) {
 	wantCode("not owner", pgerr.CodeLeaseNotHeld, `SELECT pgfence.idempotency_complete('s', 'k', gen_random_uuid(), 'x')`)
 	wantCode("bad lease", pgerr.CodeInvalid, `SELECT * FROM pgfence.idempotency_claim('s', 'k2', sha256('a'), '0', '1 day')`)
 	wantCode("bad fingerprint", pgerr.CodeInvalid, `SELECT * FROM pgfence.idempotency_claim('s', 'k2', 'short', '1 minute', '1 day')`)
+	wantCode("bad wait", pgerr.CodeInvalid, `SELECT * FROM pgfence.idempotency_claim('s', 'k2', sha256('a'), '1 minute', '1 day', '0')`)
+	wantCode("wait beyond lock_timeout", pgerr.CodeInvalid, `SELECT * FROM pgfence.idempotency_claim('s', 'k2', sha256('a'), '1 minute', '1 day', '25 days')`)
 	wantCode("isolation", pgerr.CodeIsolation, `BEGIN ISOLATION LEVEL SERIALIZABLE;
 SELECT * FROM pgfence.idempotency_claim('s', 'k3', sha256('a'), '1 minute', '1 day'); COMMIT`)
 	if _, err := pool.Exec(ctx, `SELECT pgfence.idempotency_complete('s', 'k', $1::uuid, 'done')`, owner); err != nil {
@@ -448,5 +450,45 @@ func TestLeasedClaimOnRepeatableReadDefault(t *testing.T) {
 	h.ServeHTTP(rec, hreq)
 	if rec.Code != http.StatusCreated {
 		t.Fatalf("middleware: %d %s, want the handler's 201", rec.Code, rec.Body)
+	}
+}
+
+// TestLeasedClaimWaitsBoundedForLockedRow: the owner completes inside its
+// own business transaction just after its lease ran out; until that commits
+// it holds the key's row locked. A duplicate's claim waits for that lock at
+// most Config.WaitTimeout and reports in progress, instead of blocking for
+// as long as the owner's transaction lasts (the middleware answered 500).
+func TestLeasedClaimWaitsBoundedForLockedRow(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	store := newStore(t, &idempotency.Config{WaitTimeout: 200 * time.Millisecond, RetryAfter: 3 * time.Second})
+	req := idempotency.Request{Scope: "payments", Key: "order-9:capture"}
+	a := claimNew(t, store, pool, req)
+	expireLease(t, pool, req.Key)
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := a.CompleteTx(ctx, tx, []byte("r")); err != nil {
+		t.Fatal(err)
+	}
+	out, err := store.Claim(ctx, pool, req)
+	var ip *idempotency.InProgressError
+	if !errors.As(err, &ip) || out == nil || out.Status != idempotency.InProgress {
+		t.Fatalf("claim while the owner's completion is uncommitted: %+v, %v; want InProgress", out, err)
+	}
+	// The lease is already over: the hint is the configured one, not 0.
+	if out.RetryAfter != 3*time.Second {
+		t.Errorf("RetryAfter = %v, want the configured 3s", out.RetryAfter)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := store.Claim(ctx, pool, req); err != nil || out.Status != idempotency.Replayed {
+		t.Fatalf("claim after the owner committed: %+v, %v; want Replayed", out, err)
 	}
 }

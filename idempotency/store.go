@@ -38,8 +38,8 @@ var (
 const (
 	// RetentionDefault is how long a completed key's result is kept.
 	RetentionDefault = 24 * time.Hour
-	// WaitTimeoutDefault bounds how long an atomic duplicate waits for the
-	// uncommitted first attempt before it reports [InProgress].
+	// WaitTimeoutDefault bounds how long a claim waits for a key that another
+	// transaction holds before it reports [InProgress] (see [Config.WaitTimeout]).
 	WaitTimeoutDefault = 5 * time.Second
 	// LeaseDefault is the lease of a leased claim.
 	LeaseDefault = 30 * time.Second
@@ -87,9 +87,11 @@ type Config struct {
 	// [GC] deletes it. A [Request] may override it. Default [RetentionDefault].
 	Retention time.Duration
 	// WaitTimeout bounds how long an atomic duplicate waits for an uncommitted
-	// first attempt (a lock_timeout on the claim). The caller's ctx bounds it
-	// too. Negative means do not wait (1 ms). Default [WaitTimeoutDefault];
-	// 1ms to [MaxWaitTimeout].
+	// first attempt, and how long a leased claim waits for a key row that
+	// another transaction holds locked (an owner completing inside its own
+	// transaction): a lock_timeout on the claim, after which the key is
+	// [InProgress]. The caller's ctx bounds it too. Negative means do not
+	// wait (1 ms). Default [WaitTimeoutDefault]; 1ms to [MaxWaitTimeout].
 	WaitTimeout time.Duration
 	// Lease is how long a leased claim (and each heartbeat or recovery point)
 	// holds the key before another attempt may take it over. Default

@@ -437,7 +437,7 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.fence(text,bigint,uuid)",
 		"pgfence.fence_probe(text)",
 		"pgfence.idempotency_advance(text,text,uuid,text,bytea,interval)",
-		"pgfence.idempotency_claim(text,text,bytea,interval,interval)",
+		"pgfence.idempotency_claim(text,text,bytea,interval,interval,interval)",
 		"pgfence.idempotency_claim_atomic(text,text,bytea,interval,interval)",
 		"pgfence.idempotency_complete(text,text,uuid,bytea,text,text)",
 		"pgfence.idempotency_complete_atomic(text,text,bytea,text,text)",
