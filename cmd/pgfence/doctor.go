@@ -161,6 +161,7 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 		out = append(out, grantPauses(ctx, pool))
 		out = append(out, unprotectedTables(ctx, pool))
 		out = append(out, unstableResourceColumns(ctx, pool))
+		out = append(out, guardGaps(ctx, pool))
 	}
 	return out
 }
@@ -192,6 +193,59 @@ func unstableResourceColumns(ctx context.Context, pool *pgxpool.Pool) check {
 			"%s: the resource is the column's text, which depends on the writer's session settings, so one row can be several resources fenced apart; protect the table on a text or integer key column instead", strings.Join(cols, ", "))}
 	}
 	return check{Name: name, Status: statusOK, Detail: "every protected table's resource column prints the same in every session"}
+}
+
+// guardGaps lists the ways rows of a protected table can be written past
+// its guard, which pgfence.protected_tables() alone does not show: a guard
+// disabled (or set to fire for replicas only), a partition or inheritance
+// child without the guard or without the TRUNCATE guard (protect() puts them
+// on the table it is given; an inheritance child gets none, and TRUNCATE of
+// a partition skips its parent's statement trigger), and a BEFORE row trigger
+// that fires after the guard (triggers fire in name order) and so can change
+// the row, and its resource, after the check.
+func guardGaps(ctx context.Context, pool *pgxpool.Pool) check {
+	const name = "protected table guards"
+	// tgtype bits: 1 row, 2 before, 4 insert, 16 update.
+	rows, err := pool.Query(ctx, `
+		WITH RECURSIVE tree(relid) AS (
+		    SELECT p.relation::oid FROM pgfence.protected_tables() p
+		    UNION
+		    SELECT i.inhrelid FROM tree t JOIN pg_inherits i ON i.inhparent = t.relid
+		)
+		SELECT format('%s: %s', t.relid::regclass, g.problem)
+		FROM tree t
+		JOIN pg_class c ON c.oid = t.relid
+		CROSS JOIN LATERAL (
+		    SELECT 'has no pgfence_guard trigger, so rows written through it are not checked (protect it like its parent)' AS problem
+		     WHERE NOT EXISTS (SELECT 1 FROM pg_trigger x WHERE x.tgrelid = t.relid AND x.tgname = 'pgfence_guard')
+		    UNION ALL
+		    SELECT 'its pgfence_guard trigger is disabled or fires for replicas only (ALTER TABLE ... ENABLE TRIGGER pgfence_guard)'
+		     WHERE EXISTS (SELECT 1 FROM pg_trigger x WHERE x.tgrelid = t.relid AND x.tgname = 'pgfence_guard'
+		                     AND x.tgenabled NOT IN ('O', 'A'))
+		    UNION ALL
+		    SELECT format('TRUNCATE is not refused (CREATE TRIGGER pgfence_guard_truncate BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION pgfence.reject_truncate())', t.relid::regclass)
+		     WHERE NOT EXISTS (SELECT 1 FROM pg_trigger x WHERE x.tgrelid = t.relid AND x.tgname = 'pgfence_guard_truncate'
+		                         AND x.tgenabled IN ('O', 'A'))
+		    UNION ALL
+		    SELECT format('BEFORE trigger %I fires after pgfence_guard (name order) and can change the row after the check (rename it to sort before pgfence_guard)', x.tgname)
+		      FROM pg_trigger x
+		     WHERE x.tgrelid = t.relid AND NOT x.tgisinternal AND x.tgenabled IN ('O', 'A')
+		       AND x.tgtype & 3 = 3 AND x.tgtype & 20 <> 0
+		       AND x.tgname COLLATE "C" > 'pgfence_guard'
+		) g
+		WHERE c.relkind IN ('r', 'p')
+		ORDER BY 1`)
+	if err != nil {
+		return check{Name: name, Status: statusFail, Detail: err.Error()}
+	}
+	gaps, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return check{Name: name, Status: statusFail, Detail: err.Error()}
+	}
+	if len(gaps) > 0 {
+		return check{Name: name, Status: statusWarn, Detail: "writes can get past the guard: " + strings.Join(gaps, "; ")}
+	}
+	return check{Name: name, Status: statusOK, Detail: "every protected table, partition and child has its guards enabled, and no BEFORE trigger runs after the guard"}
 }
 
 // unrecordedObjects reports whether the first migration's objects exist in a

@@ -82,3 +82,57 @@ func TestDoctorUnrecordedSchema(t *testing.T) {
 		t.Fatalf("schema check = %+v, want a failure naming the unrecorded objects", c)
 	}
 }
+
+// The doctor names every way past a protected table's guard that
+// protected_tables() does not show.
+func TestDoctorGuardGaps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgfencetest.NewDatabase(t)
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	exec := func(q string) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	exec(`CREATE TABLE public.clean (k text PRIMARY KEY)`)
+	exec(`SELECT pgfence.protect('public.clean', 'k', 'c:')`)
+	// A BEFORE trigger named to sort before the guard is harmless.
+	exec(`CREATE FUNCTION public.lower_k() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN NEW.k := lower(NEW.k); RETURN NEW; END'`)
+	exec(`CREATE TRIGGER a_lower BEFORE INSERT ON public.clean FOR EACH ROW EXECUTE FUNCTION public.lower_k()`)
+	if c := doctorCheck(t, environ, "protected table guards"); c.Status != statusOK {
+		t.Fatalf("guards of a correctly protected table: %+v", c)
+	}
+
+	exec(`CREATE TABLE public.jobs (k text PRIMARY KEY)`)
+	exec(`SELECT pgfence.protect('public.jobs', 'k', 'jobs:')`)
+	exec(`CREATE TRIGGER set_key BEFORE INSERT ON public.jobs FOR EACH ROW EXECUTE FUNCTION public.lower_k()`)
+	exec(`CREATE TABLE public.off (k text PRIMARY KEY)`)
+	exec(`SELECT pgfence.protect('public.off', 'k', 'off:')`)
+	exec(`ALTER TABLE public.off ENABLE REPLICA TRIGGER pgfence_guard`)
+	exec(`CREATE TABLE public.parts (k text PRIMARY KEY) PARTITION BY LIST (k)`)
+	exec(`CREATE TABLE public.parts_a PARTITION OF public.parts FOR VALUES IN ('a')`)
+	exec(`SELECT pgfence.protect('public.parts', 'k', 'p:')`)
+	exec(`CREATE TABLE public.base (k text PRIMARY KEY)`)
+	exec(`CREATE TABLE public.child () INHERITS (public.base)`)
+	exec(`SELECT pgfence.protect('public.base', 'k', 'b:')`)
+	c := doctorCheck(t, environ, "protected table guards")
+	if c.Status != statusWarn {
+		t.Fatalf("guard gaps: %+v, want a warning", c)
+	}
+	for _, want := range []string{
+		"jobs: BEFORE trigger set_key fires after pgfence_guard",
+		"off: its pgfence_guard trigger is disabled",
+		"parts_a: TRUNCATE is not refused",
+		"child: has no pgfence_guard trigger",
+		"child: TRUNCATE is not refused",
+	} {
+		if !strings.Contains(c.Detail, want) {
+			t.Errorf("guard gaps lack %q:\n%s", want, c.Detail)
+		}
+	}
+	if strings.Contains(c.Detail, "clean") || strings.Contains(c.Detail, "parts_a: has no") {
+		t.Errorf("guard gaps name a table without a gap:\n%s", c.Detail)
+	}
+}
