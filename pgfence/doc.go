@@ -100,7 +100,11 @@
 //     *[OutcomeUnknownError] (errors.Is [ErrOutcomeUnknown]). [Resolve] waits
 //     for any transaction still holding the fence row and answers [Applied],
 //     [NotApplied] or [Superseded] from the accepted token and the write's
-//     operation id. Never retry blindly: resolve first. The helpers whose
+//     operation id. It cannot see a write still queued for that row lock in
+//     a session the server has not yet noticed is gone: resolve once that
+//     session has ended (lock_timeout, tcp_keepalives_*,
+//     client_connection_check_interval bound it). Never retry blindly:
+//     resolve first. The helpers whose
 //     one statement commits on its own ([UpdateRow], [RaiseTokenFloor],
 //     [Protect], [Unprotect]) return an error wrapping [ErrOutcomeUnknown]
 //     when the connection is lost after sending it: re-read the row, the

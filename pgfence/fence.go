@@ -347,6 +347,12 @@ func (o Outcome) String() string {
 // It waits for a transaction still holding the resource's fence row to end,
 // then compares the accepted token and operation id with the write's. It
 // changes nothing.
+//
+// It answers from what has committed: a write still queued for the fence
+// row lock, in a session the server has not yet noticed is gone, may commit
+// after Resolve said [NotApplied]. Resolve once that session has ended;
+// lock_timeout, tcp_keepalives_* and client_connection_check_interval bound
+// how long it can linger.
 func Resolve(ctx context.Context, db DB, e *OutcomeUnknownError) (Outcome, error) {
 	if err := checkDB(db); err != nil {
 		return 0, err
