@@ -189,6 +189,20 @@ func mapError(err error, sent bool) error {
 	return pgerr.Classify(err, sent)
 }
 
+// mapFnError maps the error fn returned. Errors of fn's own statements are
+// mapped like the helper's (a pgfence SQLSTATE to its sentinel, a lost
+// connection to [ErrUnavailable]); any other error, such as a failed HTTP
+// call, is fn's and is returned unchanged, even when it is a network error.
+func mapFnError(tx pgx.Tx, err error) error {
+	if pgerr.PgError(err) != nil {
+		return mapError(err, false)
+	}
+	if c := tx.Conn(); c != nil && c.PgConn() != nil && c.PgConn().IsClosed() {
+		return mapError(err, false)
+	}
+	return err
+}
+
 // details parses the DETAIL of pgfence's own errors: space-separated
 // name=value pairs; a "resource=" or "key=" pair runs to the end of the text
 // (resources may contain spaces).

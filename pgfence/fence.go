@@ -158,7 +158,7 @@ func Write(ctx context.Context, db DB, resource string, token int64, fn func(ctx
 	ferr := fn(ctx, tx)
 	returned = true
 	if ferr != nil {
-		return Receipt{}, rollback(ctx, tx, mapError(ferr, false))
+		return Receipt{}, rollback(ctx, tx, mapFnError(tx, ferr))
 	}
 	if endedByFn(tx) {
 		return Receipt{}, unknown(rollback(ctx, tx, fnEndedTx(true)), resource, token, op)

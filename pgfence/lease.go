@@ -97,7 +97,7 @@ func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Co
 	ferr := fn(ctx, tx)
 	returned = true
 	if ferr != nil {
-		return rollback(ctx, tx, mapError(ferr, false))
+		return rollback(ctx, tx, mapFnError(tx, ferr))
 	}
 	if endedByFn(tx) {
 		return rollback(ctx, tx, fnEndedTx(true))

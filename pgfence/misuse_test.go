@@ -3,6 +3,9 @@ package pgfence_test
 import (
 	"context"
 	"errors"
+	"net"
+	"net/url"
+	"syscall"
 	"testing"
 	"time"
 
@@ -233,5 +236,32 @@ func TestWriteOnConnlessTx(t *testing.T) {
 	}
 	if err := pgfence.WriteLeased(ctx, connlessTx{tx}, lease, noop); err != nil {
 		t.Fatalf("WriteLeased: %v", err)
+	}
+}
+
+// An error fn returns is fn's, returned unchanged, even a network error of
+// its own (a failed HTTP call): it once came back wrapped in ErrUnavailable,
+// "the database could not be reached", sending callers to the wrong runbook.
+// Errors of fn's own statements are still mapped.
+func TestFnErrorReturnedUnchanged(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	httpErr := &url.Error{Op: "Post", URL: "http://payments.invalid/charge",
+		Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}
+	fail := func(context.Context, pgx.Tx) error { return httpErr }
+	if _, err := pgfence.Write(ctx, pool, "fnerr/1", 1, fail); err != httpErr {
+		t.Errorf("Write: fn's error came back as %v, want it unchanged", err)
+	}
+	lease := grant(t, pool, "fnerr/lease")
+	if err := pgfence.WriteLeased(ctx, pool, lease, fail); err != httpErr {
+		t.Errorf("WriteLeased: fn's error came back as %v, want it unchanged", err)
+	}
+	// fn's statement that raises a pgfence SQLSTATE is mapped.
+	_, err := pgfence.Write(ctx, pool, "fnerr/2", 1, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT pgfence.fence('fnerr/3', 5); SELECT pgfence.fence('fnerr/3', 4)`)
+		return err
+	})
+	if !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Errorf("fn's stale fence: %v, want ErrStaleToken", err)
 	}
 }
