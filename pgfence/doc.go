@@ -97,7 +97,9 @@
 //     function rolls the whole transaction back (on a pgx.Tx, [Write] and
 //     [WriteLeased] roll back their savepoint only): nothing is accepted.
 //   - A connection lost after COMMIT was sent returns an
-//     *[OutcomeUnknownError] (errors.Is [ErrOutcomeUnknown]). [Resolve] waits
+//     *[OutcomeUnknownError] (errors.Is [ErrOutcomeUnknown]); lease-checked
+//     writes ([WriteLeased], [ExecLeased]) record no operation id and return
+//     a plain [ErrOutcomeUnknown]: re-read what they wrote. [Resolve] waits
 //     for any transaction still holding the fence row and answers [Applied],
 //     [NotApplied] or [Superseded] from the accepted token and the write's
 //     operation id. It cannot see a write still queued for that row lock in

@@ -71,7 +71,11 @@ func isUUID(s string) bool {
 //
 // The lease can still expire between the check and COMMIT, but nobody can take
 // it over in between; hold a margin (the leases package's trust window) before
-// starting long work. Other errors are as for [Write].
+// starting long work. Other errors are as for [Write], except a COMMIT whose
+// answer is lost: a lease-checked write records no operation id, so it
+// returns an error wrapping [ErrOutcomeUnknown], not an
+// *[OutcomeUnknownError] for [Resolve]; re-read the business rows fn wrote
+// to learn whether it committed.
 func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
 	if err := checkDB(db); err != nil {
 		return err
@@ -112,7 +116,8 @@ func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Co
 }
 
 // ExecLeased checks lease as [WriteLeased] does and runs one statement, in a
-// single round trip and one implicit transaction.
+// single round trip and one implicit transaction. Errors are as for
+// [WriteLeased].
 func ExecLeased(ctx context.Context, db DB, lease Lease, sql string, args ...any) (_ pgconn.CommandTag, err error) {
 	if err := checkDB(db); err != nil {
 		return pgconn.CommandTag{}, err
