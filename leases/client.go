@@ -71,8 +71,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 
 // Close stops the client's LISTEN connection and makes waiting Acquire calls
 // return [ErrClosed]. Leases already granted stay valid: release them first.
-// It waits for background read-backs of lost grant replies, each bounded by
-// [Config.ResolveTimeout].
+// It waits for the background read-backs of lost grant replies that started
+// before it was called, each bounded by [Config.ResolveTimeout].
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -222,23 +222,19 @@ func (c *Client) resolveGrant(ctx context.Context, key, holder string, pid uint3
 		err error
 	}
 	done := make(chan result, 1)
-	c.bg.Add(1)
-	go func() {
-		defer c.bg.Done()
+	c.background(func() {
 		l, err := c.readBackGrant(ctx, key, holder, pid, ttl, margin, start, cause)
 		done <- result{l, err}
-	}()
+	})
 	// releaseLater settles a grant the caller will not receive.
 	releaseLater := func() {
-		c.bg.Add(1)
-		go func() {
-			defer c.bg.Done()
+		c.background(func() {
 			if r := <-done; r.l != nil {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ResolveTimeout)
 				defer cancel()
 				_ = r.l.Release(rctx)
 			}
-		}()
+		})
 	}
 	select {
 	case r := <-done:
@@ -257,6 +253,25 @@ func (c *Client) resolveGrant(ctx context.Context, key, holder string, pid uint3
 		return nil, fmt.Errorf("leases: acquire %q: the reply was lost and the caller's context ended before the grant to holder %s could be read back (if it was granted, it is released in the background): %w: %w",
 			key, holder, ErrOutcomeUnknown, context.Cause(ctx))
 	}
+}
+
+// background runs f in a goroutine that Close waits for. Once Close has been
+// called, f runs all the same, but Close does not wait for it: adding to
+// c.bg from zero while Close waits would be a misuse of the WaitGroup (a
+// data race, or a panic).
+func (c *Client) background(f func()) {
+	c.mu.Lock()
+	tracked := !c.closed
+	if tracked {
+		c.bg.Add(1)
+	}
+	c.mu.Unlock()
+	go func() {
+		if tracked {
+			defer c.bg.Done()
+		}
+		f()
+	}()
 }
 
 // readBackGrant is resolveGrant's background part, bounded by
