@@ -39,23 +39,11 @@ func TestCloseWhileGrantRepliesAreLost(t *testing.T) {
 	checkLeaks(t)
 	db := pgfencetest.NewDatabase(t)
 	proxy := newProxy(t, db.URL)
-	url, err := proxy.ConnString(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
 	sent := make(grantSent, 1)
-	cfg.ConnConfig.Tracer = sent
-	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
-	cfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := proxiedPool(t, db.URL, proxy, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.Tracer = sent
+		cfg.MaxConns = 2
+	})
 	c, err := leases.New(pool, &leases.Config{DisableWakeups: true, ResolveTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)

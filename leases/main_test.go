@@ -83,8 +83,9 @@ func newProxy(t testing.TB, dbURL string) *faultproxy.Proxy {
 	return p
 }
 
-// proxiedPool returns a pool on dbURL whose connections go through p.
-func proxiedPool(t testing.TB, dbURL string, p *faultproxy.Proxy) *pgxpool.Pool {
+// proxiedPool returns a pool on dbURL whose connections go through p;
+// configure, if any, adjusts its configuration first.
+func proxiedPool(t testing.TB, dbURL string, p *faultproxy.Proxy, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
 	url, err := p.ConnString(dbURL)
 	if err != nil {
@@ -95,6 +96,9 @@ func proxiedPool(t testing.TB, dbURL string, p *faultproxy.Proxy) *pgxpool.Pool 
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	for _, f := range configure {
+		f(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

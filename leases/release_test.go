@@ -131,21 +131,8 @@ func TestReleaseRetryAfterLostReply(t *testing.T) {
 	checkLeaks(t)
 	db := pgfencetest.NewDatabase(t)
 	proxy := newProxy(t, db.URL)
-	url, err := proxy.ConnString(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1 // after a cut, every retry needs a new connection
-	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	// After a cut, every retry needs a new connection.
+	pool := proxiedPool(t, db.URL, proxy, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
 	ctx := ctxTimeout(t, 30*time.Second)
 
