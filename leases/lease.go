@@ -366,7 +366,9 @@ func (l *Lease) releaseOnce(ctx context.Context) (changed bool, status string, e
 	return changed, status, classify(err)
 }
 
-// KeepAlive renews the lease every opts.Interval until ctx ends (it returns nil
+// KeepAlive renews the lease every opts.Interval, counted from the grant or
+// the last renewal (a KeepAlive started late renews at once), until ctx ends
+// (it returns nil
 // then, and the lease stays held until it expires or is released), the lease
 // ends (it returns [Lease.Err], nil after a release), MaxHold passes (it ends
 // the lease's context with [ErrMaxHold]), or MaxFailures renewals in a row fail
@@ -410,7 +412,14 @@ func (l *Lease) KeepAlive(ctx context.Context, opts *KeepAliveOptions) error {
 func (l *Lease) keepAlive(ctx context.Context, o KeepAliveOptions) (string, error) {
 	holdUntil := l.start.Add(o.MaxHold)
 	failures := 0
-	next := o.Interval
+	// The first renewal is due one interval into the current trust window
+	// (from the grant or the last renewal), not one interval after this
+	// call: a KeepAlive started late would otherwise let the window run out
+	// before its first renewal.
+	l.mu.Lock()
+	windowStart := l.trustUntil.Add(-(l.ttl - l.margin))
+	l.mu.Unlock()
+	next := max(0, l.c.until(windowStart.Add(o.Interval)))
 	timer := time.NewTimer(min(next, l.c.until(holdUntil)))
 	defer timer.Stop()
 	ended := func() (string, error) {
