@@ -348,8 +348,10 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 	defer c.dequeue(key, w)
 
 	waiter := newHolderID()
+	// atHead: this fair waiter's last turn found nobody ahead of it.
+	atHead := false
 	if fair {
-		defer c.leaveQueue(ctx, key, waiter)
+		defer func() { c.leaveQueue(ctx, key, waiter, l == nil && atHead) }()
 	}
 
 	var last error
@@ -392,6 +394,7 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 			}
 			if fair {
 				err = c.queueTurn(ctx, key, waiter)
+				atHead = err == nil
 			}
 			if err == nil {
 				// Once this call has lost the key, its grant is announced
@@ -565,6 +568,10 @@ func (c *Client) observeEpoch(key string, token int64) error {
 const (
 	sqlQueueTurn  = `SELECT pgfence.lease_queue_turn($1, $2::uuid, $3::bigint * interval '1 microsecond')`
 	sqlQueueLeave = `SELECT pgfence.lease_queue_leave($1, $2::uuid)`
+	// sqlQueueLeaveWake leaves and wakes the key's other waiters, as a
+	// release does (the notification is a hint: they try, the database
+	// decides).
+	sqlQueueLeaveWake = `SELECT pgfence.lease_queue_leave($1, $2::uuid), pg_notify($3, $1)`
 )
 
 // queuePatience is how long a fair waiter keeps its place without polling:
@@ -596,9 +603,17 @@ func (c *Client) queueTurn(ctx context.Context, key, waiter string) error {
 }
 
 // leaveQueue removes a fair waiter from key's queue, granted or not. If it
-// fails, the row expires after the queue patience.
-func (c *Client) leaveQueue(ctx context.Context, key, waiter string) {
+// fails, the row expires after the queue patience. A waiter that gives up at
+// the head of the queue wakes the others (locally and through
+// NotifyChannel): the next one may find the key free, and would otherwise
+// sleep until its next poll, as no release is coming to wake it.
+func (c *Client) leaveQueue(ctx context.Context, key, waiter string, gaveUpAtHead bool) {
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
-	_, _ = c.pool.Exec(lctx, sqlQueueLeave, key, waiter)
+	if !gaveUpAtHead {
+		_, _ = c.pool.Exec(lctx, sqlQueueLeave, key, waiter)
+		return
+	}
+	_, _ = c.pool.Exec(lctx, sqlQueueLeaveWake, key, waiter, NotifyChannel)
+	c.wake(key)
 }
