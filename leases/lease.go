@@ -295,6 +295,11 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 			return result
 		}
 	}
+	if result == nil && sent {
+		// The history confirmed the release of an earlier attempt whose
+		// reply was lost: count it as what it was.
+		status = outcomeReleased
+	}
 	if result == nil {
 		l.end(ErrReleased)
 	} else {
