@@ -645,7 +645,7 @@ func TestAtomicExpiredKeyStartsAfresh(t *testing.T) {
 }
 
 func TestInvalidArguments(t *testing.T) {
-	for _, cfg := range []*idempotency.Config{{Retention: -1}, {Lease: -1}, {Lease: time.Microsecond}, {RetryAfter: -1}, {WaitTimeout: time.Microsecond}} {
+	for _, cfg := range []*idempotency.Config{{Retention: -1}, {Retention: time.Nanosecond}, {Lease: -1}, {Lease: time.Microsecond}, {RetryAfter: -1}, {WaitTimeout: time.Microsecond}} {
 		if _, err := idempotency.NewStore(cfg); !errors.Is(err, idempotency.ErrInvalid) {
 			t.Errorf("NewStore(%+v): %v, want ErrInvalid", cfg, err)
 		}
@@ -653,7 +653,7 @@ func TestInvalidArguments(t *testing.T) {
 	store := newStore(t, nil)
 	noop := func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }
 	long := string(make([]byte, idempotency.MaxKeyBytes+1))
-	for _, req := range []idempotency.Request{{Key: "k"}, {Scope: "s"}, {Scope: "s", Key: long}, {Scope: "s", Key: "k", Retention: -1}} {
+	for _, req := range []idempotency.Request{{Key: "k"}, {Scope: "s"}, {Scope: "s", Key: long}, {Scope: "s", Key: "k", Retention: -1}, {Scope: "s", Key: "k", Retention: 999 * time.Nanosecond}} {
 		// No database needed: refused before any round trip.
 		if _, err := store.Do(context.Background(), nil, req, noop); !errors.Is(err, idempotency.ErrInvalid) {
 			t.Errorf("Do(%+v): %v, want ErrInvalid", req, err)

@@ -84,7 +84,8 @@ const (
 type Config struct {
 	// Retention is how long a completed key answers duplicates with its stored
 	// result; afterwards it is forgotten (the same key starts a new intent) and
-	// [GC] deletes it. A [Request] may override it. Default [RetentionDefault].
+	// [GC] deletes it. A [Request] may override it. Default [RetentionDefault];
+	// at least 1µs.
 	Retention time.Duration
 	// WaitTimeout bounds how long an atomic duplicate waits for an uncommitted
 	// first attempt, and how long a leased claim waits for a key row that
@@ -142,6 +143,8 @@ func NewStore(cfg *Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: Config.Retention must not be negative, got %v", ErrInvalid, s.retention)
 	case s.retention == 0:
 		s.retention = RetentionDefault
+	case s.retention < time.Microsecond:
+		return nil, fmt.Errorf("%w: Config.Retention must be at least 1µs (the database's precision), got %v", ErrInvalid, s.retention)
 	}
 	switch {
 	case s.wait < 0:
@@ -204,6 +207,8 @@ func (s *Store) check(req Request) (fingerprint []byte, retention time.Duration,
 		return nil, 0, fmt.Errorf("%w: Request.Key must be valid UTF-8 without NUL bytes", ErrInvalid)
 	case req.Retention < 0:
 		return nil, 0, fmt.Errorf("%w: Request.Retention must not be negative, got %v", ErrInvalid, req.Retention)
+	case req.Retention > 0 && req.Retention < time.Microsecond:
+		return nil, 0, fmt.Errorf("%w: Request.Retention must be at least 1µs (the database's precision), got %v", ErrInvalid, req.Retention)
 	}
 	retention = req.Retention
 	if retention == 0 {
