@@ -14,13 +14,16 @@ import (
 // accepted token (pgfence.fence, [Write], [Exec]) for the row's resource,
 // prefix || the text of resourceColumn, for both the old and the new row.
 // Other writes fail with [ErrUnfencedWrite] (SQLSTATE PF006), whatever client
-// sends them; TRUNCATE is refused. Protecting a table again replaces its
-// settings. It runs pgfence.protect(table, resourceColumn, prefix).
+// sends them; TRUNCATE is refused. The partitions and inheritance children
+// table has when Protect runs are guarded too (one attached or created later
+// is not: protect again). Protecting a table again replaces its settings. It
+// runs pgfence.protect(table, resourceColumn, prefix).
 //
 // resourceColumn must be text, varchar, char, smallint, integer, bigint,
 // numeric or uuid (or a domain over one), whose text is the same in every
 // session; other types ([ErrInvalid], PF008) print differently under the
-// writer's TimeZone, extra_float_digits or IntervalStyle.
+// writer's TimeZone, extra_float_digits or IntervalStyle. A generated column
+// is refused too: the guard runs before it is computed.
 //
 // Names are checked with [CheckIdentifier] and quoted; a name that does not
 // exist fails (SQLSTATE 42P01 or PF008) and changes nothing.
@@ -50,7 +53,8 @@ func Protect(ctx context.Context, db DB, table pgx.Identifier, resourceColumn, p
 	return mapError(err, ownCommit(db))
 }
 
-// Unprotect removes the guard from table and reports whether it was protected.
+// Unprotect removes the guard from table and from its partitions and
+// inheritance children, and reports whether table was protected.
 func Unprotect(ctx context.Context, db DB, table pgx.Identifier) (bool, error) {
 	if err := checkDB(db); err != nil {
 		return false, err
