@@ -198,9 +198,9 @@ func unstableResourceColumns(ctx context.Context, pool *pgxpool.Pool) check {
 // guardGaps lists the ways rows of a protected table can be written past
 // its guard, which pgfence.protected_tables() alone does not show: a guard
 // disabled (or set to fire for replicas only), a partition or inheritance
-// child without the guard or without the TRUNCATE guard (protect() puts them
-// on the table it is given; an inheritance child gets none, and TRUNCATE of
-// a partition skips its parent's statement trigger), and a BEFORE row trigger
+// child without the guard or without the TRUNCATE guard (protect() covers
+// those that exist when it runs; one attached or created later gets only the
+// row guard PostgreSQL clones to a partition), and a BEFORE row trigger
 // that fires after the guard (triggers fire in name order) and so can change
 // the row, and its resource, after the check.
 func guardGaps(ctx context.Context, pool *pgxpool.Pool) check {
@@ -216,14 +216,14 @@ func guardGaps(ctx context.Context, pool *pgxpool.Pool) check {
 		FROM tree t
 		JOIN pg_class c ON c.oid = t.relid
 		CROSS JOIN LATERAL (
-		    SELECT 'has no pgfence_guard trigger, so rows written through it are not checked (protect it like its parent)' AS problem
+		    SELECT 'has no pgfence_guard trigger, so rows written through it are not checked (run protect again on the protected table it belongs to)' AS problem
 		     WHERE NOT EXISTS (SELECT 1 FROM pg_trigger x WHERE x.tgrelid = t.relid AND x.tgname = 'pgfence_guard')
 		    UNION ALL
 		    SELECT 'its pgfence_guard trigger is disabled or fires for replicas only (ALTER TABLE ... ENABLE TRIGGER pgfence_guard)'
 		     WHERE EXISTS (SELECT 1 FROM pg_trigger x WHERE x.tgrelid = t.relid AND x.tgname = 'pgfence_guard'
 		                     AND x.tgenabled NOT IN ('O', 'A'))
 		    UNION ALL
-		    SELECT format('TRUNCATE is not refused (CREATE TRIGGER pgfence_guard_truncate BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION pgfence.reject_truncate())', t.relid::regclass)
+		    SELECT 'TRUNCATE is not refused (run protect again on the protected table it belongs to)'
 		     WHERE NOT EXISTS (SELECT 1 FROM pg_trigger x WHERE x.tgrelid = t.relid AND x.tgname = 'pgfence_guard_truncate'
 		                         AND x.tgenabled IN ('O', 'A'))
 		    UNION ALL
