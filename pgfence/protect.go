@@ -22,8 +22,9 @@ import (
 // resourceColumn must be text, varchar, char, smallint, integer, bigint,
 // numeric or uuid (or a domain over one), whose text is the same in every
 // session; other types ([ErrInvalid], PF008) print differently under the
-// writer's TimeZone, extra_float_digits or IntervalStyle. A generated column
-// is refused too: the guard runs before it is computed.
+// writer's TimeZone, extra_float_digits or IntervalStyle. The row guard is an
+// AFTER trigger: it checks each row as stored, after the table's own BEFORE
+// triggers and generated columns.
 //
 // Names are checked with [CheckIdentifier] and quoted; a name that does not
 // exist fails (SQLSTATE 42P01 or PF008) and changes nothing.

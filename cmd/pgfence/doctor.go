@@ -200,9 +200,10 @@ func unstableResourceColumns(ctx context.Context, pool *pgxpool.Pool) check {
 // disabled (or set to fire for replicas only), a partition or inheritance
 // child without the guard or without the TRUNCATE guard (protect() covers
 // those that exist when it runs; one attached or created later gets only the
-// row guard PostgreSQL clones to a partition), and a BEFORE row trigger
-// that fires after the guard (triggers fire in name order) and so can change
-// the row, and its resource, after the check.
+// row guard PostgreSQL clones to a partition), and, where the guard is a
+// BEFORE trigger (tables protected before migration 00017), a BEFORE row
+// trigger that fires after it (triggers fire in name order) and so can
+// change the row, and its resource, after the check.
 func guardGaps(ctx context.Context, pool *pgxpool.Pool) check {
 	const name = "protected table guards"
 	// tgtype bits: 1 row, 2 before, 4 insert, 16 update.
@@ -227,11 +228,12 @@ func guardGaps(ctx context.Context, pool *pgxpool.Pool) check {
 		     WHERE NOT EXISTS (SELECT 1 FROM pg_trigger x WHERE x.tgrelid = t.relid AND x.tgname = 'pgfence_guard_truncate'
 		                         AND x.tgenabled IN ('O', 'A'))
 		    UNION ALL
-		    SELECT format('BEFORE trigger %I fires after pgfence_guard (name order) and can change the row after the check (rename it to sort before pgfence_guard)', x.tgname)
+		    SELECT format('BEFORE trigger %I fires after its BEFORE guard (name order) and can change the row after the check (protect the table again: the guard then runs after the row is written)', x.tgname)
 		      FROM pg_trigger x
 		     WHERE x.tgrelid = t.relid AND NOT x.tgisinternal AND x.tgenabled IN ('O', 'A')
 		       AND x.tgtype & 3 = 3 AND x.tgtype & 20 <> 0
 		       AND x.tgname COLLATE "C" > 'pgfence_guard'
+		       AND EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = t.relid AND g.tgname = 'pgfence_guard' AND g.tgtype & 2 = 2)
 		) g
 		WHERE c.relkind IN ('r', 'p')
 		ORDER BY 1`)

@@ -105,9 +105,16 @@ func TestDoctorGuardGaps(t *testing.T) {
 		t.Fatalf("guards of a correctly protected table: %+v", c)
 	}
 
+	// A BEFORE guard, as protect() made them before migration 00017, and a
+	// BEFORE trigger that runs after it; with protect()'s AFTER guard the
+	// same trigger is harmless.
 	exec(`CREATE TABLE public.jobs (k text PRIMARY KEY)`)
-	exec(`SELECT pgfence.protect('public.jobs', 'k', 'jobs:')`)
+	exec(`CREATE TRIGGER pgfence_guard BEFORE INSERT OR UPDATE OR DELETE ON public.jobs
+	          FOR EACH ROW EXECUTE FUNCTION pgfence.guard('k', 'jobs:')`)
+	exec(`CREATE TRIGGER pgfence_guard_truncate BEFORE TRUNCATE ON public.jobs
+	          FOR EACH STATEMENT EXECUTE FUNCTION pgfence.reject_truncate()`)
 	exec(`CREATE TRIGGER set_key BEFORE INSERT ON public.jobs FOR EACH ROW EXECUTE FUNCTION public.lower_k()`)
+	exec(`CREATE TRIGGER set_key BEFORE INSERT ON public.clean FOR EACH ROW EXECUTE FUNCTION public.lower_k()`)
 	exec(`CREATE TABLE public.off (k text PRIMARY KEY)`)
 	exec(`SELECT pgfence.protect('public.off', 'k', 'off:')`)
 	exec(`ALTER TABLE public.off ENABLE REPLICA TRIGGER pgfence_guard`)
@@ -124,7 +131,7 @@ func TestDoctorGuardGaps(t *testing.T) {
 		t.Fatalf("guard gaps: %+v, want a warning", c)
 	}
 	for _, want := range []string{
-		"jobs: BEFORE trigger set_key fires after pgfence_guard",
+		"jobs: BEFORE trigger set_key fires after its BEFORE guard",
 		"off: its pgfence_guard trigger is disabled",
 		"parts_a: TRUNCATE is not refused",
 		"child: has no pgfence_guard trigger",

@@ -15,8 +15,7 @@ import (
 // protect() guards every table below the one it is given: TRUNCATE of a
 // partition, and writes to an inheritance child (directly or through the
 // parent), are refused like writes to the table itself; unprotect() lifts
-// all of it. A generated resource column is refused: the guard runs before
-// it is computed.
+// all of it.
 func TestProtectDescendants(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -70,9 +69,46 @@ func TestProtectDescendants(t *testing.T) {
 	mustExecPool(t, pool, `TRUNCATE parts_a`)
 	mustExecPool(t, pool, `INSERT INTO grandchild VALUES ('y')`)
 
-	mustExecPool(t, pool, `CREATE TABLE gen (id int PRIMARY KEY, k text GENERATED ALWAYS AS ('r' || id) STORED)`)
-	err := pgfence.Protect(ctx, pool, pgx.Identifier{"gen"}, "k", "")
-	if pgerr.Code(err) != pgerr.CodeInvalid {
-		t.Fatalf("protect on a generated column: %v, want PF008", err)
+}
+
+// The row guard checks the row as stored, after every BEFORE trigger and
+// generated column: a table's own BEFORE trigger (named to run after a
+// BEFORE guard) cannot move a fenced row to a resource the transaction never
+// fenced, and a generated resource column is fenced like any other (a
+// BEFORE guard saw NULL in it and refused every write).
+func TestProtectChecksTheStoredRow(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := pgfencetest.NewPool(t)
+	for _, q := range []string{
+		`CREATE TABLE jobs (k text PRIMARY KEY, v text)`,
+		`CREATE FUNCTION lower_k() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN NEW.k := lower(NEW.k); RETURN NEW; END'`,
+		`CREATE TRIGGER set_key BEFORE INSERT OR UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION lower_k()`,
+		`CREATE TABLE gen (id int PRIMARY KEY, k text GENERATED ALWAYS AS ('r' || id) STORED)`,
+	} {
+		mustExecPool(t, pool, q)
+	}
+	if err := pgfence.Protect(ctx, pool, pgx.Identifier{"jobs"}, "k", "jobs:"); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgfence.Protect(ctx, pool, pgx.Identifier{"gen"}, "k", "gen:"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgfence.Exec(ctx, pool, "jobs:B", 5, `INSERT INTO jobs VALUES ('B', 'x')`); pgerr.Code(err) != "PF006" {
+		t.Fatalf("fenced for jobs:B, stored as jobs:b: %v, want PF006", err)
+	}
+	if _, err := pgfence.Exec(ctx, pool, "jobs:b", 5, `INSERT INTO jobs VALUES ('B', 'x')`); err != nil {
+		t.Fatalf("fenced for the resource the row is stored under: %v", err)
+	}
+	if _, err := pgfence.Exec(ctx, pool, "gen:r1", 1, `INSERT INTO gen (id) VALUES (1)`); err != nil {
+		t.Fatalf("fenced insert, generated resource column: %v", err)
+	}
+	if _, err := pgfence.Exec(ctx, pool, "gen:r1", 2, `INSERT INTO gen (id) VALUES (2)`); pgerr.Code(err) != "PF006" {
+		t.Fatalf("insert of gen:r2 fenced for gen:r1: %v, want PF006", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM jobs) + (SELECT count(*) FROM gen)`).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("%d rows stored (%v), want the two fenced ones", n, err)
 	}
 }
