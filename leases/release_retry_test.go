@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/faultproxy"
+	"github.com/pgfence/pgfence/internal/telemetry/telemetrytest"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
@@ -15,14 +16,16 @@ import (
 // A release whose reply was lost committed, and a waiter took the key before
 // the retry: the retry finds the key held by another grant (not_held). The
 // release was this lease's own, so Release returns nil and the lease ends as
-// released, not lost.
+// released, not lost, and is counted as released (not as a stale holder's
+// not_held).
 func TestReleaseRetryAfterTakeover(t *testing.T) {
 	checkLeaks(t)
 	db := pgfencetest.NewDatabase(t)
 	proxy := newProxy(t, db.URL)
 	// After the cut, every retry needs a new connection.
 	pool := proxiedPool(t, db.URL, proxy, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
-	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	p := telemetrytest.New(t)
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true, MeterProvider: p.Meter})
 	other := leasesClient(t, db)
 	ctx := ctxTimeout(t, 30*time.Second)
 
@@ -53,5 +56,12 @@ func TestReleaseRetryAfterTakeover(t *testing.T) {
 	}
 	if err := next.Release(ctx); err != nil {
 		t.Fatal(err)
+	}
+	m := p.Metrics(t)
+	if n := m.Sum("pgfence.lease.releases", outcome("not_held")); n != 0 {
+		t.Errorf("releases{not_held} = %d, want 0", n)
+	}
+	if n := m.Sum("pgfence.lease.releases", outcome("released")); n != 1 {
+		t.Errorf("releases{released} = %d, want 1", n)
 	}
 }
