@@ -332,7 +332,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	defer func() {
 		stopBeat()
 		// The client may be gone; the key must still be settled.
-		sctx, scancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
+		sctx, scancel := context.WithTimeout(context.WithoutCancel(r.Context()), settleTimeout)
 		defer scancel()
 		if !finished { // the handler panicked
 			_ = a.Release(sctx)
@@ -424,8 +424,11 @@ func (m *Middleware) settle(ctx context.Context, a *Attempt, rec *recorder) erro
 	}
 }
 
-// Bounds of the delay between attempts to settle a key.
+// settleTimeout bounds the settling of a key after the handler returned
+// (retries included), which does not end with the request's context; the
+// bounds of the delay between attempts follow.
 const (
+	settleTimeout  = 10 * time.Second
 	settleRetryMin = 20 * time.Millisecond
 	settleRetryMax = time.Second
 )
