@@ -315,8 +315,9 @@ func (c *Client) readBackGrant(ctx context.Context, key, holder string, pid uint
 // Acquire gets the lease on key for ttl, waiting while another holder has it
 // until ctx ends (or opts.MaxWait passes). Waiting is cheap: within a client,
 // only the first waiter for a key polls (the others queue behind it in FIFO
-// order; fair waiters each poll, see [AcquireOptions.Fair]); it retries with capped exponential backoff and full jitter, right
-// after the holder's expiry, and when a release notification arrives. Waiters
+// order; fair waiters each poll, see [AcquireOptions.Fair]); it retries with
+// capped exponential backoff and full jitter, right after the holder's
+// expiry, and when a release notification arrives. Waiters
 // in different clients do not all try at once after a release: each holds
 // back a random moment in a window (at most 64 ms) that grows while it loses
 // races for the key and shrinks while it wins (zero when it waits alone), and

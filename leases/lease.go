@@ -373,8 +373,8 @@ func (l *Lease) releaseOnce(ctx context.Context) (changed bool, status string, e
 
 // KeepAlive renews the lease every opts.Interval, counted from the grant or
 // the last renewal (a KeepAlive started late renews at once), until ctx ends
-// (it returns nil
-// then, and the lease stays held until it expires or is released), the lease
+// (it returns nil then, and the lease stays held until it expires or is
+// released), the lease
 // ends (it returns [Lease.Err], nil after a release), MaxHold passes (it ends
 // the lease's context with [ErrMaxHold]), or MaxFailures renewals in a row fail
 // (it ends the lease's context with an [ErrLeaseLost] error). No renewal attempt
