@@ -69,7 +69,7 @@ func verifyNoLeaks(t *testing.T) {
 	opts := []goleak.Option{
 		goleak.IgnoreCurrent(),
 		// the shared test cluster's postmaster, started by the first test
-		goleak.IgnoreAnyFunction("github.com/pgfence/pgfence/internal/pgcluster.(*Cluster).startLocked.func1"),
+		goleak.IgnoreAnyFunction("github.com/pgfence/pgfence/internal/testkit/pgcluster.(*Cluster).startLocked.func1"),
 	}
 	t.Cleanup(func() { goleak.VerifyNone(t, opts...) })
 }

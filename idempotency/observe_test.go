@@ -15,7 +15,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/pgfence/pgfence/idempotency"
-	"github.com/pgfence/pgfence/internal/telemetry/telemetrytest"
+	"github.com/pgfence/pgfence/internal/testkit/telemetrytest"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 

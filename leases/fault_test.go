@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgfence/pgfence/internal/faultproxy"
+	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgfence/pgfence/internal/telemetry/telemetrytest"
+	"github.com/pgfence/pgfence/internal/testkit/telemetrytest"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )

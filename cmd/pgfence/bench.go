@@ -16,7 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence/internal/benchrun"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/benchrun"
 	"github.com/pgfence/pgfence/internal/devdb"
 )
 

@@ -16,8 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/benchrun"
 	"github.com/pgfence/pgfence/idempotency"
-	"github.com/pgfence/pgfence/internal/benchrun"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
 )

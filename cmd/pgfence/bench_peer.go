@@ -12,16 +12,16 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/pgfence/pgfence/internal/benchrun"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/benchrun"
 )
 
 // The Redis peer is a separate program, pgfence-benchpeer, built from the
-// nested Go module internal/benchpeer so that pgfence users never inherit its
+// nested Go module cmd/pgfence/internal/benchpeer so that pgfence users never inherit its
 // Redis dependencies. The bench runs it once per mode and concurrency; it
 // starts its own redis-server and prints one benchrun.Result as JSON.
 const (
 	peerBinary = "pgfence-benchpeer"
-	peerDir    = "internal/benchpeer"
+	peerDir    = "cmd/pgfence/internal/benchpeer"
 	// peerEnv names the peer binary to use instead of searching for it.
 	peerEnv = "PGFENCE_BENCHPEER"
 	// peerGrace is the time a peer gets beyond the run's duration: starting
@@ -94,7 +94,7 @@ func (p *peerRunner) resolve(ctx context.Context) {
 	p.bin = bin
 }
 
-// findPeerSource returns internal/benchpeer of the source checkout that holds
+// findPeerSource returns cmd/pgfence/internal/benchpeer of the source checkout that holds
 // the working directory, or "".
 func findPeerSource() string {
 	dir, err := os.Getwd()

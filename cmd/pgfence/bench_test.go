@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgfence/pgfence/internal/benchrun"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/benchrun"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -207,7 +207,7 @@ func TestBenchPeerMissing(t *testing.T) {
 	}
 }
 
-// The peer, built from internal/benchpeer, measures Redis in the same run:
+// The peer, built from cmd/pgfence/internal/benchpeer, measures Redis in the same run:
 // two commands (SET NX PX, the compare-and-delete script) per operation.
 func TestBenchRedisPeer(t *testing.T) {
 	t.Parallel()

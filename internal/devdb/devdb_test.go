@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/internal/devdb"
-	"github.com/pgfence/pgfence/internal/pgcluster"
+	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence/internal/pgcluster"
+	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
 )
 
 // ShutdownMode is how [Cluster.Stop] and [Cluster.Restart] shut the server down.

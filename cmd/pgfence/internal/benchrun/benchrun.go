@@ -1,7 +1,7 @@
 // Package benchrun runs one operation with N concurrent workers for a fixed
 // time and summarizes it: ops/s, p50/p99 latency, statements per operation.
 //
-// It is shared by `pgfence bench` and by the Redis peer (internal/benchpeer, a
+// It is shared by `pgfence bench` and by the Redis peer (cmd/pgfence/internal/benchpeer, a
 // separate Go module so that pgfence users never inherit Redis dependencies),
 // so that every row of the bench table is measured the same way: the same key
 // space, the same warm-up, the same stop rule and the same percentiles. It

@@ -17,7 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgfence/pgfence/internal/pgcluster"
+	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
 )
 
 // envChild turns the test binary into a process that starts a cluster, prints

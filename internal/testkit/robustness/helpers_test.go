@@ -8,7 +8,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/pgfence/pgfence/internal/faultproxy"
+	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 )
 
 // local returns an in-process actor connected directly (p == nil) or through
@@ -113,6 +113,6 @@ func bounded(t *testing.T, d time.Duration) context.Context {
 func noLeakedGoroutines(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	// A restarted test server's postmaster is waited for by the cluster.
-	server := goleak.IgnoreAnyFunction("github.com/pgfence/pgfence/internal/pgcluster.(*Cluster).startLocked.func1")
+	server := goleak.IgnoreAnyFunction("github.com/pgfence/pgfence/internal/testkit/pgcluster.(*Cluster).startLocked.func1")
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore, server) })
 }

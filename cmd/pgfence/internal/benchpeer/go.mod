@@ -1,4 +1,4 @@
-module github.com/pgfence/pgfence/internal/benchpeer
+module github.com/pgfence/pgfence/cmd/pgfence/internal/benchpeer
 
 go 1.26.0
 
@@ -14,4 +14,4 @@ require (
 	golang.org/x/sys v0.50.0 // indirect
 )
 
-replace github.com/pgfence/pgfence => ../..
+replace github.com/pgfence/pgfence => ../../../..

@@ -14,7 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/pgfence/pgfence/internal/workerproc"
+	"github.com/pgfence/pgfence/internal/testkit/workerproc"
 )
 
 func TestMain(m *testing.M) {

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgfence/pgfence/internal/benchrun"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/benchrun"
 )
 
 // Both modes lock and unlock through a real redis-server; the figures are not

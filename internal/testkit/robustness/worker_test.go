@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgfence/pgfence/internal/workerproc"
+	"github.com/pgfence/pgfence/internal/testkit/workerproc"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 

@@ -30,7 +30,7 @@ import (
 	"os/signal"
 	"time"
 
-	"github.com/pgfence/pgfence/internal/benchrun"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/benchrun"
 )
 
 func main() {
