@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -97,17 +98,39 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 	return &Migrator{db: db, provider: provider, addr: addr}, nil
 }
 
+// Up applies every pending migration to the database of pool: the one call an
+// application makes at start-up (open a pool, migrate). It is New, Migrator.Up
+// and Close; use a [Migrator] for status, rollbacks or a logger.
+func Up(ctx context.Context, pool *pgxpool.Pool) error {
+	m, err := New(pool, nil)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	_, err = m.Up(ctx)
+	return err
+}
+
 // Close releases the migrator's database/sql handle. The pgx pool stays open.
 func (m *Migrator) Close() error {
 	return m.db.Close()
 }
 
+// Direction is the way a migration runs: [DirectionUp] or [DirectionDown].
+type Direction string
+
+// The two directions.
+const (
+	DirectionUp   Direction = "up"
+	DirectionDown Direction = "down"
+)
+
 // Result is one migration applied or rolled back.
 type Result struct {
-	Version   int64  `json:"version"`
-	Name      string `json:"name"`
-	Direction string `json:"direction"` // "up" or "down"
-	Duration  string `json:"duration"`
+	Version   int64
+	Name      string
+	Direction Direction
+	Duration  time.Duration
 }
 
 func results(rs []*goose.MigrationResult) []Result {
@@ -119,8 +142,8 @@ func results(rs []*goose.MigrationResult) []Result {
 		out = append(out, Result{
 			Version:   r.Source.Version,
 			Name:      sourceName(r.Source.Path),
-			Direction: r.Direction,
-			Duration:  r.Duration.String(),
+			Direction: Direction(r.Direction),
+			Duration:  r.Duration,
 		})
 	}
 	return out
@@ -158,10 +181,10 @@ func (m *Migrator) DownTo(ctx context.Context, version int64) ([]Result, error) 
 
 // Status is the state of one known migration.
 type Status struct {
-	Version   int64  `json:"version"`
-	Name      string `json:"name"`
-	Applied   bool   `json:"applied"`
-	AppliedAt string `json:"applied_at,omitempty"` // RFC 3339, empty when pending
+	Version   int64
+	Name      string
+	Applied   bool
+	AppliedAt time.Time // zero when pending
 }
 
 // Status reports every migration this binary knows and whether it is applied.
@@ -187,7 +210,7 @@ func (m *Migrator) Status(ctx context.Context) ([]Status, error) {
 	for _, s := range ss {
 		st := Status{Version: s.Source.Version, Name: sourceName(s.Source.Path), Applied: s.State == goose.StateApplied}
 		if st.Applied {
-			st.AppliedAt = s.AppliedAt.UTC().Format("2006-01-02T15:04:05Z07:00")
+			st.AppliedAt = s.AppliedAt.UTC()
 		}
 		out = append(out, st)
 	}
@@ -336,18 +359,19 @@ func names() []string {
 	return out
 }
 
-// SQL returns the plain SQL of every migration in one direction ("up" in version
-// order, "down" in reverse), with goose's annotations removed, for teams that
+// SQL returns the plain SQL of every migration in one direction (up in version
+// order, down in reverse), with goose's annotations removed, for teams that
 // apply it with another tool. Apply it in one transaction. It is
-// Script(0, Latest()) for "up" and Script(Latest(), 0) for "down".
-func SQL(direction string) (string, error) {
+// Script(0, Latest()) for [DirectionUp] and Script(Latest(), 0) for
+// [DirectionDown].
+func SQL(direction Direction) (string, error) {
 	switch direction {
-	case "up":
+	case DirectionUp:
 		return Script(0, Latest())
-	case "down":
+	case DirectionDown:
 		return Script(Latest(), 0)
 	default:
-		return "", fmt.Errorf("migrations: direction %q: want \"up\" or \"down\"", direction)
+		return "", fmt.Errorf("migrations: direction %q: want %q or %q", direction, DirectionUp, DirectionDown)
 	}
 }
 

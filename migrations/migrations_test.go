@@ -133,7 +133,7 @@ func TestUpDownUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range status {
-		if !s.Applied || s.AppliedAt == "" {
+		if !s.Applied || s.AppliedAt.IsZero() {
 			t.Errorf("after Up: migration %d not applied: %+v", s.Version, s)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path"
 	"text/tabwriter"
+	"time"
 
 	"github.com/pressly/goose/v3"
 
@@ -129,14 +130,22 @@ func runMigrateDB(ctx context.Context, e *env, sub string, args []string) error 
 			return migrateError(err)
 		}
 		if *asJSON {
-			return writeJSON(e, map[string]any{"current": current, "latest": latest, "migrations": ss})
+			out := make([]migrationStatusJSON, 0, len(ss))
+			for _, s := range ss {
+				j := migrationStatusJSON{Version: s.Version, Name: s.Name, Applied: s.Applied}
+				if s.Applied {
+					j.AppliedAt = s.AppliedAt.Format(time.RFC3339)
+				}
+				out = append(out, j)
+			}
+			return writeJSON(e, map[string]any{"current": current, "latest": latest, "migrations": out})
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "VERSION\tNAME\tAPPLIED AT")
 		for _, s := range ss {
 			at := "pending"
 			if s.Applied {
-				at = s.AppliedAt
+				at = s.AppliedAt.Format(time.RFC3339)
 			}
 			fmt.Fprintf(tw, "%d\t%s\t%s\n", s.Version, s.Name, at)
 		}
@@ -169,7 +178,7 @@ func runMigrateDB(ctx context.Context, e *env, sub string, args []string) error 
 		if to == -1 {
 			if current == 0 {
 				if *asJSON {
-					return writeJSON(e, []migrations.Result{})
+					return writeJSON(e, []migrationResultJSON{})
 				}
 				fmt.Fprintln(e.stdout, "nothing to roll back: no pgfence migration is applied")
 				return nil
@@ -202,6 +211,22 @@ func runMigrateDB(ctx context.Context, e *env, sub string, args []string) error 
 	}
 }
 
+// migrationStatusJSON is one migration in `migrate status --json`.
+type migrationStatusJSON struct {
+	Version   int64  `json:"version"`
+	Name      string `json:"name"`
+	Applied   bool   `json:"applied"`
+	AppliedAt string `json:"applied_at,omitempty"` // RFC 3339, empty when pending
+}
+
+// migrationResultJSON is one migration applied or rolled back, in --json.
+type migrationResultJSON struct {
+	Version   int64  `json:"version"`
+	Name      string `json:"name"`
+	Direction string `json:"direction"`
+	Duration  string `json:"duration"`
+}
+
 // printResults prints the migrations applied or rolled back. After a failure
 // (done false) it prints only the steps that completed, and nothing when there
 // were none: the error says what happened.
@@ -210,10 +235,11 @@ func printResults(e *env, direction string, rs []migrations.Result, asJSON, done
 		return
 	}
 	if asJSON {
-		if rs == nil {
-			rs = []migrations.Result{}
+		out := make([]migrationResultJSON, 0, len(rs))
+		for _, r := range rs {
+			out = append(out, migrationResultJSON{Version: r.Version, Name: r.Name, Direction: string(r.Direction), Duration: r.Duration.String()})
 		}
-		_ = writeJSON(e, rs)
+		_ = writeJSON(e, out)
 		return
 	}
 	if len(rs) == 0 {

@@ -75,7 +75,7 @@ func TestMigrateSQLScriptRecordsVersions(t *testing.T) {
 	var st struct {
 		Current    int64
 		Latest     int64
-		Migrations []migrations.Status
+		Migrations []migrationStatusJSON
 	}
 	if code != exitOK || json.Unmarshal([]byte(out), &st) != nil || st.Current != latest {
 		t.Fatalf("status after the up script: code %d\n%s%s", code, out, errOut)

@@ -58,7 +58,7 @@ func TestMigrateLifecycle(t *testing.T) {
 	var st struct {
 		Current    int64
 		Latest     int64
-		Migrations []migrations.Status
+		Migrations []migrationStatusJSON
 	}
 	if code != exitOK || json.Unmarshal([]byte(out), &st) != nil || st.Current != st.Latest || st.Current != migrations.Latest() {
 		t.Fatalf("status --json: code %d, %+v\n%s", code, st, out)
@@ -180,7 +180,7 @@ func TestMigrateDownTo(t *testing.T) {
 		t.Fatalf("down: code %d\n%s%s", code, out, errOut)
 	}
 	code, out, errOut = cli(t, environ, "migrate", "down", "--to", "9", "--json")
-	var rs []migrations.Result
+	var rs []migrationResultJSON
 	if code != exitOK || json.Unmarshal([]byte(out), &rs) != nil || len(rs) != int(latest-1-9) {
 		t.Fatalf("down --to 9 --json: code %d\n%s%s", code, out, errOut)
 	}
