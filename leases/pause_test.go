@@ -69,7 +69,7 @@ func TestPauseGrants(t *testing.T) {
 	if err := holding.Renew(ctx); err != nil {
 		t.Fatalf("Renew while paused: %v", err)
 	}
-	if _, err := pgfence.Exec(ctx, pool, "deploy:a", holding.Token(), `SELECT 1`); err != nil {
+	if _, err := pgfence.ExecToken(ctx, pool, "deploy:a", holding.Token(), `SELECT 1`); err != nil {
 		t.Fatalf("fenced write by the current holder while paused: %v", err)
 	}
 	if err := holding.Release(ctx); err != nil {

@@ -91,7 +91,7 @@ func TestGuardRunsAsTheWriter(t *testing.T) {
 	if err := pgfence.Protect(ctx, op, pgx.Identifier{"moods"}, "r", "mood:"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pgfence.Exec(ctx, op, "mood:1", 1, `INSERT INTO moods VALUES ('1', 'x')`); err != nil {
+	if _, err := pgfence.ExecToken(ctx, op, "mood:1", 1, `INSERT INTO moods VALUES ('1', 'x')`); err != nil {
 		t.Fatalf("operator: fenced insert into its own protected table: %v", err)
 	}
 	rows, err := owner.Query(ctx, `SELECT DISTINCT who FROM cast_ran_as`)
@@ -171,7 +171,7 @@ func TestLeastPrivilege(t *testing.T) {
 	if _, err := lc.History(ctx, "acct:1", 10); err != nil {
 		t.Fatalf("app: History: %v", err)
 	}
-	rcpt, err := pgfence.Write(ctx, app, "acct:1", l.Token(), func(ctx context.Context, tx pgx.Tx) error {
+	rcpt, err := pgfence.WriteToken(ctx, app, "acct:1", l.Token(), func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE acct SET balance = 11 WHERE id = 1`)
 		return err
 	})
@@ -187,7 +187,7 @@ func TestLeastPrivilege(t *testing.T) {
 	if _, err := pgfence.Accepted(ctx, owner, "acct:never"); !errors.Is(err, pgfence.ErrNotFound) {
 		t.Fatalf("Resolve left a fence row behind: %v", err)
 	}
-	if err := pgfence.WriteLeased(ctx, app, pgfence.Lease{Key: l.Key(), Holder: l.Holder(), Token: l.Token()}, func(ctx context.Context, tx pgx.Tx) error {
+	if err := pgfence.WriteLeased(ctx, app, l, func(ctx context.Context, tx pgx.Tx) error {
 		return nil
 	}); err != nil {
 		t.Fatalf("app: lease-checked write: %v", err)
@@ -212,7 +212,7 @@ func TestLeastPrivilege(t *testing.T) {
 	// A stale write is refused, and the application records the rejection
 	// (pgfence.record_fence_rejection, migration 00007) without any write
 	// privilege on pgfence.fence_rejections.
-	if _, err := pgfence.Exec(ctx, app, "acct:1", l.Token()-1, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) {
+	if _, err := pgfence.ExecToken(ctx, app, "acct:1", l.Token()-1, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("app: stale write: want ErrStaleToken, got %v", err)
 	}
 	var rejections int

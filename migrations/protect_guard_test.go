@@ -51,7 +51,7 @@ func TestProtectDescendants(t *testing.T) {
 	refused("insert into a child", `INSERT INTO child VALUES ('x')`)
 	refused("insert into a grandchild", `INSERT INTO grandchild VALUES ('y')`)
 	// A fenced write through the child is accepted.
-	if _, err := pgfence.Exec(ctx, pool, "base:x", 1, `INSERT INTO child VALUES ('x')`); err != nil {
+	if _, err := pgfence.ExecToken(ctx, pool, "base:x", 1, `INSERT INTO child VALUES ('x')`); err != nil {
 		t.Fatalf("fenced insert into a child: %v", err)
 	}
 	refused("update of a child's row through the parent", `UPDATE base SET k = 'z' WHERE k = 'x'`)
@@ -95,16 +95,16 @@ func TestProtectChecksTheStoredRow(t *testing.T) {
 	if err := pgfence.Protect(ctx, pool, pgx.Identifier{"gen"}, "k", "gen:"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pgfence.Exec(ctx, pool, "jobs:B", 5, `INSERT INTO jobs VALUES ('B', 'x')`); pgerr.Code(err) != "PF006" {
+	if _, err := pgfence.ExecToken(ctx, pool, "jobs:B", 5, `INSERT INTO jobs VALUES ('B', 'x')`); pgerr.Code(err) != "PF006" {
 		t.Fatalf("fenced for jobs:B, stored as jobs:b: %v, want PF006", err)
 	}
-	if _, err := pgfence.Exec(ctx, pool, "jobs:b", 5, `INSERT INTO jobs VALUES ('B', 'x')`); err != nil {
+	if _, err := pgfence.ExecToken(ctx, pool, "jobs:b", 5, `INSERT INTO jobs VALUES ('B', 'x')`); err != nil {
 		t.Fatalf("fenced for the resource the row is stored under: %v", err)
 	}
-	if _, err := pgfence.Exec(ctx, pool, "gen:r1", 1, `INSERT INTO gen (id) VALUES (1)`); err != nil {
+	if _, err := pgfence.ExecToken(ctx, pool, "gen:r1", 1, `INSERT INTO gen (id) VALUES (1)`); err != nil {
 		t.Fatalf("fenced insert, generated resource column: %v", err)
 	}
-	if _, err := pgfence.Exec(ctx, pool, "gen:r1", 2, `INSERT INTO gen (id) VALUES (2)`); pgerr.Code(err) != "PF006" {
+	if _, err := pgfence.ExecToken(ctx, pool, "gen:r1", 2, `INSERT INTO gen (id) VALUES (2)`); pgerr.Code(err) != "PF006" {
 		t.Fatalf("insert of gen:r2 fenced for gen:r1: %v, want PF006", err)
 	}
 	var n int

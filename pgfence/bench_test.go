@@ -49,13 +49,13 @@ func BenchmarkWrite(b *testing.B) {
 		"fenced-exec": func(i int) error {
 			k := "k" + strconv.Itoa(i%benchKeys)
 			t := token.Add(1)
-			_, err := pgfence.Exec(ctx, pool, "kv:"+k, t, benchUpdate, "v", t, k)
+			_, err := pgfence.ExecToken(ctx, pool, "kv:"+k, t, benchUpdate, "v", t, k)
 			return err
 		},
 		"fenced-write": func(i int) error {
 			k := "k" + strconv.Itoa(i%benchKeys)
 			t := token.Add(1)
-			_, err := pgfence.Write(ctx, pool, "kv:"+k, t, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := pgfence.WriteToken(ctx, pool, "kv:"+k, t, func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, benchUpdate, "v", t, k)
 				return err
 			})
@@ -119,7 +119,7 @@ func BenchmarkFencedVsUnfenced(b *testing.B) {
 	fenced := func(i int) error {
 		token++
 		k := "k" + strconv.Itoa(i%benchKeys)
-		_, err := pgfence.Exec(ctx, c, "kv:"+k, token, benchUpdate, "v", token, k)
+		_, err := pgfence.ExecToken(ctx, c, "kv:"+k, token, benchUpdate, "v", token, k)
 		return err
 	}
 	for i := range benchKeys {
@@ -151,7 +151,7 @@ func BenchmarkLeaseChecked(b *testing.B) {
 	db := benchTable(b)
 	l := grant(b, db.Pool, "job")
 	for i := 0; b.Loop(); i++ {
-		if _, err := pgfence.ExecLeased(ctx, db.Pool, l, benchUpdate, "v", int64(i), "k"+strconv.Itoa(i%benchKeys)); err != nil {
+		if _, err := pgfence.ExecLeased(ctx, db.Pool, l.lease(), benchUpdate, "v", int64(i), "k"+strconv.Itoa(i%benchKeys)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -178,7 +178,7 @@ func BenchmarkProtectedRows(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				tenant := "t" + strconv.Itoa(i%10)
 				token++
-				tag, err := pgfence.Exec(ctx, db.Pool, "tenant:"+tenant, token, `UPDATE items SET n = n + 1 WHERE tenant = $1`, tenant)
+				tag, err := pgfence.ExecToken(ctx, db.Pool, "tenant:"+tenant, token, `UPDATE items SET n = n + 1 WHERE tenant = $1`, tenant)
 				if err != nil || tag.RowsAffected() != rows {
 					b.Fatal(tag, err)
 				}

@@ -37,7 +37,7 @@ func TestConcurrentWriters(t *testing.T) {
 				// Tokens drift upwards with overlap between writers, so that
 				// many writes are accepted and many are stale.
 				token := int64(r)*10 + 1 + rng.Int64N(40)
-				_, err := pgfence.Write(ctx, pool, "state:1", token, func(ctx context.Context, tx pgx.Tx) error {
+				_, err := pgfence.WriteToken(ctx, pool, "state:1", token, func(ctx context.Context, tx pgx.Tx) error {
 					if _, err := tx.Exec(ctx, `INSERT INTO log (token, writer) VALUES ($1, $2)`, token, w); err != nil {
 						return err
 					}

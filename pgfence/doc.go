@@ -5,12 +5,14 @@
 //
 // Three forms, from the most general to the most specific:
 //
-//   - Token-guarded writes ([Write], [Exec]): the writer presents its token for
-//     a resource; pgfence.fence(resource, token) accepts it iff no higher token
-//     was accepted for that resource (equal tokens pass), records it and keeps
-//     the resource's fence row locked until the transaction ends. The
-//     business write runs in the same transaction. [Exec] sends the fence and
-//     one statement as one pipeline: one round trip, one implicit transaction.
+//   - Fenced writes ([Write], [Exec]): the writer presents its lease's token
+//     for the resource the lease's key names; pgfence.fence(resource, token)
+//     accepts it iff no higher token was accepted for that resource (equal
+//     tokens pass), records it and keeps the resource's fence row locked until
+//     the transaction ends. The business write runs in the same transaction.
+//     [Exec] sends the fence and one statement as one pipeline: one round
+//     trip, one implicit transaction. [WriteToken] and [ExecToken] take a bare
+//     token and the resource it is for, when the lease itself is not at hand.
 //   - Versioned rows ([UpdateRow]): the application's own table carries the
 //     token in a column; UPDATE … SET …, fence = $t WHERE id = $id AND fence <= $t.
 //   - Lease-checked writes ([WriteLeased], [ExecLeased]): for a lease row in the
@@ -24,37 +26,23 @@
 // so psql, another service or an old binary cannot write around the fence.
 //
 // Every helper takes a [DB]: a *pgxpool.Pool, a *pgx.Conn, or a pgx.Tx to work
-// inside the caller's transaction.
+// inside the caller's transaction. The writes take a [Lease]: a
+// *leases.Lease, or [LeaseOf] for a grant made through SQL.
 //
-// # SQL surface
+// # Which token, which check
 //
-// Installed by migration 00003_fence.sql (protected_tables as fixed by
-// 00010_protected_tables_names.sql); any client can use it:
+// Tokens count per lease key, so only tokens of one key can be compared: the
+// token of lease "reports/daily" says nothing about resource
+// "inventory/sku-42". [Write] and [Exec] fence the resource named by the
+// lease's key, so the pairing cannot be wrong; take the lease on the name of
+// the resource you write.
 //
-//	pgfence.fence(resource text, token bigint, op uuid DEFAULT NULL) RETURNS bigint  -- PF001 if stale
-//	pgfence.check_lease(key text, holder uuid, token bigint) RETURNS void            -- PF002 if not held
-//	pgfence.fence_probe(resource text) RETURNS TABLE (token bigint, writes bigint, op uuid)  -- 00009, for Resolve
-//	pgfence.protect(relation regclass, resource_column text, prefix text DEFAULT '') RETURNS void
-//	pgfence.unprotect(relation regclass) RETURNS boolean
-//	pgfence.protected_tables() RETURNS TABLE (relation regclass, resource_column text, prefix text)
-//	pgfence.max_stored_token() RETURNS bigint
-//	pgfence.raise_token_floor(new_floor bigint, reason text) RETURNS bigint           -- PF009 if lower
-//
-// The table pgfence.fences(resource, token, accepted_at, writes, op,
-// fenced_xid) holds one row per fenced resource. Migration
-// 00007_fence_rejections.sql adds the audit of refused writes:
-//
-//	pgfence.fence_rejections(id, resource, presented_token, accepted_token, reason, lease_reason, operation, op, trace_id, at)
-//	pgfence.record_fence_rejection(resource text, presented bigint, accepted bigint, reason text,
-//	    lease_reason text, operation text, op uuid, trace_id text) RETURNS void
-//	pgfence.prune_fence_rejections(max_age interval DEFAULT '7 days') RETURNS bigint
-//
-// pgfence.fence() runs one UPDATE for a resource fenced before, and an
-// INSERT ... ON CONFLICT DO UPDATE ... WHERE for its first write (migration
-// 00008). The fences table's rules (tokens never lowered, the trace id) are one
-// plpgsql trigger without a WHEN clause and its CHECKs one plpgsql call, since
-// PostgreSQL plans WHEN clauses and CHECKs again for every statement; a fenced
-// write costs ~2.3× the CPU of the bare UPDATE (~2.7× before).
+// A fenced write accepts a token until a newer token of the key has been
+// accepted for the resource: a holder whose lease expired can still write
+// until the next holder has written. That is the fencing-token contract, and
+// all a resource outside this database can check. When the resource is in the
+// same database as the lease, a lease-checked write ([WriteLeased]) refuses
+// the stale holder the moment its lease is lost.
 //
 // # Guarantees
 //
@@ -76,15 +64,15 @@
 //   - On a protected table, a row write commits only in a transaction that
 //     called pgfence.fence() for that row's resource (old and new row) and had
 //     it accepted: the trigger checks that the fence row was last accepted by
-//     the current transaction (fenced_xid = pg_current_xact_id()), a fence
-//     rolled back to a savepoint does not count, and no session setting is
-//     consulted, so a hand-set "token" cannot open the door.
+//     the current transaction, a fence rolled back to a savepoint does not
+//     count, and no session setting is consulted, so a hand-set "token" cannot
+//     open the door.
 //   - The fence is durable with the write: pgfence.fence() raises
 //     synchronous_commit to on for its transaction when the session has off
 //     or local.
-//   - Tokens drawn with pgfence.next_token are failover-monotone (timeline in
-//     the high bits), so a promoted standby never issues a token at or below
-//     one the old primary issued; see the failover tests.
+//   - Tokens are failover-monotone (the timeline in the high bits), so a
+//     promoted standby never issues a token at or below one the old primary
+//     issued.
 //
 // Rejections are our own SQLSTATEs, mapped to sentinels for Go callers (use
 // [MapError] on errors of statements you run yourself):
@@ -102,11 +90,7 @@
 //     a plain [ErrOutcomeUnknown]: re-read what they wrote. [Resolve] waits
 //     for any transaction still holding the fence row and answers [Applied],
 //     [NotApplied] or [Superseded] from the accepted token and the write's
-//     operation id. It cannot see a write still queued for that row lock in
-//     a session the server has not yet noticed is gone: resolve once that
-//     session has ended (lock_timeout, tcp_keepalives_*,
-//     client_connection_check_interval bound it). Never retry blindly:
-//     resolve first. The helpers whose
+//     operation id. Never retry blindly: resolve first. The helpers whose
 //     one statement commits on its own ([UpdateRow], [RaiseTokenFloor],
 //     [Protect], [Unprotect]) return an error wrapping [ErrOutcomeUnknown]
 //     when the connection is lost after sending it: re-read the row, the
@@ -119,40 +103,35 @@
 //   - Limits: the table's owner and a superuser can disable triggers (ALTER
 //     TABLE … DISABLE TRIGGER, session_replication_role = replica) or drop
 //     them; direct DML on pgfence.fences that keeps the current token is
-//     equivalent to presenting that token. Hence the recommended setup
-//     (migration 00009, README "Security and least privilege"): business
-//     tables are owned by a migration/owner role that is a member of
-//     pgfence_operator and runs [Protect]; the application's login role is a
-//     member of pgfence_app and gets only SELECT/INSERT/UPDATE/DELETE on the
-//     business tables. pgfence_app has no write privilege on any pgfence
-//     table (pgfence.fence() and pgfence.check_lease() run as their owner), so
-//     it can neither forge nor lower a fence, nor remove the guard.
-//     pgfence.protect and pgfence.unprotect run with the caller's rights:
-//     CREATE/DROP TRIGGER require the caller to own the table. A
-//     lease-checked write's lease can expire between the check and COMMIT,
-//     but no takeover can interleave.
+//     equivalent to presenting that token. Hence the recommended roles (see
+//     the package README): business tables are owned by a migration/owner
+//     role that is a member of pgfence_operator and runs [Protect]; the
+//     application's login role is a member of pgfence_app and gets only
+//     SELECT/INSERT/UPDATE/DELETE on the business tables. pgfence_app has no
+//     write privilege on any pgfence table (pgfence.fence() and
+//     pgfence.check_lease() run as their owner), so it can neither forge nor
+//     lower a fence, nor remove the guard.
 //   - Names of tables, schemas and columns ([Protect], [UpdateRow],
 //     [MaxStoredToken]) are always quoted; names PostgreSQL or pgx would
 //     change (over [MaxIdentifierLen] bytes: truncated; NUL bytes: dropped)
 //     are refused by [CheckIdentifier] with [ErrInvalid], so a call never acts
 //     on another object than the one named. Resources are 1 to
 //     [MaxResourceLen] bytes of UTF-8 without NUL, floor reasons 1 to
-//     [MaxReasonLen] characters; pgfence.fence and pgfence.raise_token_floor
-//     enforce the same for other clients (PF008).
-//   - Cost: [Exec] is one round trip and one commit, like the unfenced
-//     statement; the protection trigger adds one plpgsql call and one
-//     primary-key lookup per row written (see the benchmarks).
+//     [MaxReasonLen] characters; the SQL functions enforce the same for other
+//     clients (PF008).
 //
 // # Observability
 //
-// The helpers use the global OpenTelemetry providers (otel.GetMeterProvider,
-// otel.GetTracerProvider), no-ops until the application sets them:
-// pgfence.fence.writes and pgfence.fence.duration by operation and outcome
-// (accepted, stale_token, lease_not_held, unfenced, unknown, error),
-// and a span per write with resource, token and operation id (a rejection adds
-// a pgfence.rejected event). When the context carries a valid span context,
-// the trace id is stored with the accepted token (pgfence.fences.trace_id),
-// so one query joins a write to the lease grant of the same trace.
+// A [Fencer] reports every write to the logger, meter and tracer providers of
+// its [Config]; the package-level functions use one with the defaults (no
+// logs; the global OpenTelemetry providers, no-ops until the application sets
+// them). Metrics: pgfence.fence.writes and pgfence.fence.duration by
+// operation and outcome (accepted, stale_token, lease_not_held, unfenced,
+// unknown, error); a span per write with resource, token and operation id (a
+// rejection adds a pgfence.rejected event). When the context carries a valid
+// span context, the trace id is stored with the accepted token
+// (pgfence.fences.trace_id), so one query joins a write to the lease grant of
+// the same trace.
 //
 // A rejected write (stale token or lease not held) on a pool or connection is
 // recorded afterwards in pgfence.fence_rejections with its trace id, best
@@ -162,9 +141,4 @@
 // caller's [pgx.Tx] the rejection aborts or rolls back with the caller's work,
 // so it is recorded only in the span, the metric and the log. [Rejections]
 // lists a resource's newest rejections; rows are kept for 7 days.
-//
-// Logs: the package has no configuration and keeps no logger; a logger placed
-// in the context with [ContextWithLogger] gets one event per write: accepted
-// at debug, rejected at info, outcome unknown at warn, other failures at
-// debug. Without it the package logs nothing.
 package pgfence

@@ -6,15 +6,18 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
-// A holder writes with its fencing token; a holder with an older token, woken
-// up late, is rejected by the database, whatever path it writes through.
+// A holder writes under its lease; when its lease expires and another holder
+// takes over and writes, the first holder's late write is rejected by the
+// database, whatever path it writes through.
 func Example() {
 	ctx := context.Background()
 	db, err := pgfencetest.Open()
@@ -24,23 +27,33 @@ func Example() {
 	}
 	defer db.Close()
 	pool := db.Pool
-	_, _ = pool.Exec(ctx, `CREATE TABLE report (id text PRIMARY KEY, body text, token bigint)`)
+	_, _ = pool.Exec(ctx, `CREATE TABLE report (id text PRIMARY KEY, body text)`)
 	_ = pgfence.Protect(ctx, pool, pgx.Identifier{"report"}, "id", "report:")
+	client, err := leases.New(pool, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer client.Close()
 
-	write := func(token int64, body string) error {
-		_, err := pgfence.Exec(ctx, pool, "report:daily", token,
-			`INSERT INTO report VALUES ('daily', $1, $2) ON CONFLICT (id) DO UPDATE SET body = excluded.body, token = excluded.token`,
-			body, token)
+	write := func(l *leases.Lease, body string) error {
+		// The lease's key names the fenced resource: report:daily, the row
+		// report/daily as the guard of the protected table names it.
+		_, err := pgfence.Exec(ctx, pool, l,
+			`INSERT INTO report VALUES ('daily', $1) ON CONFLICT (id) DO UPDATE SET body = excluded.body`, body)
 		return err
 	}
-	fmt.Println("token 41:", write(41, "by the old holder"))
-	fmt.Println("token 42:", write(42, "by the new holder"))
+	old, _ := client.TryAcquire(ctx, "report:daily", 100*time.Millisecond, nil)
+	fmt.Println("old holder writes:", write(old, "by the old holder"))
+	// The old holder pauses past its lease; the new holder's Acquire waits
+	// until the database says the lease expired.
+	current, _ := client.Acquire(ctx, "report:daily", time.Minute, nil)
+	defer current.Release(ctx)
+	fmt.Println("new holder writes:", write(current, "by the new holder"))
 
-	err = write(41, "late write of the old holder")
+	err = write(old, "late write of the old holder")
 	var stale *pgfence.StaleTokenError
-	if errors.As(err, &stale) {
-		fmt.Printf("token 41 again: stale, %d was accepted\n", stale.Accepted)
-	}
+	fmt.Println("old holder's late write is stale:", errors.As(err, &stale) && stale.Accepted == current.Token())
 
 	_, err = pool.Exec(ctx, `UPDATE report SET body = 'through a side door'`)
 	fmt.Println("unfenced UPDATE rejected:", errors.Is(pgfence.MapError(err), pgfence.ErrUnfencedWrite))
@@ -49,11 +62,32 @@ func Example() {
 	_ = pool.QueryRow(ctx, `SELECT body FROM report WHERE id = 'daily'`).Scan(&body)
 	fmt.Println("row:", body)
 	// Output:
-	// token 41: <nil>
-	// token 42: <nil>
-	// token 41 again: stale, 42 was accepted
+	// old holder writes: <nil>
+	// new holder writes: <nil>
+	// old holder's late write is stale: true
 	// unfenced UPDATE rejected: true
 	// row: by the new holder
+}
+
+// A token that came without its lease (from another process, or from SQL) is
+// presented with the resource it was issued for.
+func ExampleExecToken() {
+	ctx := context.Background()
+	db, err := pgfencetest.Open()
+	if err != nil {
+		fmt.Println("no database:", err)
+		return
+	}
+	defer db.Close()
+	write := func(token int64) error {
+		_, err := pgfence.ExecToken(ctx, db.Pool, "invoice:7", token, `SELECT 'the business write'`)
+		return err
+	}
+	fmt.Println("token 42:", write(42))
+	fmt.Println("token 41 is stale:", errors.Is(write(41), pgfence.ErrStaleToken))
+	// Output:
+	// token 42: <nil>
+	// token 41 is stale: true
 }
 
 // Versioned rows: the application's table keeps the token of each row's last
@@ -81,9 +115,9 @@ func ExampleUpdateRow() {
 	// true
 }
 
-// A logger in the context gets one event per fenced write; a rejected write
+// A Fencer with a logger reports one event per fenced write; a rejected write
 // is also recorded in pgfence.fence_rejections, listed by Rejections.
-func ExampleContextWithLogger() {
+func ExampleNew() {
 	db, err := pgfencetest.Open()
 	if err != nil {
 		fmt.Println("no database:", err)
@@ -99,10 +133,11 @@ func ExampleContextWithLogger() {
 			return a
 		},
 	}))
-	ctx := pgfence.ContextWithLogger(context.Background(), logger)
+	fencer := pgfence.New(&pgfence.Config{Logger: logger})
+	ctx := context.Background()
 
-	_, _ = pgfence.Exec(ctx, db.Pool, "invoice:7", 42, `SELECT 'the business write'`) // accepted: debug, not shown
-	_, _ = pgfence.Exec(ctx, db.Pool, "invoice:7", 41, `SELECT 'a late write'`)
+	_, _ = fencer.ExecToken(ctx, db.Pool, "invoice:7", 42, `SELECT 'the business write'`) // accepted: debug, not shown
+	_, _ = fencer.ExecToken(ctx, db.Pool, "invoice:7", 41, `SELECT 'a late write'`)
 
 	rejections, _ := pgfence.Rejections(ctx, db.Pool, "invoice:7", 10)
 	for _, r := range rejections {

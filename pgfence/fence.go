@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/telemetry"
 )
 
 // DB is what the helpers run on: a [*pgxpool.Pool], a [*pgx.Conn] or a
@@ -111,32 +113,46 @@ func validate(resource string, token int64) error {
 	return nil
 }
 
-// Write runs fn in a transaction that first presents token for resource:
-// pgfence.fence() accepts it iff no higher token was accepted for resource
-// (equal tokens pass), records it, and keeps the fence row locked until the
-// transaction ends, so fn's writes commit only together with the acceptance.
+// WriteToken runs fn in a transaction that first presents token for
+// resource: pgfence.fence() accepts it iff no higher token was accepted for
+// resource (equal tokens pass), records it, and keeps the fence row locked
+// until the transaction ends, so fn's writes commit only together with the
+// acceptance.
+//
+// Tokens count per lease key: compare only tokens of one key. A token must
+// come from the lease whose key is resource (or from a key whose tokens alone
+// fence resource); [Fencer.Write] takes the lease itself and cannot pair them
+// wrongly. Use WriteToken when all you have is the token, such as one that
+// came with a request from the lease's holder.
 //
 // A stale token returns a *[StaleTokenError] (errors.Is [ErrStaleToken]) and fn
 // is not called. If fn returns an error the transaction rolls back and that
 // error is returned unchanged (pgfence SQLSTATEs raised inside fn are mapped);
 // if fn panics, the transaction rolls back and the panic goes on. fn must not
 // commit or roll back tx itself (tx.Commit, tx.Rollback, or COMMIT or
-// ROLLBACK sent as SQL): Write then cannot know the outcome and returns an
-// error that wraps both [ErrInvalid] and [ErrOutcomeUnknown].
+// ROLLBACK sent as SQL): WriteToken then cannot know the outcome and returns
+// an error that wraps both [ErrInvalid] and [ErrOutcomeUnknown].
 // A COMMIT whose answer is lost returns an *[OutcomeUnknownError]; pass it to
 // [Resolve].
 //
-// On a [pgx.Tx], Write runs in a savepoint of the caller's transaction: a
-// rejection rolls back only the savepoint, and nothing is durable until the
-// caller commits. Write costs BEGIN, the fence, fn's statements and COMMIT;
-// [Exec] does a single statement in one round trip.
-func Write(ctx context.Context, db DB, resource string, token int64, fn func(ctx context.Context, tx pgx.Tx) error) (_ Receipt, err error) {
+// On a [pgx.Tx], WriteToken runs in a savepoint of the caller's transaction:
+// a rejection rolls back only the savepoint, and nothing is durable until the
+// caller commits. It costs BEGIN, the fence, fn's statements and COMMIT;
+// [Fencer.ExecToken] does a single statement in one round trip.
+func (f *Fencer) WriteToken(ctx context.Context, db DB, resource string, token int64, fn func(ctx context.Context, tx pgx.Tx) error) (r Receipt, err error) {
 	if err := checkDB(db); err != nil {
 		return Receipt{}, err
 	}
 	w := &write{op: opWrite, resource: resource, token: token}
-	ctx, done := startWrite(ctx, db, w, fenceAttrs(resource, token)...)
-	defer func() { done(err) }()
+	err = f.observed(ctx, db, w, func(ctx context.Context) error {
+		r, err = writeFenced(ctx, db, w, fn)
+		return err
+	})
+	return r, err
+}
+
+func writeFenced(ctx context.Context, db DB, w *write, fn func(ctx context.Context, tx pgx.Tx) error) (_ Receipt, err error) {
+	resource, token := w.resource, w.token
 	if err := validate(resource, token); err != nil {
 		return Receipt{}, err
 	}
@@ -177,6 +193,20 @@ func Write(ctx context.Context, db DB, resource string, token int64, fn func(ctx
 	return Receipt{Resource: resource, Token: token, Op: op}, nil
 }
 
+// fenceTx presents token for resource in tx. When ctx carries a trace id, it
+// is set for the transaction in the same pipeline (pgfence.fences stores it
+// with the accepted token), so tracing adds no round trip.
+func fenceTx(ctx context.Context, tx pgx.Tx, resource string, token int64, op OpID) error {
+	b := &pgx.Batch{}
+	if !telemetry.QueueTraceID(ctx, b) {
+		_, err := tx.Exec(ctx, sqlFence, resource, token, op)
+		return err
+	}
+	b.Queue(sqlFence, resource, token, op)
+	_, err := execBatch(ctx, tx, b)
+	return err
+}
+
 // unknown wraps an ErrOutcomeUnknown error into an *OutcomeUnknownError.
 func unknown(err error, resource string, token int64, op OpID) error {
 	if errors.Is(err, ErrOutcomeUnknown) {
@@ -185,21 +215,29 @@ func unknown(err error, resource string, token int64, op OpID) error {
 	return err
 }
 
-// Exec presents token for resource and runs one statement (sql with args) in
-// a single round trip: both are sent as one pipeline that the server runs as
-// one implicit transaction, so the statement commits only if the token is
-// accepted. It returns the statement's command tag.
+// ExecToken presents token for resource and runs one statement (sql with
+// args) in a single round trip: both are sent as one pipeline that the server
+// runs as one implicit transaction, so the statement commits only if the
+// token is accepted. It returns the statement's command tag.
 //
 // On a [pgx.Tx] both statements join the caller's transaction and a rejection
-// aborts it, as any failing statement does; use [Write] to confine a rejection
-// to a savepoint. Errors are as for [Write].
-func Exec(ctx context.Context, db DB, resource string, token int64, sql string, args ...any) (_ pgconn.CommandTag, err error) {
+// aborts it, as any failing statement does; use [Fencer.WriteToken] to
+// confine a rejection to a savepoint. Tokens and errors are as for
+// [Fencer.WriteToken].
+func (f *Fencer) ExecToken(ctx context.Context, db DB, resource string, token int64, sql string, args ...any) (tag pgconn.CommandTag, err error) {
 	if err := checkDB(db); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	w := &write{op: opExec, resource: resource, token: token}
-	ctx, done := startWrite(ctx, db, w, fenceAttrs(resource, token)...)
-	defer func() { done(err) }()
+	err = f.observed(ctx, db, w, func(ctx context.Context) error {
+		tag, err = execFenced(ctx, db, w, sql, args)
+		return err
+	})
+	return tag, err
+}
+
+func execFenced(ctx context.Context, db DB, w *write, sql string, args []any) (pgconn.CommandTag, error) {
+	resource, token := w.resource, w.token
 	if err := validate(resource, token); err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -211,7 +249,8 @@ func Exec(ctx context.Context, db DB, resource string, token int64, sql string, 
 	}
 	defer release()
 	b := &pgx.Batch{}
-	queueFence(ctx, b, resource, token, op)
+	telemetry.QueueTraceID(ctx, b)
+	b.Queue(sqlFence, resource, token, op)
 	b.Queue(sql, args...)
 	tag, err := execBatch(ctx, conn, b)
 	if err != nil {

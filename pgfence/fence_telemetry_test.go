@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
-	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
@@ -20,25 +19,42 @@ import (
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
-// useGlobalProviders points the global OpenTelemetry providers at fresh SDK
-// providers for the test. Tests that call it must not be parallel: the
-// package's parallel tests only resume after every sequential test ended.
-func useGlobalProviders(t *testing.T) *telemetrytest.Providers {
+// observedFencer returns fresh SDK providers and a Fencer that reports to
+// them.
+func observedFencer(t testing.TB) (*telemetrytest.Providers, *pgfence.Fencer) {
+	p := telemetrytest.New(t)
+	return p, pgfence.New(&pgfence.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer})
+}
+
+// TestDefaultFencerUsesGlobalProviders: the package-level functions report to
+// the global OpenTelemetry providers the application sets, even when they
+// were first called before. It is the only test that sets the global
+// providers (they delegate to the first ones set, once).
+func TestDefaultFencerUsesGlobalProviders(t *testing.T) {
+	pool := pgfencetest.NewPool(t)
+	ctx := testContext(t)
+	if _, err := pgfence.ExecToken(ctx, pool, "global/a", 1, `SELECT 1`); err != nil {
+		t.Fatal(err)
+	}
 	p := telemetrytest.New(t)
 	otel.SetMeterProvider(p.Meter)
 	otel.SetTracerProvider(p.Tracer)
-	t.Cleanup(func() {
-		otel.SetMeterProvider(metricnoop.NewMeterProvider())
-		otel.SetTracerProvider(tracenoop.NewTracerProvider())
-	})
-	return p
+	if _, err := pgfence.ExecToken(ctx, pool, "global/a", 2, `SELECT 1`); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.Metrics(t).Sum("pgfence.fence.writes", attribute.String("pgfence.operation", "exec"), attribute.String("pgfence.outcome", "accepted")); n != 1 {
+		t.Errorf("writes{exec,accepted} on the global provider = %d, want 1", n)
+	}
+	if spans := p.Ended("pgfence.fence.exec"); len(spans) != 1 {
+		t.Errorf("%d exec spans on the global provider, want 1", len(spans))
+	}
 }
 
 // TestTelemetry checks the metrics and spans of every kind of write, and that
 // one query joins the lease grant to the fenced write it protected through
 // the trace id stored beside both.
 func TestTelemetry(t *testing.T) {
-	p := useGlobalProviders(t)
+	p, f := observedFencer(t)
 	pool := pgfencetest.NewPool(t)
 	setupKV(t, pool)
 	ctx, root := p.Tracer.Tracer("test").Start(testContext(t), "request")
@@ -54,31 +70,31 @@ func TestTelemetry(t *testing.T) {
 		t.Fatal(err)
 	}
 	update := `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`
-	if _, err := pgfence.Exec(ctx, pool, "kv:a", l.Token(), update, "one", l.Token()); err != nil {
+	if _, err := f.ExecToken(ctx, pool, "kv:a", l.Token(), update, "one", l.Token()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pgfence.Exec(ctx, pool, "kv:a", l.Token()-1, update, "stale", l.Token()-1); !errors.Is(err, pgfence.ErrStaleToken) {
+	if _, err := f.ExecToken(ctx, pool, "kv:a", l.Token()-1, update, "stale", l.Token()-1); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("stale Exec: %v", err)
 	}
-	if _, err := pgfence.Write(ctx, pool, "kv:a", l.Token()-1, func(ctx context.Context, tx pgx.Tx) error {
+	if _, err := f.WriteToken(ctx, pool, "kv:a", l.Token()-1, func(ctx context.Context, tx pgx.Tx) error {
 		t.Error("fn ran for a stale token")
 		return nil
 	}); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("stale Write: %v", err)
 	}
-	lease := pgfence.Lease{Key: l.Key(), Holder: l.Holder(), Token: l.Token()}
-	if _, err := pgfence.ExecLeased(ctx, pool, lease, update, "leased", l.Token()); err != nil {
+	lease := l
+	if _, err := f.ExecLeased(ctx, pool, lease, update, "leased", l.Token()); err != nil {
 		t.Fatal(err)
 	}
 	table := pgfence.Table{Name: pgx.Identifier{"kv"}, Key: "k", Fence: "token"}
-	if err := pgfence.UpdateRow(ctx, pool, table, "a", l.Token(), map[string]any{"v": "row"}); err != nil {
+	if err := f.UpdateRow(ctx, pool, table, "a", l.Token(), map[string]any{"v": "row"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := pgfence.UpdateRow(ctx, pool, table, "a", l.Token()-1, map[string]any{"v": "stale row"}); !errors.Is(err, pgfence.ErrStaleToken) {
+	if err := f.UpdateRow(ctx, pool, table, "a", l.Token()-1, map[string]any{"v": "stale row"}); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("stale UpdateRow: %v", err)
 	}
 	mustExec(t, pool, expireSQL, "kv:a")
-	if err := pgfence.WriteLeased(ctx, pool, lease, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrLeaseNotHeld) {
+	if err := f.WriteLeased(ctx, pool, lease, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrLeaseNotHeld) {
 		t.Fatalf("WriteLeased on an expired lease: %v", err)
 	}
 	root.End()
@@ -149,7 +165,7 @@ func TestTelemetry(t *testing.T) {
 	}
 
 	// A write outside the request is its own trace (its span is a root).
-	if _, err := pgfence.Exec(context.Background(), pool, "kv:a", l.Token()+1, update, "own trace", l.Token()+1); err != nil {
+	if _, err := f.ExecToken(context.Background(), pool, "kv:a", l.Token()+1, update, "own trace", l.Token()+1); err != nil {
 		t.Fatal(err)
 	}
 	execs := p.Ended("pgfence.fence.exec")
@@ -160,8 +176,8 @@ func TestTelemetry(t *testing.T) {
 	}
 
 	// Without tracing, a later write clears the trace id: it names the last write.
-	otel.SetTracerProvider(tracenoop.NewTracerProvider())
-	if _, err := pgfence.Exec(context.Background(), pool, "kv:a", l.Token()+2, update, "untraced", l.Token()+2); err != nil {
+	untraced := pgfence.New(&pgfence.Config{MeterProvider: p.Meter, TracerProvider: tracenoop.NewTracerProvider()})
+	if _, err := untraced.ExecToken(context.Background(), pool, "kv:a", l.Token()+2, update, "untraced", l.Token()+2); err != nil {
 		t.Fatal(err)
 	}
 	if err := pool.QueryRow(ctx, `SELECT trace_id FROM pgfence.fences WHERE resource = 'kv:a'`).Scan(&id); err != nil || id != nil {
@@ -175,13 +191,13 @@ func TestTelemetry(t *testing.T) {
 // TestTelemetryUnknownOutcome: a fenced write whose COMMIT reply is lost is
 // counted as unknown.
 func TestTelemetryUnknownOutcome(t *testing.T) {
-	p := useGlobalProviders(t)
+	p, f := observedFencer(t)
 	db := pgfencetest.NewDatabase(t)
 	setupKV(t, db.Pool)
 	ctx := testContext(t)
 	conn, proxy := proxied(t, db)
 	trig := proxy.CutAfter(faultproxy.IsCommit)
-	_, err := pgfence.Write(ctx, conn, "kv:a", 1, func(ctx context.Context, tx pgx.Tx) error {
+	_, err := f.WriteToken(ctx, conn, "kv:a", 1, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE kv SET v = 'x', token = 1 WHERE k = 'a'`)
 		return err
 	})
@@ -205,8 +221,8 @@ func TestTelemetryUnknownOutcome(t *testing.T) {
 	}
 }
 
-// BenchmarkTelemetryExec measures a fenced single-row UPDATE with the global
-// providers unset, and with SDK providers and a span in the context (the
+// BenchmarkTelemetryExec measures a fenced single-row UPDATE with the default
+// (no-op) providers, and with SDK providers and a span in the context (the
 // trace id is set in the same pipeline and the fences trigger runs).
 func BenchmarkTelemetryExec(b *testing.B) {
 	pool := pgfencetest.NewPool(b)
@@ -215,19 +231,17 @@ func BenchmarkTelemetryExec(b *testing.B) {
 	for _, mode := range []string{"off", "traced"} {
 		b.Run(mode, func(b *testing.B) {
 			ctx := context.Background()
+			f := pgfence.New(nil)
 			if mode == "traced" {
-				p := telemetrytest.New(b)
-				otel.SetMeterProvider(p.Meter)
-				otel.SetTracerProvider(p.Tracer)
-				defer otel.SetMeterProvider(metricnoop.NewMeterProvider())
-				defer otel.SetTracerProvider(tracenoop.NewTracerProvider())
+				var p *telemetrytest.Providers
+				p, f = observedFencer(b)
 				var span trace.Span
 				ctx, span = p.Tracer.Tracer("bench").Start(ctx, "bench")
 				defer span.End()
 			}
 			for b.Loop() {
 				token++
-				if _, err := pgfence.Exec(ctx, pool, "kv:a", token, `UPDATE kv SET v = 'x', token = $1 WHERE k = 'a'`, token); err != nil {
+				if _, err := f.ExecToken(ctx, pool, "kv:a", token, `UPDATE kv SET v = 'x', token = $1 WHERE k = 'a'`, token); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -239,17 +253,17 @@ func BenchmarkTelemetryExec(b *testing.B) {
 // write alone; it ends before the best-effort audit insert, which here waits
 // its whole timeout (a second) for a table another session has locked.
 func TestTelemetryRejectionSpanExcludesRecord(t *testing.T) {
-	p := useGlobalProviders(t)
+	p, f := observedFencer(t)
 	pool := pgfencetest.NewPool(t)
 	setupKV(t, pool)
 	ctx := testContext(t)
 	update := `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`
-	if _, err := pgfence.Exec(ctx, pool, "kv:a", 5, update, "five", 5); err != nil {
+	if _, err := f.ExecToken(ctx, pool, "kv:a", 5, update, "five", 5); err != nil {
 		t.Fatal(err)
 	}
 	blockRejectionRecords(t, ctx, pool)
 
-	if _, err := pgfence.Exec(ctx, pool, "kv:a", 4, update, "four", 4); !errors.Is(err, pgfence.ErrStaleToken) {
+	if _, err := f.ExecToken(ctx, pool, "kv:a", 4, update, "four", 4); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("stale Exec: %v", err)
 	}
 	returned := time.Now()
@@ -267,11 +281,11 @@ func TestTelemetryRejectionSpanExcludesRecord(t *testing.T) {
 // A write whose fn panicked is recorded as a failed write, not an accepted
 // one, while the panic goes on to the caller.
 func TestTelemetryPanicInFn(t *testing.T) {
-	p := useGlobalProviders(t)
+	p, f := observedFencer(t)
 	pool := pgfencetest.NewPool(t)
 	ctx := testContext(t)
 	mustPanic(t, func() {
-		_, _ = pgfence.Write(ctx, pool, "panic/t", 1, func(context.Context, pgx.Tx) error { panic("boom") })
+		_, _ = f.WriteToken(ctx, pool, "panic/t", 1, func(context.Context, pgx.Tx) error { panic("boom") })
 	})
 	m := p.Metrics(t)
 	if n := m.Sum("pgfence.fence.writes", attribute.String("pgfence.operation", "write"), attribute.String("pgfence.outcome", "accepted")); n != 0 {

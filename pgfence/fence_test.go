@@ -89,7 +89,7 @@ func TestWrite(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	setupKV(t, pool)
 	write := func(token int64, v string) (pgfence.Receipt, error) {
-		return pgfence.Write(ctx, pool, "kv:a", token, func(ctx context.Context, tx pgx.Tx) error {
+		return pgfence.WriteToken(ctx, pool, "kv:a", token, func(ctx context.Context, tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`, v, token)
 			return err
 		})
@@ -99,7 +99,7 @@ func TestWrite(t *testing.T) {
 		t.Fatalf("write 10: %+v, %v", rc, err)
 	}
 	called := false
-	_, err = pgfence.Write(ctx, pool, "kv:a", 9, func(ctx context.Context, tx pgx.Tx) error { called = true; return nil })
+	_, err = pgfence.WriteToken(ctx, pool, "kv:a", 9, func(ctx context.Context, tx pgx.Tx) error { called = true; return nil })
 	var st *pgfence.StaleTokenError
 	if !errors.As(err, &st) || !errors.Is(err, pgfence.ErrStaleToken) || st.Presented != 9 || st.Accepted != 10 || st.Resource != "kv:a" {
 		t.Fatalf("write 9: want stale (9 < 10), got %v", err)
@@ -112,7 +112,7 @@ func TestWrite(t *testing.T) {
 	}
 	// fn's error rolls the acceptance back.
 	boom := errors.New("boom")
-	if _, err := pgfence.Write(ctx, pool, "kv:a", 50, func(context.Context, pgx.Tx) error { return boom }); !errors.Is(err, boom) {
+	if _, err := pgfence.WriteToken(ctx, pool, "kv:a", 50, func(context.Context, pgx.Tx) error { return boom }); !errors.Is(err, boom) {
 		t.Fatalf("fn error: got %v", err)
 	}
 	if st, err := pgfence.Accepted(ctx, pool, "kv:a"); err != nil || st.Token != 10 || st.Writes != 2 || st.Op != rc.Op && st.Writes != 2 {
@@ -122,10 +122,10 @@ func TestWrite(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT v FROM kv WHERE k = 'a'`).Scan(&v); err != nil || v != "ten again" {
 		t.Fatalf("row: %q, %v", v, err)
 	}
-	if _, err := pgfence.Write(ctx, pool, "", 1, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrInvalid) {
+	if _, err := pgfence.WriteToken(ctx, pool, "", 1, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Fatalf("empty resource: %v", err)
 	}
-	if _, err := pgfence.Write(ctx, pool, "r", 0, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrInvalid) {
+	if _, err := pgfence.WriteToken(ctx, pool, "r", 0, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Fatalf("zero token: %v", err)
 	}
 }
@@ -142,11 +142,11 @@ func TestWriteInCallerTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	_, err = pgfence.Write(ctx, tx, "kv:a", 19, func(ctx context.Context, tx pgx.Tx) error { return nil })
+	_, err = pgfence.WriteToken(ctx, tx, "kv:a", 19, func(ctx context.Context, tx pgx.Tx) error { return nil })
 	if !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("want stale, got %v", err)
 	}
-	if _, err := pgfence.Write(ctx, tx, "kv:a", 21, func(ctx context.Context, tx pgx.Tx) error {
+	if _, err := pgfence.WriteToken(ctx, tx, "kv:a", 21, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE kv SET v = 'in tx', token = 21 WHERE k = 'a'`)
 		return err
 	}); err != nil {
@@ -167,17 +167,17 @@ func TestExec(t *testing.T) {
 	ctx := testContext(t)
 	pool := pgfencetest.NewPool(t)
 	setupKV(t, pool)
-	tag, err := pgfence.Exec(ctx, pool, "kv:a", 7, `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`, "seven", int64(7))
+	tag, err := pgfence.ExecToken(ctx, pool, "kv:a", 7, `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`, "seven", int64(7))
 	if err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("exec 7: %v, %v", tag, err)
 	}
-	_, err = pgfence.Exec(ctx, pool, "kv:a", 6, `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`, "six", int64(6))
+	_, err = pgfence.ExecToken(ctx, pool, "kv:a", 6, `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`, "six", int64(6))
 	var st *pgfence.StaleTokenError
 	if !errors.As(err, &st) || st.Accepted != 7 || st.Presented != 6 {
 		t.Fatalf("exec 6: want stale, got %v", err)
 	}
 	// A failing statement rolls back the acceptance (one implicit transaction).
-	_, err = pgfence.Exec(ctx, pool, "kv:a", 8, `UPDATE kv SET v = NULL WHERE k = 'a'`)
+	_, err = pgfence.ExecToken(ctx, pool, "kv:a", 8, `UPDATE kv SET v = NULL WHERE k = 'a'`)
 	if sqlstate(err) != "23502" {
 		t.Fatalf("not-null violation: got %v", err)
 	}
@@ -194,7 +194,7 @@ func TestExec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pgfence.Exec(ctx, tx, "kv:a", 8, `UPDATE kv SET v = 'eight', token = 8 WHERE k = 'a'`); err != nil {
+	if _, err := pgfence.ExecToken(ctx, tx, "kv:a", 8, `UPDATE kv SET v = 'eight', token = 8 WHERE k = 'a'`); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -259,7 +259,7 @@ func TestFenceRepeatableRead(t *testing.T) {
 		}
 		mustExec(t, tx, `SELECT count(*) FROM pgfence.fences`) // take the snapshot
 		mustExec(t, pool, `SELECT pgfence.fence($1, 10)`, resource)
-		_, err = pgfence.Exec(ctx, tx, resource, 5, `SELECT 1`)
+		_, err = pgfence.ExecToken(ctx, tx, resource, 5, `SELECT 1`)
 		if !errors.Is(err, pgfence.ErrStaleToken) && !errors.Is(err, pgfence.ErrIsolation) {
 			t.Fatalf("%s: token 5 under REPEATABLE READ after 10 was accepted: %v", resource, err)
 		}

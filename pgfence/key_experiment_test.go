@@ -32,7 +32,7 @@ func TestKeyExperiment(t *testing.T) {
 	pool := db.Pool
 	const res = "doc:1"
 	mustExec(t, pool, `CREATE TABLE doc (resource text PRIMARY KEY, body text NOT NULL, token bigint NOT NULL)`)
-	if _, err := pgfence.Write(ctx, pool, res, 1, func(ctx context.Context, tx pgx.Tx) error {
+	if _, err := pgfence.WriteToken(ctx, pool, res, 1, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO doc VALUES ($1, 'init', 1)`, res)
 		return err
 	}); err != nil {

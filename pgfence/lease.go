@@ -4,36 +4,98 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Lease is a grant of the pgfence.leases row Key to Holder with Token, as the
-// leases package (or any client of the SQL API) returns it:
-//
-//	pgfence.Lease{Key: l.Key(), Holder: l.Holder(), Token: l.Token()}
-type Lease struct {
-	Key string
-	// Holder is the grant's holder id, a UUID in text form.
-	Holder string
-	Token  int64
+// Lease is a grant of a pgfence lease: the key it was granted for, the
+// holder id of the grant (a UUID in text form) and its fencing token.
+// *leases.Lease is one; [LeaseOf] makes one from values read over SQL or
+// received from another process.
+type Lease interface {
+	Key() string
+	Holder() string
+	Token() int64
 }
+
+// LeaseOf returns the [Lease] granted for key to holder with token, for
+// grants made outside the leases package (pgfence.try_acquire from SQL, or a
+// lease whose values another process sent along). Fenced writes read only
+// key and token, so holder may be empty for them; lease-checked writes need
+// it.
+func LeaseOf(key, holder string, token int64) Lease {
+	return grant{key: key, holder: holder, token: token}
+}
+
+type grant struct {
+	key, holder string
+	token       int64
+}
+
+func (g grant) Key() string    { return g.key }
+func (g grant) Holder() string { return g.holder }
+func (g grant) Token() int64   { return g.token }
 
 const sqlCheckLease = `SELECT pgfence.check_lease($1, $2, $3)`
 
-func (l Lease) validate() error {
-	if err := validateName("lease key", l.Key); err != nil {
+// leaseWrite identifies the write op checked against lease, refusing a nil
+// lease (or a nil *leases.Lease in it) with ErrInvalid.
+func leaseWrite(op string, lease Lease) (*write, error) {
+	if lease == nil {
+		return nil, fmt.Errorf("%w: lease is nil", ErrInvalid)
+	}
+	if v := reflect.ValueOf(lease); v.Kind() == reflect.Pointer && v.IsNil() {
+		return nil, fmt.Errorf("%w: lease is a nil %T", ErrInvalid, lease)
+	}
+	w := &write{op: op, resource: lease.Key(), token: lease.Token()}
+	if op == opWriteLeased || op == opExecLeased {
+		w.holder = lease.Holder()
+	}
+	return w, nil
+}
+
+// validateLease checks the lease of a lease-checked write.
+func (w *write) validateLease() error {
+	if err := validateName("lease key", w.resource); err != nil {
 		return err
 	}
-	if l.Token <= 0 {
-		return fmt.Errorf("%w: lease token must be positive, got %d", ErrInvalid, l.Token)
+	if w.token <= 0 {
+		return fmt.Errorf("%w: lease token must be positive, got %d", ErrInvalid, w.token)
 	}
-	if !isUUID(l.Holder) {
-		return fmt.Errorf("%w: lease holder %q is not a UUID", ErrInvalid, l.Holder)
+	if !isUUID(w.holder) {
+		return fmt.Errorf("%w: lease holder %q is not a UUID", ErrInvalid, w.holder)
 	}
 	return nil
+}
+
+// Write is [Fencer.WriteToken] for the resource named by the lease's key,
+// with the lease's token: the fenced write of the lease's holder, where the
+// token cannot be paired with another resource. To fence a resource named
+// otherwise, take the lease on that name.
+//
+// A fenced write accepts the token until a newer token of the key has been
+// accepted for the resource: a holder whose lease expired can still write
+// until the next holder has written (the fencing-token contract). To refuse
+// a holder the moment its lease is lost, use [Fencer.WriteLeased].
+func (f *Fencer) Write(ctx context.Context, db DB, lease Lease, fn func(ctx context.Context, tx pgx.Tx) error) (Receipt, error) {
+	w, err := leaseWrite(opWrite, lease)
+	if err != nil {
+		return Receipt{}, err
+	}
+	return f.WriteToken(ctx, db, w.resource, w.token, fn)
+}
+
+// Exec is [Fencer.ExecToken] for the resource named by the lease's key, with
+// the lease's token, as [Fencer.Write] is for [Fencer.WriteToken].
+func (f *Fencer) Exec(ctx context.Context, db DB, lease Lease, sql string, args ...any) (pgconn.CommandTag, error) {
+	w, err := leaseWrite(opExec, lease)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return f.ExecToken(ctx, db, w.resource, w.token, sql, args...)
 }
 
 // isUUID reports whether s is a UUID in a form PostgreSQL's uuid input
@@ -63,26 +125,34 @@ func isUUID(s string) bool {
 }
 
 // WriteLeased runs fn in a transaction that first checks, with
-// pgfence.check_lease(), that lease is still live and held by lease.Holder
-// with lease.Token, by the database clock. The check takes FOR SHARE on the
-// lease row, so a takeover waits until this transaction ends: fn's writes
-// commit only while the lease is held. A lost lease returns a
-// *[LeaseNotHeldError] (errors.Is [ErrLeaseNotHeld]) and fn is not called.
+// pgfence.check_lease(), that lease is still live and held by its holder with
+// its token, by the database clock. The check takes FOR SHARE on the lease
+// row, so a takeover waits until this transaction ends: fn's writes commit
+// only while the lease is held. A lost lease returns a *[LeaseNotHeldError]
+// (errors.Is [ErrLeaseNotHeld]) and fn is not called.
 //
 // The lease can still expire between the check and COMMIT, but nobody can take
 // it over in between; hold a margin (the leases package's trust window) before
-// starting long work. Other errors are as for [Write], except a COMMIT whose
-// answer is lost: a lease-checked write records no operation id, so it
-// returns an error wrapping [ErrOutcomeUnknown], not an
+// starting long work. Other errors are as for [Fencer.WriteToken], except a
+// COMMIT whose answer is lost: a lease-checked write records no operation id,
+// so it returns an error wrapping [ErrOutcomeUnknown], not an
 // *[OutcomeUnknownError] for [Resolve]; re-read the business rows fn wrote
 // to learn whether it committed.
-func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
+func (f *Fencer) WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	if err := checkDB(db); err != nil {
 		return err
 	}
-	ctx, done := startWrite(ctx, db, &write{op: opWriteLeased, resource: lease.Key, token: lease.Token, holder: lease.Holder}, leaseAttrs(lease)...)
-	defer func() { done(err) }()
-	if err := lease.validate(); err != nil {
+	w, err := leaseWrite(opWriteLeased, lease)
+	if err != nil {
+		return err
+	}
+	return f.observed(ctx, db, w, func(ctx context.Context) error {
+		return writeLeased(ctx, db, w, fn)
+	})
+}
+
+func writeLeased(ctx context.Context, db DB, w *write, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
+	if err := w.validateLease(); err != nil {
 		return err
 	}
 	if fn == nil {
@@ -95,7 +165,7 @@ func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Co
 	defer release()
 	returned := false
 	defer endOnPanic(ctx, tx, &returned, &err)
-	if _, err := tx.Exec(ctx, sqlCheckLease, lease.Key, lease.Holder, lease.Token); err != nil {
+	if _, err := tx.Exec(ctx, sqlCheckLease, w.resource, w.holder, w.token); err != nil {
 		return rollback(ctx, tx, mapError(err, false))
 	}
 	ferr := fn(ctx, tx)
@@ -115,16 +185,26 @@ func WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ctx context.Co
 	return nil
 }
 
-// ExecLeased checks lease as [WriteLeased] does and runs one statement, in a
-// single round trip and one implicit transaction. Errors are as for
-// [WriteLeased].
-func ExecLeased(ctx context.Context, db DB, lease Lease, sql string, args ...any) (_ pgconn.CommandTag, err error) {
+// ExecLeased checks lease as [Fencer.WriteLeased] does and runs one
+// statement, in a single round trip and one implicit transaction. Errors are
+// as for [Fencer.WriteLeased].
+func (f *Fencer) ExecLeased(ctx context.Context, db DB, lease Lease, sql string, args ...any) (tag pgconn.CommandTag, err error) {
 	if err := checkDB(db); err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	ctx, done := startWrite(ctx, db, &write{op: opExecLeased, resource: lease.Key, token: lease.Token, holder: lease.Holder}, leaseAttrs(lease)...)
-	defer func() { done(err) }()
-	if err := lease.validate(); err != nil {
+	w, err := leaseWrite(opExecLeased, lease)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	err = f.observed(ctx, db, w, func(ctx context.Context) error {
+		tag, err = execLeased(ctx, db, w, sql, args)
+		return err
+	})
+	return tag, err
+}
+
+func execLeased(ctx context.Context, db DB, w *write, sql string, args []any) (pgconn.CommandTag, error) {
+	if err := w.validateLease(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	conn, release, err := acquire(ctx, db)
@@ -133,7 +213,7 @@ func ExecLeased(ctx context.Context, db DB, lease Lease, sql string, args ...any
 	}
 	defer release()
 	b := &pgx.Batch{}
-	b.Queue(sqlCheckLease, lease.Key, lease.Holder, lease.Token)
+	b.Queue(sqlCheckLease, w.resource, w.holder, w.token)
 	b.Queue(sql, args...)
 	tag, err := execBatch(ctx, conn, b)
 	if err != nil {

@@ -13,9 +13,9 @@ import (
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
-func grant(t testing.TB, db execerQuerier, key string) pgfence.Lease {
+func grant(t testing.TB, db execerQuerier, key string) leaseRow {
 	t.Helper()
-	l := pgfence.Lease{Key: key, Holder: newHolder()}
+	l := leaseRow{Key: key, Holder: newHolder()}
 	if err := db.QueryRow(context.Background(), grantSQL, key, l.Holder, "30 seconds").Scan(&l.Token); err != nil {
 		t.Fatalf("grant %s: %v", key, err)
 	}
@@ -40,15 +40,15 @@ func TestLeaseChecked(t *testing.T) {
 		return e.Reason
 	}
 
-	missing := pgfence.Lease{Key: "job", Holder: newHolder(), Token: 1}
-	if _, err := pgfence.ExecLeased(ctx, pool, missing, update, "x"); reason(err) != "missing" {
+	missing := leaseRow{Key: "job", Holder: newHolder(), Token: 1}
+	if _, err := pgfence.ExecLeased(ctx, pool, missing.lease(), update, "x"); reason(err) != "missing" {
 		t.Fatal(err)
 	}
 	l := grant(t, pool, "job")
-	if tag, err := pgfence.ExecLeased(ctx, pool, l, update, "held"); err != nil || tag.RowsAffected() != 1 {
+	if tag, err := pgfence.ExecLeased(ctx, pool, l.lease(), update, "held"); err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("held lease: %v %v", tag, err)
 	}
-	if err := pgfence.WriteLeased(ctx, pool, l, func(ctx context.Context, tx pgx.Tx) error {
+	if err := pgfence.WriteLeased(ctx, pool, l.lease(), func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, update, "held tx")
 		return err
 	}); err != nil {
@@ -56,44 +56,44 @@ func TestLeaseChecked(t *testing.T) {
 	}
 	wrongHolder := l
 	wrongHolder.Holder = newHolder()
-	if _, err := pgfence.ExecLeased(ctx, pool, wrongHolder, update, "x"); reason(err) != "taken_over" {
+	if _, err := pgfence.ExecLeased(ctx, pool, wrongHolder.lease(), update, "x"); reason(err) != "taken_over" {
 		t.Fatal(err)
 	}
 	wrongToken := l
 	wrongToken.Token++
-	if _, err := pgfence.ExecLeased(ctx, pool, wrongToken, update, "x"); reason(err) != "taken_over" {
+	if _, err := pgfence.ExecLeased(ctx, pool, wrongToken.lease(), update, "x"); reason(err) != "taken_over" {
 		t.Fatal(err)
 	}
 	mustExec(t, pool, expireSQL, "job")
-	if _, err := pgfence.ExecLeased(ctx, pool, l, update, "x"); reason(err) != "expired" {
+	if _, err := pgfence.ExecLeased(ctx, pool, l.lease(), update, "x"); reason(err) != "expired" {
 		t.Fatal(err)
 	}
 	l2 := grant(t, pool, "job")
-	_, err := pgfence.ExecLeased(ctx, pool, l, update, "x")
+	_, err := pgfence.ExecLeased(ctx, pool, l.lease(), update, "x")
 	var e *pgfence.LeaseNotHeldError
 	if reason(err) != "taken_over" || !errors.As(err, &e) || e.Current != l2.Token || e.Key != "job" {
 		t.Fatalf("after takeover: %v", err)
 	}
 	mustExec(t, pool, `UPDATE pgfence.leases SET released_at = clock_timestamp() WHERE key = 'job'`)
-	if err := pgfence.WriteLeased(ctx, pool, l2, func(context.Context, pgx.Tx) error { return nil }); reason(err) != "released" {
+	if err := pgfence.WriteLeased(ctx, pool, l2.lease(), func(context.Context, pgx.Tx) error { return nil }); reason(err) != "released" {
 		t.Fatal(err)
 	}
 	var v string
 	if err := pool.QueryRow(ctx, `SELECT v FROM kv WHERE k = 'a'`).Scan(&v); err != nil || v != "held tx" {
 		t.Fatalf("row %q %v", v, err)
 	}
-	if _, err := pgfence.ExecLeased(ctx, pool, pgfence.Lease{Key: "job", Holder: l2.Holder}, update, "x"); !errors.Is(err, pgfence.ErrInvalid) {
+	if _, err := pgfence.ExecLeased(ctx, pool, leaseRow{Key: "job", Holder: l2.Holder}.lease(), update, "x"); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Fatalf("zero token: %v", err)
 	}
 	for _, h := range []string{"", "not-a-uuid", l2.Holder + "0"} {
-		if _, err := pgfence.ExecLeased(ctx, pool, pgfence.Lease{Key: "job", Holder: h, Token: l2.Token}, update, "x"); !errors.Is(err, pgfence.ErrInvalid) {
+		if _, err := pgfence.ExecLeased(ctx, pool, leaseRow{Key: "job", Holder: h, Token: l2.Token}.lease(), update, "x"); !errors.Is(err, pgfence.ErrInvalid) {
 			t.Errorf("holder %q: want ErrInvalid, got %v", h, err)
 		}
 	}
 	// The forms PostgreSQL accepts are accepted (and compared as UUIDs).
 	l3 := grant(t, pool, "job3")
 	upper := "{" + strings.ToUpper(strings.ReplaceAll(l3.Holder, "-", "")) + "}"
-	if _, err := pgfence.ExecLeased(ctx, pool, pgfence.Lease{Key: "job3", Holder: upper, Token: l3.Token}, update, "held tx"); err != nil {
+	if _, err := pgfence.ExecLeased(ctx, pool, leaseRow{Key: "job3", Holder: upper, Token: l3.Token}.lease(), update, "held tx"); err != nil {
 		t.Fatalf("holder %s: %v", upper, err)
 	}
 }
@@ -111,7 +111,7 @@ func TestLeaseCheckedBlocksTakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := pgfence.ExecLeased(ctx, tx, l, `UPDATE kv SET v = 'old holder' WHERE k = 'a'`); err != nil {
+	if _, err := pgfence.ExecLeased(ctx, tx, l.lease(), `UPDATE kv SET v = 'old holder' WHERE k = 'a'`); err != nil {
 		t.Fatal(err)
 	}
 	// A takeover attempt (here with a grant that would succeed on an expired
@@ -171,7 +171,7 @@ func TestLeaseCheckedUsesClockTimestamp(t *testing.T) {
 		l.Key, t0); err != nil {
 		t.Fatal(err)
 	}
-	_, err = pgfence.ExecLeased(ctx, tx, l, `SELECT 1`)
+	_, err = pgfence.ExecLeased(ctx, tx, l.lease(), `SELECT 1`)
 	var lost *pgfence.LeaseNotHeldError
 	if !errors.As(err, &lost) || lost.Reason != "expired" {
 		t.Fatalf("write in a transaction that began before the lease expired: %v, want *LeaseNotHeldError with reason expired", err)

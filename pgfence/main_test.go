@@ -68,3 +68,11 @@ func sqlstate(err error) string {
 	}
 	return ""
 }
+
+// leaseRow is a grant read over SQL, with fields a test can change.
+type leaseRow struct {
+	Key, Holder string
+	Token       int64
+}
+
+func (l leaseRow) lease() pgfence.Lease { return pgfence.LeaseOf(l.Key, l.Holder, l.Token) }

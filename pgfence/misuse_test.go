@@ -37,18 +37,18 @@ func TestPanicInFnRollsBack(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	boom := func(context.Context, pgx.Tx) error { panic("boom") }
 
-	mustPanic(t, func() { _, _ = pgfence.Write(ctx, pool, "panic/1", 1, boom) })
+	mustPanic(t, func() { _, _ = pgfence.WriteToken(ctx, pool, "panic/1", 1, boom) })
 	if n := pool.Stat().AcquiredConns(); n != 0 {
 		t.Fatalf("%d connections still acquired after fn panicked", n)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := pgfence.Write(wctx, pool, "panic/1", 2, func(context.Context, pgx.Tx) error { return nil }); err != nil {
+	if _, err := pgfence.WriteToken(wctx, pool, "panic/1", 2, func(context.Context, pgx.Tx) error { return nil }); err != nil {
 		t.Fatalf("the next writer of the resource: %v", err)
 	}
 
 	lease := grant(t, pool, "panic/lease")
-	mustPanic(t, func() { _ = pgfence.WriteLeased(ctx, pool, lease, boom) })
+	mustPanic(t, func() { _ = pgfence.WriteLeased(ctx, pool, lease.lease(), boom) })
 	if n := pool.Stat().AcquiredConns(); n != 0 {
 		t.Fatalf("%d connections still acquired after fn panicked", n)
 	}
@@ -69,7 +69,7 @@ func TestPanicInFnRollsBack(t *testing.T) {
 	}
 	defer tx.Rollback(ctx)
 	mustPanic(t, func() {
-		_, _ = pgfence.Write(ctx, tx, "panic/2", 1, func(ctx context.Context, tx pgx.Tx) error {
+		_, _ = pgfence.WriteToken(ctx, tx, "panic/2", 1, func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `CREATE TEMP TABLE rolled_back (x int)`); err != nil {
 				return err
 			}
@@ -95,7 +95,7 @@ func TestFnEndsTransactionItself(t *testing.T) {
 		{func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }, pgfence.NotApplied},
 		{func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }, pgfence.Applied},
 	} {
-		_, err := pgfence.Write(ctx, pool, "ended/1", 5, tc.end)
+		_, err := pgfence.WriteToken(ctx, pool, "ended/1", 5, tc.end)
 		var unknown *pgfence.OutcomeUnknownError
 		if !errors.Is(err, pgfence.ErrInvalid) || !errors.As(err, &unknown) {
 			t.Fatalf("fn ended the transaction: %v, want ErrInvalid and *OutcomeUnknownError", err)
@@ -105,7 +105,7 @@ func TestFnEndsTransactionItself(t *testing.T) {
 		}
 	}
 	lease := grant(t, pool, "ended/lease")
-	err := pgfence.WriteLeased(ctx, pool, lease, func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) })
+	err := pgfence.WriteLeased(ctx, pool, lease.lease(), func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) })
 	if !errors.Is(err, pgfence.ErrInvalid) || !errors.Is(err, pgfence.ErrOutcomeUnknown) {
 		t.Fatalf("WriteLeased, fn committed: %v, want ErrInvalid and ErrOutcomeUnknown", err)
 	}
@@ -116,13 +116,13 @@ func TestFnEndsTransactionItself(t *testing.T) {
 func TestNilDB(t *testing.T) {
 	ctx := testContext(t)
 	noop := func(context.Context, pgx.Tx) error { return nil }
-	lease := pgfence.Lease{Key: "k", Holder: "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", Token: 1}
+	lease := leaseRow{Key: "k", Holder: "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", Token: 1}
 	for _, db := range []pgfence.DB{nil, (*pgxpool.Pool)(nil), (*pgx.Conn)(nil)} {
 		for name, call := range map[string]func() error{
-			"Write":       func() error { _, err := pgfence.Write(ctx, db, "r", 1, noop); return err },
-			"Exec":        func() error { _, err := pgfence.Exec(ctx, db, "r", 1, `SELECT 1`); return err },
-			"WriteLeased": func() error { return pgfence.WriteLeased(ctx, db, lease, noop) },
-			"ExecLeased":  func() error { _, err := pgfence.ExecLeased(ctx, db, lease, `SELECT 1`); return err },
+			"Write":       func() error { _, err := pgfence.WriteToken(ctx, db, "r", 1, noop); return err },
+			"Exec":        func() error { _, err := pgfence.ExecToken(ctx, db, "r", 1, `SELECT 1`); return err },
+			"WriteLeased": func() error { return pgfence.WriteLeased(ctx, db, lease.lease(), noop) },
+			"ExecLeased":  func() error { _, err := pgfence.ExecLeased(ctx, db, lease.lease(), `SELECT 1`); return err },
 			"Accepted":    func() error { _, err := pgfence.Accepted(ctx, db, "r"); return err },
 			"Protected":   func() error { _, err := pgfence.Protected(ctx, db); return err },
 			"UpdateRow": func() error {
@@ -146,16 +146,16 @@ func TestLeaseArgumentsCheckedFirst(t *testing.T) {
 	}
 	defer dead.Close()
 	const holder = "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
-	for _, l := range []pgfence.Lease{
+	for _, l := range []leaseRow{
 		{Key: "a\x00b", Holder: holder, Token: 1},
 		{Key: "\xff", Holder: holder, Token: 1},
 		{Key: "k", Holder: "3b2e1a4c0000400080000000000000-00", Token: 1},
 		{Key: "k", Holder: "{" + holder, Token: 1},
 	} {
-		if err := pgfence.WriteLeased(ctx, dead, l, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrInvalid) {
+		if err := pgfence.WriteLeased(ctx, dead, l.lease(), func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrInvalid) {
 			t.Errorf("WriteLeased with %#v: %v, want ErrInvalid", l, err)
 		}
-		if _, err := pgfence.ExecLeased(ctx, dead, l, `SELECT 1`); !errors.Is(err, pgfence.ErrInvalid) {
+		if _, err := pgfence.ExecLeased(ctx, dead, l.lease(), `SELECT 1`); !errors.Is(err, pgfence.ErrInvalid) {
 			t.Errorf("ExecLeased with %#v: %v, want ErrInvalid", l, err)
 		}
 	}
@@ -188,7 +188,7 @@ func TestFnEndsTransactionWithSQL(t *testing.T) {
 			_, err := tx.Exec(ctx, `UPDATE kv SET v = $1 WHERE k = 'a'`, tc.sql)
 			return err
 		}
-		rcpt, err := pgfence.Write(ctx, pool, "ended-sql/1", token, end)
+		rcpt, err := pgfence.WriteToken(ctx, pool, "ended-sql/1", token, end)
 		var unknown *pgfence.OutcomeUnknownError
 		if !errors.Is(err, pgfence.ErrInvalid) || !errors.As(err, &unknown) {
 			t.Fatalf("Write, fn sent %s: receipt %+v, error %v; want ErrInvalid and *OutcomeUnknownError", tc.sql, rcpt, err)
@@ -196,7 +196,7 @@ func TestFnEndsTransactionWithSQL(t *testing.T) {
 		if got, err := pgfence.Resolve(ctx, pool, unknown); err != nil || got != tc.want {
 			t.Errorf("Resolve after fn sent %s: %v, %v; want %v", tc.sql, got, err, tc.want)
 		}
-		err = pgfence.WriteLeased(ctx, pool, lease, end)
+		err = pgfence.WriteLeased(ctx, pool, lease.lease(), end)
 		if !errors.Is(err, pgfence.ErrInvalid) || !errors.Is(err, pgfence.ErrOutcomeUnknown) {
 			t.Fatalf("WriteLeased, fn sent %s: %v, want ErrInvalid and ErrOutcomeUnknown", tc.sql, err)
 		}
@@ -231,10 +231,10 @@ func TestWriteOnConnlessTx(t *testing.T) {
 	}
 	defer tx.Rollback(ctx)
 	noop := func(context.Context, pgx.Tx) error { return nil }
-	if _, err := pgfence.Write(ctx, connlessTx{tx}, "connless/1", 1, noop); err != nil {
+	if _, err := pgfence.WriteToken(ctx, connlessTx{tx}, "connless/1", 1, noop); err != nil {
 		t.Fatalf("Write: %v", err)
 	}
-	if err := pgfence.WriteLeased(ctx, connlessTx{tx}, lease, noop); err != nil {
+	if err := pgfence.WriteLeased(ctx, connlessTx{tx}, lease.lease(), noop); err != nil {
 		t.Fatalf("WriteLeased: %v", err)
 	}
 }
@@ -249,15 +249,15 @@ func TestFnErrorReturnedUnchanged(t *testing.T) {
 	httpErr := &url.Error{Op: "Post", URL: "http://payments.invalid/charge",
 		Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}
 	fail := func(context.Context, pgx.Tx) error { return httpErr }
-	if _, err := pgfence.Write(ctx, pool, "fnerr/1", 1, fail); err != httpErr {
+	if _, err := pgfence.WriteToken(ctx, pool, "fnerr/1", 1, fail); err != httpErr {
 		t.Errorf("Write: fn's error came back as %v, want it unchanged", err)
 	}
 	lease := grant(t, pool, "fnerr/lease")
-	if err := pgfence.WriteLeased(ctx, pool, lease, fail); err != httpErr {
+	if err := pgfence.WriteLeased(ctx, pool, lease.lease(), fail); err != httpErr {
 		t.Errorf("WriteLeased: fn's error came back as %v, want it unchanged", err)
 	}
 	// fn's statement that raises a pgfence SQLSTATE is mapped.
-	_, err := pgfence.Write(ctx, pool, "fnerr/2", 1, func(ctx context.Context, tx pgx.Tx) error {
+	_, err := pgfence.WriteToken(ctx, pool, "fnerr/2", 1, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `SELECT pgfence.fence('fnerr/3', 5); SELECT pgfence.fence('fnerr/3', 4)`)
 		return err
 	})

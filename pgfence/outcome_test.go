@@ -80,7 +80,7 @@ func TestOutcomeUnknown(t *testing.T) {
 	// Reply lost: the server committed.
 	conn, p := proxied(t, db)
 	trig := p.CutAfter(faultproxy.IsCommit)
-	_, err := pgfence.Write(ctx, conn, "kv:a", 10, set("lost reply", 10))
+	_, err := pgfence.WriteToken(ctx, conn, "kv:a", 10, set("lost reply", 10))
 	<-trig.Done()
 	if !trig.Fired() || !trig.Replied() {
 		t.Fatalf("the proxy did not forward COMMIT and drop its answer (fired %v replied %v)", trig.Fired(), trig.Replied())
@@ -96,7 +96,7 @@ func TestOutcomeUnknown(t *testing.T) {
 	// Request lost: COMMIT never reached the server.
 	conn, p = proxied(t, db)
 	trig = p.CutBefore(faultproxy.IsCommit)
-	_, err = pgfence.Write(ctx, conn, "kv:a", 11, set("lost commit", 11))
+	_, err = pgfence.WriteToken(ctx, conn, "kv:a", 11, set("lost commit", 11))
 	<-trig.Done()
 	if o := resolve(err); o != pgfence.NotApplied {
 		t.Fatalf("lost commit: resolved %v, want not applied", o)
@@ -112,7 +112,7 @@ func TestOutcomeUnknown(t *testing.T) {
 		token := int64(12 + i)
 		conn, p = proxied(t, db)
 		trig = p.CutAfter(faultproxy.SQLContains("UPDATE kv"))
-		_, err = pgfence.Exec(ctx, conn, "kv:a", token, `UPDATE kv SET v = 'exec', token = $1 WHERE k = 'a'`, token)
+		_, err = pgfence.ExecToken(ctx, conn, "kv:a", token, `UPDATE kv SET v = 'exec', token = $1 WHERE k = 'a'`, token)
 		<-trig.Done()
 		o := resolve(err)
 		var rowToken int64
@@ -126,7 +126,7 @@ func TestOutcomeUnknown(t *testing.T) {
 	}
 
 	// The first write is overwritten by a newer token.
-	if _, err := pgfence.Exec(ctx, db.Pool, "kv:a", 20, `UPDATE kv SET v = 'newer', token = 20 WHERE k = 'a'`); err != nil {
+	if _, err := pgfence.ExecToken(ctx, db.Pool, "kv:a", 20, `UPDATE kv SET v = 'newer', token = 20 WHERE k = 'a'`); err != nil {
 		t.Fatal(err)
 	}
 	if o := resolve(unknownApplied); o != pgfence.Superseded {
@@ -197,11 +197,11 @@ func TestExecIsOneRoundTrip(t *testing.T) {
 	defer count.Cancel()
 	for i, op := range []func(int64) error{
 		func(token int64) error {
-			_, err := pgfence.Exec(ctx, conn, "kv:a", token, `UPDATE kv SET token = $1 WHERE k = 'a'`, token)
+			_, err := pgfence.ExecToken(ctx, conn, "kv:a", token, `UPDATE kv SET token = $1 WHERE k = 'a'`, token)
 			return err
 		},
 		func(token int64) error {
-			_, err := pgfence.ExecLeased(ctx, conn, l, `UPDATE kv SET token = $1 WHERE k = 'a'`, token)
+			_, err := pgfence.ExecLeased(ctx, conn, l.lease(), `UPDATE kv SET token = $1 WHERE k = 'a'`, token)
 			return err
 		},
 	} {
@@ -327,17 +327,17 @@ func TestPoolAcquireFailureIsNotUnknown(t *testing.T) {
 	}
 	defer held.Release()
 	kv := pgfence.Table{Name: pgx.Identifier{"kv"}, Key: "k", Fence: "token"}
-	lease := pgfence.Lease{Key: "acquire", Holder: newHolder(), Token: 1}
+	lease := leaseRow{Key: "acquire", Holder: newHolder(), Token: 1}
 	calls := []struct {
 		name string
 		call func(ctx context.Context) error
 	}{
 		{"Exec", func(ctx context.Context) error {
-			_, err := pgfence.Exec(ctx, pool, "kv:a", 1, `UPDATE kv SET v = 'x' WHERE k = 'a'`)
+			_, err := pgfence.ExecToken(ctx, pool, "kv:a", 1, `UPDATE kv SET v = 'x' WHERE k = 'a'`)
 			return err
 		}},
 		{"ExecLeased", func(ctx context.Context) error {
-			_, err := pgfence.ExecLeased(ctx, pool, lease, `UPDATE kv SET v = 'x' WHERE k = 'a'`)
+			_, err := pgfence.ExecLeased(ctx, pool, lease.lease(), `UPDATE kv SET v = 'x' WHERE k = 'a'`)
 			return err
 		}},
 		{"UpdateRow", func(ctx context.Context) error {
@@ -395,7 +395,7 @@ func TestExecPrepareFailureIsNotUnknown(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1, 30000)`, pid).Scan(&gone); err != nil || !gone {
 		t.Fatalf("terminating the session: %v %v", gone, err)
 	}
-	_, err = pgfence.Exec(ctx, conn, "kv:a", 1, `UPDATE kv SET v = 'x' WHERE k = 'a'`)
+	_, err = pgfence.ExecToken(ctx, conn, "kv:a", 1, `UPDATE kv SET v = 'x' WHERE k = 'a'`)
 	if !errors.Is(err, pgfence.ErrUnavailable) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 		t.Fatalf("Exec on a terminated session: %v, want ErrUnavailable, not ErrOutcomeUnknown", err)
 	}

@@ -12,7 +12,7 @@ import (
 )
 
 // Rejection is one rejected fenced or lease-checked write, as stored in
-// pgfence.fence_rejections (migration 00007_fence_rejections.sql).
+// pgfence.fence_rejections.
 type Rejection struct {
 	ID int64
 	// Resource is the fenced resource (for a lease-checked write: the lease
@@ -65,7 +65,7 @@ const (
 // on a rejection) when they ran in their own transaction: on a pool or a
 // connection. Inside a caller's [pgx.Tx] the rejection aborts or rolls back
 // with the caller's work, so it is recorded only in the span, the
-// pgfence.fence.writes metric and the log (see [ContextWithLogger]). The
+// pgfence.fence.writes metric and the log (see [Fencer]). The
 // record is best effort: it commits with synchronous_commit off, a failure
 // to record is logged at debug level and never changes the write's error.
 func Rejections(ctx context.Context, db DB, resource string, limit int) ([]Rejection, error) {
@@ -130,11 +130,11 @@ func rejectionOf(err error, w *write) (Rejection, bool) {
 	return r, r.Resource != "" && r.PresentedToken > 0
 }
 
-// recordRejection stores r in pgfence.fence_rejections, best effort: it is
-// skipped when db is a caller's transaction (aborted, or rolled back with the
-// caller's work) or ctx has ended, bounded by recordTimeout, and a failure is
-// only logged.
-func recordRejection(ctx context.Context, db DB, r Rejection, log logAttrs) {
+// recordRejection stores r, the rejection of the write w, in
+// pgfence.fence_rejections, best effort: it is skipped when db is a caller's
+// transaction (aborted, or rolled back with the caller's work) or ctx has
+// ended, bounded by recordTimeout, and a failure is only logged.
+func (f *Fencer) recordRejection(ctx context.Context, db DB, w *write, r Rejection) {
 	if _, inTx := db.(pgx.Tx); inTx || db == nil || ctx.Err() != nil {
 		return
 	}
@@ -153,7 +153,7 @@ func recordRejection(ctx context.Context, db DB, r Rejection, log logAttrs) {
 	_, err := db.Exec(ctx, sqlRecordRejection, r.Resource, r.PresentedToken, r.AcceptedToken, r.Reason,
 		leaseReason, r.Operation, op, traceID)
 	if err != nil {
-		loggerFrom(ctx).DebugContext(ctx, "pgfence: recording a rejection failed",
-			append(log, "error.type", telemetry.ErrorTypeOf(err))...)
+		f.log.DebugContext(ctx, "pgfence: recording a rejection failed",
+			append(w.logAttrs(ctx), "pgfence.outcome", r.Reason, "error.type", telemetry.ErrorTypeOf(err))...)
 	}
 }

@@ -86,7 +86,8 @@ func TestRejectionAudit(t *testing.T) {
 	setupKV(t, pool)
 	const traceA, traceB = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa1", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb2"
 	logs := &capture{}
-	ctxA := pgfence.ContextWithLogger(telemetrytest.RemoteTrace(t, testContext(t), traceA), slog.New(logs))
+	ctxA := telemetrytest.RemoteTrace(t, testContext(t), traceA)
+	fencerA := pgfence.New(&pgfence.Config{Logger: slog.New(logs)})
 	ctxB := telemetrytest.RemoteTrace(t, testContext(t), traceB)
 
 	c, err := leases.New(pool, &leases.Config{DisableWakeups: true})
@@ -99,7 +100,7 @@ func TestRejectionAudit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pgfence.Exec(ctxA, pool, "kv:a", lA.Token(), update, "A", lA.Token()); err != nil {
+	if _, err := fencerA.ExecToken(ctxA, pool, "kv:a", lA.Token(), update, "A", lA.Token()); err != nil {
 		t.Fatal(err)
 	}
 	mustExec(t, pool, expireSQL, "kv:a")
@@ -107,24 +108,24 @@ func TestRejectionAudit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pgfence.Exec(ctxB, pool, "kv:a", lB.Token(), update, "B", lB.Token()); err != nil {
+	if _, err := pgfence.ExecToken(ctxB, pool, "kv:a", lB.Token(), update, "B", lB.Token()); err != nil {
 		t.Fatal(err)
 	}
 
 	// A's late writes.
 	var stale *pgfence.StaleTokenError
-	if _, err := pgfence.Exec(ctxA, pool, "kv:a", lA.Token(), update, "late A", lA.Token()); !errors.As(err, &stale) || stale.Accepted != lB.Token() {
+	if _, err := fencerA.ExecToken(ctxA, pool, "kv:a", lA.Token(), update, "late A", lA.Token()); !errors.As(err, &stale) || stale.Accepted != lB.Token() {
 		t.Fatalf("late Exec: %v", err)
 	}
-	if _, err := pgfence.Write(ctxA, pool, "kv:a", lA.Token(), func(context.Context, pgx.Tx) error {
+	if _, err := fencerA.WriteToken(ctxA, pool, "kv:a", lA.Token(), func(context.Context, pgx.Tx) error {
 		t.Error("fn ran for a stale token")
 		return nil
 	}); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("late Write: %v", err)
 	}
-	leaseA := pgfence.Lease{Key: lA.Key(), Holder: lA.Holder(), Token: lA.Token()}
+	leaseA := lA
 	var lost *pgfence.LeaseNotHeldError
-	if _, err := pgfence.ExecLeased(ctxA, pool, leaseA, update, "late A", lA.Token()); !errors.As(err, &lost) || lost.Reason != "taken_over" {
+	if _, err := fencerA.ExecLeased(ctxA, pool, leaseA, update, "late A", lA.Token()); !errors.As(err, &lost) || lost.Reason != "taken_over" {
 		t.Fatalf("late ExecLeased: %v", err)
 	}
 	// Inside the caller's transaction: not recorded (it rolls back with the caller).
@@ -132,14 +133,14 @@ func TestRejectionAudit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pgfence.Write(ctxA, tx, "kv:a", lA.Token(), func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrStaleToken) {
+	if _, err := fencerA.WriteToken(ctxA, tx, "kv:a", lA.Token(), func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("late Write in a transaction: %v", err)
 	}
 	if err := tx.Rollback(ctxA); err != nil {
 		t.Fatal(err)
 	}
 	table := pgfence.Table{Name: pgx.Identifier{"kv"}, Key: "k", Fence: "token"}
-	if err := pgfence.UpdateRow(ctxA, pool, table, "a", lA.Token(), map[string]any{"v": "late A"}); !errors.Is(err, pgfence.ErrStaleToken) {
+	if err := fencerA.UpdateRow(ctxA, pool, table, "a", lA.Token(), map[string]any{"v": "late A"}); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("late UpdateRow: %v", err)
 	}
 
@@ -281,13 +282,14 @@ func TestRejectionRecordFailure(t *testing.T) {
 	setupKV(t, pool)
 	mustExec(t, pool, `ALTER TABLE pgfence.fence_rejections ADD CONSTRAINT refuse_all CHECK (false) NOT VALID`)
 	logs := &capture{}
-	ctx := pgfence.ContextWithLogger(testContext(t), slog.New(logs))
+	ctx := testContext(t)
+	fencer := pgfence.New(&pgfence.Config{Logger: slog.New(logs)})
 	update := `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`
-	if _, err := pgfence.Exec(ctx, pool, "kv:a", 5, update, "five", 5); err != nil {
+	if _, err := fencer.ExecToken(ctx, pool, "kv:a", 5, update, "five", 5); err != nil {
 		t.Fatal(err)
 	}
 	var stale *pgfence.StaleTokenError
-	if _, err := pgfence.Exec(ctx, pool, "kv:a", 4, update, "four", 4); !errors.As(err, &stale) || stale.Accepted != 5 || stale.Presented != 4 {
+	if _, err := fencer.ExecToken(ctx, pool, "kv:a", 4, update, "four", 4); !errors.As(err, &stale) || stale.Accepted != 5 || stale.Presented != 4 {
 		t.Fatalf("stale Exec with a failing record: %v", err)
 	}
 	f := logs.find("pgfence: recording a rejection failed")
@@ -298,10 +300,9 @@ func TestRejectionRecordFailure(t *testing.T) {
 		t.Fatalf("rejections: %v %v", rows, err)
 	}
 
-	// A nil logger makes a context quiet again.
+	// The package-level functions (a Fencer without a logger) stay quiet.
 	before := len(logs.find("pgfence: write rejected")) + len(f)
-	quiet := pgfence.ContextWithLogger(ctx, nil)
-	if _, err := pgfence.Exec(quiet, pool, "kv:a", 3, update, "three", 3); !errors.Is(err, pgfence.ErrStaleToken) {
+	if _, err := pgfence.ExecToken(ctx, pool, "kv:a", 3, update, "three", 3); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("stale Exec with a nil logger: %v", err)
 	}
 	if after := len(logs.find("pgfence: write rejected")) + len(logs.find("pgfence: recording a rejection failed")); after != before {
@@ -332,15 +333,16 @@ func TestRejectionRecordBounded(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	setupKV(t, pool)
 	logs := &capture{}
-	ctx := pgfence.ContextWithLogger(testContext(t), slog.New(logs))
+	ctx := testContext(t)
+	fencer := pgfence.New(&pgfence.Config{Logger: slog.New(logs)})
 	update := `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`
-	if _, err := pgfence.Exec(ctx, pool, "kv:a", 5, update, "five", 5); err != nil {
+	if _, err := fencer.ExecToken(ctx, pool, "kv:a", 5, update, "five", 5); err != nil {
 		t.Fatal(err)
 	}
 	blockRejectionRecords(t, ctx, pool)
 
 	var stale *pgfence.StaleTokenError
-	if _, err := pgfence.Exec(ctx, pool, "kv:a", 4, update, "four", 4); !errors.As(err, &stale) || stale.Accepted != 5 || stale.Presented != 4 {
+	if _, err := fencer.ExecToken(ctx, pool, "kv:a", 4, update, "four", 4); !errors.As(err, &stale) || stale.Accepted != 5 || stale.Presented != 4 {
 		t.Fatalf("stale Exec while the record is blocked: %v", err)
 	}
 	if ctx.Err() != nil {
@@ -422,19 +424,19 @@ SELECT 'old', g, 'stale_token', clock_timestamp() - interval '8 days' FROM gener
 func BenchmarkRejectedExec(b *testing.B) {
 	pool := pgfencetest.NewPool(b)
 	ctx := context.Background()
-	if _, err := pgfence.Exec(ctx, pool, "bench", 1<<40, `SELECT 1`); err != nil {
+	if _, err := pgfence.ExecToken(ctx, pool, "bench", 1<<40, `SELECT 1`); err != nil {
 		b.Fatal(err)
 	}
 	b.Run("accepted", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := pgfence.Exec(ctx, pool, "bench", 1<<40, `SELECT 1`); err != nil {
+			if _, err := pgfence.ExecToken(ctx, pool, "bench", 1<<40, `SELECT 1`); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 	b.Run("rejected", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := pgfence.Exec(ctx, pool, "bench", 1, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) {
+			if _, err := pgfence.ExecToken(ctx, pool, "bench", 1, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) {
 				b.Fatal(err)
 			}
 		}

@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel/attribute"
 )
 
 // Table names one of the application's own tables whose rows carry their
@@ -46,12 +45,17 @@ func (t Table) validate() error {
 // lost after the UPDATE was sent on a pool or connection returns an error
 // wrapping [ErrOutcomeUnknown]: the write may have committed, and the row's
 // fence column tells whether it (or a later write) did.
-func UpdateRow(ctx context.Context, db DB, t Table, id any, token int64, set map[string]any) (err error) {
+func (f *Fencer) UpdateRow(ctx context.Context, db DB, t Table, id any, token int64, set map[string]any) error {
 	if err := checkDB(db); err != nil {
 		return err
 	}
-	ctx, done := startWrite(ctx, db, &write{op: opUpdateRow, token: token}, attrToken.Int64(token), attribute.String("db.collection.name", strings.Join(t.Name, ".")))
-	defer func() { done(err) }()
+	w := &write{op: opUpdateRow, token: token, table: strings.Join(t.Name, ".")}
+	return f.observed(ctx, db, w, func(ctx context.Context) error {
+		return updateRow(ctx, db, t, id, token, set)
+	})
+}
+
+func updateRow(ctx context.Context, db DB, t Table, id any, token int64, set map[string]any) error {
 	if err := t.validate(); err != nil {
 		return err
 	}

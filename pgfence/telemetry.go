@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"reflect"
-	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -18,9 +15,7 @@ import (
 )
 
 // InstrumentationName is the name of this package's OpenTelemetry meter and
-// tracer. The package's helpers are functions without a configuration, so
-// they use the global providers (otel.GetMeterProvider,
-// otel.GetTracerProvider), which are no-ops until the application sets them.
+// tracer.
 const InstrumentationName = "github.com/pgfence/pgfence/pgfence"
 
 // Operations (the pgfence.operation attribute and the span name suffix).
@@ -51,6 +46,7 @@ const (
 	attrHolder   = attribute.Key("pgfence.lease.holder")
 	attrLeaseTok = attribute.Key("pgfence.lease.token")
 	attrReason   = attribute.Key("pgfence.lease.reason")
+	attrTable    = attribute.Key("db.collection.name")
 )
 
 // spanNames and outcomeSets are built once: every write would otherwise
@@ -70,41 +66,23 @@ func init() {
 	}
 }
 
-// instruments are the tracer and instruments of one pair of global providers.
+// instruments are a Fencer's tracer and instruments.
 type instruments struct {
-	mp       metric.MeterProvider
-	tp       trace.TracerProvider
 	tracer   trace.Tracer
 	writes   metric.Int64Counter
 	duration metric.Float64Histogram
 }
 
-// current caches the instruments of the global providers they were made
-// from; it is rebuilt when the application sets other providers.
-var current atomic.Pointer[instruments]
-
-func same(a, b any) bool {
-	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
-	return ta == tb && ta != nil && ta.Comparable() && a == b
-}
-
-func tel() *instruments {
-	mp, tp := otel.GetMeterProvider(), otel.GetTracerProvider()
-	if t := current.Load(); t != nil && same(t.mp, mp) && same(t.tp, tp) {
-		return t
-	}
+func newInstruments(mp metric.MeterProvider, tp trace.TracerProvider) *instruments {
 	m := mp.Meter(InstrumentationName)
 	report := func(err error) { otel.Handle(err) }
-	t := &instruments{
-		mp: mp, tp: tp,
+	return &instruments{
 		tracer: tp.Tracer(InstrumentationName),
 		writes: telemetry.Counter(m, "pgfence.fence.writes", "{write}",
 			"Fenced and lease-checked writes by pgfence.operation and outcome: accepted, stale_token, lease_not_held, unfenced, unknown, error.", report),
 		duration: telemetry.Seconds(m, "pgfence.fence.duration",
 			"Duration of fenced and lease-checked writes, by pgfence.operation and outcome.", report),
 	}
-	current.Store(t)
-	return t
 }
 
 // write identifies one fenced or lease-checked write for its span, log
@@ -114,6 +92,7 @@ type write struct {
 	resource string // the fence resource or lease key ("" for UpdateRow: the error names it)
 	token    int64  // the presented token
 	holder   string // the lease holder (lease-checked writes)
+	table    string // the table of an UpdateRow
 	id       OpID   // the write's operation id, once drawn
 }
 
@@ -139,32 +118,46 @@ func (w *write) logAttrs(ctx context.Context) logAttrs {
 	return a
 }
 
-// startWrite starts the span of one fenced or lease-checked write on db; the
-// returned function ends it, records the outcome in the metrics and the log
-// (the context's logger, [ContextWithLogger]) and, for a rejection outside a
-// caller's transaction, in pgfence.fence_rejections. attrs identify the write
-// on the span (resource and token, or lease key, holder and token).
-func startWrite(ctx context.Context, db DB, w *write, attrs ...attribute.KeyValue) (context.Context, func(error)) {
-	t := tel()
+// attrs are the span attributes that identify w: the resource and token, or
+// the lease key, holder and token, or the table and token.
+func (w *write) attrs() []attribute.KeyValue {
+	switch {
+	case w.holder != "":
+		return []attribute.KeyValue{attrLeaseKey.String(w.resource), attrHolder.String(w.holder), attrLeaseTok.Int64(w.token)}
+	case w.table != "":
+		return []attribute.KeyValue{attrToken.Int64(w.token), attrTable.String(w.table)}
+	}
+	return []attribute.KeyValue{attrResource.String(w.resource), attrToken.Int64(w.token)}
+}
+
+// start starts the span of the write w; the returned function ends it,
+// records the outcome in the metrics and in log, and returns the rejection
+// the outcome is, if it is one (its audit record is the caller's step). It
+// only observes: it sends nothing to the database.
+func (t *instruments) start(ctx context.Context, log *slog.Logger, w *write) (context.Context, func(error) (Rejection, bool)) {
 	start := time.Now()
 	op := w.op
 	ctx, span := t.tracer.Start(ctx, spanNames[op], trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(append(attrs, telemetry.DBSystem, telemetry.Operation.String(op))...))
-	return ctx, func(err error) {
+		trace.WithAttributes(append(w.attrs(), telemetry.DBSystem, telemetry.Operation.String(op))...))
+	return ctx, func(err error) (Rejection, bool) {
 		outcome := outcomeAccepted
 		if err != nil {
 			outcome = writeOutcome(err, span)
+		}
+		if w.id != (OpID{}) && span.IsRecording() {
+			span.SetAttributes(attrOp.String(w.id.String()))
 		}
 		set := metric.WithAttributeSet(outcomeSets[[2]string{op, outcome}])
 		mctx := context.WithoutCancel(ctx)
 		t.writes.Add(mctx, 1, set)
 		t.duration.Record(mctx, time.Since(start).Seconds(), set)
 		span.SetAttributes(telemetry.Outcome.String(outcome))
-		// The span is the write: it ends before the rejection is recorded
-		// (the record keeps the trace id, which the context still carries).
 		telemetry.End(span, err)
 
-		log := loggerFrom(ctx)
+		var (
+			r        Rejection
+			rejected bool
+		)
 		switch outcome {
 		case outcomeAccepted:
 			// The common case: no attributes are built for a disabled level.
@@ -173,8 +166,8 @@ func startWrite(ctx context.Context, db DB, w *write, attrs ...attribute.KeyValu
 			}
 		case outcomeStaleToken, outcomeLeaseNotHeld, outcomeUnfenced:
 			la := append(w.logAttrs(ctx), "pgfence.outcome", outcome)
-			r, ok := rejectionOf(err, w)
-			if ok {
+			r, rejected = rejectionOf(err, w)
+			if rejected {
 				la = append(la, "pgfence.fence.accepted_token", r.AcceptedToken)
 				if r.LeaseReason != "" {
 					la = append(la, "pgfence.lease.reason", r.LeaseReason)
@@ -184,9 +177,6 @@ func startWrite(ctx context.Context, db DB, w *write, attrs ...attribute.KeyValu
 				}
 			}
 			log.InfoContext(ctx, "pgfence: write rejected", la...)
-			if ok {
-				recordRejection(ctx, db, r, la)
-			}
 		case outcomeUnknown:
 			log.WarnContext(ctx, "pgfence: write outcome unknown", append(w.logAttrs(ctx), "error.type", telemetry.ErrorTypeOf(err))...)
 		default:
@@ -194,6 +184,7 @@ func startWrite(ctx context.Context, db DB, w *write, attrs ...attribute.KeyValu
 				log.DebugContext(ctx, "pgfence: write failed", append(w.logAttrs(ctx), "error.type", telemetry.ErrorTypeOf(err))...)
 			}
 		}
+		return r, rejected
 	}
 }
 
@@ -222,43 +213,4 @@ func writeOutcome(err error, span trace.Span) string {
 		return outcomeUnknown
 	}
 	return outcomeError
-}
-
-func fenceAttrs(resource string, token int64) []attribute.KeyValue {
-	return []attribute.KeyValue{attrResource.String(resource), attrToken.Int64(token)}
-}
-
-func leaseAttrs(l Lease) []attribute.KeyValue {
-	return []attribute.KeyValue{attrLeaseKey.String(l.Key), attrHolder.String(l.Holder), attrLeaseTok.Int64(l.Token)}
-}
-
-// fenceTx presents token for resource in tx. When ctx carries a trace id, it
-// is set for the transaction in the same pipeline (pgfence.fences stores it
-// with the accepted token), so tracing adds no round trip.
-func fenceTx(ctx context.Context, tx pgx.Tx, resource string, token int64, op OpID) error {
-	setOpAttr(ctx, op)
-	b := &pgx.Batch{}
-	if !telemetry.QueueTraceID(ctx, b) {
-		_, err := tx.Exec(ctx, sqlFence, resource, token, op)
-		return err
-	}
-	b.Queue(sqlFence, resource, token, op)
-	_, err := execBatch(ctx, tx, b)
-	return err
-}
-
-// queueFence queues the fence of an [Exec] on b, preceded by setting the
-// trace id when ctx carries one.
-func queueFence(ctx context.Context, b *pgx.Batch, resource string, token int64, op OpID) {
-	setOpAttr(ctx, op)
-	telemetry.QueueTraceID(ctx, b)
-	b.Queue(sqlFence, resource, token, op)
-}
-
-// setOpAttr puts the write's operation id on its span, formatting it only for
-// a span that records.
-func setOpAttr(ctx context.Context, op OpID) {
-	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		span.SetAttributes(attrOp.String(op.String()))
-	}
 }

@@ -10,10 +10,10 @@ import (
 // default, paid by every fenced write.
 func BenchmarkWriteTelemetry(b *testing.B) {
 	ctx := context.Background()
+	f := New(nil)
 	b.ReportAllocs()
 	for b.Loop() {
 		w := &write{op: opExec, resource: "bench/1", token: 42, id: newOpID()}
-		_, done := startWrite(ctx, nil, w, fenceAttrs(w.resource, w.token)...)
-		done(nil)
+		_ = f.observed(ctx, nil, w, func(context.Context) error { return nil })
 	}
 }

@@ -193,7 +193,7 @@ func benchCases() []*benchCase {
 				}
 				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
 					id := w.Key()
-					_, err := pgfence.Exec(ctx, b.pool, "bench/"+strconv.Itoa(id), token, sqlUpdate, id)
+					_, err := pgfence.ExecToken(ctx, b.pool, "bench/"+strconv.Itoa(id), token, sqlUpdate, id)
 					return 0, err
 				}, func() {}, nil
 			}},
@@ -329,7 +329,7 @@ func prepareLeased(write func(ctx context.Context, b *benchDB, l pgfence.Lease, 
 				}
 				held[w.ID] = l
 			}
-			return 0, write(ctx, b, pgfence.Lease{Key: l.Key(), Holder: l.Holder(), Token: l.Token()}, w.Key())
+			return 0, write(ctx, b, l, w.Key())
 		}, cleanup, nil
 	}
 }

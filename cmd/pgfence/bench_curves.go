@@ -317,7 +317,7 @@ func curveResources(ctx context.Context, e *env, b *benchDB, sizes []int64, n in
 		loaded = size
 		measure("fenced-write-vs-resources", size, n, func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
 			i := w.Rand.Int64N(size)
-			_, err := pgfence.Exec(ctx, b.pool, curvePrefix+"fence/"+strconv.FormatInt(i, 10), token, sqlUpdate, i%benchrun.Keys)
+			_, err := pgfence.ExecToken(ctx, b.pool, curvePrefix+"fence/"+strconv.FormatInt(i, 10), token, sqlUpdate, i%benchrun.Keys)
 			return 0, err
 		})
 	}

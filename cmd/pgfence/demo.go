@@ -177,7 +177,7 @@ func demo(ctx context.Context, d *devdb.DB, ttl time.Duration, progress io.Write
 	if err := pgfence.Protect(ctx, pool, pgx.Identifier{demoSchema, "stock"}, "sku", demoPrefix); err != nil {
 		return nil, fmt.Errorf("demo setup: protect: %w", err)
 	}
-	if _, err := pgfence.Exec(ctx, pool, key, 1, `INSERT INTO pgfence_demo.stock VALUES ($1, $2, NULL, 'setup')`, sku, demoInitial); err != nil {
+	if _, err := pgfence.ExecToken(ctx, pool, key, 1, `INSERT INTO pgfence_demo.stock VALUES ($1, $2, NULL, 'setup')`, sku, demoInitial); err != nil {
 		return nil, fmt.Errorf("demo setup: seed stock: %w", err)
 	}
 	fmt.Fprintf(progress, "demo: stock %s = %d; lease TTL %s; worker A is a separate OS process\n", sku, demoInitial, ttl)
@@ -217,7 +217,7 @@ func demo(ctx context.Context, d *devdb.DB, ttl time.Duration, progress io.Write
 	add(demoEvent{Actor: "B", Action: "acquire lease " + key, Token: lb.Token(), Holder: lb.Holder(), Result: "granted (A's lease expired: taken over)"})
 	check("fencing tokens strictly increase across grants", lb.Token() > tokenA, "A got %d, B got %d", tokenA, lb.Token())
 
-	if _, err := pgfence.Exec(ctx, pool, key, lb.Token(),
+	if _, err := pgfence.Exec(ctx, pool, lb,
 		`UPDATE pgfence_demo.stock SET quantity = quantity - 1, last_token = $2, last_writer = 'B' WHERE sku = $1`, sku, lb.Token()); err != nil {
 		return nil, fmt.Errorf("worker B's fenced write failed: %w", err)
 	}
@@ -269,7 +269,7 @@ func demo(ctx context.Context, d *devdb.DB, ttl time.Duration, progress io.Write
 	placeOrder := func(actor string) (*idempotency.Outcome, error) {
 		return store.Do(ctx, pool, order, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 			// The order is written under B's lease token, fenced like any write.
-			if _, err := pgfence.Write(ctx, tx, key, lb.Token(), func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := pgfence.Write(ctx, tx, lb, func(ctx context.Context, tx pgx.Tx) error {
 				if _, err := tx.Exec(ctx, `UPDATE pgfence_demo.stock SET quantity = quantity - 2, last_token = $2, last_writer = $3 WHERE sku = $1`, sku, lb.Token(), "B/"+actor); err != nil {
 					return err
 				}
@@ -500,7 +500,7 @@ func runDemoWorker(ctx context.Context, e *env, args []string) error {
 		return errors.New("demo-worker: expected \"write\" on stdin")
 	}
 	// A does not look at its lease: the point is that it does not have to.
-	_, err = pgfence.Exec(ctx, pool, key, l.Token(),
+	_, err = pgfence.Exec(ctx, pool, l,
 		`UPDATE pgfence_demo.stock SET quantity = quantity - 1, last_token = $2, last_writer = 'A' WHERE sku = $1`, *sku, l.Token())
 	say(outcomeLine(err))
 	_, err = pool.Exec(ctx, `UPDATE pgfence_demo.stock SET quantity = quantity - 1, last_token = $2, last_writer = 'A (plain SQL)' WHERE sku = $1`, *sku, l.Token())

@@ -22,11 +22,11 @@ func TestFencesShowRejections(t *testing.T) {
 	environ := map[string]string{"DATABASE_URL": db.URL}
 	const traceID = "0123456789abcdef0123456789abcdef"
 	ctx := telemetrytest.RemoteTrace(t, context.Background(), traceID)
-	if _, err := pgfence.Exec(ctx, db.Pool, "stock/apple", 9, `SELECT 1`); err != nil {
+	if _, err := pgfence.ExecToken(ctx, db.Pool, "stock/apple", 9, `SELECT 1`); err != nil {
 		t.Fatal(err)
 	}
 	for _, token := range []int64{7, 8} {
-		if _, err := pgfence.Exec(ctx, db.Pool, "stock/apple", token, `SELECT 1`); err == nil {
+		if _, err := pgfence.ExecToken(ctx, db.Pool, "stock/apple", token, `SELECT 1`); err == nil {
 			t.Fatalf("token %d accepted after 9", token)
 		}
 	}

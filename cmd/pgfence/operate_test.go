@@ -88,7 +88,7 @@ func TestFenceCommands(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO public.stock VALUES ('apple', 10)`); !errors.Is(pgfenceErr(err), pgfence.ErrUnfencedWrite) {
 		t.Fatalf("unfenced insert into a protected table: %v, want PF006", err)
 	}
-	if _, err := pgfence.Exec(ctx, db.Pool, "stock/apple", 7, `INSERT INTO public.stock VALUES ('apple', 10)`); err != nil {
+	if _, err := pgfence.ExecToken(ctx, db.Pool, "stock/apple", 7, `INSERT INTO public.stock VALUES ('apple', 10)`); err != nil {
 		t.Fatal(err)
 	}
 	code, out, _ = cli(t, environ, "fences", "show")

@@ -136,7 +136,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 		// ON CONFLICT covers the reverse order: an instance that stalled
 		// (without our injected pause) recorded the slot with an older token
 		// after our check; then our run is the duplicate and is dropped.
-		tag, err := pgfence.Exec(ctx, pool, key, lease.Token(),
+		tag, err := pgfence.Exec(ctx, pool, lease,
 			`INSERT INTO example_cron_runs VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`,
 			job, slot, instance, lease.Token(), "report for "+slot+" by "+instance)
 		var stale *pgfence.StaleTokenError

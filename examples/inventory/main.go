@@ -99,8 +99,9 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	// token (the fence row stays locked until COMMIT, and an older token is
 	// refused with PF001), then reads and writes in the same transaction, so
 	// what it read cannot change before it commits.
-	deduct := func(order int, token int64) (left int, err error) {
-		_, err = pgfence.Write(ctx, pool, resource, token, func(ctx context.Context, tx pgx.Tx) error {
+	deduct := func(order int, lease *leases.Lease) (left int, err error) {
+		token := lease.Token()
+		_, err = pgfence.Write(ctx, pool, lease, func(ctx context.Context, tx pgx.Tx) error {
 			if err := tx.QueryRow(ctx, `SELECT stock FROM example_inventory WHERE sku = $1`, sku).Scan(&left); err != nil {
 				return err
 			}
@@ -144,7 +145,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	for order := 2; order <= orders; order++ {
 		wg.Go(func() {
 			err := client.Do(ctx, resource, workerTTL, func(ctx context.Context, l *leases.Lease) error {
-				left, err := deduct(order, l.Token())
+				left, err := deduct(order, l)
 				record(order, l.Token(), left, err)
 				if errors.Is(err, errOutOfStock) {
 					return nil
@@ -163,7 +164,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	}
 
 	// Order 1 wakes up, unaware that its lease is gone, and writes anyway.
-	_, err = deduct(1, frozen.Token())
+	_, err = deduct(1, frozen)
 	var stale *pgfence.StaleTokenError
 	switch {
 	case errors.As(err, &stale):

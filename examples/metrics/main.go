@@ -35,13 +35,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
-	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/pgfence/pgfence/idempotency"
 	"github.com/pgfence/pgfence/internal/devdb"
@@ -86,11 +83,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (res result, er
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	tp := sdktrace.NewTracerProvider()
-	otel.SetMeterProvider(mp) // the pgfence package's writes use the globals
-	otel.SetTracerProvider(tp)
 	defer func() {
-		otel.SetMeterProvider(metricnoop.NewMeterProvider())
-		otel.SetTracerProvider(tracenoop.NewTracerProvider())
 		_ = mp.Shutdown(context.Background())
 		_ = tp.Shutdown(context.Background())
 	}()
@@ -111,6 +104,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (res result, er
 	if err != nil {
 		return res, err
 	}
+	fencer := pgfence.New(&pgfence.Config{MeterProvider: mp, TracerProvider: tp})
 
 	// The idempotency keys name the requests; they are kept for a day, so a
 	// run id in the scope keeps reruns on the same database apart (else a
@@ -135,7 +129,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (res result, er
 		}
 		o, err := store.Do(ctx, pool, idempotency.Request{Scope: scope, Key: requestKey},
 			func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
-				_, err := pgfence.Exec(ctx, tx, key, l.Token(),
+				_, err := fencer.Exec(ctx, tx, l,
 					`UPDATE example_counter SET n = n + 1, token = $1 WHERE id = 1`, l.Token())
 				return nil, err
 			})
@@ -186,7 +180,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (res result, er
 	if err := increment(ctx, "after-the-pause"); err != nil { // waits for the expiry, takes over
 		return res, err
 	}
-	_, err = pgfence.Exec(ctx, pool, key, frozen.Token(), `UPDATE example_counter SET n = n + 1, token = $1 WHERE id = 1`, frozen.Token())
+	_, err = fencer.Exec(ctx, pool, frozen, `UPDATE example_counter SET n = n + 1, token = $1 WHERE id = 1`, frozen.Token())
 	res.StaleWrite = errors.Is(err, pgfence.ErrStaleToken)
 	res.StaleRelease = errors.Is(frozen.Release(ctx), leases.ErrLeaseLost)
 	fmt.Fprintf(out, "\n--- after a worker froze past its lease (late write rejected: %v, late release refused: %v)\n", res.StaleWrite, res.StaleRelease)

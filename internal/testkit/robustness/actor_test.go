@@ -138,7 +138,7 @@ const writeSQL = `UPDATE stock SET value = $2, token = $3 WHERE resource = $1`
 // does not look at the lease first: the point is that the database judges.
 func (a *actor) write(ctx context.Context, key string, token int64, value string) Op {
 	op := Op{Kind: Write, Key: key, Token: token, Value: value}
-	_, err := pgfence.Write(ctx, a.pool, key, token, func(ctx context.Context, tx pgx.Tx) error {
+	_, err := pgfence.WriteToken(ctx, a.pool, key, token, func(ctx context.Context, tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, writeSQL, key, value, token)
 		if err == nil && tag.RowsAffected() != 1 {
 			err = fmt.Errorf("resource %q: %d rows updated", key, tag.RowsAffected())
@@ -166,7 +166,7 @@ func (a *actor) writeLeased(ctx context.Context, key string, token int64, value 
 	op.Token = l.Token()
 	// The lease-checked write also presents the token to the fence, so the
 	// register's token order is kept even across both kinds of write.
-	err := pgfence.WriteLeased(ctx, a.pool, pgfence.Lease{Key: key, Holder: l.Holder(), Token: l.Token()}, func(ctx context.Context, tx pgx.Tx) error {
+	err := pgfence.WriteLeased(ctx, a.pool, pgfence.LeaseOf(key, l.Holder(), l.Token()), func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pgfence.fence($1, $2)`, key, l.Token()); err != nil {
 			return err
 		}

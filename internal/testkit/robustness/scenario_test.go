@@ -390,7 +390,7 @@ func TestScenarioUnknownCommitOutcome(t *testing.T) {
 			acq := want(t, e.recorded(0, func() Op { return a.acquire(ctx, sku, time.Minute, 0) }), OK)
 			trig := tc.arm(p, faultproxy.IsCommit)
 			call := e.rec.Now()
-			_, err := pgfence.Write(ctx, a.pool, sku, acq.Token, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := pgfence.WriteToken(ctx, a.pool, sku, acq.Token, func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, writeSQL, sku, "v1", acq.Token)
 				return err
 			})
