@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/tracesql"
 )
 
 // Func does the business work of an atomic intent inside tx, the transaction
@@ -226,7 +228,7 @@ func (s *Store) claimAtomic(ctx context.Context, tx pgx.Tx, req Request, fp []by
 		expiresAt             *time.Time
 		retryAfter            *int64
 	)
-	err := tracedQueryRow(ctx, tx, claimAtomicSQL, req.Scope, req.Key, fp, micros(s.wait), micros(retention)).
+	err := tracesql.QueryRow(ctx, tx, claimAtomicSQL, req.Scope, req.Key, fp, micros(s.wait), micros(retention)).
 		Scan(&outcome, &status, &result, &code, &message, &expiresAt, &retryAfter)
 	if err != nil {
 		return nil, classify(err, false)

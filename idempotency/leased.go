@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/tracesql"
 )
 
 const (
@@ -60,7 +61,7 @@ func (s *Store) Claim(ctx context.Context, db DB, req Request) (o *Outcome, err 
 	)
 	start := time.Now()
 	claim := func(db DB) error {
-		return tracedQueryRow(ctx, db, claimSQL, req.Scope, req.Key, fp, micros(s.lease), micros(retention), micros(s.wait)).
+		return tracesql.QueryRow(ctx, db, claimSQL, req.Scope, req.Key, fp, micros(s.lease), micros(retention), micros(s.wait)).
 			Scan(&outcome, &owner, &epoch, &recoveryPoint, &recoveryData, &status, &result, &code, &message, &expiresAt)
 	}
 	err = claim(db)

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -156,41 +155,6 @@ func (t *instruments) owned(ctx context.Context, op string, a *Attempt, counter 
 		span.SetAttributes(telemetry.Outcome.String(outcome))
 		telemetry.End(span, err)
 	}
-}
-
-// batcher is the part of [*pgxpool.Pool], [*pgx.Conn] and [pgx.Tx] that sends
-// a pipeline.
-type batcher interface {
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
-
-// tracedQueryRow is db.QueryRow, preceded in the same pipeline (no extra
-// round trip) by setting pgfence.trace_id for the transaction when ctx
-// carries a trace id: the claim stores it in idempotency_keys.trace_id.
-func tracedQueryRow(ctx context.Context, db DB, sql string, args ...any) pgx.Row {
-	id := telemetry.TraceID(ctx)
-	b, ok := db.(batcher)
-	if id == "" || !ok {
-		return db.QueryRow(ctx, sql, args...)
-	}
-	batch := &pgx.Batch{}
-	batch.Queue(telemetry.SetTraceIDSQL, id)
-	batch.Queue(sql, args...)
-	return tracedRow{b.SendBatch(ctx, batch)}
-}
-
-// tracedRow is the second statement's row of a two-statement batch.
-type tracedRow struct{ br pgx.BatchResults }
-
-func (r tracedRow) Scan(dest ...any) error {
-	_, err := r.br.Exec()
-	if err == nil {
-		err = r.br.QueryRow().Scan(dest...)
-	}
-	if cerr := r.br.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
 
 // httpRequest counts and logs the outcome of one covered request of the HTTP

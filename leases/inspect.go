@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/tracesql"
 )
 
 // ErrNotFound: the key never had a lease.
@@ -178,7 +180,7 @@ func (c *Client) ForceRelease(ctx context.Context, key, reason string) (ForceRel
 	if err != nil {
 		return ForceReleased{}, fmt.Errorf("leases: force release %q: %w", key, err)
 	}
-	err = queryRowOn(ctx, conn, sqlForceRelease, key, reason).Scan(&r.Released, &holder, &token, &r.WasLive)
+	err = tracesql.QueryRow(ctx, conn, sqlForceRelease, key, reason).Scan(&r.Released, &holder, &token, &r.WasLive)
 	conn.Release()
 	if err != nil {
 		return ForceReleased{}, fmt.Errorf("leases: force release %q: %w", key, classify(err))

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/tracesql"
 )
 
 // Lease is one grant: a key held by a fresh holder id with a fencing token. Its
@@ -367,7 +368,7 @@ func (l *Lease) releaseOnce(ctx context.Context) (changed bool, status string, e
 		return false, "", err
 	}
 	defer conn.Release()
-	err = queryRowOn(ctx, conn, sqlRelease, l.key, l.holder, l.token, l.c.cfg.DurableRelease).Scan(&changed, &status)
+	err = tracesql.QueryRow(ctx, conn, sqlRelease, l.key, l.holder, l.token, l.c.cfg.DurableRelease).Scan(&changed, &status)
 	return changed, status, classify(err)
 }
 

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/tracesql"
 )
 
 // Pause is one kill switch: new grants of every key that starts with Prefix
@@ -48,7 +50,7 @@ func (c *Client) PauseGrants(ctx context.Context, prefix, reason string) (bool, 
 	}
 	defer conn.Release()
 	var added bool
-	if err := queryRowOn(ctx, conn, sqlPause, prefix, reason).Scan(&added); err != nil {
+	if err := tracesql.QueryRow(ctx, conn, sqlPause, prefix, reason).Scan(&added); err != nil {
 		return false, fmt.Errorf("leases: pause grants %q: %w", prefix, classify(err))
 	}
 	return added, nil
@@ -75,7 +77,7 @@ func (c *Client) ResumeGrants(ctx context.Context, prefix, reason string) (bool,
 		return false, fmt.Errorf("leases: resume grants %q: %w", prefix, err)
 	}
 	var removed bool
-	err = queryRowOn(ctx, conn, sqlResume, prefix, r).Scan(&removed)
+	err = tracesql.QueryRow(ctx, conn, sqlResume, prefix, r).Scan(&removed)
 	conn.Release()
 	if err != nil {
 		return false, fmt.Errorf("leases: resume grants %q: %w", prefix, classify(err))

@@ -1,8 +1,8 @@
 package leases
 
 // The statements the client sends. Each is one call of a function installed by
-// migrations/00002_leases.sql, so the Go client and any other SQL client follow
-// the same protocol. Durations travel as microseconds.
+// the migrations, so the Go client and any other SQL client follow the same
+// protocol. Durations travel as microseconds.
 const (
 	sqlTryAcquire = `SELECT acquired, holder::text, token, granted_at, expires_at,
        (extract(epoch FROM remaining) * 1000000)::bigint

@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -54,12 +52,6 @@ const (
 	stopCanceled = "canceled" // its context ended; the lease stays held
 	stopFailures = "failures" // MaxFailures renewals in a row failed
 )
-
-// sqlGrantEvent reads, in the grant's own transaction, which event the grant
-// recorded: the holder id is fresh per attempt, so the key's newest event with
-// it is this grant's.
-const sqlGrantEvent = `SELECT event = 'taken_over' FROM pgfence.lease_events
- WHERE key = $1 AND holder = $2::uuid ORDER BY id DESC LIMIT 1`
 
 // instruments holds a client's tracer and instruments. With the default
 // (global, unset) providers everything is a no-op.
@@ -151,55 +143,12 @@ func (t *instruments) startAcquire(ctx context.Context, key string, ttl time.Dur
 	}
 }
 
-// scanGrant runs one grant attempt (pgfence.try_acquire) and scans its row
-// into acquired and rest. When ctx carries a trace id, the id is set for the
-// grant's transaction in the same pipeline (it is stored in the lease event);
-// when takeovers are counted, the event the grant recorded is read back in
-// the same pipeline too. Neither costs a round trip.
-func (c *Client) scanGrant(ctx context.Context, conn *pgxpool.Conn, key, holder string, ttl time.Duration, info string, announce bool, acquired *bool, rest ...any) error {
-	t := c.tel
-	countTakeovers := t.takeovers.Enabled(ctx)
-	traceID := telemetry.TraceID(ctx)
-	dest := append([]any{acquired}, rest...)
-	var (
-		err       error
-		takenOver bool
-	)
-	if traceID == "" && !countTakeovers {
-		err = conn.QueryRow(ctx, sqlTryAcquire, key, ttl.Microseconds(), info, holder, ClientVersion(), announce).Scan(dest...)
-	} else {
-		b := &pgx.Batch{}
-		if traceID != "" {
-			b.Queue(telemetry.SetTraceIDSQL, traceID)
-		}
-		b.Queue(sqlTryAcquire, key, ttl.Microseconds(), info, holder, ClientVersion(), announce)
-		if countTakeovers {
-			b.Queue(sqlGrantEvent, key, holder)
-		}
-		br := conn.SendBatch(ctx, b)
-		if traceID != "" {
-			_, err = br.Exec()
-		}
-		if err == nil {
-			err = br.QueryRow().Scan(dest...)
-		}
-		if err == nil && countTakeovers {
-			// No row when nothing was granted. An error here aborts the
-			// implicit transaction, grant included: it is the attempt's error.
-			if err = br.QueryRow().Scan(&takenOver); errors.Is(err, pgx.ErrNoRows) {
-				err = nil
-			}
-		}
-		// The grant commits at the end of the pipeline: an error closing it
-		// (a lost reply) leaves the outcome unknown even after the row came.
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-	}
-
+// attempted counts one grant attempt by its outcome (and a takeover), and
+// adds it to the span of the Acquire or TryAcquire call.
+func (t *instruments) attempted(ctx context.Context, err error, acquired, takenOver bool) {
 	outcome := outcomeAcquired
 	switch classified := classify(err); {
-	case err == nil && !*acquired:
+	case err == nil && !acquired:
 		outcome = outcomeHeld
 	case err == nil:
 	case errors.Is(classified, ErrOutcomeUnknown):
@@ -217,41 +166,6 @@ func (c *Client) scanGrant(ctx context.Context, conn *pgxpool.Conn, key, holder 
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.AddEvent("attempt", trace.WithAttributes(telemetry.Outcome.String(outcome), attribute.Bool("pgfence.lease.taken_over", takenOver)))
 	}
-	return err
-}
-
-// querier is a pool or one of its connections.
-type querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
-
-// queryRowOn is q.QueryRow, preceded in the same pipeline (one implicit
-// transaction, no extra round trip) by setting pgfence.trace_id when ctx
-// carries a trace id, so that lease events record it.
-func queryRowOn(ctx context.Context, q querier, sql string, args ...any) pgx.Row {
-	traceID := telemetry.TraceID(ctx)
-	if traceID == "" {
-		return q.QueryRow(ctx, sql, args...)
-	}
-	b := &pgx.Batch{}
-	b.Queue(telemetry.SetTraceIDSQL, traceID)
-	b.Queue(sql, args...)
-	return tracedRow{q.SendBatch(ctx, b)}
-}
-
-// tracedRow is the second statement's row of a two-statement batch.
-type tracedRow struct{ br pgx.BatchResults }
-
-func (r tracedRow) Scan(dest ...any) error {
-	_, err := r.br.Exec()
-	if err == nil {
-		err = r.br.QueryRow().Scan(dest...)
-	}
-	if cerr := r.br.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
 
 // skippedAttempt records an attempt a woken waiter did not send because

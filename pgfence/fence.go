@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence/internal/telemetry"
+	"github.com/pgfence/pgfence/internal/tracesql"
 )
 
 // DB is what the helpers run on: a [*pgxpool.Pool], a [*pgx.Conn] or a
@@ -198,7 +198,7 @@ func writeFenced(ctx context.Context, db DB, w *write, fn func(ctx context.Conte
 // with the accepted token), so tracing adds no round trip.
 func fenceTx(ctx context.Context, tx pgx.Tx, resource string, token int64, op OpID) error {
 	b := &pgx.Batch{}
-	if !telemetry.QueueTraceID(ctx, b) {
+	if !tracesql.Queue(ctx, b) {
 		_, err := tx.Exec(ctx, sqlFence, resource, token, op)
 		return err
 	}
@@ -249,7 +249,7 @@ func execFenced(ctx context.Context, db DB, w *write, sql string, args []any) (p
 	}
 	defer release()
 	b := &pgx.Batch{}
-	telemetry.QueueTraceID(ctx, b)
+	tracesql.Queue(ctx, b)
 	b.Queue(sqlFence, resource, token, op)
 	b.Queue(sql, args...)
 	tag, err := execBatch(ctx, conn, b)

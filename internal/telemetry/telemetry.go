@@ -1,7 +1,7 @@
 // Package telemetry holds what the pgfence packages share for OpenTelemetry:
-// attribute names, histogram buckets, and the statement that stores the
-// current trace id beside lease events and fenced writes (migration
-// 00005_audit.sql).
+// attribute names, histogram buckets, instrument constructors and the trace
+// id of a context. It only observes; package tracesql stores the trace id
+// beside the rows pgfence writes.
 package telemetry
 
 import (
@@ -9,7 +9,6 @@ import (
 	"errors"
 	"reflect"
 
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
@@ -34,10 +33,6 @@ var DBSystem = attribute.String("db.system.name", "postgresql")
 // lease up to minutes.
 var DurationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}
 
-// SetTraceIDSQL names the trace for the rest of the current transaction
-// (pgfence.current_trace_id() reads it).
-const SetTraceIDSQL = `SELECT set_config('pgfence.trace_id', $1, true)`
-
 // TraceID returns the trace id of ctx's span context in hex, or "" when ctx
 // carries no valid span context.
 func TraceID(ctx context.Context) string {
@@ -46,17 +41,6 @@ func TraceID(ctx context.Context) string {
 		return ""
 	}
 	return sc.TraceID().String()
-}
-
-// QueueTraceID queues SetTraceIDSQL on b when ctx carries a trace id and
-// reports whether it did.
-func QueueTraceID(ctx context.Context, b *pgx.Batch) bool {
-	id := TraceID(ctx)
-	if id == "" {
-		return false
-	}
-	b.Queue(SetTraceIDSQL, id)
-	return true
 }
 
 // Unknown reports whether err says the outcome of a change is unknown.
