@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/benchrun"
-	"github.com/pgfence/pgfence/internal/devdb"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
 const benchUsage = `bench [--database-url URL] [--duration 3s] [--warmup 1s] [--workers 1,8] [--cases a,b] [--rounds 1] [--peers redis|none] [--json]
@@ -212,7 +212,7 @@ func parseWorkers(s string) ([]int, error) {
 // benchDB is the database a bench runs on, with a pool whose statements are
 // counted.
 type benchDB struct {
-	db       *devdb.DB
+	db       *pgfencetest.Database
 	pool     *pgxpool.Pool // traced: the cases run here
 	stmts    *statementCounter
 	settings string // the durability settings, for the report
@@ -235,7 +235,7 @@ func openBench(ctx context.Context, e *env, db *dbFlags, maxWorkers int) (*bench
 		}
 		pool.Close()
 	}
-	d, err := devdb.Open(ctx, url, &devdb.Options{Progress: e.stderr, MaxConns: 8, Settings: map[string]string{
+	d, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{URL: url, Progress: e.stderr, MaxConns: 8, Settings: map[string]string{
 		// hot-key: one LISTEN connection per waiter, besides the pool
 		"max_connections": strconv.Itoa(2*maxWorkers + 100),
 		"shared_buffers":  "128MB",
@@ -246,13 +246,13 @@ func openBench(ctx context.Context, e *env, db *dbFlags, maxWorkers int) (*bench
 	b := &benchDB{db: d, stmts: &statementCounter{}}
 	cfg, err := pgxpool.ParseConfig(d.URL)
 	if err != nil {
-		d.Close()
+		_ = d.Close()
 		return nil, err
 	}
 	cfg.MaxConns = int32(maxWorkers + 8)
 	cfg.ConnConfig.Tracer = b.stmts
 	if b.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
-		d.Close()
+		_ = d.Close()
 		return nil, err
 	}
 	var fsync, syncCommit, autovacuum string
@@ -261,7 +261,7 @@ func openBench(ctx context.Context, e *env, db *dbFlags, maxWorkers int) (*bench
 		return nil, err
 	}
 	b.settings = fmt.Sprintf("PostgreSQL %s, fsync=%s synchronous_commit=%s autovacuum=%s", b.version, fsync, syncCommit, autovacuum)
-	if d.Embedded {
+	if d.Throwaway() {
 		b.settings += " (throwaway local cluster)"
 	}
 	if _, err := d.Pool.Exec(ctx, benchSchema); err != nil {
@@ -282,7 +282,7 @@ func (b *benchDB) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	_, _ = b.db.Pool.Exec(ctx, `DROP SCHEMA IF EXISTS pgfence_bench CASCADE`)
-	b.db.Close()
+	_ = b.db.Close()
 }
 
 func (b *benchDB) machine() string {

@@ -203,7 +203,7 @@ func runBenchCurves(ctx context.Context, e *env, args []string) error {
 		}
 	}
 	fmt.Fprintf(e.stdout, "\n%s; %s\n", b.machine(), b.settings)
-	if !b.db.Embedded {
+	if !b.db.Throwaway() {
 		fmt.Fprintf(e.stdout, "note: the fence rows %q… stay in pgfence.fences (accepted tokens are never deleted)\n", curvePrefix)
 	}
 	return nil

@@ -20,10 +20,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/idempotency"
-	"github.com/pgfence/pgfence/internal/devdb"
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
 // The demo's business data: one stock row, fenced per SKU and protected by
@@ -108,7 +108,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 		pool.Close()
 	}
 	progress := e.stderr
-	d, err := devdb.Open(ctx, url, &devdb.Options{Progress: progress})
+	d, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{URL: url, Progress: progress})
 	if err != nil {
 		if errors.Is(err, pgerr.ErrUnavailable) || pgerr.IsConnectionError(err) {
 			return &cliError{msg: "cannot reach the database: " + redact(err.Error()), hint: "check --database-url / DATABASE_URL, or omit both to use a throwaway local PostgreSQL", code: exitUnavailable, err: err}
@@ -118,7 +118,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	defer d.Close()
 
 	rep, err := demo(ctx, d, *ttl, progress)
-	if !*keep || d.Embedded {
+	if !*keep || d.Throwaway() {
 		_, _ = d.Pool.Exec(context.WithoutCancel(ctx), `DROP SCHEMA IF EXISTS `+demoSchema+` CASCADE`)
 	}
 	if err != nil {
@@ -138,9 +138,9 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 }
 
 // demo runs the seed's critical experiment and reconciles the business state.
-func demo(ctx context.Context, d *devdb.DB, ttl time.Duration, progress io.Writer) (*demoReport, error) {
+func demo(ctx context.Context, d *pgfencetest.Database, ttl time.Duration, progress io.Writer) (*demoReport, error) {
 	rep := &demoReport{Database: "embedded"}
-	if !d.Embedded {
+	if !d.Throwaway() {
 		cfg := d.Pool.Config().ConnConfig
 		rep.Database = fmt.Sprintf("%s:%d/%s", cfg.Host, cfg.Port, cfg.Database)
 	}
@@ -149,7 +149,7 @@ func demo(ctx context.Context, d *devdb.DB, ttl time.Duration, progress io.Write
 	// schema, so on a user's database every run uses a SKU of its own: a rerun
 	// must not meet the tokens and keys of the run before.
 	sku := demoSKU
-	if !d.Embedded {
+	if !d.Throwaway() {
 		sku = demoSKU + "-" + demoRunID()
 	}
 	key := demoPrefix + sku // lease key and fence resource

@@ -29,22 +29,33 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/idempotency"
-	"github.com/pgfence/pgfence/internal/devdb"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
 const lease = time.Second // how long a crashed agent blocks the task
 
 func main() {
-	devdb.Main("agent", func(ctx context.Context, pool *pgxpool.Pool) error {
-		_, err := run(ctx, pool, os.Stdout)
-		return err
-	})
+	// Ctrl-C ends the context; the throwaway database is removed either way.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	db, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{URL: os.Getenv("DATABASE_URL"), Progress: os.Stderr})
+	if err == nil {
+		_, err = run(ctx, db.Pool, os.Stdout)
+		if cerr := db.Close(); err == nil {
+			err = cerr
+		}
+	}
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "agent:", err)
+		os.Exit(1)
+	}
 }
 
 // tool simulates an external API that deduplicates by an idempotency key, as

@@ -31,13 +31,14 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence/internal/devdb"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
 const (
@@ -47,10 +48,20 @@ const (
 )
 
 func main() {
-	devdb.Main("device", func(ctx context.Context, pool *pgxpool.Pool) error {
-		_, err := run(ctx, pool, os.Stdout)
-		return err
-	})
+	// Ctrl-C ends the context; the throwaway database is removed either way.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	db, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{URL: os.Getenv("DATABASE_URL"), Progress: os.Stderr})
+	if err == nil {
+		_, err = run(ctx, db.Pool, os.Stdout)
+		if cerr := db.Close(); err == nil {
+			err = cerr
+		}
+	}
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "device:", err)
+		os.Exit(1)
+	}
 }
 
 // command is what a controller sends to the gateway.

@@ -32,6 +32,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
 	"sync"
 	"time"
@@ -39,7 +40,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/idempotency"
-	"github.com/pgfence/pgfence/internal/devdb"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
 const (
@@ -49,10 +50,20 @@ const (
 )
 
 func main() {
-	devdb.Main("httpapi", func(ctx context.Context, pool *pgxpool.Pool) error {
-		_, err := run(ctx, pool, os.Stdout)
-		return err
-	})
+	// Ctrl-C ends the context; the throwaway database is removed either way.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	db, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{URL: os.Getenv("DATABASE_URL"), Progress: os.Stderr})
+	if err == nil {
+		_, err = run(ctx, db.Pool, os.Stdout)
+		if cerr := db.Close(); err == nil {
+			err = cerr
+		}
+	}
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "httpapi:", err)
+		os.Exit(1)
+	}
 }
 
 // response is what one client finally got.

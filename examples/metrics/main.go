@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"slices"
 	"strings"
 	"sync"
@@ -41,9 +42,9 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/pgfence/pgfence/idempotency"
-	"github.com/pgfence/pgfence/internal/devdb"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
 const (
@@ -56,10 +57,20 @@ const (
 )
 
 func main() {
-	devdb.Main("metrics", func(ctx context.Context, pool *pgxpool.Pool) error {
-		_, err := run(ctx, pool, os.Stdout)
-		return err
-	})
+	// Ctrl-C ends the context; the throwaway database is removed either way.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	db, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{URL: os.Getenv("DATABASE_URL"), Progress: os.Stderr})
+	if err == nil {
+		_, err = run(ctx, db.Pool, os.Stdout)
+		if cerr := db.Close(); err == nil {
+			err = cerr
+		}
+	}
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "metrics:", err)
+		os.Exit(1)
+	}
 }
 
 // result is what happened, checked by main_test.go against the database and

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strings"
 	"sync"
 	"time"
@@ -31,9 +32,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence/internal/devdb"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
 const (
@@ -46,10 +47,20 @@ const (
 var files = pgfence.Table{Name: pgx.Identifier{"example_report_files"}, Key: "name", Fence: "fence"}
 
 func main() {
-	devdb.Main("report", func(ctx context.Context, pool *pgxpool.Pool) error {
-		_, err := run(ctx, pool, os.Stdout)
-		return err
-	})
+	// Ctrl-C ends the context; the throwaway database is removed either way.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	db, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{URL: os.Getenv("DATABASE_URL"), Progress: os.Stderr})
+	if err == nil {
+		_, err = run(ctx, db.Pool, os.Stdout)
+		if cerr := db.Close(); err == nil {
+			err = cerr
+		}
+	}
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "report:", err)
+		os.Exit(1)
+	}
 }
 
 // result is the business outcome, checked by main_test.go.

@@ -1,5 +1,6 @@
 // Package pgfencetest gives tests a real PostgreSQL database with the pgfence
-// schema installed, the way net/http/httptest gives them a server.
+// schema installed, the way net/http/httptest gives them a server, and gives
+// programs (demos, examples, local tools) a throwaway one with [Start].
 //
 // Each call to [NewPool] returns a pool on a fresh, isolated database cloned
 // from a migrated template, so a test pays milliseconds, not a migration run.
@@ -225,13 +226,7 @@ func migrate(ctx context.Context, url string) error {
 		return err
 	}
 	defer pool.Close()
-	m, err := migrations.New(pool, nil)
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	_, err = m.Up(ctx)
-	return err
+	return migrations.Up(ctx, pool)
 }
 
 // withDatabase returns the connection string url with its database replaced.
@@ -250,16 +245,19 @@ func withDatabase(url, database string) string {
 	return url + " dbname=" + database // the last occurrence of a keyword wins
 }
 
-// Database is one fresh, migrated database, dropped when the test ends.
+// Database is one migrated database: a fresh one from [NewPool],
+// [NewDatabase] or [Open], dropped by Close (and when the test ends), or the
+// one [Start] opened for a program.
 type Database struct {
 	// Name is the database name.
 	Name string
 	// URL connects to it (as the harness's role).
 	URL string
-	// Pool is a pool on it, closed when the test ends.
+	// Pool is a pool on it, closed by Close (and when the test ends).
 	Pool *pgxpool.Pool
 
-	admin string
+	admin   string             // drops the database on Close, when set
+	cluster *pgcluster.Cluster // a throwaway cluster of Start, removed on Close
 }
 
 // NewPool returns a pool on a fresh, migrated, isolated database. The database is
@@ -324,9 +322,19 @@ func (s *server) create() (*Database, error) {
 	return &Database{Name: name, URL: url, Pool: pool, admin: s.adminURL}, nil
 }
 
-// Close closes the pool and drops the database.
+// Close closes the pool; it drops a database made for a test, and stops and
+// removes the throwaway cluster of [Start]. It never drops a database
+// [Start] was given by URL.
 func (d *Database) Close() error {
-	d.Pool.Close()
+	if d.Pool != nil {
+		d.Pool.Close()
+	}
+	if d.cluster != nil {
+		return d.cluster.Close()
+	}
+	if d.admin == "" {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := exec(ctx, d.admin, `DROP DATABASE IF EXISTS `+pgx.Identifier{d.Name}.Sanitize()+` WITH (FORCE)`); err != nil && !errors.Is(err, context.Canceled) {

@@ -1,4 +1,4 @@
-package devdb_test
+package pgfencetest_test
 
 import (
 	"bytes"
@@ -9,17 +9,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgfence/pgfence/internal/devdb"
 	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
-func TestMain(m *testing.M) { pgfencetest.Main(m) }
-
-// With no URL, Open starts a throwaway cluster, says so, installs the schema,
+// With no URL, Start starts a throwaway cluster, says so, installs the schema,
 // and Close removes every trace of it.
-func TestEmbedded(t *testing.T) {
+func TestStartThrowaway(t *testing.T) {
 	if _, err := pgcluster.FindBinaries(); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatal(err)
@@ -29,11 +26,11 @@ func TestEmbedded(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var progress bytes.Buffer
-	db, err := devdb.Open(ctx, "", &devdb.Options{Progress: &progress})
+	db, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{Progress: &progress})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !db.Embedded || db.Cluster() == nil {
+	if !db.Throwaway() {
 		t.Fatal("no URL given, but the database is not embedded")
 	}
 	if !strings.Contains(progress.String(), "throwaway local PostgreSQL") || !strings.Contains(progress.String(), "ready on 127.0.0.1:") {
@@ -43,40 +40,50 @@ func TestEmbedded(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT max(version_id) FROM pgfence.goose_db_version`).Scan(&version); err != nil || version != migrations.Latest() {
 		t.Fatalf("schema version %d (%v), want %d", version, err, migrations.Latest())
 	}
-	root := db.Cluster().Root()
-	db.Close()
-	if _, err := os.Stat(root); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("cluster directory %s left behind: %v", root, err)
+	var dataDir string
+	if err := db.Pool.QueryRow(ctx, `SHOW data_directory`).Scan(&dataDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dataDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("cluster directory %s left behind: %v", dataDir, err)
 	}
 }
 
-// A given URL is used as is, and migrated.
-func TestGivenURL(t *testing.T) {
+// A given URL is used as is, migrated, and not dropped by Close.
+func TestStartGivenURL(t *testing.T) {
 	ctx := context.Background()
 	target := pgfencetest.NewDatabase(t)
 	if _, err := target.Pool.Exec(ctx, `DROP SCHEMA pgfence CASCADE`); err != nil {
 		t.Fatal(err)
 	}
-	db, err := devdb.Open(ctx, target.URL, nil)
+	db, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{URL: target.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
-	if db.Embedded {
-		t.Fatal("a URL was given, but an embedded cluster started")
+	if db.Throwaway() {
+		t.Fatal("a URL was given, but a throwaway cluster started")
 	}
 	var n int
 	if err := target.Pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.leases`).Scan(&n); err != nil {
 		t.Fatalf("schema not installed on the given database: %v", err)
 	}
-	if _, err := devdb.Open(ctx, "postgres://u@[::1", nil); err == nil || !strings.Contains(err.Error(), "invalid database URL") {
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := target.Pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.leases`).Scan(&n); err != nil {
+		t.Fatalf("the given database is gone after Close: %v", err)
+	}
+	if _, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{URL: "postgres://u@[::1"}); err == nil || !strings.Contains(err.Error(), "invalid database URL") {
 		t.Fatalf("bad URL: %v", err)
 	}
 }
 
 // A connection string with a password that cannot be used (bad syntax, no
 // server) gives an error that does not contain the password.
-func TestOpenErrorsHideThePassword(t *testing.T) {
+func TestStartErrorsHideThePassword(t *testing.T) {
 	const pw = "s3cr3t-PW"
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -87,13 +94,13 @@ func TestOpenErrorsHideThePassword(t *testing.T) {
 		"host=127.0.0.1 port=1 user=app password='" + pw + " x' dbname=orders connect_timeout=2",
 		"host=127.0.0.1 port=notaport user=app password=" + pw,
 	} {
-		db, err := devdb.Open(ctx, url, &devdb.Options{Progress: &bytes.Buffer{}})
+		db, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{URL: url, Progress: &bytes.Buffer{}})
 		if err == nil {
 			db.Close()
-			t.Fatalf("Open(%q) succeeded", url)
+			t.Fatalf("Start(%q) succeeded", url)
 		}
 		if strings.Contains(err.Error(), pw) {
-			t.Errorf("Open: the password leaked: %v", err)
+			t.Errorf("Start: the password leaked: %v", err)
 		}
 	}
 }
