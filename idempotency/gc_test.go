@@ -111,8 +111,8 @@ func equal(a, b []string) bool {
 	return true
 }
 
-// TestMigrationDownUp: 00004's Down removes everything its Up created, so
-// Up applies again.
+// TestMigrationDownUp: the idempotency migration's Down removes everything
+// its Up created, so Up applies again.
 func TestMigrationDownUp(t *testing.T) {
 	t.Parallel()
 	pool := pgfencetest.NewPool(t)

@@ -48,7 +48,7 @@ func (counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) 
 
 // Uncontended acquire + release of random keys: the client against the same
 // SQL functions called raw, and against the inline statements a hand-written
-// client would send (DESIGN §7's "raw SQL" row). Each op is two commits.
+// client would send (the hand-written floor). Each op is two commits.
 func BenchmarkAcquireRelease(b *testing.B) {
 	ctx := context.Background()
 	key := func() string { return "k" + strconv.Itoa(rand.IntN(100000)) }

@@ -61,7 +61,7 @@ const (
 	// notify, with the key as payload.
 	NotifyChannel = "pgfence_lease_released"
 	// GrantNotifyChannel is the channel a grant notifies when the waiter that
-	// won it had already lost a race for the key (migration 00011), with the
+	// won it had already lost a race for the key, with the
 	// payload "<lease length in microseconds>:<key>". Other clients' waiters
 	// woken by the same release hear it and skip their attempt.
 	GrantNotifyChannel = "pgfence_lease_granted"

@@ -15,7 +15,7 @@
 // Privileges: the application's database role needs membership in
 // pgfence_app (the protocol functions and reads); ForceRelease, PauseGrants
 // and ResumeGrants need pgfence_operator. Neither role may write the lease
-// tables directly (migration 00009; README "Security and least privilege").
+// tables directly (see the package README, "Roles").
 //
 // The protocol lives in SQL functions installed by the migrations
 // (pgfence.try_acquire, pgfence.acquire, pgfence.renew, pgfence.release,
@@ -127,12 +127,10 @@
 //
 // A grant commits durably (one WAL flush); a release does not by default
 // ([Config.DurableRelease]), so a grant + release cycle waits for one flush.
-// pgfence.leases has fillfactor 80 (migration 00008): grants and releases
-// update the key's row in place (HOT), so the table and its index do not grow
-// under churn; rows of pages filled before 00008 get that room after a VACUUM
-// FULL. The row checks of leases and lease_events run as one plpgsql call per
-// row, because PostgreSQL plans CHECK expressions again for every statement
-// (measured: 2.1M → 1.3M CPU instructions per grant + release).
+// pgfence.leases has fillfactor 80: grants and releases update the key's row
+// in place (HOT), so the table and its index do not grow under churn. The row
+// checks of leases and lease_events run as one plpgsql call per row, because
+// PostgreSQL plans CHECK expressions again for every statement.
 //
 // # Observability
 //

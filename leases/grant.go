@@ -208,7 +208,7 @@ func newHolderID() string {
 const tokenEpochShift = 40
 
 // observeEpoch remembers the highest token epoch seen and refuses a grant from
-// a lower one (DESIGN §4): after a failover, an old primary that was not shut
+// a lower one: after a failover, an old primary that was not shut
 // down can still grant leases on its old timeline, with tokens below the new
 // primary's; the client must not act on them.
 func (c *Client) observeEpoch(key string, token int64) error {

@@ -204,7 +204,7 @@ func TestStaleAndDoubleRelease(t *testing.T) {
 	}
 }
 
-// The renew-after-expiry trap (DESIGN §4): a renewal that starts while the
+// The renew-after-expiry trap: a renewal that starts while the
 // lease is live, then waits for a transaction holding FOR SHARE on the lease
 // row while the lease expires, must fail. A bare UPDATE ... WHERE expires_at >
 // clock_timestamp() would succeed here; the control at the end proves the

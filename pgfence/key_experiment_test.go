@@ -20,7 +20,7 @@ const (
 	sigCont = syscall.SIGCONT
 )
 
-// TestKeyExperiment is the seed's acceptance experiment with OS processes:
+// TestKeyExperiment is the key experiment of fencing, with OS processes:
 // worker A takes token N and is frozen (SIGSTOP) past its lease; worker B takes
 // N+1 and writes; A resumes (SIGCONT) and writes with N: the database rejects
 // it and the row stays B's. Then A tries every door around the helpers on the

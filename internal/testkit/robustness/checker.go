@@ -68,7 +68,8 @@ func (r Report) OK() bool { return len(r.Violations) == 0 && r.Linearizable != p
 func (r Report) Visualize(w io.Writer) error { return porcupine.Visualize(model, r.info, w) }
 
 // Check checks a history against the ground truth: the invariants of
-// DESIGN.md §6 and, with porcupine, linearizability of every resource's fenced
+// the fault scenarios (final state, token order, no repeats, one effect per
+// key) and, with porcupine, linearizability of every resource's fenced
 // register, every lease's token sequence and every intent's stored result,
 // each ending with a read of the ground truth. timeout bounds porcupine.
 func Check(ops []Op, truth Truth, timeout time.Duration) Report {

@@ -1,5 +1,5 @@
-// Package robustness proves pgfence under faults: the seed's acceptance
-// scenarios as tests, and a randomized run in the style of etcd's robustness
+// Package robustness proves pgfence under faults: the acceptance scenarios
+// of a lock service with fencing as tests, and a randomized run in the style of etcd's robustness
 // tests whose history is checked here.
 //
 // A history is a list of [Op]s recorded by the test driver: every lease
@@ -40,9 +40,9 @@
 // database unreachable, hot-key contention, failover). The randomized run is
 // TestRobustnessRandomized:
 //
-//	go test -race -run TestRobustnessRandomized -v ./internal/robustness
-//	go test -race -run TestRobustnessRandomized -v ./internal/robustness -robustness.duration=10m -timeout=30m
-//	go test -race -run TestRobustnessRandomized -v ./internal/robustness -robustness.seed=N
+//	go test -race -run TestRobustnessRandomized -v ./internal/testkit/robustness
+//	go test -race -run TestRobustnessRandomized -v ./internal/testkit/robustness -robustness.duration=10m -timeout=30m
+//	go test -race -run TestRobustnessRandomized -v ./internal/testkit/robustness -robustness.seed=N
 //
 // It prints a summary: the seed, the faults injected by kind, the operations
 // by outcome, what the database accepted, porcupine's verdict and the

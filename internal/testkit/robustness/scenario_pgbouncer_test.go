@@ -18,7 +18,7 @@ import (
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
-// PgBouncer in transaction mode (DESIGN.md §5): leases without wake-ups,
+// PgBouncer in transaction mode: leases without wake-ups,
 // fenced writes into a protected table and idempotency keys keep every
 // guarantee when consecutive statements of one client connection reach
 // different server backends. pgx must not use named prepared statements

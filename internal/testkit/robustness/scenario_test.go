@@ -1,6 +1,6 @@
 package robustness
 
-// The seed's acceptance scenarios (DESIGN.md §6). Each one ends with
+// The acceptance scenarios of a lock service with fencing. Each one ends with
 // e.reconcile: lock events, token order, business rows and side effects are
 // read back from the database and checked against everything the clients
 // were told (see Check).
@@ -99,7 +99,7 @@ func TestScenarioHolderCrash(t *testing.T) {
 	}
 }
 
-// Pause beyond the lease, the seed's key experiment: A holds the lease and is
+// Pause beyond the lease, the key experiment: A holds the lease and is
 // frozen (SIGSTOP) with a write in hand; its lease expires; B takes over with
 // a higher token and writes; A resumes and sends its write. The database must
 // reject A (A does not notice by itself), A's late release must not free B's
