@@ -136,7 +136,8 @@ func (e *OutcomeUnknownError) Unwrap() error { return e.err }
 // lost before the statement was sent is [ErrUnavailable], one lost after it
 // may have been sent is [ErrOutcomeUnknown] (a statement on a pool may have
 // committed: re-read before retrying; inside your own transaction the
-// transaction is gone and nothing of it committed).
+// transaction is gone and nothing of it committed). An error that is already
+// one of this package's (a helper's error) is returned unchanged.
 func MapError(err error) error { return mapError(err, true) }
 
 // ownCommit reports whether a statement sent on db commits on its own (db is
@@ -152,8 +153,8 @@ func ownCommit(db DB) bool {
 // SQLSTATEs become typed errors; the rest is classified by internal/pgerr.
 // sent reports whether a COMMIT (or an implicit one) may have reached the server.
 func mapError(err error, sent bool) error {
-	if err == nil {
-		return nil
+	if err == nil || mapped(err) {
+		return err
 	}
 	pgErr := pgerr.PgError(err)
 	if pgErr != nil {
@@ -183,8 +184,9 @@ func mapError(err error, sent bool) error {
 	// Sync (requests left without it are aborted when pgx closes the
 	// connection): a failure reported as preprocessing committed nothing.
 	var pre pgx.ErrPreprocessingBatch
-	if sent && errors.As(err, &pre) {
+	if errors.As(err, &pre) {
 		sent = false
+		err = pre.Unwrap() // the cause; pgx's wrapper only says when it failed
 	}
 	return pgerr.Classify(err, sent)
 }
@@ -201,6 +203,17 @@ func mapFnError(tx pgx.Tx, err error) error {
 		return mapError(err, false)
 	}
 	return err
+}
+
+// mapped reports whether err is already one of this package's errors (a
+// helper's, or MapError's): mapping it again must not change it.
+func mapped(err error) bool {
+	var (
+		stale *StaleTokenError
+		lost  *LeaseNotHeldError
+	)
+	return errors.As(err, &stale) || errors.As(err, &lost) || errors.Is(err, ErrUnfencedWrite) ||
+		errors.Is(err, ErrFloorLowered) || pgerr.Classified(err)
 }
 
 // details parses the DETAIL of pgfence's own errors: space-separated

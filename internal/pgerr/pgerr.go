@@ -151,13 +151,29 @@ func (e *schemaError) Error() string {
 
 func (e *schemaError) Unwrap() error { return e.err }
 
+// classified are the sentinels an error carries once Classify (or a package
+// that builds on it) has classified it.
+var classified = []error{ErrUnavailable, ErrOutcomeUnknown, ErrNotPrimary, ErrIsolation, ErrLockTimeout,
+	ErrStatementTimeout, ErrIdleInTransactionTimeout, ErrInvalid, ErrGrantsPaused}
+
+// Classified reports whether err already carries one of the shared sentinels.
+func Classified(err error) bool {
+	for _, s := range classified {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
 // Classify maps a database error to pgfence's shared sentinels, keeping the
 // original in the chain. sent reports whether the statement may have reached
 // the server: a broken connection after sending is an unknown outcome, before
-// sending it is "unavailable". Errors it does not know are returned unchanged.
+// sending it is "unavailable". Errors it does not know are returned unchanged,
+// and so are errors already classified: classifying twice changes nothing.
 func Classify(err error, sent bool) error {
-	if err == nil {
-		return nil
+	if err == nil || Classified(err) {
+		return err
 	}
 	switch Code(err) {
 	case CodeNotPrimary, CodeReadOnlyTransaction:
@@ -181,6 +197,12 @@ func Classify(err error, sent bool) error {
 		}
 		return err // the server answered: the statement failed, nothing committed
 	}
+	// A server (or a pooler in front of it) that answers with a connection
+	// exception refused the request: PgBouncer's "server login has been
+	// failing" (08P01) comes before anything reached PostgreSQL.
+	if pe := PgError(err); pe != nil && len(pe.Code) == 5 && pe.Code[:2] == "08" {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
 	// A connection that could not be established sent nothing, whatever the
 	// caller was about to send.
 	var connectErr *pgconn.ConnectError
@@ -198,7 +220,9 @@ func Classify(err error, sent bool) error {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if !sent {
-		if !IsConnectionError(err) {
+		// Nothing reached the server: the caller's own deadline, or a bug of
+		// the caller's, is returned as is; a broken connection is an outage.
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || !IsConnectionError(err) {
 			return err
 		}
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)

@@ -47,6 +47,38 @@ func TestClassifyServerErrors(t *testing.T) {
 	}
 }
 
+// Classifying an error twice changes nothing: an unavailable database stays
+// unavailable (not "outcome unknown"), and no message is repeated.
+func TestClassifyIdempotent(t *testing.T) {
+	for _, first := range []error{
+		pgerr.Classify(&pgconn.ConnectError{}, true),
+		pgerr.Classify(fmt.Errorf("x: %w", io.ErrUnexpectedEOF), true),
+		pgerr.Classify(&pgconn.PgError{Code: pgerr.CodeNotPrimary}, true),
+		pgerr.Classify(&pgconn.PgError{Code: pgerr.CodeLockNotAvailable}, true),
+	} {
+		if again := pgerr.Classify(first, true); again != first {
+			t.Errorf("Classify(Classify(err)) = %v, want %v unchanged", again, first)
+		}
+		if !pgerr.Classified(first) {
+			t.Errorf("Classified(%v) = false", first)
+		}
+	}
+	if pgerr.Classified(errors.New("other")) {
+		t.Error("Classified(a plain error) = true")
+	}
+}
+
+// A connection exception the server or a pooler sent (PgBouncer's "server
+// login has been failing", 08P01) means the request was refused: nothing
+// reached PostgreSQL, so it is unavailable, never an unknown outcome.
+func TestClassifyPoolerRefusal(t *testing.T) {
+	refused := &pgconn.PgError{Severity: "ERROR", Code: "08P01", Message: "server login has been failing, try again later (server_login_retry)"}
+	err := pgerr.Classify(refused, true)
+	if !errors.Is(err, pgerr.ErrUnavailable) || errors.Is(err, pgerr.ErrOutcomeUnknown) || pgerr.Code(err) != "08P01" {
+		t.Fatalf("Classify(08P01) = %v, want ErrUnavailable keeping the server error", err)
+	}
+}
+
 // A refused connection sent nothing: unavailable, never "outcome unknown",
 // even when the caller was about to send a commit.
 func TestClassifyRefusedConnection(t *testing.T) {
