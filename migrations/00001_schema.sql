@@ -1,4 +1,4 @@
--- pgfence base schema: the token source and the lease rows.
+-- pgfence schema: the schema, the roles, the token source and the trace id.
 --
 -- Every pgfence object lives in the schema "pgfence". The Go migrator creates
 -- the schema before goose runs (its version table, pgfence.goose_db_version,
@@ -7,7 +7,8 @@
 --
 -- SQLSTATEs raised by pgfence (class PF, never ending in 000):
 --   PF001 stale token: a fenced write presented a token older than the one accepted
---   PF002 lease not held: a lease-checked write or renewal by a holder that lost its lease
+--   PF002 lease not held: a lease-checked write or renewal by a holder that lost
+--         its lease, or an idempotency call by an attempt that no longer owns the key
 --   PF003 lease held by another holder
 --   PF004 idempotency key reused with a different request payload
 --   PF005 not a primary: tokens are never issued while the server is in recovery
@@ -15,10 +16,79 @@
 --   PF007 idempotency key in progress
 --   PF008 invalid argument
 --   PF009 token floor may only be raised
+--   PF010 transaction isolation is not READ COMMITTED (idempotency claims)
+--   PF011 new grants paused for the key's prefix
+--
+-- Roles. Two NOLOGIN group roles; grant them to your login roles:
+--
+--   pgfence_app       takes part in the protocol through the functions only:
+--                     try_acquire/acquire/renew/release, the fair queue,
+--                     fence/check_lease/fence_probe, record_fence_rejection,
+--                     the idempotency claims, and reads of the pgfence tables
+--                     and lease_status. It has no INSERT/UPDATE/DELETE on any
+--                     pgfence table, so it can neither mint, move nor lower a
+--                     token, a fence or the floor.
+--   pgfence_operator  everything pgfence_app can, plus force_release,
+--                     raise_token_floor, protect/unprotect (of tables it owns),
+--                     pause_grants/resume_grants, prune_lease_events,
+--                     prune_fence_rejections and idempotency_gc.
+--
+--   GRANT pgfence_app TO orders_service;      -- a LOGIN role of the application
+--   GRANT pgfence_operator TO oncall;         -- people and the CLI
+--
+-- Roles are cluster-wide, so this migration creates them only if they are
+-- absent (the migrating role needs CREATEROLE then, else it stops with a hint)
+-- and its Down never drops them: other databases of the cluster may use them,
+-- and dropping them would silently remove their members.
+--
+-- Privileges. Functions are created executable by PUBLIC: each migration
+-- revokes that for every function it creates and grants EXECUTE to the roles
+-- above, function by function, and SELECT on its tables. Functions that write
+-- pgfence tables run as their owner (SECURITY DEFINER) with search_path pinned
+-- to pg_catalog, pg_temp: every pgfence object in their bodies is
+-- schema-qualified and every built-in they use (functions, operators, types)
+-- lives in pg_catalog, so no object a caller creates can be picked up instead.
 
 -- +goose Up
 -- +goose StatementBegin
 CREATE SCHEMA IF NOT EXISTS pgfence;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['pgfence_app', 'pgfence_operator'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r) THEN
+            BEGIN
+                EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', r);
+            EXCEPTION
+                WHEN duplicate_object OR unique_violation THEN
+                    NULL; -- created meanwhile by the migration of another database
+                WHEN insufficient_privilege THEN
+                    RAISE EXCEPTION 'pgfence: role % does not exist and role % may not create it', r, current_user
+                        USING ERRCODE = '42501',
+                              HINT = 'Have a role with CREATEROLE run: CREATE ROLE pgfence_app NOLOGIN; CREATE ROLE pgfence_operator NOLOGIN; then migrate again.';
+            END;
+        END IF;
+    END LOOP;
+END;
+$$;
+-- +goose StatementEnd
+
+GRANT USAGE ON SCHEMA pgfence TO pgfence_app, pgfence_operator;
+
+-- +goose StatementBegin
+DO $$
+BEGIN
+    -- goose's version table, for `pgfence doctor` run as an operator (it is
+    -- absent when another tool applied these files).
+    IF pg_catalog.to_regclass('pgfence.goose_db_version') IS NOT NULL THEN
+        GRANT SELECT ON pgfence.goose_db_version TO pgfence_operator;
+    END IF;
+END;
+$$;
 -- +goose StatementEnd
 
 -- The token floor: tokens issued from now on are strictly greater than this
@@ -35,6 +105,24 @@ CREATE TABLE pgfence.token_floor (
 
 -- +goose StatementBegin
 INSERT INTO pgfence.token_floor DEFAULT VALUES;
+-- +goose StatementEnd
+
+-- The floor leaves tokens room to grow. A token is (timeline << 40) | counter
+-- and never below floor + 1. A floor near the end of the bigint range (a typo,
+-- or a script that took the wrong column) would make every later grant fail
+-- with "bigint out of range", and since the floor is never lowered
+-- (raise_token_floor refuses, PF009), there would be no way back. 2^62 is far
+-- above any token a real cluster issues and leaves 2^62 more. The Go API
+-- (pgfence.MaxTokenFloor) and the CLI refuse the same before they send
+-- anything; this constraint closes the other doors (psql, an UPDATE by the
+-- owner).
+--
+-- NOT VALID, like the row checks of the other pgfence tables: PostgreSQL
+-- checks every row inserted or updated once the constraint exists; NOT VALID
+-- only records that the rows already there were not scanned.
+-- +goose StatementBegin
+ALTER TABLE pgfence.token_floor
+    ADD CONSTRAINT floor_leaves_room CHECK (floor <= 4611686018427387904) NOT VALID;
 -- +goose StatementEnd
 
 -- token_epoch returns the timeline id of the server's WAL insert position. The
@@ -61,70 +149,121 @@ $$;
 -- it in the granting transaction, so a token that was not committed was never
 -- returned) and failovers (a promoted standby runs on a higher timeline, so it
 -- cannot reissue a number the old primary acknowledged but did not replicate).
+--
+-- It is plpgsql, not SQL: a LANGUAGE sql function that cannot be inlined (a
+-- subquery in its body) is parsed and planned again for every statement that
+-- calls it (PostgreSQL 15 caches its plan for one outer statement only), ~60 µs
+-- per grant measured with pg_stat_statements; plpgsql caches its plans per
+-- session.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.next_token(previous bigint) RETURNS bigint
-LANGUAGE sql VOLATILE AS $$
-    SELECT greatest(coalesce(previous, 0) + 1,
-                    (pgfence.token_epoch() << 40) + 1,
-                    (SELECT f.floor FROM pgfence.token_floor f) + 1);
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_floor bigint;
+BEGIN
+    SELECT f.floor INTO v_floor FROM pgfence.token_floor f;
+    RETURN greatest(coalesce(previous, 0) + 1, (pgfence.token_epoch() << 40) + 1, v_floor + 1);
+END;
 $$;
 -- +goose StatementEnd
 
--- Lease rows. A row is created by the first grant for a key and is never deleted
--- while tokens matter: "token" is the last token issued for the key and the next
--- grant draws next_token(token) in the same statement that stores it.
+-- raise_token_floor makes every token issued from now on greater than
+-- new_floor. It refuses to lower the floor (PF009); raising it to its current
+-- value is a no-op. It returns the floor before.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.raise_token_floor(new_floor bigint, reason text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    old_floor bigint;
+BEGIN
+    IF new_floor IS NULL OR new_floor < 0 THEN
+        RAISE EXCEPTION 'pgfence: new_floor must be >= 0, got %', new_floor USING ERRCODE = 'PF008';
+    END IF;
+    IF reason IS NULL OR length(reason) NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'pgfence: reason must be 1 to 1000 characters' USING ERRCODE = 'PF008';
+    END IF;
+    PERFORM set_config('synchronous_commit', 'on', true);
+    SELECT f.floor INTO old_floor FROM pgfence.token_floor f FOR UPDATE;
+    IF new_floor < old_floor THEN
+        RAISE EXCEPTION 'pgfence: the token floor is % and may only be raised, not lowered to %', old_floor, new_floor
+            USING ERRCODE = 'PF009', DETAIL = format('floor=%s presented=%s', old_floor, new_floor);
+    END IF;
+    IF new_floor > old_floor THEN
+        UPDATE pgfence.token_floor SET floor = new_floor, raised_at = clock_timestamp(), reason = raise_token_floor.reason;
+    END IF;
+    RETURN old_floor;
+END;
+$$;
+-- +goose StatementEnd
+
+-- Trace ids. The trace id of the request that caused a lease event, the last
+-- accepted fenced write, a rejected fenced write or an idempotency claim is
+-- stored beside it (the trace_id columns of pgfence.lease_events,
+-- pgfence.fences, pgfence.fence_rejections and pgfence.idempotency_keys), so
+-- that one query joins a lock grant to the business write it protected:
 --
--- A lease is live iff released_at IS NULL AND expires_at > clock_timestamp().
--- Only the database clock decides; holder is the random id of the current (or
--- last) grant and must be presented to renew or release it.
+--   SELECT e.key, e.event, e.token AS lease_token, e.at, f.resource, f.token AS fence_token, f.accepted_at
+--     FROM pgfence.lease_events e JOIN pgfence.fences f USING (trace_id)
+--    WHERE e.trace_id = '4bf92f3577b34da6a3ce929d0e0e4736';
+--
+-- A client names its trace for the current transaction only:
+--
+--   SELECT set_config('pgfence.trace_id', '4bf92f3577b34da6a3ce929d0e0e4736', true);
+--
+-- (the Go packages do it in the same pipeline as the statement when the
+-- context carries a valid OpenTelemetry span context: no extra round trip).
+-- Anything but 32 lowercase hex digits is ignored (stored as NULL): a bad
+-- setting never makes a grant or a write fail.
+--
+-- current_trace_id returns the setting if well-formed, else NULL. It is one
+-- expression without a FROM clause, so the planner inlines it into the column
+-- defaults that call it; a FROM clause cost ~25 µs per lease event and per
+-- new fence row, planned again for every statement.
 -- +goose StatementBegin
-CREATE TABLE pgfence.leases (
-    key          text        PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 512),
-    holder       uuid        NOT NULL,
-    token        bigint      NOT NULL CHECK (token > 0),
-    granted_at   timestamptz NOT NULL,
-    renewed_at   timestamptz,
-    expires_at   timestamptz NOT NULL,
-    released_at  timestamptz,
-    holder_info  text        NOT NULL DEFAULT '' CHECK (octet_length(holder_info) <= 1024),
-    CHECK (expires_at >= granted_at),
-    CHECK (renewed_at IS NULL OR renewed_at >= granted_at),
-    CHECK (released_at IS NULL OR released_at >= granted_at)
-);
+CREATE FUNCTION pgfence.current_trace_id() RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN current_setting('pgfence.trace_id', true) ~ '^[0-9a-f]{32}$'
+                 AND current_setting('pgfence.trace_id', true) <> '00000000000000000000000000000000'
+                THEN current_setting('pgfence.trace_id', true) END
+$$;
 -- +goose StatementEnd
 
--- Grant history: one row per transition, bounded by pruning (see the leases
--- package). It outlives the lease rows on purpose.
--- +goose StatementBegin
-CREATE TABLE pgfence.lease_events (
-    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    key         text        NOT NULL CHECK (octet_length(key) BETWEEN 1 AND 512),
-    event       text        NOT NULL CHECK (event IN ('acquired', 'taken_over', 'released', 'force_released', 'expired')),
-    holder      uuid        NOT NULL,
-    token       bigint      NOT NULL CHECK (token > 0),
-    at          timestamptz NOT NULL DEFAULT clock_timestamp(),
-    reason      text        CHECK (reason IS NULL OR length(reason) BETWEEN 1 AND 1000)
-);
--- +goose StatementEnd
+-- Nothing for PUBLIC (functions are created executable by everyone), then
+-- each role gets exactly its list.
+REVOKE ALL ON ALL TABLES IN SCHEMA pgfence FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA pgfence FROM PUBLIC;
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgfence FROM PUBLIC;
 
--- +goose StatementBegin
-CREATE INDEX lease_events_key_id ON pgfence.lease_events (key, id);
--- +goose StatementEnd
+GRANT SELECT ON pgfence.token_floor TO pgfence_app, pgfence_operator;
+
+GRANT EXECUTE ON FUNCTION
+    pgfence.current_trace_id()
+  TO pgfence_app, pgfence_operator;
+
+-- Operations: the operator role only.
+GRANT EXECUTE ON FUNCTION
+    pgfence.raise_token_floor(bigint, text),
+    pgfence.next_token(bigint),
+    pgfence.token_epoch()
+  TO pgfence_operator;
 
 -- +goose Down
--- The schema itself stays: goose's version table lives in it.
--- +goose StatementBegin
-DROP TABLE pgfence.lease_events;
--- +goose StatementEnd
--- +goose StatementBegin
-DROP TABLE pgfence.leases;
--- +goose StatementEnd
--- +goose StatementBegin
+-- The schema itself stays: goose's version table lives in it. So do the
+-- roles (see above).
+DROP FUNCTION pgfence.current_trace_id();
+DROP FUNCTION pgfence.raise_token_floor(bigint, text);
 DROP FUNCTION pgfence.next_token(bigint);
--- +goose StatementEnd
--- +goose StatementBegin
 DROP FUNCTION pgfence.token_epoch();
--- +goose StatementEnd
--- +goose StatementBegin
 DROP TABLE pgfence.token_floor;
+
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF pg_catalog.to_regclass('pgfence.goose_db_version') IS NOT NULL THEN
+        REVOKE SELECT ON pgfence.goose_db_version FROM pgfence_operator;
+    END IF;
+END;
+$$;
 -- +goose StatementEnd
+
+REVOKE USAGE ON SCHEMA pgfence FROM pgfence_app, pgfence_operator;

@@ -4,9 +4,10 @@
 -- them, and a worker in any other language takes part in the same protocol by
 -- calling them with a plain SQL client.
 --
---   pgfence.try_acquire(key, ttl, holder_info DEFAULT '', holder DEFAULT NULL)
+--   pgfence.try_acquire(key, ttl, holder_info DEFAULT '', holder DEFAULT NULL,
+--                       client_version DEFAULT NULL, announce DEFAULT false)
 --       -> (acquired, holder, token, granted_at, expires_at, remaining)
---   pgfence.acquire(key, ttl, holder_info DEFAULT '', holder DEFAULT NULL)
+--   pgfence.acquire(key, ttl, holder_info DEFAULT '', holder DEFAULT NULL, client_version DEFAULT NULL)
 --       -> (holder, token, granted_at, expires_at)            raises PF003 when held
 --   pgfence.renew(key, holder, token, ttl)
 --       -> (token, expires_at, remaining)                     raises PF002 when lost
@@ -14,6 +15,11 @@
 --       -> (released, status)    status: released | expired | already_released | not_held
 --   pgfence.force_release(key, reason) -> (released, holder, token, was_live)
 --   pgfence.prune_lease_events(key DEFAULT NULL, keep DEFAULT 100) -> bigint
+--   pgfence.lease_queue_turn(key, waiter, patience) -> bigint (waiters ahead)
+--   pgfence.lease_queue_leave(key, waiter) -> boolean
+--   pgfence.pause_grants(prefix, reason) -> boolean
+--   pgfence.resume_grants(prefix, reason DEFAULT NULL) -> boolean
+--   pgfence.lease_max_ttl() -> interval
 --   pgfence.lease_status (view): every lease row with live and remaining,
 --       computed by the database clock.
 --
@@ -41,10 +47,170 @@
 --   * Every transition appends a row to pgfence.lease_events; every 32nd grant of
 --     a key prunes its history to the newest 100 events.
 --   * Errors: PF008 invalid argument, PF002 lease not held (renew), PF003 lease
---     held by another holder (acquire); messages name the key, holder and token.
+--     held by another holder (acquire), PF011 new grants paused; messages name
+--     the key, holder and token.
+--
+-- Wake-ups that do not stampede. Every client waiting for a key tries to
+-- acquire it when it hears the release: with N waiting clients a release
+-- costs N attempts of which one wins. A waiter that has already lost a race
+-- for the key passes announce => true, and its grant then sends NOTIFY
+-- pgfence_lease_granted with the payload "<lease length in microseconds>:<key>".
+-- The Go client spreads the attempts of woken waiters over a short random
+-- window that adapts to how often it loses, and a waiter that hears the grant
+-- before its turn goes back to sleep until the next release, or until that
+-- lease would expire, without sending anything. Uncontended grants pass false
+-- and notify nobody: a NOTIFY serialises commits that send one.
+-- resume_grants wakes every waiter (NOTIFY pgfence_lease_released with an
+-- empty payload) instead of leaving them to notice at their next poll. The
+-- notifications are hints: the database still decides every grant, and a
+-- client that misses them falls back to polling.
+--
+-- Kill switch. pgfence.pause_grants(prefix, reason) stops NEW grants of every
+-- key that starts with prefix ('' pauses every key): try_acquire and acquire
+-- raise PF011 (grants paused). Current holders keep renewing, releasing and
+-- writing with their tokens, so they finish (or are fenced, after an operator
+-- force-releases them). pgfence.resume_grants(prefix) lifts it. Both record
+-- who (session_user) and why in pgfence.grant_pause_events. A pause applies to
+-- grants that start after it commits.
+--
+-- Client version. try_acquire and acquire take p_client_version (DEFAULT
+-- NULL): the Go client passes "pgfence-go/<module version>"; it is stored on
+-- the lease row (lease_status.client_version) and on the acquired/taken_over
+-- event, so an old client in a mixed-version rollout can be spotted. Raw SQL
+-- clients that do not pass it show NULL.
 
 -- +goose Up
 
+-- Lease rows. A row is created by the first grant for a key and is never deleted
+-- while tokens matter: "token" is the last token issued for the key and the next
+-- grant draws next_token(token) in the same statement that stores it.
+--
+-- A lease is live iff released_at IS NULL AND expires_at > clock_timestamp().
+-- Only the database clock decides; holder is the random id of the current (or
+-- last) grant and must be presented to renew or release it.
+--
+-- fillfactor 80: every grant and release updates its key's row, and free room
+-- on the page keeps those updates HOT (no index entry, no table growth under
+-- churn).
+-- +goose StatementBegin
+CREATE TABLE pgfence.leases (
+    key            text        PRIMARY KEY,
+    holder         uuid        NOT NULL,
+    token          bigint      NOT NULL,
+    granted_at     timestamptz NOT NULL,
+    renewed_at     timestamptz,
+    expires_at     timestamptz NOT NULL,
+    released_at    timestamptz,
+    holder_info    text        NOT NULL DEFAULT '',
+    client_version text
+) WITH (fillfactor = 80);
+-- +goose StatementEnd
+
+-- Grant history: one row per transition, bounded by pruning (see the leases
+-- package). It outlives the lease rows on purpose.
+-- +goose StatementBegin
+CREATE TABLE pgfence.lease_events (
+    id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    key            text        NOT NULL,
+    event          text        NOT NULL,
+    holder         uuid        NOT NULL,
+    token          bigint      NOT NULL,
+    at             timestamptz NOT NULL DEFAULT clock_timestamp(),
+    reason         text,
+    trace_id       text        DEFAULT pgfence.current_trace_id(),
+    client_version text
+);
+-- +goose StatementEnd
+
+CREATE INDEX lease_events_key_id ON pgfence.lease_events (key, id);
+CREATE INDEX lease_events_trace_id ON pgfence.lease_events (trace_id) WHERE trace_id IS NOT NULL;
+
+-- The row invariants of pgfence.leases and pgfence.lease_events, one
+-- plpgsql call per table. PostgreSQL plans every CHECK expression again for
+-- every row written: as ten column and table CHECKs they cost ~550k of the
+-- 2.1M CPU instructions of one grant + release (callgrind), which writes each
+-- table twice; plpgsql keeps its compiled expressions for the session.
+-- NOT VALID: PostgreSQL checks every row inserted or updated once the
+-- constraint exists; NOT VALID only records that rows already there were not
+-- scanned.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.lease_row_valid(l pgfence.leases) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN octet_length(l.key) BETWEEN 1 AND 512 AND l.token > 0 AND octet_length(l.holder_info) <= 1024
+       AND l.expires_at >= l.granted_at
+       AND (l.renewed_at IS NULL OR l.renewed_at >= l.granted_at)
+       AND (l.released_at IS NULL OR l.released_at >= l.granted_at);
+END;
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+ALTER TABLE pgfence.leases
+    ADD CONSTRAINT valid_row CHECK (pgfence.lease_row_valid(leases)) NOT VALID;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.lease_event_valid(e pgfence.lease_events) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN octet_length(e.key) BETWEEN 1 AND 512
+       AND e.event IN ('acquired', 'taken_over', 'released', 'force_released', 'expired')
+       AND e.token > 0
+       AND (e.reason IS NULL OR length(e.reason) BETWEEN 1 AND 1000);
+END;
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+ALTER TABLE pgfence.lease_events
+    ADD CONSTRAINT valid_row CHECK (pgfence.lease_event_valid(lease_events)) NOT VALID;
+-- +goose StatementEnd
+
+-- A waiter queue for fair leases: Acquire with AcquireOptions.Fair takes its
+-- turn here before it tries the lease, so waiters across clients and
+-- processes are granted in arrival order. A waiter that stops polling for its
+-- patience leaves the queue (its row expires), so a crashed waiter never
+-- blocks the others for long. Waiter rows are not durable: a crash forgets the
+-- queue, which only costs fairness, never safety.
+-- +goose StatementBegin
+CREATE TABLE pgfence.lease_waiters (
+    key          text        NOT NULL CHECK (octet_length(key) BETWEEN 1 AND 512),
+    waiter       uuid        NOT NULL,
+    enqueued_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    expires_at   timestamptz NOT NULL,
+    PRIMARY KEY (key, waiter),
+    CHECK (expires_at > enqueued_at)
+);
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE INDEX lease_waiters_order ON pgfence.lease_waiters (key, enqueued_at, waiter);
+-- +goose StatementEnd
+
+-- Kill switches: one row per paused key prefix.
+-- +goose StatementBegin
+CREATE TABLE pgfence.grant_pauses (
+    prefix     text        PRIMARY KEY CHECK (octet_length(prefix) <= 512),
+    paused_by  text        NOT NULL DEFAULT session_user,
+    reason     text        NOT NULL CHECK (length(reason) BETWEEN 1 AND 1000),
+    paused_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+-- +goose StatementEnd
+
+-- The pause history: who paused or resumed which prefix, when and why.
+-- +goose StatementBegin
+CREATE TABLE pgfence.grant_pause_events (
+    id      bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    prefix  text        NOT NULL,
+    action  text        NOT NULL CHECK (action IN ('paused', 'resumed')),
+    actor   text        NOT NULL DEFAULT session_user,
+    reason  text        CHECK (reason IS NULL OR length(reason) BETWEEN 1 AND 1000),
+    at      timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+-- +goose StatementEnd
+
+-- lease_max_ttl is the longest ttl a grant or a renewal accepts.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.lease_max_ttl() RETURNS interval
 LANGUAGE sql IMMUTABLE AS $$ SELECT interval '24 hours' $$;
@@ -79,7 +245,7 @@ $$;
 -- p_key is NULL) and returns how many it deleted.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.prune_lease_events(p_key text DEFAULT NULL, p_keep integer DEFAULT 100)
-RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n bigint;
 BEGIN
@@ -101,14 +267,137 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- raise_grants_paused raises PF011 for p_key, naming the longest paused
+-- prefix that matches it. try_acquire calls it only when a pause matches.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.raise_grants_paused(p_key text) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    p pgfence.grant_pauses%ROWTYPE;
+BEGIN
+    SELECT g.* INTO p FROM pgfence.grant_pauses g
+     WHERE starts_with(p_key, g.prefix)
+     ORDER BY octet_length(g.prefix) DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RAISE EXCEPTION 'pgfence: new grants of lease % are paused (prefix %, by %, since %): %',
+            quote_literal(p_key), quote_literal(p.prefix), p.paused_by, p.paused_at, p.reason
+        USING ERRCODE = 'PF011',
+              DETAIL = format('prefix=%s paused_by=%s', p.prefix, p.paused_by),
+              HINT = 'Current holders keep their leases; an operator lifts the pause with pgfence.resume_grants(prefix).';
+END;
+$$;
+-- +goose StatementEnd
+
+-- pause_grants stops new grants of every key that starts with p_prefix ('' is
+-- every key) until resume_grants. It returns true when the prefix was not
+-- paused yet (pausing it again replaces the reason). Operator only.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.pause_grants(p_prefix text, p_reason text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_was boolean;
+BEGIN
+    IF p_prefix IS NULL OR octet_length(p_prefix) > 512 THEN
+        RAISE EXCEPTION 'pgfence: pause_grants prefix must be 0 to 512 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    IF p_reason IS NULL OR length(p_reason) NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'pgfence: pause_grants needs a reason of 1 to 1000 characters' USING ERRCODE = 'PF008';
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    PERFORM 1 FROM pgfence.grant_pauses g WHERE g.prefix = p_prefix FOR UPDATE;
+    v_was := FOUND;
+    INSERT INTO pgfence.grant_pauses AS g (prefix, reason) VALUES (p_prefix, p_reason)
+        ON CONFLICT (prefix) DO UPDATE SET reason = excluded.reason, paused_by = excluded.paused_by;
+    INSERT INTO pgfence.grant_pause_events (prefix, action, reason) VALUES (p_prefix, 'paused', p_reason);
+    RETURN NOT v_was;
+END;
+$$;
+-- +goose StatementEnd
+
+-- resume_grants lifts the pause of exactly p_prefix and returns whether there
+-- was one, and wakes every waiter. Operator only.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.resume_grants(p_prefix text, p_reason text DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_prefix IS NULL THEN
+        RAISE EXCEPTION 'pgfence: resume_grants needs a prefix' USING ERRCODE = 'PF008';
+    END IF;
+    IF p_reason IS NOT NULL AND length(p_reason) NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'pgfence: resume_grants reason must be 1 to 1000 characters' USING ERRCODE = 'PF008';
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    DELETE FROM pgfence.grant_pauses g WHERE g.prefix = p_prefix;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO pgfence.grant_pause_events (prefix, action, reason) VALUES (p_prefix, 'resumed', p_reason);
+    -- An empty payload wakes every waiter of every client (keys are never
+    -- empty); older clients ignore it and notice within their poll interval.
+    PERFORM pg_notify('pgfence_lease_released', '');
+    RETURN true;
+END;
+$$;
+-- +goose StatementEnd
+
+-- lease_queue_turn enqueues p_waiter for p_key (or refreshes its place for
+-- another p_patience) and returns how many live waiters are ahead of it: 0
+-- means it is its turn to try pgfence.try_acquire.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.lease_queue_turn(p_key text, p_waiter uuid, p_patience interval)
+RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    my_enqueued timestamptz;
+    ahead       bigint;
+BEGIN
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 OR p_waiter IS NULL
+       OR p_patience IS NULL OR p_patience <= interval '0' THEN
+        RAISE EXCEPTION 'pgfence: lease_queue_turn needs a key (1 to 512 bytes), a waiter id and a positive patience'
+            USING ERRCODE = 'PF008';
+    END IF;
+    -- Queue positions need no durability: losing them in a crash costs
+    -- fairness only.
+    PERFORM set_config('synchronous_commit', 'off', true);
+    DELETE FROM pgfence.lease_waiters w WHERE w.key = p_key AND w.expires_at <= clock_timestamp();
+    INSERT INTO pgfence.lease_waiters AS w (key, waiter, expires_at)
+    VALUES (p_key, p_waiter, clock_timestamp() + p_patience)
+    ON CONFLICT (key, waiter) DO UPDATE SET expires_at = clock_timestamp() + p_patience
+    RETURNING w.enqueued_at INTO my_enqueued;
+    SELECT count(*) INTO ahead
+      FROM pgfence.lease_waiters w
+     WHERE w.key = p_key AND w.expires_at > clock_timestamp()
+       AND (w.enqueued_at, w.waiter) < (my_enqueued, p_waiter);
+    RETURN ahead;
+END;
+$$;
+-- +goose StatementEnd
+
+-- lease_queue_leave removes p_waiter from p_key's queue (granted or gave up).
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.lease_queue_leave(p_key text, p_waiter uuid) RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    WITH gone AS (DELETE FROM pgfence.lease_waiters WHERE key = p_key AND waiter = p_waiter RETURNING 1)
+    SELECT EXISTS (SELECT 1 FROM gone);
+$$;
+-- +goose StatementEnd
+
 -- try_acquire grants the lease on p_key for p_ttl when nobody holds it, in one
 -- statement, with a fresh holder id (p_holder, or a random one) and the next
 -- token. When another holder has it, it writes nothing and returns
--- acquired = false with the time that holder has left.
+-- acquired = false with the time that holder has left. It checks the kill
+-- switches first, and with p_announce it tells the other waiters about the
+-- grant (see the header).
 -- +goose StatementBegin
-CREATE FUNCTION pgfence.try_acquire(p_key text, p_ttl interval, p_holder_info text DEFAULT '', p_holder uuid DEFAULT NULL)
+CREATE FUNCTION pgfence.try_acquire(p_key text, p_ttl interval, p_holder_info text DEFAULT '', p_holder uuid DEFAULT NULL,
+                                    p_client_version text DEFAULT NULL, p_announce boolean DEFAULT false)
 RETURNS TABLE (acquired boolean, holder uuid, token bigint, granted_at timestamptz, expires_at timestamptz, remaining interval)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     cur      pgfence.leases%ROWTYPE;
@@ -116,10 +405,22 @@ DECLARE
     v_token  bigint;
     v_grant  timestamptz;
     v_exp    timestamptz;
+    v_lock   bigint := hashtextextended('pgfence.lease:' || p_key, 0);
+    v_busy   boolean;
 BEGIN
     PERFORM pgfence.lease_check_args(p_key, p_ttl, coalesce(p_holder_info, ''));
     IF p_ttl IS NULL THEN
         RAISE EXCEPTION 'pgfence: lease ttl must not be NULL' USING ERRCODE = 'PF008';
+    END IF;
+    IF octet_length(p_client_version) > 128 THEN
+        RAISE EXCEPTION 'pgfence: client_version must be at most 128 bytes, got %', octet_length(p_client_version)
+            USING ERRCODE = 'PF008';
+    END IF;
+
+    -- Kill switch: a paused prefix refuses new grants (PF011). An empty table
+    -- costs one scan of an empty heap.
+    IF EXISTS (SELECT 1 FROM pgfence.grant_pauses g WHERE starts_with(p_key, g.prefix)) THEN
+        PERFORM pgfence.raise_grants_paused(p_key);
     END IF;
 
     -- The cheap check: a plain read, no lock, no write.
@@ -141,9 +442,37 @@ BEGIN
     -- transaction-scoped advisory lock (a 64-bit hash of the key) lives in
     -- memory only and is released at commit, so it is safe behind PgBouncer in
     -- transaction mode. The upsert below still decides.
-    IF NOT pg_try_advisory_xact_lock(hashtextextended('pgfence.lease:' || p_key, 0)) THEN
-        RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, NULL::timestamptz, NULL::timestamptz, interval '0';
-        RETURN;
+    --
+    -- Any role that can connect can take that advisory lock, so it alone
+    -- does not mean a grant is under way. A granting transaction also writes
+    -- pgfence.leases right after taking it, which only the pgfence roles can
+    -- do: when the key has a row, the grant holds that row's lock (checked
+    -- with SKIP LOCKED, which never waits); a first grant, with no row to
+    -- lock, holds ROW EXCLUSIVE on the table in the backend that holds the
+    -- advisory lock (checked in pg_locks, only on this path). Otherwise the
+    -- advisory lock's holder is not granting and the upsert goes ahead.
+    IF NOT pg_try_advisory_xact_lock(v_lock) THEN
+        IF cur.key IS NOT NULL THEN
+            PERFORM 1 FROM pgfence.leases l WHERE l.key = p_key FOR UPDATE SKIP LOCKED;
+            v_busy := NOT FOUND;
+        ELSE
+            WITH locks AS MATERIALIZED (
+                SELECT k.pid, k.locktype, k.database, k.classid, k.objid, k.objsubid, k.relation, k.mode, k.granted
+                  FROM pg_locks k
+            )
+            SELECT EXISTS (
+                SELECT 1 FROM locks a JOIN locks r ON r.pid = a.pid
+                 WHERE a.locktype = 'advisory' AND a.granted AND a.objsubid = 1
+                   AND a.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                   AND a.classid = ((v_lock >> 32) & 4294967295)::oid AND a.objid = (v_lock & 4294967295)::oid
+                   AND r.locktype = 'relation' AND r.granted AND r.relation = 'pgfence.leases'::regclass
+                   AND r.mode = 'RowExclusiveLock'
+            ) INTO v_busy;
+        END IF;
+        IF v_busy THEN
+            RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, NULL::timestamptz, NULL::timestamptz, interval '0';
+            RETURN;
+        END IF;
     END IF;
 
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -151,17 +480,18 @@ BEGIN
     END IF;
 
     -- The grant. ON CONFLICT's WHERE is evaluated on the locked, latest row.
-    INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, holder_info)
+    INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, holder_info, client_version)
     VALUES (p_key, v_holder, pgfence.next_token(NULL), clock_timestamp(), clock_timestamp() + p_ttl,
-            coalesce(p_holder_info, ''))
+            coalesce(p_holder_info, ''), p_client_version)
     ON CONFLICT (key) DO UPDATE
-        SET holder      = EXCLUDED.holder,
-            token       = pgfence.next_token(l.token),
-            granted_at  = clock_timestamp(),
-            renewed_at  = NULL,
-            expires_at  = clock_timestamp() + p_ttl,
-            released_at = NULL,
-            holder_info = EXCLUDED.holder_info
+        SET holder         = EXCLUDED.holder,
+            token          = pgfence.next_token(l.token),
+            granted_at     = clock_timestamp(),
+            renewed_at     = NULL,
+            expires_at     = clock_timestamp() + p_ttl,
+            released_at    = NULL,
+            holder_info    = EXCLUDED.holder_info,
+            client_version = EXCLUDED.client_version
         WHERE l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp()
     RETURNING l.token, l.granted_at, l.expires_at INTO v_token, v_grant, v_exp;
 
@@ -176,15 +506,24 @@ BEGIN
     -- The read above tells which grant we replaced (exact unless that grant
     -- changed between the read and the upsert, which only affects the label).
     IF cur.key IS NOT NULL AND cur.released_at IS NULL THEN
-        INSERT INTO pgfence.lease_events (key, event, holder, token, reason)
+        INSERT INTO pgfence.lease_events (key, event, holder, token, reason, client_version)
         VALUES (p_key, 'taken_over', v_holder, v_token,
-                format('lease of holder %s (token %s) expired at %s', cur.holder, cur.token, cur.expires_at));
+                format('lease of holder %s (token %s) expired at %s', cur.holder, cur.token, cur.expires_at),
+                p_client_version);
     ELSE
-        INSERT INTO pgfence.lease_events (key, event, holder, token)
-        VALUES (p_key, 'acquired', v_holder, v_token);
+        INSERT INTO pgfence.lease_events (key, event, holder, token, client_version)
+        VALUES (p_key, 'acquired', v_holder, v_token, p_client_version);
     END IF;
     IF v_token % 32 = 0 THEN
         PERFORM pgfence.prune_lease_events(p_key, 100);
+    END IF;
+
+    IF p_announce THEN
+        -- Waiters in other clients that were woken by the same release hold
+        -- back their attempts when they hear this: payload "<lease
+        -- microseconds>:<key>".
+        PERFORM pg_notify('pgfence_lease_granted',
+                          ((extract(epoch FROM v_exp - v_grant) * 1000000)::bigint)::text || ':' || p_key);
     END IF;
 
     RETURN QUERY SELECT true, v_holder, v_token, v_grant, v_exp,
@@ -195,14 +534,15 @@ $$;
 
 -- acquire is try_acquire that raises PF003 instead of returning acquired = false.
 -- +goose StatementBegin
-CREATE FUNCTION pgfence.acquire(p_key text, p_ttl interval, p_holder_info text DEFAULT '', p_holder uuid DEFAULT NULL)
+CREATE FUNCTION pgfence.acquire(p_key text, p_ttl interval, p_holder_info text DEFAULT '', p_holder uuid DEFAULT NULL,
+                                p_client_version text DEFAULT NULL)
 RETURNS TABLE (holder uuid, token bigint, granted_at timestamptz, expires_at timestamptz)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     r record;
 BEGIN
-    SELECT * INTO r FROM pgfence.try_acquire(p_key, p_ttl, p_holder_info, p_holder);
+    SELECT * INTO r FROM pgfence.try_acquire(p_key, p_ttl, p_holder_info, p_holder, p_client_version);
     IF NOT r.acquired THEN
         RAISE EXCEPTION 'pgfence: lease % is held by another holder for another %', p_key, r.remaining
             USING ERRCODE = 'PF003',
@@ -219,7 +559,7 @@ $$;
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.renew(p_key text, p_holder uuid, p_token bigint, p_ttl interval)
 RETURNS TABLE (token bigint, expires_at timestamptz, remaining interval)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     cur   pgfence.leases%ROWTYPE;
@@ -273,7 +613,7 @@ $$;
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.release(p_key text, p_holder uuid, p_token bigint, p_durable boolean DEFAULT true)
 RETURNS TABLE (released boolean, status text)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     cur       pgfence.leases%ROWTYPE;
@@ -324,7 +664,7 @@ $$;
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.force_release(p_key text, p_reason text)
 RETURNS TABLE (released boolean, holder uuid, token bigint, was_live boolean)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     v_holder uuid;
@@ -357,41 +697,71 @@ END;
 $$;
 -- +goose StatementEnd
 
--- lease_status shows every lease row with its state by the database clock.
+-- lease_status shows every lease row with its state by the database clock,
+-- and the client version of the current (or last) grant.
 -- +goose StatementBegin
 CREATE VIEW pgfence.lease_status AS
 SELECT l.key, l.holder, l.token, l.granted_at, l.renewed_at, l.expires_at, l.released_at, l.holder_info,
        (l.released_at IS NULL AND l.expires_at > clock_timestamp()) AS live,
        CASE WHEN l.released_at IS NULL THEN greatest(l.expires_at - clock_timestamp(), interval '0')
-            ELSE interval '0' END AS remaining
+            ELSE interval '0' END AS remaining,
+       l.client_version
 FROM pgfence.leases l;
 -- +goose StatementEnd
 
+-- Nothing for PUBLIC (functions are created executable by everyone), then
+-- each role gets exactly its list.
+REVOKE ALL ON ALL TABLES IN SCHEMA pgfence FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA pgfence FROM PUBLIC;
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgfence FROM PUBLIC;
+
+-- Reads: both roles (the Go clients read lease rows and history back after
+-- lost replies).
+GRANT SELECT ON pgfence.leases, pgfence.lease_status, pgfence.lease_events, pgfence.lease_waiters,
+                pgfence.grant_pauses, pgfence.grant_pause_events
+   TO pgfence_app, pgfence_operator;
+
+-- The protocol: both roles.
+GRANT EXECUTE ON FUNCTION
+    pgfence.try_acquire(text, interval, text, uuid, text, boolean),
+    pgfence.acquire(text, interval, text, uuid, text),
+    pgfence.renew(text, uuid, bigint, interval),
+    pgfence.release(text, uuid, bigint, boolean),
+    pgfence.lease_queue_turn(text, uuid, interval),
+    pgfence.lease_queue_leave(text, uuid),
+    pgfence.lease_max_ttl()
+  TO pgfence_app, pgfence_operator;
+
+-- Operations: the operator role only.
+GRANT EXECUTE ON FUNCTION
+    pgfence.force_release(text, text),
+    pgfence.prune_lease_events(text, integer),
+    pgfence.pause_grants(text, text),
+    pgfence.resume_grants(text, text)
+  TO pgfence_operator;
+
 -- +goose Down
--- +goose StatementBegin
 DROP VIEW pgfence.lease_status;
--- +goose StatementEnd
--- +goose StatementBegin
 DROP FUNCTION pgfence.force_release(text, text);
--- +goose StatementEnd
--- +goose StatementBegin
 DROP FUNCTION pgfence.release(text, uuid, bigint, boolean);
--- +goose StatementEnd
--- +goose StatementBegin
 DROP FUNCTION pgfence.renew(text, uuid, bigint, interval);
--- +goose StatementEnd
--- +goose StatementBegin
-DROP FUNCTION pgfence.acquire(text, interval, text, uuid);
--- +goose StatementEnd
--- +goose StatementBegin
-DROP FUNCTION pgfence.try_acquire(text, interval, text, uuid);
--- +goose StatementEnd
--- +goose StatementBegin
+DROP FUNCTION pgfence.acquire(text, interval, text, uuid, text);
+DROP FUNCTION pgfence.try_acquire(text, interval, text, uuid, text, boolean);
+DROP FUNCTION pgfence.lease_queue_leave(text, uuid);
+DROP FUNCTION pgfence.lease_queue_turn(text, uuid, interval);
+DROP FUNCTION pgfence.resume_grants(text, text);
+DROP FUNCTION pgfence.pause_grants(text, text);
+DROP FUNCTION pgfence.raise_grants_paused(text);
 DROP FUNCTION pgfence.prune_lease_events(text, integer);
--- +goose StatementEnd
--- +goose StatementBegin
 DROP FUNCTION pgfence.lease_check_args(text, interval, text);
--- +goose StatementEnd
--- +goose StatementBegin
 DROP FUNCTION pgfence.lease_max_ttl();
--- +goose StatementEnd
+DROP TABLE pgfence.grant_pause_events;
+DROP TABLE pgfence.grant_pauses;
+DROP TABLE pgfence.lease_waiters;
+-- A row check's function takes the table's row type: it goes before the table.
+ALTER TABLE pgfence.lease_events DROP CONSTRAINT valid_row;
+DROP FUNCTION pgfence.lease_event_valid(pgfence.lease_events);
+DROP TABLE pgfence.lease_events;
+ALTER TABLE pgfence.leases DROP CONSTRAINT valid_row;
+DROP FUNCTION pgfence.lease_row_valid(pgfence.leases);
+DROP TABLE pgfence.leases;

@@ -20,14 +20,33 @@
 --           recovery point.
 --
 -- A row's result is kept until expires_at (completed_at + retention); an expired
--- row is treated as absent by the claims and deleted in batches by the Go GC.
--- In-progress rows have no expires_at and are never collected.
+-- row is treated as absent by the claims and deleted in batches by
+-- idempotency_gc. In-progress rows have no expires_at and are never collected.
+--
+--   pgfence.idempotency_claim_atomic(scope, key, fingerprint, wait, retention)
+--       -> (outcome, status, result, failure_code, failure_message, expires_at, retry_after)
+--   pgfence.idempotency_complete_atomic(scope, key, result, failure_code DEFAULT NULL,
+--       failure_message DEFAULT NULL) -> timestamptz
+--   pgfence.idempotency_claim(scope, key, fingerprint, lease, retention, wait DEFAULT '5 seconds')
+--       -> (outcome, owner, epoch, lease_expires_at, recovery_point, recovery_data,
+--           status, result, failure_code, failure_message, expires_at)
+--   pgfence.idempotency_heartbeat(scope, key, owner, lease) -> timestamptz
+--   pgfence.idempotency_advance(scope, key, owner, recovery_point, recovery_data, lease) -> timestamptz
+--   pgfence.idempotency_complete(scope, key, owner, result, failure_code DEFAULT NULL,
+--       failure_message DEFAULT NULL) -> timestamptz
+--   pgfence.idempotency_release(scope, key, owner) -> void
+--   pgfence.idempotency_gc(batch) -> bigint
 --
 -- SQLSTATEs: PF002 not the current owner, PF004 key reused with another payload,
 -- PF007 key in progress, PF008 invalid argument (or an atomic claim committed
 -- without its result), PF010 transaction isolation is not READ COMMITTED.
 
 -- +goose Up
+
+-- trace_id is the trace of the claim that created or last took over (or
+-- reused) the key (see pgfence.current_trace_id): a column default on INSERT,
+-- and on UPDATE a trigger that fires only when a claim bumps the epoch
+-- (heartbeats, recovery points and completions do not fire it).
 -- +goose StatementBegin
 CREATE TABLE pgfence.idempotency_keys (
     scope            text        NOT NULL,
@@ -48,27 +67,8 @@ CREATE TABLE pgfence.idempotency_keys (
     updated_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
     completed_at     timestamptz,
     expires_at       timestamptz,
-    PRIMARY KEY (scope, key),
-    -- Every CHECK expression is set up again for each INSERT/UPDATE statement
-    -- (measured: ~10 µs per condition here), and every claim writes this row
-    -- twice, so the invariants are two compact constraints. The sizes of
-    -- results, messages, recovery points and the retention are validated by
-    -- the functions below.
-    CONSTRAINT sane_sizes CHECK (octet_length(scope) BETWEEN 1 AND 512 AND octet_length(key) BETWEEN 1 AND 512
-                                 AND octet_length(fingerprint) BETWEEN 16 AND 64 AND epoch >= 1),
-    -- The state machine: in progress (atomic: no lease; leased: a lease, owner
-    -- NULL once released) -> succeeded (a result, possibly empty) or failed (a
-    -- code). Completed rows have no owner or lease and expire after completion.
-    CONSTRAINT valid_state CHECK (CASE status
-        WHEN 'in_progress' THEN completed_at IS NULL AND expires_at IS NULL AND result IS NULL AND failure_code IS NULL
-             AND CASE mode WHEN 'atomic' THEN owner IS NULL AND lease_expires_at IS NULL AND recovery_data IS NULL
-                           WHEN 'leased' THEN lease_expires_at IS NOT NULL
-                           ELSE false END
-        WHEN 'succeeded' THEN coalesce(expires_at > completed_at, false) AND result IS NOT NULL AND failure_code IS NULL
-             AND failure_message IS NULL AND owner IS NULL AND lease_expires_at IS NULL AND mode IN ('atomic', 'leased')
-        WHEN 'failed' THEN coalesce(expires_at > completed_at, false) AND failure_code IS NOT NULL
-             AND owner IS NULL AND lease_expires_at IS NULL AND mode IN ('atomic', 'leased')
-        ELSE false END)
+    trace_id         text        DEFAULT pgfence.current_trace_id(),
+    PRIMARY KEY (scope, key)
 );
 -- +goose StatementEnd
 
@@ -78,9 +78,45 @@ CREATE INDEX idempotency_keys_expires_at ON pgfence.idempotency_keys (expires_at
     WHERE expires_at IS NOT NULL;
 -- +goose StatementEnd
 
--- require_read_committed raises PF010 unless the transaction runs in READ
--- COMMITTED: the claims re-read a row a concurrent transaction committed while
--- they waited, which REPEATABLE READ and SERIALIZABLE refuse with 40001.
+-- The row invariants, in one plpgsql call: sane sizes, and the state
+-- machine: in progress (atomic: no lease; leased: a lease, owner NULL once
+-- released) -> succeeded (a result, possibly empty) or failed (a code).
+-- Completed rows have no owner or lease and expire after completion. The
+-- sizes of results, messages, recovery points and the retention are validated
+-- by the functions below.
+--
+-- PostgreSQL rebuilds (parses and plans) every CHECK expression for each
+-- INSERT and UPDATE statement: as two CHECK constraints these conditions cost
+-- ~40 µs per statement, and every atomic key writes its row twice. A plpgsql
+-- function keeps its compiled expressions for the session, so the same
+-- conditions cost a function call. NOT VALID: PostgreSQL checks every row
+-- inserted or updated once the constraint exists; NOT VALID only records that
+-- rows already there were not scanned.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.idempotency_key_valid(k pgfence.idempotency_keys) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN octet_length(k.scope) BETWEEN 1 AND 512 AND octet_length(k.key) BETWEEN 1 AND 512
+       AND octet_length(k.fingerprint) BETWEEN 16 AND 64 AND k.epoch >= 1
+       AND CASE k.status
+        WHEN 'in_progress' THEN k.completed_at IS NULL AND k.expires_at IS NULL AND k.result IS NULL AND k.failure_code IS NULL
+             AND CASE k.mode WHEN 'atomic' THEN k.owner IS NULL AND k.lease_expires_at IS NULL AND k.recovery_data IS NULL
+                             WHEN 'leased' THEN k.lease_expires_at IS NOT NULL
+                             ELSE false END
+        WHEN 'succeeded' THEN coalesce(k.expires_at > k.completed_at, false) AND k.result IS NOT NULL AND k.failure_code IS NULL
+             AND k.failure_message IS NULL AND k.owner IS NULL AND k.lease_expires_at IS NULL AND k.mode IN ('atomic', 'leased')
+        WHEN 'failed' THEN coalesce(k.expires_at > k.completed_at, false) AND k.failure_code IS NOT NULL
+             AND k.owner IS NULL AND k.lease_expires_at IS NULL AND k.mode IN ('atomic', 'leased')
+        ELSE false END;
+END;
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+ALTER TABLE pgfence.idempotency_keys
+    ADD CONSTRAINT valid_row CHECK (pgfence.idempotency_key_valid(idempotency_keys)) NOT VALID;
+-- +goose StatementEnd
+
 -- idempotency_durable makes the calling transaction commit with
 -- synchronous_commit on when the session has off or local: an acknowledged
 -- claim or result that a crash forgets would let the intent run twice.
@@ -95,6 +131,10 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- idempotency_require_read_committed raises PF010 unless the transaction runs
+-- in READ COMMITTED: the claims re-read a row a concurrent transaction
+-- committed while they waited, which REPEATABLE READ and SERIALIZABLE refuse
+-- with 40001.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.idempotency_require_read_committed() RETURNS void
 LANGUAGE plpgsql STABLE AS $$
@@ -160,7 +200,7 @@ CREATE FUNCTION pgfence.idempotency_claim_atomic(
     p_scope text, p_key text, p_fingerprint bytea, p_wait interval, p_retention interval)
 RETURNS TABLE (outcome text, status text, result bytea, failure_code text, failure_message text,
                expires_at timestamptz, retry_after interval)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     r         pgfence.idempotency_keys%ROWTYPE;
@@ -241,7 +281,7 @@ CREATE FUNCTION pgfence.idempotency_complete_atomic(
     p_scope text, p_key text, p_result bytea,
     p_failure_code text DEFAULT NULL, p_failure_message text DEFAULT NULL)
 RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_expires timestamptz;
 BEGIN
@@ -270,7 +310,7 @@ $$;
 -- that would leave it in progress forever.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.idempotency_atomic_completed() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pgfence.idempotency_keys k
                 WHERE k.scope = NEW.scope AND k.key = NEW.key
@@ -302,22 +342,37 @@ CREATE CONSTRAINT TRIGGER idempotency_atomic_completed
 -- result is never shown), PF007 while another owner's lease is live.
 -- A takeover happens only in INSERT ... ON CONFLICT DO UPDATE ... WHERE, whose
 -- WHERE is evaluated after the row lock, against the database clock.
+--
+-- That upsert waits for the row lock of any transaction that has the row
+-- locked: an owner completing, failing or heartbeating inside its own longer
+-- transaction, or another claim not yet committed. It waits at most p_wait
+-- (DEFAULT 5 seconds, the Go Store's default WaitTimeout), as
+-- idempotency_claim_atomic does, and then raises PF007 (in progress) like any
+-- claim that meets a live owner, so that a duplicate is never blocked for as
+-- long as that transaction lasts.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.idempotency_claim(
-    p_scope text, p_key text, p_fingerprint bytea, p_lease interval, p_retention interval)
+    p_scope text, p_key text, p_fingerprint bytea, p_lease interval, p_retention interval,
+    p_wait interval DEFAULT interval '5 seconds')
 RETURNS TABLE (outcome text, owner uuid, epoch bigint, lease_expires_at timestamptz,
                recovery_point text, recovery_data bytea,
                status text, result bytea, failure_code text, failure_message text, expires_at timestamptz)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    r pgfence.idempotency_keys%ROWTYPE;
+    r         pgfence.idempotency_keys%ROWTYPE;
+    v_old     text;
+    v_claimed boolean;
 BEGIN
     PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_require_read_committed();
     PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
     IF p_lease IS NULL OR p_lease < interval '1 millisecond' THEN
         RAISE EXCEPTION 'pgfence: idempotency lease must be at least 1ms, got %', p_lease USING ERRCODE = 'PF008';
+    END IF;
+    IF p_wait IS NULL OR p_wait < interval '1 millisecond' OR p_wait > interval '2147483647 milliseconds' THEN
+        RAISE EXCEPTION 'pgfence: idempotency wait must be 1ms to 2147483647ms (lock_timeout''s range), got %', p_wait
+            USING ERRCODE = 'PF008';
     END IF;
     FOR i IN 1..5 LOOP
         -- Cheap read first: a replay or a refusal writes nothing.
@@ -343,27 +398,43 @@ BEGIN
             END IF;
             -- A leased claim whose lease expired: take it over below.
         END IF;
-        INSERT INTO pgfence.idempotency_keys AS k
-               (scope, key, fingerprint, mode, status, owner, epoch, lease_expires_at, retention,
-                created_at, updated_at)
-        VALUES (p_scope, p_key, p_fingerprint, 'leased', 'in_progress', gen_random_uuid(), 1,
-                clock_timestamp() + p_lease, p_retention, clock_timestamp(), clock_timestamp())
-        ON CONFLICT (scope, key) DO UPDATE
-           SET fingerprint = excluded.fingerprint, mode = 'leased', status = 'in_progress',
-               owner = excluded.owner, epoch = k.epoch + 1,
-               lease_expires_at = clock_timestamp() + p_lease,
-               -- a takeover resumes from the recovery point; a reused expired key starts afresh
-               recovery_point = CASE WHEN k.status = 'in_progress' THEN k.recovery_point ELSE '' END,
-               recovery_data = CASE WHEN k.status = 'in_progress' THEN k.recovery_data END,
-               result = NULL, failure_code = NULL, failure_message = NULL,
-               retention = excluded.retention,
-               created_at = CASE WHEN k.status = 'in_progress' THEN k.created_at ELSE excluded.created_at END,
-               updated_at = excluded.updated_at, completed_at = NULL, expires_at = NULL
-         WHERE (k.status = 'in_progress' AND k.mode = 'leased' AND k.fingerprint = excluded.fingerprint
-                AND k.lease_expires_at <= clock_timestamp())
-            OR (k.status <> 'in_progress' AND k.expires_at <= clock_timestamp())
-        RETURNING k.* INTO r;
-        IF FOUND THEN
+        -- The row may be locked by a transaction that has not committed yet:
+        -- the owner completing, failing or heartbeating inside its own
+        -- transaction, or another claim's insert. Wait for it at most p_wait,
+        -- then report the key in progress (PF007) instead of blocking the
+        -- duplicate for as long as that transaction lasts.
+        BEGIN
+            v_old := current_setting('lock_timeout');
+            PERFORM set_config('lock_timeout', ceil(extract(epoch FROM p_wait) * 1000)::bigint || 'ms', true);
+            INSERT INTO pgfence.idempotency_keys AS k
+                   (scope, key, fingerprint, mode, status, owner, epoch, lease_expires_at, retention,
+                    created_at, updated_at)
+            VALUES (p_scope, p_key, p_fingerprint, 'leased', 'in_progress', gen_random_uuid(), 1,
+                    clock_timestamp() + p_lease, p_retention, clock_timestamp(), clock_timestamp())
+            ON CONFLICT (scope, key) DO UPDATE
+               SET fingerprint = excluded.fingerprint, mode = 'leased', status = 'in_progress',
+                   owner = excluded.owner, epoch = k.epoch + 1,
+                   lease_expires_at = clock_timestamp() + p_lease,
+                   -- a takeover resumes from the recovery point; a reused expired key starts afresh
+                   recovery_point = CASE WHEN k.status = 'in_progress' THEN k.recovery_point ELSE '' END,
+                   recovery_data = CASE WHEN k.status = 'in_progress' THEN k.recovery_data END,
+                   result = NULL, failure_code = NULL, failure_message = NULL,
+                   retention = excluded.retention,
+                   created_at = CASE WHEN k.status = 'in_progress' THEN k.created_at ELSE excluded.created_at END,
+                   updated_at = excluded.updated_at, completed_at = NULL, expires_at = NULL
+             WHERE (k.status = 'in_progress' AND k.mode = 'leased' AND k.fingerprint = excluded.fingerprint
+                    AND k.lease_expires_at <= clock_timestamp())
+                OR (k.status <> 'in_progress' AND k.expires_at <= clock_timestamp())
+            RETURNING k.* INTO r;
+            v_claimed := FOUND;
+            PERFORM set_config('lock_timeout', v_old, true);
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE EXCEPTION 'pgfence: idempotency key %/% is in progress', p_scope, p_key
+                USING ERRCODE = 'PF007',
+                      DETAIL = format('Another transaction held the key''s row for longer than %s.', p_wait),
+                      HINT = 'Retry shortly: the transaction that holds it is completing or claiming the key.';
+        END;
+        IF v_claimed THEN
             RETURN QUERY SELECT 'new'::text, r.owner, r.epoch, r.lease_expires_at, r.recovery_point,
                                 r.recovery_data, r.status, NULL::bytea, NULL::text, NULL::text, NULL::timestamptz;
             RETURN;
@@ -396,7 +467,7 @@ $$;
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.idempotency_heartbeat(p_scope text, p_key text, p_owner uuid, p_lease interval)
 RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_expires timestamptz;
 BEGIN
@@ -424,7 +495,7 @@ $$;
 CREATE FUNCTION pgfence.idempotency_advance(
     p_scope text, p_key text, p_owner uuid, p_recovery_point text, p_recovery_data bytea, p_lease interval)
 RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_expires timestamptz;
 BEGIN
@@ -461,7 +532,7 @@ CREATE FUNCTION pgfence.idempotency_complete(
     p_scope text, p_key text, p_owner uuid, p_result bytea,
     p_failure_code text DEFAULT NULL, p_failure_message text DEFAULT NULL)
 RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_expires timestamptz;
 BEGIN
@@ -492,7 +563,7 @@ $$;
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.idempotency_release(p_scope text, p_key text, p_owner uuid)
 RETURNS void
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pgfence.idempotency_durable();
     UPDATE pgfence.idempotency_keys k
@@ -506,46 +577,97 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- A claim that takes a key over or reuses an expired one bumps the epoch: it
+-- takes the current transaction's trace id (NULL when untraced).
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.idempotency_keys_set_trace_id() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    NEW.trace_id := pgfence.current_trace_id();
+    RETURN NEW;
+END;
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE TRIGGER idempotency_keys_trace_id BEFORE UPDATE ON pgfence.idempotency_keys
+    FOR EACH ROW
+    WHEN (NEW.epoch IS DISTINCT FROM OLD.epoch)
+    EXECUTE FUNCTION pgfence.idempotency_keys_set_trace_id();
+-- +goose StatementEnd
+
+-- idempotency_gc deletes up to p_batch completed keys whose retention ended
+-- (database clock) and returns how many. In-progress keys have no expires_at
+-- and are never selected; rows a claim is reusing right now are skipped.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.idempotency_gc(p_batch integer) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    n bigint;
+BEGIN
+    IF p_batch IS NULL OR p_batch < 1 THEN
+        RAISE EXCEPTION 'pgfence: idempotency_gc batch must be positive, got %', p_batch USING ERRCODE = 'PF008';
+    END IF;
+    WITH batch AS (
+        SELECT k.scope, k.key FROM pgfence.idempotency_keys k
+         WHERE k.expires_at <= clock_timestamp()
+         ORDER BY k.expires_at
+         LIMIT p_batch
+           FOR UPDATE SKIP LOCKED)
+    DELETE FROM pgfence.idempotency_keys k
+     USING batch b
+     WHERE k.scope = b.scope AND k.key = b.key AND k.expires_at <= clock_timestamp();
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END;
+$$;
+-- +goose StatementEnd
+
+-- Nothing for PUBLIC (functions are created executable by everyone), then
+-- each role gets exactly its list.
+REVOKE ALL ON ALL TABLES IN SCHEMA pgfence FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA pgfence FROM PUBLIC;
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgfence FROM PUBLIC;
+
+-- Reads: both roles (the Go clients read idempotency results back after lost
+-- replies).
+GRANT SELECT ON pgfence.idempotency_keys TO pgfence_app, pgfence_operator;
+
+-- The protocol: both roles.
+GRANT EXECUTE ON FUNCTION
+    pgfence.idempotency_claim_atomic(text, text, bytea, interval, interval),
+    pgfence.idempotency_complete_atomic(text, text, bytea, text, text),
+    pgfence.idempotency_claim(text, text, bytea, interval, interval, interval),
+    pgfence.idempotency_heartbeat(text, text, uuid, interval),
+    pgfence.idempotency_advance(text, text, uuid, text, bytea, interval),
+    pgfence.idempotency_complete(text, text, uuid, bytea, text, text),
+    pgfence.idempotency_release(text, text, uuid)
+  TO pgfence_app, pgfence_operator;
+
+-- Operations: the operator role only.
+GRANT EXECUTE ON FUNCTION
+    pgfence.idempotency_gc(integer)
+  TO pgfence_operator;
+
 -- +goose Down
--- +goose StatementBegin
+DROP FUNCTION pgfence.idempotency_gc(integer);
+DROP TRIGGER idempotency_keys_trace_id ON pgfence.idempotency_keys;
+DROP FUNCTION pgfence.idempotency_keys_set_trace_id();
 DROP FUNCTION pgfence.idempotency_release(text, text, uuid);
--- +goose StatementEnd
--- +goose StatementBegin
 DROP FUNCTION pgfence.idempotency_complete(text, text, uuid, bytea, text, text);
--- +goose StatementEnd
--- +goose StatementBegin
 DROP FUNCTION pgfence.idempotency_advance(text, text, uuid, text, bytea, interval);
--- +goose StatementEnd
--- +goose StatementBegin
 DROP FUNCTION pgfence.idempotency_heartbeat(text, text, uuid, interval);
--- +goose StatementEnd
--- +goose StatementBegin
 DROP FUNCTION pgfence.idempotency_not_owner(text, text, uuid);
--- +goose StatementEnd
--- +goose StatementBegin
-DROP FUNCTION pgfence.idempotency_claim(text, text, bytea, interval, interval);
--- +goose StatementEnd
--- +goose StatementBegin
-DROP TABLE pgfence.idempotency_keys;
--- +goose StatementEnd
--- +goose StatementBegin
+DROP FUNCTION pgfence.idempotency_claim(text, text, bytea, interval, interval, interval);
+DROP TRIGGER idempotency_atomic_completed ON pgfence.idempotency_keys;
 DROP FUNCTION pgfence.idempotency_atomic_completed();
--- +goose StatementEnd
--- +goose StatementBegin
 DROP FUNCTION pgfence.idempotency_complete_atomic(text, text, bytea, text, text);
--- +goose StatementEnd
--- +goose StatementBegin
 DROP FUNCTION pgfence.idempotency_claim_atomic(text, text, bytea, interval, interval);
--- +goose StatementEnd
--- +goose StatementBegin
 DROP FUNCTION pgfence.idempotency_check_result(bytea, text, text);
--- +goose StatementEnd
--- +goose StatementBegin
 DROP FUNCTION pgfence.idempotency_check_args(text, text, bytea, interval);
--- +goose StatementEnd
--- +goose StatementBegin
 DROP FUNCTION pgfence.idempotency_require_read_committed();
--- +goose StatementEnd
--- +goose StatementBegin
 DROP FUNCTION pgfence.idempotency_durable();
--- +goose StatementEnd
+-- A row check's function takes the table's row type: it goes before the table.
+ALTER TABLE pgfence.idempotency_keys DROP CONSTRAINT valid_row;
+DROP FUNCTION pgfence.idempotency_key_valid(pgfence.idempotency_keys);
+DROP TABLE pgfence.idempotency_keys;

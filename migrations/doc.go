@@ -18,16 +18,16 @@
 //
 // # Roles and privileges
 //
-// Migration 00009 creates (if absent) the NOLOGIN group roles pgfence_app
-// and pgfence_operator, revokes every pgfence privilege from PUBLIC and
-// grants each role its list: pgfence_app runs the protocol functions and
-// reads the pgfence tables, pgfence_operator may also force-release, raise
-// the token floor, protect and unprotect the tables it owns, pause and resume
-// grants, prune the lease history and the rejection audit, and collect
-// idempotency keys. Neither may INSERT, UPDATE, DELETE or TRUNCATE a pgfence
-// table: the functions that write them are SECURITY DEFINER with
-// search_path = pg_catalog, pg_temp. Creating the roles needs
-// CREATEROLE the first time in a cluster; rolling back revokes the
+// The first migration creates (if absent) the NOLOGIN group roles
+// pgfence_app and pgfence_operator; every migration revokes the privileges
+// on its objects from PUBLIC and grants each role its list: pgfence_app runs
+// the protocol functions and reads the pgfence tables, pgfence_operator may
+// also force-release, raise the token floor, protect and unprotect the
+// tables it owns, pause and resume grants, prune the lease history and the
+// rejection audit, and collect idempotency keys. Neither may INSERT, UPDATE,
+// DELETE or TRUNCATE a pgfence table: the functions that write them are
+// SECURITY DEFINER with search_path = pg_catalog, pg_temp. Creating the roles
+// needs CREATEROLE the first time in a cluster; rolling back revokes the
 // privileges in this database but keeps the roles, which other databases of
 // the cluster may use. Grant the roles to your own login roles:
 //

@@ -66,9 +66,8 @@ func loginRole(t *testing.T, db *pgfencetest.Database, group string) (name strin
 // The guard of a protected table runs with the rights of the role that
 // writes, never the pgfence owner's: it turns the row into jsonb, which calls
 // any cast to json of a column's type, and the owner of a table can create
-// such a type and cast. As SECURITY DEFINER (migrations 00009 to 00012) the
-// cast of an operator's own table ran as the pgfence owner, a superuser, on
-// every write. A writer that belongs to no pgfence role is refused with PF006
+// such a type and cast. As SECURITY DEFINER the cast of an operator's own
+// table would run as the pgfence owner, a superuser, on every write. A writer that belongs to no pgfence role is refused with PF006
 // like any unfenced write, not with a permission error.
 func TestGuardRunsAsTheWriter(t *testing.T) {
 	t.Parallel()
@@ -210,8 +209,8 @@ func TestLeastPrivilege(t *testing.T) {
 		t.Fatalf("app: complete: %v", err)
 	}
 	// A stale write is refused, and the application records the rejection
-	// (pgfence.record_fence_rejection, migration 00007) without any write
-	// privilege on pgfence.fence_rejections.
+	// (pgfence.record_fence_rejection) without any write privilege on
+	// pgfence.fence_rejections.
 	if _, err := pgfence.ExecToken(ctx, app, "acct:1", l.Token()-1, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("app: stale write: want ErrStaleToken, got %v", err)
 	}
@@ -428,8 +427,8 @@ func TestPrivilegeCatalog(t *testing.T) {
 		}
 	}
 
-	// Each role executes exactly its list (00009), nothing more: a function a
-	// later migration grants, or forgets to revoke from a role, shows here.
+	// Each role executes exactly its list, nothing more: a function a
+	// migration grants, or forgets to revoke from a role, shows here.
 	protocol := []string{
 		"pgfence.acquire(text,interval,text,uuid,text)",
 		"pgfence.check_lease(text,uuid,bigint)",

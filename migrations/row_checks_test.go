@@ -8,12 +8,12 @@ import (
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
-// TestRowChecksRefuseNonsense: migration 00008 replaced the column and table
-// CHECKs of 00001 and 00003 on leases, lease_events and fences by one CHECK
-// calling a plpgsql function per table, said to test the same conditions.
-// A writer that bypasses the pgfence functions (here the owner) must still be
-// refused every row one of the original CHECKs refused, and a sane row must
-// pass.
+// TestRowChecksRefuseNonsense: leases, lease_events and fences check their
+// rows with one CHECK calling a plpgsql function per table
+// (pgfence.lease_row_valid, lease_event_valid, fence_row_valid) instead of
+// column and table CHECKs, said to test the same conditions. A writer that
+// bypasses the pgfence functions (here the owner) must still be refused every
+// row a plain CHECK of each condition would refuse, and a sane row must pass.
 func TestRowChecksRefuseNonsense(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -106,37 +106,37 @@ func TestMigrateSQLScriptRecordsVersions(t *testing.T) {
 		t.Fatalf("up script on an installed schema: %v, want a refusal", err)
 	}
 
-	// Down to 8 with the migrator, then an upgrade script from 8.
+	// Down to 2 with the migrator, then an upgrade script from 2.
 	m, err := migrations.New(db.Pool, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	if _, err := m.DownTo(ctx, 8); err != nil {
+	if _, err := m.DownTo(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	if err := applyScript(t, db.Pool, "--to", "9"); err == nil {
-		t.Fatal("a script from 0 applied on a schema at version 8")
+	if err := applyScript(t, db.Pool, "--to", "3"); err == nil {
+		t.Fatal("a script from 0 applied on a schema at version 2")
 	}
-	if err := applyScript(t, db.Pool, "--from", "8"); err != nil {
-		t.Fatalf("apply the script from 8: %v", err)
+	if err := applyScript(t, db.Pool, "--from", "2"); err != nil {
+		t.Fatalf("apply the script from 2: %v", err)
 	}
 	if v := schemaVersion(t, db.Pool); v != latest {
-		t.Fatalf("after the script from 8: version %d, want %d", v, latest)
+		t.Fatalf("after the script from 2: version %d, want %d", v, latest)
 	}
 
 	// The down script removes everything and its records; Up reinstalls.
-	if err := applyScript(t, db.Pool, "--direction", "down", "--to", "5"); err != nil {
-		t.Fatalf("apply the down script to 5: %v", err)
+	if err := applyScript(t, db.Pool, "--direction", "down", "--to", "1"); err != nil {
+		t.Fatalf("apply the down script to 1: %v", err)
 	}
-	if v := schemaVersion(t, db.Pool); v != 5 {
-		t.Fatalf("after the down script to 5: version %d", v)
+	if v := schemaVersion(t, db.Pool); v != 1 {
+		t.Fatalf("after the down script to 1: version %d", v)
 	}
 	if err := applyScript(t, db.Pool, "--direction", "down"); err == nil {
-		t.Fatal("a down script from the latest version applied on a schema at version 5")
+		t.Fatal("a down script from the latest version applied on a schema at version 1")
 	}
-	if err := applyScript(t, db.Pool, "--direction", "down", "--from", "5"); err != nil {
-		t.Fatalf("apply the down script from 5: %v", err)
+	if err := applyScript(t, db.Pool, "--direction", "down", "--from", "1"); err != nil {
+		t.Fatalf("apply the down script from 1: %v", err)
 	}
 	if v := schemaVersion(t, db.Pool); v != 0 {
 		t.Fatalf("after the down script: version %d", v)
@@ -156,8 +156,8 @@ func TestMigrateSQLScriptRecordsVersions(t *testing.T) {
 func TestMigrateSQLFlags(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
-		{"--from", "5", "--to", "3"},
-		{"--direction", "down", "--from", "3", "--to", "5"},
+		{"--from", "3", "--to", "1"},
+		{"--direction", "down", "--from", "1", "--to", "3"},
 		{"--to", itoa(migrations.Latest() + 1)},
 		{"--from", "-2"},
 	} {
@@ -165,9 +165,9 @@ func TestMigrateSQLFlags(t *testing.T) {
 			t.Errorf("migrate sql %q: code %d, want %d\n%s", args, code, exitUsage, errOut)
 		}
 	}
-	code, out, _ := cli(t, nil, "migrate", "sql", "--from", "9")
-	if code != exitOK || strings.Contains(out, "00009_") || !strings.Contains(out, "00010_") || strings.Contains(out, "CREATE TABLE IF NOT EXISTS pgfence.goose_db_version") {
-		t.Fatalf("migrate sql --from 9: code %d\n%.500s", code, out)
+	code, out, _ := cli(t, nil, "migrate", "sql", "--from", "2")
+	if code != exitOK || strings.Contains(out, "00002_") || !strings.Contains(out, "00003_") || strings.Contains(out, "CREATE TABLE IF NOT EXISTS pgfence.goose_db_version") {
+		t.Fatalf("migrate sql --from 2: code %d\n%.500s", code, out)
 	}
 }
 

@@ -179,10 +179,10 @@ func TestMigrateDownTo(t *testing.T) {
 	if code != exitOK || !strings.Contains(out, "schema at version "+itoa(latest-1)) {
 		t.Fatalf("down: code %d\n%s%s", code, out, errOut)
 	}
-	code, out, errOut = cli(t, environ, "migrate", "down", "--to", "9", "--json")
+	code, out, errOut = cli(t, environ, "migrate", "down", "--to", "1", "--json")
 	var rs []migrationResultJSON
-	if code != exitOK || json.Unmarshal([]byte(out), &rs) != nil || len(rs) != int(latest-1-9) {
-		t.Fatalf("down --to 9 --json: code %d\n%s%s", code, out, errOut)
+	if code != exitOK || json.Unmarshal([]byte(out), &rs) != nil || len(rs) != int(latest-1-1) {
+		t.Fatalf("down --to 1 --json: code %d\n%s%s", code, out, errOut)
 	}
 }
 
