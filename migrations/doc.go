@@ -47,6 +47,8 @@
 //     at the last complete version.
 //   - A binary never migrates, or rolls back, a schema newer than itself: it
 //     returns [ErrSchemaTooNew].
+//   - Nor a schema that a pre-release build of pgfence installed, whose
+//     migrations the current ones replaced: it returns [ErrPreReleaseSchema].
 //
 // # Failure handling
 //

@@ -49,6 +49,34 @@ const (
 // this binary does not know: a newer pgfence migrated it. Upgrade the binary.
 var ErrSchemaTooNew = errors.New("migrations: the database schema is newer than this pgfence build")
 
+// ErrPreReleaseSchema is returned when a pre-release build of pgfence
+// installed the database's pgfence schema. Its migrations were replaced by
+// the current ones before the first release, so no build upgrades it, and no
+// build rolls it back: export the rows you need, DROP SCHEMA pgfence CASCADE,
+// and migrate again.
+var ErrPreReleaseSchema = errors.New("migrations: the pgfence schema was installed by a pre-release build of pgfence and cannot be migrated")
+
+// Pre-release builds numbered their migrations 1 to 17. Versions 1 to 4 are
+// the current migrations' too; 5 to 17 are never used again (a test fails if
+// a migration does), so that a schema that records one of them is known to be
+// a pre-release schema. The next migration is 00018.
+const (
+	preReleaseFirst = 5
+	preReleaseLast  = 17
+)
+
+// preReleaseSQL is true on a schema that a pre-release build migrated: it
+// records a version from 5 to 17, or it records a migration but its
+// pgfence.token_floor lacks floor_leaves_room, which the current first
+// migration creates with the table and pre-release builds added only at their
+// version 12. It needs goose's version table.
+var preReleaseSQL = fmt.Sprintf(`EXISTS (SELECT 1 FROM %[1]s v WHERE v.is_applied AND v.version_id BETWEEN %[2]d AND %[3]d)
+        OR (EXISTS (SELECT 1 FROM %[1]s v WHERE v.is_applied AND v.version_id > 0)
+            AND pg_catalog.to_regclass('pgfence.token_floor') IS NOT NULL
+            AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint c
+                             WHERE c.conrelid = pg_catalog.to_regclass('pgfence.token_floor')
+                               AND c.conname = 'floor_leaves_room'))`, VersionTable, preReleaseFirst, preReleaseLast)
+
 // Config configures a [Migrator]. A nil *Config and the zero value use the
 // defaults.
 type Config struct {
@@ -255,7 +283,8 @@ func (m *Migrator) Pending(ctx context.Context) ([]Status, error) {
 }
 
 // prepare reports whether goose's version table exists and refuses to touch a
-// schema newer than this build. With create (Up) it also creates the schema
+// schema newer than this build, or one a pre-release build migrated
+// ([ErrPreReleaseSchema]). With create (Up) it also creates the schema
 // that holds the version table, under the same advisory lock as the
 // migrations so that concurrent first runs do not race on CREATE SCHEMA.
 // Without create it writes nothing: the callers that read (Status, Version)
@@ -294,8 +323,12 @@ func (m *Migrator) prepare(ctx context.Context, create bool) (installed bool, er
 	}
 	if installed {
 		var newest sql.NullInt64
-		if err := tx.QueryRowContext(ctx, `SELECT max(version_id) FROM `+VersionTable+` WHERE is_applied`).Scan(&newest); err != nil {
+		var preRelease bool
+		if err := tx.QueryRowContext(ctx, `SELECT max(version_id) FILTER (WHERE is_applied), `+preReleaseSQL+` FROM `+VersionTable).Scan(&newest, &preRelease); err != nil {
 			return false, m.wrap(err)
+		}
+		if preRelease {
+			return false, fmt.Errorf("%w: it records version %d of the pre-release numbering; export the rows you need, DROP SCHEMA %s CASCADE, and migrate again", ErrPreReleaseSchema, newest.Int64, Schema)
 		}
 		if newest.Valid && newest.Int64 > Latest() {
 			return false, fmt.Errorf("%w: database is at version %d, this build knows up to %d; upgrade pgfence", ErrSchemaTooNew, newest.Int64, Latest())
@@ -318,7 +351,7 @@ func partial(err error) []*goose.MigrationResult {
 // wrap names the database's address when the server never answered, so
 // "context deadline exceeded" says where it was waiting.
 func (m *Migrator) wrap(err error) error {
-	if errors.Is(err, ErrSchemaTooNew) {
+	if errors.Is(err, ErrSchemaTooNew) || errors.Is(err, ErrPreReleaseSchema) {
 		return err
 	}
 	if pgerr.PgError(err) == nil && !strings.Contains(err.Error(), m.addr) {
@@ -397,7 +430,8 @@ SELECT 0, true WHERE NOT EXISTS (SELECT 1 FROM ` + VersionTable + `);
 // in reverse order when from > to. Each version is 0 or a known migration.
 // Like goose, the script records every step in [VersionTable] (an up script
 // from 0 creates the table), and it starts by checking that the database is
-// at version from, so that it fails cleanly on a schema at another version.
+// at version from, so that it fails cleanly on a schema at another version
+// (or on one a pre-release build installed, see [ErrPreReleaseSchema]).
 // Apply it in one transaction.
 func Script(from, to int64) (string, error) {
 	known := map[int64]string{0: ""}
@@ -428,7 +462,8 @@ func Script(from, to int64) (string, error) {
 		b.WriteString(versionTableDDL)
 		b.WriteString("\n")
 	}
-	fmt.Fprintf(&b, `-- Refuse to run on a schema that is not at version %[1]d.
+	fmt.Fprintf(&b, `-- Refuse to run on a schema that is not at version %[1]d, or that a pre-release
+-- build of pgfence installed.
 DO $pgfence$
 DECLARE
     v_current bigint;
@@ -436,6 +471,10 @@ BEGIN
     IF to_regclass('%[2]s') IS NULL THEN
         RAISE EXCEPTION 'pgfence: %[2]s does not exist; this script starts from schema version %[1]d'
             USING HINT = 'pgfence records its schema version there: is pgfence installed in this database?';
+    END IF;
+    IF %[4]s THEN
+        RAISE EXCEPTION 'pgfence: the pgfence schema was installed by a pre-release build of pgfence and cannot be migrated'
+            USING HINT = 'Export the rows you need, DROP SCHEMA %[5]s CASCADE, and install it again.';
     END IF;
     SELECT coalesce(max(version_id), 0) INTO v_current FROM %[2]s;
     IF v_current <> %[1]d THEN
@@ -445,7 +484,7 @@ BEGIN
 END
 $pgfence$;
 
-`, from, VersionTable, direction)
+`, from, VersionTable, direction, preReleaseSQL, Schema)
 	for _, n := range ns {
 		raw, err := fs.ReadFile(files, n)
 		if err != nil {

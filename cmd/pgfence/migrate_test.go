@@ -99,7 +99,7 @@ func TestMigrateErrors(t *testing.T) {
 
 	newer := pgfencetest.NewDatabase(t)
 	if _, err := newer.Pool.Exec(context.Background(),
-		`INSERT INTO pgfence.goose_db_version (version_id, is_applied) VALUES ($1, true)`, migrations.Latest()+1); err != nil {
+		`INSERT INTO pgfence.goose_db_version (version_id, is_applied) VALUES ($1, true)`, migrations.Latest()+100); err != nil {
 		t.Fatal(err)
 	}
 
