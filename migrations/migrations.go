@@ -23,7 +23,10 @@ import (
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
-//go:embed *.sql
+// Only the migrations: schema.sql, next to them, is a dump of the schema
+// they produce, for reading, never for applying.
+//
+//go:embed [0-9]*.sql
 var files embed.FS
 
 // FS holds the plain goose SQL migrations (NNNNN_name.sql, each with an Up and a

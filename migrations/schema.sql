@@ -1,0 +1,2406 @@
+-- The catalog of schema pgfence as migrating an empty database produces it:
+-- pg_dump --schema-only --schema=pgfence --no-owner, without the lines that
+-- vary from one run to the next (version banner, SET, \restrict). Generated
+-- by a test that fails when the migrations no longer produce it; regenerate:
+--   go test ./migrations -run '^TestSchemaFile$' -update
+-- Written from PostgreSQL 15 by pg_dump 15.
+
+--
+-- PostgreSQL database dump
+--
+
+--
+-- Name: pgfence; Type: SCHEMA; Schema: -; Owner: -
+--
+
+CREATE SCHEMA pgfence;
+
+--
+-- Name: acquire(text, interval, text, uuid, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.acquire(p_key text, p_ttl interval, p_holder_info text DEFAULT ''::text, p_holder uuid DEFAULT NULL::uuid, p_client_version text DEFAULT NULL::text) RETURNS TABLE(holder uuid, token bigint, granted_at timestamp with time zone, expires_at timestamp with time zone)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    r record;
+BEGIN
+    SELECT * INTO r FROM pgfence.try_acquire(p_key, p_ttl, p_holder_info, p_holder, p_client_version);
+    IF NOT r.acquired THEN
+        RAISE EXCEPTION 'pgfence: lease % is held by another holder for another %', p_key, r.remaining
+            USING ERRCODE = 'PF003',
+                  HINT = 'Retry after the remaining time, or LISTEN pgfence_lease_released.';
+    END IF;
+    RETURN QUERY SELECT r.holder, r.token, r.granted_at, r.expires_at;
+END;
+$$;
+
+--
+-- Name: check_lease(text, uuid, bigint); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.check_lease(key text, holder uuid, token bigint) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    l pgfence.leases%ROWTYPE;
+BEGIN
+    SELECT * INTO l FROM pgfence.leases WHERE key = check_lease.key FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgfence: lease % is not held: no such lease', quote_literal(check_lease.key)
+            USING ERRCODE = 'PF002', DETAIL = format('reason=missing key=%s', check_lease.key);
+    END IF;
+    IF l.holder <> check_lease.holder OR l.token <> check_lease.token THEN
+        RAISE EXCEPTION 'pgfence: lease % is not held by % with token %: now holder % token %',
+                quote_literal(check_lease.key), check_lease.holder, check_lease.token, l.holder, l.token
+            USING ERRCODE = 'PF002', DETAIL = format('reason=taken_over token=%s key=%s', l.token, check_lease.key);
+    END IF;
+    IF l.released_at IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: lease % with token % was released at %', quote_literal(check_lease.key), l.token, l.released_at
+            USING ERRCODE = 'PF002', DETAIL = format('reason=released key=%s', check_lease.key);
+    END IF;
+    IF l.expires_at <= clock_timestamp() THEN
+        RAISE EXCEPTION 'pgfence: lease % with token % expired at %', quote_literal(check_lease.key), l.token, l.expires_at
+            USING ERRCODE = 'PF002', DETAIL = format('reason=expired key=%s', check_lease.key);
+    END IF;
+END;
+$$;
+
+--
+-- Name: current_trace_id(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.current_trace_id() RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $_$
+    SELECT CASE WHEN current_setting('pgfence.trace_id', true) ~ '^[0-9a-f]{32}$'
+                 AND current_setting('pgfence.trace_id', true) <> '00000000000000000000000000000000'
+                THEN current_setting('pgfence.trace_id', true) END
+$_$;
+
+--
+-- Name: fence(text, bigint, uuid); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.fence(resource text, token bigint, op uuid DEFAULT NULL::uuid) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    accepted bigint;
+BEGIN
+    IF fence.resource IS NULL OR octet_length(fence.resource) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence: resource must be 1 to 512 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    IF fence.token IS NULL OR fence.token <= 0 THEN
+        RAISE EXCEPTION 'pgfence: token must be positive, got %', fence.token USING ERRCODE = 'PF008';
+    END IF;
+    -- An accepted token must survive a crash as long as the write it guards.
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    -- The common case: the resource was fenced before. Under READ COMMITTED
+    -- a row changed by a concurrent writer is waited for and this WHERE is
+    -- re-checked on its newest version, so a higher token committed meanwhile
+    -- is never overwritten. The row stays locked until our transaction ends.
+    UPDATE pgfence.fences AS f
+       SET token = fence.token, accepted_at = clock_timestamp(), writes = f.writes + 1,
+           op = fence.op, fenced_xid = pg_current_xact_id()
+     WHERE f.resource = fence.resource AND f.token <= fence.token;
+    IF FOUND THEN
+        RETURN fence.token;
+    END IF;
+    -- Stale, a first write, or a row our UPDATE could not see yet (a
+    -- concurrent first writer). A committed higher token is final (tokens
+    -- never decrease): reject it without waiting for anyone's row lock.
+    SELECT f.token INTO accepted FROM pgfence.fences f WHERE f.resource = fence.resource;
+    IF FOUND AND accepted > fence.token THEN
+        RAISE EXCEPTION 'pgfence: stale token % for resource %: token % was accepted', fence.token, quote_literal(fence.resource), accepted
+            USING ERRCODE = 'PF001',
+                  DETAIL = format('accepted=%s presented=%s resource=%s', accepted, fence.token, fence.resource),
+                  HINT = 'A newer holder has written this resource; this writer lost its lease and must not write.';
+    END IF;
+    -- Otherwise ON CONFLICT waits for a concurrent first writer and evaluates
+    -- its WHERE on the newest version after the row lock: one statement
+    -- decides, no retry loop.
+    INSERT INTO pgfence.fences AS f (resource, token, op)
+    VALUES (fence.resource, fence.token, fence.op)
+    ON CONFLICT (resource) DO UPDATE
+       SET token = excluded.token, accepted_at = clock_timestamp(), writes = f.writes + 1,
+           op = excluded.op, fenced_xid = pg_current_xact_id()
+     WHERE f.token <= excluded.token;
+    IF FOUND THEN
+        RETURN fence.token;
+    END IF;
+    -- Stale: a higher token committed while we waited. The row is locked by
+    -- us now and this read (a new snapshot) sees it.
+    SELECT f.token INTO accepted FROM pgfence.fences f WHERE f.resource = fence.resource;
+    RAISE EXCEPTION 'pgfence: stale token % for resource %: token % was accepted', fence.token, quote_literal(fence.resource), accepted
+        USING ERRCODE = 'PF001',
+              DETAIL = format('accepted=%s presented=%s resource=%s', accepted, fence.token, fence.resource),
+              HINT = 'A newer holder has written this resource; this writer lost its lease and must not write.';
+END;
+$$;
+
+--
+-- Name: fence_probe(text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.fence_probe(p_resource text) RETURNS TABLE(token bigint, writes bigint, op uuid)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_token  bigint;
+    v_writes bigint;
+    v_op     uuid;
+BEGIN
+    IF p_resource IS NULL OR octet_length(p_resource) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence: resource must be 1 to 512 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    BEGIN
+        INSERT INTO pgfence.fences AS f (resource, token, writes) VALUES (p_resource, 1, 0)
+            ON CONFLICT (resource) DO UPDATE SET writes = f.writes
+        RETURNING f.token, f.writes, f.op INTO v_token, v_writes, v_op;
+        -- Undo the probe: variables keep their values when the block's
+        -- subtransaction rolls back.
+        RAISE EXCEPTION USING ERRCODE = 'PFZ99';
+    EXCEPTION WHEN SQLSTATE 'PFZ99' THEN
+        NULL;
+    END;
+    RETURN QUERY SELECT v_token, v_writes, v_op;
+END;
+$$;
+
+--
+-- Name: fences; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.fences (
+    resource text NOT NULL,
+    token bigint NOT NULL,
+    accepted_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    writes bigint DEFAULT 1 NOT NULL,
+    op uuid,
+    fenced_xid xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    trace_id text DEFAULT pgfence.current_trace_id()
+)
+WITH (fillfactor='50');
+
+--
+-- Name: fence_row_valid(pgfence.fences); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.fence_row_valid(f pgfence.fences) RETURNS boolean
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    RETURN octet_length(f.resource) BETWEEN 1 AND 512 AND f.token > 0 AND f.writes >= 0;
+END;
+$$;
+
+--
+-- Name: fences_before_update(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.fences_before_update() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    -- A stale writer must not reset the fence: no lower token, no other resource.
+    IF NEW.token < OLD.token OR NEW.resource <> OLD.resource THEN
+        RAISE EXCEPTION 'pgfence: token for resource % may not be lowered from % to %', OLD.resource, OLD.token, NEW.token
+            USING ERRCODE = 'PF001',
+                  DETAIL = format('accepted=%s presented=%s resource=%s', OLD.token, NEW.token, OLD.resource);
+    END IF;
+    -- An UPDATE that does not set trace_id itself (pgfence.fence() accepting a
+    -- new write) takes the current transaction's trace id.
+    IF (OLD.trace_id IS NOT NULL OR current_setting('pgfence.trace_id', true) <> '')
+       AND NEW.trace_id IS NOT DISTINCT FROM OLD.trace_id THEN
+        NEW.trace_id := pgfence.current_trace_id();
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+--
+-- Name: force_release(text, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.force_release(p_key text, p_reason text) RETURNS TABLE(released boolean, holder uuid, token bigint, was_live boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_holder uuid;
+    v_token  bigint;
+    v_live   boolean;
+BEGIN
+    PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    IF p_reason IS NULL OR length(p_reason) NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'pgfence: force_release of lease % needs a reason of 1 to 1000 characters', p_key
+            USING ERRCODE = 'PF008';
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+
+    UPDATE pgfence.leases l
+       SET released_at = greatest(clock_timestamp(), l.granted_at)
+     WHERE l.key = p_key AND l.released_at IS NULL
+    RETURNING l.holder, l.token, l.expires_at > clock_timestamp() INTO v_holder, v_token, v_live;
+
+    IF v_holder IS NULL THEN
+        RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, false;
+        RETURN;
+    END IF;
+    INSERT INTO pgfence.lease_events (key, event, holder, token, reason)
+    VALUES (p_key, 'force_released', v_holder, v_token, p_reason);
+    PERFORM pg_notify('pgfence_lease_released', p_key);
+    RETURN QUERY SELECT true, v_holder, v_token, v_live;
+END;
+$$;
+
+--
+-- Name: guard(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.guard() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    may_read     boolean := false;
+    old_resource text;
+    new_resource text;
+    res          text;
+    fenced       boolean;
+BEGIN
+    -- Checked one after the other: naming pgfence.fences needs USAGE first.
+    IF has_schema_privilege('pgfence', 'USAGE') THEN
+        may_read := has_table_privilege('pgfence.fences', 'SELECT');
+    END IF;
+    IF TG_OP <> 'INSERT' THEN
+        old_resource := TG_ARGV[1] || (to_jsonb(OLD) ->> TG_ARGV[0]);
+    END IF;
+    IF TG_OP <> 'DELETE' THEN
+        new_resource := TG_ARGV[1] || (to_jsonb(NEW) ->> TG_ARGV[0]);
+    END IF;
+    -- The old row's resource, then the new row's if it is another one (an
+    -- INSERT, or a row moved to another resource).
+    FOREACH res IN ARRAY CASE
+            WHEN TG_OP = 'INSERT' THEN ARRAY[new_resource]
+            WHEN TG_OP = 'DELETE' OR new_resource IS NOT DISTINCT FROM old_resource THEN ARRAY[old_resource]
+            ELSE ARRAY[old_resource, new_resource]
+        END
+    LOOP
+        fenced := false;
+        IF may_read AND res IS NOT NULL THEN
+            fenced := EXISTS (SELECT 1 FROM pgfence.fences f
+                               WHERE f.resource = res AND f.fenced_xid = pg_current_xact_id());
+        END IF;
+        IF NOT fenced THEN
+            IF res IS NULL THEN
+                RAISE EXCEPTION 'pgfence: unfenced write to %: the row has no resource', TG_RELID::regclass
+                    USING ERRCODE = 'PF006';
+            END IF;
+            RAISE EXCEPTION 'pgfence: unfenced write to % for resource %: this transaction presented no accepted token', TG_RELID::regclass, quote_literal(res)
+                USING ERRCODE = 'PF006',
+                      DETAIL = format('resource=%s', res),
+                      HINT = 'Call pgfence.fence(resource, token) in the same transaction before writing.';
+        END IF;
+    END LOOP;
+    IF TG_OP = 'DELETE' THEN
+        RETURN OLD;
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+--
+-- Name: idempotency_advance(text, text, uuid, text, bytea, interval); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_advance(p_scope text, p_key text, p_owner uuid, p_recovery_point text, p_recovery_data bytea, p_lease interval) RETURNS timestamp with time zone
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_expires timestamptz;
+BEGIN
+    PERFORM pgfence.idempotency_durable();
+    IF p_lease IS NULL OR p_lease < interval '1 millisecond' THEN
+        RAISE EXCEPTION 'pgfence: idempotency lease must be at least 1ms, got %', p_lease USING ERRCODE = 'PF008';
+    END IF;
+    IF p_recovery_point IS NULL OR octet_length(p_recovery_point) > 256 THEN
+        RAISE EXCEPTION 'pgfence: idempotency recovery point must be at most 256 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    IF octet_length(p_recovery_data) > 1048576 THEN
+        RAISE EXCEPTION 'pgfence: idempotency recovery data must be at most 1 MiB' USING ERRCODE = 'PF008';
+    END IF;
+    UPDATE pgfence.idempotency_keys k
+       SET recovery_point = p_recovery_point, recovery_data = p_recovery_data,
+           lease_expires_at = clock_timestamp() + p_lease, updated_at = clock_timestamp()
+     WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner
+       AND k.mode = 'leased' AND k.status = 'in_progress'
+    RETURNING k.lease_expires_at INTO v_expires;
+    IF NOT FOUND THEN
+        PERFORM pgfence.idempotency_not_owner(p_scope, p_key, p_owner);
+    END IF;
+    RETURN v_expires;
+END;
+$$;
+
+--
+-- Name: idempotency_atomic_completed(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_atomic_completed() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pgfence.idempotency_keys k
+                WHERE k.scope = NEW.scope AND k.key = NEW.key
+                  AND k.mode = 'atomic' AND k.status = 'in_progress') THEN
+        RAISE EXCEPTION 'pgfence: atomic idempotency claim %/% was not completed in its transaction', NEW.scope, NEW.key
+            USING ERRCODE = 'PF008',
+                  HINT = 'Call pgfence.idempotency_complete_atomic before COMMIT, or roll back.';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+--
+-- Name: idempotency_check_args(text, text, bytea, interval); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_check_args(p_scope text, p_key text, p_fingerprint bytea, p_retention interval) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence: idempotency scope must be 1 to 512 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence: idempotency key must be 1 to 512 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    IF p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64 THEN
+        RAISE EXCEPTION 'pgfence: idempotency fingerprint must be 16 to 64 bytes (a hash of the request)' USING ERRCODE = 'PF008';
+    END IF;
+    IF p_retention IS NULL OR p_retention <= interval '0' THEN
+        RAISE EXCEPTION 'pgfence: idempotency retention must be positive, got %', p_retention USING ERRCODE = 'PF008';
+    END IF;
+END;
+$$;
+
+--
+-- Name: idempotency_check_result(bytea, text, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_check_result(p_result bytea, p_failure_code text, p_failure_message text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF octet_length(p_result) > 16777216 THEN
+        RAISE EXCEPTION 'pgfence: idempotency result must be at most 16 MiB' USING ERRCODE = 'PF008';
+    END IF;
+    IF octet_length(p_failure_code) NOT BETWEEN 1 AND 128 THEN
+        RAISE EXCEPTION 'pgfence: idempotency failure code must be 1 to 128 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    IF octet_length(p_failure_message) > 4096 THEN
+        RAISE EXCEPTION 'pgfence: idempotency failure message must be at most 4096 bytes' USING ERRCODE = 'PF008';
+    END IF;
+END;
+$$;
+
+--
+-- Name: idempotency_claim(text, text, bytea, interval, interval, interval); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_claim(p_scope text, p_key text, p_fingerprint bytea, p_lease interval, p_retention interval, p_wait interval DEFAULT '00:00:05'::interval) RETURNS TABLE(outcome text, owner uuid, epoch bigint, lease_expires_at timestamp with time zone, recovery_point text, recovery_data bytea, status text, result bytea, failure_code text, failure_message text, expires_at timestamp with time zone)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    r         pgfence.idempotency_keys%ROWTYPE;
+    v_old     text;
+    v_claimed boolean;
+BEGIN
+    PERFORM pgfence.idempotency_durable();
+    PERFORM pgfence.idempotency_require_read_committed();
+    PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
+    IF p_lease IS NULL OR p_lease < interval '1 millisecond' THEN
+        RAISE EXCEPTION 'pgfence: idempotency lease must be at least 1ms, got %', p_lease USING ERRCODE = 'PF008';
+    END IF;
+    IF p_wait IS NULL OR p_wait < interval '1 millisecond' OR p_wait > interval '2147483647 milliseconds' THEN
+        RAISE EXCEPTION 'pgfence: idempotency wait must be 1ms to 2147483647ms (lock_timeout''s range), got %', p_wait
+            USING ERRCODE = 'PF008';
+    END IF;
+    FOR i IN 1..5 LOOP
+        -- Cheap read first: a replay or a refusal writes nothing.
+        SELECT * INTO r FROM pgfence.idempotency_keys k WHERE k.scope = p_scope AND k.key = p_key;
+        IF FOUND AND NOT (r.status <> 'in_progress' AND r.expires_at <= clock_timestamp()) THEN
+            IF r.fingerprint <> p_fingerprint THEN
+                RAISE EXCEPTION 'pgfence: idempotency key %/% was used with a different request', p_scope, p_key
+                    USING ERRCODE = 'PF004',
+                          HINT = 'A key names one business intent; use a new key for a different request.';
+            END IF;
+            IF r.status <> 'in_progress' THEN
+                RETURN QUERY SELECT 'replayed'::text, NULL::uuid, r.epoch, NULL::timestamptz, r.recovery_point,
+                                    NULL::bytea, r.status, r.result, r.failure_code, r.failure_message, r.expires_at;
+                RETURN;
+            END IF;
+            IF r.mode = 'atomic' OR r.lease_expires_at > clock_timestamp() THEN
+                RAISE EXCEPTION 'pgfence: idempotency key %/% is in progress', p_scope, p_key
+                    USING ERRCODE = 'PF007',
+                          DETAIL = CASE WHEN r.mode = 'leased'
+                                        THEN format('The lease expires in %s.', r.lease_expires_at - clock_timestamp())
+                                        ELSE 'This transaction holds an atomic claim on it.' END,
+                          HINT = 'Retry after the lease expires, or wait for the owner to complete.';
+            END IF;
+            -- A leased claim whose lease expired: take it over below.
+        END IF;
+        -- The row may be locked by a transaction that has not committed yet:
+        -- the owner completing, failing or heartbeating inside its own
+        -- transaction, or another claim's insert. Wait for it at most p_wait,
+        -- then report the key in progress (PF007) instead of blocking the
+        -- duplicate for as long as that transaction lasts.
+        BEGIN
+            v_old := current_setting('lock_timeout');
+            PERFORM set_config('lock_timeout', ceil(extract(epoch FROM p_wait) * 1000)::bigint || 'ms', true);
+            INSERT INTO pgfence.idempotency_keys AS k
+                   (scope, key, fingerprint, mode, status, owner, epoch, lease_expires_at, retention,
+                    created_at, updated_at)
+            VALUES (p_scope, p_key, p_fingerprint, 'leased', 'in_progress', gen_random_uuid(), 1,
+                    clock_timestamp() + p_lease, p_retention, clock_timestamp(), clock_timestamp())
+            ON CONFLICT (scope, key) DO UPDATE
+               SET fingerprint = excluded.fingerprint, mode = 'leased', status = 'in_progress',
+                   owner = excluded.owner, epoch = k.epoch + 1,
+                   lease_expires_at = clock_timestamp() + p_lease,
+                   -- a takeover resumes from the recovery point; a reused expired key starts afresh
+                   recovery_point = CASE WHEN k.status = 'in_progress' THEN k.recovery_point ELSE '' END,
+                   recovery_data = CASE WHEN k.status = 'in_progress' THEN k.recovery_data END,
+                   result = NULL, failure_code = NULL, failure_message = NULL,
+                   retention = excluded.retention,
+                   created_at = CASE WHEN k.status = 'in_progress' THEN k.created_at ELSE excluded.created_at END,
+                   updated_at = excluded.updated_at, completed_at = NULL, expires_at = NULL
+             WHERE (k.status = 'in_progress' AND k.mode = 'leased' AND k.fingerprint = excluded.fingerprint
+                    AND k.lease_expires_at <= clock_timestamp())
+                OR (k.status <> 'in_progress' AND k.expires_at <= clock_timestamp())
+            RETURNING k.* INTO r;
+            v_claimed := FOUND;
+            PERFORM set_config('lock_timeout', v_old, true);
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE EXCEPTION 'pgfence: idempotency key %/% is in progress', p_scope, p_key
+                USING ERRCODE = 'PF007',
+                      DETAIL = format('Another transaction held the key''s row for longer than %s.', p_wait),
+                      HINT = 'Retry shortly: the transaction that holds it is completing or claiming the key.';
+        END;
+        IF v_claimed THEN
+            RETURN QUERY SELECT 'new'::text, r.owner, r.epoch, r.lease_expires_at, r.recovery_point,
+                                r.recovery_data, r.status, NULL::bytea, NULL::text, NULL::text, NULL::timestamptz;
+            RETURN;
+        END IF;
+        -- Someone else changed the row first: read it again with a new snapshot.
+    END LOOP;
+    RAISE EXCEPTION 'pgfence: idempotency key %/% is in progress (contended)', p_scope, p_key
+        USING ERRCODE = 'PF007';
+END;
+$$;
+
+--
+-- Name: idempotency_claim_atomic(text, text, bytea, interval, interval); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_claim_atomic(p_scope text, p_key text, p_fingerprint bytea, p_wait interval, p_retention interval) RETURNS TABLE(outcome text, status text, result bytea, failure_code text, failure_message text, expires_at timestamp with time zone, retry_after interval)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    r         pgfence.idempotency_keys%ROWTYPE;
+    v_claimed boolean;
+    v_old     text;
+BEGIN
+    PERFORM pgfence.idempotency_durable();
+    PERFORM pgfence.idempotency_require_read_committed();
+    PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
+    IF p_wait IS NULL OR p_wait < interval '1 millisecond' THEN
+        RAISE EXCEPTION 'pgfence: idempotency wait must be at least 1ms, got %', p_wait USING ERRCODE = 'PF008';
+    END IF;
+    FOR i IN 1..5 LOOP
+        -- Cheap read first: a replay or a refusal writes nothing.
+        SELECT * INTO r FROM pgfence.idempotency_keys k WHERE k.scope = p_scope AND k.key = p_key;
+        IF FOUND AND NOT (r.status <> 'in_progress' AND r.expires_at <= clock_timestamp()) THEN
+            IF r.fingerprint <> p_fingerprint THEN
+                RETURN QUERY SELECT 'mismatch'::text, NULL::text, NULL::bytea, NULL::text, NULL::text,
+                                    NULL::timestamptz, NULL::interval;
+                RETURN;
+            END IF;
+            IF r.status <> 'in_progress' THEN
+                RETURN QUERY SELECT 'replayed'::text, r.status, r.result, r.failure_code, r.failure_message,
+                                    r.expires_at, NULL::interval;
+                RETURN;
+            END IF;
+            -- An atomic row in progress that we can see is this transaction's own
+            -- claim (a committed one cannot exist); a leased row is someone's lease.
+            RETURN QUERY SELECT 'in_progress'::text, r.status, NULL::bytea, NULL::text, NULL::text, NULL::timestamptz,
+                                CASE WHEN r.mode = 'leased'
+                                     THEN greatest(r.lease_expires_at - clock_timestamp(), interval '0') END;
+            RETURN;
+        END IF;
+        -- Absent or expired: claim it. A concurrent uncommitted claim makes the
+        -- INSERT wait for that transaction, at most p_wait.
+        BEGIN
+            v_old := current_setting('lock_timeout');
+            PERFORM set_config('lock_timeout', ceil(extract(epoch FROM p_wait) * 1000)::bigint || 'ms', true);
+            v_claimed := false;
+            INSERT INTO pgfence.idempotency_keys AS k
+                   (scope, key, fingerprint, mode, status, epoch, retention, created_at, updated_at)
+            VALUES (p_scope, p_key, p_fingerprint, 'atomic', 'in_progress', 1, p_retention,
+                    clock_timestamp(), clock_timestamp())
+            ON CONFLICT (scope, key) DO UPDATE
+               SET fingerprint = excluded.fingerprint, mode = 'atomic', status = 'in_progress',
+                   owner = NULL, epoch = k.epoch + 1, lease_expires_at = NULL,
+                   recovery_point = '', recovery_data = NULL, result = NULL,
+                   failure_code = NULL, failure_message = NULL, retention = excluded.retention,
+                   created_at = excluded.created_at, updated_at = excluded.updated_at,
+                   completed_at = NULL, expires_at = NULL
+             WHERE k.status <> 'in_progress' AND k.expires_at <= clock_timestamp()
+            RETURNING true INTO v_claimed;
+            PERFORM set_config('lock_timeout', v_old, true);
+        EXCEPTION WHEN lock_not_available THEN
+            RETURN QUERY SELECT 'in_progress'::text, 'in_progress'::text, NULL::bytea, NULL::text, NULL::text,
+                                NULL::timestamptz, NULL::interval;
+            RETURN;
+        END;
+        IF v_claimed THEN
+            RETURN QUERY SELECT 'new'::text, 'in_progress'::text, NULL::bytea, NULL::text, NULL::text,
+                                NULL::timestamptz, NULL::interval;
+            RETURN;
+        END IF;
+        -- The conflicting row committed and is live: read it with a new snapshot.
+    END LOOP;
+    RETURN QUERY SELECT 'in_progress'::text, NULL::text, NULL::bytea, NULL::text, NULL::text,
+                        NULL::timestamptz, NULL::interval;
+END;
+$$;
+
+--
+-- Name: idempotency_complete(text, text, uuid, bytea, text, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_complete(p_scope text, p_key text, p_owner uuid, p_result bytea, p_failure_code text DEFAULT NULL::text, p_failure_message text DEFAULT NULL::text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_expires timestamptz;
+BEGIN
+    PERFORM pgfence.idempotency_durable();
+    PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
+    UPDATE pgfence.idempotency_keys k
+       SET status = CASE WHEN p_failure_code IS NULL THEN 'succeeded' ELSE 'failed' END,
+           result = CASE WHEN p_failure_code IS NULL THEN coalesce(p_result, '') ELSE p_result END,
+           failure_code = p_failure_code,
+           failure_message = CASE WHEN p_failure_code IS NULL THEN NULL ELSE coalesce(p_failure_message, '') END,
+           owner = NULL, lease_expires_at = NULL,
+           completed_at = clock_timestamp(), updated_at = clock_timestamp(),
+           expires_at = clock_timestamp() + k.retention
+     WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner
+       AND k.mode = 'leased' AND k.status = 'in_progress'
+    RETURNING k.expires_at INTO v_expires;
+    IF NOT FOUND THEN
+        PERFORM pgfence.idempotency_not_owner(p_scope, p_key, p_owner);
+    END IF;
+    RETURN v_expires;
+END;
+$$;
+
+--
+-- Name: idempotency_complete_atomic(text, text, bytea, text, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_complete_atomic(p_scope text, p_key text, p_result bytea, p_failure_code text DEFAULT NULL::text, p_failure_message text DEFAULT NULL::text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_expires timestamptz;
+BEGIN
+    PERFORM pgfence.idempotency_durable();
+    PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
+    UPDATE pgfence.idempotency_keys k
+       SET status = CASE WHEN p_failure_code IS NULL THEN 'succeeded' ELSE 'failed' END,
+           result = CASE WHEN p_failure_code IS NULL THEN coalesce(p_result, '') ELSE p_result END,
+           failure_code = p_failure_code,
+           failure_message = CASE WHEN p_failure_code IS NULL THEN NULL ELSE coalesce(p_failure_message, '') END,
+           completed_at = clock_timestamp(),
+           updated_at = clock_timestamp(),
+           expires_at = clock_timestamp() + k.retention
+     WHERE k.scope = p_scope AND k.key = p_key AND k.mode = 'atomic' AND k.status = 'in_progress'
+    RETURNING k.expires_at INTO v_expires;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgfence: this transaction holds no atomic claim on idempotency key %/%', p_scope, p_key
+            USING ERRCODE = 'PF002';
+    END IF;
+    RETURN v_expires;
+END;
+$$;
+
+--
+-- Name: idempotency_durable(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_durable() RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+END;
+$$;
+
+--
+-- Name: idempotency_gc(integer); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_gc(p_batch integer) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    n bigint;
+BEGIN
+    IF p_batch IS NULL OR p_batch < 1 THEN
+        RAISE EXCEPTION 'pgfence: idempotency_gc batch must be positive, got %', p_batch USING ERRCODE = 'PF008';
+    END IF;
+    WITH batch AS (
+        SELECT k.scope, k.key FROM pgfence.idempotency_keys k
+         WHERE k.expires_at <= clock_timestamp()
+         ORDER BY k.expires_at
+         LIMIT p_batch
+           FOR UPDATE SKIP LOCKED)
+    DELETE FROM pgfence.idempotency_keys k
+     USING batch b
+     WHERE k.scope = b.scope AND k.key = b.key AND k.expires_at <= clock_timestamp();
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END;
+$$;
+
+--
+-- Name: idempotency_heartbeat(text, text, uuid, interval); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_heartbeat(p_scope text, p_key text, p_owner uuid, p_lease interval) RETURNS timestamp with time zone
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_expires timestamptz;
+BEGIN
+    PERFORM pgfence.idempotency_durable();
+    IF p_lease IS NULL OR p_lease < interval '1 millisecond' THEN
+        RAISE EXCEPTION 'pgfence: idempotency lease must be at least 1ms, got %', p_lease USING ERRCODE = 'PF008';
+    END IF;
+    UPDATE pgfence.idempotency_keys k
+       SET lease_expires_at = clock_timestamp() + p_lease, updated_at = clock_timestamp()
+     WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner
+       AND k.mode = 'leased' AND k.status = 'in_progress'
+    RETURNING k.lease_expires_at INTO v_expires;
+    IF NOT FOUND THEN
+        PERFORM pgfence.idempotency_not_owner(p_scope, p_key, p_owner);
+    END IF;
+    RETURN v_expires;
+END;
+$$;
+
+--
+-- Name: idempotency_keys; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.idempotency_keys (
+    scope text NOT NULL,
+    key text NOT NULL,
+    fingerprint bytea NOT NULL,
+    mode text NOT NULL,
+    status text NOT NULL,
+    owner uuid,
+    epoch bigint DEFAULT 1 NOT NULL,
+    lease_expires_at timestamp with time zone,
+    recovery_point text DEFAULT ''::text NOT NULL,
+    recovery_data bytea,
+    result bytea,
+    failure_code text,
+    failure_message text,
+    retention interval NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    completed_at timestamp with time zone,
+    expires_at timestamp with time zone,
+    trace_id text DEFAULT pgfence.current_trace_id()
+);
+
+--
+-- Name: idempotency_key_valid(pgfence.idempotency_keys); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_key_valid(k pgfence.idempotency_keys) RETURNS boolean
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    RETURN octet_length(k.scope) BETWEEN 1 AND 512 AND octet_length(k.key) BETWEEN 1 AND 512
+       AND octet_length(k.fingerprint) BETWEEN 16 AND 64 AND k.epoch >= 1
+       AND CASE k.status
+        WHEN 'in_progress' THEN k.completed_at IS NULL AND k.expires_at IS NULL AND k.result IS NULL AND k.failure_code IS NULL
+             AND CASE k.mode WHEN 'atomic' THEN k.owner IS NULL AND k.lease_expires_at IS NULL AND k.recovery_data IS NULL
+                             WHEN 'leased' THEN k.lease_expires_at IS NOT NULL
+                             ELSE false END
+        WHEN 'succeeded' THEN coalesce(k.expires_at > k.completed_at, false) AND k.result IS NOT NULL AND k.failure_code IS NULL
+             AND k.failure_message IS NULL AND k.owner IS NULL AND k.lease_expires_at IS NULL AND k.mode IN ('atomic', 'leased')
+        WHEN 'failed' THEN coalesce(k.expires_at > k.completed_at, false) AND k.failure_code IS NOT NULL
+             AND k.owner IS NULL AND k.lease_expires_at IS NULL AND k.mode IN ('atomic', 'leased')
+        ELSE false END;
+END;
+$$;
+
+--
+-- Name: idempotency_keys_set_trace_id(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_keys_set_trace_id() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    NEW.trace_id := pgfence.current_trace_id();
+    RETURN NEW;
+END;
+$$;
+
+--
+-- Name: idempotency_not_owner(text, text, uuid); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_not_owner(p_scope text, p_key text, p_owner uuid) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'pgfence: % is not the current owner of idempotency key %/%', p_owner, p_scope, p_key
+        USING ERRCODE = 'PF002',
+              DETAIL = 'The lease expired and another attempt took the key over, the claim was released, or the key is completed.';
+END;
+$$;
+
+--
+-- Name: idempotency_release(text, text, uuid); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_release(p_scope text, p_key text, p_owner uuid) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM pgfence.idempotency_durable();
+    UPDATE pgfence.idempotency_keys k
+       SET owner = NULL, lease_expires_at = clock_timestamp(), updated_at = clock_timestamp()
+     WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner
+       AND k.mode = 'leased' AND k.status = 'in_progress';
+    IF NOT FOUND THEN
+        PERFORM pgfence.idempotency_not_owner(p_scope, p_key, p_owner);
+    END IF;
+END;
+$$;
+
+--
+-- Name: idempotency_require_read_committed(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_require_read_committed() RETURNS void
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pgfence: idempotency keys need READ COMMITTED, this transaction runs in %',
+                upper(current_setting('transaction_isolation'))
+            USING ERRCODE = 'PF010',
+                  HINT = 'Run the claim in a READ COMMITTED transaction (BEGIN ISOLATION LEVEL READ COMMITTED).';
+    END IF;
+END;
+$$;
+
+--
+-- Name: lease_check_args(text, interval, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.lease_check_args(p_key text, p_ttl interval, p_holder_info text) RETURNS void
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence: lease key must be 1 to 512 bytes, got %',
+            coalesce(octet_length(p_key)::text || ' bytes', 'NULL')
+            USING ERRCODE = 'PF008';
+    END IF;
+    IF p_ttl IS NOT NULL AND (p_ttl <= interval '0' OR p_ttl > pgfence.lease_max_ttl()) THEN
+        RAISE EXCEPTION 'pgfence: lease ttl must be above 0 and at most %, got %',
+            pgfence.lease_max_ttl(), p_ttl
+            USING ERRCODE = 'PF008';
+    END IF;
+    IF p_holder_info IS NOT NULL AND octet_length(p_holder_info) > 1024 THEN
+        RAISE EXCEPTION 'pgfence: lease holder_info must be at most 1024 bytes, got %',
+            octet_length(p_holder_info)
+            USING ERRCODE = 'PF008';
+    END IF;
+END;
+$$;
+
+--
+-- Name: lease_events; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.lease_events (
+    id bigint NOT NULL,
+    key text NOT NULL,
+    event text NOT NULL,
+    holder uuid NOT NULL,
+    token bigint NOT NULL,
+    at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    reason text,
+    trace_id text DEFAULT pgfence.current_trace_id(),
+    client_version text
+);
+
+--
+-- Name: lease_event_valid(pgfence.lease_events); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.lease_event_valid(e pgfence.lease_events) RETURNS boolean
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    RETURN octet_length(e.key) BETWEEN 1 AND 512
+       AND e.event IN ('acquired', 'taken_over', 'released', 'force_released', 'expired')
+       AND e.token > 0
+       AND (e.reason IS NULL OR length(e.reason) BETWEEN 1 AND 1000);
+END;
+$$;
+
+--
+-- Name: lease_max_ttl(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.lease_max_ttl() RETURNS interval
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT interval '24 hours' $$;
+
+--
+-- Name: lease_queue_leave(text, uuid); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.lease_queue_leave(p_key text, p_waiter uuid) RETURNS boolean
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    WITH gone AS (DELETE FROM pgfence.lease_waiters WHERE key = p_key AND waiter = p_waiter RETURNING 1)
+    SELECT EXISTS (SELECT 1 FROM gone);
+$$;
+
+--
+-- Name: lease_queue_turn(text, uuid, interval); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.lease_queue_turn(p_key text, p_waiter uuid, p_patience interval) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    my_enqueued timestamptz;
+    ahead       bigint;
+BEGIN
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 OR p_waiter IS NULL
+       OR p_patience IS NULL OR p_patience <= interval '0' THEN
+        RAISE EXCEPTION 'pgfence: lease_queue_turn needs a key (1 to 512 bytes), a waiter id and a positive patience'
+            USING ERRCODE = 'PF008';
+    END IF;
+    -- Queue positions need no durability: losing them in a crash costs
+    -- fairness only.
+    PERFORM set_config('synchronous_commit', 'off', true);
+    DELETE FROM pgfence.lease_waiters w WHERE w.key = p_key AND w.expires_at <= clock_timestamp();
+    INSERT INTO pgfence.lease_waiters AS w (key, waiter, expires_at)
+    VALUES (p_key, p_waiter, clock_timestamp() + p_patience)
+    ON CONFLICT (key, waiter) DO UPDATE SET expires_at = clock_timestamp() + p_patience
+    RETURNING w.enqueued_at INTO my_enqueued;
+    SELECT count(*) INTO ahead
+      FROM pgfence.lease_waiters w
+     WHERE w.key = p_key AND w.expires_at > clock_timestamp()
+       AND (w.enqueued_at, w.waiter) < (my_enqueued, p_waiter);
+    RETURN ahead;
+END;
+$$;
+
+--
+-- Name: leases; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.leases (
+    key text NOT NULL,
+    holder uuid NOT NULL,
+    token bigint NOT NULL,
+    granted_at timestamp with time zone NOT NULL,
+    renewed_at timestamp with time zone,
+    expires_at timestamp with time zone NOT NULL,
+    released_at timestamp with time zone,
+    holder_info text DEFAULT ''::text NOT NULL,
+    client_version text
+)
+WITH (fillfactor='80');
+
+--
+-- Name: lease_row_valid(pgfence.leases); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.lease_row_valid(l pgfence.leases) RETURNS boolean
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    RETURN octet_length(l.key) BETWEEN 1 AND 512 AND l.token > 0 AND octet_length(l.holder_info) <= 1024
+       AND l.expires_at >= l.granted_at
+       AND (l.renewed_at IS NULL OR l.renewed_at >= l.granted_at)
+       AND (l.released_at IS NULL OR l.released_at >= l.granted_at);
+END;
+$$;
+
+--
+-- Name: max_stored_token(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.max_stored_token() RETURNS bigint
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT greatest((SELECT max(token) FROM pgfence.fences),
+                    (SELECT max(token) FROM pgfence.leases),
+                    (SELECT max(token) FROM pgfence.lease_events),
+                    (SELECT floor FROM pgfence.token_floor),
+                    0);
+$$;
+
+--
+-- Name: next_token(bigint); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.next_token(previous bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_floor bigint;
+BEGIN
+    SELECT f.floor INTO v_floor FROM pgfence.token_floor f;
+    RETURN greatest(coalesce(previous, 0) + 1, (pgfence.token_epoch() << 40) + 1, v_floor + 1);
+END;
+$$;
+
+--
+-- Name: pause_grants(text, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.pause_grants(p_prefix text, p_reason text) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_was boolean;
+BEGIN
+    IF p_prefix IS NULL OR octet_length(p_prefix) > 512 THEN
+        RAISE EXCEPTION 'pgfence: pause_grants prefix must be 0 to 512 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    IF p_reason IS NULL OR length(p_reason) NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'pgfence: pause_grants needs a reason of 1 to 1000 characters' USING ERRCODE = 'PF008';
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    PERFORM 1 FROM pgfence.grant_pauses g WHERE g.prefix = p_prefix FOR UPDATE;
+    v_was := FOUND;
+    INSERT INTO pgfence.grant_pauses AS g (prefix, reason) VALUES (p_prefix, p_reason)
+        ON CONFLICT (prefix) DO UPDATE SET reason = excluded.reason, paused_by = excluded.paused_by;
+    INSERT INTO pgfence.grant_pause_events (prefix, action, reason) VALUES (p_prefix, 'paused', p_reason);
+    RETURN NOT v_was;
+END;
+$$;
+
+--
+-- Name: protect(regclass, text, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.protect(relation regclass, resource_column text, prefix text DEFAULT ''::text) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    child regclass;
+BEGIN
+    IF relation IS NULL OR resource_column IS NULL OR prefix IS NULL THEN
+        RAISE EXCEPTION 'pgfence: protect: relation, resource_column and prefix must not be NULL' USING ERRCODE = 'PF008';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute a
+                    WHERE a.attrelid = relation AND a.attname = resource_column AND a.attnum > 0 AND NOT a.attisdropped) THEN
+        RAISE EXCEPTION 'pgfence: protect: % has no column %', relation, quote_ident(resource_column) USING ERRCODE = 'PF008';
+    END IF;
+    -- The resource is the column's text. A timestamptz, float or interval
+    -- prints differently under each session's TimeZone, extra_float_digits or
+    -- IntervalStyle, so one row would be several resources, fenced apart.
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+                    WHERE a.attrelid = relation AND a.attname = resource_column AND a.attnum > 0 AND NOT a.attisdropped
+                      AND (CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END)
+                          IN ('text'::regtype, 'varchar'::regtype, 'bpchar'::regtype, 'int2'::regtype,
+                              'int4'::regtype, 'int8'::regtype, 'numeric'::regtype, 'uuid'::regtype)) THEN
+        RAISE EXCEPTION 'pgfence: protect: column % of % must be text, varchar, char, smallint, integer, bigint, numeric or uuid (or a domain over one)',
+                quote_ident(resource_column), relation
+            USING ERRCODE = 'PF008',
+                  HINT = 'Other types print differently under different session settings (TimeZone, extra_float_digits, IntervalStyle): fence a text or integer key column instead.';
+    END IF;
+    -- The row guard runs AFTER the row is written, at the end of the
+    -- statement, on the row as stored: after every BEFORE trigger (one that
+    -- changed the resource column ran after a BEFORE guard, and moved the
+    -- row past the check) and after generated columns are computed (a BEFORE
+    -- guard saw NULL in them). Raising there undoes the statement.
+    EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard ON %s', relation);
+    EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard_truncate ON %s', relation);
+    EXECUTE format('CREATE TRIGGER pgfence_guard AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION pgfence.guard(%L, %L)',
+                   relation, resource_column, prefix);
+    EXECUTE format('CREATE TRIGGER pgfence_guard_truncate BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION pgfence.reject_truncate()',
+                   relation);
+    -- Every table below it. A partition gets the row guard from its parent
+    -- (PostgreSQL clones row triggers) but TRUNCATE of the partition itself
+    -- skips the parent's statement trigger; an inheritance child gets no
+    -- trigger at all.
+    FOR child IN
+        WITH RECURSIVE tree(relid) AS (
+            SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = relation
+            UNION
+            SELECT i.inhrelid FROM tree t JOIN pg_inherits i ON i.inhparent = t.relid
+        )
+        SELECT t.relid::regclass FROM tree t JOIN pg_class c ON c.oid = t.relid WHERE c.relkind IN ('r', 'p')
+    LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger x
+                        WHERE x.tgrelid = child AND x.tgname = 'pgfence_guard' AND x.tgparentid <> 0) THEN
+            EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard ON %s', child);
+            EXECUTE format('CREATE TRIGGER pgfence_guard AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION pgfence.guard(%L, %L)',
+                           child, resource_column, prefix);
+        END IF;
+        EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard_truncate ON %s', child);
+        EXECUTE format('CREATE TRIGGER pgfence_guard_truncate BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION pgfence.reject_truncate()',
+                       child);
+    END LOOP;
+END;
+$$;
+
+--
+-- Name: protected_tables(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.protected_tables() RETURNS TABLE(relation regclass, resource_column text, prefix text)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT t.tgrelid::regclass,
+           convert_from(substring(t.tgargs FROM 1 FOR greatest(a.sep1 - 1, 0)), current_setting('server_encoding')),
+           convert_from(substring(a.rest FROM 1 FOR greatest(position('\x00'::bytea IN a.rest) - 1, 0)), current_setting('server_encoding'))
+      FROM pg_catalog.pg_trigger t
+     CROSS JOIN LATERAL (SELECT position('\x00'::bytea IN t.tgargs) AS sep1,
+                                substring(t.tgargs FROM position('\x00'::bytea IN t.tgargs) + 1) AS rest) a
+     WHERE t.tgname = 'pgfence_guard' AND t.tgfoid = 'pgfence.guard()'::regprocedure
+     ORDER BY t.tgrelid::regclass::text;
+$$;
+
+--
+-- Name: prune_fence_rejections(interval); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.prune_fence_rejections(p_max_age interval DEFAULT '7 days'::interval) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_deleted bigint;
+BEGIN
+    IF p_max_age IS NULL OR p_max_age < interval '0' THEN
+        RAISE EXCEPTION 'pgfence: prune_fence_rejections max_age must be >= 0, got %', p_max_age
+            USING ERRCODE = 'PF008';
+    END IF;
+    WITH oldest AS (
+        SELECT r.id, r.at FROM pgfence.fence_rejections r ORDER BY r.id LIMIT 1000)
+    DELETE FROM pgfence.fence_rejections r
+     USING oldest o
+     WHERE r.id = o.id AND o.at < clock_timestamp() - p_max_age;
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    RETURN v_deleted;
+END;
+$$;
+
+--
+-- Name: prune_lease_events(text, integer); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.prune_lease_events(p_key text DEFAULT NULL::text, p_keep integer DEFAULT 100) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    n bigint;
+BEGIN
+    IF p_keep IS NULL OR p_keep < 0 THEN
+        RAISE EXCEPTION 'pgfence: prune_lease_events keep must be >= 0, got %', p_keep
+            USING ERRCODE = 'PF008';
+    END IF;
+    WITH ranked AS (
+        SELECT e.id, row_number() OVER (PARTITION BY e.key ORDER BY e.id DESC) AS rn
+        FROM pgfence.lease_events e
+        WHERE p_key IS NULL OR e.key = p_key
+    )
+    DELETE FROM pgfence.lease_events e
+    USING ranked r
+    WHERE e.id = r.id AND r.rn > p_keep;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END;
+$$;
+
+--
+-- Name: raise_grants_paused(text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.raise_grants_paused(p_key text) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    p pgfence.grant_pauses%ROWTYPE;
+BEGIN
+    SELECT g.* INTO p FROM pgfence.grant_pauses g
+     WHERE starts_with(p_key, g.prefix)
+     ORDER BY octet_length(g.prefix) DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RAISE EXCEPTION 'pgfence: new grants of lease % are paused (prefix %, by %, since %): %',
+            quote_literal(p_key), quote_literal(p.prefix), p.paused_by, p.paused_at, p.reason
+        USING ERRCODE = 'PF011',
+              DETAIL = format('prefix=%s paused_by=%s', p.prefix, p.paused_by),
+              HINT = 'Current holders keep their leases; an operator lifts the pause with pgfence.resume_grants(prefix).';
+END;
+$$;
+
+--
+-- Name: raise_token_floor(bigint, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.raise_token_floor(new_floor bigint, reason text) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    old_floor bigint;
+BEGIN
+    IF new_floor IS NULL OR new_floor < 0 THEN
+        RAISE EXCEPTION 'pgfence: new_floor must be >= 0, got %', new_floor USING ERRCODE = 'PF008';
+    END IF;
+    IF reason IS NULL OR length(reason) NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'pgfence: reason must be 1 to 1000 characters' USING ERRCODE = 'PF008';
+    END IF;
+    PERFORM set_config('synchronous_commit', 'on', true);
+    SELECT f.floor INTO old_floor FROM pgfence.token_floor f FOR UPDATE;
+    IF new_floor < old_floor THEN
+        RAISE EXCEPTION 'pgfence: the token floor is % and may only be raised, not lowered to %', old_floor, new_floor
+            USING ERRCODE = 'PF009', DETAIL = format('floor=%s presented=%s', old_floor, new_floor);
+    END IF;
+    IF new_floor > old_floor THEN
+        UPDATE pgfence.token_floor SET floor = new_floor, raised_at = clock_timestamp(), reason = raise_token_floor.reason;
+    END IF;
+    RETURN old_floor;
+END;
+$$;
+
+--
+-- Name: raise_unfenced(text, regclass); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.raise_unfenced(resource text, relation regclass) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF resource IS NULL THEN
+        RAISE EXCEPTION 'pgfence: unfenced write to %: the row has no resource', relation
+            USING ERRCODE = 'PF006';
+    END IF;
+    RAISE EXCEPTION 'pgfence: unfenced write to % for resource %: this transaction presented no accepted token', relation, quote_literal(resource)
+        USING ERRCODE = 'PF006',
+              DETAIL = format('resource=%s', resource),
+              HINT = 'Call pgfence.fence(resource, token) in the same transaction before writing.';
+END;
+$$;
+
+--
+-- Name: record_fence_rejection(text, bigint, bigint, text, text, text, uuid, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.record_fence_rejection(p_resource text, p_presented_token bigint, p_accepted_token bigint, p_reason text, p_lease_reason text DEFAULT NULL::text, p_operation text DEFAULT NULL::text, p_op uuid DEFAULT NULL::uuid, p_trace_id text DEFAULT NULL::text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+DECLARE
+    v_id bigint;
+BEGIN
+    IF pg_current_xact_id_if_assigned() IS NULL THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    INSERT INTO pgfence.fence_rejections
+           (resource, presented_token, accepted_token, reason, lease_reason, operation, op, trace_id)
+    VALUES (left(p_resource, 1024), p_presented_token, nullif(p_accepted_token, 0), p_reason,
+            CASE WHEN p_lease_reason IN ('missing', 'taken_over', 'released', 'expired') THEN p_lease_reason END,
+            left(p_operation, 64), p_op,
+            CASE WHEN p_trace_id ~ '^[0-9a-f]{32}$' AND p_trace_id <> '00000000000000000000000000000000'
+                 THEN p_trace_id ELSE pgfence.current_trace_id() END)
+    RETURNING id INTO v_id;
+    IF v_id % 128 = 0 THEN
+        PERFORM pgfence.prune_fence_rejections();
+    END IF;
+END;
+$_$;
+
+--
+-- Name: reject_fence_change(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.reject_fence_change() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        RAISE EXCEPTION 'pgfence: token for resource % may not be lowered from % to %', OLD.resource, OLD.token, NEW.token
+            USING ERRCODE = 'PF001',
+                  DETAIL = format('accepted=%s presented=%s resource=%s', OLD.token, NEW.token, OLD.resource);
+    END IF;
+    RAISE EXCEPTION 'pgfence: accepted tokens may not be deleted (%)', TG_OP
+        USING ERRCODE = 'PF001',
+              HINT = 'Fence rows are the memory of the highest accepted token; deleting them would let stale writers in.';
+END;
+$$;
+
+--
+-- Name: reject_truncate(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.reject_truncate() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'pgfence: TRUNCATE of protected table %.% is not fenced', TG_TABLE_SCHEMA, TG_TABLE_NAME
+        USING ERRCODE = 'PF006',
+              HINT = 'Unprotect the table first (pgfence.unprotect).';
+END;
+$$;
+
+--
+-- Name: release(text, uuid, bigint, boolean); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.release(p_key text, p_holder uuid, p_token bigint, p_durable boolean DEFAULT true) RETURNS TABLE(released boolean, status text)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    cur       pgfence.leases%ROWTYPE;
+    v_expired boolean;
+BEGIN
+    PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    IF p_holder IS NULL OR p_token IS NULL THEN
+        RAISE EXCEPTION 'pgfence: release of lease % needs a holder and a token', p_key
+            USING ERRCODE = 'PF008';
+    END IF;
+
+    IF p_durable IS NOT FALSE THEN
+        IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+            PERFORM set_config('synchronous_commit', 'on', true);
+        END IF;
+    ELSIF pg_current_xact_id_if_assigned() IS NULL THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+
+    -- Only identity predicates: holder and token change only when the row is
+    -- modified, and a modified row is re-checked after the lock wait.
+    UPDATE pgfence.leases l
+       SET released_at = greatest(clock_timestamp(), l.granted_at)
+     WHERE l.key = p_key AND l.holder = p_holder AND l.token = p_token AND l.released_at IS NULL
+    RETURNING l.expires_at <= clock_timestamp() INTO v_expired;
+
+    IF v_expired IS NOT NULL THEN
+        INSERT INTO pgfence.lease_events (key, event, holder, token, reason)
+        VALUES (p_key, 'released', p_holder, p_token,
+                CASE WHEN v_expired THEN 'released after expiry' END);
+        PERFORM pg_notify('pgfence_lease_released', p_key);
+        RETURN QUERY SELECT true, CASE WHEN v_expired THEN 'expired' ELSE 'released' END;
+        RETURN;
+    END IF;
+
+    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key;
+    IF cur.key IS NOT NULL AND cur.holder = p_holder AND cur.token = p_token THEN
+        RETURN QUERY SELECT false, 'already_released'::text;
+    ELSE
+        RETURN QUERY SELECT false, 'not_held'::text;
+    END IF;
+END;
+$$;
+
+--
+-- Name: renew(text, uuid, bigint, interval); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.renew(p_key text, p_holder uuid, p_token bigint, p_ttl interval) RETURNS TABLE(token bigint, expires_at timestamp with time zone, remaining interval)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    cur   pgfence.leases%ROWTYPE;
+    v_exp timestamptz;
+BEGIN
+    PERFORM pgfence.lease_check_args(p_key, p_ttl, NULL);
+    IF p_ttl IS NULL OR p_holder IS NULL OR p_token IS NULL THEN
+        RAISE EXCEPTION 'pgfence: renew of lease % needs a holder, a token and a ttl', p_key
+            USING ERRCODE = 'PF008';
+    END IF;
+
+    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key FOR UPDATE;
+    IF cur.key IS NULL OR cur.holder <> p_holder OR cur.token <> p_token THEN
+        RAISE EXCEPTION 'pgfence: lease % is not held by holder % with token %', p_key, p_holder, p_token
+            USING ERRCODE = 'PF002',
+                  DETAIL = CASE WHEN cur.key IS NULL THEN 'The lease does not exist.'
+                                ELSE format('The lease was granted again since (token %s).', cur.token) END;
+    END IF;
+    IF cur.released_at IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: lease % (holder %, token %) was released at %', p_key, p_holder, p_token, cur.released_at
+            USING ERRCODE = 'PF002';
+    END IF;
+    IF cur.expires_at <= clock_timestamp() THEN
+        RAISE EXCEPTION 'pgfence: lease % (holder %, token %) expired at %', p_key, p_holder, p_token, cur.expires_at
+            USING ERRCODE = 'PF002';
+    END IF;
+
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    UPDATE pgfence.leases l
+       SET renewed_at = greatest(clock_timestamp(), l.granted_at),
+           expires_at = clock_timestamp() + p_ttl
+     WHERE l.key = p_key
+    RETURNING l.expires_at INTO v_exp;
+
+    RETURN QUERY SELECT p_token, v_exp, greatest(v_exp - clock_timestamp(), interval '0');
+END;
+$$;
+
+--
+-- Name: resume_grants(text, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.resume_grants(p_prefix text, p_reason text DEFAULT NULL::text) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF p_prefix IS NULL THEN
+        RAISE EXCEPTION 'pgfence: resume_grants needs a prefix' USING ERRCODE = 'PF008';
+    END IF;
+    IF p_reason IS NOT NULL AND length(p_reason) NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'pgfence: resume_grants reason must be 1 to 1000 characters' USING ERRCODE = 'PF008';
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    DELETE FROM pgfence.grant_pauses g WHERE g.prefix = p_prefix;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO pgfence.grant_pause_events (prefix, action, reason) VALUES (p_prefix, 'resumed', p_reason);
+    -- An empty payload wakes every waiter of every client (keys are never
+    -- empty); older clients ignore it and notice within their poll interval.
+    PERFORM pg_notify('pgfence_lease_released', '');
+    RETURN true;
+END;
+$$;
+
+--
+-- Name: token_epoch(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.token_epoch() RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RAISE EXCEPTION 'pgfence: the server is in recovery; tokens are issued only by a primary'
+            USING ERRCODE = 'PF005',
+                  HINT = 'Connect to the current primary (target_session_attrs=read-write).';
+    END IF;
+    RETURN ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
+END;
+$$;
+
+--
+-- Name: try_acquire(text, interval, text, uuid, text, boolean); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.try_acquire(p_key text, p_ttl interval, p_holder_info text DEFAULT ''::text, p_holder uuid DEFAULT NULL::uuid, p_client_version text DEFAULT NULL::text, p_announce boolean DEFAULT false) RETURNS TABLE(acquired boolean, holder uuid, token bigint, granted_at timestamp with time zone, expires_at timestamp with time zone, remaining interval)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    cur      pgfence.leases%ROWTYPE;
+    v_holder uuid := coalesce(p_holder, gen_random_uuid());
+    v_token  bigint;
+    v_grant  timestamptz;
+    v_exp    timestamptz;
+    v_lock   bigint := hashtextextended('pgfence.lease:' || p_key, 0);
+    v_busy   boolean;
+BEGIN
+    PERFORM pgfence.lease_check_args(p_key, p_ttl, coalesce(p_holder_info, ''));
+    IF p_ttl IS NULL THEN
+        RAISE EXCEPTION 'pgfence: lease ttl must not be NULL' USING ERRCODE = 'PF008';
+    END IF;
+    IF octet_length(p_client_version) > 128 THEN
+        RAISE EXCEPTION 'pgfence: client_version must be at most 128 bytes, got %', octet_length(p_client_version)
+            USING ERRCODE = 'PF008';
+    END IF;
+
+    -- Kill switch: a paused prefix refuses new grants (PF011). An empty table
+    -- costs one scan of an empty heap.
+    IF EXISTS (SELECT 1 FROM pgfence.grant_pauses g WHERE starts_with(p_key, g.prefix)) THEN
+        PERFORM pgfence.raise_grants_paused(p_key);
+    END IF;
+
+    -- The cheap check: a plain read, no lock, no write.
+    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key;
+    IF cur.key IS NOT NULL AND cur.released_at IS NULL AND cur.expires_at > clock_timestamp() THEN
+        RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, NULL::timestamptz, cur.expires_at,
+                            greatest(cur.expires_at - clock_timestamp(), interval '0');
+        RETURN;
+    END IF;
+    IF cur.key IS NOT NULL AND cur.holder = v_holder THEN
+        RAISE EXCEPTION 'pgfence: holder % was already used for lease % (token %); every grant needs a fresh holder id',
+            v_holder, p_key, cur.token
+            USING ERRCODE = 'PF008';
+    END IF;
+
+    -- Contention filter, not the authority: when another transaction is
+    -- granting this key right now, report it as held (remaining unknown, 0)
+    -- instead of queueing on its row lock and writing a failed upsert. The
+    -- transaction-scoped advisory lock (a 64-bit hash of the key) lives in
+    -- memory only and is released at commit, so it is safe behind PgBouncer in
+    -- transaction mode. The upsert below still decides.
+    --
+    -- Any role that can connect can take that advisory lock, so it alone
+    -- does not mean a grant is under way. A granting transaction also writes
+    -- pgfence.leases right after taking it, which only the pgfence roles can
+    -- do: when the key has a row, the grant holds that row's lock (checked
+    -- with SKIP LOCKED, which never waits); a first grant, with no row to
+    -- lock, holds ROW EXCLUSIVE on the table in the backend that holds the
+    -- advisory lock (checked in pg_locks, only on this path). Otherwise the
+    -- advisory lock's holder is not granting and the upsert goes ahead.
+    IF NOT pg_try_advisory_xact_lock(v_lock) THEN
+        IF cur.key IS NOT NULL THEN
+            PERFORM 1 FROM pgfence.leases l WHERE l.key = p_key FOR UPDATE SKIP LOCKED;
+            v_busy := NOT FOUND;
+        ELSE
+            WITH locks AS MATERIALIZED (
+                SELECT k.pid, k.locktype, k.database, k.classid, k.objid, k.objsubid, k.relation, k.mode, k.granted
+                  FROM pg_locks k
+            )
+            SELECT EXISTS (
+                SELECT 1 FROM locks a JOIN locks r ON r.pid = a.pid
+                 WHERE a.locktype = 'advisory' AND a.granted AND a.objsubid = 1
+                   AND a.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                   AND a.classid = ((v_lock >> 32) & 4294967295)::oid AND a.objid = (v_lock & 4294967295)::oid
+                   AND r.locktype = 'relation' AND r.granted AND r.relation = 'pgfence.leases'::regclass
+                   AND r.mode = 'RowExclusiveLock'
+            ) INTO v_busy;
+        END IF;
+        IF v_busy THEN
+            RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, NULL::timestamptz, NULL::timestamptz, interval '0';
+            RETURN;
+        END IF;
+    END IF;
+
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+
+    -- The grant. ON CONFLICT's WHERE is evaluated on the locked, latest row.
+    INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, holder_info, client_version)
+    VALUES (p_key, v_holder, pgfence.next_token(NULL), clock_timestamp(), clock_timestamp() + p_ttl,
+            coalesce(p_holder_info, ''), p_client_version)
+    ON CONFLICT (key) DO UPDATE
+        SET holder         = EXCLUDED.holder,
+            token          = pgfence.next_token(l.token),
+            granted_at     = clock_timestamp(),
+            renewed_at     = NULL,
+            expires_at     = clock_timestamp() + p_ttl,
+            released_at    = NULL,
+            holder_info    = EXCLUDED.holder_info,
+            client_version = EXCLUDED.client_version
+        WHERE l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp()
+    RETURNING l.token, l.granted_at, l.expires_at INTO v_token, v_grant, v_exp;
+
+    IF v_token IS NULL THEN
+        -- Someone else won between the read and the upsert.
+        SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key;
+        RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, NULL::timestamptz, cur.expires_at,
+                            greatest(cur.expires_at - clock_timestamp(), interval '0');
+        RETURN;
+    END IF;
+
+    -- The read above tells which grant we replaced (exact unless that grant
+    -- changed between the read and the upsert, which only affects the label).
+    IF cur.key IS NOT NULL AND cur.released_at IS NULL THEN
+        INSERT INTO pgfence.lease_events (key, event, holder, token, reason, client_version)
+        VALUES (p_key, 'taken_over', v_holder, v_token,
+                format('lease of holder %s (token %s) expired at %s', cur.holder, cur.token, cur.expires_at),
+                p_client_version);
+    ELSE
+        INSERT INTO pgfence.lease_events (key, event, holder, token, client_version)
+        VALUES (p_key, 'acquired', v_holder, v_token, p_client_version);
+    END IF;
+    IF v_token % 32 = 0 THEN
+        PERFORM pgfence.prune_lease_events(p_key, 100);
+    END IF;
+
+    IF p_announce THEN
+        -- Waiters in other clients that were woken by the same release hold
+        -- back their attempts when they hear this: payload "<lease
+        -- microseconds>:<key>".
+        PERFORM pg_notify('pgfence_lease_granted',
+                          ((extract(epoch FROM v_exp - v_grant) * 1000000)::bigint)::text || ':' || p_key);
+    END IF;
+
+    RETURN QUERY SELECT true, v_holder, v_token, v_grant, v_exp,
+                        greatest(v_exp - clock_timestamp(), interval '0');
+END;
+$$;
+
+--
+-- Name: unprotect(regclass); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.unprotect(relation regclass) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    had   boolean;
+    child regclass;
+BEGIN
+    SELECT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = relation AND t.tgname = 'pgfence_guard') INTO had;
+    EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard ON %s', relation);
+    EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard_truncate ON %s', relation);
+    -- The triggers protect() put on the tables below it (a partition's row
+    -- guard, a clone, went with its parent's).
+    FOR child IN
+        WITH RECURSIVE tree(relid) AS (
+            SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = relation
+            UNION
+            SELECT i.inhrelid FROM tree t JOIN pg_inherits i ON i.inhparent = t.relid
+        )
+        SELECT t.relid::regclass FROM tree t JOIN pg_class c ON c.oid = t.relid WHERE c.relkind IN ('r', 'p')
+    LOOP
+        EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard ON %s', child);
+        EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard_truncate ON %s', child);
+    END LOOP;
+    RETURN had;
+END;
+$$;
+
+--
+-- Name: fence_rejections; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.fence_rejections (
+    id bigint NOT NULL,
+    resource text NOT NULL,
+    presented_token bigint NOT NULL,
+    accepted_token bigint,
+    reason text NOT NULL,
+    lease_reason text,
+    operation text,
+    op uuid,
+    trace_id text,
+    at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT fence_rejections_lease_reason_check CHECK ((lease_reason = ANY (ARRAY['missing'::text, 'taken_over'::text, 'released'::text, 'expired'::text]))),
+    CONSTRAINT fence_rejections_operation_check CHECK ((length(operation) <= 64)),
+    CONSTRAINT fence_rejections_reason_check CHECK ((reason = ANY (ARRAY['stale_token'::text, 'lease_not_held'::text]))),
+    CONSTRAINT fence_rejections_resource_check CHECK (((length(resource) >= 1) AND (length(resource) <= 1024))),
+    CONSTRAINT fence_rejections_trace_id_check CHECK ((trace_id ~ '^[0-9a-f]{32}$'::text))
+);
+
+--
+-- Name: fence_rejections_id_seq; Type: SEQUENCE; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.fence_rejections ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME pgfence.fence_rejections_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: goose_db_version; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.goose_db_version (
+    id integer NOT NULL,
+    version_id bigint NOT NULL,
+    is_applied boolean NOT NULL,
+    tstamp timestamp without time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: goose_db_version_id_seq; Type: SEQUENCE; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.goose_db_version ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY (
+    SEQUENCE NAME pgfence.goose_db_version_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: grant_pause_events; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.grant_pause_events (
+    id bigint NOT NULL,
+    prefix text NOT NULL,
+    action text NOT NULL,
+    actor text DEFAULT SESSION_USER NOT NULL,
+    reason text,
+    at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT grant_pause_events_action_check CHECK ((action = ANY (ARRAY['paused'::text, 'resumed'::text]))),
+    CONSTRAINT grant_pause_events_reason_check CHECK (((reason IS NULL) OR ((length(reason) >= 1) AND (length(reason) <= 1000))))
+);
+
+--
+-- Name: grant_pause_events_id_seq; Type: SEQUENCE; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.grant_pause_events ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME pgfence.grant_pause_events_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: grant_pauses; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.grant_pauses (
+    prefix text NOT NULL,
+    paused_by text DEFAULT SESSION_USER NOT NULL,
+    reason text NOT NULL,
+    paused_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT grant_pauses_prefix_check CHECK ((octet_length(prefix) <= 512)),
+    CONSTRAINT grant_pauses_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000)))
+);
+
+--
+-- Name: lease_events_id_seq; Type: SEQUENCE; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.lease_events ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME pgfence.lease_events_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: lease_status; Type: VIEW; Schema: pgfence; Owner: -
+--
+
+CREATE VIEW pgfence.lease_status AS
+ SELECT l.key,
+    l.holder,
+    l.token,
+    l.granted_at,
+    l.renewed_at,
+    l.expires_at,
+    l.released_at,
+    l.holder_info,
+    ((l.released_at IS NULL) AND (l.expires_at > clock_timestamp())) AS live,
+        CASE
+            WHEN (l.released_at IS NULL) THEN GREATEST((l.expires_at - clock_timestamp()), '00:00:00'::interval)
+            ELSE '00:00:00'::interval
+        END AS remaining,
+    l.client_version
+   FROM pgfence.leases l;
+
+--
+-- Name: lease_waiters; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.lease_waiters (
+    key text NOT NULL,
+    waiter uuid NOT NULL,
+    enqueued_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT lease_waiters_check CHECK ((expires_at > enqueued_at)),
+    CONSTRAINT lease_waiters_key_check CHECK (((octet_length(key) >= 1) AND (octet_length(key) <= 512)))
+);
+
+--
+-- Name: token_floor; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.token_floor (
+    singleton boolean DEFAULT true NOT NULL,
+    floor bigint DEFAULT 0 NOT NULL,
+    raised_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    reason text DEFAULT 'initial'::text NOT NULL,
+    CONSTRAINT token_floor_floor_check CHECK ((floor >= 0)),
+    CONSTRAINT token_floor_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
+    CONSTRAINT token_floor_singleton_check CHECK (singleton)
+);
+
+--
+-- Name: fence_rejections fence_rejections_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.fence_rejections
+    ADD CONSTRAINT fence_rejections_pkey PRIMARY KEY (id);
+
+--
+-- Name: fences fences_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.fences
+    ADD CONSTRAINT fences_pkey PRIMARY KEY (resource);
+
+--
+-- Name: token_floor floor_leaves_room; Type: CHECK CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.token_floor
+    ADD CONSTRAINT floor_leaves_room CHECK ((floor <= '4611686018427387904'::bigint)) NOT VALID;
+
+--
+-- Name: goose_db_version goose_db_version_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.goose_db_version
+    ADD CONSTRAINT goose_db_version_pkey PRIMARY KEY (id);
+
+--
+-- Name: grant_pause_events grant_pause_events_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.grant_pause_events
+    ADD CONSTRAINT grant_pause_events_pkey PRIMARY KEY (id);
+
+--
+-- Name: grant_pauses grant_pauses_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.grant_pauses
+    ADD CONSTRAINT grant_pauses_pkey PRIMARY KEY (prefix);
+
+--
+-- Name: idempotency_keys idempotency_keys_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.idempotency_keys
+    ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (scope, key);
+
+--
+-- Name: lease_events lease_events_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.lease_events
+    ADD CONSTRAINT lease_events_pkey PRIMARY KEY (id);
+
+--
+-- Name: lease_waiters lease_waiters_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.lease_waiters
+    ADD CONSTRAINT lease_waiters_pkey PRIMARY KEY (key, waiter);
+
+--
+-- Name: leases leases_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.leases
+    ADD CONSTRAINT leases_pkey PRIMARY KEY (key);
+
+--
+-- Name: token_floor token_floor_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.token_floor
+    ADD CONSTRAINT token_floor_pkey PRIMARY KEY (singleton);
+
+--
+-- Name: fences valid_row; Type: CHECK CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.fences
+    ADD CONSTRAINT valid_row CHECK (pgfence.fence_row_valid(fences.*)) NOT VALID;
+
+--
+-- Name: idempotency_keys valid_row; Type: CHECK CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.idempotency_keys
+    ADD CONSTRAINT valid_row CHECK (pgfence.idempotency_key_valid(idempotency_keys.*)) NOT VALID;
+
+--
+-- Name: lease_events valid_row; Type: CHECK CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.lease_events
+    ADD CONSTRAINT valid_row CHECK (pgfence.lease_event_valid(lease_events.*)) NOT VALID;
+
+--
+-- Name: leases valid_row; Type: CHECK CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.leases
+    ADD CONSTRAINT valid_row CHECK (pgfence.lease_row_valid(leases.*)) NOT VALID;
+
+--
+-- Name: fence_rejections_resource_at; Type: INDEX; Schema: pgfence; Owner: -
+--
+
+CREATE INDEX fence_rejections_resource_at ON pgfence.fence_rejections USING btree (resource, at DESC);
+
+--
+-- Name: fence_rejections_trace_id; Type: INDEX; Schema: pgfence; Owner: -
+--
+
+CREATE INDEX fence_rejections_trace_id ON pgfence.fence_rejections USING btree (trace_id) WHERE (trace_id IS NOT NULL);
+
+--
+-- Name: idempotency_keys_expires_at; Type: INDEX; Schema: pgfence; Owner: -
+--
+
+CREATE INDEX idempotency_keys_expires_at ON pgfence.idempotency_keys USING btree (expires_at) WHERE (expires_at IS NOT NULL);
+
+--
+-- Name: lease_events_key_id; Type: INDEX; Schema: pgfence; Owner: -
+--
+
+CREATE INDEX lease_events_key_id ON pgfence.lease_events USING btree (key, id);
+
+--
+-- Name: lease_events_trace_id; Type: INDEX; Schema: pgfence; Owner: -
+--
+
+CREATE INDEX lease_events_trace_id ON pgfence.lease_events USING btree (trace_id) WHERE (trace_id IS NOT NULL);
+
+--
+-- Name: lease_waiters_order; Type: INDEX; Schema: pgfence; Owner: -
+--
+
+CREATE INDEX lease_waiters_order ON pgfence.lease_waiters USING btree (key, enqueued_at, waiter);
+
+--
+-- Name: fences fences_before_update; Type: TRIGGER; Schema: pgfence; Owner: -
+--
+
+CREATE TRIGGER fences_before_update BEFORE UPDATE ON pgfence.fences FOR EACH ROW EXECUTE FUNCTION pgfence.fences_before_update();
+
+--
+-- Name: fences fences_no_delete; Type: TRIGGER; Schema: pgfence; Owner: -
+--
+
+CREATE TRIGGER fences_no_delete BEFORE DELETE ON pgfence.fences FOR EACH ROW EXECUTE FUNCTION pgfence.reject_fence_change();
+
+--
+-- Name: fences fences_no_truncate; Type: TRIGGER; Schema: pgfence; Owner: -
+--
+
+CREATE TRIGGER fences_no_truncate BEFORE TRUNCATE ON pgfence.fences FOR EACH STATEMENT EXECUTE FUNCTION pgfence.reject_fence_change();
+
+--
+-- Name: idempotency_keys idempotency_atomic_completed; Type: TRIGGER; Schema: pgfence; Owner: -
+--
+
+CREATE CONSTRAINT TRIGGER idempotency_atomic_completed AFTER INSERT OR UPDATE ON pgfence.idempotency_keys DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((new.mode = 'atomic'::text) AND (new.status = 'in_progress'::text))) EXECUTE FUNCTION pgfence.idempotency_atomic_completed();
+
+--
+-- Name: idempotency_keys idempotency_keys_trace_id; Type: TRIGGER; Schema: pgfence; Owner: -
+--
+
+CREATE TRIGGER idempotency_keys_trace_id BEFORE UPDATE ON pgfence.idempotency_keys FOR EACH ROW WHEN ((new.epoch IS DISTINCT FROM old.epoch)) EXECUTE FUNCTION pgfence.idempotency_keys_set_trace_id();
+
+--
+-- Name: SCHEMA pgfence; Type: ACL; Schema: -; Owner: -
+--
+
+GRANT USAGE ON SCHEMA pgfence TO pgfence_app;
+GRANT USAGE ON SCHEMA pgfence TO pgfence_operator;
+
+--
+-- Name: FUNCTION acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION check_lease(key text, holder uuid, token bigint); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.check_lease(key text, holder uuid, token bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.check_lease(key text, holder uuid, token bigint) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.check_lease(key text, holder uuid, token bigint) TO pgfence_operator;
+
+--
+-- Name: FUNCTION current_trace_id(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.current_trace_id() FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.current_trace_id() TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.current_trace_id() TO pgfence_operator;
+
+--
+-- Name: FUNCTION fence(resource text, token bigint, op uuid); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.fence(resource text, token bigint, op uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.fence(resource text, token bigint, op uuid) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.fence(resource text, token bigint, op uuid) TO pgfence_operator;
+
+--
+-- Name: FUNCTION fence_probe(p_resource text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.fence_probe(p_resource text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.fence_probe(p_resource text) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.fence_probe(p_resource text) TO pgfence_operator;
+
+--
+-- Name: TABLE fences; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.fences TO pgfence_app;
+GRANT SELECT ON TABLE pgfence.fences TO pgfence_operator;
+
+--
+-- Name: FUNCTION fence_row_valid(f pgfence.fences); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.fence_row_valid(f pgfence.fences) FROM PUBLIC;
+
+--
+-- Name: FUNCTION fences_before_update(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.fences_before_update() FROM PUBLIC;
+
+--
+-- Name: FUNCTION force_release(p_key text, p_reason text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.force_release(p_key text, p_reason text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.force_release(p_key text, p_reason text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION guard(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.guard() FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.guard() TO pgfence_operator;
+
+--
+-- Name: FUNCTION idempotency_advance(p_scope text, p_key text, p_owner uuid, p_recovery_point text, p_recovery_data bytea, p_lease interval); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_advance(p_scope text, p_key text, p_owner uuid, p_recovery_point text, p_recovery_data bytea, p_lease interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.idempotency_advance(p_scope text, p_key text, p_owner uuid, p_recovery_point text, p_recovery_data bytea, p_lease interval) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.idempotency_advance(p_scope text, p_key text, p_owner uuid, p_recovery_point text, p_recovery_data bytea, p_lease interval) TO pgfence_operator;
+
+--
+-- Name: FUNCTION idempotency_atomic_completed(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_atomic_completed() FROM PUBLIC;
+
+--
+-- Name: FUNCTION idempotency_check_args(p_scope text, p_key text, p_fingerprint bytea, p_retention interval); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_check_args(p_scope text, p_key text, p_fingerprint bytea, p_retention interval) FROM PUBLIC;
+
+--
+-- Name: FUNCTION idempotency_check_result(p_result bytea, p_failure_code text, p_failure_message text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_check_result(p_result bytea, p_failure_code text, p_failure_message text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION idempotency_claim(p_scope text, p_key text, p_fingerprint bytea, p_lease interval, p_retention interval, p_wait interval); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_claim(p_scope text, p_key text, p_fingerprint bytea, p_lease interval, p_retention interval, p_wait interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.idempotency_claim(p_scope text, p_key text, p_fingerprint bytea, p_lease interval, p_retention interval, p_wait interval) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.idempotency_claim(p_scope text, p_key text, p_fingerprint bytea, p_lease interval, p_retention interval, p_wait interval) TO pgfence_operator;
+
+--
+-- Name: FUNCTION idempotency_claim_atomic(p_scope text, p_key text, p_fingerprint bytea, p_wait interval, p_retention interval); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_claim_atomic(p_scope text, p_key text, p_fingerprint bytea, p_wait interval, p_retention interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.idempotency_claim_atomic(p_scope text, p_key text, p_fingerprint bytea, p_wait interval, p_retention interval) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.idempotency_claim_atomic(p_scope text, p_key text, p_fingerprint bytea, p_wait interval, p_retention interval) TO pgfence_operator;
+
+--
+-- Name: FUNCTION idempotency_complete(p_scope text, p_key text, p_owner uuid, p_result bytea, p_failure_code text, p_failure_message text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_complete(p_scope text, p_key text, p_owner uuid, p_result bytea, p_failure_code text, p_failure_message text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.idempotency_complete(p_scope text, p_key text, p_owner uuid, p_result bytea, p_failure_code text, p_failure_message text) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.idempotency_complete(p_scope text, p_key text, p_owner uuid, p_result bytea, p_failure_code text, p_failure_message text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION idempotency_complete_atomic(p_scope text, p_key text, p_result bytea, p_failure_code text, p_failure_message text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_complete_atomic(p_scope text, p_key text, p_result bytea, p_failure_code text, p_failure_message text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.idempotency_complete_atomic(p_scope text, p_key text, p_result bytea, p_failure_code text, p_failure_message text) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.idempotency_complete_atomic(p_scope text, p_key text, p_result bytea, p_failure_code text, p_failure_message text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION idempotency_durable(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_durable() FROM PUBLIC;
+
+--
+-- Name: FUNCTION idempotency_gc(p_batch integer); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_gc(p_batch integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.idempotency_gc(p_batch integer) TO pgfence_operator;
+
+--
+-- Name: FUNCTION idempotency_heartbeat(p_scope text, p_key text, p_owner uuid, p_lease interval); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_heartbeat(p_scope text, p_key text, p_owner uuid, p_lease interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.idempotency_heartbeat(p_scope text, p_key text, p_owner uuid, p_lease interval) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.idempotency_heartbeat(p_scope text, p_key text, p_owner uuid, p_lease interval) TO pgfence_operator;
+
+--
+-- Name: TABLE idempotency_keys; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.idempotency_keys TO pgfence_app;
+GRANT SELECT ON TABLE pgfence.idempotency_keys TO pgfence_operator;
+
+--
+-- Name: FUNCTION idempotency_key_valid(k pgfence.idempotency_keys); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_key_valid(k pgfence.idempotency_keys) FROM PUBLIC;
+
+--
+-- Name: FUNCTION idempotency_keys_set_trace_id(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_keys_set_trace_id() FROM PUBLIC;
+
+--
+-- Name: FUNCTION idempotency_not_owner(p_scope text, p_key text, p_owner uuid); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_not_owner(p_scope text, p_key text, p_owner uuid) FROM PUBLIC;
+
+--
+-- Name: FUNCTION idempotency_release(p_scope text, p_key text, p_owner uuid); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_release(p_scope text, p_key text, p_owner uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.idempotency_release(p_scope text, p_key text, p_owner uuid) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.idempotency_release(p_scope text, p_key text, p_owner uuid) TO pgfence_operator;
+
+--
+-- Name: FUNCTION idempotency_require_read_committed(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_require_read_committed() FROM PUBLIC;
+
+--
+-- Name: FUNCTION lease_check_args(p_key text, p_ttl interval, p_holder_info text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.lease_check_args(p_key text, p_ttl interval, p_holder_info text) FROM PUBLIC;
+
+--
+-- Name: TABLE lease_events; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.lease_events TO pgfence_app;
+GRANT SELECT ON TABLE pgfence.lease_events TO pgfence_operator;
+
+--
+-- Name: FUNCTION lease_event_valid(e pgfence.lease_events); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.lease_event_valid(e pgfence.lease_events) FROM PUBLIC;
+
+--
+-- Name: FUNCTION lease_max_ttl(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.lease_max_ttl() FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.lease_max_ttl() TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.lease_max_ttl() TO pgfence_operator;
+
+--
+-- Name: FUNCTION lease_queue_leave(p_key text, p_waiter uuid); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.lease_queue_leave(p_key text, p_waiter uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.lease_queue_leave(p_key text, p_waiter uuid) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.lease_queue_leave(p_key text, p_waiter uuid) TO pgfence_operator;
+
+--
+-- Name: FUNCTION lease_queue_turn(p_key text, p_waiter uuid, p_patience interval); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.lease_queue_turn(p_key text, p_waiter uuid, p_patience interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.lease_queue_turn(p_key text, p_waiter uuid, p_patience interval) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.lease_queue_turn(p_key text, p_waiter uuid, p_patience interval) TO pgfence_operator;
+
+--
+-- Name: TABLE leases; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.leases TO pgfence_app;
+GRANT SELECT ON TABLE pgfence.leases TO pgfence_operator;
+
+--
+-- Name: FUNCTION lease_row_valid(l pgfence.leases); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.lease_row_valid(l pgfence.leases) FROM PUBLIC;
+
+--
+-- Name: FUNCTION max_stored_token(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.max_stored_token() FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.max_stored_token() TO pgfence_operator;
+
+--
+-- Name: FUNCTION next_token(previous bigint); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.next_token(previous bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.next_token(previous bigint) TO pgfence_operator;
+
+--
+-- Name: FUNCTION pause_grants(p_prefix text, p_reason text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.pause_grants(p_prefix text, p_reason text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.pause_grants(p_prefix text, p_reason text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION protect(relation regclass, resource_column text, prefix text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.protect(relation regclass, resource_column text, prefix text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.protect(relation regclass, resource_column text, prefix text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION protected_tables(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.protected_tables() FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.protected_tables() TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.protected_tables() TO pgfence_operator;
+
+--
+-- Name: FUNCTION prune_fence_rejections(p_max_age interval); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.prune_fence_rejections(p_max_age interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.prune_fence_rejections(p_max_age interval) TO pgfence_operator;
+
+--
+-- Name: FUNCTION prune_lease_events(p_key text, p_keep integer); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.prune_lease_events(p_key text, p_keep integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.prune_lease_events(p_key text, p_keep integer) TO pgfence_operator;
+
+--
+-- Name: FUNCTION raise_grants_paused(p_key text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.raise_grants_paused(p_key text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION raise_token_floor(new_floor bigint, reason text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.raise_token_floor(new_floor bigint, reason text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.raise_token_floor(new_floor bigint, reason text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION raise_unfenced(resource text, relation regclass); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.raise_unfenced(resource text, relation regclass) FROM PUBLIC;
+
+--
+-- Name: FUNCTION record_fence_rejection(p_resource text, p_presented_token bigint, p_accepted_token bigint, p_reason text, p_lease_reason text, p_operation text, p_op uuid, p_trace_id text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.record_fence_rejection(p_resource text, p_presented_token bigint, p_accepted_token bigint, p_reason text, p_lease_reason text, p_operation text, p_op uuid, p_trace_id text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.record_fence_rejection(p_resource text, p_presented_token bigint, p_accepted_token bigint, p_reason text, p_lease_reason text, p_operation text, p_op uuid, p_trace_id text) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.record_fence_rejection(p_resource text, p_presented_token bigint, p_accepted_token bigint, p_reason text, p_lease_reason text, p_operation text, p_op uuid, p_trace_id text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION reject_fence_change(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.reject_fence_change() FROM PUBLIC;
+
+--
+-- Name: FUNCTION reject_truncate(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.reject_truncate() FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.reject_truncate() TO pgfence_operator;
+
+--
+-- Name: FUNCTION release(p_key text, p_holder uuid, p_token bigint, p_durable boolean); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.release(p_key text, p_holder uuid, p_token bigint, p_durable boolean) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.release(p_key text, p_holder uuid, p_token bigint, p_durable boolean) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.release(p_key text, p_holder uuid, p_token bigint, p_durable boolean) TO pgfence_operator;
+
+--
+-- Name: FUNCTION renew(p_key text, p_holder uuid, p_token bigint, p_ttl interval); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.renew(p_key text, p_holder uuid, p_token bigint, p_ttl interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.renew(p_key text, p_holder uuid, p_token bigint, p_ttl interval) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.renew(p_key text, p_holder uuid, p_token bigint, p_ttl interval) TO pgfence_operator;
+
+--
+-- Name: FUNCTION resume_grants(p_prefix text, p_reason text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.resume_grants(p_prefix text, p_reason text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.resume_grants(p_prefix text, p_reason text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION token_epoch(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.token_epoch() FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.token_epoch() TO pgfence_operator;
+
+--
+-- Name: FUNCTION try_acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text, p_announce boolean); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.try_acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text, p_announce boolean) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.try_acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text, p_announce boolean) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.try_acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text, p_announce boolean) TO pgfence_operator;
+
+--
+-- Name: FUNCTION unprotect(relation regclass); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.unprotect(relation regclass) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.unprotect(relation regclass) TO pgfence_operator;
+
+--
+-- Name: TABLE fence_rejections; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.fence_rejections TO pgfence_app;
+GRANT SELECT ON TABLE pgfence.fence_rejections TO pgfence_operator;
+
+--
+-- Name: TABLE goose_db_version; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.goose_db_version TO pgfence_operator;
+
+--
+-- Name: TABLE grant_pause_events; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.grant_pause_events TO pgfence_app;
+GRANT SELECT ON TABLE pgfence.grant_pause_events TO pgfence_operator;
+
+--
+-- Name: TABLE grant_pauses; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.grant_pauses TO pgfence_app;
+GRANT SELECT ON TABLE pgfence.grant_pauses TO pgfence_operator;
+
+--
+-- Name: TABLE lease_status; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.lease_status TO pgfence_app;
+GRANT SELECT ON TABLE pgfence.lease_status TO pgfence_operator;
+
+--
+-- Name: TABLE lease_waiters; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.lease_waiters TO pgfence_app;
+GRANT SELECT ON TABLE pgfence.lease_waiters TO pgfence_operator;
+
+--
+-- Name: TABLE token_floor; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.token_floor TO pgfence_app;
+GRANT SELECT ON TABLE pgfence.token_floor TO pgfence_operator;
+
+--
+-- PostgreSQL database dump complete
+--
