@@ -30,7 +30,7 @@ func TestDoctor(t *testing.T) {
 		INSERT INTO pgfence.leases (key, holder, token, granted_at, expires_at)
 		VALUES ('job', gen_random_uuid(), pgfence.next_token(NULL), clock_timestamp() - interval '1 minute', clock_timestamp() - interval '30 seconds');
 		CREATE TABLE public.reports (id int PRIMARY KEY, fence_token bigint NOT NULL);
-		-- protected on a timestamptz column, as protect() allowed before migration 00014
+		-- protected on a timestamptz column, which protect() refuses, by hand
 		CREATE TABLE public.slots (at timestamptz PRIMARY KEY);
 		CREATE TRIGGER pgfence_guard BEFORE INSERT OR UPDATE OR DELETE ON public.slots
 		    FOR EACH ROW EXECUTE FUNCTION pgfence.guard('at', 'slot:')`); err != nil {
@@ -105,7 +105,7 @@ func TestDoctorGuardGaps(t *testing.T) {
 		t.Fatalf("guards of a correctly protected table: %+v", c)
 	}
 
-	// A BEFORE guard, as protect() made them before migration 00017, and a
+	// A BEFORE guard, made by hand (protect() makes an AFTER guard), and a
 	// BEFORE trigger that runs after it; with protect()'s AFTER guard the
 	// same trigger is harmless.
 	exec(`CREATE TABLE public.jobs (k text PRIMARY KEY)`)
