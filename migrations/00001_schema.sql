@@ -18,6 +18,13 @@
 --   PF009 token floor may only be raised
 --   PF010 transaction isolation is not READ COMMITTED (idempotency claims)
 --   PF011 new grants paused for the key's prefix
+--   PF012 token not issued: a fenced write presented a token that the lease
+--         named by its resource has not issued (yet): from a grant that has not
+--         committed, that rolled back or that a failover lost, or from another
+--         key's lease
+--   PF013 request abandoned: the request's client gave it up after its reply
+--         was lost and was told that it did not happen (abandon_grant,
+--         abandon_fence); the request arrived late and is refused
 --
 -- Roles. Two NOLOGIN group roles; grant them to your login roles:
 --
@@ -125,6 +132,113 @@ ALTER TABLE pgfence.token_floor
     ADD CONSTRAINT floor_leaves_room CHECK (floor <= 4611686018427387904) NOT VALID;
 -- +goose StatementEnd
 
+-- require_primary raises PF005 on a server in recovery. Every function of the
+-- protocol calls it first, so a standby never answers "held", "not granted"
+-- or "stale": it says it is not the primary, whatever the state it replicated.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.require_primary() RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RAISE EXCEPTION 'pgfence: the server is in recovery (a standby); leases, tokens and fences are decided by the primary only'
+            USING ERRCODE = 'PF005',
+                  HINT = 'Connect to the current primary (target_session_attrs=read-write).';
+    END IF;
+END;
+$$;
+-- +goose StatementEnd
+
+-- max_token is the largest token any function accepts or issues: the floor's
+-- maximum (see floor_leaves_room) plus room for 2^61 grants above it. A token
+-- above it was never issued; accepting it would fence a resource beyond reach.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.max_token() RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 6917529027641081856::bigint $$;
+-- +goose StatementEnd
+
+-- check_token raises PF008 unless token is a token some grant could have
+-- issued: 1 to max_token().
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.check_token(p_token bigint) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_token IS NULL OR p_token <= 0 OR p_token > 6917529027641081856 THEN
+        RAISE EXCEPTION 'pgfence: token must be 1 to 6917529027641081856, got %', coalesce(p_token::text, 'NULL')
+            USING ERRCODE = 'PF008';
+    END IF;
+END;
+$$;
+-- +goose StatementEnd
+
+-- Abandoned requests. When the reply to a grant or a fenced write is lost,
+-- its client cannot tell whether it happened, and the request itself may
+-- still be on its way (held in the network, queued in a pooler, waiting for a
+-- row lock). The client settles it in two steps, each in its own transaction:
+-- abandon_grant(key, holder) or abandon_fence(resource, op) commits a row
+-- here, and then grant_probe or fence_probe waits for any transaction still
+-- holding the row and reads what committed. A grant and a fence check this
+-- table after they hold their row lock, in a statement that starts after the
+-- lock is theirs: a request that arrives after the abandonment committed is
+-- refused (PF013), and one that got there first is waited for by the probe.
+-- So "not applied" is final. The id is the grant's holder id or the write's
+-- operation id, both drawn fresh per request. Rows are kept for 7 days (a
+-- request cannot be in flight for longer); each abandon call prunes older ones.
+-- +goose StatementBegin
+CREATE TABLE pgfence.abandoned_requests (
+    id           uuid        PRIMARY KEY,
+    kind         text        NOT NULL CHECK (kind IN ('grant', 'fence')),
+    name         text        NOT NULL CHECK (octet_length(name) BETWEEN 1 AND 512),
+    abandoned_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    abandoned_by name        NOT NULL DEFAULT session_user
+);
+-- +goose StatementEnd
+
+-- abandon_request records the abandonment of request id (see above) and
+-- prunes rows older than 7 days. It returns false when id was abandoned
+-- before. The grant and fence wrappers check their arguments first.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.abandon_request(p_kind text, p_name text, p_id uuid) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_new integer;
+BEGIN
+    PERFORM pgfence.require_primary();
+    IF p_id IS NULL THEN
+        RAISE EXCEPTION 'pgfence: the request id to abandon must not be NULL' USING ERRCODE = 'PF008';
+    END IF;
+    -- The probe that follows must see this row whatever the session's
+    -- default: a request refused only until a crash would not be refused.
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    DELETE FROM pgfence.abandoned_requests a WHERE a.abandoned_at < clock_timestamp() - interval '7 days';
+    INSERT INTO pgfence.abandoned_requests (id, kind, name) VALUES (p_id, p_kind, p_name)
+        ON CONFLICT (id) DO NOTHING;
+    GET DIAGNOSTICS v_new = ROW_COUNT;
+    RETURN v_new > 0;
+END;
+$$;
+-- +goose StatementEnd
+
+-- raise_if_abandoned raises PF013 when request id was abandoned. Grants and
+-- fences call it after they hold their row lock.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.raise_if_abandoned(p_kind text, p_name text, p_id uuid) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    a pgfence.abandoned_requests%ROWTYPE;
+BEGIN
+    SELECT r.* INTO a FROM pgfence.abandoned_requests r WHERE r.id = p_id;
+    IF FOUND THEN
+        RAISE EXCEPTION 'pgfence: % % of % was abandoned by its client at % and is refused', p_kind, p_id, quote_literal(p_name), a.abandoned_at
+            USING ERRCODE = 'PF013',
+                  DETAIL = format('id=%s abandoned_at=%s', p_id, a.abandoned_at),
+                  HINT = 'Its client lost the reply and was told it did not happen; it arrived late.';
+    END IF;
+END;
+$$;
+-- +goose StatementEnd
+
 -- token_epoch returns the timeline id of the server's WAL insert position. The
 -- timeline increases on every standby promotion, so it is the high part of every
 -- token (see next_token). It refuses to answer on a standby: tokens are issued by
@@ -133,11 +247,7 @@ ALTER TABLE pgfence.token_floor
 CREATE FUNCTION pgfence.token_epoch() RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    IF pg_is_in_recovery() THEN
-        RAISE EXCEPTION 'pgfence: the server is in recovery; tokens are issued only by a primary'
-            USING ERRCODE = 'PF005',
-                  HINT = 'Connect to the current primary (target_session_attrs=read-write).';
-    END IF;
+    PERFORM pgfence.require_primary();
     RETURN ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
 END;
 $$;
@@ -160,9 +270,15 @@ CREATE FUNCTION pgfence.next_token(previous bigint) RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_floor bigint;
+    v_next  bigint;
 BEGIN
     SELECT f.floor INTO v_floor FROM pgfence.token_floor f;
-    RETURN greatest(coalesce(previous, 0) + 1, (pgfence.token_epoch() << 40) + 1, v_floor + 1);
+    v_next := greatest(coalesce(previous, 0) + 1, (pgfence.token_epoch() << 40) + 1, v_floor + 1);
+    IF v_next > pgfence.max_token() THEN
+        RAISE EXCEPTION 'pgfence: the next token % would exceed the largest token %', v_next, pgfence.max_token()
+            USING ERRCODE = 'PF008';
+    END IF;
+    RETURN v_next;
 END;
 $$;
 -- +goose StatementEnd
@@ -176,8 +292,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     old_floor bigint;
 BEGIN
-    IF new_floor IS NULL OR new_floor < 0 THEN
-        RAISE EXCEPTION 'pgfence: new_floor must be >= 0, got %', new_floor USING ERRCODE = 'PF008';
+    PERFORM pgfence.require_primary();
+    IF new_floor IS NULL OR new_floor < 0 OR new_floor > 4611686018427387904 THEN
+        RAISE EXCEPTION 'pgfence: new_floor must be 0 to 4611686018427387904 (2^62), got %', coalesce(new_floor::text, 'NULL')
+            USING ERRCODE = 'PF008';
     END IF;
     IF reason IS NULL OR length(reason) NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'pgfence: reason must be 1 to 1000 characters' USING ERRCODE = 'PF008';
@@ -236,8 +354,11 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgfence FROM PUBLIC;
 
 GRANT SELECT ON pgfence.token_floor TO pgfence_app, pgfence_operator;
 
+GRANT SELECT ON pgfence.abandoned_requests TO pgfence_operator;
+
 GRANT EXECUTE ON FUNCTION
-    pgfence.current_trace_id()
+    pgfence.current_trace_id(),
+    pgfence.max_token()
   TO pgfence_app, pgfence_operator;
 
 -- Operations: the operator role only.
@@ -250,6 +371,12 @@ GRANT EXECUTE ON FUNCTION
 -- +goose Down
 -- The schema itself stays: goose's version table lives in it. So do the
 -- roles (see above).
+DROP FUNCTION pgfence.raise_if_abandoned(text, text, uuid);
+DROP FUNCTION pgfence.abandon_request(text, text, uuid);
+DROP TABLE pgfence.abandoned_requests;
+DROP FUNCTION pgfence.check_token(bigint);
+DROP FUNCTION pgfence.max_token();
+DROP FUNCTION pgfence.require_primary();
 DROP FUNCTION pgfence.current_trace_id();
 DROP FUNCTION pgfence.raise_token_floor(bigint, text);
 DROP FUNCTION pgfence.next_token(bigint);

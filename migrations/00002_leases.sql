@@ -227,8 +227,8 @@ BEGIN
             coalesce(octet_length(p_key)::text || ' bytes', 'NULL')
             USING ERRCODE = 'PF008';
     END IF;
-    IF p_ttl IS NOT NULL AND (p_ttl <= interval '0' OR p_ttl > pgfence.lease_max_ttl()) THEN
-        RAISE EXCEPTION 'pgfence: lease ttl must be above 0 and at most %, got %',
+    IF p_ttl IS NOT NULL AND (p_ttl < interval '1 millisecond' OR p_ttl > pgfence.lease_max_ttl()) THEN
+        RAISE EXCEPTION 'pgfence: lease ttl must be 1 ms to %, got %',
             pgfence.lease_max_ttl(), p_ttl
             USING ERRCODE = 'PF008';
     END IF;
@@ -249,6 +249,7 @@ RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_c
 DECLARE
     n bigint;
 BEGIN
+    PERFORM pgfence.require_primary();
     IF p_keep IS NULL OR p_keep < 0 THEN
         RAISE EXCEPTION 'pgfence: prune_lease_events keep must be >= 0, got %', p_keep
             USING ERRCODE = 'PF008';
@@ -299,6 +300,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_was boolean;
 BEGIN
+    PERFORM pgfence.require_primary();
     IF p_prefix IS NULL OR octet_length(p_prefix) > 512 THEN
         RAISE EXCEPTION 'pgfence: pause_grants prefix must be 0 to 512 bytes' USING ERRCODE = 'PF008';
     END IF;
@@ -324,6 +326,7 @@ $$;
 CREATE FUNCTION pgfence.resume_grants(p_prefix text, p_reason text DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    PERFORM pgfence.require_primary();
     IF p_prefix IS NULL THEN
         RAISE EXCEPTION 'pgfence: resume_grants needs a prefix' USING ERRCODE = 'PF008';
     END IF;
@@ -356,9 +359,11 @@ DECLARE
     my_enqueued timestamptz;
     ahead       bigint;
 BEGIN
+    PERFORM pgfence.require_primary();
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 OR p_waiter IS NULL
-       OR p_patience IS NULL OR p_patience <= interval '0' THEN
-        RAISE EXCEPTION 'pgfence: lease_queue_turn needs a key (1 to 512 bytes), a waiter id and a positive patience'
+       OR p_patience IS NULL OR p_patience <= interval '0' OR p_patience > 2 * pgfence.lease_max_ttl() + interval '1 minute' THEN
+        RAISE EXCEPTION 'pgfence: lease_queue_turn needs a key (1 to 512 bytes), a waiter id and a patience above 0 and at most %',
+                2 * pgfence.lease_max_ttl() + interval '1 minute'
             USING ERRCODE = 'PF008';
     END IF;
     -- Queue positions need no durability: losing them in a crash costs
@@ -381,9 +386,12 @@ $$;
 -- lease_queue_leave removes p_waiter from p_key's queue (granted or gave up).
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.lease_queue_leave(p_key text, p_waiter uuid) RETURNS boolean
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    WITH gone AS (DELETE FROM pgfence.lease_waiters WHERE key = p_key AND waiter = p_waiter RETURNING 1)
-    SELECT EXISTS (SELECT 1 FROM gone);
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgfence.require_primary();
+    DELETE FROM pgfence.lease_waiters w WHERE w.key = p_key AND w.waiter = p_waiter;
+    RETURN FOUND;
+END;
 $$;
 -- +goose StatementEnd
 
@@ -408,6 +416,7 @@ DECLARE
     v_lock   bigint := hashtextextended('pgfence.lease:' || p_key, 0);
     v_busy   boolean;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, p_ttl, coalesce(p_holder_info, ''));
     IF p_ttl IS NULL THEN
         RAISE EXCEPTION 'pgfence: lease ttl must not be NULL' USING ERRCODE = 'PF008';
@@ -503,6 +512,14 @@ BEGIN
         RETURN;
     END IF;
 
+    -- A client that lost the reply of this very attempt may have abandoned
+    -- it (abandon_grant) and been told nothing was granted: then this grant,
+    -- arriving late, must not happen. Checked now that the row is ours, in a
+    -- statement of its own (a snapshot taken after the lock): an abandonment
+    -- committed before is seen here, one committed after waits for our
+    -- commit in grant_probe and finds the grant.
+    PERFORM pgfence.raise_if_abandoned('grant', p_key, v_holder);
+
     -- The read above tells which grant we replaced (exact unless that grant
     -- changed between the read and the upsert, which only affects the label).
     IF cur.key IS NOT NULL AND cur.released_at IS NULL THEN
@@ -565,18 +582,22 @@ DECLARE
     cur   pgfence.leases%ROWTYPE;
     v_exp timestamptz;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, p_ttl, NULL);
     IF p_ttl IS NULL OR p_holder IS NULL OR p_token IS NULL THEN
         RAISE EXCEPTION 'pgfence: renew of lease % needs a holder, a token and a ttl', p_key
             USING ERRCODE = 'PF008';
     END IF;
+    PERFORM pgfence.check_token(p_token);
 
     SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key FOR UPDATE;
     IF cur.key IS NULL OR cur.holder <> p_holder OR cur.token <> p_token THEN
         RAISE EXCEPTION 'pgfence: lease % is not held by holder % with token %', p_key, p_holder, p_token
             USING ERRCODE = 'PF002',
                   DETAIL = CASE WHEN cur.key IS NULL THEN 'The lease does not exist.'
-                                ELSE format('The lease was granted again since (token %s).', cur.token) END;
+                                WHEN cur.token > p_token THEN format('The lease was granted again since (token %s).', cur.token)
+                                WHEN cur.token = p_token THEN format('Grant %s of this lease belongs to another holder.', cur.token)
+                                ELSE format('The lease never issued token %s (its newest is %s).', p_token, cur.token) END;
     END IF;
     IF cur.released_at IS NOT NULL THEN
         RAISE EXCEPTION 'pgfence: lease % (holder %, token %) was released at %', p_key, p_holder, p_token, cur.released_at
@@ -619,11 +640,13 @@ DECLARE
     cur       pgfence.leases%ROWTYPE;
     v_expired boolean;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
     IF p_holder IS NULL OR p_token IS NULL THEN
         RAISE EXCEPTION 'pgfence: release of lease % needs a holder and a token', p_key
             USING ERRCODE = 'PF008';
     END IF;
+    PERFORM pgfence.check_token(p_token);
 
     IF p_durable IS NOT FALSE THEN
         IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -671,6 +694,7 @@ DECLARE
     v_token  bigint;
     v_live   boolean;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
     IF p_reason IS NULL OR length(p_reason) NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'pgfence: force_release of lease % needs a reason of 1 to 1000 characters', p_key
@@ -693,6 +717,62 @@ BEGIN
     VALUES (p_key, 'force_released', v_holder, v_token, p_reason);
     PERFORM pg_notify('pgfence_lease_released', p_key);
     RETURN QUERY SELECT true, v_holder, v_token, v_live;
+END;
+$$;
+-- +goose StatementEnd
+
+-- abandon_grant gives up the grant attempt of p_holder on p_key, whose reply
+-- its client lost (see pgfence.abandoned_requests): from its commit on, that
+-- attempt is refused if it arrives. Then grant_probe tells, in a transaction
+-- of its own, whether the attempt got there first. It returns false when the
+-- attempt was abandoned before.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.abandon_grant(p_key text, p_holder uuid) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    RETURN pgfence.abandon_request('grant', p_key, p_holder);
+END;
+$$;
+-- +goose StatementEnd
+
+-- grant_probe waits for any transaction that holds (or is inserting) the lease
+-- row of p_key, then returns the committed grant of p_holder, if the row holds
+-- one: granted = false means the attempt of p_holder did not get the lease
+-- (once abandon_grant committed, it never will). Its probe row is rolled back
+-- inside the function: it changes nothing.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.grant_probe(p_key text, p_holder uuid)
+RETURNS TABLE (granted boolean, token bigint, granted_at timestamptz, expires_at timestamptz, live boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    cur pgfence.leases%ROWTYPE;
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    IF p_holder IS NULL THEN
+        RAISE EXCEPTION 'pgfence: grant_probe needs a holder' USING ERRCODE = 'PF008';
+    END IF;
+    BEGIN
+        -- Waits for an in-flight grant of the key: its update of the row, or
+        -- its insert of the key's first row.
+        INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, released_at)
+        VALUES (p_key, p_holder, 1, clock_timestamp(), clock_timestamp(), clock_timestamp())
+        ON CONFLICT (key) DO UPDATE SET key = l.key;
+        RAISE EXCEPTION USING ERRCODE = 'PFZ99';
+    EXCEPTION WHEN SQLSTATE 'PFZ99' THEN
+        NULL;
+    END;
+    -- A new snapshot: every grant that held the row has ended.
+    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key;
+    IF cur.key IS NULL OR cur.holder <> p_holder THEN
+        RETURN QUERY SELECT false, NULL::bigint, NULL::timestamptz, NULL::timestamptz, false;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT true, cur.token, cur.granted_at, cur.expires_at,
+                        cur.released_at IS NULL AND cur.expires_at > clock_timestamp();
 END;
 $$;
 -- +goose StatementEnd
@@ -729,7 +809,9 @@ GRANT EXECUTE ON FUNCTION
     pgfence.release(text, uuid, bigint, boolean),
     pgfence.lease_queue_turn(text, uuid, interval),
     pgfence.lease_queue_leave(text, uuid),
-    pgfence.lease_max_ttl()
+    pgfence.lease_max_ttl(),
+    pgfence.abandon_grant(text, uuid),
+    pgfence.grant_probe(text, uuid)
   TO pgfence_app, pgfence_operator;
 
 -- Operations: the operator role only.
@@ -742,6 +824,8 @@ GRANT EXECUTE ON FUNCTION
 
 -- +goose Down
 DROP VIEW pgfence.lease_status;
+DROP FUNCTION pgfence.grant_probe(text, uuid);
+DROP FUNCTION pgfence.abandon_grant(text, uuid);
 DROP FUNCTION pgfence.force_release(text, text);
 DROP FUNCTION pgfence.release(text, uuid, bigint, boolean);
 DROP FUNCTION pgfence.renew(text, uuid, bigint, interval);

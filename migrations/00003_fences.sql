@@ -12,9 +12,12 @@
 -- transaction ends, so no other writer of that resource can commit in between,
 -- and a writer holding a lower token is rejected after this one commits.
 --
---   pgfence.fence(resource, token, op DEFAULT NULL) -> bigint   raises PF001 when stale
+--   pgfence.fence(resource, token, op DEFAULT NULL) -> bigint   raises PF001 when stale,
+--                                                               PF012 when not issued, PF013 when abandoned
 --   pgfence.check_lease(key, holder, token) -> void             raises PF002 when not held
+--   pgfence.abandon_fence(resource, op) -> boolean              gives up a write whose reply was lost
 --   pgfence.fence_probe(resource) -> (token, writes, op)
+--   pgfence.lower_fence(resource, token, reason) -> bigint      operators: undo a fence set too high
 --   pgfence.protect(relation, resource_column, prefix DEFAULT '') -> void
 --   pgfence.unprotect(relation) -> boolean
 --   pgfence.protected_tables() -> (relation, resource_column, prefix)
@@ -90,7 +93,14 @@ ALTER TABLE pgfence.fences
 CREATE FUNCTION pgfence.fences_before_update() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    -- A stale writer must not reset the fence: no lower token, no other resource.
+    -- A stale writer must not reset the fence: no lower token, no other
+    -- resource. The one exception is an operator's lower_fence, which records
+    -- the change in pgfence.fence_resets in the same transaction first.
+    IF NEW.token < OLD.token AND NEW.resource = OLD.resource
+       AND EXISTS (SELECT 1 FROM pgfence.fence_resets r
+                    WHERE r.resource = OLD.resource AND r.xid = pg_current_xact_id() AND r.to_token = NEW.token) THEN
+        RETURN NEW;
+    END IF;
     IF NEW.token < OLD.token OR NEW.resource <> OLD.resource THEN
         RAISE EXCEPTION 'pgfence: token for resource % may not be lowered from % to %', OLD.resource, OLD.token, NEW.token
             USING ERRCODE = 'PF001',
@@ -158,12 +168,27 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 #variable_conflict use_column
 DECLARE
     accepted bigint;
+    issued   bigint;
 BEGIN
+    PERFORM pgfence.require_primary();
     IF fence.resource IS NULL OR octet_length(fence.resource) NOT BETWEEN 1 AND 512 THEN
         RAISE EXCEPTION 'pgfence: resource must be 1 to 512 bytes' USING ERRCODE = 'PF008';
     END IF;
-    IF fence.token IS NULL OR fence.token <= 0 THEN
-        RAISE EXCEPTION 'pgfence: token must be positive, got %', fence.token USING ERRCODE = 'PF008';
+    PERFORM pgfence.check_token(fence.token);
+    -- The token must come from the lease named by the resource, and its grant
+    -- must have committed (or be this transaction's own): the lease row holds
+    -- the newest token the key issued. A token above it is from a grant that
+    -- has not committed, that rolled back (its number is issued again), that
+    -- a failover lost, or from another key's lease: counted per key, it says
+    -- nothing about this resource.
+    SELECT l.token INTO issued FROM pgfence.leases l WHERE l.key = fence.resource;
+    IF issued IS NULL OR issued < fence.token THEN
+        RAISE EXCEPTION 'pgfence: token % was not issued by lease %', fence.token, quote_literal(fence.resource)
+            USING ERRCODE = 'PF012',
+                  DETAIL = format('issued=%s presented=%s resource=%s', coalesce(issued, 0), fence.token, fence.resource),
+                  HINT = CASE WHEN issued IS NULL
+                              THEN 'No lease of that key was ever granted: fence a resource with a token of the lease whose key is the resource.'
+                              ELSE 'Use the token after its grant committed, of the lease whose key is the resource.' END;
     END IF;
     -- An accepted token must survive a crash as long as the write it guards.
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -178,6 +203,12 @@ BEGIN
            op = fence.op, fenced_xid = pg_current_xact_id()
      WHERE f.resource = fence.resource AND f.token <= fence.token;
     IF FOUND THEN
+        -- The row is ours now; a write whose client abandoned it must not
+        -- commit (checked in a statement of its own: a snapshot taken after
+        -- the lock). See pgfence.abandoned_requests.
+        IF fence.op IS NOT NULL THEN
+            PERFORM pgfence.raise_if_abandoned('fence', fence.resource, fence.op);
+        END IF;
         RETURN fence.token;
     END IF;
     -- Stale, a first write, or a row our UPDATE could not see yet (a
@@ -200,6 +231,9 @@ BEGIN
            op = excluded.op, fenced_xid = pg_current_xact_id()
      WHERE f.token <= excluded.token;
     IF FOUND THEN
+        IF fence.op IS NOT NULL THEN
+            PERFORM pgfence.raise_if_abandoned('fence', fence.resource, fence.op);
+        END IF;
         RETURN fence.token;
     END IF;
     -- Stale: a higher token committed while we waited. The row is locked by
@@ -227,6 +261,7 @@ DECLARE
     v_writes bigint;
     v_op     uuid;
 BEGIN
+    PERFORM pgfence.require_primary();
     IF p_resource IS NULL OR octet_length(p_resource) NOT BETWEEN 1 AND 512 THEN
         RAISE EXCEPTION 'pgfence: resource must be 1 to 512 bytes' USING ERRCODE = 'PF008';
     END IF;
@@ -256,6 +291,11 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     l pgfence.leases%ROWTYPE;
 BEGIN
+    PERFORM pgfence.require_primary();
+    IF check_lease.key IS NULL OR octet_length(check_lease.key) NOT BETWEEN 1 AND 512 OR check_lease.holder IS NULL THEN
+        RAISE EXCEPTION 'pgfence: check_lease needs a key of 1 to 512 bytes and a holder' USING ERRCODE = 'PF008';
+    END IF;
+    PERFORM pgfence.check_token(check_lease.token);
     SELECT * INTO l FROM pgfence.leases WHERE key = check_lease.key FOR SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgfence: lease % is not held: no such lease', quote_literal(check_lease.key)
@@ -385,13 +425,16 @@ $$;
 -- touches (old and new row); TRUNCATE is refused. Protecting again replaces the
 -- settings.
 --
--- The resource column must be text, varchar, char, an integer type, numeric
--- or uuid (or a domain over one), else PF008: the guard names each row's
--- resource prefix || the column's text, computed in the writer's session, and
--- a timestamptz prints in the writer's TimeZone, a float by
--- extra_float_digits, an interval by IntervalStyle: a writer with another
--- setting would fence another resource for the same row, and a stale writer
--- could get past a higher token that way.
+-- The resource column must be text or varchar with a deterministic
+-- collation, smallint, integer, bigint or uuid (or a domain over one), else
+-- PF008: the guard names each row's resource prefix || the column's text, so
+-- one row must have one text, whoever writes it. A char(n) prints with its
+-- blank padding ('ab   '), a numeric with its scale (1 and 1.00 are one key
+-- and two texts), a nondeterministic collation makes 'ALICE' and 'Alice' one
+-- key and two texts; a timestamptz prints in the writer's TimeZone, a float
+-- by extra_float_digits, an interval by IntervalStyle. With any of them a
+-- stale writer could present a token for another text of the same row and
+-- get past a higher token.
 --
 -- The row guard is an AFTER INSERT OR UPDATE OR DELETE trigger: it checks the
 -- row as stored, and raising undoes the statement. As a BEFORE trigger it ran
@@ -425,12 +468,19 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
                     WHERE a.attrelid = relation AND a.attname = resource_column AND a.attnum > 0 AND NOT a.attisdropped
                       AND (CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END)
-                          IN ('text'::regtype, 'varchar'::regtype, 'bpchar'::regtype, 'int2'::regtype,
-                              'int4'::regtype, 'int8'::regtype, 'numeric'::regtype, 'uuid'::regtype)) THEN
-        RAISE EXCEPTION 'pgfence: protect: column % of % must be text, varchar, char, smallint, integer, bigint, numeric or uuid (or a domain over one)',
+                          IN ('text'::regtype, 'varchar'::regtype, 'int2'::regtype,
+                              'int4'::regtype, 'int8'::regtype, 'uuid'::regtype)) THEN
+        RAISE EXCEPTION 'pgfence: protect: column % of % must be text, varchar, smallint, integer, bigint or uuid (or a domain over one)',
                 quote_ident(resource_column), relation
             USING ERRCODE = 'PF008',
-                  HINT = 'Other types print differently under different session settings (TimeZone, extra_float_digits, IntervalStyle): fence a text or integer key column instead.';
+                  HINT = 'The guard names a row''s resource by the column''s text: char(n) pads it, numeric keeps its scale, and timestamptz, float or interval print by session settings, so one row would be several resources. Fence a text or integer key column.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation
+                WHERE a.attrelid = relation AND a.attname = resource_column AND NOT c.collisdeterministic) THEN
+        RAISE EXCEPTION 'pgfence: protect: column % of % has a nondeterministic collation',
+                quote_ident(resource_column), relation
+            USING ERRCODE = 'PF008',
+                  HINT = 'Equal keys of such a collation have several texts (''ALICE'' and ''Alice''), so one row would be several resources. Use a deterministic collation, or fence a normalised key column.';
     END IF;
     -- The row guard runs AFTER the row is written, at the end of the
     -- statement, on the row as stored: after every BEFORE trigger (one that
@@ -568,7 +618,7 @@ CREATE TABLE pgfence.fence_rejections (
     resource        text        NOT NULL CHECK (length(resource) BETWEEN 1 AND 1024),
     presented_token bigint      NOT NULL,
     accepted_token  bigint,
-    reason          text        NOT NULL CHECK (reason IN ('stale_token', 'lease_not_held')),
+    reason          text        NOT NULL CHECK (reason IN ('stale_token', 'lease_not_held', 'token_not_issued')),
     lease_reason    text        CHECK (lease_reason IN ('missing', 'taken_over', 'released', 'expired')),
     operation       text        CHECK (length(operation) <= 64),
     op              uuid,
@@ -590,6 +640,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_deleted bigint;
 BEGIN
+    PERFORM pgfence.require_primary();
     IF p_max_age IS NULL OR p_max_age < interval '0' THEN
         RAISE EXCEPTION 'pgfence: prune_fence_rejections max_age must be >= 0, got %', p_max_age
             USING ERRCODE = 'PF008';
@@ -621,6 +672,12 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_id bigint;
 BEGIN
+    PERFORM pgfence.require_primary();
+    IF p_resource IS NULL OR length(p_resource) = 0 OR p_presented_token IS NULL
+       OR p_reason IS NULL OR p_reason NOT IN ('stale_token', 'lease_not_held', 'token_not_issued') THEN
+        RAISE EXCEPTION 'pgfence: record_fence_rejection needs a resource, the presented token and a reason (stale_token, lease_not_held or token_not_issued)'
+            USING ERRCODE = 'PF008';
+    END IF;
     IF pg_current_xact_id_if_assigned() IS NULL THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
@@ -639,6 +696,79 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- abandon_fence gives up the fenced write with operation id p_op on
+-- p_resource, whose reply its client lost (see pgfence.abandoned_requests):
+-- from its commit on, that write is refused if it arrives. Then fence_probe
+-- tells, in a transaction of its own, whether it got there first. It returns
+-- false when the write was abandoned before.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.abandon_fence(p_resource text, p_op uuid) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgfence.require_primary();
+    IF p_resource IS NULL OR octet_length(p_resource) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence: resource must be 1 to 512 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    RETURN pgfence.abandon_request('fence', p_resource, p_op);
+END;
+$$;
+-- +goose StatementEnd
+
+-- Operators' corrections of a fence set too high (say, by a token from
+-- before the floor was raised, or by hand): one row per lower_fence, kept.
+-- +goose StatementBegin
+CREATE TABLE pgfence.fence_resets (
+    id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    resource   text        NOT NULL,
+    from_token bigint      NOT NULL,
+    to_token   bigint      NOT NULL,
+    reason     text        NOT NULL CHECK (length(reason) BETWEEN 1 AND 1000),
+    reset_by   name        NOT NULL DEFAULT session_user,
+    reset_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    xid        xid8        NOT NULL DEFAULT pg_current_xact_id()
+);
+-- +goose StatementEnd
+
+-- lower_fence sets the accepted token of p_resource to p_token, lower than
+-- the one it has, and records who did it and why in pgfence.fence_resets. It
+-- is the recovery path for a resource fenced with a token its lease will not
+-- reach again: every holder would be refused (PF001) until then. Lowering a
+-- fence lets writers with tokens between p_token and the old one in again:
+-- pick p_token at or above every token a live holder may still present (the
+-- lease's current token). It returns the token it replaced. Operator only.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.lower_fence(p_resource text, p_token bigint, p_reason text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_old bigint;
+BEGIN
+    PERFORM pgfence.require_primary();
+    IF p_resource IS NULL OR octet_length(p_resource) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence: resource must be 1 to 512 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    PERFORM pgfence.check_token(p_token);
+    IF p_reason IS NULL OR length(p_reason) NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'pgfence: lower_fence needs a reason of 1 to 1000 characters' USING ERRCODE = 'PF008';
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    SELECT f.token INTO v_old FROM pgfence.fences f WHERE f.resource = p_resource FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgfence: no token was accepted for resource %', quote_literal(p_resource)
+            USING ERRCODE = 'PF008';
+    END IF;
+    IF p_token >= v_old THEN
+        RAISE EXCEPTION 'pgfence: lower_fence: token % is not below the accepted token % of %', p_token, v_old, quote_literal(p_resource)
+            USING ERRCODE = 'PF008';
+    END IF;
+    INSERT INTO pgfence.fence_resets (resource, from_token, to_token, reason) VALUES (p_resource, v_old, p_token, p_reason);
+    UPDATE pgfence.fences f SET token = p_token WHERE f.resource = p_resource;
+    RETURN v_old;
+END;
+$$;
+-- +goose StatementEnd
+
 -- Nothing for PUBLIC (functions are created executable by everyone), then
 -- each role gets exactly its list.
 REVOKE ALL ON ALL TABLES IN SCHEMA pgfence FROM PUBLIC;
@@ -648,12 +778,14 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgfence FROM PUBLIC;
 -- Reads: both roles (the Go clients read fence state back after lost
 -- replies).
 GRANT SELECT ON pgfence.fences, pgfence.fence_rejections TO pgfence_app, pgfence_operator;
+GRANT SELECT ON pgfence.fence_resets TO pgfence_operator;
 
 -- The protocol: both roles.
 GRANT EXECUTE ON FUNCTION
     pgfence.fence(text, bigint, uuid),
     pgfence.check_lease(text, uuid, bigint),
     pgfence.fence_probe(text),
+    pgfence.abandon_fence(text, uuid),
     pgfence.protected_tables(),
     pgfence.record_fence_rejection(text, bigint, bigint, text, text, text, uuid, text)
   TO pgfence_app, pgfence_operator;
@@ -662,6 +794,7 @@ GRANT EXECUTE ON FUNCTION
 -- trigger functions, so protect needs guard and reject_truncate.
 GRANT EXECUTE ON FUNCTION
     pgfence.prune_fence_rejections(interval),
+    pgfence.lower_fence(text, bigint, text),
     pgfence.max_stored_token(),
     pgfence.protect(regclass, text, text),
     pgfence.unprotect(regclass),
@@ -682,6 +815,9 @@ BEGIN
 END;
 $$;
 -- +goose StatementEnd
+DROP FUNCTION pgfence.lower_fence(text, bigint, text);
+DROP TABLE pgfence.fence_resets;
+DROP FUNCTION pgfence.abandon_fence(text, uuid);
 DROP FUNCTION pgfence.record_fence_rejection(text, bigint, bigint, text, text, text, uuid, text);
 DROP FUNCTION pgfence.prune_fence_rejections(interval);
 DROP TABLE pgfence.fence_rejections;

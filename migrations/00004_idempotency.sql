@@ -162,8 +162,8 @@ BEGIN
     IF p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64 THEN
         RAISE EXCEPTION 'pgfence: idempotency fingerprint must be 16 to 64 bytes (a hash of the request)' USING ERRCODE = 'PF008';
     END IF;
-    IF p_retention IS NULL OR p_retention <= interval '0' THEN
-        RAISE EXCEPTION 'pgfence: idempotency retention must be positive, got %', p_retention USING ERRCODE = 'PF008';
+    IF p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
+        RAISE EXCEPTION 'pgfence: idempotency retention must be above 0 and at most 366 days, got %', p_retention USING ERRCODE = 'PF008';
     END IF;
 END;
 $$;
@@ -207,11 +207,12 @@ DECLARE
     v_claimed boolean;
     v_old     text;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_require_read_committed();
     PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
-    IF p_wait IS NULL OR p_wait < interval '1 millisecond' THEN
-        RAISE EXCEPTION 'pgfence: idempotency wait must be at least 1ms, got %', p_wait USING ERRCODE = 'PF008';
+    IF p_wait IS NULL OR p_wait < interval '1 millisecond' OR p_wait > interval '2147483647 milliseconds' THEN
+        RAISE EXCEPTION 'pgfence: idempotency wait must be 1 ms to 2147483647 ms (lock_timeout''s largest value), got %', p_wait USING ERRCODE = 'PF008';
     END IF;
     FOR i IN 1..5 LOOP
         -- Cheap read first: a replay or a refusal writes nothing.
@@ -285,6 +286,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_expires timestamptz;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
     UPDATE pgfence.idempotency_keys k
@@ -364,11 +366,12 @@ DECLARE
     v_old     text;
     v_claimed boolean;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_require_read_committed();
     PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
-    IF p_lease IS NULL OR p_lease < interval '1 millisecond' THEN
-        RAISE EXCEPTION 'pgfence: idempotency lease must be at least 1ms, got %', p_lease USING ERRCODE = 'PF008';
+    IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
+        RAISE EXCEPTION 'pgfence: idempotency lease must be 1 ms to 24 hours, got %', p_lease USING ERRCODE = 'PF008';
     END IF;
     IF p_wait IS NULL OR p_wait < interval '1 millisecond' OR p_wait > interval '2147483647 milliseconds' THEN
         RAISE EXCEPTION 'pgfence: idempotency wait must be 1ms to 2147483647ms (lock_timeout''s range), got %', p_wait
@@ -471,9 +474,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_expires timestamptz;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.idempotency_durable();
-    IF p_lease IS NULL OR p_lease < interval '1 millisecond' THEN
-        RAISE EXCEPTION 'pgfence: idempotency lease must be at least 1ms, got %', p_lease USING ERRCODE = 'PF008';
+    IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
+        RAISE EXCEPTION 'pgfence: idempotency lease must be 1 ms to 24 hours, got %', p_lease USING ERRCODE = 'PF008';
     END IF;
     UPDATE pgfence.idempotency_keys k
        SET lease_expires_at = clock_timestamp() + p_lease, updated_at = clock_timestamp()
@@ -499,9 +503,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_expires timestamptz;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.idempotency_durable();
-    IF p_lease IS NULL OR p_lease < interval '1 millisecond' THEN
-        RAISE EXCEPTION 'pgfence: idempotency lease must be at least 1ms, got %', p_lease USING ERRCODE = 'PF008';
+    IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
+        RAISE EXCEPTION 'pgfence: idempotency lease must be 1 ms to 24 hours, got %', p_lease USING ERRCODE = 'PF008';
     END IF;
     IF p_recovery_point IS NULL OR octet_length(p_recovery_point) > 256 THEN
         RAISE EXCEPTION 'pgfence: idempotency recovery point must be at most 256 bytes' USING ERRCODE = 'PF008';
@@ -536,6 +541,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_expires timestamptz;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
     UPDATE pgfence.idempotency_keys k
@@ -565,6 +571,7 @@ CREATE FUNCTION pgfence.idempotency_release(p_scope text, p_key text, p_owner uu
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.idempotency_durable();
     UPDATE pgfence.idempotency_keys k
        SET owner = NULL, lease_expires_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -605,6 +612,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     n bigint;
 BEGIN
+    PERFORM pgfence.require_primary();
     IF p_batch IS NULL OR p_batch < 1 THEN
         RAISE EXCEPTION 'pgfence: idempotency_gc batch must be positive, got %', p_batch USING ERRCODE = 'PF008';
     END IF;

@@ -430,11 +430,14 @@ func TestPrivilegeCatalog(t *testing.T) {
 	// Each role executes exactly its list, nothing more: a function a
 	// migration grants, or forgets to revoke from a role, shows here.
 	protocol := []string{
+		"pgfence.abandon_fence(text,uuid)",
+		"pgfence.abandon_grant(text,uuid)",
 		"pgfence.acquire(text,interval,text,uuid,text)",
 		"pgfence.check_lease(text,uuid,bigint)",
 		"pgfence.current_trace_id()",
 		"pgfence.fence(text,bigint,uuid)",
 		"pgfence.fence_probe(text)",
+		"pgfence.grant_probe(text,uuid)",
 		"pgfence.idempotency_advance(text,text,uuid,text,bytea,interval)",
 		"pgfence.idempotency_claim(text,text,bytea,interval,interval,interval)",
 		"pgfence.idempotency_claim_atomic(text,text,bytea,interval,interval)",
@@ -445,6 +448,7 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.lease_max_ttl()",
 		"pgfence.lease_queue_leave(text,uuid)",
 		"pgfence.lease_queue_turn(text,uuid,interval)",
+		"pgfence.max_token()",
 		"pgfence.protected_tables()",
 		"pgfence.record_fence_rejection(text,bigint,bigint,text,text,text,uuid,text)",
 		"pgfence.release(text,uuid,bigint,boolean)",
@@ -455,6 +459,7 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.force_release(text,text)",
 		"pgfence.guard()",
 		"pgfence.idempotency_gc(integer)",
+		"pgfence.lower_fence(text,bigint,text)",
 		"pgfence.max_stored_token()",
 		"pgfence.next_token(bigint)",
 		"pgfence.pause_grants(text,text)",

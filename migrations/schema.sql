@@ -16,6 +16,66 @@
 CREATE SCHEMA pgfence;
 
 --
+-- Name: abandon_fence(text, uuid); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.abandon_fence(p_resource text, p_op uuid) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM pgfence.require_primary();
+    IF p_resource IS NULL OR octet_length(p_resource) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence: resource must be 1 to 512 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    RETURN pgfence.abandon_request('fence', p_resource, p_op);
+END;
+$$;
+
+--
+-- Name: abandon_grant(text, uuid); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.abandon_grant(p_key text, p_holder uuid) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    RETURN pgfence.abandon_request('grant', p_key, p_holder);
+END;
+$$;
+
+--
+-- Name: abandon_request(text, text, uuid); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.abandon_request(p_kind text, p_name text, p_id uuid) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_new integer;
+BEGIN
+    PERFORM pgfence.require_primary();
+    IF p_id IS NULL THEN
+        RAISE EXCEPTION 'pgfence: the request id to abandon must not be NULL' USING ERRCODE = 'PF008';
+    END IF;
+    -- The probe that follows must see this row whatever the session's
+    -- default: a request refused only until a crash would not be refused.
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    DELETE FROM pgfence.abandoned_requests a WHERE a.abandoned_at < clock_timestamp() - interval '7 days';
+    INSERT INTO pgfence.abandoned_requests (id, kind, name) VALUES (p_id, p_kind, p_name)
+        ON CONFLICT (id) DO NOTHING;
+    GET DIAGNOSTICS v_new = ROW_COUNT;
+    RETURN v_new > 0;
+END;
+$$;
+
+--
 -- Name: acquire(text, interval, text, uuid, text); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -49,6 +109,11 @@ CREATE FUNCTION pgfence.check_lease(key text, holder uuid, token bigint) RETURNS
 DECLARE
     l pgfence.leases%ROWTYPE;
 BEGIN
+    PERFORM pgfence.require_primary();
+    IF check_lease.key IS NULL OR octet_length(check_lease.key) NOT BETWEEN 1 AND 512 OR check_lease.holder IS NULL THEN
+        RAISE EXCEPTION 'pgfence: check_lease needs a key of 1 to 512 bytes and a holder' USING ERRCODE = 'PF008';
+    END IF;
+    PERFORM pgfence.check_token(check_lease.token);
     SELECT * INTO l FROM pgfence.leases WHERE key = check_lease.key FOR SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgfence: lease % is not held: no such lease', quote_literal(check_lease.key)
@@ -66,6 +131,22 @@ BEGIN
     IF l.expires_at <= clock_timestamp() THEN
         RAISE EXCEPTION 'pgfence: lease % with token % expired at %', quote_literal(check_lease.key), l.token, l.expires_at
             USING ERRCODE = 'PF002', DETAIL = format('reason=expired key=%s', check_lease.key);
+    END IF;
+END;
+$$;
+
+--
+-- Name: check_token(bigint); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.check_token(p_token bigint) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF p_token IS NULL OR p_token <= 0 OR p_token > 6917529027641081856 THEN
+        RAISE EXCEPTION 'pgfence: token must be 1 to 6917529027641081856, got %', coalesce(p_token::text, 'NULL')
+            USING ERRCODE = 'PF008';
     END IF;
 END;
 $$;
@@ -93,12 +174,27 @@ CREATE FUNCTION pgfence.fence(resource text, token bigint, op uuid DEFAULT NULL:
 #variable_conflict use_column
 DECLARE
     accepted bigint;
+    issued   bigint;
 BEGIN
+    PERFORM pgfence.require_primary();
     IF fence.resource IS NULL OR octet_length(fence.resource) NOT BETWEEN 1 AND 512 THEN
         RAISE EXCEPTION 'pgfence: resource must be 1 to 512 bytes' USING ERRCODE = 'PF008';
     END IF;
-    IF fence.token IS NULL OR fence.token <= 0 THEN
-        RAISE EXCEPTION 'pgfence: token must be positive, got %', fence.token USING ERRCODE = 'PF008';
+    PERFORM pgfence.check_token(fence.token);
+    -- The token must come from the lease named by the resource, and its grant
+    -- must have committed (or be this transaction's own): the lease row holds
+    -- the newest token the key issued. A token above it is from a grant that
+    -- has not committed, that rolled back (its number is issued again), that
+    -- a failover lost, or from another key's lease: counted per key, it says
+    -- nothing about this resource.
+    SELECT l.token INTO issued FROM pgfence.leases l WHERE l.key = fence.resource;
+    IF issued IS NULL OR issued < fence.token THEN
+        RAISE EXCEPTION 'pgfence: token % was not issued by lease %', fence.token, quote_literal(fence.resource)
+            USING ERRCODE = 'PF012',
+                  DETAIL = format('issued=%s presented=%s resource=%s', coalesce(issued, 0), fence.token, fence.resource),
+                  HINT = CASE WHEN issued IS NULL
+                              THEN 'No lease of that key was ever granted: fence a resource with a token of the lease whose key is the resource.'
+                              ELSE 'Use the token after its grant committed, of the lease whose key is the resource.' END;
     END IF;
     -- An accepted token must survive a crash as long as the write it guards.
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -113,6 +209,12 @@ BEGIN
            op = fence.op, fenced_xid = pg_current_xact_id()
      WHERE f.resource = fence.resource AND f.token <= fence.token;
     IF FOUND THEN
+        -- The row is ours now; a write whose client abandoned it must not
+        -- commit (checked in a statement of its own: a snapshot taken after
+        -- the lock). See pgfence.abandoned_requests.
+        IF fence.op IS NOT NULL THEN
+            PERFORM pgfence.raise_if_abandoned('fence', fence.resource, fence.op);
+        END IF;
         RETURN fence.token;
     END IF;
     -- Stale, a first write, or a row our UPDATE could not see yet (a
@@ -135,6 +237,9 @@ BEGIN
            op = excluded.op, fenced_xid = pg_current_xact_id()
      WHERE f.token <= excluded.token;
     IF FOUND THEN
+        IF fence.op IS NOT NULL THEN
+            PERFORM pgfence.raise_if_abandoned('fence', fence.resource, fence.op);
+        END IF;
         RETURN fence.token;
     END IF;
     -- Stale: a higher token committed while we waited. The row is locked by
@@ -160,6 +265,7 @@ DECLARE
     v_writes bigint;
     v_op     uuid;
 BEGIN
+    PERFORM pgfence.require_primary();
     IF p_resource IS NULL OR octet_length(p_resource) NOT BETWEEN 1 AND 512 THEN
         RAISE EXCEPTION 'pgfence: resource must be 1 to 512 bytes' USING ERRCODE = 'PF008';
     END IF;
@@ -212,7 +318,14 @@ CREATE FUNCTION pgfence.fences_before_update() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    -- A stale writer must not reset the fence: no lower token, no other resource.
+    -- A stale writer must not reset the fence: no lower token, no other
+    -- resource. The one exception is an operator's lower_fence, which records
+    -- the change in pgfence.fence_resets in the same transaction first.
+    IF NEW.token < OLD.token AND NEW.resource = OLD.resource
+       AND EXISTS (SELECT 1 FROM pgfence.fence_resets r
+                    WHERE r.resource = OLD.resource AND r.xid = pg_current_xact_id() AND r.to_token = NEW.token) THEN
+        RETURN NEW;
+    END IF;
     IF NEW.token < OLD.token OR NEW.resource <> OLD.resource THEN
         RAISE EXCEPTION 'pgfence: token for resource % may not be lowered from % to %', OLD.resource, OLD.token, NEW.token
             USING ERRCODE = 'PF001',
@@ -242,6 +355,7 @@ DECLARE
     v_token  bigint;
     v_live   boolean;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
     IF p_reason IS NULL OR length(p_reason) NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'pgfence: force_release of lease % needs a reason of 1 to 1000 characters', p_key
@@ -264,6 +378,44 @@ BEGIN
     VALUES (p_key, 'force_released', v_holder, v_token, p_reason);
     PERFORM pg_notify('pgfence_lease_released', p_key);
     RETURN QUERY SELECT true, v_holder, v_token, v_live;
+END;
+$$;
+
+--
+-- Name: grant_probe(text, uuid); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.grant_probe(p_key text, p_holder uuid) RETURNS TABLE(granted boolean, token bigint, granted_at timestamp with time zone, expires_at timestamp with time zone, live boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    cur pgfence.leases%ROWTYPE;
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    IF p_holder IS NULL THEN
+        RAISE EXCEPTION 'pgfence: grant_probe needs a holder' USING ERRCODE = 'PF008';
+    END IF;
+    BEGIN
+        -- Waits for an in-flight grant of the key: its update of the row, or
+        -- its insert of the key's first row.
+        INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, released_at)
+        VALUES (p_key, p_holder, 1, clock_timestamp(), clock_timestamp(), clock_timestamp())
+        ON CONFLICT (key) DO UPDATE SET key = l.key;
+        RAISE EXCEPTION USING ERRCODE = 'PFZ99';
+    EXCEPTION WHEN SQLSTATE 'PFZ99' THEN
+        NULL;
+    END;
+    -- A new snapshot: every grant that held the row has ended.
+    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key;
+    IF cur.key IS NULL OR cur.holder <> p_holder THEN
+        RETURN QUERY SELECT false, NULL::bigint, NULL::timestamptz, NULL::timestamptz, false;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT true, cur.token, cur.granted_at, cur.expires_at,
+                        cur.released_at IS NULL AND cur.expires_at > clock_timestamp();
 END;
 $$;
 
@@ -334,9 +486,10 @@ CREATE FUNCTION pgfence.idempotency_advance(p_scope text, p_key text, p_owner uu
 DECLARE
     v_expires timestamptz;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.idempotency_durable();
-    IF p_lease IS NULL OR p_lease < interval '1 millisecond' THEN
-        RAISE EXCEPTION 'pgfence: idempotency lease must be at least 1ms, got %', p_lease USING ERRCODE = 'PF008';
+    IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
+        RAISE EXCEPTION 'pgfence: idempotency lease must be 1 ms to 24 hours, got %', p_lease USING ERRCODE = 'PF008';
     END IF;
     IF p_recovery_point IS NULL OR octet_length(p_recovery_point) > 256 THEN
         RAISE EXCEPTION 'pgfence: idempotency recovery point must be at most 256 bytes' USING ERRCODE = 'PF008';
@@ -394,8 +547,8 @@ BEGIN
     IF p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64 THEN
         RAISE EXCEPTION 'pgfence: idempotency fingerprint must be 16 to 64 bytes (a hash of the request)' USING ERRCODE = 'PF008';
     END IF;
-    IF p_retention IS NULL OR p_retention <= interval '0' THEN
-        RAISE EXCEPTION 'pgfence: idempotency retention must be positive, got %', p_retention USING ERRCODE = 'PF008';
+    IF p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
+        RAISE EXCEPTION 'pgfence: idempotency retention must be above 0 and at most 366 days, got %', p_retention USING ERRCODE = 'PF008';
     END IF;
 END;
 $$;
@@ -434,11 +587,12 @@ DECLARE
     v_old     text;
     v_claimed boolean;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_require_read_committed();
     PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
-    IF p_lease IS NULL OR p_lease < interval '1 millisecond' THEN
-        RAISE EXCEPTION 'pgfence: idempotency lease must be at least 1ms, got %', p_lease USING ERRCODE = 'PF008';
+    IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
+        RAISE EXCEPTION 'pgfence: idempotency lease must be 1 ms to 24 hours, got %', p_lease USING ERRCODE = 'PF008';
     END IF;
     IF p_wait IS NULL OR p_wait < interval '1 millisecond' OR p_wait > interval '2147483647 milliseconds' THEN
         RAISE EXCEPTION 'pgfence: idempotency wait must be 1ms to 2147483647ms (lock_timeout''s range), got %', p_wait
@@ -530,11 +684,12 @@ DECLARE
     v_claimed boolean;
     v_old     text;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_require_read_committed();
     PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
-    IF p_wait IS NULL OR p_wait < interval '1 millisecond' THEN
-        RAISE EXCEPTION 'pgfence: idempotency wait must be at least 1ms, got %', p_wait USING ERRCODE = 'PF008';
+    IF p_wait IS NULL OR p_wait < interval '1 millisecond' OR p_wait > interval '2147483647 milliseconds' THEN
+        RAISE EXCEPTION 'pgfence: idempotency wait must be 1 ms to 2147483647 ms (lock_timeout''s largest value), got %', p_wait USING ERRCODE = 'PF008';
     END IF;
     FOR i IN 1..5 LOOP
         -- Cheap read first: a replay or a refusal writes nothing.
@@ -605,6 +760,7 @@ CREATE FUNCTION pgfence.idempotency_complete(p_scope text, p_key text, p_owner u
 DECLARE
     v_expires timestamptz;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
     UPDATE pgfence.idempotency_keys k
@@ -636,6 +792,7 @@ CREATE FUNCTION pgfence.idempotency_complete_atomic(p_scope text, p_key text, p_
 DECLARE
     v_expires timestamptz;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
     UPDATE pgfence.idempotency_keys k
@@ -681,6 +838,7 @@ CREATE FUNCTION pgfence.idempotency_gc(p_batch integer) RETURNS bigint
 DECLARE
     n bigint;
 BEGIN
+    PERFORM pgfence.require_primary();
     IF p_batch IS NULL OR p_batch < 1 THEN
         RAISE EXCEPTION 'pgfence: idempotency_gc batch must be positive, got %', p_batch USING ERRCODE = 'PF008';
     END IF;
@@ -709,9 +867,10 @@ CREATE FUNCTION pgfence.idempotency_heartbeat(p_scope text, p_key text, p_owner 
 DECLARE
     v_expires timestamptz;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.idempotency_durable();
-    IF p_lease IS NULL OR p_lease < interval '1 millisecond' THEN
-        RAISE EXCEPTION 'pgfence: idempotency lease must be at least 1ms, got %', p_lease USING ERRCODE = 'PF008';
+    IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
+        RAISE EXCEPTION 'pgfence: idempotency lease must be 1 ms to 24 hours, got %', p_lease USING ERRCODE = 'PF008';
     END IF;
     UPDATE pgfence.idempotency_keys k
        SET lease_expires_at = clock_timestamp() + p_lease, updated_at = clock_timestamp()
@@ -811,6 +970,7 @@ CREATE FUNCTION pgfence.idempotency_release(p_scope text, p_key text, p_owner uu
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.idempotency_durable();
     UPDATE pgfence.idempotency_keys k
        SET owner = NULL, lease_expires_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -852,8 +1012,8 @@ BEGIN
             coalesce(octet_length(p_key)::text || ' bytes', 'NULL')
             USING ERRCODE = 'PF008';
     END IF;
-    IF p_ttl IS NOT NULL AND (p_ttl <= interval '0' OR p_ttl > pgfence.lease_max_ttl()) THEN
-        RAISE EXCEPTION 'pgfence: lease ttl must be above 0 and at most %, got %',
+    IF p_ttl IS NOT NULL AND (p_ttl < interval '1 millisecond' OR p_ttl > pgfence.lease_max_ttl()) THEN
+        RAISE EXCEPTION 'pgfence: lease ttl must be 1 ms to %, got %',
             pgfence.lease_max_ttl(), p_ttl
             USING ERRCODE = 'PF008';
     END IF;
@@ -909,11 +1069,14 @@ CREATE FUNCTION pgfence.lease_max_ttl() RETURNS interval
 --
 
 CREATE FUNCTION pgfence.lease_queue_leave(p_key text, p_waiter uuid) RETURNS boolean
-    LANGUAGE sql SECURITY DEFINER
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    WITH gone AS (DELETE FROM pgfence.lease_waiters WHERE key = p_key AND waiter = p_waiter RETURNING 1)
-    SELECT EXISTS (SELECT 1 FROM gone);
+BEGIN
+    PERFORM pgfence.require_primary();
+    DELETE FROM pgfence.lease_waiters w WHERE w.key = p_key AND w.waiter = p_waiter;
+    RETURN FOUND;
+END;
 $$;
 
 --
@@ -928,9 +1091,11 @@ DECLARE
     my_enqueued timestamptz;
     ahead       bigint;
 BEGIN
+    PERFORM pgfence.require_primary();
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 OR p_waiter IS NULL
-       OR p_patience IS NULL OR p_patience <= interval '0' THEN
-        RAISE EXCEPTION 'pgfence: lease_queue_turn needs a key (1 to 512 bytes), a waiter id and a positive patience'
+       OR p_patience IS NULL OR p_patience <= interval '0' OR p_patience > 2 * pgfence.lease_max_ttl() + interval '1 minute' THEN
+        RAISE EXCEPTION 'pgfence: lease_queue_turn needs a key (1 to 512 bytes), a waiter id and a patience above 0 and at most %',
+                2 * pgfence.lease_max_ttl() + interval '1 minute'
             USING ERRCODE = 'PF008';
     END IF;
     -- Queue positions need no durability: losing them in a crash costs
@@ -982,6 +1147,43 @@ END;
 $$;
 
 --
+-- Name: lower_fence(text, bigint, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.lower_fence(p_resource text, p_token bigint, p_reason text) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_old bigint;
+BEGIN
+    PERFORM pgfence.require_primary();
+    IF p_resource IS NULL OR octet_length(p_resource) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence: resource must be 1 to 512 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    PERFORM pgfence.check_token(p_token);
+    IF p_reason IS NULL OR length(p_reason) NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'pgfence: lower_fence needs a reason of 1 to 1000 characters' USING ERRCODE = 'PF008';
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    SELECT f.token INTO v_old FROM pgfence.fences f WHERE f.resource = p_resource FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgfence: no token was accepted for resource %', quote_literal(p_resource)
+            USING ERRCODE = 'PF008';
+    END IF;
+    IF p_token >= v_old THEN
+        RAISE EXCEPTION 'pgfence: lower_fence: token % is not below the accepted token % of %', p_token, v_old, quote_literal(p_resource)
+            USING ERRCODE = 'PF008';
+    END IF;
+    INSERT INTO pgfence.fence_resets (resource, from_token, to_token, reason) VALUES (p_resource, v_old, p_token, p_reason);
+    UPDATE pgfence.fences f SET token = p_token WHERE f.resource = p_resource;
+    RETURN v_old;
+END;
+$$;
+
+--
 -- Name: max_stored_token(); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -997,6 +1199,14 @@ CREATE FUNCTION pgfence.max_stored_token() RETURNS bigint
 $$;
 
 --
+-- Name: max_token(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.max_token() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT 6917529027641081856::bigint $$;
+
+--
 -- Name: next_token(bigint); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -1005,9 +1215,15 @@ CREATE FUNCTION pgfence.next_token(previous bigint) RETURNS bigint
     AS $$
 DECLARE
     v_floor bigint;
+    v_next  bigint;
 BEGIN
     SELECT f.floor INTO v_floor FROM pgfence.token_floor f;
-    RETURN greatest(coalesce(previous, 0) + 1, (pgfence.token_epoch() << 40) + 1, v_floor + 1);
+    v_next := greatest(coalesce(previous, 0) + 1, (pgfence.token_epoch() << 40) + 1, v_floor + 1);
+    IF v_next > pgfence.max_token() THEN
+        RAISE EXCEPTION 'pgfence: the next token % would exceed the largest token %', v_next, pgfence.max_token()
+            USING ERRCODE = 'PF008';
+    END IF;
+    RETURN v_next;
 END;
 $$;
 
@@ -1022,6 +1238,7 @@ CREATE FUNCTION pgfence.pause_grants(p_prefix text, p_reason text) RETURNS boole
 DECLARE
     v_was boolean;
 BEGIN
+    PERFORM pgfence.require_primary();
     IF p_prefix IS NULL OR octet_length(p_prefix) > 512 THEN
         RAISE EXCEPTION 'pgfence: pause_grants prefix must be 0 to 512 bytes' USING ERRCODE = 'PF008';
     END IF;
@@ -1064,12 +1281,19 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
                     WHERE a.attrelid = relation AND a.attname = resource_column AND a.attnum > 0 AND NOT a.attisdropped
                       AND (CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END)
-                          IN ('text'::regtype, 'varchar'::regtype, 'bpchar'::regtype, 'int2'::regtype,
-                              'int4'::regtype, 'int8'::regtype, 'numeric'::regtype, 'uuid'::regtype)) THEN
-        RAISE EXCEPTION 'pgfence: protect: column % of % must be text, varchar, char, smallint, integer, bigint, numeric or uuid (or a domain over one)',
+                          IN ('text'::regtype, 'varchar'::regtype, 'int2'::regtype,
+                              'int4'::regtype, 'int8'::regtype, 'uuid'::regtype)) THEN
+        RAISE EXCEPTION 'pgfence: protect: column % of % must be text, varchar, smallint, integer, bigint or uuid (or a domain over one)',
                 quote_ident(resource_column), relation
             USING ERRCODE = 'PF008',
-                  HINT = 'Other types print differently under different session settings (TimeZone, extra_float_digits, IntervalStyle): fence a text or integer key column instead.';
+                  HINT = 'The guard names a row''s resource by the column''s text: char(n) pads it, numeric keeps its scale, and timestamptz, float or interval print by session settings, so one row would be several resources. Fence a text or integer key column.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation
+                WHERE a.attrelid = relation AND a.attname = resource_column AND NOT c.collisdeterministic) THEN
+        RAISE EXCEPTION 'pgfence: protect: column % of % has a nondeterministic collation',
+                quote_ident(resource_column), relation
+            USING ERRCODE = 'PF008',
+                  HINT = 'Equal keys of such a collation have several texts (''ALICE'' and ''Alice''), so one row would be several resources. Use a deterministic collation, or fence a normalised key column.';
     END IF;
     -- The row guard runs AFTER the row is written, at the end of the
     -- statement, on the row as stored: after every BEFORE trigger (one that
@@ -1135,6 +1359,7 @@ CREATE FUNCTION pgfence.prune_fence_rejections(p_max_age interval DEFAULT '7 day
 DECLARE
     v_deleted bigint;
 BEGIN
+    PERFORM pgfence.require_primary();
     IF p_max_age IS NULL OR p_max_age < interval '0' THEN
         RAISE EXCEPTION 'pgfence: prune_fence_rejections max_age must be >= 0, got %', p_max_age
             USING ERRCODE = 'PF008';
@@ -1160,6 +1385,7 @@ CREATE FUNCTION pgfence.prune_lease_events(p_key text DEFAULT NULL::text, p_keep
 DECLARE
     n bigint;
 BEGIN
+    PERFORM pgfence.require_primary();
     IF p_keep IS NULL OR p_keep < 0 THEN
         RAISE EXCEPTION 'pgfence: prune_lease_events keep must be >= 0, got %', p_keep
             USING ERRCODE = 'PF008';
@@ -1203,6 +1429,27 @@ END;
 $$;
 
 --
+-- Name: raise_if_abandoned(text, text, uuid); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.raise_if_abandoned(p_kind text, p_name text, p_id uuid) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    a pgfence.abandoned_requests%ROWTYPE;
+BEGIN
+    SELECT r.* INTO a FROM pgfence.abandoned_requests r WHERE r.id = p_id;
+    IF FOUND THEN
+        RAISE EXCEPTION 'pgfence: % % of % was abandoned by its client at % and is refused', p_kind, p_id, quote_literal(p_name), a.abandoned_at
+            USING ERRCODE = 'PF013',
+                  DETAIL = format('id=%s abandoned_at=%s', p_id, a.abandoned_at),
+                  HINT = 'Its client lost the reply and was told it did not happen; it arrived late.';
+    END IF;
+END;
+$$;
+
+--
 -- Name: raise_token_floor(bigint, text); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -1213,8 +1460,10 @@ CREATE FUNCTION pgfence.raise_token_floor(new_floor bigint, reason text) RETURNS
 DECLARE
     old_floor bigint;
 BEGIN
-    IF new_floor IS NULL OR new_floor < 0 THEN
-        RAISE EXCEPTION 'pgfence: new_floor must be >= 0, got %', new_floor USING ERRCODE = 'PF008';
+    PERFORM pgfence.require_primary();
+    IF new_floor IS NULL OR new_floor < 0 OR new_floor > 4611686018427387904 THEN
+        RAISE EXCEPTION 'pgfence: new_floor must be 0 to 4611686018427387904 (2^62), got %', coalesce(new_floor::text, 'NULL')
+            USING ERRCODE = 'PF008';
     END IF;
     IF reason IS NULL OR length(reason) NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'pgfence: reason must be 1 to 1000 characters' USING ERRCODE = 'PF008';
@@ -1262,6 +1511,12 @@ CREATE FUNCTION pgfence.record_fence_rejection(p_resource text, p_presented_toke
 DECLARE
     v_id bigint;
 BEGIN
+    PERFORM pgfence.require_primary();
+    IF p_resource IS NULL OR length(p_resource) = 0 OR p_presented_token IS NULL
+       OR p_reason IS NULL OR p_reason NOT IN ('stale_token', 'lease_not_held', 'token_not_issued') THEN
+        RAISE EXCEPTION 'pgfence: record_fence_rejection needs a resource, the presented token and a reason (stale_token, lease_not_held or token_not_issued)'
+            USING ERRCODE = 'PF008';
+    END IF;
     IF pg_current_xact_id_if_assigned() IS NULL THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
@@ -1325,11 +1580,13 @@ DECLARE
     cur       pgfence.leases%ROWTYPE;
     v_expired boolean;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
     IF p_holder IS NULL OR p_token IS NULL THEN
         RAISE EXCEPTION 'pgfence: release of lease % needs a holder and a token', p_key
             USING ERRCODE = 'PF008';
     END IF;
+    PERFORM pgfence.check_token(p_token);
 
     IF p_durable IS NOT FALSE THEN
         IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -1377,18 +1634,22 @@ DECLARE
     cur   pgfence.leases%ROWTYPE;
     v_exp timestamptz;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, p_ttl, NULL);
     IF p_ttl IS NULL OR p_holder IS NULL OR p_token IS NULL THEN
         RAISE EXCEPTION 'pgfence: renew of lease % needs a holder, a token and a ttl', p_key
             USING ERRCODE = 'PF008';
     END IF;
+    PERFORM pgfence.check_token(p_token);
 
     SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key FOR UPDATE;
     IF cur.key IS NULL OR cur.holder <> p_holder OR cur.token <> p_token THEN
         RAISE EXCEPTION 'pgfence: lease % is not held by holder % with token %', p_key, p_holder, p_token
             USING ERRCODE = 'PF002',
                   DETAIL = CASE WHEN cur.key IS NULL THEN 'The lease does not exist.'
-                                ELSE format('The lease was granted again since (token %s).', cur.token) END;
+                                WHEN cur.token > p_token THEN format('The lease was granted again since (token %s).', cur.token)
+                                WHEN cur.token = p_token THEN format('Grant %s of this lease belongs to another holder.', cur.token)
+                                ELSE format('The lease never issued token %s (its newest is %s).', p_token, cur.token) END;
     END IF;
     IF cur.released_at IS NOT NULL THEN
         RAISE EXCEPTION 'pgfence: lease % (holder %, token %) was released at %', p_key, p_holder, p_token, cur.released_at
@@ -1413,6 +1674,23 @@ END;
 $$;
 
 --
+-- Name: require_primary(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.require_primary() RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RAISE EXCEPTION 'pgfence: the server is in recovery (a standby); leases, tokens and fences are decided by the primary only'
+            USING ERRCODE = 'PF005',
+                  HINT = 'Connect to the current primary (target_session_attrs=read-write).';
+    END IF;
+END;
+$$;
+
+--
 -- Name: resume_grants(text, text); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -1421,6 +1699,7 @@ CREATE FUNCTION pgfence.resume_grants(p_prefix text, p_reason text DEFAULT NULL:
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
+    PERFORM pgfence.require_primary();
     IF p_prefix IS NULL THEN
         RAISE EXCEPTION 'pgfence: resume_grants needs a prefix' USING ERRCODE = 'PF008';
     END IF;
@@ -1450,11 +1729,7 @@ CREATE FUNCTION pgfence.token_epoch() RETURNS bigint
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    IF pg_is_in_recovery() THEN
-        RAISE EXCEPTION 'pgfence: the server is in recovery; tokens are issued only by a primary'
-            USING ERRCODE = 'PF005',
-                  HINT = 'Connect to the current primary (target_session_attrs=read-write).';
-    END IF;
+    PERFORM pgfence.require_primary();
     RETURN ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
 END;
 $$;
@@ -1477,6 +1752,7 @@ DECLARE
     v_lock   bigint := hashtextextended('pgfence.lease:' || p_key, 0);
     v_busy   boolean;
 BEGIN
+    PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, p_ttl, coalesce(p_holder_info, ''));
     IF p_ttl IS NULL THEN
         RAISE EXCEPTION 'pgfence: lease ttl must not be NULL' USING ERRCODE = 'PF008';
@@ -1572,6 +1848,14 @@ BEGIN
         RETURN;
     END IF;
 
+    -- A client that lost the reply of this very attempt may have abandoned
+    -- it (abandon_grant) and been told nothing was granted: then this grant,
+    -- arriving late, must not happen. Checked now that the row is ours, in a
+    -- statement of its own (a snapshot taken after the lock): an abandonment
+    -- committed before is seen here, one committed after waits for our
+    -- commit in grant_probe and finds the grant.
+    PERFORM pgfence.raise_if_abandoned('grant', p_key, v_holder);
+
     -- The read above tells which grant we replaced (exact unless that grant
     -- changed between the read and the upsert, which only affects the label).
     IF cur.key IS NOT NULL AND cur.released_at IS NULL THEN
@@ -1633,6 +1917,20 @@ END;
 $$;
 
 --
+-- Name: abandoned_requests; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.abandoned_requests (
+    id uuid NOT NULL,
+    kind text NOT NULL,
+    name text NOT NULL,
+    abandoned_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    abandoned_by name DEFAULT SESSION_USER NOT NULL,
+    CONSTRAINT abandoned_requests_kind_check CHECK ((kind = ANY (ARRAY['grant'::text, 'fence'::text]))),
+    CONSTRAINT abandoned_requests_name_check CHECK (((octet_length(name) >= 1) AND (octet_length(name) <= 512)))
+);
+
+--
 -- Name: fence_rejections; Type: TABLE; Schema: pgfence; Owner: -
 --
 
@@ -1649,7 +1947,7 @@ CREATE TABLE pgfence.fence_rejections (
     at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     CONSTRAINT fence_rejections_lease_reason_check CHECK ((lease_reason = ANY (ARRAY['missing'::text, 'taken_over'::text, 'released'::text, 'expired'::text]))),
     CONSTRAINT fence_rejections_operation_check CHECK ((length(operation) <= 64)),
-    CONSTRAINT fence_rejections_reason_check CHECK ((reason = ANY (ARRAY['stale_token'::text, 'lease_not_held'::text]))),
+    CONSTRAINT fence_rejections_reason_check CHECK ((reason = ANY (ARRAY['stale_token'::text, 'lease_not_held'::text, 'token_not_issued'::text]))),
     CONSTRAINT fence_rejections_resource_check CHECK (((length(resource) >= 1) AND (length(resource) <= 1024))),
     CONSTRAINT fence_rejections_trace_id_check CHECK ((trace_id ~ '^[0-9a-f]{32}$'::text))
 );
@@ -1660,6 +1958,35 @@ CREATE TABLE pgfence.fence_rejections (
 
 ALTER TABLE pgfence.fence_rejections ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME pgfence.fence_rejections_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: fence_resets; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.fence_resets (
+    id bigint NOT NULL,
+    resource text NOT NULL,
+    from_token bigint NOT NULL,
+    to_token bigint NOT NULL,
+    reason text NOT NULL,
+    reset_by name DEFAULT SESSION_USER NOT NULL,
+    reset_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    xid xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    CONSTRAINT fence_resets_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000)))
+);
+
+--
+-- Name: fence_resets_id_seq; Type: SEQUENCE; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.fence_resets ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME pgfence.fence_resets_id_seq
     START WITH 1
     INCREMENT BY 1
     NO MINVALUE
@@ -1794,11 +2121,25 @@ CREATE TABLE pgfence.token_floor (
 );
 
 --
+-- Name: abandoned_requests abandoned_requests_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.abandoned_requests
+    ADD CONSTRAINT abandoned_requests_pkey PRIMARY KEY (id);
+
+--
 -- Name: fence_rejections fence_rejections_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
 --
 
 ALTER TABLE ONLY pgfence.fence_rejections
     ADD CONSTRAINT fence_rejections_pkey PRIMARY KEY (id);
+
+--
+-- Name: fence_resets fence_resets_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.fence_resets
+    ADD CONSTRAINT fence_resets_pkey PRIMARY KEY (id);
 
 --
 -- Name: fences fences_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
@@ -1972,6 +2313,28 @@ GRANT USAGE ON SCHEMA pgfence TO pgfence_app;
 GRANT USAGE ON SCHEMA pgfence TO pgfence_operator;
 
 --
+-- Name: FUNCTION abandon_fence(p_resource text, p_op uuid); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.abandon_fence(p_resource text, p_op uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.abandon_fence(p_resource text, p_op uuid) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.abandon_fence(p_resource text, p_op uuid) TO pgfence_operator;
+
+--
+-- Name: FUNCTION abandon_grant(p_key text, p_holder uuid); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.abandon_grant(p_key text, p_holder uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.abandon_grant(p_key text, p_holder uuid) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.abandon_grant(p_key text, p_holder uuid) TO pgfence_operator;
+
+--
+-- Name: FUNCTION abandon_request(p_kind text, p_name text, p_id uuid); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.abandon_request(p_kind text, p_name text, p_id uuid) FROM PUBLIC;
+
+--
 -- Name: FUNCTION acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text); Type: ACL; Schema: pgfence; Owner: -
 --
 
@@ -1986,6 +2349,12 @@ GRANT ALL ON FUNCTION pgfence.acquire(p_key text, p_ttl interval, p_holder_info 
 REVOKE ALL ON FUNCTION pgfence.check_lease(key text, holder uuid, token bigint) FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.check_lease(key text, holder uuid, token bigint) TO pgfence_app;
 GRANT ALL ON FUNCTION pgfence.check_lease(key text, holder uuid, token bigint) TO pgfence_operator;
+
+--
+-- Name: FUNCTION check_token(p_token bigint); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.check_token(p_token bigint) FROM PUBLIC;
 
 --
 -- Name: FUNCTION current_trace_id(); Type: ACL; Schema: pgfence; Owner: -
@@ -2036,6 +2405,14 @@ REVOKE ALL ON FUNCTION pgfence.fences_before_update() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION pgfence.force_release(p_key text, p_reason text) FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.force_release(p_key text, p_reason text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION grant_probe(p_key text, p_holder uuid); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.grant_probe(p_key text, p_holder uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.grant_probe(p_key text, p_holder uuid) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.grant_probe(p_key text, p_holder uuid) TO pgfence_operator;
 
 --
 -- Name: FUNCTION guard(); Type: ACL; Schema: pgfence; Owner: -
@@ -2219,11 +2596,26 @@ GRANT SELECT ON TABLE pgfence.leases TO pgfence_operator;
 REVOKE ALL ON FUNCTION pgfence.lease_row_valid(l pgfence.leases) FROM PUBLIC;
 
 --
+-- Name: FUNCTION lower_fence(p_resource text, p_token bigint, p_reason text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.lower_fence(p_resource text, p_token bigint, p_reason text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.lower_fence(p_resource text, p_token bigint, p_reason text) TO pgfence_operator;
+
+--
 -- Name: FUNCTION max_stored_token(); Type: ACL; Schema: pgfence; Owner: -
 --
 
 REVOKE ALL ON FUNCTION pgfence.max_stored_token() FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.max_stored_token() TO pgfence_operator;
+
+--
+-- Name: FUNCTION max_token(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.max_token() FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.max_token() TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.max_token() TO pgfence_operator;
 
 --
 -- Name: FUNCTION next_token(previous bigint); Type: ACL; Schema: pgfence; Owner: -
@@ -2273,6 +2665,12 @@ GRANT ALL ON FUNCTION pgfence.prune_lease_events(p_key text, p_keep integer) TO 
 --
 
 REVOKE ALL ON FUNCTION pgfence.raise_grants_paused(p_key text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION raise_if_abandoned(p_kind text, p_name text, p_id uuid); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.raise_if_abandoned(p_kind text, p_name text, p_id uuid) FROM PUBLIC;
 
 --
 -- Name: FUNCTION raise_token_floor(new_floor bigint, reason text); Type: ACL; Schema: pgfence; Owner: -
@@ -2325,6 +2723,12 @@ GRANT ALL ON FUNCTION pgfence.renew(p_key text, p_holder uuid, p_token bigint, p
 GRANT ALL ON FUNCTION pgfence.renew(p_key text, p_holder uuid, p_token bigint, p_ttl interval) TO pgfence_operator;
 
 --
+-- Name: FUNCTION require_primary(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.require_primary() FROM PUBLIC;
+
+--
 -- Name: FUNCTION resume_grants(p_prefix text, p_reason text); Type: ACL; Schema: pgfence; Owner: -
 --
 
@@ -2354,11 +2758,23 @@ REVOKE ALL ON FUNCTION pgfence.unprotect(relation regclass) FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.unprotect(relation regclass) TO pgfence_operator;
 
 --
+-- Name: TABLE abandoned_requests; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.abandoned_requests TO pgfence_operator;
+
+--
 -- Name: TABLE fence_rejections; Type: ACL; Schema: pgfence; Owner: -
 --
 
 GRANT SELECT ON TABLE pgfence.fence_rejections TO pgfence_app;
 GRANT SELECT ON TABLE pgfence.fence_rejections TO pgfence_operator;
+
+--
+-- Name: TABLE fence_resets; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.fence_resets TO pgfence_operator;
 
 --
 -- Name: TABLE goose_db_version; Type: ACL; Schema: pgfence; Owner: -

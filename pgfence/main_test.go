@@ -76,13 +76,3 @@ type leaseRow struct {
 }
 
 func (l leaseRow) lease() pgfence.Lease { return pgfence.LeaseOf(l.Key, l.Holder, l.Token) }
-
-// issue records, as a grant of lease key would, that tokens up to token were
-// issued for key: fenced writes of the resource key may present them. Tests
-// use made-up tokens; a real one comes from a grant.
-func issue(t testing.TB, db execer, key string, token int64) {
-	t.Helper()
-	mustExec(t, db, `INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, released_at)
-VALUES ($1, gen_random_uuid(), $2, clock_timestamp(), clock_timestamp(), clock_timestamp())
-ON CONFLICT (key) DO UPDATE SET token = greatest(l.token, excluded.token)`, key, token)
-}

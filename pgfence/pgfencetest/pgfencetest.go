@@ -42,6 +42,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
@@ -357,4 +358,26 @@ func randomSuffix() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// Execer is what [IssueToken] runs its statement on: a *pgxpool.Pool, a
+// *pgx.Conn or a pgx.Tx.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// IssueToken records in pgfence.leases that lease key has issued tokens up
+// to token, as its grants would have (the lease itself is left released), so
+// that a test may fence resource key with made-up tokens up to token: a
+// fenced write accepts only a token its resource's lease has issued. db must
+// be able to write pgfence.leases, as the harness's own role can; an
+// application's role cannot, and its tokens come from grants.
+func IssueToken(t testing.TB, db Execer, key string, token int64) {
+	t.Helper()
+	_, err := db.Exec(context.Background(), `INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, released_at)
+VALUES ($1, pg_catalog.gen_random_uuid(), $2, pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp())
+ON CONFLICT (key) DO UPDATE SET token = GREATEST(l.token, excluded.token)`, key, token)
+	if err != nil {
+		t.Fatalf("pgfencetest: issue token %d of lease %q: %v", token, key, err)
+	}
 }
