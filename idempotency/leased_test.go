@@ -315,17 +315,27 @@ func TestLeasedCompleteTxWithBusinessWrite(t *testing.T) {
 	}
 }
 
-// TestRetryAfterOfLeaseLongerThanDuration: another client may take a key
-// with a lease longer than a time.Duration holds; the retry hint of Claim
-// and Do saturates instead of wrapping around to a negative duration.
+// TestRetryAfterOfLeaseLongerThanDuration: the claim functions refuse a lease
+// above 24 hours (PF008), but a row written by hand (by the schema's owner)
+// may carry a lease longer than a time.Duration holds; the retry hint of
+// Claim and Do saturates instead of wrapping around to a negative duration.
 func TestRetryAfterOfLeaseLongerThanDuration(t *testing.T) {
 	t.Parallel()
 	pool := pgfencetest.NewPool(t)
 	ctx := context.Background()
 	store := newStore(t, nil)
 	req := idempotency.Request{Scope: "long", Key: "k", Payload: []byte("p")}
-	if _, err := pool.Exec(ctx, `SELECT pgfence.idempotency_claim($1, $2, $3, '1000 years', '1 day')`,
+	_, err := pool.Exec(ctx, `SELECT pgfence.idempotency_claim($1, $2, $3, '1000 years', '1 day')`,
+		req.Scope, req.Key, idempotency.Fingerprint(req.Payload))
+	if pgerr.Code(err) != "PF008" {
+		t.Fatalf("a claim with a 1000-year lease: %v, want PF008", err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT pgfence.idempotency_claim($1, $2, $3, '1 hour', '1 day')`,
 		req.Scope, req.Key, idempotency.Fingerprint(req.Payload)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE pgfence.idempotency_keys SET lease_expires_at = clock_timestamp() + interval '1000 years'
+WHERE scope = $1 AND key = $2`, req.Scope, req.Key); err != nil {
 		t.Fatal(err)
 	}
 	out, err := store.Claim(ctx, pool, req)

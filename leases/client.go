@@ -14,8 +14,6 @@ import (
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
-var errBackendRunning = errors.New("the backend that ran the grant has not exited")
-
 // Client grants, renews and releases leases on one database. It is safe for
 // concurrent use. Create it with [New]; [Client.Close] stops its LISTEN
 // connection.
@@ -218,7 +216,18 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 	fair := opts != nil && opts.Fair
 	c.startListener()
 	w := c.enqueue(key, fair)
-	defer c.dequeue(key, w)
+	defer func() {
+		c.dequeue(key, w)
+		// A lost grant of this client's that was settled too late for this
+		// call, handed over after it stopped waiting: release it.
+		select {
+		case o := <-w.orphan:
+			if o != l {
+				c.releaseInBackground(ctx, o)
+			}
+		default:
+		}
+	}()
 
 	waiter := newHolderID()
 	// atHead: this fair waiter's last turn found nobody ahead of it.
@@ -304,8 +313,17 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 			}
 			last = err
 		}
-		var stop error
-		if woken, stop = c.waitTurn(ctx, w, attempt, remaining); stop != nil {
+		var (
+			stop    error
+			adopted *Lease
+		)
+		if woken, adopted, stop = c.waitTurn(ctx, w, attempt, remaining); adopted != nil {
+			// An attempt of this client whose reply was lost did get the
+			// key, and was settled in the background meanwhile.
+			c.emit(Event{Kind: EventAcquired, Key: key, Holder: adopted.holder, Token: adopted.token, Duration: c.since(adopted.start)})
+			return adopted, nil
+		}
+		if stop != nil {
 			if errors.Is(stop, ErrClosed) {
 				return nil, stop
 			}
@@ -315,11 +333,12 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 }
 
 // waitTurn sleeps after the head waiter's attempt-th failed try (remaining:
-// the holder's time left, 0 when unknown) until the delay passes or a release
-// of the key is announced. It reports whether every waiting client tries now
+// the holder's time left, 0 when unknown) until the delay passes, a release
+// of the key is announced, or a lost grant of this client's for the key turns
+// out to have been granted (adopted). It reports whether every waiting client tries now
 // (a release, or the holder's expiry), or why waiting ended: the context's
 // cause, or ErrClosed.
-func (c *Client) waitTurn(ctx context.Context, w *waiter, attempt int, remaining time.Duration) (woken bool, stop error) {
+func (c *Client) waitTurn(ctx context.Context, w *waiter, attempt int, remaining time.Duration) (woken bool, adopted *Lease, stop error) {
 	d, atExpiry := c.delay(attempt, remaining)
 	timer := time.NewTimer(d)
 	defer timer.Stop()
@@ -327,11 +346,13 @@ func (c *Client) waitTurn(ctx context.Context, w *waiter, attempt int, remaining
 	for {
 		select {
 		case <-ctx.Done():
-			return false, context.Cause(ctx)
+			return false, nil, context.Cause(ctx)
 		case <-c.closing:
-			return false, ErrClosed
+			return false, nil, ErrClosed
+		case l := <-w.orphan:
+			return false, l, nil
 		case <-w.wake:
-			return true, nil
+			return true, nil, nil
 		case lease := <-w.granted:
 			// Another waiter got the key (announced): its expiry is the next
 			// chance if it never releases. A waiter that lost to the
@@ -341,7 +362,7 @@ func (c *Client) waitTurn(ctx context.Context, w *waiter, attempt int, remaining
 				due, atExpiry = time.Now().Add(e), true
 			}
 		case <-timer.C:
-			return atExpiry, nil
+			return atExpiry, nil, nil
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,13 +35,12 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 	if err != nil {
 		return nil, fmt.Errorf("leases: acquire %q: %w", key, err)
 	}
-	pid := conn.Conn().PgConn().PID() // the backend that runs the grant
 	err = c.sendGrant(ctx, conn, key, holder, ttl, info, announce, &acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)
 	conn.Release()
 	if err != nil {
 		classified := classify(err)
 		if errors.Is(classified, ErrOutcomeUnknown) {
-			return c.resolveGrant(ctx, key, holder, pid, ttl, margin, start, err)
+			return c.resolveGrant(ctx, &orphan{key: key, holder: holder, ttl: ttl, margin: margin, start: start}, err)
 		}
 		return nil, fmt.Errorf("leases: acquire %q: %w", key, classified)
 	}
@@ -59,53 +59,168 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 	return l, nil
 }
 
-// resolveGrant reads back the grant of an attempt whose reply was lost. The
-// holder id is unique to the attempt, so a row carrying it is our grant. The
-// absence of the row is conclusive only once the backend that ran the attempt
-// (pid, on the connection the client has already given up) has exited: until
-// then it may still commit. So it terminates that backend first.
+// An orphan is a grant attempt whose reply was lost: it may have been
+// granted, it may still be on its way to the server, or it may never arrive.
+type orphan struct {
+	key, holder string
+	ttl, margin time.Duration
+	start       time.Time // when the attempt was sent, by the client's clock
+
+	mu      sync.Mutex
+	waiting bool            // the caller still waits for the settlement
+	result  chan settlement // to the waiting caller (buffered, 1)
+}
+
+// settlement is what settling an orphan found: the lease if it was granted
+// and is still live, or that nothing (live) was granted.
+type settlement struct {
+	l       *Lease
+	granted bool // the attempt got the lease (it may have ended since)
+}
+
+// resolveGrant settles the grant attempt o whose reply was lost, by its
+// holder id, which is unique to the attempt: pgfence.abandon_grant commits
+// that the attempt is given up (from then on it is refused if it arrives),
+// then pgfence.grant_probe waits for any transaction still holding the key's
+// row and reads whether the attempt got there first. Either answer is final:
+// the attempt's lease is returned, or nothing was granted. No backend pid is
+// involved, so it holds behind a pooler too.
 //
-// The read-back runs in the background for up to Config.ResolveTimeout, but
-// the caller waits no longer than its context: if that ends first, the call
-// returns ErrOutcomeUnknown at once and the background read-back releases the
-// grant if there was one, so it does not block the key until it expires.
-func (c *Client) resolveGrant(ctx context.Context, key, holder string, pid uint32, ttl, margin time.Duration, start time.Time, cause error) (*Lease, error) {
-	type result struct {
-		l   *Lease
-		err error
-	}
-	done := make(chan result, 1)
-	c.background(func() {
-		l, err := c.readBackGrant(ctx, key, holder, pid, ttl, margin, start, cause)
-		done <- result{l, err}
-	})
-	// releaseLater settles a grant the caller will not receive.
-	releaseLater := func() {
-		c.background(func() {
-			if r := <-done; r.l != nil {
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ResolveTimeout)
-				defer cancel()
-				_ = r.l.Release(rctx)
-			}
-		})
-	}
+// The settlement runs in the background, retried until it gets both answers
+// (or Close); the caller waits for it no longer than Config.ResolveTimeout
+// and its context. If the caller stops waiting first, it gets
+// ErrOutcomeUnknown, and the settlement hands a lease it finds to a waiting
+// Acquire of the same key in this client, or releases it, so that this
+// client's own lost grant never holds the key against it until it expires.
+func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lease, error) {
+	o.waiting = true
+	o.result = make(chan settlement, 1)
+	c.background(func() { c.settle(ctx, o) })
+	timer := time.NewTimer(c.cfg.ResolveTimeout)
+	defer timer.Stop()
 	select {
-	case r := <-done:
-		if r.l != nil && ctx.Err() != nil {
-			// The caller gave up meanwhile; do not leave the lease to expire on its own.
-			done <- r
-			releaseLater()
-			return nil, fmt.Errorf("leases: acquire %q: %w", key, context.Cause(ctx))
+	case r := <-o.result:
+		switch {
+		case r.l != nil:
+			c.emit(Event{Kind: EventAcquired, Key: o.key, Holder: o.holder, Token: r.l.Token(), Duration: c.since(o.start)})
+			return r.l, nil
+		case r.granted:
+			return nil, fmt.Errorf("leases: acquire %q: the reply was lost; the grant to holder %s had already ended when it was read back: %w: %w",
+				o.key, o.holder, ErrUnavailable, cause)
+		default:
+			return nil, fmt.Errorf("leases: acquire %q: the reply was lost and nothing was granted (the attempt of holder %s is abandoned: it is refused if it still arrives): %w: %w",
+				o.key, o.holder, ErrUnavailable, cause)
 		}
-		if r.err == nil {
-			c.emit(Event{Kind: EventAcquired, Key: key, Holder: holder, Token: r.l.Token(), Duration: c.since(start)})
-		}
-		return r.l, r.err
 	case <-ctx.Done():
-		releaseLater()
-		return nil, fmt.Errorf("leases: acquire %q: the reply was lost and the caller's context ended before the grant to holder %s could be read back (if it was granted, it is released in the background): %w: %w",
-			key, holder, ErrOutcomeUnknown, context.Cause(ctx))
+	case <-timer.C:
 	}
+	o.mu.Lock()
+	o.waiting = false
+	o.mu.Unlock()
+	select {
+	case r := <-o.result: // settled just now
+		if r.l != nil {
+			c.adoptOrRelease(ctx, r.l)
+		}
+	default:
+	}
+	return nil, fmt.Errorf("leases: acquire %q: the reply was lost and the grant to holder %s could not be settled yet (it is settled in the background: a lease it finds goes to a waiting Acquire of this client, or is released): %w: %w",
+		o.key, o.holder, ErrOutcomeUnknown, cause)
+}
+
+// settle settles o (see resolveGrant), retrying with capped backoff until
+// the abandonment and the probe both answered, or the client closes. It
+// gives the outcome to the waiting caller, else a lease it found to a
+// waiting Acquire of the key, else releases it.
+func (c *Client) settle(ctx context.Context, o *orphan) {
+	bg := context.WithoutCancel(ctx)
+	for attempt := 0; ; attempt++ {
+		r, err := c.settleOnce(bg, o)
+		if err == nil {
+			o.mu.Lock()
+			waiting := o.waiting
+			if waiting {
+				o.result <- r
+			}
+			o.mu.Unlock()
+			if !waiting && r.l != nil {
+				c.adoptOrRelease(bg, r.l)
+			}
+			return
+		}
+		c.cfg.Logger.Debug("pgfence lease: settling a lost grant reply failed; retrying", "key", o.key, "holder", o.holder, "err", err)
+		select {
+		case <-c.closing:
+			c.cfg.Logger.Warn("pgfence lease: client closed before a lost grant reply was settled; if it was granted, the lease expires on its own",
+				"key", o.key, "holder", o.holder, "ttl", o.ttl)
+			return
+		case <-time.After(fullJitter(min(c.cfg.BackoffMin<<min(attempt, 10), c.cfg.BackoffMax))):
+		}
+	}
+}
+
+// settleOnce abandons o's attempt and probes for its grant, each statement
+// its own transaction, bounded by Config.ResolveTimeout.
+func (c *Client) settleOnce(ctx context.Context, o *orphan) (settlement, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.ResolveTimeout)
+	defer cancel()
+	var abandoned bool
+	if err := c.pool.QueryRow(ctx, sqlAbandonGrant, o.key, o.holder).Scan(&abandoned); err != nil {
+		return settlement{}, err
+	}
+	var (
+		granted, live      bool
+		token              *int64
+		grantedAt, expires *time.Time
+	)
+	if err := c.pool.QueryRow(ctx, sqlGrantProbe, o.key, o.holder).Scan(&granted, &token, &grantedAt, &expires, &live); err != nil {
+		return settlement{}, err
+	}
+	if !granted {
+		return settlement{}, nil
+	}
+	if !live || c.until(o.start.Add(o.ttl-o.margin)) <= 0 {
+		// Granted, but it has ended, or this client may no longer trust it.
+		if live {
+			l := c.newLease(o.key, o.holder, *token, o.ttl, o.margin, o.start, *grantedAt, *expires)
+			c.releaseInBackground(ctx, l)
+		}
+		return settlement{granted: true}, nil
+	}
+	if err := c.observeEpoch(o.key, *token); err != nil {
+		return settlement{granted: true}, nil
+	}
+	return settlement{granted: true, l: c.newLease(o.key, o.holder, *token, o.ttl, o.margin, o.start, *grantedAt, *expires)}, nil
+}
+
+// adoptOrRelease gives l, a lost grant reply's lease that its caller no
+// longer waits for, to an Acquire of the same key waiting in this client, or
+// else releases it.
+func (c *Client) adoptOrRelease(ctx context.Context, l *Lease) {
+	taken := false
+	c.mu.Lock()
+	c.pollers(l.key, func(w *waiter) {
+		if !taken {
+			select {
+			case w.orphan <- l:
+				taken = true
+			default:
+			}
+		}
+	})
+	c.mu.Unlock()
+	if !taken {
+		c.releaseInBackground(ctx, l)
+	}
+}
+
+// releaseInBackground releases l, bounded by Config.ResolveTimeout.
+func (c *Client) releaseInBackground(ctx context.Context, l *Lease) {
+	c.background(func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ResolveTimeout)
+		defer cancel()
+		_ = l.Release(rctx)
+	})
 }
 
 // sendGrant runs one grant attempt (pgfence.try_acquire) and scans its row
@@ -154,44 +269,6 @@ func (c *Client) sendGrant(ctx context.Context, conn *pgxpool.Conn, key, holder 
 	}
 	c.tel.attempted(ctx, err, *acquired, takenOver)
 	return err
-}
-
-// readBackGrant is resolveGrant's background part, bounded by
-// Config.ResolveTimeout.
-func (c *Client) readBackGrant(ctx context.Context, key, holder string, pid uint32, ttl, margin time.Duration, start time.Time, cause error) (*Lease, error) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ResolveTimeout)
-	defer cancel()
-	var (
-		token              int64
-		granted, expiresAt time.Time
-		live, gone         bool
-		err                error
-	)
-	for attempt := 0; ; attempt++ {
-		err = c.pool.QueryRow(rctx, sqlSettleBackend, pid).Scan(&gone)
-		if err == nil && !gone {
-			err = errBackendRunning
-		}
-		if err == nil {
-			err = c.pool.QueryRow(rctx, sqlReadBack, key, holder).Scan(&token, &granted, &expiresAt, &live)
-			if err == nil || errors.Is(err, pgx.ErrNoRows) {
-				break
-			}
-		}
-		if rctx.Err() != nil || !sleepCtx(rctx, fullJitter(c.cfg.BackoffMin<<min(attempt, 6))) {
-			break
-		}
-	}
-	switch {
-	case errors.Is(err, pgx.ErrNoRows) || (err == nil && !live):
-		return nil, fmt.Errorf("leases: acquire %q: the reply was lost and no live grant to holder %s was found: %w: %w", key, holder, ErrUnavailable, cause)
-	case err != nil:
-		return nil, fmt.Errorf("leases: acquire %q: the reply was lost and the grant to holder %s could not be read back (%v): %w", key, holder, err, classify(cause))
-	}
-	if err := c.observeEpoch(key, token); err != nil {
-		return nil, err
-	}
-	return c.newLease(key, holder, token, ttl, margin, start, granted, expiresAt), nil
 }
 
 // newHolderID returns a random (version 4) UUID in its text form.

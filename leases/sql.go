@@ -21,18 +21,13 @@ const (
 
 	sqlForceRelease = `SELECT released, holder::text, token, was_live FROM pgfence.force_release($1, $2)`
 
-	// sqlReadBack resolves a grant whose reply was lost: the holder id is fresh
-	// per attempt, so a row carrying it is this attempt's committed grant.
-	sqlReadBack = `SELECT token, granted_at, expires_at, (released_at IS NULL AND expires_at > clock_timestamp())
-  FROM pgfence.leases WHERE key = $1 AND holder = $2::uuid`
-
-	// sqlSettleBackend stops the backend (of this database and role) that ran a
-	// grant whose reply was lost, and waits up to 2s for it to exit, so that its
-	// outcome is settled before the read-back: until it exits it may still
-	// commit. It is true when the backend is gone.
-	sqlSettleBackend = `SELECT coalesce(bool_and(pg_terminate_backend(pid, 2000)), true)
-  FROM pg_stat_activity
- WHERE pid = $1 AND datname = current_database() AND usename = current_user AND backend_type = 'client backend'`
+	// sqlAbandonGrant and sqlGrantProbe settle a grant attempt whose reply was
+	// lost, in two transactions: the first commits that the attempt is
+	// abandoned (it is refused if it still arrives), the second waits for
+	// any transaction holding the key's row and reads whether the attempt's
+	// holder got the lease.
+	sqlAbandonGrant = `SELECT pgfence.abandon_grant($1, $2::uuid)`
+	sqlGrantProbe   = `SELECT granted, token, granted_at, expires_at, live FROM pgfence.grant_probe($1, $2::uuid)`
 
 	sqlStatusColumns = `SELECT key, holder::text, token, granted_at, renewed_at, expires_at, released_at,
        holder_info, live, (extract(epoch FROM remaining) * 1000000)::bigint, coalesce(client_version, '')

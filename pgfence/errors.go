@@ -30,6 +30,12 @@ var (
 	// ErrFloorLowered: [RaiseTokenFloor] was asked to lower the token floor
 	// (SQLSTATE PF009). Nothing changed.
 	ErrFloorLowered = errors.New("pgfence: the token floor may only be raised")
+	// ErrTokenNotIssued: a fenced write presented a token that the lease
+	// named by its resource has not issued (SQLSTATE PF012): a token of
+	// another key's lease, or of a grant that has not committed, rolled back
+	// or was lost in a failover. The write did not happen. Errors that match
+	// it are *[TokenNotIssuedError] values.
+	ErrTokenNotIssued = errors.New("pgfence: token not issued for this resource")
 	// ErrNotFound: the row or resource does not exist.
 	ErrNotFound = errors.New("pgfence: not found")
 )
@@ -56,6 +62,9 @@ var (
 	ErrIdleInTransactionTimeout = pgerr.ErrIdleInTransactionTimeout
 	// ErrInvalid: an argument was rejected (SQLSTATE PF008 or a Go-side check).
 	ErrInvalid = pgerr.ErrInvalid
+	// ErrAbandoned: the write arrived after [Resolve] had given it up (SQLSTATE
+	// PF013): the server refused it, so Resolve's NotApplied stays true.
+	ErrAbandoned = pgerr.ErrAbandoned
 )
 
 // StaleTokenError is the rejection of a write whose token is older than the
@@ -80,6 +89,35 @@ func (e *StaleTokenError) Is(target error) bool { return target == ErrStaleToken
 
 // Unwrap returns the underlying database error (*pgconn.PgError), if any.
 func (e *StaleTokenError) Unwrap() error { return e.err }
+
+// TokenNotIssuedError is the rejection of a fenced write whose token the
+// resource's lease has not issued. errors.Is(err, [ErrTokenNotIssued]) is
+// true.
+type TokenNotIssuedError struct {
+	// Resource is the fenced resource, and the key of the lease that must
+	// have issued the token.
+	Resource string
+	// Presented is the writer's token.
+	Presented int64
+	// Issued is the newest token the lease has issued (0: the key was never
+	// granted).
+	Issued int64
+
+	err error
+}
+
+func (e *TokenNotIssuedError) Error() string {
+	if e.Issued == 0 {
+		return fmt.Sprintf("pgfence: token %d was not issued for resource %q: no lease of that key was ever granted (fence a resource with a token of the lease whose key is the resource)", e.Presented, e.Resource)
+	}
+	return fmt.Sprintf("pgfence: token %d was not issued for resource %q: its lease has issued tokens up to %d", e.Presented, e.Resource, e.Issued)
+}
+
+// Is reports whether target is [ErrTokenNotIssued].
+func (e *TokenNotIssuedError) Is(target error) bool { return target == ErrTokenNotIssued }
+
+// Unwrap returns the underlying database error.
+func (e *TokenNotIssuedError) Unwrap() error { return e.err }
 
 // LeaseNotHeldError is the rejection of a lease-checked write.
 // errors.Is(err, [ErrLeaseNotHeld]) is true.
@@ -130,7 +168,8 @@ func (e *OutcomeUnknownError) Unwrap() error { return e.err }
 // MapError converts an error from a statement the caller ran itself (for
 // example a plain UPDATE of a protected table, or SELECT pgfence.fence(...)) into
 // this package's errors: PF001 becomes a *[StaleTokenError], PF002 a
-// *[LeaseNotHeldError], PF006 [ErrUnfencedWrite], PF009 [ErrFloorLowered], and
+// *[LeaseNotHeldError], PF012 a *[TokenNotIssuedError], PF006
+// [ErrUnfencedWrite], PF009 [ErrFloorLowered], PF013 [ErrAbandoned], and
 // the rest is classified like the helpers' own errors, with the original
 // error kept in the chain; nil stays nil. It does not guess: a connection
 // lost before the statement was sent is [ErrUnavailable], one lost after it
@@ -169,6 +208,12 @@ func mapError(err error, sent bool) error {
 			d := details(pgErr.Detail)
 			e := &LeaseNotHeldError{Key: d["key"], Reason: d["reason"], err: err}
 			e.Current, _ = strconv.ParseInt(d["token"], 10, 64)
+			return e
+		case pgerr.CodeTokenNotIssued:
+			d := details(pgErr.Detail)
+			e := &TokenNotIssuedError{Resource: d["resource"], err: err}
+			e.Issued, _ = strconv.ParseInt(d["issued"], 10, 64)
+			e.Presented, _ = strconv.ParseInt(d["presented"], 10, 64)
 			return e
 		case pgerr.CodeUnfencedWrite:
 			return fmt.Errorf("%w: %w", ErrUnfencedWrite, err)
@@ -209,10 +254,11 @@ func mapFnError(tx pgx.Tx, err error) error {
 // helper's, or MapError's): mapping it again must not change it.
 func mapped(err error) bool {
 	var (
-		stale *StaleTokenError
-		lost  *LeaseNotHeldError
+		stale     *StaleTokenError
+		lost      *LeaseNotHeldError
+		notIssued *TokenNotIssuedError
 	)
-	return errors.As(err, &stale) || errors.As(err, &lost) || errors.Is(err, ErrUnfencedWrite) ||
+	return errors.As(err, &stale) || errors.As(err, &lost) || errors.As(err, &notIssued) || errors.Is(err, ErrUnfencedWrite) ||
 		errors.Is(err, ErrFloorLowered) || pgerr.Classified(err)
 }
 

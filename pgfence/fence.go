@@ -52,6 +52,10 @@ const (
 	// role needs no write privilege on pgfence.fences). writes = 0 means no
 	// token was ever accepted.
 	sqlProbe = `SELECT token, writes, op FROM pgfence.fence_probe($1)`
+	// sqlAbandon gives up a write whose outcome is unknown, by its
+	// operation id: from its commit on, pgfence.fence() refuses the write if
+	// it still arrives (PF013), so a NotApplied answered after it is final.
+	sqlAbandon = `SELECT pgfence.abandon_fence($1, $2)`
 )
 
 // OpID identifies one fenced write. It is stored with the accepted token so
@@ -382,16 +386,20 @@ func (o Outcome) String() string {
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
 
-// Resolve tells whether the write behind an *[OutcomeUnknownError] committed.
-// It waits for a transaction still holding the resource's fence row to end,
-// then compares the accepted token and operation id with the write's. It
-// changes nothing.
+// Resolve tells whether the write behind an *[OutcomeUnknownError] committed,
+// and makes the answer final. It runs two statements, each in a transaction
+// of its own: pgfence.abandon_fence commits that the write's operation is
+// given up, so that from then on the server refuses it if it still arrives
+// (held in the network, queued in a pooler, waiting for the fence row lock);
+// then pgfence.fence_probe waits for any transaction still holding the
+// resource's fence row and compares the accepted token and operation id with
+// the write's. [NotApplied] therefore stays true: the write can no longer
+// commit, and retrying it (with a token that is still current) applies it
+// once. Apart from the abandonment record, Resolve changes nothing.
 //
-// It answers from what has committed: a write still queued for the fence
-// row lock, in a session the server has not yet noticed is gone, may commit
-// after Resolve said [NotApplied]. Resolve once that session has ended;
-// lock_timeout, tcp_keepalives_* and client_connection_check_interval bound
-// how long it can linger.
+// db must be a pool or a connection, not a [pgx.Tx]: inside a caller's
+// transaction the abandonment would not be committed before the probe, and
+// the answer could not be final ([ErrInvalid]).
 func Resolve(ctx context.Context, db DB, e *OutcomeUnknownError) (Outcome, error) {
 	if err := checkDB(db); err != nil {
 		return 0, err
@@ -399,17 +407,22 @@ func Resolve(ctx context.Context, db DB, e *OutcomeUnknownError) (Outcome, error
 	if e == nil {
 		return 0, fmt.Errorf("%w: nil *OutcomeUnknownError", ErrInvalid)
 	}
+	if !ownCommit(db) {
+		return 0, fmt.Errorf("%w: Resolve needs a pool or a connection, not a transaction: its abandonment must commit before it probes", ErrInvalid)
+	}
 	if err := validate(e.Resource, e.Token); err != nil {
 		return 0, err
 	}
-	tx, err := db.Begin(ctx)
-	if err != nil {
+	if e.Op == (OpID{}) {
+		return 0, fmt.Errorf("%w: the write has no operation id", ErrInvalid)
+	}
+	var abandoned bool
+	if err := db.QueryRow(ctx, sqlAbandon, e.Resource, e.Op).Scan(&abandoned); err != nil {
 		return 0, mapError(err, false)
 	}
 	var token, writes int64
 	var op *[16]byte
-	err = tx.QueryRow(ctx, sqlProbe, e.Resource).Scan(&token, &writes, &op)
-	if err = rollback(ctx, tx, err); err != nil {
+	if err := db.QueryRow(ctx, sqlProbe, e.Resource).Scan(&token, &writes, &op); err != nil {
 		return 0, mapError(err, false)
 	}
 	switch {

@@ -14,6 +14,7 @@ import (
 func TestFenceSQL(t *testing.T) {
 	ctx := testContext(t)
 	pool := pgfencetest.NewPool(t)
+	issue(t, pool, "r")
 	var got int64
 	if err := pool.QueryRow(ctx, `SELECT pgfence.fence('r', 5)`).Scan(&got); err != nil || got != 5 {
 		t.Fatalf("first fence: %d, %v", got, err)
@@ -64,6 +65,7 @@ func TestFenceSQL(t *testing.T) {
 func TestFenceRollback(t *testing.T) {
 	ctx := testContext(t)
 	pool := pgfencetest.NewPool(t)
+	issue(t, pool, "r")
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -82,6 +84,7 @@ func setupKV(t testing.TB, db execer) {
 	t.Helper()
 	mustExec(t, db, `CREATE TABLE kv (k text PRIMARY KEY, v text NOT NULL, token bigint NOT NULL)`)
 	mustExec(t, db, `INSERT INTO kv VALUES ('a', 'init', 0)`)
+	issue(t, db, "kv:a")
 }
 
 func TestWrite(t *testing.T) {

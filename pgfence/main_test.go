@@ -76,3 +76,18 @@ type leaseRow struct {
 }
 
 func (l leaseRow) lease() pgfence.Lease { return pgfence.LeaseOf(l.Key, l.Holder, l.Token) }
+
+// madeUp is the highest made-up token a test uses on a resource whose lease
+// it lets issue tokens with issue: below the first token any grant draws
+// (timeline 1 << 40, + 1), so real grants of the same key are unaffected.
+const madeUp = 1<<40 - 1
+
+// issue lets tests fence resources with made-up tokens up to madeUp: it
+// records in pgfence.leases, as their grants would, that their leases issued
+// them.
+func issue(t testing.TB, db pgfencetest.Execer, resources ...string) {
+	t.Helper()
+	for _, r := range resources {
+		pgfencetest.IssueToken(t, db, r, madeUp)
+	}
+}

@@ -30,7 +30,7 @@ func TestMapErrorIdempotent(t *testing.T) {
 		t.Fatalf("Exec on a dead server: %v, want ErrUnavailable", unavailable)
 	}
 	pool := pgfencetest.NewPool(t)
-	pgfencetest.IssueToken(t, pool, "r", 9)
+	issue(t, pool, "r")
 	if _, err := pgfence.ExecToken(ctx, pool, "r", 9, `SELECT 1`); err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestMapErrorIdempotent(t *testing.T) {
 // error or an unknown outcome.
 func TestExecFirstUseContextEnded(t *testing.T) {
 	db := pgfencetest.NewDatabase(t)
-	pgfencetest.IssueToken(t, db.Pool, "r", 1)
+	issue(t, db.Pool, "r")
 	conn, err := pgx.Connect(testContext(t), db.URL)
 	if err != nil {
 		t.Fatal(err)

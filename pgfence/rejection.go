@@ -23,7 +23,7 @@ type Rejection struct {
 	// AcceptedToken is the token that beat it (for a lease: the current
 	// holder's token after a takeover); 0 if unknown.
 	AcceptedToken int64
-	// Reason is "stale_token" or "lease_not_held".
+	// Reason is "stale_token", "lease_not_held" or "token_not_issued".
 	Reason string
 	// LeaseReason is why the lease was not held ("missing", "taken_over",
 	// "released", "expired"), empty for a stale token.
@@ -106,8 +106,9 @@ func Rejections(ctx context.Context, db DB, resource string, limit int) ([]Rejec
 // rejectionOf returns the audit row of err when it is a rejection, or false.
 func rejectionOf(err error, w *write) (Rejection, bool) {
 	var (
-		stale *StaleTokenError
-		lost  *LeaseNotHeldError
+		stale     *StaleTokenError
+		lost      *LeaseNotHeldError
+		notIssued *TokenNotIssuedError
 	)
 	r := Rejection{Resource: w.resource, PresentedToken: w.token, Operation: w.op, Op: w.id}
 	switch {
@@ -124,6 +125,9 @@ func rejectionOf(err error, w *write) (Rejection, bool) {
 		r.Reason = outcomeLeaseNotHeld
 		r.LeaseReason = lost.Reason
 		r.AcceptedToken = lost.Current
+	case errors.As(err, &notIssued):
+		r.Reason = outcomeNotIssued
+		r.AcceptedToken = notIssued.Issued
 	default:
 		return Rejection{}, false
 	}

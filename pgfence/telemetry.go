@@ -32,6 +32,7 @@ const (
 	outcomeAccepted     = "accepted"
 	outcomeStaleToken   = "stale_token"
 	outcomeLeaseNotHeld = "lease_not_held"
+	outcomeNotIssued    = "token_not_issued"
 	outcomeUnfenced     = "unfenced"
 	outcomeUnknown      = "unknown"
 	outcomeError        = "error"
@@ -60,7 +61,7 @@ var (
 func init() {
 	for _, op := range []string{opWrite, opExec, opWriteLeased, opExecLeased, opUpdateRow} {
 		spanNames[op] = "pgfence.fence." + op
-		for _, outcome := range []string{outcomeAccepted, outcomeStaleToken, outcomeLeaseNotHeld, outcomeUnfenced, outcomeUnknown, outcomeError} {
+		for _, outcome := range []string{outcomeAccepted, outcomeStaleToken, outcomeLeaseNotHeld, outcomeNotIssued, outcomeUnfenced, outcomeUnknown, outcomeError} {
 			outcomeSets[[2]string{op, outcome}] = attribute.NewSet(telemetry.Operation.String(op), telemetry.Outcome.String(outcome))
 		}
 	}
@@ -79,7 +80,7 @@ func newInstruments(mp metric.MeterProvider, tp trace.TracerProvider) *instrumen
 	return &instruments{
 		tracer: tp.Tracer(InstrumentationName),
 		writes: telemetry.Counter(m, "pgfence.fence.writes", "{write}",
-			"Fenced and lease-checked writes by pgfence.operation and outcome: accepted, stale_token, lease_not_held, unfenced, unknown, error.", report),
+			"Fenced and lease-checked writes by pgfence.operation and outcome: accepted, stale_token, lease_not_held, token_not_issued, unfenced, unknown, error.", report),
 		duration: telemetry.Seconds(m, "pgfence.fence.duration",
 			"Duration of fenced and lease-checked writes, by pgfence.operation and outcome.", report),
 	}
@@ -164,7 +165,7 @@ func (t *instruments) start(ctx context.Context, log *slog.Logger, w *write) (co
 			if log.Enabled(ctx, slog.LevelDebug) {
 				log.DebugContext(ctx, "pgfence: write accepted", w.logAttrs(ctx)...)
 			}
-		case outcomeStaleToken, outcomeLeaseNotHeld, outcomeUnfenced:
+		case outcomeStaleToken, outcomeLeaseNotHeld, outcomeNotIssued, outcomeUnfenced:
 			la := append(w.logAttrs(ctx), "pgfence.outcome", outcome)
 			r, rejected = rejectionOf(err, w)
 			if rejected {
@@ -207,6 +208,8 @@ func writeOutcome(err error, span trace.Span) string {
 		return outcomeStaleToken
 	case errors.Is(err, ErrLeaseNotHeld):
 		return outcomeLeaseNotHeld
+	case errors.Is(err, ErrTokenNotIssued):
+		return outcomeNotIssued
 	case errors.Is(err, ErrUnfencedWrite):
 		return outcomeUnfenced
 	case errors.Is(err, ErrOutcomeUnknown):

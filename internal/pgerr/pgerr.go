@@ -32,6 +32,8 @@ const (
 	CodeFloorNotRaised = "PF009" // the token floor may only be raised
 	CodeIsolation      = "PF010" // the transaction is not READ COMMITTED (raised before any write)
 	CodeGrantsPaused   = "PF011" // new grants for the key's prefix are paused (pgfence.pause_grants)
+	CodeTokenNotIssued = "PF012" // the resource's lease has not issued the presented token
+	CodeAbandoned      = "PF013" // the request was abandoned by its client after its reply was lost
 )
 
 // PostgreSQL SQLSTATEs pgfence reacts to.
@@ -77,6 +79,10 @@ var (
 	// (pgfence.pause_grants); nothing was granted. Current holders are not
 	// affected.
 	ErrGrantsPaused = errors.New("pgfence: new grants are paused for this key")
+	// ErrAbandoned: the request arrived after its client had given it up
+	// (its reply was lost and the client was told it did not happen); the
+	// server refused it, so that answer stays true.
+	ErrAbandoned = errors.New("pgfence: request abandoned by its client")
 )
 
 // Code returns the SQLSTATE of err, or "" when err carries none.
@@ -154,7 +160,7 @@ func (e *schemaError) Unwrap() error { return e.err }
 // classified are the sentinels an error carries once Classify (or a package
 // that builds on it) has classified it.
 var classified = []error{ErrUnavailable, ErrOutcomeUnknown, ErrNotPrimary, ErrIsolation, ErrLockTimeout,
-	ErrStatementTimeout, ErrIdleInTransactionTimeout, ErrInvalid, ErrGrantsPaused}
+	ErrStatementTimeout, ErrIdleInTransactionTimeout, ErrInvalid, ErrGrantsPaused, ErrAbandoned}
 
 // Classified reports whether err already carries one of the shared sentinels.
 func Classified(err error) bool {
@@ -190,6 +196,8 @@ func Classify(err error, sent bool) error {
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	case CodeGrantsPaused:
 		return fmt.Errorf("%w: %w", ErrGrantsPaused, err)
+	case CodeAbandoned:
+		return fmt.Errorf("%w: %w", ErrAbandoned, err)
 	}
 	if pe := PgError(err); pe != nil && !IsConnectionError(err) {
 		if schemaMissing(pe) {

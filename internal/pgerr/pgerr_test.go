@@ -31,6 +31,7 @@ func TestClassifyServerErrors(t *testing.T) {
 		{pgerr.CodeIdleInTxTimeout, pgerr.ErrIdleInTransactionTimeout},
 		{pgerr.CodeInvalid, pgerr.ErrInvalid},
 		{pgerr.CodeGrantsPaused, pgerr.ErrGrantsPaused},
+		{pgerr.CodeAbandoned, pgerr.ErrAbandoned},
 	} {
 		err := pgerr.Classify(fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: tc.code}), true)
 		if !errors.Is(err, tc.want) {
