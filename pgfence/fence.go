@@ -111,8 +111,13 @@ func validate(resource string, token int64) error {
 	if err := validateResource(resource); err != nil {
 		return err
 	}
-	if token <= 0 {
-		return fmt.Errorf("%w: token must be positive, got %d", ErrInvalid, token)
+	return validateToken(token)
+}
+
+// validateToken checks a token as the SQL functions do: 1 to MaxToken.
+func validateToken(token int64) error {
+	if token <= 0 || token > MaxToken {
+		return fmt.Errorf("%w: token must be 1 to %d, got %d", ErrInvalid, MaxToken, token)
 	}
 	return nil
 }

@@ -16,6 +16,12 @@ import (
 // grant fail for good.
 const MaxTokenFloor int64 = 1 << 62
 
+// MaxToken is the largest token: [MaxTokenFloor] plus room for 2^61 grants
+// above it. Every function refuses a larger one ([ErrInvalid]; PF008 from
+// SQL): no grant issues it, and a resource fenced with it would be out of
+// every later holder's reach.
+const MaxToken int64 = MaxTokenFloor + 1<<61
+
 // RaiseTokenFloor makes every token issued from now on greater than floor,
 // after the schema was rebuilt or restored from an older backup, so tokens
 // never restart below tokens already stored. It refuses to lower the floor

@@ -62,8 +62,8 @@ func (w *write) validateLease() error {
 	if err := validateName("lease key", w.resource); err != nil {
 		return err
 	}
-	if w.token <= 0 {
-		return fmt.Errorf("%w: lease token must be positive, got %d", ErrInvalid, w.token)
+	if err := validateToken(w.token); err != nil {
+		return err
 	}
 	if !isUUID(w.holder) {
 		return fmt.Errorf("%w: lease holder %q is not a UUID", ErrInvalid, w.holder)

@@ -59,8 +59,8 @@ func updateRow(ctx context.Context, db DB, t Table, id any, token int64, set map
 	if err := t.validate(); err != nil {
 		return err
 	}
-	if token <= 0 {
-		return fmt.Errorf("%w: token must be positive, got %d", ErrInvalid, token)
+	if err := validateToken(token); err != nil {
+		return err
 	}
 	cols := make([]string, 0, len(set))
 	for c := range set {
