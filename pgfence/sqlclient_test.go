@@ -4,7 +4,6 @@ import (
 	"errors"
 	"testing"
 
-
 	"github.com/pgfence/pgfence/internal/testkit/pyclient"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
