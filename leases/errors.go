@@ -46,6 +46,11 @@ var (
 	// once; [Client.Acquire] keeps waiting (as if the key were held) until the
 	// pause is lifted or its deadline passes. It is pgerr's shared sentinel.
 	ErrGrantsPaused = pgerr.ErrGrantsPaused
+	// ErrAbandoned: a grant attempt arrived after its client had given it up
+	// (its reply was lost and the attempt was settled as not granted,
+	// SQLSTATE PF013); the server refused it. Only SQL clients that settle
+	// their own attempts with pgfence.abandon_grant meet it.
+	ErrAbandoned = pgerr.ErrAbandoned
 )
 
 // HeldError is returned by [Client.TryAcquire] (and, wrapped, by

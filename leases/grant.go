@@ -123,6 +123,7 @@ func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lea
 			c.adoptOrRelease(ctx, r.l)
 		}
 	default:
+		c.cfg.Logger.Debug("pgfence lease: a lost grant reply is settled in the background", "key", o.key, "holder", o.holder)
 	}
 	return nil, fmt.Errorf("leases: acquire %q: the reply was lost and the grant to holder %s could not be settled yet (it is settled in the background: a lease it finds goes to a waiting Acquire of this client, or is released): %w: %w",
 		o.key, o.holder, ErrOutcomeUnknown, cause)
