@@ -45,6 +45,12 @@ func (t Table) validate() error {
 // lost after the UPDATE was sent on a pool or connection returns an error
 // wrapping [ErrOutcomeUnknown]: the write may have committed, and the row's
 // fence column tells whether it (or a later write) did.
+//
+// A versioned row is its own guard: the fence column refuses the stale
+// writer. Do not also [Protect] its table: the guard of a protected table
+// admits only writes whose transaction fenced the row's resource, which
+// UpdateRow does not do, so it fails there with an error wrapping
+// [ErrUnfencedWrite] that says so.
 func (f *Fencer) UpdateRow(ctx context.Context, db DB, t Table, id any, token int64, set map[string]any) error {
 	if err := checkDB(db); err != nil {
 		return err
@@ -97,7 +103,12 @@ func updateRow(ctx context.Context, db DB, t Table, id any, token int64, set map
 		if err != nil {
 			// On a pool the UPDATE is its own transaction: lost after
 			// sending, its outcome is unknown (re-read the row).
-			return mapError(err, ownCommit(db))
+			err = mapError(err, ownCommit(db))
+			if errors.Is(err, ErrUnfencedWrite) {
+				return fmt.Errorf("pgfence: UpdateRow: table %s is protected (pgfence.protect), and a versioned row write presents no fence: "+
+					"write it with Write or Exec under the row's lease, or leave a table whose rows carry their own token column unprotected: %w", table, err)
+			}
+			return err
 		}
 		if tag.RowsAffected() > 0 {
 			return nil
