@@ -21,6 +21,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/demo"
 )
 
 // Exit codes, documented in `pgfence help`.
@@ -80,8 +82,8 @@ func run(ctx context.Context, args []string, e *env) int {
 		usage(e.stdout)
 		return exitOK
 	}
-	if args[0] == "demo-worker" { // the demo's worker A, a child process
-		return report(e.stderr, runDemoWorker(ctx, e, args[1:]))
+	if args[0] == demo.WorkerCommand { // the demo's worker A, a child process
+		return report(e.stderr, demo.Worker(ctx, args[1:], os.Stdin, e.stdout, e.getenv))
 	}
 	for _, c := range commands() {
 		if c.name == args[0] {

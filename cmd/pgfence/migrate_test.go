@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/demo"
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
@@ -17,7 +18,7 @@ import (
 func TestMain(m *testing.M) {
 	// The demo starts its worker A as `<own executable> demo-worker`: in tests
 	// that is this test binary.
-	if len(os.Args) > 1 && os.Args[1] == "demo-worker" {
+	if len(os.Args) > 1 && os.Args[1] == demo.WorkerCommand {
 		os.Exit(run(context.Background(), os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}))
 	}
 	pgfencetest.Main(m)
