@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"math"
 	"slices"
@@ -12,85 +13,63 @@ import (
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/bench"
 )
 
-const benchUsage = `bench [--database-url URL] [--duration 3s] [--warmup 1s] [--workers 1,8] [--cases a,b] [--rounds 1] [--peers redis|none] [--json]
-       pgfence bench curves [--database-url URL] [--duration 2s] [--warmup 1s] [--workers 4] [--curves rows,keys,resources,waiters,churn]
-                            [--max-rows 1e5] [--max-keys 1e6] [--max-resources 1e5] [--max-waiters 64] [--cycles 20000] [--json]`
-
-func runBench(ctx context.Context, e *env, args []string) error {
-	if len(args) > 0 && args[0] == "curves" {
-		return runBenchCurves(ctx, e, args[1:])
-	}
-	fs := newFlags(e, "bench", benchUsage)
-	var db dbFlags
-	db.register(fs)
+func benchCompare(fs *flag.FlagSet) runFunc {
 	duration := fs.Duration("duration", 3*time.Second, "how long each case runs at each concurrency")
 	warmup := fs.Duration("warmup", time.Second, "how long each case runs before its clock starts, outcomes discarded (0 to 10m)")
 	workersFlag := fs.String("workers", "1,8", "comma-separated concurrency levels (hot-key: the number of waiters)")
 	casesFlag := fs.String("cases", "", "comma-separated case names (default: all)")
 	peersFlag := fs.String("peers", "redis", "peers measured in the same run: redis (a local redis-server through redsync, durable and in memory) or none")
 	rounds := fs.Int("rounds", 1, "run every case this many times, interleaved, and report each one's median run by ops/s (1 to 20)")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := parse(fs, interspersed(fs, args)); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usageError("bench takes no arguments (or the subcommand curves), got %q", fs.Args())
-	}
-	if *rounds < 1 || *rounds > 20 {
-		return usageError("--rounds must be between 1 and 20, got %d", *rounds)
-	}
-	timing, err := benchTiming(*duration, *warmup)
-	if err != nil {
-		return err
-	}
-	workers, err := parseWorkers(*workersFlag)
-	if err != nil {
-		return err
-	}
-	var withRedis bool
-	switch *peersFlag {
-	case "redis":
-		withRedis = true
-	case "none", "":
-	default:
-		return usageError("--peers: %q is not redis or none", *peersFlag)
-	}
-	all := bench.Cases()
-	cases := slices.DeleteFunc(slices.Clone(all), func(c *bench.Case) bool { return c.Peer() && !withRedis })
-	if *casesFlag != "" {
-		cases = nil
-		for _, name := range strings.Split(*casesFlag, ",") {
-			i := slices.IndexFunc(all, func(c *bench.Case) bool { return c.Name == strings.TrimSpace(name) })
-			if i < 0 {
-				var names []string
-				for _, c := range all {
-					names = append(names, c.Name)
-				}
-				return usageError("--cases: unknown case %q (have %s)", name, strings.Join(names, ", "))
-			}
-			cases = append(cases, all[i])
+	return func(ctx context.Context, in *input) error {
+		if *rounds < 1 || *rounds > 20 {
+			return usageError("--rounds must be between 1 and 20, got %d", *rounds)
 		}
+		timing, err := benchTiming(*duration, *warmup)
+		if err != nil {
+			return err
+		}
+		workers, err := parseWorkers(*workersFlag)
+		if err != nil {
+			return err
+		}
+		var withRedis bool
+		switch *peersFlag {
+		case "redis":
+			withRedis = true
+		case "none", "":
+		default:
+			return usageError("--peers: %q is not redis or none", *peersFlag)
+		}
+		all := bench.Cases()
+		cases := slices.DeleteFunc(slices.Clone(all), func(c *bench.Case) bool { return c.Peer() && !withRedis })
+		if *casesFlag != "" {
+			cases = nil
+			for _, name := range strings.Split(*casesFlag, ",") {
+				i := slices.IndexFunc(all, func(c *bench.Case) bool { return c.Name == strings.TrimSpace(name) })
+				if i < 0 {
+					var names []string
+					for _, c := range all {
+						names = append(names, c.Name)
+					}
+					return usageError("--cases: unknown case %q (have %s)", name, strings.Join(names, ", "))
+				}
+				cases = append(cases, all[i])
+			}
+		}
+		lab, err := openLab(ctx, in, slices.Max(workers))
+		if err != nil {
+			return err
+		}
+		defer lab.Close()
+		rep, err := lab.Compare(ctx, bench.CompareOptions{Cases: cases, Workers: workers, Rounds: *rounds, Timing: timing, Getenv: in.getenv})
+		if err != nil {
+			return err
+		}
+		return in.print(rep.JSON(), rep.WriteText)
 	}
-	lab, err := openLab(ctx, e, &db, slices.Max(workers))
-	if err != nil {
-		return err
-	}
-	defer lab.Close()
-	rep, err := lab.Compare(ctx, bench.CompareOptions{Cases: cases, Workers: workers, Rounds: *rounds, Timing: timing, Getenv: e.getenv})
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return writeJSON(e, rep.JSON())
-	}
-	rep.WriteText(e.stdout)
-	return nil
 }
 
-func runBenchCurves(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench curves", benchUsage)
-	var db dbFlags
-	db.register(fs)
+func benchCurves(fs *flag.FlagSet) runFunc {
 	duration := fs.Duration("duration", 2*time.Second, "how long each point is measured")
 	warmup := fs.Duration("warmup", time.Second, "how long each point runs before its clock starts, outcomes discarded (0 to 10m)")
 	workers := fs.Int("workers", 4, "concurrent workers at each point (the hot-key curve varies its waiters instead)")
@@ -101,78 +80,69 @@ func runBenchCurves(ctx context.Context, e *env, args []string) error {
 	fs.Var(&maxWaiters, "max-waiters", "hot key with 1, 4, 16 … this many waiters (256: opt-in)")
 	fs.Var(&cycles, "cycles", "acquire/release cycles of the churn measurement (10^6: opt-in, many minutes with fsync on)")
 	only := fs.String("curves", "", "comma-separated subset of "+strings.Join(bench.CurveNames(), ", ")+" (default: all)")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := parse(fs, interspersed(fs, args)); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usageError("bench curves takes no arguments, got %q", fs.Args())
-	}
-	timing, err := benchTiming(*duration, *warmup)
-	if err != nil {
-		return err
-	}
-	if *workers < 1 || *workers > 256 {
-		return usageError("--workers: %d is not from 1 to 256", *workers)
-	}
-	if maxWaiters < 1 || maxWaiters > 256 {
-		return usageError("--max-waiters: %d is not from 1 to 256", maxWaiters)
-	}
-	// Each curve starts at its smallest size; a maximum below it would
-	// measure nothing and still report success.
-	for _, f := range []struct {
-		name     string
-		got, min countFlag
-	}{{"max-rows", maxRows, 1000}, {"max-keys", maxKeys, 10_000}, {"max-resources", maxResources, 1}, {"cycles", cycles, 1}} {
-		if f.got < f.min {
-			return usageError("--%s: %d is below the curve's first point, %d", f.name, f.got, f.min)
+	return func(ctx context.Context, in *input) error {
+		timing, err := benchTiming(*duration, *warmup)
+		if err != nil {
+			return err
 		}
-	}
-	var curves []string
-	if *only != "" {
-		for _, c := range strings.Split(*only, ",") {
-			c = strings.TrimSpace(c)
-			if !slices.Contains(bench.CurveNames(), c) {
-				return usageError("--curves: unknown curve %q (have %s)", c, strings.Join(bench.CurveNames(), ", "))
+		if *workers < 1 || *workers > 256 {
+			return usageError("--workers: %d is not from 1 to 256", *workers)
+		}
+		if maxWaiters < 1 || maxWaiters > 256 {
+			return usageError("--max-waiters: %d is not from 1 to 256", maxWaiters)
+		}
+		// Each curve starts at its smallest size; a maximum below it would
+		// measure nothing and still report success.
+		for _, f := range []struct {
+			name     string
+			got, min countFlag
+		}{{"max-rows", maxRows, 1000}, {"max-keys", maxKeys, 10_000}, {"max-resources", maxResources, 1}, {"cycles", cycles, 1}} {
+			if f.got < f.min {
+				return usageError("--%s: %d is below the curve's first point, %d", f.name, f.got, f.min)
 			}
-			curves = append(curves, c)
 		}
+		var curves []string
+		if *only != "" {
+			for _, c := range strings.Split(*only, ",") {
+				c = strings.TrimSpace(c)
+				if !slices.Contains(bench.CurveNames(), c) {
+					return usageError("--curves: unknown curve %q (have %s)", c, strings.Join(bench.CurveNames(), ", "))
+				}
+				curves = append(curves, c)
+			}
+		}
+		lab, err := openLab(ctx, in, max(*workers, int(maxWaiters)))
+		if err != nil {
+			return err
+		}
+		defer lab.Close()
+		rep, err := lab.Curves(ctx, bench.CurvesOptions{Curves: curves, Timing: timing, Workers: *workers,
+			MaxRows: int64(maxRows), MaxKeys: int64(maxKeys), MaxResources: int64(maxResources), MaxWaiters: int64(maxWaiters), Cycles: int64(cycles)})
+		if err != nil {
+			return err
+		}
+		return in.print(rep.JSON(), rep.WriteText)
 	}
-	lab, err := openLab(ctx, e, &db, max(*workers, int(maxWaiters)))
-	if err != nil {
-		return err
-	}
-	defer lab.Close()
-	rep, err := lab.Curves(ctx, bench.CurvesOptions{Curves: curves, Timing: timing, Workers: *workers,
-		MaxRows: int64(maxRows), MaxKeys: int64(maxKeys), MaxResources: int64(maxResources), MaxWaiters: int64(maxWaiters), Cycles: int64(cycles)})
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return writeJSON(e, rep.JSON())
-	}
-	rep.WriteText(e.stdout)
-	return nil
 }
 
 // openLab opens the bench's database: the one of --database-url or
 // DATABASE_URL, checked like every command's first, or a throwaway local
 // cluster.
-func openLab(ctx context.Context, e *env, db *dbFlags, maxWorkers int) (*bench.Lab, error) {
-	url := db.url
+func openLab(ctx context.Context, in *input, maxWorkers int) (*bench.Lab, error) {
+	url := in.db.url
 	if url == "" {
-		url = e.getenv("DATABASE_URL")
+		url = in.getenv("DATABASE_URL")
 	}
 	if url != "" {
 		// Every command's check first: a bad or unreachable URL is explained
 		// as everywhere else, within --connect-timeout.
-		pool, err := db.connect(ctx, e)
+		pool, err := in.connect(ctx)
 		if err != nil {
 			return nil, err
 		}
 		pool.Close()
 	}
-	lab, err := bench.Open(ctx, url, maxWorkers, e.stderr)
+	lab, err := bench.Open(ctx, url, maxWorkers, in.stderr)
 	if err != nil {
 		return nil, &cliError{msg: redact(err.Error()), hint: "omit --database-url to use a throwaway local PostgreSQL, or pass a reachable URL", code: exitUnavailable, err: err}
 	}

@@ -32,7 +32,7 @@ func TestBench(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
 	environ := map[string]string{"DATABASE_URL": db.URL}
-	code, out, errOut := cli(t, environ, "bench", "--duration", "100ms", "--warmup", "50ms", "--workers", "2", "--peers", "none", "--json")
+	code, out, errOut := cli(t, environ, "bench", "compare", "--duration", "100ms", "--warmup", "50ms", "--workers", "2", "--peers", "none", "--json")
 	if code != exitOK {
 		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
 	}
@@ -83,7 +83,7 @@ func TestBench(t *testing.T) {
 		t.Errorf("comparisons %q, settings %q", res.Comparisons, res.Settings)
 	}
 
-	code, out, errOut = cli(t, environ, "bench", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,leases")
+	code, out, errOut = cli(t, environ, "bench", "compare", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,leases")
 	if code != exitOK {
 		t.Fatalf("bench text: code %d\n%s%s", code, out, errOut)
 	}
@@ -94,13 +94,13 @@ func TestBench(t *testing.T) {
 	}
 
 	for _, args := range [][]string{
-		{"bench", "--cases", "nope"},
-		{"bench", "--peers", "etcd"},
-		{"bench", "--workers", "0"},
-		{"bench", "--rounds", "0"},
-		{"bench", "--rounds", "21"},
-		{"bench", "--warmup", "-1s"},
-		{"bench", "--warmup", "11m"},
+		{"bench", "compare", "--cases", "nope"},
+		{"bench", "compare", "--peers", "etcd"},
+		{"bench", "compare", "--workers", "0"},
+		{"bench", "compare", "--rounds", "0"},
+		{"bench", "compare", "--rounds", "21"},
+		{"bench", "compare", "--warmup", "-1s"},
+		{"bench", "compare", "--warmup", "11m"},
 		{"bench", "curves", "--warmup", "-1s"},
 		{"bench", "curves", "--curves", "nope"},
 		{"bench", "curves", "--max-rows", "lots"},
@@ -108,8 +108,8 @@ func TestBench(t *testing.T) {
 		{"bench", "curves", "--max-keys", "0"},
 		{"bench", "curves", "--max-resources", "0"},
 		{"bench", "curves", "--cycles", "0"},
-		{"bench", "--database-url", "postgres://app@127.0.0.1:notaport/x"},
-		{"bench", "--database-url", "postgres://app@127.0.0.1/x", "--connect-timeout", "0s"},
+		{"bench", "compare", "--database-url", "postgres://app@127.0.0.1:notaport/x"},
+		{"bench", "compare", "--database-url", "postgres://app@127.0.0.1/x", "--connect-timeout", "0s"},
 	} {
 		if code, _, errOut := cli(t, environ, args...); code != exitUsage {
 			t.Errorf("%q: code %d, want usage error\n%s", args, code, errOut)
@@ -117,7 +117,7 @@ func TestBench(t *testing.T) {
 	}
 	// An unreachable server is explained as by every command (and within
 	// --connect-timeout, which bench used to ignore).
-	for _, args := range [][]string{{"bench"}, {"bench", "curves"}} {
+	for _, args := range [][]string{{"bench", "compare"}, {"bench", "curves"}} {
 		args = append(args, "--database-url", "postgres://app@127.0.0.1:1/x", "--connect-timeout", "2s")
 		if code, _, errOut := cli(t, nil, args...); code != exitUnavailable || !strings.Contains(errOut, "cannot reach the database at 127.0.0.1:1") {
 			t.Errorf("%q: code %d, want unreachable\n%s", args, code, errOut)
@@ -131,7 +131,7 @@ func TestBenchRounds(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
 	code, out, errOut := cli(t, map[string]string{"DATABASE_URL": db.URL},
-		"bench", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,replay", "--rounds", "3", "--peers", "none", "--json")
+		"bench", "compare", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,replay", "--rounds", "3", "--peers", "none", "--json")
 	if code != exitOK {
 		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
 	}
@@ -156,7 +156,7 @@ func TestBenchPeerMissing(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
 	environ := map[string]string{"DATABASE_URL": db.URL, bench.PeerEnv: filepath.Join(t.TempDir(), "no-such-peer")}
-	code, out, errOut := cli(t, environ, "bench", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,redis-durable,redis-memory", "--json")
+	code, out, errOut := cli(t, environ, "bench", "compare", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,redis-durable,redis-memory", "--json")
 	if code != exitOK {
 		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
 	}
@@ -169,7 +169,7 @@ func TestBenchPeerMissing(t *testing.T) {
 			t.Errorf("peer row %+v, want skipped naming the missing binary", r)
 		}
 	}
-	code, out, _ = cli(t, environ, "bench", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "redis-memory")
+	code, out, _ = cli(t, environ, "bench", "compare", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "redis-memory")
 	if code != exitOK || !strings.Contains(out, "skipped") || !strings.Contains(out, "no-such-peer") {
 		t.Fatalf("text: code %d\n%s", code, out)
 	}
@@ -201,7 +201,7 @@ func TestBenchRedisPeer(t *testing.T) {
 	}
 	db := pgfencetest.NewDatabase(t)
 	environ := map[string]string{"DATABASE_URL": db.URL, bench.PeerEnv: bin}
-	code, out, errOut := cli(t, environ, "bench", "--duration", "100ms", "--warmup", "0s", "--workers", "2", "--cases", "redis-durable,redis-memory,leases", "--json")
+	code, out, errOut := cli(t, environ, "bench", "compare", "--duration", "100ms", "--warmup", "0s", "--workers", "2", "--cases", "redis-durable,redis-memory,leases", "--json")
 	if code != exitOK {
 		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
 	}
