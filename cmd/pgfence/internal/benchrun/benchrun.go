@@ -64,7 +64,7 @@ type Config struct {
 // Result summarizes one case at one concurrency. The statement fields are
 // filled in by the caller, which knows how to count them. Its JSON is how the
 // Redis peer hands a result to the bench (durations in nanoseconds), not what
-// `pgfence bench --json` prints.
+// `pgfence bench compare --json` prints.
 type Result struct {
 	Case    string `json:"case"`
 	Group   string `json:"group,omitempty"`
