@@ -12,7 +12,8 @@ import (
 
 // ResultJSON is one case, or one curve point, at one concurrency.
 type ResultJSON struct {
-	Case       string `json:"case"`
+	// Case names the case; absent in a curve's point, named by its curve.
+	Case       string `json:"case,omitempty"`
 	Group      string `json:"group,omitempty"`
 	What       string `json:"what,omitempty"`
 	Workers    int    `json:"workers"`
@@ -119,7 +120,9 @@ func (r *CurvesReport) JSON() CurvesJSON {
 	out := CurvesJSON{Machine: r.Machine, Settings: r.Settings, DurationMS: r.Timing.Duration.Milliseconds(), WarmupMS: r.Timing.Warmup.Milliseconds(),
 		Workers: r.Workers, Points: make([]PointJSON, 0, len(r.Points)), Comparisons: nonNil(r.Comparisons), FenceRowsKept: r.FenceRowsKept}
 	for _, p := range r.Points {
-		out.Points = append(out.Points, PointJSON{Curve: p.Curve, X: p.X, ResultJSON: resultJSON(p.Result)})
+		r := resultJSON(p.Result)
+		r.Case = ""
+		out.Points = append(out.Points, PointJSON{Curve: p.Curve, X: p.X, ResultJSON: r})
 	}
 	if c := r.Churn; c != nil {
 		out.Churn = &ChurnJSON{Cycles: c.Cycles, Keys: c.Keys, ElapsedMS: c.Elapsed.Milliseconds(), CyclesPerS: c.CyclesPerS,
