@@ -124,143 +124,189 @@ func Run(ctx context.Context, d *pgfencetest.Database, opts Options) (*Report, e
 	return rep, err
 }
 
+// scene is one run of the demo: where it runs, the names it uses, and the
+// report it fills in as it goes.
+type scene struct {
+	db       *pgfencetest.Database
+	ttl      time.Duration
+	progress io.Writer
+	sku, key string // the stock row, and its lease key and fence resource
+	rep      *Report
+}
+
 func run(ctx context.Context, d *pgfencetest.Database, ttl time.Duration, progress io.Writer) (*Report, error) {
-	rep := &Report{Database: "embedded", TTLMS: ttl.Milliseconds()}
+	s := &scene{db: d, ttl: ttl, progress: progress, sku: demoSKU, rep: &Report{Database: "embedded", TTLMS: ttl.Milliseconds()}}
 	if !d.Throwaway() {
 		cfg := d.Pool.Config().ConnConfig
-		rep.Database = fmt.Sprintf("%s:%d/%s", cfg.Host, cfg.Port, cfg.Database)
+		s.rep.Database = fmt.Sprintf("%s:%d/%s", cfg.Host, cfg.Port, cfg.Database)
+		// Accepted tokens, lease rows and idempotency keys outlive the demo's
+		// schema, so on a user's database every run uses a SKU of its own: a
+		// rerun must not meet the tokens and keys of the run before.
+		s.sku = demoSKU + "-" + demoRunID()
 	}
-	pool := d.Pool
-	// Accepted tokens, lease rows and idempotency keys outlive the demo's
-	// schema, so on a user's database every run uses a SKU of its own: a rerun
-	// must not meet the tokens and keys of the run before.
-	sku := demoSKU
-	if !d.Throwaway() {
-		sku = demoSKU + "-" + demoRunID()
+	s.key = demoPrefix + s.sku
+	if err := s.setup(ctx); err != nil {
+		return nil, err
 	}
-	key := demoPrefix + sku // lease key and fence resource
-	dbNow := func() time.Time {
-		var t time.Time
-		if err := pool.QueryRow(context.WithoutCancel(ctx), `SELECT pg_catalog.clock_timestamp()`).Scan(&t); err != nil {
-			return time.Now().UTC()
-		}
-		return t.UTC()
-	}
-	add := func(ev Event) {
-		if ev.At.IsZero() {
-			ev.At = dbNow()
-		}
-		ev.At = ev.At.UTC()
-		rep.Timeline = append(rep.Timeline, ev)
-	}
-	check := func(guarantee string, held bool, format string, args ...any) {
-		rep.Checks = append(rep.Checks, Check{Guarantee: guarantee, Held: held, Detail: fmt.Sprintf(format, args...)})
-	}
-
-	// Set up the business table and close its unchecked doors.
-	if _, err := pool.Exec(ctx, demoSetupSQL); err != nil {
-		return nil, fmt.Errorf("demo setup: %w", err)
-	}
-	if err := pgfence.Protect(ctx, pool, pgx.Identifier{demoSchema, "stock"}, "sku", demoPrefix); err != nil {
-		return nil, fmt.Errorf("demo setup: protect: %w", err)
-	}
-	if _, err := pgfence.ExecToken(ctx, pool, key, 1, `INSERT INTO pgfence_demo.stock VALUES ($1, $2, NULL, 'setup')`, sku, Initial); err != nil {
-		return nil, fmt.Errorf("demo setup: initial stock: %w", err)
-	}
-	fmt.Fprintf(progress, "demo: stock %s = %d; lease TTL %s; worker A is a separate OS process\n", sku, Initial, ttl)
-
 	// Worker A: an OS process that takes the lease, then is frozen.
-	a, err := startWorker(ctx, d.URL, ttl, sku)
+	a, err := startWorker(ctx, d.URL, ttl, s.sku)
 	if err != nil {
 		return nil, err
 	}
 	defer a.kill()
-	got, err := a.next()
-	if err != nil || got.Result != "ok" {
-		return nil, fmt.Errorf("worker A could not take the lease: %v %s", err, got.Detail)
-	}
-	tokenA, holderA := got.Token, got.Holder
-	add(Event{Actor: "A", Action: "acquire lease " + key, Token: tokenA, Holder: holderA, Result: "granted", Detail: "TTL " + ttl.String()})
-
-	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		return nil, fmt.Errorf("freeze worker A: %w", err)
-	}
-	add(Event{Actor: "A", Action: "frozen (SIGSTOP), as by a GC pause or VM migration", Result: "paused"})
-	fmt.Fprintf(progress, "demo: A (token %d) is frozen; B waits for A's lease to expire by the database clock...\n", tokenA)
-
-	// Worker B waits for the lease; the database grants it only after A's
-	// lease expired by the database clock.
-	client, err := leases.New(pool, &leases.Config{HolderInfo: "demo worker B"})
+	client, err := leases.New(d.Pool, &leases.Config{HolderInfo: "demo worker B"})
 	if err != nil {
 		return nil, err
 	}
 	defer client.Close()
-	actx, cancel := context.WithTimeout(ctx, 10*ttl+5*time.Second)
-	lb, err := client.Acquire(actx, key, ttl*5, nil)
+	tokenA, lb, err := s.takeover(ctx, a, client)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.lateWrites(ctx, a, client, tokenA, lb); err != nil {
+		return nil, err
+	}
+	if err := s.duplicateOrder(ctx, lb); err != nil {
+		return nil, err
+	}
+	if err := lb.Release(ctx); err != nil {
+		return nil, fmt.Errorf("worker B's release: %w", err)
+	}
+	s.add(Event{Actor: "B", Action: "release lease", Token: lb.Token(), Result: "released"})
+	if err := s.reconcile(ctx, lb); err != nil {
+		return nil, err
+	}
+	s.rep.OK = true
+	for _, c := range s.rep.Checks {
+		s.rep.OK = s.rep.OK && c.Held
+	}
+	return s.rep, nil
+}
+
+// add appends ev to the timeline, at the database clock's now unless it
+// has a time.
+func (s *scene) add(ev Event) {
+	if ev.At.IsZero() {
+		if err := s.db.Pool.QueryRow(context.Background(), `SELECT pg_catalog.clock_timestamp()`).Scan(&ev.At); err != nil {
+			ev.At = time.Now()
+		}
+	}
+	ev.At = ev.At.UTC()
+	s.rep.Timeline = append(s.rep.Timeline, ev)
+}
+
+// check records whether a guarantee held.
+func (s *scene) check(guarantee string, held bool, format string, args ...any) {
+	s.rep.Checks = append(s.rep.Checks, Check{Guarantee: guarantee, Held: held, Detail: fmt.Sprintf(format, args...)})
+}
+
+// setup creates the business table, closes its unchecked doors and stocks it.
+func (s *scene) setup(ctx context.Context) error {
+	pool := s.db.Pool
+	if _, err := pool.Exec(ctx, demoSetupSQL); err != nil {
+		return fmt.Errorf("demo setup: %w", err)
+	}
+	if err := pgfence.Protect(ctx, pool, pgx.Identifier{demoSchema, "stock"}, "sku", demoPrefix); err != nil {
+		return fmt.Errorf("demo setup: protect: %w", err)
+	}
+	if _, err := pgfence.ExecToken(ctx, pool, s.key, 1, `INSERT INTO pgfence_demo.stock VALUES ($1, $2, NULL, 'setup')`, s.sku, Initial); err != nil {
+		return fmt.Errorf("demo setup: initial stock: %w", err)
+	}
+	fmt.Fprintf(s.progress, "demo: stock %s = %d; lease TTL %s; worker A is a separate OS process\n", s.sku, Initial, s.ttl)
+	return nil
+}
+
+// takeover: A takes the lease and is frozen; B waits for the lease, which
+// the database grants only after A's expired by the database clock, and
+// writes through the fence. It returns A's token and B's lease.
+func (s *scene) takeover(ctx context.Context, a *worker, client *leases.Client) (int64, *leases.Lease, error) {
+	got, err := a.next()
+	if err != nil || got.Result != "ok" {
+		return 0, nil, fmt.Errorf("worker A could not take the lease: %v %s", err, got.Detail)
+	}
+	tokenA := got.Token
+	s.add(Event{Actor: "A", Action: "acquire lease " + s.key, Token: tokenA, Holder: got.Holder, Result: "granted", Detail: "TTL " + s.ttl.String()})
+	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return 0, nil, fmt.Errorf("freeze worker A: %w", err)
+	}
+	s.add(Event{Actor: "A", Action: "frozen (SIGSTOP), as by a GC pause or VM migration", Result: "paused"})
+	fmt.Fprintf(s.progress, "demo: A (token %d) is frozen; B waits for A's lease to expire by the database clock...\n", tokenA)
+
+	actx, cancel := context.WithTimeout(ctx, 10*s.ttl+5*time.Second)
+	lb, err := client.Acquire(actx, s.key, s.ttl*5, nil)
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("worker B could not take over: %w", err)
+		return 0, nil, fmt.Errorf("worker B could not take over: %w", err)
 	}
-	add(Event{Actor: "B", Action: "acquire lease " + key, Token: lb.Token(), Holder: lb.Holder(), Result: "granted (A's lease expired: taken over)"})
-	check("fencing tokens strictly increase across grants", lb.Token() > tokenA, "A got %d, B got %d", tokenA, lb.Token())
+	s.add(Event{Actor: "B", Action: "acquire lease " + s.key, Token: lb.Token(), Holder: lb.Holder(), Result: "granted (A's lease expired: taken over)"})
+	s.check("fencing tokens strictly increase across grants", lb.Token() > tokenA, "A got %d, B got %d", tokenA, lb.Token())
 
-	if _, err := pgfence.Exec(ctx, pool, lb,
-		`UPDATE pgfence_demo.stock SET quantity = quantity - 1, last_token = $2, last_writer = 'B' WHERE sku = $1`, sku, lb.Token()); err != nil {
-		return nil, fmt.Errorf("worker B's fenced write failed: %w", err)
+	if _, err := pgfence.Exec(ctx, s.db.Pool, lb,
+		`UPDATE pgfence_demo.stock SET quantity = quantity - 1, last_token = $2, last_writer = 'B' WHERE sku = $1`, s.sku, lb.Token()); err != nil {
+		return 0, nil, fmt.Errorf("worker B's fenced write failed: %w", err)
 	}
-	add(Event{Actor: "B", Action: "fenced write: stock - 1", Token: lb.Token(), Result: "accepted"})
+	s.add(Event{Actor: "B", Action: "fenced write: stock - 1", Token: lb.Token(), Result: "accepted"})
+	return tokenA, lb, nil
+}
 
-	// A wakes up believing it still holds the lease, and writes.
+// lateWrites: A wakes up believing it still holds the lease, and writes
+// through the fence, then through plain SQL, then releases its old lease.
+func (s *scene) lateWrites(ctx context.Context, a *worker, client *leases.Client, tokenA int64, lb *leases.Lease) error {
 	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		return nil, fmt.Errorf("resume worker A: %w", err)
+		return fmt.Errorf("resume worker A: %w", err)
 	}
-	add(Event{Actor: "A", Action: "resumed (SIGCONT); still believes it holds the lease", Result: "running"})
+	s.add(Event{Actor: "A", Action: "resumed (SIGCONT); still believes it holds the lease", Result: "running"})
 	if err := a.send("write"); err != nil {
-		return nil, err
+		return err
 	}
 	lateFenced, err := a.next()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	add(Event{Actor: "A", Action: "late fenced write: stock - 1", Token: tokenA, Result: lateFenced.Result, Detail: lateFenced.Detail})
-	check("the database rejects a stale token atomically with the write (PF001)", lateFenced.Result == "rejected" && lateFenced.Code == pgerr.CodeStaleToken,
+	s.add(Event{Actor: "A", Action: "late fenced write: stock - 1", Token: tokenA, Result: lateFenced.Result, Detail: lateFenced.Detail})
+	s.check("the database rejects a stale token atomically with the write (PF001)", lateFenced.Result == "rejected" && lateFenced.Code == pgerr.CodeStaleToken,
 		"A's write with token %d: %s %s", tokenA, lateFenced.Result, lateFenced.Code)
 
 	bypass, err := a.next()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	add(Event{Actor: "A", Action: "late write through plain SQL, bypassing the helpers", Token: tokenA, Result: bypass.Result, Detail: bypass.Detail})
-	check("no unchecked door: a plain UPDATE of a protected table is rejected (PF006)", bypass.Result == "rejected" && bypass.Code == pgerr.CodeUnfencedWrite,
+	s.add(Event{Actor: "A", Action: "late write through plain SQL, bypassing the helpers", Token: tokenA, Result: bypass.Result, Detail: bypass.Detail})
+	s.check("no unchecked door: a plain UPDATE of a protected table is rejected (PF006)", bypass.Result == "rejected" && bypass.Code == pgerr.CodeUnfencedWrite,
 		"plain UPDATE: %s %s", bypass.Result, bypass.Code)
 
 	release, err := a.next()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	add(Event{Actor: "A", Action: "release its (old) lease", Token: tokenA, Result: release.Result, Detail: release.Detail})
-	st, err := client.Get(ctx, key)
+	s.add(Event{Actor: "A", Action: "release its (old) lease", Token: tokenA, Result: release.Result, Detail: release.Detail})
+	st, err := client.Get(ctx, s.key)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	check("a stale release cannot free the new holder's lease", release.Result == "lost" && st.Live && st.Token == lb.Token(),
+	s.check("a stale release cannot free the new holder's lease", release.Result == "lost" && st.Live && st.Token == lb.Token(),
 		"A's release: %s; lease now held with token %d (B's is %d)", release.Result, st.Token, lb.Token())
 	_ = a.wait()
+	return nil
+}
 
-	// A duplicate business request replays the stored result.
+// duplicateOrder: a business request under an idempotency key, written
+// under B's lease; its duplicate replays the stored result, and the key
+// reused with another payload is refused.
+func (s *scene) duplicateOrder(ctx context.Context, lb *leases.Lease) error {
 	store, err := idempotency.NewStore(nil)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	order := idempotency.Request{Scope: "demo.orders/" + sku, Key: "order-1001:deduct", Payload: []byte(`{"qty":2,"sku":"sku-42"}`)}
+	order := idempotency.Request{Scope: "demo.orders/" + s.sku, Key: "order-1001:deduct", Payload: []byte(`{"qty":2,"sku":"sku-42"}`)}
 	placeOrder := func(actor string) (*idempotency.Outcome, error) {
-		return store.Do(ctx, pool, order, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		return store.Do(ctx, s.db.Pool, order, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 			// The order is written under B's lease token, fenced like any write.
 			if _, err := pgfence.Write(ctx, tx, lb, func(ctx context.Context, tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, `UPDATE pgfence_demo.stock SET quantity = quantity - 2, last_token = $2, last_writer = $3 WHERE sku = $1`, sku, lb.Token(), "B/"+actor); err != nil {
+				if _, err := tx.Exec(ctx, `UPDATE pgfence_demo.stock SET quantity = quantity - 2, last_token = $2, last_writer = $3 WHERE sku = $1`, s.sku, lb.Token(), "B/"+actor); err != nil {
 					return err
 				}
-				_, err := tx.Exec(ctx, `INSERT INTO pgfence_demo.orders VALUES ('order-1001', $1, 2)`, sku)
+				_, err := tx.Exec(ctx, `INSERT INTO pgfence_demo.orders VALUES ('order-1001', $1, 2)`, s.sku)
 				return err
 			}); err != nil {
 				return nil, err
@@ -270,43 +316,39 @@ func run(ctx context.Context, d *pgfencetest.Database, ttl time.Duration, progre
 	}
 	first, err := placeOrder("request")
 	if err != nil {
-		return nil, fmt.Errorf("order request: %w", err)
+		return fmt.Errorf("order request: %w", err)
 	}
-	add(Event{Actor: "C", Action: "order-1001: deduct 2 (idempotency key order-1001:deduct)", Result: first.Status.String(), Detail: string(first.Result)})
+	s.add(Event{Actor: "C", Action: "order-1001: deduct 2 (idempotency key order-1001:deduct)", Result: first.Status.String(), Detail: string(first.Result)})
 	dup, err := placeOrder("retry")
 	if err != nil {
-		return nil, fmt.Errorf("duplicate order request: %w", err)
+		return fmt.Errorf("duplicate order request: %w", err)
 	}
-	add(Event{Actor: "C", Action: "order-1001: same request again (a client retry)", Result: dup.Status.String(), Detail: string(dup.Result)})
-	check("a duplicate request gets the stored result, not a second effect", dup.Status == idempotency.Replayed && string(dup.Result) == string(first.Result),
+	s.add(Event{Actor: "C", Action: "order-1001: same request again (a client retry)", Result: dup.Status.String(), Detail: string(dup.Result)})
+	s.check("a duplicate request gets the stored result, not a second effect", dup.Status == idempotency.Replayed && string(dup.Result) == string(first.Result),
 		"first %s, duplicate %s", first.Status, dup.Status)
+
 	changed := order
 	changed.Payload = []byte(`{"qty":5,"sku":"sku-42"}`)
-	_, mismatchErr := store.Do(ctx, pool, changed, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+	_, mismatchErr := store.Do(ctx, s.db.Pool, changed, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 		return nil, errors.New("must not run")
 	})
-	add(Event{Actor: "C", Action: "order-1001:deduct reused with another payload", Result: resultOf(mismatchErr, idempotency.ErrMismatch)})
-	check("a reused key with another payload is refused", errors.Is(mismatchErr, idempotency.ErrMismatch), "%v", mismatchErr)
+	s.add(Event{Actor: "C", Action: "order-1001:deduct reused with another payload", Result: resultOf(mismatchErr, idempotency.ErrMismatch)})
+	s.check("a reused key with another payload is refused", errors.Is(mismatchErr, idempotency.ErrMismatch), "%v", mismatchErr)
+	return nil
+}
 
-	if err := lb.Release(ctx); err != nil {
-		return nil, fmt.Errorf("worker B's release: %w", err)
-	}
-	add(Event{Actor: "B", Action: "release lease", Token: lb.Token(), Result: "released"})
-
-	// Reconcile the business state.
-	f := &rep.Final
-	if err := pool.QueryRow(ctx, `SELECT sku, quantity, last_token, last_writer, (SELECT count(*) FROM pgfence_demo.orders) FROM pgfence_demo.stock`).
+// reconcile reads the business state back: it must be the writes of the
+// highest accepted token, each once.
+func (s *scene) reconcile(ctx context.Context, lb *leases.Lease) error {
+	f := &s.rep.Final
+	if err := s.db.Pool.QueryRow(ctx, `SELECT sku, quantity, last_token, last_writer, (SELECT pg_catalog.count(*) FROM pgfence_demo.orders) FROM pgfence_demo.stock`).
 		Scan(&f.SKU, &f.Quantity, &f.LastToken, &f.LastWriter, &f.Orders); err != nil {
-		return nil, err
+		return err
 	}
 	want := Initial - 1 - 2
-	check("final state = the writes of the highest accepted token, each once", f.Quantity == want && f.LastToken == lb.Token() && f.Orders == 1 && strings.HasPrefix(f.LastWriter, "B"),
+	s.check("final state = the writes of the highest accepted token, each once", f.Quantity == want && f.LastToken == lb.Token() && f.Orders == 1 && strings.HasPrefix(f.LastWriter, "B"),
 		"stock %d (want %d: B's -1 and one order's -2), last token %d, %d order row(s)", f.Quantity, want, f.LastToken, f.Orders)
-	rep.OK = true
-	for _, c := range rep.Checks {
-		rep.OK = rep.OK && c.Held
-	}
-	return rep, nil
+	return nil
 }
 
 func resultOf(err, want error) string {
