@@ -42,22 +42,25 @@ func (c *command) usageLine() string {
 	return strings.TrimSpace(c.name() + " " + c.usage)
 }
 
-// noun is a group of commands, in the order `pgfence help` lists them.
+// noun is a group of commands.
 type noun struct {
 	name    string
 	summary string
 }
 
-var nouns = []noun{
-	{"migrate", "install or upgrade the pgfence schema"},
-	{"leases", "inspect leases and their grant history; force-release a stuck grant; pause new grants"},
-	{"fences", "fenced resources: the highest accepted token of each, and the writes refused"},
-	{"tables", "guard tables with a trigger, so that every write must present a current token"},
-	{"floor", "the token floor: show it, or raise it after a restore or a schema rebuild"},
-	{"keys", "idempotency keys: list and show their state, delete expired ones"},
-	{"doctor", "check a database: schema, durability, timeouts, pooler, expired leases, unprotected tables"},
-	{"demo", "watch the database reject a paused lock holder's late write (a throwaway database by default)"},
-	{"bench", "measure leases, fenced writes and idempotency against raw SQL, advisory locks and Redis"},
+// nouns lists the groups of commands in the order `pgfence help` shows them.
+func nouns() []noun {
+	return []noun{
+		{"migrate", "install or upgrade the pgfence schema"},
+		{"leases", "inspect leases and their grant history; force-release a stuck grant; pause new grants"},
+		{"fences", "fenced resources: the highest accepted token of each, and the writes refused"},
+		{"tables", "guard tables with a trigger, so that every write must present a current token"},
+		{"floor", "the token floor: show it, or raise it after a restore or a schema rebuild"},
+		{"keys", "idempotency keys: list and show their state, delete expired ones"},
+		{"doctor", "check a database: schema, durability, timeouts, pooler, expired leases, unprotected tables"},
+		{"demo", "watch the database reject a paused lock holder's late write (a throwaway database by default)"},
+		{"bench", "measure leases, fenced writes and idempotency against raw SQL, advisory locks and Redis"},
+	}
 }
 
 // commands lists every command, grouped by noun in the order of nouns.

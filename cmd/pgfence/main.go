@@ -59,7 +59,7 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "\nUsage: pgfence <noun> <verb> [arguments] [flags]   (pgfence <noun> <verb> -h for its flags)")
 	fmt.Fprintln(w, "\nCommands:")
 	all := commands()
-	for _, n := range nouns {
+	for _, n := range nouns() {
 		fmt.Fprintf(w, "  %-9s %s\n", n.name, n.summary)
 		for _, c := range all {
 			if c.noun == n.name && c.verb != "" {

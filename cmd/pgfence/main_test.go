@@ -90,3 +90,17 @@ func TestFlagErrorsAreOneLine(t *testing.T) {
 		t.Errorf("leases list --force: code %d, want a usage error: %q", code, errOut)
 	}
 }
+
+// `pgfence help` lists every noun and every command.
+func TestHelpListsEveryCommand(t *testing.T) {
+	_, out, _ := cli(t, nil, "help")
+	for _, c := range commands() {
+		want := "  " + c.noun + " "
+		if c.verb != "" {
+			want = "    " + c.usageLine() + "\n"
+		}
+		if !strings.Contains(out, want) {
+			t.Errorf("pgfence help lacks %q:\n%s", want, out)
+		}
+	}
+}
