@@ -79,6 +79,7 @@ func TestRunWarmup(t *testing.T) {
 		startedAt = time.Now()
 		atStart.Store(calls.Load())
 	}})
+	sinceStart := time.Since(startedAt)
 	if warm := startedAt.Sub(begin); warm < 60*time.Millisecond {
 		t.Errorf("the clock started %s after Run, before the 60ms warm-up ended", warm)
 	}
@@ -88,7 +89,9 @@ func TestRunWarmup(t *testing.T) {
 	if got, want := int64(r.Errors), calls.Load()-atStart.Load(); got != want || r.Ops != 0 {
 		t.Errorf("counted %d errors and %d ops, want the %d calls after the clock started", got, r.Ops, want)
 	}
-	if r.Elapsed >= 60*time.Millisecond {
-		t.Errorf("measured %s: the warm-up was counted in the run's time", r.Elapsed)
+	// Compared with the time since the clock started, not with a fixed
+	// bound: on a loaded machine the run itself may take longer.
+	if r.Elapsed > sinceStart {
+		t.Errorf("measured %s, but the clock started %s before Run returned: the warm-up was counted in the run's time", r.Elapsed, sinceStart)
 	}
 }
