@@ -7,26 +7,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/pgfence/pgfence/cmd/pgfence/internal/benchrun"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/bench"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
-type benchOutput struct {
-	Settings    string
-	WarmupS     float64 `json:"warmup_s"`
-	Results     []benchrun.Result
-	Comparisons []string
-}
-
-func benchJSON(t *testing.T, out string) benchOutput {
+func benchJSON(t *testing.T, out string) bench.CompareJSON {
 	t.Helper()
-	var res benchOutput
+	var res bench.CompareJSON
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("bench --json: %v\n%s", err, out)
 	}
@@ -40,15 +32,15 @@ func TestBench(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
 	environ := map[string]string{"DATABASE_URL": db.URL}
-	code, out, errOut := cli(t, environ, "bench", "--duration", "100ms", "--warmup", "50ms", "--workers", "2", "--peers", "none", "--json")
+	code, out, errOut := cli(t, environ, "bench", "compare", "--duration", "100ms", "--warmup", "50ms", "--workers", "2", "--peers", "none", "--json")
 	if code != exitOK {
 		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
 	}
 	res := benchJSON(t, out)
 	var want []string
-	for _, c := range benchCases() {
-		if c.peer == "" {
-			want = append(want, c.name)
+	for _, c := range bench.Cases() {
+		if !c.Peer() {
+			want = append(want, c.Name)
 		}
 	}
 	if len(res.Results) != len(want) {
@@ -84,14 +76,14 @@ func TestBench(t *testing.T) {
 	if !strings.Contains(errOut, "[1/") || !strings.Contains(errOut, "raw-update, 2 workers") {
 		t.Errorf("no progress on stderr:\n%s", errOut)
 	}
-	if res.WarmupS != 0.05 {
-		t.Errorf("warmup_s = %v, want the 50ms of --warmup", res.WarmupS)
+	if res.WarmupMS != 50 {
+		t.Errorf("warmup_ms = %v, want the 50ms of --warmup", res.WarmupMS)
 	}
 	if len(res.Comparisons) == 0 || !strings.Contains(res.Settings, "fsync=") {
 		t.Errorf("comparisons %q, settings %q", res.Comparisons, res.Settings)
 	}
 
-	code, out, errOut = cli(t, environ, "bench", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,leases")
+	code, out, errOut = cli(t, environ, "bench", "compare", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,leases")
 	if code != exitOK {
 		t.Fatalf("bench text: code %d\n%s%s", code, out, errOut)
 	}
@@ -102,13 +94,13 @@ func TestBench(t *testing.T) {
 	}
 
 	for _, args := range [][]string{
-		{"bench", "--cases", "nope"},
-		{"bench", "--peers", "etcd"},
-		{"bench", "--workers", "0"},
-		{"bench", "--rounds", "0"},
-		{"bench", "--rounds", "21"},
-		{"bench", "--warmup", "-1s"},
-		{"bench", "--warmup", "11m"},
+		{"bench", "compare", "--cases", "nope"},
+		{"bench", "compare", "--peers", "etcd"},
+		{"bench", "compare", "--workers", "0"},
+		{"bench", "compare", "--rounds", "0"},
+		{"bench", "compare", "--rounds", "21"},
+		{"bench", "compare", "--warmup", "-1s"},
+		{"bench", "compare", "--warmup", "11m"},
 		{"bench", "curves", "--warmup", "-1s"},
 		{"bench", "curves", "--curves", "nope"},
 		{"bench", "curves", "--max-rows", "lots"},
@@ -116,8 +108,8 @@ func TestBench(t *testing.T) {
 		{"bench", "curves", "--max-keys", "0"},
 		{"bench", "curves", "--max-resources", "0"},
 		{"bench", "curves", "--cycles", "0"},
-		{"bench", "--database-url", "postgres://app@127.0.0.1:notaport/x"},
-		{"bench", "--database-url", "postgres://app@127.0.0.1/x", "--connect-timeout", "0s"},
+		{"bench", "compare", "--database-url", "postgres://app@127.0.0.1:notaport/x"},
+		{"bench", "compare", "--database-url", "postgres://app@127.0.0.1/x", "--connect-timeout", "0s"},
 	} {
 		if code, _, errOut := cli(t, environ, args...); code != exitUsage {
 			t.Errorf("%q: code %d, want usage error\n%s", args, code, errOut)
@@ -125,7 +117,7 @@ func TestBench(t *testing.T) {
 	}
 	// An unreachable server is explained as by every command (and within
 	// --connect-timeout, which bench used to ignore).
-	for _, args := range [][]string{{"bench"}, {"bench", "curves"}} {
+	for _, args := range [][]string{{"bench", "compare"}, {"bench", "curves"}} {
 		args = append(args, "--database-url", "postgres://app@127.0.0.1:1/x", "--connect-timeout", "2s")
 		if code, _, errOut := cli(t, nil, args...); code != exitUnavailable || !strings.Contains(errOut, "cannot reach the database at 127.0.0.1:1") {
 			t.Errorf("%q: code %d, want unreachable\n%s", args, code, errOut)
@@ -139,14 +131,11 @@ func TestBenchRounds(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
 	code, out, errOut := cli(t, map[string]string{"DATABASE_URL": db.URL},
-		"bench", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,replay", "--rounds", "3", "--peers", "none", "--json")
+		"bench", "compare", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,replay", "--rounds", "3", "--peers", "none", "--json")
 	if code != exitOK {
 		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
 	}
-	var res struct {
-		Rounds  int
-		Results []benchrun.Result
-	}
+	var res bench.CompareJSON
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatal(err)
 	}
@@ -161,34 +150,13 @@ func TestBenchRounds(t *testing.T) {
 	}
 }
 
-func TestMedianRun(t *testing.T) {
-	runs := []benchrun.Result{
-		{OpsPerS: 300, P50ms: 3},
-		{OpsPerS: 100, P50ms: 1, Errors: 2, FirstError: "first"},
-		{OpsPerS: 200, P50ms: 2, Errors: 1, FirstError: "second"},
-	}
-	m := medianRun(runs)
-	if m.OpsPerS != 200 || m.P50ms != 2 {
-		t.Errorf("median of 100, 200, 300 ops/s: %+v", m)
-	}
-	if m.Errors != 3 || m.FirstError != "first" {
-		t.Errorf("errors %d (%q), want every run's 3 and the first one's text", m.Errors, m.FirstError)
-	}
-	if m := medianRun(runs[:2]); m.OpsPerS != 100 {
-		t.Errorf("median of two runs: %v ops/s, want the lower", m.OpsPerS)
-	}
-	if m := medianRun(runs[:1]); m.OpsPerS != 300 {
-		t.Errorf("one run: %v ops/s", m.OpsPerS)
-	}
-}
-
 // Without the peer program the Redis rows say "skipped" and why; nothing is
 // measured in their place.
 func TestBenchPeerMissing(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
-	environ := map[string]string{"DATABASE_URL": db.URL, peerEnv: filepath.Join(t.TempDir(), "no-such-peer")}
-	code, out, errOut := cli(t, environ, "bench", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,redis-durable,redis-memory", "--json")
+	environ := map[string]string{"DATABASE_URL": db.URL, bench.PeerEnv: filepath.Join(t.TempDir(), "no-such-peer")}
+	code, out, errOut := cli(t, environ, "bench", "compare", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,redis-durable,redis-memory", "--json")
 	if code != exitOK {
 		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
 	}
@@ -201,7 +169,7 @@ func TestBenchPeerMissing(t *testing.T) {
 			t.Errorf("peer row %+v, want skipped naming the missing binary", r)
 		}
 	}
-	code, out, _ = cli(t, environ, "bench", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "redis-memory")
+	code, out, _ = cli(t, environ, "bench", "compare", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "redis-memory")
 	if code != exitOK || !strings.Contains(out, "skipped") || !strings.Contains(out, "no-such-peer") {
 		t.Fatalf("text: code %d\n%s", code, out)
 	}
@@ -223,17 +191,17 @@ func TestBenchRedisPeer(t *testing.T) {
 	if err != nil {
 		t.Skip("no go command to build the peer")
 	}
-	bin := filepath.Join(t.TempDir(), peerBinary)
+	bin := filepath.Join(t.TempDir(), bench.PeerBinary)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	build := exec.CommandContext(ctx, goBin, "build", "-o", bin, ".")
-	build.Dir = filepath.Join("..", "..", peerDir)
+	build.Dir = filepath.Join("..", "..", bench.PeerDir)
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build the peer: %v\n%s", err, out)
 	}
 	db := pgfencetest.NewDatabase(t)
-	environ := map[string]string{"DATABASE_URL": db.URL, peerEnv: bin}
-	code, out, errOut := cli(t, environ, "bench", "--duration", "100ms", "--warmup", "0s", "--workers", "2", "--cases", "redis-durable,redis-memory,leases", "--json")
+	environ := map[string]string{"DATABASE_URL": db.URL, bench.PeerEnv: bin}
+	code, out, errOut := cli(t, environ, "bench", "compare", "--duration", "100ms", "--warmup", "0s", "--workers", "2", "--cases", "redis-durable,redis-memory,leases", "--json")
 	if code != exitOK {
 		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
 	}
@@ -262,11 +230,7 @@ func TestBenchCurves(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("bench curves: code %d\n%s%s", code, out, errOut)
 	}
-	var res struct {
-		Points      []curvePoint
-		Churn       *churnResult
-		Comparisons []string
-	}
+	var res bench.CurvesJSON
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("bench curves --json: %v\n%s", err, out)
 	}
@@ -274,7 +238,7 @@ func TestBenchCurves(t *testing.T) {
 	for _, p := range res.Points {
 		got = append(got, p.Curve+"="+strconv.FormatInt(p.X, 10))
 		if p.Ops == 0 || p.Errors != 0 || p.StatementsPerOp <= 0 {
-			t.Errorf("point %s=%d: %+v", p.Curve, p.X, p.Result)
+			t.Errorf("point %s=%d: %+v", p.Curve, p.X, p.ResultJSON)
 		}
 	}
 	want := "acquire-vs-lease-rows=1000 claim-vs-keys=10000 fenced-write-vs-resources=1 fenced-write-vs-resources=10 hot-key-waiters=1 hot-key-waiters=2"
@@ -285,7 +249,7 @@ func TestBenchCurves(t *testing.T) {
 		t.Errorf("comparisons:\n%s", v)
 	}
 	c := res.Churn
-	if c == nil || c.Cycles != 200 || c.Keys != churnKeys || c.After.Updates <= c.Before.Updates || c.After.TotalBytes == 0 || c.Before.LiveTuples < churnKeys {
+	if c == nil || c.Cycles != 200 || c.Keys != 1000 || c.After.Updates <= c.Before.Updates || c.After.TotalBytes == 0 || c.Before.LiveTuples < 1000 {
 		t.Errorf("churn %+v", c)
 	}
 	// Off a terminal, the churn reports its progress in lines.
@@ -295,57 +259,5 @@ func TestBenchCurves(t *testing.T) {
 	var left int
 	if err := db.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM pgfence.leases WHERE key LIKE 'bench-curve/%') + (SELECT count(*) FROM pgfence.idempotency_keys WHERE scope = 'bench-curve')`).Scan(&left); err != nil || left != 0 {
 		t.Errorf("%d curve rows left behind (%v)", left, err)
-	}
-}
-
-// A peer that overruns its deadline is interrupted (so it can stop its
-// redis-server), never left running, and its row says why it has no figure.
-func TestBenchPeerDeadline(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	mark := filepath.Join(dir, "mark")
-	peer := filepath.Join(dir, "hanging-peer")
-	script := "#!/bin/sh\ntrap 'echo interrupted > " + mark + "; kill $!; exit 1' INT\nsleep 30 &\nwait $!\n"
-	if err := os.WriteFile(peer, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	p := &peerRunner{e: &env{stderr: &stderr, getenv: func(string) string { return "" }}, resolved: true, bin: peer, grace: 300 * time.Millisecond}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	r, err := p.measure(ctx, "memory", 1, benchTiming{duration: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(r.Skipped, "did not finish within 400ms") || r.Ops != 0 {
-		t.Errorf("%+v, want skipped for the deadline", r)
-	}
-	if got, err := os.ReadFile(mark); err != nil || strings.TrimSpace(string(got)) != "interrupted" {
-		t.Errorf("the peer was not interrupted (%q, %v)", got, err)
-	}
-}
-
-// Ratios between cases are taken round by round, between runs that ran next
-// to each other; rounds where a side did not run are left out.
-func TestCompareRoundByRound(t *testing.T) {
-	run := func(name string, p50, ops float64) benchrun.Result {
-		return benchrun.Result{Case: name, Workers: 1, Ops: 100, P50ms: p50, OpsPerS: ops}
-	}
-	skipped := benchrun.Result{Case: "redis-durable", Workers: 1, Skipped: "no redis-server"}
-	out := compare([][]benchrun.Result{
-		{run("raw-update", 1, 0), run("raw-update", 2, 0), run("raw-update", 1, 0)},
-		// Chosen by themselves, the median runs would be 2.4 against 1: 2.4×.
-		{run("fenced-update", 1.1, 0), run("fenced-update", 2.4, 0), run("fenced-update", 1.3, 0)},
-		{run("leases", 0, 90), run("leases", 0, 80), run("leases", 0, 50)},
-		{run("raw-lock-upsert", 0, 100), run("raw-lock-upsert", 0, 100), run("raw-lock-upsert", 0, 50)},
-		{skipped, run("redis-durable", 0, 40), skipped},
-	})
-	want := []string{
-		"  1 workers: leases acquire+release at 90% (3 rounds: 80% to 100%) of the raw inline-upsert floor's ops/s (goal ≥ 90%)",
-		"  1 workers: leases acquire+release at 200% of durable Redis (redsync) ops/s",
-		"  1 workers: fenced write (pgfence.Exec) p50 1.20× (3 rounds: 1.10× to 1.30×) the unfenced UPDATE (goal ≤ 1.15×)",
-	}
-	if !slices.Equal(out, want) {
-		t.Errorf("compare:\n%s\nwant:\n%s", strings.Join(out, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -8,10 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/demo"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
-// The demo is the seed's critical experiment with a real OS process frozen by
+// The demo runs the critical experiment with a real OS process frozen by
 // SIGSTOP; it must report every guarantee held and the reconciled final state.
 func TestDemo(t *testing.T) {
 	t.Parallel()
@@ -35,7 +36,7 @@ func checkDemoRun(t *testing.T, db *pgfencetest.Database, environ map[string]str
 	if code != exitOK {
 		t.Fatalf("demo run %d: code %d\n%s\n%s", run, code, out, errOut)
 	}
-	var rep demoReport
+	var rep demo.Report
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("demo --json output: %v\n%s", err, out)
 	}
@@ -50,7 +51,7 @@ func checkDemoRun(t *testing.T, db *pgfencetest.Database, environ map[string]str
 			t.Errorf("guarantee broken: %+v", c)
 		}
 	}
-	if rep.Final.Quantity != demoInitial-3 || rep.Final.Orders != 1 || !strings.HasPrefix(rep.Final.LastWriter, "B") {
+	if rep.Final.Quantity != demo.Initial-3 || rep.Final.Orders != 1 || !strings.HasPrefix(rep.Final.LastWriter, "B") {
 		t.Fatalf("final state %+v", rep.Final)
 	}
 	var rejected int
@@ -66,37 +67,6 @@ func checkDemoRun(t *testing.T, db *pgfencetest.Database, environ map[string]str
 	var exists bool
 	if err := db.Pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'pgfence_demo')`).Scan(&exists); err != nil || exists {
 		t.Fatalf("pgfence_demo schema left behind (%v)", err)
-	}
-}
-
-// A long detail line goes under WHAT, cut, and does not widen the columns:
-// the TOKEN column starts right after the longest action.
-func TestPrintDemoColumns(t *testing.T) {
-	at := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
-	rep := &demoReport{OK: true, Database: "embedded", Timeline: []demoEvent{
-		{At: at, Actor: "A", Action: "acquire lease k", Token: 7, Result: "granted", Detail: strings.Repeat("d", 500)},
-		{At: at, Actor: "B", Action: "a somewhat longer action", Result: "rejected"},
-	}}
-	var b strings.Builder
-	printDemo(&b, rep)
-	lines := strings.Split(b.String(), "\n")
-	var header, detail, row string
-	for _, l := range lines {
-		switch {
-		case strings.HasPrefix(l, "DB TIME"):
-			header = l
-		case strings.Contains(l, "ddd"):
-			detail = l
-		case strings.Contains(l, "a somewhat longer action"):
-			row = l
-		}
-	}
-	if want := strings.Index(header, "TOKEN"); want != len("10:00:00.000  B    a somewhat longer action  ") || strings.Index(row, "-") != want {
-		t.Errorf("TOKEN column at %d, row's token at %d, want right after the longest action:\n%s", want, strings.Index(row, "-"), b.String())
-	}
-	if !strings.HasPrefix(detail, strings.Repeat(" ", len("10:00:00.000  A    ")+2)+"ddd") || !strings.HasSuffix(detail, "...") ||
-		len(strings.TrimSpace(detail)) != demoDetailWidth {
-		t.Errorf("detail line %q: want it indented under WHAT and cut to %d characters", detail, demoDetailWidth)
 	}
 }
 

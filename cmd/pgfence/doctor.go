@@ -2,17 +2,20 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/migrations"
 )
 
-// check is one doctor finding.
+// check is one doctor finding, as `doctor --json` prints it.
 type check struct {
 	Name   string `json:"name"`
 	Status string `json:"status"` // ok, warn or fail
@@ -25,47 +28,122 @@ const (
 	statusFail = "fail"
 )
 
-func runDoctor(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "doctor", "doctor [--database-url URL] [--json]")
-	var db dbFlags
-	db.register(fs)
-	asJSON := fs.Bool("json", false, "print JSON instead of a table")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usageError("doctor takes no arguments, got %q", fs.Args())
-	}
-	pool, err := db.connect(ctx, e)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+// doctorJSON is what `doctor --json` prints.
+type doctorJSON struct {
+	Checks []check `json:"checks"`
+	Failed int     `json:"failed"` // how many have status fail
+}
 
-	checks := diagnose(ctx, pool)
-	failed := 0
-	for _, c := range checks {
-		if c.Status == statusFail {
-			failed++
-		}
-	}
-	if *asJSON {
-		if err := writeJSON(e, map[string]any{"checks": checks, "failed": failed}); err != nil {
+func doctor(*flag.FlagSet) runFunc {
+	return func(ctx context.Context, in *input) error {
+		pool, err := in.connect(ctx)
+		if err != nil {
 			return err
 		}
-	} else {
-		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "CHECK\tSTATUS\tDETAIL")
-		for _, c := range checks {
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", c.Name, c.Status, c.Detail)
+		defer pool.Close()
+		out := doctorJSON{Checks: diagnose(ctx, pool)}
+		for _, c := range out.Checks {
+			if c.Status == statusFail {
+				out.Failed++
+			}
 		}
-		tw.Flush()
+		if err := in.print(out, func(w io.Writer) {
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "CHECK\tSTATUS\tDETAIL")
+			for _, c := range out.Checks {
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", c.Name, c.Status, c.Detail)
+			}
+			tw.Flush()
+		}); err != nil {
+			return err
+		}
+		if out.Failed > 0 {
+			return &cliError{msg: fmt.Sprintf("doctor: %d check(s) failed", out.Failed), hint: "see the DETAIL column of the failed checks", code: exitFailure}
+		}
+		return nil
 	}
-	if failed > 0 {
-		return &cliError{msg: fmt.Sprintf("doctor: %d check(s) failed", failed), hint: "see the DETAIL column of the failed checks", code: exitFailure}
-	}
-	return nil
 }
+
+// The doctor's own statements read the server's catalog and settings. Each
+// names its functions, operators, types and collations with their schema,
+// so a session's search_path cannot change what they check; pgfence's own
+// state comes from the libraries.
+const (
+	sqlServer     = `SELECT pg_catalog.current_setting('server_version'), pg_catalog.pg_is_in_recovery()`
+	sqlDurability = `SELECT pg_catalog.current_setting('synchronous_commit'), pg_catalog.current_setting('synchronous_standby_names'),
+       (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_replication),
+       (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_replication
+         WHERE sync_state OPERATOR(pg_catalog.=) ANY ('{sync,quorum}'::pg_catalog.text[]))`
+	sqlTimeouts       = `SELECT pg_catalog.current_setting('idle_in_transaction_session_timeout'), pg_catalog.current_setting('lock_timeout')`
+	sqlBackendPID     = `SELECT pg_catalog.pg_backend_pid()`
+	sqlUnrecordedObjs = `SELECT pg_catalog.to_regclass('pgfence.token_floor') IS NOT NULL`
+	sqlRoleMembers    = `SELECT pg_catalog.count(*) FILTER (WHERE r.rolname OPERATOR(pg_catalog.=) 'pgfence_app'),
+       pg_catalog.count(*) FILTER (WHERE r.rolname OPERATOR(pg_catalog.=) 'pgfence_operator')
+  FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) m.roleid
+ WHERE r.rolname OPERATOR(pg_catalog.=) ANY ('{pgfence_app,pgfence_operator}'::pg_catalog.name[])`
+	// sqlUnprotectedTables lists tables that look fenced (a column named like
+	// "fence…" or "…fencing_token…") but carry no pgfence trigger.
+	sqlUnprotectedTables = `SELECT DISTINCT pg_catalog.format('%I.%I', n.nspname, c.relname)
+  FROM pg_catalog.pg_attribute a
+  JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) a.attrelid
+   AND c.relkind OPERATOR(pg_catalog.=) ANY ('{r,p}'::pg_catalog."char"[])
+  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+ WHERE a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+   AND (a.attname OPERATOR(pg_catalog.~~) 'fence%' OR a.attname OPERATOR(pg_catalog.~~) '%fencing_token%')
+   AND n.nspname OPERATOR(pg_catalog.<>) ALL ('{pgfence,pg_catalog,information_schema}'::pg_catalog.name[])
+   AND NOT EXISTS (
+       SELECT 1 FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) t.tgfoid
+        WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid AND p.pronamespace OPERATOR(pg_catalog.=) 'pgfence'::pg_catalog.regnamespace)
+ ORDER BY 1`
+	// sqlUnstableResourceColumns lists protected tables whose resource
+	// column is of a type whose text depends on session settings.
+	sqlUnstableResourceColumns = `SELECT pg_catalog.format('%s.%I (%s)', p.relation, p.resource_column, pg_catalog.format_type(a.atttypid, a.atttypmod))
+  FROM pgfence.protected_tables() p
+  JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) p.relation
+   AND a.attname OPERATOR(pg_catalog.=) p.resource_column AND NOT a.attisdropped
+  JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
+ WHERE (CASE WHEN t.typtype OPERATOR(pg_catalog.=) 'd' THEN t.typbasetype ELSE t.oid END)
+       OPERATOR(pg_catalog.<>) ALL ('{pg_catalog.text,pg_catalog.varchar,pg_catalog.bpchar,pg_catalog.int2,pg_catalog.int4,pg_catalog.int8,pg_catalog.numeric,pg_catalog.uuid}'::pg_catalog.regtype[]::pg_catalog.oid[])
+ ORDER BY 1`
+	// sqlGuardGaps: see guardGaps. tgtype bits: 1 row, 2 before, 4 insert,
+	// 16 update.
+	sqlGuardGaps = `WITH RECURSIVE tree(relid) AS (
+    SELECT p.relation::pg_catalog.oid FROM pgfence.protected_tables() p
+    UNION
+    SELECT i.inhrelid FROM tree t JOIN pg_catalog.pg_inherits i ON i.inhparent OPERATOR(pg_catalog.=) t.relid
+)
+SELECT pg_catalog.format('%s: %s', t.relid::pg_catalog.regclass, g.problem)
+  FROM tree t
+  JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.relid
+ CROSS JOIN LATERAL (
+    SELECT 'has no pgfence_guard trigger, so rows written through it are not checked (run protect again on the protected table it belongs to)' AS problem
+     WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger x
+                        WHERE x.tgrelid OPERATOR(pg_catalog.=) t.relid AND x.tgname OPERATOR(pg_catalog.=) 'pgfence_guard')
+    UNION ALL
+    SELECT 'its pgfence_guard trigger is disabled or fires for replicas only (ALTER TABLE ... ENABLE TRIGGER pgfence_guard)'
+     WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_trigger x
+                    WHERE x.tgrelid OPERATOR(pg_catalog.=) t.relid AND x.tgname OPERATOR(pg_catalog.=) 'pgfence_guard'
+                      AND x.tgenabled OPERATOR(pg_catalog.<>) ALL ('{O,A}'::pg_catalog."char"[]))
+    UNION ALL
+    SELECT 'TRUNCATE is not refused (run protect again on the protected table it belongs to)'
+     WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger x
+                        WHERE x.tgrelid OPERATOR(pg_catalog.=) t.relid AND x.tgname OPERATOR(pg_catalog.=) 'pgfence_guard_truncate'
+                          AND x.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::pg_catalog."char"[]))
+    UNION ALL
+    SELECT pg_catalog.format('BEFORE trigger %I fires after its BEFORE guard (name order) and can change the row after the check (protect the table again: the guard then runs after the row is written)', x.tgname)
+      FROM pg_catalog.pg_trigger x
+     WHERE x.tgrelid OPERATOR(pg_catalog.=) t.relid AND NOT x.tgisinternal
+       AND x.tgenabled OPERATOR(pg_catalog.=) ANY ('{O,A}'::pg_catalog."char"[])
+       AND (x.tgtype OPERATOR(pg_catalog.&) 3) OPERATOR(pg_catalog.=) 3
+       AND (x.tgtype OPERATOR(pg_catalog.&) 20) OPERATOR(pg_catalog.<>) 0
+       AND x.tgname COLLATE pg_catalog."C" OPERATOR(pg_catalog.>) 'pgfence_guard'
+       AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger g
+                    WHERE g.tgrelid OPERATOR(pg_catalog.=) t.relid AND g.tgname OPERATOR(pg_catalog.=) 'pgfence_guard'
+                      AND (g.tgtype OPERATOR(pg_catalog.&) 2) OPERATOR(pg_catalog.=) 2)
+ ) g
+ WHERE c.relkind OPERATOR(pg_catalog.=) ANY ('{r,p}'::pg_catalog."char"[])
+ ORDER BY 1`
+)
 
 // diagnose runs every check against a live database. A check that cannot run
 // reports fail with the reason instead of aborting the others.
@@ -77,7 +155,7 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 
 	var version string
 	var inRecovery bool
-	if err := pool.QueryRow(ctx, `SELECT current_setting('server_version'), pg_is_in_recovery()`).Scan(&version, &inRecovery); err != nil {
+	if err := pool.QueryRow(ctx, sqlServer).Scan(&version, &inRecovery); err != nil {
 		add("server", statusFail, "cannot query the server: %v", err)
 		return out
 	}
@@ -87,35 +165,12 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 		add("server", statusOK, "PostgreSQL %s, primary", version)
 	}
 
-	m, err := migrations.New(pool, nil)
-	schemaOK := false
-	if err == nil {
-		current, latest, verr := m.Version(ctx)
-		m.Close()
-		switch {
-		case verr != nil:
-			add("schema", statusFail, "%v", verr)
-		case current == 0 && unrecordedObjects(ctx, pool):
-			add("schema", statusFail, "pgfence objects exist but %s records no migration (installed by a script from an older `pgfence migrate sql`?), so `pgfence migrate up` would fail on them; record the installed versions (README, \"Install the schema\")", migrations.VersionTable)
-		case current == 0:
-			add("schema", statusFail, "the pgfence schema is not installed; run `pgfence migrate up`")
-		case current < latest:
-			add("schema", statusFail, "schema version %d, this binary expects %d; run `pgfence migrate up`", current, latest)
-		default:
-			add("schema", statusOK, "schema version %d (latest)", current)
-			schemaOK = true
-		}
-	} else {
-		add("schema", statusFail, "%v", err)
-	}
+	schema := schemaCheck(ctx, pool)
+	out = append(out, schema)
 
 	var syncCommit, syncStandbys string
 	var replicas, syncReplicas int
-	if err := pool.QueryRow(ctx, `
-		SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names'),
-		       (SELECT count(*) FROM pg_stat_replication),
-		       (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum'))`).
-		Scan(&syncCommit, &syncStandbys, &replicas, &syncReplicas); err != nil {
+	if err := pool.QueryRow(ctx, sqlDurability).Scan(&syncCommit, &syncStandbys, &replicas, &syncReplicas); err != nil {
 		add("durability", statusFail, "cannot read durability settings: %v", err)
 	} else {
 		switch syncCommit {
@@ -135,7 +190,7 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 	}
 
 	var idleTimeout, lockTimeout string
-	if err := pool.QueryRow(ctx, `SELECT current_setting('idle_in_transaction_session_timeout'), current_setting('lock_timeout')`).Scan(&idleTimeout, &lockTimeout); err == nil {
+	if err := pool.QueryRow(ctx, sqlTimeouts).Scan(&idleTimeout, &lockTimeout); err == nil {
 		if idleTimeout == "0" {
 			add("idle_in_transaction_session_timeout", statusWarn, "not set for this role: a paused holder with an open transaction can block a takeover indefinitely; e.g. ALTER ROLE CURRENT_USER SET idle_in_transaction_session_timeout = '30s'")
 		} else {
@@ -145,20 +200,16 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 
 	out = append(out, detectPooler(ctx, pool))
 
-	if schemaOK {
-		var expired, live int
-		if err := pool.QueryRow(ctx, `
-			SELECT count(*) FILTER (WHERE released_at IS NULL AND expires_at <= clock_timestamp()),
-			       count(*) FILTER (WHERE released_at IS NULL AND expires_at > clock_timestamp())
-			FROM pgfence.leases`).Scan(&expired, &live); err != nil {
-			add("leases", statusFail, "cannot read pgfence.leases: %v", err)
-		} else if expired > 0 {
-			add("leases", statusWarn, "%d live, %d past expiry and never released (their holders died or lost the database; the next acquire takes them over)", live, expired)
-		} else {
-			add("leases", statusOK, "%d live, none past expiry", live)
+	if schema.Status == statusOK {
+		client, err := leases.New(pool, &leases.Config{DisableWakeups: true})
+		if err != nil {
+			add("leases", statusFail, "%v", err)
+			return out
 		}
+		defer client.Close()
+		out = append(out, leaseCounts(ctx, client))
 		out = append(out, roleMembers(ctx, pool))
-		out = append(out, grantPauses(ctx, pool))
+		out = append(out, grantPauses(ctx, client))
 		out = append(out, unprotectedTables(ctx, pool))
 		out = append(out, unstableResourceColumns(ctx, pool))
 		out = append(out, guardGaps(ctx, pool))
@@ -166,25 +217,139 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 	return out
 }
 
-// unstableResourceColumns lists protected tables whose resource column prints
-// differently by session settings (a timestamptz by TimeZone, a float by
-// extra_float_digits, an interval by IntervalStyle): protected before
-// migration 00014 refused such columns, one row may be several resources.
-func unstableResourceColumns(ctx context.Context, pool *pgxpool.Pool) check {
-	const name = "protected resource columns"
-	rows, err := pool.Query(ctx, `
-		SELECT format('%s.%I (%s)', p.relation, p.resource_column, format_type(a.atttypid, a.atttypmod))
-		FROM pgfence.protected_tables() p
-		JOIN pg_attribute a ON a.attrelid = p.relation AND a.attname = p.resource_column AND NOT a.attisdropped
-		JOIN pg_type t ON t.oid = a.atttypid
-		WHERE (CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END)
-		      NOT IN ('text'::regtype, 'varchar'::regtype, 'bpchar'::regtype, 'int2'::regtype,
-		              'int4'::regtype, 'int8'::regtype, 'numeric'::regtype, 'uuid'::regtype)
-		ORDER BY 1`)
+// schemaCheck compares the installed schema version with this binary's.
+func schemaCheck(ctx context.Context, pool *pgxpool.Pool) check {
+	const name = "schema"
+	m, err := migrations.New(pool, nil)
 	if err != nil {
 		return check{Name: name, Status: statusFail, Detail: err.Error()}
 	}
-	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	defer m.Close()
+	current, latest, err := m.Version(ctx)
+	switch {
+	case err != nil:
+		return check{Name: name, Status: statusFail, Detail: err.Error()}
+	case current == 0 && unrecordedObjects(ctx, pool):
+		return check{Name: name, Status: statusFail, Detail: fmt.Sprintf("pgfence objects exist but %s records no migration (installed by a script from an older `pgfence migrate sql`?), so `pgfence migrate up` would fail on them; record the installed versions (README, \"Install the schema\")", migrations.VersionTable)}
+	case current == 0:
+		return check{Name: name, Status: statusFail, Detail: "the pgfence schema is not installed; run `pgfence migrate up`"}
+	case current < latest:
+		return check{Name: name, Status: statusFail, Detail: fmt.Sprintf("schema version %d, this binary expects %d; run `pgfence migrate up`", current, latest)}
+	}
+	return check{Name: name, Status: statusOK, Detail: fmt.Sprintf("schema version %d (latest)", current)}
+}
+
+// leaseCounts warns about grants past their expiry and never released.
+func leaseCounts(ctx context.Context, client *leases.Client) check {
+	n, err := client.Count(ctx)
+	switch {
+	case err != nil:
+		return check{Name: "leases", Status: statusFail, Detail: fmt.Sprintf("cannot count the leases: %v", err)}
+	case n.Expired > 0:
+		return check{Name: "leases", Status: statusWarn, Detail: fmt.Sprintf("%d live, %d past expiry and never released (their holders died or lost the database; the next acquire takes them over)", n.Live, n.Expired)}
+	}
+	return check{Name: "leases", Status: statusOK, Detail: fmt.Sprintf("%d live, none past expiry", n.Live)}
+}
+
+// grantPauses reports the kill switches in force: a forgotten pause keeps
+// refusing grants long after its rollout.
+func grantPauses(ctx context.Context, client *leases.Client) check {
+	const name = "grant pauses"
+	pauses, err := client.Pauses(ctx)
+	if err != nil {
+		return check{Name: name, Status: statusFail, Detail: fmt.Sprintf("cannot read the paused prefixes: %v", err)}
+	}
+	if len(pauses) == 0 {
+		return check{Name: name, Status: statusOK, Detail: "no key prefix is paused"}
+	}
+	var list []string
+	for _, p := range pauses {
+		list = append(list, fmt.Sprintf("'%s' by %s since %s (%s)", strings.ReplaceAll(p.Prefix, "'", "''"), p.PausedBy,
+			p.PausedAt.UTC().Format("2006-01-02 15:04:05Z"), p.Reason))
+	}
+	return check{Name: name, Status: statusWarn, Detail: fmt.Sprintf(
+		"new grants are paused for %d prefix(es): %s; `pgfence leases resume PREFIX` lifts a pause", len(pauses), strings.Join(list, "; "))}
+}
+
+// unrecordedObjects reports whether the first migration's objects exist in a
+// database whose version table records none: a schema installed without
+// goose's bookkeeping.
+func unrecordedObjects(ctx context.Context, pool *pgxpool.Pool) bool {
+	var exists bool
+	err := pool.QueryRow(ctx, sqlUnrecordedObjs).Scan(&exists)
+	return err == nil && exists
+}
+
+// roleMembers checks that applications can connect with least privilege: a
+// cluster where no role is a member of pgfence_app usually means the
+// applications connect as the schema owner, which may write lease and fence
+// rows directly.
+func roleMembers(ctx context.Context, pool *pgxpool.Pool) check {
+	var app, operator int
+	if err := pool.QueryRow(ctx, sqlRoleMembers).Scan(&app, &operator); err != nil {
+		return check{Name: "roles", Status: statusFail, Detail: fmt.Sprintf("cannot read role memberships: %v", err)}
+	}
+	if app == 0 {
+		return check{Name: "roles", Status: statusWarn, Detail: "no role is a member of pgfence_app: applications probably connect as the schema owner, which can write lease and fence rows directly; GRANT pgfence_app TO your application's login role (README, \"Security and least privilege\")"}
+	}
+	return check{Name: "roles", Status: statusOK, Detail: fmt.Sprintf("%d member(s) of pgfence_app, %d of pgfence_operator", app, operator)}
+}
+
+// detectPooler checks whether consecutive statements on one client connection
+// reach different server backends, which is what a transaction-mode pooler
+// (PgBouncer pool_mode=transaction) does.
+func detectPooler(ctx context.Context, pool *pgxpool.Pool) check {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return check{Name: "pooler", Status: statusFail, Detail: err.Error()}
+	}
+	defer conn.Release()
+	pids := map[int32]bool{}
+	for range 8 {
+		var pid int32
+		if err := conn.QueryRow(ctx, sqlBackendPID).Scan(&pid); err != nil {
+			return check{Name: "pooler", Status: statusFail, Detail: err.Error()}
+		}
+		pids[pid] = true
+	}
+	if len(pids) > 1 {
+		return check{Name: "pooler", Status: statusWarn, Detail: fmt.Sprintf(
+			"statements on one connection reached %d server backends: a transaction-mode pooler is in between; leases and fenced writes work, LISTEN wake-ups need a direct connection (or disable them: polling stays)", len(pids))}
+	}
+	return check{Name: "pooler", Status: statusOK, Detail: "one server backend per connection (no transaction-mode pooler detected)"}
+}
+
+// catalogList runs a catalog query that returns one text per finding.
+func catalogList(ctx context.Context, pool *pgxpool.Pool, sql string) ([]string, error) {
+	rows, err := pool.Query(ctx, sql)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// unprotectedTables lists tables that look fenced (a column named like
+// "fence…" or "…fencing_token…") but carry no pgfence trigger.
+func unprotectedTables(ctx context.Context, pool *pgxpool.Pool) check {
+	const name = "protected tables"
+	names, err := catalogList(ctx, pool, sqlUnprotectedTables)
+	if err != nil {
+		return check{Name: name, Status: statusFail, Detail: err.Error()}
+	}
+	if len(names) > 0 {
+		return check{Name: name, Status: statusWarn, Detail: fmt.Sprintf(
+			"%s look fenced (a fence column) but have no pgfence trigger: any other write path can bypass the fence; run `pgfence tables protect TABLE`", strings.Join(names, ", "))}
+	}
+	return check{Name: name, Status: statusOK, Detail: "every table with a fence column has a pgfence trigger"}
+}
+
+// unstableResourceColumns lists protected tables whose resource column prints
+// differently by session settings (a timestamptz by TimeZone, a float by
+// extra_float_digits, an interval by IntervalStyle): protected before
+// protect() refused such columns, one row may be several resources.
+func unstableResourceColumns(ctx context.Context, pool *pgxpool.Pool) check {
+	const name = "protected resource columns"
+	cols, err := catalogList(ctx, pool, sqlUnstableResourceColumns)
 	if err != nil {
 		return check{Name: name, Status: statusFail, Detail: err.Error()}
 	}
@@ -201,46 +366,12 @@ func unstableResourceColumns(ctx context.Context, pool *pgxpool.Pool) check {
 // child without the guard or without the TRUNCATE guard (protect() covers
 // those that exist when it runs; one attached or created later gets only the
 // row guard PostgreSQL clones to a partition), and, where the guard is a
-// BEFORE trigger (tables protected before migration 00017), a BEFORE row
-// trigger that fires after it (triggers fire in name order) and so can
-// change the row, and its resource, after the check.
+// BEFORE trigger (tables protected before the guard became an AFTER
+// trigger), a BEFORE row trigger that fires after it (triggers fire in name
+// order) and so can change the row, and its resource, after the check.
 func guardGaps(ctx context.Context, pool *pgxpool.Pool) check {
 	const name = "protected table guards"
-	// tgtype bits: 1 row, 2 before, 4 insert, 16 update.
-	rows, err := pool.Query(ctx, `
-		WITH RECURSIVE tree(relid) AS (
-		    SELECT p.relation::oid FROM pgfence.protected_tables() p
-		    UNION
-		    SELECT i.inhrelid FROM tree t JOIN pg_inherits i ON i.inhparent = t.relid
-		)
-		SELECT format('%s: %s', t.relid::regclass, g.problem)
-		FROM tree t
-		JOIN pg_class c ON c.oid = t.relid
-		CROSS JOIN LATERAL (
-		    SELECT 'has no pgfence_guard trigger, so rows written through it are not checked (run protect again on the protected table it belongs to)' AS problem
-		     WHERE NOT EXISTS (SELECT 1 FROM pg_trigger x WHERE x.tgrelid = t.relid AND x.tgname = 'pgfence_guard')
-		    UNION ALL
-		    SELECT 'its pgfence_guard trigger is disabled or fires for replicas only (ALTER TABLE ... ENABLE TRIGGER pgfence_guard)'
-		     WHERE EXISTS (SELECT 1 FROM pg_trigger x WHERE x.tgrelid = t.relid AND x.tgname = 'pgfence_guard'
-		                     AND x.tgenabled NOT IN ('O', 'A'))
-		    UNION ALL
-		    SELECT 'TRUNCATE is not refused (run protect again on the protected table it belongs to)'
-		     WHERE NOT EXISTS (SELECT 1 FROM pg_trigger x WHERE x.tgrelid = t.relid AND x.tgname = 'pgfence_guard_truncate'
-		                         AND x.tgenabled IN ('O', 'A'))
-		    UNION ALL
-		    SELECT format('BEFORE trigger %I fires after its BEFORE guard (name order) and can change the row after the check (protect the table again: the guard then runs after the row is written)', x.tgname)
-		      FROM pg_trigger x
-		     WHERE x.tgrelid = t.relid AND NOT x.tgisinternal AND x.tgenabled IN ('O', 'A')
-		       AND x.tgtype & 3 = 3 AND x.tgtype & 20 <> 0
-		       AND x.tgname COLLATE "C" > 'pgfence_guard'
-		       AND EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = t.relid AND g.tgname = 'pgfence_guard' AND g.tgtype & 2 = 2)
-		) g
-		WHERE c.relkind IN ('r', 'p')
-		ORDER BY 1`)
-	if err != nil {
-		return check{Name: name, Status: statusFail, Detail: err.Error()}
-	}
-	gaps, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	gaps, err := catalogList(ctx, pool, sqlGuardGaps)
 	if err != nil {
 		return check{Name: name, Status: statusFail, Detail: err.Error()}
 	}
@@ -248,113 +379,4 @@ func guardGaps(ctx context.Context, pool *pgxpool.Pool) check {
 		return check{Name: name, Status: statusWarn, Detail: "writes can get past the guard: " + strings.Join(gaps, "; ")}
 	}
 	return check{Name: name, Status: statusOK, Detail: "every protected table, partition and child has its guards enabled, and no BEFORE trigger runs after the guard"}
-}
-
-// unrecordedObjects reports whether the first migration's objects exist in a
-// database whose version table records none: a schema installed without
-// goose's bookkeeping.
-func unrecordedObjects(ctx context.Context, pool *pgxpool.Pool) bool {
-	var exists bool
-	err := pool.QueryRow(ctx, `SELECT to_regclass('pgfence.token_floor') IS NOT NULL`).Scan(&exists)
-	return err == nil && exists
-}
-
-// roleMembers checks that applications can connect with least privilege: a
-// cluster where no role is a member of pgfence_app usually means the
-// applications connect as the schema owner, which may write lease and fence
-// rows directly.
-func roleMembers(ctx context.Context, pool *pgxpool.Pool) check {
-	var app, operator int
-	if err := pool.QueryRow(ctx, `
-		SELECT count(*) FILTER (WHERE r.rolname = 'pgfence_app'), count(*) FILTER (WHERE r.rolname = 'pgfence_operator')
-		FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid
-		WHERE r.rolname IN ('pgfence_app', 'pgfence_operator')`).Scan(&app, &operator); err != nil {
-		return check{Name: "roles", Status: statusFail, Detail: fmt.Sprintf("cannot read role memberships: %v", err)}
-	}
-	if app == 0 {
-		return check{Name: "roles", Status: statusWarn, Detail: "no role is a member of pgfence_app: applications probably connect as the schema owner, which can write lease and fence rows directly; GRANT pgfence_app TO your application's login role (README, \"Security and least privilege\")"}
-	}
-	return check{Name: "roles", Status: statusOK, Detail: fmt.Sprintf("%d member(s) of pgfence_app, %d of pgfence_operator", app, operator)}
-}
-
-// grantPauses reports the kill switches in force (pgfence.grant_pauses): a
-// forgotten pause keeps refusing grants long after its rollout.
-func grantPauses(ctx context.Context, pool *pgxpool.Pool) check {
-	rows, err := pool.Query(ctx, `
-		SELECT format('%L by %s since %s (%s)', prefix, paused_by,
-		              to_char(paused_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS"Z"'), reason)
-		FROM pgfence.grant_pauses ORDER BY prefix`)
-	if err != nil {
-		return check{Name: "grant pauses", Status: statusFail, Detail: fmt.Sprintf("cannot read pgfence.grant_pauses: %v", err)}
-	}
-	pauses, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return check{Name: "grant pauses", Status: statusFail, Detail: fmt.Sprintf("cannot read pgfence.grant_pauses: %v", err)}
-	}
-	if len(pauses) > 0 {
-		return check{Name: "grant pauses", Status: statusWarn, Detail: fmt.Sprintf(
-			"new grants are paused for %d prefix(es): %s; `pgfence leases resume PREFIX` lifts a pause", len(pauses), strings.Join(pauses, "; "))}
-	}
-	return check{Name: "grant pauses", Status: statusOK, Detail: "no key prefix is paused"}
-}
-
-// detectPooler checks whether consecutive statements on one client connection
-// reach different server backends, which is what a transaction-mode pooler
-// (PgBouncer pool_mode=transaction) does.
-func detectPooler(ctx context.Context, pool *pgxpool.Pool) check {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return check{Name: "pooler", Status: statusFail, Detail: err.Error()}
-	}
-	defer conn.Release()
-	pids := map[int32]bool{}
-	for range 8 {
-		var pid int32
-		if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-			return check{Name: "pooler", Status: statusFail, Detail: err.Error()}
-		}
-		pids[pid] = true
-	}
-	if len(pids) > 1 {
-		return check{Name: "pooler", Status: statusWarn, Detail: fmt.Sprintf(
-			"statements on one connection reached %d server backends: a transaction-mode pooler is in between; leases and fenced writes work, LISTEN wake-ups need a direct connection (or disable them: polling stays)", len(pids))}
-	}
-	return check{Name: "pooler", Status: statusOK, Detail: "one server backend per connection (no transaction-mode pooler detected)"}
-}
-
-// unprotectedTables lists tables that look fenced (a column named like
-// "fence…" or "…fencing_token") but carry no pgfence trigger.
-func unprotectedTables(ctx context.Context, pool *pgxpool.Pool) check {
-	rows, err := pool.Query(ctx, `
-		SELECT DISTINCT format('%I.%I', n.nspname, c.relname)
-		FROM pg_attribute a
-		JOIN pg_class c ON c.oid = a.attrelid AND c.relkind IN ('r', 'p')
-		JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE a.attnum > 0 AND NOT a.attisdropped
-		  AND (a.attname LIKE 'fence%' OR a.attname LIKE '%fencing_token%')
-		  AND n.nspname NOT IN ('pgfence', 'pg_catalog', 'information_schema')
-		  AND NOT EXISTS (
-		      SELECT 1 FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
-		      WHERE t.tgrelid = c.oid AND p.pronamespace = 'pgfence'::regnamespace)
-		ORDER BY 1`)
-	if err != nil {
-		return check{Name: "protected tables", Status: statusFail, Detail: err.Error()}
-	}
-	defer rows.Close()
-	var names []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			return check{Name: "protected tables", Status: statusFail, Detail: err.Error()}
-		}
-		names = append(names, s)
-	}
-	if err := rows.Err(); err != nil {
-		return check{Name: "protected tables", Status: statusFail, Detail: err.Error()}
-	}
-	if len(names) > 0 {
-		return check{Name: "protected tables", Status: statusWarn, Detail: fmt.Sprintf(
-			"%s look fenced (a fence column) but have no pgfence trigger: any other write path can bypass the fence; run `pgfence protect TABLE`", strings.Join(names, ", "))}
-	}
-	return check{Name: "protected tables", Status: statusOK, Detail: "every table with a fence column has a pgfence trigger"}
 }

@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -143,5 +146,100 @@ func TestDoctorGuardGaps(t *testing.T) {
 	}
 	if strings.Contains(c.Detail, "clean") || strings.Contains(c.Detail, "parts_a: has no") {
 		t.Errorf("guard gaps name a table without a gap:\n%s", c.Detail)
+	}
+}
+
+// doctorTrap shadows, in schema trap, the pg_catalog functions and operators
+// the doctor's catalog statements use, except those that statements of the
+// libraries it calls resolve on the caller's search_path
+// (pgfence.protected_tables(): = on names and oids; the migrator's version
+// check: to_regclass). Each raises when called.
+const doctorTrap = `
+CREATE SCHEMA trap;
+CREATE FUNCTION trap.sprung() RETURNS boolean LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'search_path trap sprung'; END$$;
+-- The settings the doctor reads spring it; others (read by code the doctor
+-- does not own) pass through.
+CREATE FUNCTION trap.current_setting(name text) RETURNS text LANGUAGE sql SET search_path = pg_catalog AS $$
+    SELECT CASE WHEN name IN ('server_version', 'synchronous_commit', 'synchronous_standby_names',
+                              'idle_in_transaction_session_timeout', 'lock_timeout')
+                THEN (SELECT 'x' WHERE trap.sprung()) ELSE current_setting(name) END$$;
+CREATE FUNCTION trap.pg_is_in_recovery() RETURNS boolean LANGUAGE sql AS 'SELECT trap.sprung()';
+CREATE FUNCTION trap.pg_backend_pid() RETURNS integer LANGUAGE sql AS 'SELECT 1 WHERE trap.sprung()';
+CREATE FUNCTION trap.format_type(oid, integer) RETURNS text LANGUAGE sql AS 'SELECT ''x'' WHERE trap.sprung()';
+CREATE FUNCTION trap.count_step(bigint) RETURNS bigint LANGUAGE sql AS 'SELECT 1::bigint WHERE trap.sprung()';
+CREATE AGGREGATE trap.count(*) (SFUNC = trap.count_step, STYPE = bigint, INITCOND = '0');
+CREATE FUNCTION trap.text_eq(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT trap.sprung()';
+CREATE OPERATOR trap.= (LEFTARG = text, RIGHTARG = text, FUNCTION = trap.text_eq);
+CREATE FUNCTION trap.char_eq("char", "char") RETURNS boolean LANGUAGE sql AS 'SELECT trap.sprung()';
+CREATE OPERATOR trap.= (LEFTARG = "char", RIGHTARG = "char", FUNCTION = trap.char_eq);
+CREATE FUNCTION trap.name_ne(name, name) RETURNS boolean LANGUAGE sql AS 'SELECT trap.sprung()';
+CREATE OPERATOR trap.<> (LEFTARG = name, RIGHTARG = name, FUNCTION = trap.name_ne);
+CREATE FUNCTION trap.name_gt(name, name) RETURNS boolean LANGUAGE sql AS 'SELECT trap.sprung()';
+CREATE OPERATOR trap.> (LEFTARG = name, RIGHTARG = name, FUNCTION = trap.name_gt);
+CREATE FUNCTION trap.name_like(name, text) RETURNS boolean LANGUAGE sql AS 'SELECT trap.sprung()';
+CREATE OPERATOR trap.~~ (LEFTARG = name, RIGHTARG = text, FUNCTION = trap.name_like);
+CREATE FUNCTION trap.int2_and(smallint, integer) RETURNS integer LANGUAGE sql AS 'SELECT 1 WHERE trap.sprung()';
+CREATE OPERATOR trap.& (LEFTARG = smallint, RIGHTARG = integer, FUNCTION = trap.int2_and)`
+
+// The doctor checks what is there, whatever the session's search_path: a
+// role or database whose search_path puts other functions and operators
+// before pg_catalog's changes none of its statements.
+func TestDoctorIgnoresSearchPath(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgfencetest.NewDatabase(t)
+	if _, err := db.Pool.Exec(ctx, doctorTrap); err != nil {
+		t.Fatal(err)
+	}
+	// Something for every check to find: a fenced-looking table, a
+	// protected one whose resource column depends on session settings, and
+	// a BEFORE guard with a BEFORE trigger after it.
+	if _, err := db.Pool.Exec(ctx, `
+		CREATE TABLE public.reports (id int PRIMARY KEY, fence_token bigint NOT NULL);
+		CREATE TABLE public.slots (at timestamptz PRIMARY KEY);
+		CREATE TRIGGER pgfence_guard BEFORE INSERT OR UPDATE OR DELETE ON public.slots
+		    FOR EACH ROW EXECUTE FUNCTION pgfence.guard('at', 'slot:');
+		CREATE FUNCTION public.noop() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';
+		CREATE TRIGGER set_key BEFORE INSERT ON public.slots FOR EACH ROW EXECUTE FUNCTION public.noop()`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{db.Name}.Sanitize()+` SET search_path = trap, pg_catalog, public`); err != nil {
+		t.Fatal(err)
+	}
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	// The trap works: an unqualified statement in such a session springs it.
+	pool, err := pgxpool.New(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var setting string
+	if err := pool.QueryRow(ctx, `SELECT current_setting('lock_timeout')`).Scan(&setting); err == nil || !strings.Contains(err.Error(), "trap sprung") {
+		t.Fatalf("an unqualified call with the trap on the search_path: %q, %v; want the trap", setting, err)
+	}
+
+	_, out, errOut := cli(t, environ, "doctor", "--json")
+	var res doctorJSON
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("doctor --json: %v\n%s%s", err, out, errOut)
+	}
+	got := map[string]check{}
+	for _, c := range res.Checks {
+		got[c.Name] = c
+		if c.Status == statusFail || strings.Contains(c.Detail, "trap") {
+			t.Errorf("check %+v: the search_path reached it", c)
+		}
+	}
+	for name, want := range map[string]string{
+		"protected tables":           "public.reports",
+		"protected resource columns": "slots.at",
+		"protected table guards":     "BEFORE trigger set_key",
+	} {
+		if c := got[name]; c.Status != statusWarn || !strings.Contains(c.Detail, want) {
+			t.Errorf("check %q = %+v, want a warning naming %s", name, c, want)
+		}
+	}
+	if len(res.Checks) < 12 {
+		t.Errorf("doctor ran %d checks, want every one:\n%s", len(res.Checks), out)
 	}
 }

@@ -95,7 +95,7 @@ func TestProtectHostileNames(t *testing.T) {
 		}
 	}
 	arg := pgx.Identifier{schema, table}.Sanitize() // "s.x""; …"."t'; …": the SQL spelling works on the command line
-	code, out, errOut := cli(t, environ, "protect", arg, "--resource-column", column, "--prefix", `p'\`)
+	code, out, errOut := cli(t, environ, "tables", "protect", arg, "--resource-column", column, "--prefix", `p'\`)
 	if code != exitOK {
 		t.Fatalf("protect %s: code %d\n%s%s", arg, code, out, errOut)
 	}
@@ -103,8 +103,8 @@ func TestProtectHostileNames(t *testing.T) {
 	if err != nil || len(list) != 1 || list[0].ResourceColumn != column || list[0].Prefix != `p'\` {
 		t.Fatalf("Protected: %+v, %v", list, err)
 	}
-	if code, out, _ := cli(t, environ, "fences"); code != exitOK || !strings.Contains(out, column) {
-		t.Fatalf("fences: code %d, want the column %q listed:\n%s", code, column, out)
+	if code, out, _ := cli(t, environ, "tables", "list"); code != exitOK || !strings.Contains(out, column) {
+		t.Fatalf("tables list: code %d, want the column %q listed:\n%s", code, column, out)
 	}
 	for _, bad := range []string{
 		strings.Repeat("t", 64),             // would be truncated
@@ -114,11 +114,11 @@ func TestProtectHostileNames(t *testing.T) {
 		"canary\x00x",                       // pgx would drop the NUL
 		`"unterminated`,
 	} {
-		code, _, errOut := cli(t, environ, "protect", bad, "--resource-column", "id")
+		code, _, errOut := cli(t, environ, "tables", "protect", bad, "--resource-column", "id")
 		if code != exitUsage || !strings.Contains(errOut, "TABLE") {
 			t.Errorf("protect %q: code %d, want %d (usage) naming TABLE:\n%s", bad, code, exitUsage, errOut)
 		}
-		if code, _, _ := cli(t, environ, "unprotect", bad); code != exitUsage {
+		if code, _, _ := cli(t, environ, "tables", "unprotect", bad); code != exitUsage {
 			t.Errorf("unprotect %q: code %d, want %d", bad, code, exitUsage)
 		}
 	}
@@ -128,7 +128,7 @@ func TestProtectHostileNames(t *testing.T) {
 		{"--resource-column", "id", "--prefix", strings.Repeat("p", 512)},
 		{"--resource-column", "id", "--prefix", "p\xff"},
 	} {
-		args := append([]string{"protect", "canary"}, bad...)
+		args := append([]string{"tables", "protect", "canary"}, bad...)
 		if code, _, errOut := cli(t, environ, args...); code != exitUsage || !strings.Contains(errOut, bad[len(bad)-2]) {
 			t.Errorf("protect %q: code %d, want %d (usage) naming %s:\n%s", bad, code, exitUsage, bad[len(bad)-2], errOut)
 		}
@@ -139,7 +139,7 @@ func TestProtectHostileNames(t *testing.T) {
 	if code, out, errOut := cli(t, environ, "floor", "show", "--column", arg+`."`+strings.ReplaceAll(column, `"`, `""`)+`"`); code != exitOK {
 		t.Errorf("floor show with a quoted --column: code %d:\n%s%s", code, out, errOut)
 	}
-	if code, out, errOut := cli(t, environ, "unprotect", arg); code != exitOK || !strings.Contains(out, "unprotected") {
+	if code, out, errOut := cli(t, environ, "tables", "unprotect", arg); code != exitOK || !strings.Contains(out, "unprotected") {
 		t.Fatalf("unprotect: code %d\n%s%s", code, out, errOut)
 	}
 	var n int

@@ -2,143 +2,157 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"text/tabwriter"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/idempotency"
 )
 
-func runKeys(ctx context.Context, e *env, args []string) error {
-	const usageLine = "keys <gc [--batch-size N] [--max-batches N] | show SCOPE [KEY] [--limit N]> [--json]"
-	if len(args) == 0 || (args[0] != "gc" && args[0] != "show") {
-		fmt.Fprintf(e.stderr, "Usage: pgfence %s\n\n  gc     delete completed idempotency keys whose retention ended, in batches; keys in flight are never touched\n  show   the state of a scope's keys (newest first) or of one key, with the trace id of the claim that owns it\n", usageLine)
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			return nil
-		}
-		return usageError("keys needs a subcommand: gc or show")
-	}
-	if args[0] == "show" {
-		return runKeysShow(ctx, e, args[1:])
-	}
-	fs := newFlags(e, "keys gc", usageLine)
-	var db dbFlags
-	db.register(fs)
-	batch := fs.Int("batch-size", idempotency.GCBatchSizeDefault, "most keys deleted by one statement")
-	maxBatches := fs.Int("max-batches", 0, "stop after this many batches (0: until none is left)")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := parse(fs, interspersed(fs, args[1:])); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usageError("keys gc takes no arguments, got %q", fs.Args())
-	}
-	if *batch <= 0 {
-		return usageError("--batch-size must be positive, got %d", *batch)
-	}
-	if *maxBatches < 0 {
-		return usageError("--max-batches must be >= 0, got %d", *maxBatches)
-	}
-	pool, err := db.connect(ctx, e)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	res, err := idempotency.GC(ctx, pool, &idempotency.GCOptions{BatchSize: *batch, MaxBatches: *maxBatches})
-	if err != nil {
-		return dbError(err)
-	}
-	if *asJSON {
-		return writeJSON(e, map[string]any{"deleted": res.Deleted, "batches": res.Batches})
-	}
-	fmt.Fprintf(e.stdout, "deleted %d expired key(s) in %d batch(es)\n", res.Deleted, res.Batches)
-	return nil
+// keyJSON is one idempotency key: its state only, never the fingerprint, the
+// result or the recovery data.
+type keyJSON struct {
+	Scope          string     `json:"scope"`
+	Key            string     `json:"key"`
+	Mode           string     `json:"mode"`   // atomic or leased
+	Status         string     `json:"status"` // in_progress, succeeded or failed
+	Epoch          int64      `json:"epoch"`
+	RecoveryPoint  string     `json:"recovery_point,omitempty"`
+	FailureCode    string     `json:"failure_code,omitempty"`
+	CreatedAt      time.Time  `json:"created_at"`
+	CompletedAt    *time.Time `json:"completed_at,omitempty"`
+	ExpiresAt      *time.Time `json:"expires_at,omitempty"`
+	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
+	TraceID        string     `json:"trace_id,omitempty"`
 }
 
-// keyRow is one pgfence.idempotency_keys row as `keys show` prints it: its
-// state only, never the fingerprint, the result or the recovery data.
-type keyRow struct {
-	Scope         string     `json:"scope"`
-	Key           string     `json:"key"`
-	Mode          string     `json:"mode"`
-	Status        string     `json:"status"`
-	Epoch         int64      `json:"epoch"`
-	RecoveryPoint string     `json:"recovery_point,omitempty"`
-	FailureCode   *string    `json:"failure_code,omitempty"`
-	CreatedAt     time.Time  `json:"created_at"`
-	CompletedAt   *time.Time `json:"completed_at,omitempty"`
-	ExpiresAt     *time.Time `json:"expires_at,omitempty"`
-	LeaseExpires  *time.Time `json:"lease_expires_at,omitempty"`
-	TraceID       *string    `json:"trace_id,omitempty"`
+func newKeyJSON(k idempotency.KeyState) keyJSON {
+	return keyJSON{Scope: k.Scope, Key: k.Key, Mode: k.Mode, Status: k.Status, Epoch: k.Epoch, RecoveryPoint: k.RecoveryPoint,
+		FailureCode: k.FailureCode, CreatedAt: k.CreatedAt.UTC(), CompletedAt: optionalTime(k.CompletedAt),
+		ExpiresAt: optionalTime(k.ExpiresAt), LeaseExpiresAt: optionalTime(k.LeaseExpiresAt), TraceID: k.TraceID}
 }
 
-const sqlKeys = `SELECT scope, key, mode, status, epoch, recovery_point, failure_code, created_at,
-       completed_at, expires_at, lease_expires_at, trace_id
-  FROM pgfence.idempotency_keys
- WHERE scope = $1 AND ($2::text IS NULL OR key = $2)
- ORDER BY created_at DESC, key LIMIT $3`
+// keysListJSON is what `keys list --json` prints.
+type keysListJSON struct {
+	Keys []keyJSON `json:"keys"` // newest first
+	// Truncated is true when the scope has more keys than --limit shows.
+	Truncated bool `json:"truncated"`
+}
 
-func runKeysShow(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "keys show", "keys show SCOPE [KEY] [--limit N] [--json]")
-	var db dbFlags
-	db.register(fs)
-	limit := fs.Int("limit", 50, "most keys listed for a scope")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := parse(fs, interspersed(fs, args)); err != nil {
-		return err
-	}
-	if fs.NArg() < 1 || fs.NArg() > 2 {
-		return usageError("keys show needs a SCOPE and at most one KEY, got %q", fs.Args())
-	}
-	if *limit <= 0 || *limit > 10000 {
-		return usageError("--limit must be 1 to 10000, got %d", *limit)
-	}
-	var key any
-	if fs.NArg() == 2 {
-		key = fs.Arg(1)
-	}
-	pool, err := db.connect(ctx, e)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	rows, err := pool.Query(ctx, sqlKeys, fs.Arg(0), key, *limit)
-	if err != nil {
-		return dbError(err)
-	}
-	keys, err := pgx.CollectRows(rows, pgx.RowToStructByPos[keyRow])
-	if err != nil {
-		return dbError(err)
-	}
-	if key != nil && len(keys) == 0 {
-		return &cliError{msg: fmt.Sprintf("no idempotency key %q in scope %q", fs.Arg(1), fs.Arg(0)), hint: "`pgfence keys show SCOPE` lists the scope's keys", code: exitFailure}
-	}
-	if *asJSON {
-		if keys == nil {
-			keys = []keyRow{}
+// keyShowJSON is what `keys show --json` prints.
+type keyShowJSON struct {
+	Key keyJSON `json:"key"`
+}
+
+// keysGCJSON is what `keys gc --json` prints.
+type keysGCJSON struct {
+	Deleted int64 `json:"deleted"`
+	Batches int   `json:"batches"`
+}
+
+// keyArgError explains a scope or key the idempotency package refused.
+func keyArgError(err error) error {
+	return &cliError{msg: err.Error(), hint: fmt.Sprintf("a scope is 1 to %d bytes and a key 1 to %d bytes, of UTF-8 without NUL", idempotency.MaxScopeBytes, idempotency.MaxKeyBytes), code: exitUsage, err: err}
+}
+
+func keysList(fs *flag.FlagSet) runFunc {
+	limit := fs.Int("limit", idempotency.KeysLimitDefault, fmt.Sprintf("most keys listed (1 to %d)", idempotency.MaxKeysLimit-1))
+	return func(ctx context.Context, in *input) error {
+		if *limit <= 0 || *limit >= idempotency.MaxKeysLimit {
+			return usageError("--limit must be 1 to %d, got %d", idempotency.MaxKeysLimit-1, *limit)
 		}
-		return writeJSON(e, map[string]any{"keys": keys})
+		pool, err := in.connect(ctx)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		keys, err := idempotency.Keys(ctx, pool, in.args[0], *limit+1) // one more: are there others?
+		if errors.Is(err, idempotency.ErrInvalid) {
+			return keyArgError(err)
+		}
+		if err != nil {
+			return dbError(err)
+		}
+		out := keysListJSON{Keys: make([]keyJSON, 0, len(keys)), Truncated: len(keys) > *limit}
+		keys = keys[:min(len(keys), *limit)]
+		for _, k := range keys {
+			out.Keys = append(out.Keys, newKeyJSON(k))
+		}
+		return in.print(out, func(w io.Writer) {
+			printKeys(w, keys)
+			switch {
+			case len(keys) == 0:
+				fmt.Fprintln(w, "(no keys in this scope)")
+			case out.Truncated:
+				fmt.Fprintf(w, "(the newest %d; --limit shows more)\n", len(keys))
+			}
+		})
 	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+}
+
+func keysShow(*flag.FlagSet) runFunc {
+	return func(ctx context.Context, in *input) error {
+		scope, key := in.args[0], in.args[1]
+		pool, err := in.connect(ctx)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		k, ok, err := idempotency.LookupKey(ctx, pool, scope, key)
+		if errors.Is(err, idempotency.ErrInvalid) {
+			return keyArgError(err)
+		}
+		if err != nil {
+			return dbError(err)
+		}
+		if !ok {
+			return &cliError{msg: fmt.Sprintf("no idempotency key %q in scope %q", key, scope), hint: "`pgfence keys list SCOPE` lists the scope's keys", code: exitFailure}
+		}
+		return in.print(keyShowJSON{Key: newKeyJSON(k)}, func(w io.Writer) {
+			printKeys(w, []idempotency.KeyState{k})
+		})
+	}
+}
+
+func printKeys(w io.Writer, keys []idempotency.KeyState) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tMODE\tSTATUS\tEPOCH\tCREATED AT\tEXPIRES AT\tTRACE ID")
 	for _, k := range keys {
 		expires := "-"
-		if k.ExpiresAt != nil {
-			expires = stamp(*k.ExpiresAt)
-		} else if k.LeaseExpires != nil {
-			expires = "lease " + stamp(*k.LeaseExpires)
+		if !k.ExpiresAt.IsZero() {
+			expires = stamp(k.ExpiresAt)
+		} else if !k.LeaseExpiresAt.IsZero() {
+			expires = "lease " + stamp(k.LeaseExpiresAt)
 		}
-		trace := "-"
-		if k.TraceID != nil {
-			trace = *k.TraceID
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", cell(k.Key), k.Mode, k.Status, k.Epoch, stamp(k.CreatedAt), expires, trace)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", cell(k.Key), k.Mode, k.Status, k.Epoch, stamp(k.CreatedAt), expires, dash(k.TraceID))
 	}
 	tw.Flush()
-	if len(keys) == 0 {
-		fmt.Fprintln(e.stdout, "(no keys in this scope)")
+}
+
+func keysGC(fs *flag.FlagSet) runFunc {
+	batch := fs.Int("batch-size", idempotency.GCBatchSizeDefault, "most keys deleted by one statement")
+	maxBatches := fs.Int("max-batches", 0, "stop after this many batches (0: until none is left)")
+	return func(ctx context.Context, in *input) error {
+		if *batch <= 0 {
+			return usageError("--batch-size must be positive, got %d", *batch)
+		}
+		if *maxBatches < 0 {
+			return usageError("--max-batches must be >= 0, got %d", *maxBatches)
+		}
+		pool, err := in.connect(ctx)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		res, err := idempotency.GC(ctx, pool, &idempotency.GCOptions{BatchSize: *batch, MaxBatches: *maxBatches})
+		if err != nil {
+			return dbError(err)
+		}
+		return in.print(keysGCJSON{Deleted: res.Deleted, Batches: res.Batches}, func(w io.Writer) {
+			fmt.Fprintf(w, "deleted %d expired key(s) in %d batch(es)\n", res.Deleted, res.Batches)
+		})
 	}
-	return nil
 }

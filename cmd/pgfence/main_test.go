@@ -20,7 +20,7 @@ func TestInterspersed(t *testing.T) {
 		// followed by "--" (which it would take as the value).
 		{[]string{"KEY", "--force", "--reason"}, []string{"--force", "--reason"}},
 	} {
-		fs := newFlags(e, "t", "t")
+		fs := newFlags(e, "t", "t", "")
 		fs.Bool("json", false, "")
 		fs.Bool("force", false, "")
 		fs.String("reason", "", "")
@@ -39,7 +39,7 @@ func TestFlagWithoutValueLast(t *testing.T) {
 		{"leases", "release", "jobs/c", "--force", "--reason"},
 		{"leases", "pause", "billing/", "--reason"},
 		{"floor", "raise", "--reason"},
-		{"protect", "stock", "--resource-column", "sku", "--prefix"},
+		{"tables", "protect", "stock", "--resource-column", "sku", "--prefix"},
 		{"leases", "show", "jobs/a", "--database-url"},
 	} {
 		code, _, errOut := cli(t, environ, args...)
@@ -79,10 +79,28 @@ func TestFlagErrorsAreOneLine(t *testing.T) {
 	if code != exitOK || !strings.Contains(errOut, "leases pause PREFIX --reason TEXT") || strings.Contains(errOut, "-force") || strings.Contains(errOut, "-history") {
 		t.Errorf("leases pause -h: code %d, stderr %q", code, errOut)
 	}
-	if code, _, errOut = cli(t, nil, "fences", "help"); code != exitOK || !strings.Contains(errOut, "Usage: pgfence fences show") {
+	// A noun's help lists its commands.
+	if code, _, errOut = cli(t, nil, "fences", "help"); code != exitOK || !strings.Contains(errOut, "pgfence fences show RESOURCE") || !strings.Contains(errOut, "pgfence fences list") {
 		t.Errorf("fences help: code %d, stderr %q", code, errOut)
+	}
+	if code, _, errOut = cli(t, nil, "fences"); code != exitUsage || !strings.Contains(errOut, "pgfence fences list") || !strings.Contains(errOut, "needs a subcommand: list or show") {
+		t.Errorf("fences without a subcommand: code %d, stderr %q", code, errOut)
 	}
 	if code, _, errOut = cli(t, nil, "leases", "list", "--force"); code != exitUsage {
 		t.Errorf("leases list --force: code %d, want a usage error: %q", code, errOut)
+	}
+}
+
+// `pgfence help` lists every noun and every command.
+func TestHelpListsEveryCommand(t *testing.T) {
+	_, out, _ := cli(t, nil, "help")
+	for _, c := range commands() {
+		want := "  " + c.noun + " "
+		if c.verb != "" {
+			want = "    " + c.usageLine() + "\n"
+		}
+		if !strings.Contains(out, want) {
+			t.Errorf("pgfence help lacks %q:\n%s", want, out)
+		}
 	}
 }

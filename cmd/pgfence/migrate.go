@@ -2,9 +2,10 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"path"
 	"text/tabwriter"
 	"time"
@@ -15,112 +16,164 @@ import (
 	"github.com/pgfence/pgfence/migrations"
 )
 
-const migrateUsage = `migrate <up|down|status|sql> [flags]
-
-  up       apply every pending migration (safe to run from several processes at once)
-  down     roll back the newest migration, or down to --to VERSION (0 rolls back all; the empty
-           schema pgfence, its version table and the cluster-wide roles remain)
-  status   list migrations and whether each is applied
-  sql      print the plain SQL (--direction up|down, --from/--to VERSION) for other migration
-           tools or psql; it records its steps like up and down do; needs no database`
-
-func runMigrate(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprintf(e.stderr, "Usage: pgfence %s\n", migrateUsage)
-		if len(args) == 0 {
-			return usageError("migrate needs a subcommand: up, down, status or sql")
-		}
-		return nil
-	}
-	sub, rest := args[0], args[1:]
-	switch sub {
-	case "up", "down", "status":
-		return runMigrateDB(ctx, e, sub, rest)
-	case "sql":
-		return runMigrateSQL(e, rest)
-	default:
-		return usageError("migrate: unknown subcommand %q (want up, down, status or sql)", sub)
-	}
+// migrationJSON is one migration applied or rolled back.
+type migrationJSON struct {
+	Version    int64  `json:"version"`
+	Name       string `json:"name"`
+	Direction  string `json:"direction"` // up or down
+	DurationMS int64  `json:"duration_ms"`
 }
 
-func runMigrateSQL(e *env, args []string) error {
-	fs := newFlags(e, "migrate sql", "migrate sql [--direction up|down] [--from VERSION] [--to VERSION]")
-	direction := fs.String("direction", "up", "up or down")
-	from := fs.Int64("from", -1, "the schema version the script starts from (default: 0 up, the latest down)")
-	to := fs.Int64("to", -1, "the schema version the script ends at (default: the latest up, 0 down)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usageError("migrate sql takes no arguments, got %q", fs.Args())
-	}
-	latest := migrations.Latest()
-	switch *direction {
-	case "up":
-		if *from == -1 {
-			*from = 0
-		}
-		if *to == -1 {
-			*to = latest
-		}
-		if *from > *to {
-			return usageError("--direction up: --from %d is above --to %d", *from, *to)
-		}
-	case "down":
-		if *from == -1 {
-			*from = latest
-		}
-		if *to == -1 {
-			*to = 0
-		}
-		if *from < *to {
-			return usageError("--direction down: --from %d is below --to %d", *from, *to)
-		}
-	default:
-		return usageError("--direction %q: want up or down", *direction)
-	}
-	sql, err := migrations.Script(*from, *to) // refuses a version it does not know
-	if err != nil {
-		return usageError("%v", err)
-	}
-	fmt.Fprintf(e.stdout, "-- pgfence schema, %s from version %d to version %d.\n", *direction, *from, *to)
-	fmt.Fprintf(e.stdout, "-- It records each step in %s, as `pgfence migrate %s` does.\n", migrations.VersionTable, *direction)
-	fmt.Fprintln(e.stdout, "-- Apply in one transaction, e.g. psql --single-transaction -v ON_ERROR_STOP=1 -f this.sql")
-	fmt.Fprint(e.stdout, sql)
-	return nil
+// migrateJSON is what `migrate up --json` and `migrate down --json` print:
+// the migrations applied or rolled back, and the schema's version after
+// them (absent when a failure left it unknown).
+type migrateJSON struct {
+	Migrations []migrationJSON `json:"migrations"`
+	Version    *int64          `json:"version,omitempty"`
 }
 
-func runMigrateDB(ctx context.Context, e *env, sub string, args []string) error {
-	fs := newFlags(e, "migrate "+sub, "migrate "+sub+" [flags]")
-	var db dbFlags
-	db.register(fs)
-	asJSON := fs.Bool("json", false, "print JSON instead of a table")
-	to := int64(-1)
-	if sub == "down" {
-		fs.Int64Var(&to, "to", -1, "roll back every migration above this version (default: only the newest)")
-	}
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usageError("migrate %s takes no arguments, got %q", sub, fs.Args())
-	}
-	if sub == "down" && to < -1 {
-		return usageError("--to must be >= 0, got %d", to)
-	}
-	pool, err := db.connect(ctx, e)
+// migrationStatusJSON is one migration in `migrate status --json`.
+type migrationStatusJSON struct {
+	Version   int64      `json:"version"`
+	Name      string     `json:"name"`
+	Applied   bool       `json:"applied"`
+	AppliedAt *time.Time `json:"applied_at,omitempty"` // absent when pending
+}
+
+// migrateStatusJSON is what `migrate status --json` prints.
+type migrateStatusJSON struct {
+	Version    int64                 `json:"version"` // 0: nothing applied
+	Latest     int64                 `json:"latest"`  // the newest this binary knows
+	Migrations []migrationStatusJSON `json:"migrations"`
+}
+
+// migrateSQLJSON is what `migrate sql --json` prints.
+type migrateSQLJSON struct {
+	Direction string `json:"direction"`
+	From      int64  `json:"from"`
+	To        int64  `json:"to"`
+	SQL       string `json:"sql"`
+}
+
+// migrator opens the command's database and a migrator on it.
+func migrator(ctx context.Context, in *input) (*migrations.Migrator, func(), error) {
+	pool, err := in.connect(ctx)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer pool.Close()
 	m, err := migrations.New(pool, nil)
 	if err != nil {
-		return err
+		pool.Close()
+		return nil, nil, err
 	}
-	defer m.Close()
+	return m, func() { m.Close(); pool.Close() }, nil
+}
 
-	switch sub {
-	case "status":
+func migrateUp(*flag.FlagSet) runFunc {
+	return func(ctx context.Context, in *input) error {
+		m, done, err := migrator(ctx, in)
+		if err != nil {
+			return err
+		}
+		defer done()
+		rs, err := m.Up(ctx)
+		if err != nil {
+			printResults(ctx, in, m, "up", rs, false) // what was applied before the failure
+			return migrateError(err)
+		}
+		return printResults(ctx, in, m, "up", rs, true)
+	}
+}
+
+func migrateDown(fs *flag.FlagSet) runFunc {
+	to := fs.Int64("to", -1, "roll back every migration above this version (default: only the newest)")
+	return func(ctx context.Context, in *input) error {
+		if *to < -1 {
+			return usageError("--to must be >= 0, got %d", *to)
+		}
+		m, done, err := migrator(ctx, in)
+		if err != nil {
+			return err
+		}
+		defer done()
+		current, _, err := m.Version(ctx)
+		if err != nil {
+			return migrateError(err)
+		}
+		if *to > current {
+			return usageError("--to %d is above the schema's version %d: down only rolls back", *to, current)
+		}
+		target := *to
+		if target == -1 {
+			if current == 0 {
+				return in.print(migrateJSON{Migrations: []migrationJSON{}, Version: &current}, func(w io.Writer) {
+					fmt.Fprintln(w, "nothing to roll back: no pgfence migration is applied")
+				})
+			}
+			ss, err := m.Status(ctx)
+			if err != nil {
+				return migrateError(err)
+			}
+			target = 0
+			for _, s := range ss {
+				if s.Applied && s.Version < current {
+					target = s.Version
+				}
+			}
+		}
+		rs, err := m.DownTo(ctx, target)
+		if err != nil {
+			printResults(ctx, in, m, "down", rs, false)
+			return migrateError(err)
+		}
+		return printResults(ctx, in, m, "down", rs, true)
+	}
+}
+
+// printResults prints the migrations applied or rolled back, and the version
+// the schema is at. After a failure (done false) it prints only the steps
+// that completed, and nothing when there were none: the error says what
+// happened.
+func printResults(ctx context.Context, in *input, m *migrations.Migrator, direction string, rs []migrations.Result, done bool) error {
+	if !done && len(rs) == 0 {
+		return nil
+	}
+	out := migrateJSON{Migrations: make([]migrationJSON, 0, len(rs))}
+	for _, r := range rs {
+		out.Migrations = append(out.Migrations, migrationJSON{Version: r.Version, Name: r.Name, Direction: string(r.Direction), DurationMS: r.Duration.Milliseconds()})
+	}
+	// After a failure the connection may be gone: the version is best effort.
+	vctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), in.db.timeout)
+	defer cancel()
+	if current, _, err := m.Version(vctx); err == nil {
+		out.Version = &current
+	} else if done {
+		return migrateError(err)
+	}
+	return in.print(out, func(w io.Writer) {
+		if len(rs) == 0 {
+			if direction == "up" {
+				fmt.Fprintln(w, "no migrations to apply")
+			} else {
+				fmt.Fprintln(w, "nothing to roll back")
+			}
+		}
+		for _, r := range rs {
+			fmt.Fprintf(w, "%-4s %05d_%s (%s)\n", r.Direction, r.Version, r.Name, r.Duration)
+		}
+		if out.Version != nil && done {
+			fmt.Fprintf(w, "schema at version %d\n", *out.Version)
+		}
+	})
+}
+
+func migrateStatus(*flag.FlagSet) runFunc {
+	return func(ctx context.Context, in *input) error {
+		m, done, err := migrator(ctx, in)
+		if err != nil {
+			return err
+		}
+		defer done()
 		ss, err := m.Status(ctx)
 		if err != nil {
 			return migrateError(err)
@@ -129,128 +182,70 @@ func runMigrateDB(ctx context.Context, e *env, sub string, args []string) error 
 		if err != nil {
 			return migrateError(err)
 		}
-		if *asJSON {
-			out := make([]migrationStatusJSON, 0, len(ss))
-			for _, s := range ss {
-				j := migrationStatusJSON{Version: s.Version, Name: s.Name, Applied: s.Applied}
-				if s.Applied {
-					j.AppliedAt = s.AppliedAt.Format(time.RFC3339)
-				}
-				out = append(out, j)
-			}
-			return writeJSON(e, map[string]any{"current": current, "latest": latest, "migrations": out})
-		}
-		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "VERSION\tNAME\tAPPLIED AT")
+		out := migrateStatusJSON{Version: current, Latest: latest, Migrations: make([]migrationStatusJSON, 0, len(ss))}
 		for _, s := range ss {
-			at := "pending"
+			j := migrationStatusJSON{Version: s.Version, Name: s.Name, Applied: s.Applied}
 			if s.Applied {
-				at = s.AppliedAt.Format(time.RFC3339)
+				j.AppliedAt = optionalTime(s.AppliedAt)
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\n", s.Version, s.Name, at)
+			out.Migrations = append(out.Migrations, j)
 		}
-		tw.Flush()
-		fmt.Fprintf(e.stdout, "schema version %d of %d\n", current, latest)
-		return nil
-	case "up":
-		rs, err := m.Up(ctx)
-		if err != nil {
-			printResults(e, "up", rs, *asJSON, false) // what was applied before the failure
-			return migrateError(err)
-		}
-		printResults(e, "up", rs, *asJSON, true)
-		if !*asJSON {
-			current, _, err := m.Version(ctx)
-			if err != nil {
-				return migrateError(err)
-			}
-			fmt.Fprintf(e.stdout, "schema at version %d\n", current)
-		}
-		return nil
-	default: // down
-		current, _, err := m.Version(ctx)
-		if err != nil {
-			return migrateError(err)
-		}
-		if to > current {
-			return usageError("--to %d is above the schema's version %d: down only rolls back", to, current)
-		}
-		if to == -1 {
-			if current == 0 {
-				if *asJSON {
-					return writeJSON(e, []migrationResultJSON{})
-				}
-				fmt.Fprintln(e.stdout, "nothing to roll back: no pgfence migration is applied")
-				return nil
-			}
-			ss, err := m.Status(ctx)
-			if err != nil {
-				return migrateError(err)
-			}
-			to = 0
+		return in.print(out, func(w io.Writer) {
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "VERSION\tNAME\tAPPLIED AT")
 			for _, s := range ss {
-				if s.Applied && s.Version < current {
-					to = s.Version
+				at := "pending"
+				if s.Applied {
+					at = s.AppliedAt.UTC().Format(time.RFC3339)
 				}
+				fmt.Fprintf(tw, "%d\t%s\t%s\n", s.Version, s.Name, at)
 			}
+			tw.Flush()
+			fmt.Fprintf(w, "schema version %d of %d\n", current, latest)
+		})
+	}
+}
+
+func migrateSQL(fs *flag.FlagSet) runFunc {
+	direction := fs.String("direction", "up", "up or down")
+	from := fs.Int64("from", -1, "the schema version the script starts from (default: 0 up, the latest down)")
+	to := fs.Int64("to", -1, "the schema version the script ends at (default: the latest up, 0 down)")
+	return func(ctx context.Context, in *input) error {
+		latest := migrations.Latest()
+		switch *direction {
+		case "up":
+			if *from == -1 {
+				*from = 0
+			}
+			if *to == -1 {
+				*to = latest
+			}
+			if *from > *to {
+				return usageError("--direction up: --from %d is above --to %d", *from, *to)
+			}
+		case "down":
+			if *from == -1 {
+				*from = latest
+			}
+			if *to == -1 {
+				*to = 0
+			}
+			if *from < *to {
+				return usageError("--direction down: --from %d is below --to %d", *from, *to)
+			}
+		default:
+			return usageError("--direction %q: want up or down", *direction)
 		}
-		rs, err := m.DownTo(ctx, to)
+		sql, err := migrations.Script(*from, *to) // refuses a version it does not know
 		if err != nil {
-			printResults(e, "down", rs, *asJSON, false)
-			return migrateError(err)
+			return usageError("%v", err)
 		}
-		printResults(e, "down", rs, *asJSON, true)
-		if !*asJSON {
-			current, _, err := m.Version(ctx)
-			if err != nil {
-				return migrateError(err)
-			}
-			fmt.Fprintf(e.stdout, "schema at version %d\n", current)
-		}
-		return nil
-	}
-}
-
-// migrationStatusJSON is one migration in `migrate status --json`.
-type migrationStatusJSON struct {
-	Version   int64  `json:"version"`
-	Name      string `json:"name"`
-	Applied   bool   `json:"applied"`
-	AppliedAt string `json:"applied_at,omitempty"` // RFC 3339, empty when pending
-}
-
-// migrationResultJSON is one migration applied or rolled back, in --json.
-type migrationResultJSON struct {
-	Version   int64  `json:"version"`
-	Name      string `json:"name"`
-	Direction string `json:"direction"`
-	Duration  string `json:"duration"`
-}
-
-// printResults prints the migrations applied or rolled back. After a failure
-// (done false) it prints only the steps that completed, and nothing when there
-// were none: the error says what happened.
-func printResults(e *env, direction string, rs []migrations.Result, asJSON, done bool) {
-	if !done && len(rs) == 0 {
-		return
-	}
-	if asJSON {
-		out := make([]migrationResultJSON, 0, len(rs))
-		for _, r := range rs {
-			out = append(out, migrationResultJSON{Version: r.Version, Name: r.Name, Direction: string(r.Direction), Duration: r.Duration.String()})
-		}
-		_ = writeJSON(e, out)
-		return
-	}
-	if len(rs) == 0 {
-		if direction == "up" {
-			fmt.Fprintln(e.stdout, "no migrations to apply")
-		} else {
-			fmt.Fprintln(e.stdout, "nothing to roll back")
-		}
-	}
-	for _, r := range rs {
-		fmt.Fprintf(e.stdout, "%-4s %05d_%s (%s)\n", r.Direction, r.Version, r.Name, r.Duration)
+		return in.print(migrateSQLJSON{Direction: *direction, From: *from, To: *to, SQL: sql}, func(w io.Writer) {
+			fmt.Fprintf(w, "-- pgfence schema, %s from version %d to version %d.\n", *direction, *from, *to)
+			fmt.Fprintf(w, "-- It records each step in %s, as `pgfence migrate %s` does.\n", migrations.VersionTable, *direction)
+			fmt.Fprintln(w, "-- Apply in one transaction, e.g. psql --single-transaction -v ON_ERROR_STOP=1 -f this.sql")
+			fmt.Fprint(w, sql)
+		})
 	}
 }
 
@@ -282,10 +277,4 @@ func migrateError(err error) error {
 		hint = "pgfence objects exist that " + migrations.VersionTable + " does not record (installed by a script from an older `pgfence migrate sql`?); `pgfence migrate status` shows the recorded version"
 	}
 	return &cliError{msg: redact(msg), hint: hint, code: exitFailure, err: err}
-}
-
-func writeJSON(e *env, v any) error {
-	enc := json.NewEncoder(e.stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }

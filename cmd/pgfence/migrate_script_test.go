@@ -72,16 +72,12 @@ func TestMigrateSQLScriptRecordsVersions(t *testing.T) {
 		t.Fatalf("after the up script: version %d, want %d", v, latest)
 	}
 	code, out, errOut := cli(t, environ, "migrate", "status", "--json")
-	var st struct {
-		Current    int64
-		Latest     int64
-		Migrations []migrationStatusJSON
-	}
-	if code != exitOK || json.Unmarshal([]byte(out), &st) != nil || st.Current != latest {
+	var st migrateStatusJSON
+	if code != exitOK || json.Unmarshal([]byte(out), &st) != nil || st.Version != latest {
 		t.Fatalf("status after the up script: code %d\n%s%s", code, out, errOut)
 	}
 	for _, s := range st.Migrations {
-		if !s.Applied || s.AppliedAt == "" {
+		if !s.Applied || s.AppliedAt == nil {
 			t.Errorf("status after the up script: %+v not applied", s)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/demo"
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
@@ -17,7 +18,7 @@ import (
 func TestMain(m *testing.M) {
 	// The demo starts its worker A as `<own executable> demo-worker`: in tests
 	// that is this test binary.
-	if len(os.Args) > 1 && os.Args[1] == "demo-worker" {
+	if len(os.Args) > 1 && os.Args[1] == demo.WorkerCommand {
 		os.Exit(run(context.Background(), os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}))
 	}
 	pgfencetest.Main(m)
@@ -55,12 +56,8 @@ func TestMigrateLifecycle(t *testing.T) {
 		t.Fatalf("second up: code %d\n%s", code, out)
 	}
 	code, out, _ = cli(t, environ, "migrate", "status", "--json")
-	var st struct {
-		Current    int64
-		Latest     int64
-		Migrations []migrationStatusJSON
-	}
-	if code != exitOK || json.Unmarshal([]byte(out), &st) != nil || st.Current != st.Latest || st.Current != migrations.Latest() {
+	var st migrateStatusJSON
+	if code != exitOK || json.Unmarshal([]byte(out), &st) != nil || st.Version != st.Latest || st.Version != migrations.Latest() {
 		t.Fatalf("status --json: code %d, %+v\n%s", code, st, out)
 	}
 	code, out, errOut = cli(t, environ, "migrate", "down", "--to", "0")
@@ -180,8 +177,8 @@ func TestMigrateDownTo(t *testing.T) {
 		t.Fatalf("down: code %d\n%s%s", code, out, errOut)
 	}
 	code, out, errOut = cli(t, environ, "migrate", "down", "--to", "1", "--json")
-	var rs []migrationResultJSON
-	if code != exitOK || json.Unmarshal([]byte(out), &rs) != nil || len(rs) != int(latest-1-1) {
+	var rs migrateJSON
+	if code != exitOK || json.Unmarshal([]byte(out), &rs) != nil || len(rs.Migrations) != int(latest-1-1) || rs.Version == nil || *rs.Version != 1 {
 		t.Fatalf("down --to 1 --json: code %d\n%s%s", code, out, errOut)
 	}
 }

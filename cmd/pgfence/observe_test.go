@@ -36,9 +36,7 @@ func TestFencesShowRejections(t *testing.T) {
 		t.Fatalf("fences show stock/apple: code %d\n%s%s", code, out, errOut)
 	}
 	code, out, _ = cli(t, environ, "fences", "show", "stock/apple", "--rejections", "1", "--json")
-	var shown struct {
-		Rejections []rejectionRow
-	}
+	var shown fenceShowJSON
 	if code != exitOK || json.Unmarshal([]byte(out), &shown) != nil || len(shown.Rejections) != 1 ||
 		shown.Rejections[0].PresentedToken != 8 || shown.Rejections[0].AcceptedToken != 9 ||
 		shown.Rejections[0].TraceID != traceID || shown.Rejections[0].Operation != "exec" || shown.Rejections[0].Op == "" {
@@ -49,8 +47,8 @@ func TestFencesShowRejections(t *testing.T) {
 	}
 }
 
-// TestKeysShow: `keys show` prints a scope's keys and one key, with the
-// trace id of the claim, never the stored result.
+// TestKeysShow: `keys list` prints a scope's keys and `keys show` one key,
+// with the trace id of the claim, never the stored result.
 func TestKeysShow(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
@@ -67,21 +65,23 @@ func TestKeysShow(t *testing.T) {
 	if _, err := store.Claim(context.Background(), db.Pool, idempotency.Request{Scope: "orders", Key: "o-2"}); err != nil {
 		t.Fatal(err)
 	}
-	code, out, errOut := cli(t, environ, "keys", "show", "orders")
+	code, out, errOut := cli(t, environ, "keys", "list", "orders")
 	if code != exitOK || !strings.Contains(out, "o-1") || !strings.Contains(out, "o-2") || !strings.Contains(out, traceID) ||
 		!strings.Contains(out, "in_progress") || strings.Contains(out, "secret-result") {
-		t.Fatalf("keys show orders: code %d\n%s%s", code, out, errOut)
+		t.Fatalf("keys list orders: code %d\n%s%s", code, out, errOut)
 	}
 	code, out, _ = cli(t, environ, "keys", "show", "orders", "o-1", "--json")
-	var shown struct{ Keys []keyRow }
-	if code != exitOK || json.Unmarshal([]byte(out), &shown) != nil || len(shown.Keys) != 1 ||
-		shown.Keys[0].Status != "succeeded" || shown.Keys[0].TraceID == nil || *shown.Keys[0].TraceID != traceID {
+	var shown keyShowJSON
+	if code != exitOK || json.Unmarshal([]byte(out), &shown) != nil || shown.Key.Key != "o-1" ||
+		shown.Key.Status != "succeeded" || shown.Key.TraceID != traceID {
 		t.Fatalf("keys show orders o-1 --json: code %d\n%s", code, out)
 	}
 	if code, _, errOut := cli(t, environ, "keys", "show", "orders", "nope"); code != exitFailure || !strings.Contains(errOut, "no idempotency key") {
 		t.Fatalf("keys show of a missing key: code %d, %s", code, errOut)
 	}
-	if code, _, _ := cli(t, environ, "keys", "show"); code != exitUsage {
-		t.Fatalf("keys show without a scope: code %d, want usage error", code)
+	for _, args := range [][]string{{"keys", "list"}, {"keys", "show", "orders"}} {
+		if code, _, _ := cli(t, environ, args...); code != exitUsage {
+			t.Fatalf("%q: code %d, want usage error", args, code)
+		}
 	}
 }

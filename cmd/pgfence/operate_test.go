@@ -38,10 +38,7 @@ func TestLeasesCommands(t *testing.T) {
 		t.Fatalf("leases list: code %d\n%s%s", code, out, errOut)
 	}
 	code, out, _ = cli(t, environ, "leases", "show", "jobs/nightly", "--json")
-	var shown struct {
-		Lease   leaseRow
-		History []historyRow
-	}
+	var shown leaseShowJSON
 	if code != exitOK || json.Unmarshal([]byte(out), &shown) != nil {
 		t.Fatalf("leases show --json: code %d\n%s", code, out)
 	}
@@ -80,7 +77,7 @@ func TestFenceCommands(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE public.stock (sku text PRIMARY KEY, qty int NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	code, out, errOut := cli(t, environ, "protect", "public.stock", "--resource-column", "sku", "--prefix", "stock/")
+	code, out, errOut := cli(t, environ, "tables", "protect", "public.stock", "--resource-column", "sku", "--prefix", "stock/")
 	if code != exitOK || !strings.Contains(out, "protected") {
 		t.Fatalf("protect: code %d\n%s%s", code, out, errOut)
 	}
@@ -91,39 +88,41 @@ func TestFenceCommands(t *testing.T) {
 	if _, err := pgfence.ExecToken(ctx, db.Pool, "stock/apple", 7, `INSERT INTO public.stock VALUES ('apple', 10)`); err != nil {
 		t.Fatal(err)
 	}
-	code, out, _ = cli(t, environ, "fences", "show")
-	if code != exitOK || !strings.Contains(out, "stock/apple") || !strings.Contains(out, `stock (resource = "stock/" || sku)`) {
-		t.Fatalf("fences show: code %d\n%s", code, out)
+	code, out, _ = cli(t, environ, "fences", "list")
+	if code != exitOK || !strings.Contains(out, "stock/apple") {
+		t.Fatalf("fences list: code %d\n%s", code, out)
+	}
+	code, out, _ = cli(t, environ, "tables", "list")
+	if code != exitOK || !strings.Contains(out, "stock") || !strings.Contains(out, `"stock/" || sku`) {
+		t.Fatalf("tables list: code %d\n%s", code, out)
 	}
 	code, out, _ = cli(t, environ, "fences", "show", "stock/apple", "--json")
-	var shown struct {
-		Fences []fenceRow
-	}
-	if code != exitOK || json.Unmarshal([]byte(out), &shown) != nil || len(shown.Fences) != 1 || shown.Fences[0].Token != 7 {
+	var shown fenceShowJSON
+	if code != exitOK || json.Unmarshal([]byte(out), &shown) != nil || shown.Fence == nil || shown.Fence.Token != 7 {
 		t.Fatalf("fences show stock/apple --json: code %d\n%s", code, out)
 	}
 	// Protecting again with the same settings says nothing more; with other
 	// settings it says what it replaced.
-	if code, out, errOut = cli(t, environ, "protect", "public.stock", "--resource-column", "sku", "--prefix", "stock/"); code != exitOK || strings.Contains(out, "replaced") {
+	if code, out, errOut = cli(t, environ, "tables", "protect", "public.stock", "--resource-column", "sku", "--prefix", "stock/"); code != exitOK || strings.Contains(out, "replaced") {
 		t.Fatalf("protect again, same settings: code %d\n%s%s", code, out, errOut)
 	}
-	if code, out, errOut = cli(t, environ, "protect", "public.stock", "--resource-column", "sku", "--prefix", "shop/"); code != exitOK || !strings.Contains(out, `it was protected with resource "stock/" || sku before; that setting is replaced`) {
+	if code, out, errOut = cli(t, environ, "tables", "protect", "public.stock", "--resource-column", "sku", "--prefix", "shop/"); code != exitOK || !strings.Contains(out, `it was protected with resource "stock/" || sku before; that setting is replaced`) {
 		t.Fatalf("protect again, another prefix: code %d\n%s%s", code, out, errOut)
 	}
-	if code, out, errOut = cli(t, environ, "protect", "public.stock", "--resource-column", "sku", "--prefix", "stock/"); code != exitOK {
+	if code, out, errOut = cli(t, environ, "tables", "protect", "public.stock", "--resource-column", "sku", "--prefix", "stock/"); code != exitOK {
 		t.Fatalf("protect back: code %d\n%s%s", code, out, errOut)
 	}
-	if code, _, errOut := cli(t, environ, "protect", "public.nope", "--resource-column", "sku"); code == exitOK || !strings.Contains(errOut, "hint:") {
+	if code, _, errOut := cli(t, environ, "tables", "protect", "public.nope", "--resource-column", "sku"); code == exitOK || !strings.Contains(errOut, "hint:") {
 		t.Fatalf("protect a missing table: code %d, %s", code, errOut)
 	}
-	code, out, _ = cli(t, environ, "unprotect", "public.stock")
+	code, out, _ = cli(t, environ, "tables", "unprotect", "public.stock")
 	if code != exitOK || !strings.Contains(out, "unprotected") {
 		t.Fatalf("unprotect: code %d\n%s", code, out)
 	}
 	if _, err := db.Pool.Exec(ctx, `UPDATE public.stock SET qty = 9`); err != nil {
 		t.Fatalf("write after unprotect: %v", err)
 	}
-	code, out, _ = cli(t, environ, "unprotect", "public.stock")
+	code, out, _ = cli(t, environ, "tables", "unprotect", "public.stock")
 	if code != exitOK || !strings.Contains(out, "was not protected") {
 		t.Fatalf("second unprotect: code %d\n%s", code, out)
 	}
@@ -363,7 +362,7 @@ func TestOperatingErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	weak := map[string]string{"DATABASE_URL": fmt.Sprintf("host=%s port=%d dbname=%s user=%s password=not-a-secret", cfg.Host, cfg.Port, cfg.Database, role)}
-	code, out, errOut = cli(t, weak, "protect", "public.stock", "--resource-column", "sku")
+	code, out, errOut = cli(t, weak, "tables", "protect", "public.stock", "--resource-column", "sku")
 	if code != exitFailure || !strings.Contains(errOut, "pgfence_operator") {
 		t.Errorf("protect without the privilege: code %d\n%s%s", code, out, errOut)
 	}
@@ -372,13 +371,13 @@ func TestOperatingErrors(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `DROP SCHEMA pgfence CASCADE`); err != nil {
 		t.Fatal(err)
 	}
-	expect(exitSchema, "migrate up", "protect", "public.stock", "--resource-column", "sku")
-	expect(exitSchema, "migrate up", "unprotect", "public.stock")
+	expect(exitSchema, "migrate up", "tables", "protect", "public.stock", "--resource-column", "sku")
+	expect(exitSchema, "migrate up", "tables", "unprotect", "public.stock")
 	expect(exitSchema, "migrate up", "floor", "show", "--column", "public.stock.quantity")
 }
 
 // TestOperateJSONShape pins what scripts parse: every key of every --json
-// output of leases and fences is snake_case, and a time the database never
+// output of leases and tables is snake_case, and a time the database never
 // recorded is absent rather than printed as year 1.
 func TestOperateJSONShape(t *testing.T) {
 	t.Parallel()
@@ -397,7 +396,7 @@ func TestOperateJSONShape(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE public.items (id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
-	if code, out, errOut := cli(t, environ, "protect", "public.items", "--resource-column", "id"); code != exitOK {
+	if code, out, errOut := cli(t, environ, "tables", "protect", "public.items", "--resource-column", "id"); code != exitOK {
 		t.Fatalf("protect: code %d\n%s%s", code, out, errOut)
 	}
 
@@ -430,7 +429,7 @@ func TestOperateJSONShape(t *testing.T) {
 		return v
 	}
 
-	list := run("leases", "list").([]any)
+	list := run("leases", "list").(map[string]any)["leases"].([]any)
 	if len(list) != 1 {
 		t.Fatalf("leases list --json: %v, want one lease", list)
 	}
@@ -469,10 +468,9 @@ func TestOperateJSONShape(t *testing.T) {
 	run("leases", "pause", "jobs/", "--reason", "json shape")
 	run("leases", "resume", "jobs/")
 
-	fences := run("fences", "show").(map[string]any)
-	tables := fences["protected_tables"].([]any)
+	tables := run("tables", "list").(map[string]any)["tables"].([]any)
 	if len(tables) != 1 || tables[0].(map[string]any)["table"] != "items" || tables[0].(map[string]any)["resource_column"] != "id" {
-		t.Fatalf("fences show --json protected_tables: %v", tables)
+		t.Fatalf("tables list --json: %v", tables)
 	}
 }
 

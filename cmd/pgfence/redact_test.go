@@ -120,7 +120,7 @@ func TestSecretsStayOutOfCLIErrors(t *testing.T) {
 	refused := 0
 	for _, u := range urls {
 		for _, args := range [][]string{
-			{"leases", "list"}, {"fences"}, {"doctor"}, {"migrate", "status"}, {"protect", "t", "--resource-column", "c"}, {"bench"}, {"demo"},
+			{"leases", "list"}, {"fences", "list"}, {"doctor"}, {"migrate", "status"}, {"tables", "protect", "t", "--resource-column", "c"}, {"bench", "compare"}, {"demo"},
 		} {
 			code, out, errOut := cli(t, map[string]string{"DATABASE_URL": u}, args...)
 			if code == exitOK {

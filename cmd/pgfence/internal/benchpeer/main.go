@@ -1,4 +1,4 @@
-// Command pgfence-benchpeer runs the Redis side of `pgfence bench --peers
+// Command pgfence-benchpeer runs the Redis side of `pgfence bench compare --peers
 // redis`: the same lock + unlock work as the pgfence cases, through
 // github.com/go-redsync/redsync/v4 (SET NX PX, then a compare-and-delete
 // script) on a local redis-server that it starts on a free 127.0.0.1 port in a

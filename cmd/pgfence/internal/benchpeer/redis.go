@@ -212,7 +212,7 @@ func Measure(ctx context.Context, mode Mode, cfg benchrun.Config) (benchrun.Resu
 	r := benchrun.Run(ctx, op, cfg)
 	if ctx.Err() != nil {
 		// A run cut short would pass for a figure: none.
-		return benchrun.Result{}, fmt.Errorf("interrupted after %.1fs of %s: no result: %w", r.Seconds, d, context.Cause(ctx))
+		return benchrun.Result{}, fmt.Errorf("interrupted after %s of %s: no result: %w", r.Elapsed.Round(100*time.Millisecond), d, context.Cause(ctx))
 	}
 	r.Case, r.What = name, mode.Describe()
 	r.SetStatements(commands.n.Load() - before)

@@ -62,7 +62,9 @@ type Config struct {
 }
 
 // Result summarizes one case at one concurrency. The statement fields are
-// filled in by the caller, which knows how to count them.
+// filled in by the caller, which knows how to count them. Its JSON is how the
+// Redis peer hands a result to the bench (durations in nanoseconds), not what
+// `pgfence bench compare --json` prints.
 type Result struct {
 	Case    string `json:"case"`
 	Group   string `json:"group,omitempty"`
@@ -74,11 +76,14 @@ type Result struct {
 	Errors     int    `json:"errors"`
 	FirstError string `json:"first_error,omitempty"`
 	// Held counts attempts that found their random key held by another worker.
-	Held    int     `json:"held"`
-	Seconds float64 `json:"seconds"`
-	OpsPerS float64 `json:"ops_per_s"`
-	P50ms   float64 `json:"p50_ms"`
-	P99ms   float64 `json:"p99_ms"`
+	Held int `json:"held"`
+	// Elapsed is the time on the clock, from its start until every operation
+	// started before Duration ended had returned.
+	Elapsed time.Duration `json:"elapsed_ns"`
+	OpsPerS float64       `json:"ops_per_s"`
+	// P50 and P99 are the latency percentiles of the samples.
+	P50 time.Duration `json:"p50_ns"`
+	P99 time.Duration `json:"p99_ns"`
 	// Statements counts the database statements (Redis: commands) the client
 	// sent while the clock ran; StatementsPerOp divides it by Ops.
 	Statements      int64   `json:"statements"`
@@ -94,8 +99,8 @@ func (r *Result) SetStatements(n int64) {
 	if r.Ops > 0 {
 		r.StatementsPerOp = float64(n) / float64(r.Ops)
 	}
-	if r.Seconds > 0 {
-		r.StatementsPerS = float64(n) / r.Seconds
+	if r.Elapsed > 0 {
+		r.StatementsPerS = float64(n) / r.Elapsed.Seconds()
 	}
 }
 
@@ -192,7 +197,7 @@ func drive(ctx context.Context, op Op, workers []*Worker, d time.Duration) tally
 // Summarize turns latency samples into a [Result] (Case and What left empty).
 func Summarize(lat []time.Duration, elapsed time.Duration, workers, errs, held int, firstErr error) Result {
 	slices.Sort(lat)
-	r := Result{Workers: workers, Ops: len(lat), Errors: errs, Held: held, Seconds: elapsed.Seconds()}
+	r := Result{Workers: workers, Ops: len(lat), Errors: errs, Held: held, Elapsed: elapsed}
 	if firstErr != nil {
 		r.FirstError = firstErr.Error()
 	}
@@ -200,10 +205,8 @@ func Summarize(lat []time.Duration, elapsed time.Duration, workers, errs, held i
 		r.OpsPerS = float64(len(lat)) / elapsed.Seconds()
 	}
 	if len(lat) > 0 {
-		r.P50ms = ms(lat[len(lat)/2])
-		r.P99ms = ms(lat[len(lat)*99/100])
+		r.P50 = lat[len(lat)/2]
+		r.P99 = lat[len(lat)*99/100]
 	}
 	return r
 }
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

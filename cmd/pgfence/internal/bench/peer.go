@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bytes"
@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,10 +21,12 @@ import (
 // Redis dependencies. The bench runs it once per mode and concurrency; it
 // starts its own redis-server and prints one benchrun.Result as JSON.
 const (
-	peerBinary = "pgfence-benchpeer"
-	peerDir    = "cmd/pgfence/internal/benchpeer"
-	// peerEnv names the peer binary to use instead of searching for it.
-	peerEnv = "PGFENCE_BENCHPEER"
+	// PeerBinary is the peer program's name on PATH.
+	PeerBinary = "pgfence-benchpeer"
+	// PeerDir is the peer's source, from the root of a pgfence checkout.
+	PeerDir = "cmd/pgfence/internal/benchpeer"
+	// PeerEnv names the peer binary to use instead of searching for it.
+	PeerEnv = "PGFENCE_BENCHPEER"
 	// peerGrace is the time a peer gets beyond the run's duration: starting
 	// redis-server (the peer waits at most 10s for it), the warm-up, stopping.
 	peerGrace = time.Minute
@@ -33,7 +36,8 @@ const (
 
 // peerRunner finds (or builds) the peer binary on first use.
 type peerRunner struct {
-	e        *env
+	progress io.Writer
+	getenv   func(string) string
 	resolved bool
 	bin      string
 	missing  string // why there is no peer: its cases are reported as skipped
@@ -55,30 +59,34 @@ func (p *peerRunner) resolve(ctx context.Context) {
 		return
 	}
 	p.resolved = true
-	if v := p.e.getenv(peerEnv); v != "" {
+	getenv := p.getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	if v := getenv(PeerEnv); v != "" {
 		if _, err := os.Stat(v); err != nil {
-			p.missing = fmt.Sprintf("%s=%s: %v", peerEnv, v, err)
+			p.missing = fmt.Sprintf("%s=%s: %v", PeerEnv, v, err)
 			return
 		}
 		p.bin = v
 		return
 	}
-	if bin, err := exec.LookPath(peerBinary); err == nil {
+	if bin, err := exec.LookPath(PeerBinary); err == nil {
 		p.bin = bin
 		return
 	}
 	src := findPeerSource()
 	goBin, err := exec.LookPath("go")
 	if src == "" || err != nil {
-		p.missing = fmt.Sprintf("the Redis peer is not available: put %s on PATH (cd %s && go build -o ~/go/bin/%s .) or run from a pgfence source checkout with Go installed", peerBinary, peerDir, peerBinary)
+		p.missing = fmt.Sprintf("the Redis peer is not available: put %s on PATH (cd %s && go build -o ~/go/bin/%s .) or run from a pgfence source checkout with Go installed", PeerBinary, PeerDir, PeerBinary)
 		return
 	}
 	if p.tmp, err = os.MkdirTemp("", "pgfence-bench-"); err != nil {
 		p.missing = err.Error()
 		return
 	}
-	bin := filepath.Join(p.tmp, peerBinary)
-	fmt.Fprintf(p.e.stderr, "  building the Redis peer: go build in %s\n", src)
+	bin := filepath.Join(p.tmp, PeerBinary)
+	fmt.Fprintf(p.progress, "  building the Redis peer: go build in %s\n", src)
 	// The first build may download the peer's modules: bounded all the same.
 	bctx, cancel := context.WithTimeout(ctx, peerBuildTimeout)
 	defer cancel()
@@ -102,7 +110,7 @@ func findPeerSource() string {
 		return ""
 	}
 	for {
-		src := filepath.Join(dir, peerDir)
+		src := filepath.Join(dir, PeerDir)
 		if _, err := os.Stat(filepath.Join(src, "go.mod")); err == nil {
 			return src
 		}
@@ -116,7 +124,7 @@ func findPeerSource() string {
 
 // measure runs the peer in mode with n workers as t says. A missing peer, or one
 // that fails, gives a skipped result saying why: never a figure.
-func (p *peerRunner) measure(ctx context.Context, mode string, n int, t benchTiming) (benchrun.Result, error) {
+func (p *peerRunner) measure(ctx context.Context, mode string, n int, t Timing) (benchrun.Result, error) {
 	p.resolve(ctx)
 	if p.missing != "" {
 		return benchrun.Result{Workers: n, Skipped: p.missing}, nil
@@ -126,7 +134,7 @@ func (p *peerRunner) measure(ctx context.Context, mode string, n int, t benchTim
 	pctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(pctx, p.bin, "-mode", mode, "-workers", strconv.Itoa(n), "-duration", t.duration.String(), "-warmup", t.warmup.String())
+	cmd := exec.CommandContext(pctx, p.bin, "-mode", mode, "-workers", strconv.Itoa(n), "-duration", t.Duration.String(), "-warmup", t.Warmup.String())
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	// Interrupted, the peer stops its redis-server and removes its directory;
 	// one that does not exit within WaitDelay is killed (its server dies with it).

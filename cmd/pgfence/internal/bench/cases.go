@@ -1,0 +1,400 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/benchrun"
+	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
+)
+
+// Every statement of the lab names its functions, operators and types with
+// their schema (pg_catalog.clock_timestamp(), OPERATOR(pg_catalog.=),
+// pg_catalog.text): a session's search_path cannot change what runs, and the
+// plans, so the costs, are those of the unqualified SQL.
+
+// benchSchema holds the business tables the cases write to, and the lock table
+// of the hand-written floor. It is dropped when the bench ends.
+const benchSchema = `
+	DROP SCHEMA IF EXISTS pgfence_bench CASCADE;
+	CREATE SCHEMA pgfence_bench;
+	CREATE TABLE pgfence_bench.stock (id int PRIMARY KEY, qty bigint NOT NULL, fence bigint);
+	INSERT INTO pgfence_bench.stock SELECT g, 0 FROM pg_catalog.generate_series(0, 99999) g;
+	CREATE TABLE pgfence_bench.orders (id bigserial PRIMARY KEY, item int NOT NULL);
+	CREATE TABLE pgfence_bench.locks (key pg_catalog.text PRIMARY KEY, holder pg_catalog.uuid NOT NULL, token bigint NOT NULL,
+	    expires_at timestamp with time zone NOT NULL);
+	CREATE TABLE pgfence_bench.fences (resource pg_catalog.text PRIMARY KEY, token bigint NOT NULL, op pg_catalog.uuid) WITH (fillfactor = 50);
+	INSERT INTO pgfence_bench.fences SELECT 'bench/' OPERATOR(pg_catalog.||) g, 1 FROM pg_catalog.generate_series(0, 99999) g;
+	ANALYZE pgfence_bench.stock;
+	ANALYZE pgfence_bench.fences`
+
+// The SQL of the raw cases: what a team writes by hand without pgfence.
+const (
+	// The floor of the lock rows: an inline upsert that takes a free or
+	// expired lock (its WHERE runs after the row lock) and a release that only
+	// the holder's grant can do. Both commit durably.
+	sqlFloorAcquire = `INSERT INTO pgfence_bench.locks AS l (key, holder, token, expires_at)
+		VALUES ($1, $2, 1, pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) interval '30 seconds')
+		ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, token = l.token OPERATOR(pg_catalog.+) 1, expires_at = excluded.expires_at
+		WHERE l.expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()
+		RETURNING token`
+	sqlFloorRelease = `UPDATE pgfence_bench.locks SET expires_at = pg_catalog.clock_timestamp()
+		WHERE key OPERATOR(pg_catalog.=) $1 AND holder OPERATOR(pg_catalog.=) $2 AND token OPERATOR(pg_catalog.=) $3`
+	sqlUpdate = `UPDATE pgfence_bench.stock SET qty = qty OPERATOR(pg_catalog.+) 1 WHERE id OPERATOR(pg_catalog.=) $1`
+	// The floor of a fence that records each write: a hand-written fence row
+	// update (token check, operation id), sent with sqlUpdate in one batch.
+	sqlFenceRow = `UPDATE pgfence_bench.fences SET token = $2, op = $3
+		WHERE resource OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.<=) $2`
+	sqlInsert = `INSERT INTO pgfence_bench.orders (item) VALUES ($1)`
+	// sqlFenceAll fences each bench resource that has no fence row yet.
+	sqlFenceAll = `SELECT pg_catalog.count(pgfence.fence('bench/' OPERATOR(pg_catalog.||) g, $1))
+  FROM pg_catalog.generate_series(0, 99999) g
+ WHERE NOT EXISTS (SELECT 1 FROM pgfence.fences f WHERE f.resource OPERATOR(pg_catalog.=) ('bench/' OPERATOR(pg_catalog.||) g))`
+	sqlRawAcquire = `SELECT acquired, holder::pg_catalog.text, token FROM pgfence.try_acquire($1, interval '30 seconds')`
+	sqlRawRelease = `SELECT pgfence.release($1, $2::pg_catalog.uuid, $3, false)`
+	sqlAdvisory   = `SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext($1))`
+	sqlNextToken  = `SELECT pgfence.next_token(NULL)`
+)
+
+// benchStock is pgfence_bench.stock as a versioned table: its rows carry
+// their own fence token.
+var benchStock = pgfence.Table{Name: pgx.Identifier{"pgfence_bench", "stock"}, Key: "id", Fence: "fence"}
+
+// Case is one row of the bench table.
+type Case struct {
+	// Name names the case in --cases and in the report.
+	Name string
+	// Group is the kind of work: lock, hot key, fenced write, lease-checked
+	// write, idempotency.
+	Group string
+	// What says what one operation does.
+	What string
+	// peer, when set, is the Redis peer's mode: the case runs in the peer
+	// process, not here.
+	peer string
+	// prepare returns the operation for one measurement with n workers, and a
+	// cleanup to run after it.
+	prepare func(ctx context.Context, lab *Lab, n int) (benchrun.Op, func(), error)
+}
+
+// simple makes a prepare function of an operation that needs no state per
+// measurement.
+func simple(op func(ctx context.Context, lab *Lab, w *benchrun.Worker) error) func(context.Context, *Lab, int) (benchrun.Op, func(), error) {
+	return func(_ context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
+		return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+			return 0, op(ctx, lab, w)
+		}, func() {}, nil
+	}
+}
+
+func benchKey(w *benchrun.Worker) string { return "bench/" + strconv.Itoa(w.Key()) }
+
+// randomUUID returns a random UUID (version 4) from the worker's source.
+func randomUUID(w *benchrun.Worker) string {
+	hi, lo := w.Rand.Uint64(), w.Rand.Uint64()
+	hi = hi&^0xf000 | 0x4000
+	lo = lo&^(0xc<<60) | 0x8<<60
+	return fmt.Sprintf("%08x-%04x-%04x-%04x-%012x", hi>>32, hi>>16&0xffff, hi&0xffff, lo>>48, lo&0xffffffffffff)
+}
+
+// Peer tells whether the case runs in the Redis peer, not on PostgreSQL.
+func (c *Case) Peer() bool { return c.peer != "" }
+
+// Cases returns every case, in the order of the table: lock + unlock
+// (pgfence, raw SQL, advisory locks, Redis), the hot key, fenced and
+// lease-checked writes, idempotency.
+func Cases() []*Case {
+	return []*Case{
+		{Name: "raw-lock-upsert", Group: "lock", What: "the floor: a hand-written inline-upsert acquire + conditional release over pgx (2 durable commits)",
+			prepare: simple(func(ctx context.Context, lab *Lab, w *benchrun.Worker) error {
+				k, holder := benchKey(w), randomUUID(w)
+				var token int64
+				err := lab.pool.QueryRow(ctx, sqlFloorAcquire, k, holder).Scan(&token)
+				if errors.Is(err, pgx.ErrNoRows) {
+					return benchrun.ErrHeld
+				}
+				if err != nil {
+					return err
+				}
+				tag, err := lab.pool.Exec(ctx, sqlFloorRelease, k, holder, token)
+				if err == nil && tag.RowsAffected() != 1 {
+					err = fmt.Errorf("release of %s by its holder changed %d rows", k, tag.RowsAffected())
+				}
+				return err
+			})},
+		{Name: "raw-lease", Group: "lock", What: "pgfence.try_acquire + pgfence.release sent as raw SQL over pgx (the SQL API without the Go client)",
+			prepare: simple(func(ctx context.Context, lab *Lab, w *benchrun.Worker) error {
+				k := benchKey(w)
+				var ok bool
+				var holder *string // NULL when the key is held
+				var tok *int64
+				if err := lab.pool.QueryRow(ctx, sqlRawAcquire, k).Scan(&ok, &holder, &tok); err != nil {
+					return err
+				}
+				if !ok {
+					return benchrun.ErrHeld
+				}
+				_, err := lab.pool.Exec(ctx, sqlRawRelease, k, holder, tok)
+				return err
+			})},
+		{Name: "leases", Group: "lock", What: "leases.Client TryAcquire + Lease.Release (the library; the release commits with synchronous_commit=off by default)",
+			prepare: func(_ context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
+				client, err := leases.New(lab.pool, &leases.Config{DisableWakeups: true})
+				if err != nil {
+					return nil, nil, err
+				}
+				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+					l, err := client.TryAcquire(ctx, benchKey(w), 30*time.Second, nil)
+					if errors.Is(err, leases.ErrLeaseHeld) {
+						return 0, benchrun.ErrHeld
+					}
+					if err != nil {
+						return 0, err
+					}
+					return 0, l.Release(ctx)
+				}, func() { client.Close() }, nil
+			}},
+		{Name: "advisory-lock", Group: "lock", What: "pg_advisory_xact_lock in a transaction: what teams use today (not durable, no token, no expiry)",
+			prepare: simple(func(ctx context.Context, lab *Lab, w *benchrun.Worker) error {
+				return pgx.BeginFunc(ctx, lab.pool, func(tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, sqlAdvisory, benchKey(w))
+					return err
+				})
+			})},
+		{Name: "redis-durable", Group: "lock", peer: "durable", What: "Redis peer: redsync SET NX PX + compare-and-delete script, appendonly yes + appendfsync always"},
+		{Name: "redis-memory", Group: "lock", peer: "memory", What: "Redis peer: redsync SET NX PX + compare-and-delete script, no persistence"},
+		{Name: "hot-key", Group: "hot key", What: "N waiters (one leases.Client each, wake-ups on) take turns on one key; latency = hand-off, from Release called to the next grant",
+			prepare: prepareHotKey},
+		{Name: "raw-update", Group: "fenced write", What: "UPDATE of one row, unfenced (1 statement, 1 commit)",
+			prepare: simple(func(ctx context.Context, lab *Lab, w *benchrun.Worker) error {
+				_, err := lab.pool.Exec(ctx, sqlUpdate, w.Key())
+				return err
+			})},
+		{Name: "raw-fence-row", Group: "fenced write", What: "the same UPDATE plus a hand-written fence row UPDATE (token check, operation id) in one batch: the floor of any fence that records its writes",
+			prepare: simple(func(ctx context.Context, lab *Lab, w *benchrun.Worker) error {
+				id := w.Key()
+				batch := &pgx.Batch{}
+				batch.Queue(sqlFenceRow, "bench/"+strconv.Itoa(id), 2, randomUUID(w))
+				batch.Queue(sqlUpdate, id)
+				br := lab.pool.SendBatch(ctx, batch)
+				tag, err := br.Exec()
+				if err == nil && tag.RowsAffected() != 1 {
+					err = fmt.Errorf("the fence row of bench/%d refused token 2", id)
+				}
+				if cerr := br.Close(); err == nil {
+					err = cerr
+				}
+				return err
+			})},
+		{Name: "fenced-update", Group: "fenced write", What: "pgfence.Exec: the same UPDATE fenced by a token, one round trip",
+			prepare: func(ctx context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
+				// One token per resource that never goes backwards: the token
+				// of a single long-held grant (equal tokens pass).
+				var token int64
+				if err := lab.pool.QueryRow(ctx, sqlNextToken).Scan(&token); err != nil {
+					return nil, nil, err
+				}
+				// Every resource was fenced before, as every stock row was
+				// written before: both sides update a row that exists. (A
+				// resource's first fenced write inserts its fence row; the
+				// fenced-write-vs-resources curve measures that.)
+				if _, err := lab.pool.Exec(ctx, sqlFenceAll, token); err != nil {
+					return nil, nil, err
+				}
+				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+					id := w.Key()
+					_, err := pgfence.ExecToken(ctx, lab.pool, "bench/"+strconv.Itoa(id), token, sqlUpdate, id)
+					return 0, err
+				}, func() {}, nil
+			}},
+		{Name: "versioned-update", Group: "fenced write", What: "pgfence.UpdateRow: the row carries its own token (column fence); one UPDATE sets qty where the row's token is not newer",
+			prepare: func(ctx context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
+				var token int64
+				if err := lab.pool.QueryRow(ctx, sqlNextToken).Scan(&token); err != nil {
+					return nil, nil, err
+				}
+				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+					return 0, pgfence.UpdateRow(ctx, lab.pool, benchStock, w.Key(), token, map[string]any{"qty": w.Rand.Int64()})
+				}, func() {}, nil
+			}},
+		{Name: "leased-exec", Group: "lease-checked write", What: "pgfence.ExecLeased: the same UPDATE checked against the worker's live lease, one round trip",
+			prepare: prepareLeased(func(ctx context.Context, lab *Lab, l pgfence.Lease, id int) error {
+				_, err := pgfence.ExecLeased(ctx, lab.pool, l, sqlUpdate, id)
+				return err
+			})},
+		{Name: "leased-write", Group: "lease-checked write", What: "pgfence.WriteLeased: a transaction that checks the lease, runs the same UPDATE and commits",
+			prepare: prepareLeased(func(ctx context.Context, lab *Lab, l pgfence.Lease, id int) error {
+				return pgfence.WriteLeased(ctx, lab.pool, l, func(ctx context.Context, tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, sqlUpdate, id)
+					return err
+				})
+			})},
+		{Name: "raw-insert-tx", Group: "idempotency", What: "a transaction inserting one order row (1 commit)",
+			prepare: simple(func(ctx context.Context, lab *Lab, w *benchrun.Worker) error {
+				return pgx.BeginFunc(ctx, lab.pool, func(tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, sqlInsert, w.Key())
+					return err
+				})
+			})},
+		{Name: "idempotent-tx", Group: "idempotency", What: "idempotency.Store.Do: the same insert under a new key, result stored atomically",
+			prepare: func(_ context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
+				store, err := idempotency.NewStore(nil)
+				if err != nil {
+					return nil, nil, err
+				}
+				var seq atomic.Int64
+				run := strconv.FormatInt(time.Now().UnixNano(), 36) // new keys in every run and measurement
+				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+					_, err := insertOnce(ctx, lab, store, run+"/"+strconv.FormatInt(seq.Add(1), 10), w.Key())
+					return 0, err
+				}, func() {}, nil
+			}},
+		{Name: "replay", Group: "idempotency", What: "idempotency.Store.Do with a key already done (random out of 1000): the stored result, nothing executed",
+			prepare: prepareReplay},
+	}
+}
+
+// insertOnce inserts one order under the idempotency key (scope "bench").
+func insertOnce(ctx context.Context, lab *Lab, store *idempotency.Store, key string, item int) (*idempotency.Outcome, error) {
+	return store.Do(ctx, lab.pool, idempotency.Request{Scope: "bench", Key: key}, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		_, err := tx.Exec(ctx, sqlInsert, item)
+		return []byte("ok"), err
+	})
+}
+
+// replayKeys is how many completed keys the replay case draws from.
+const replayKeys = 1000
+
+// prepareReplay completes replayKeys keys once, then measures duplicates: each
+// must come back Replayed with the stored result, never run again.
+func prepareReplay(ctx context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
+	store, err := idempotency.NewStore(nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	key := func(i int) string { return run + "/replay/" + strconv.Itoa(i) }
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		loadErr error
+	)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g; i < replayKeys; i += 8 {
+				if _, err := insertOnce(ctx, lab, store, key(i), i); err != nil {
+					mu.Lock()
+					loadErr = errors.Join(loadErr, err)
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if loadErr != nil {
+		return nil, nil, fmt.Errorf("store the keys to replay: %w", loadErr)
+	}
+	return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+		o, err := insertOnce(ctx, lab, store, key(w.Rand.IntN(replayKeys)), -1)
+		if err != nil {
+			return 0, err
+		}
+		if o.Status != idempotency.Replayed || string(o.Result) != "ok" {
+			return 0, fmt.Errorf("replay: status %s, result %q: not the stored result", o.Status, o.Result)
+		}
+		return 0, nil
+	}, func() {}, nil
+}
+
+// prepareLeased gives every worker its own lease (taken in the warm-up, long
+// enough for the longest --duration) and measures write, on a random row,
+// checked against it.
+func prepareLeased(write func(ctx context.Context, lab *Lab, l pgfence.Lease, id int) error) func(context.Context, *Lab, int) (benchrun.Op, func(), error) {
+	return func(_ context.Context, lab *Lab, n int) (benchrun.Op, func(), error) {
+		client, err := leases.New(lab.pool, &leases.Config{DisableWakeups: true})
+		if err != nil {
+			return nil, nil, err
+		}
+		held := make([]*leases.Lease, n)
+		run := strconv.FormatInt(time.Now().UnixNano(), 36)
+		cleanup := func() {
+			ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+			defer cancel()
+			for _, l := range held {
+				if l != nil {
+					_ = l.Release(ctx)
+				}
+			}
+			client.Close()
+		}
+		return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+			l := held[w.ID] // only worker w.ID touches this slot
+			if l == nil {
+				var err error
+				if l, err = client.TryAcquire(ctx, "bench/leased/"+run+"/"+strconv.Itoa(w.ID), 2*MaxDuration, nil); err != nil {
+					return 0, err
+				}
+				held[w.ID] = l
+			}
+			return 0, write(ctx, lab, l, w.Key())
+		}, cleanup, nil
+	}
+}
+
+// prepareHotKey gives each of the n waiters its own client (as n processes
+// would have), wake-ups on, and a fresh key. Each grant records the time since
+// the previous holder called Release: the hand-off latency.
+func prepareHotKey(_ context.Context, lab *Lab, n int) (benchrun.Op, func(), error) {
+	clients := make([]*leases.Client, n)
+	cleanup := func() {
+		for _, c := range clients {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}
+	for i := range clients {
+		c, err := leases.New(lab.pool, nil)
+		if err != nil {
+			cleanup()
+			return nil, nil, err
+		}
+		clients[i] = c
+	}
+	key := "bench/hot/" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	base := time.Now()
+	var released atomic.Int64 // when the last holder called Release, since base; 0: nobody yet
+	return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+		l, err := clients[w.ID].Acquire(ctx, key, 30*time.Second, nil)
+		if err != nil {
+			return 0, err
+		}
+		now := time.Since(base)
+		var handoff time.Duration
+		if prev := released.Load(); prev > 0 {
+			handoff = now - time.Duration(prev)
+		}
+		released.Store(int64(time.Since(base)))
+		// Released even if the caller's context ends (a grant left behind
+		// would block the key for its TTL), but not waited for forever.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leases.ReleaseTimeoutDefault)
+		err = l.Release(rctx)
+		cancel()
+		if err != nil {
+			return 0, err
+		}
+		return handoff, nil // 0 for the very first grant: its own latency
+	}, cleanup, nil
+}

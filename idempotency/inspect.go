@@ -1,0 +1,160 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Reads for operators and tools: the state of stored keys, never their
+// fingerprint, result or recovery data. They change nothing and take no
+// lock. Every statement is immune to search_path: functions and operators are
+// schema-qualified.
+
+// KeyState is the state of one stored idempotency key.
+type KeyState struct {
+	Scope string
+	Key   string
+	// Mode is "atomic" ([Store.Do]) or "leased" ([Store.Claim]).
+	Mode string
+	// Status is "in_progress", "succeeded" or "failed".
+	Status string
+	// Epoch counts the leased attempts that owned the key (a takeover adds
+	// one); 1 for an atomic key.
+	Epoch int64
+	// RecoveryPoint is the last point an attempt recorded ([Attempt.Advance]);
+	// empty if none.
+	RecoveryPoint string
+	// FailureCode is the code of a stored [Failure]; empty unless failed.
+	FailureCode string
+	// CreatedAt is when the key was first claimed (database clock).
+	CreatedAt time.Time
+	// CompletedAt is when it completed; zero while in progress.
+	CompletedAt time.Time
+	// ExpiresAt is when its retention ends and [GC] may delete it; zero while
+	// in progress.
+	ExpiresAt time.Time
+	// LeaseExpiresAt is when a leased attempt's claim runs out; zero for
+	// atomic and completed keys.
+	LeaseExpiresAt time.Time
+	// TraceID is the trace of the claim that owns or completed the key, if it
+	// was traced.
+	TraceID string
+}
+
+// KeysLimitDefault is how many keys [Keys] returns when asked for 0;
+// MaxKeysLimit is the most it returns.
+const (
+	KeysLimitDefault = 50
+	MaxKeysLimit     = 10_000
+)
+
+const (
+	sqlKeyColumns = `SELECT scope, key, mode, status, epoch, recovery_point, coalesce(failure_code, ''),
+       created_at, completed_at, expires_at, lease_expires_at, coalesce(trace_id, '')
+  FROM pgfence.idempotency_keys`
+	sqlKeys = sqlKeyColumns + `
+ WHERE scope OPERATOR(pg_catalog.=) $1 ORDER BY created_at DESC, key LIMIT $2`
+	sqlLookupKey = sqlKeyColumns + `
+ WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2`
+)
+
+// Keys returns the stored keys of scope, newest first, at most limit of them
+// (0: [KeysLimitDefault], at most [MaxKeysLimit]). To tell whether more
+// exist, ask for one more than you show.
+func Keys(ctx context.Context, db DB, scope string, limit int) ([]KeyState, error) {
+	if err := checkScope(scope); err != nil {
+		return nil, err
+	}
+	switch {
+	case limit < 0 || limit > MaxKeysLimit:
+		return nil, fmt.Errorf("%w: limit must be 0 to %d, got %d", ErrInvalid, MaxKeysLimit, limit)
+	case limit == 0:
+		limit = KeysLimitDefault
+	}
+	q, done, err := querier(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	rows, err := q.Query(ctx, sqlKeys, scope, limit)
+	if err != nil {
+		return nil, classify(err, false)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (KeyState, error) { return scanKey(row) })
+	if err != nil {
+		return nil, classify(err, false)
+	}
+	return out, nil
+}
+
+// LookupKey returns the state of one key, and false when it is not stored
+// (never claimed, or deleted by [GC]).
+func LookupKey(ctx context.Context, db DB, scope, key string) (KeyState, bool, error) {
+	if err := checkScope(scope); err != nil {
+		return KeyState{}, false, err
+	}
+	if len(key) == 0 || len(key) > MaxKeyBytes || !validText(key) {
+		return KeyState{}, false, fmt.Errorf("%w: key must be 1 to %d bytes of UTF-8 without NUL, got %d bytes", ErrInvalid, MaxKeyBytes, len(key))
+	}
+	k, err := scanKey(db.QueryRow(ctx, sqlLookupKey, scope, key))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return KeyState{}, false, nil
+	}
+	if err != nil {
+		return KeyState{}, false, classify(err, false)
+	}
+	return k, true, nil
+}
+
+func checkScope(scope string) error {
+	if len(scope) == 0 || len(scope) > MaxScopeBytes || !validText(scope) {
+		return fmt.Errorf("%w: scope must be 1 to %d bytes of UTF-8 without NUL, got %d bytes", ErrInvalid, MaxScopeBytes, len(scope))
+	}
+	return nil
+}
+
+func scanKey(row pgx.Row) (KeyState, error) {
+	var (
+		k                                KeyState
+		completed, expires, leaseExpires *time.Time
+	)
+	err := row.Scan(&k.Scope, &k.Key, &k.Mode, &k.Status, &k.Epoch, &k.RecoveryPoint, &k.FailureCode,
+		&k.CreatedAt, &completed, &expires, &leaseExpires, &k.TraceID)
+	k.CompletedAt, k.ExpiresAt, k.LeaseExpiresAt = orZero(completed), orZero(expires), orZero(leaseExpires)
+	return k, err
+}
+
+// orZero returns *t, or the zero time for a NULL.
+func orZero(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
+}
+
+// rowsQuerier runs a statement that returns rows. *pgxpool.Pool, *pgx.Conn
+// and pgx.Tx are one.
+type rowsQuerier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// querier returns db itself when it runs queries that return rows (every
+// type the package documents does), else a read-only transaction on it;
+// done ends that transaction.
+func querier(ctx context.Context, db DB) (rowsQuerier, func(), error) {
+	if db == nil {
+		return nil, nil, fmt.Errorf("%w: db is nil", ErrInvalid)
+	}
+	if q, ok := db.(rowsQuerier); ok {
+		return q, func() {}, nil
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, nil, classify(err, false)
+	}
+	return tx, func() { rollback(tx) }, nil
+}

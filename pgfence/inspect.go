@@ -1,0 +1,153 @@
+package pgfence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Reads for operators and tools: what pgfence.fences, pgfence.token_floor and
+// pgfence.protected_tables() hold now. They change nothing and take no lock.
+// Every statement is immune to search_path: functions and operators are
+// schema-qualified.
+
+// FenceRecord is one fenced resource as pgfence.fences stores it.
+type FenceRecord struct {
+	// Resource is the fenced resource.
+	Resource string
+	// Token is the highest token accepted for the resource.
+	Token int64
+	// Writes counts the accepted writes.
+	Writes int64
+	// AcceptedAt is when the last write was accepted (database clock).
+	AcceptedAt time.Time
+	// Op is the operation id of the last accepted write (zero if it had none).
+	Op OpID
+}
+
+// FencesLimitDefault is how many rows [Fences] returns when asked for 0;
+// MaxFencesLimit is the most it returns.
+const (
+	FencesLimitDefault = 1000
+	MaxFencesLimit     = 100_000
+)
+
+const (
+	sqlFences = `SELECT resource, token, writes, accepted_at, op FROM pgfence.fences
+ WHERE pg_catalog.starts_with(resource, $1) ORDER BY resource LIMIT $2`
+	sqlLookupFence = `SELECT resource, token, writes, accepted_at, op FROM pgfence.fences
+ WHERE resource OPERATOR(pg_catalog.=) $1`
+	sqlTokenFloor   = `SELECT floor, raised_at, reason FROM pgfence.token_floor`
+	sqlProtectionOf = `SELECT relation::pg_catalog.text, resource_column, prefix FROM pgfence.protected_tables()
+ WHERE relation OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1)`
+)
+
+// Fences returns the fenced resources whose name starts with prefix ("" for
+// every one), ordered by name, at most limit of them (0:
+// [FencesLimitDefault], at most [MaxFencesLimit]). To tell whether more
+// exist, ask for one more than you show.
+func Fences(ctx context.Context, db DB, prefix string, limit int) ([]FenceRecord, error) {
+	if err := checkDB(db); err != nil {
+		return nil, err
+	}
+	if prefix != "" {
+		if err := validateName("prefix", prefix); err != nil {
+			return nil, err
+		}
+	}
+	switch {
+	case limit < 0 || limit > MaxFencesLimit:
+		return nil, fmt.Errorf("%w: limit must be 0 to %d, got %d", ErrInvalid, MaxFencesLimit, limit)
+	case limit == 0:
+		limit = FencesLimitDefault
+	}
+	rows, err := db.Query(ctx, sqlFences, prefix, limit)
+	if err != nil {
+		return nil, mapError(err, false)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (FenceRecord, error) { return scanFence(row) })
+	if err != nil {
+		return nil, mapError(err, false)
+	}
+	return out, nil
+}
+
+// LookupFence returns the fence of resource, or an error wrapping
+// [ErrNotFound] when no token was ever accepted for it. Unlike [Accepted] it
+// says when the last write was accepted.
+func LookupFence(ctx context.Context, db DB, resource string) (FenceRecord, error) {
+	if err := checkDB(db); err != nil {
+		return FenceRecord{}, err
+	}
+	if err := validateResource(resource); err != nil {
+		return FenceRecord{}, err
+	}
+	f, err := scanFence(db.QueryRow(ctx, sqlLookupFence, resource))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return FenceRecord{}, fmt.Errorf("%w: no token accepted for resource %q", ErrNotFound, resource)
+	}
+	if err != nil {
+		return FenceRecord{}, mapError(err, false)
+	}
+	return f, nil
+}
+
+func scanFence(row pgx.Row) (FenceRecord, error) {
+	var f FenceRecord
+	var op *[16]byte
+	err := row.Scan(&f.Resource, &f.Token, &f.Writes, &f.AcceptedAt, &op)
+	if op != nil {
+		f.Op = *op
+	}
+	return f, err
+}
+
+// TokenFloorState is the token floor: every token issued is greater than
+// Floor.
+type TokenFloorState struct {
+	// Floor is the floor itself; 0 until [RaiseTokenFloor] raised it.
+	Floor int64
+	// RaisedAt is when the floor was last set (database clock).
+	RaisedAt time.Time
+	// Reason is why, as given to [RaiseTokenFloor] ("initial" at first).
+	Reason string
+}
+
+// TokenFloor returns the token floor. After a restore or a rebuild compare it
+// with [MaxStoredToken]; [RaiseTokenFloor] raises it.
+func TokenFloor(ctx context.Context, db DB) (TokenFloorState, error) {
+	if err := checkDB(db); err != nil {
+		return TokenFloorState{}, err
+	}
+	var f TokenFloorState
+	err := db.QueryRow(ctx, sqlTokenFloor).Scan(&f.Floor, &f.RaisedAt, &f.Reason)
+	if err != nil {
+		return TokenFloorState{}, mapError(err, false)
+	}
+	return f, nil
+}
+
+// ProtectionOf returns how table is protected ([Protect]), and false when it
+// is not, or when no such table exists. Table names are checked with
+// [CheckIdentifier]; an unqualified name is looked up on the search_path, as
+// [Protect] looks it up.
+func ProtectionOf(ctx context.Context, db DB, table pgx.Identifier) (ProtectedTable, bool, error) {
+	if err := checkDB(db); err != nil {
+		return ProtectedTable{}, false, err
+	}
+	if err := checkIdentifier("table", table); err != nil {
+		return ProtectedTable{}, false, err
+	}
+	var p ProtectedTable
+	err := db.QueryRow(ctx, sqlProtectionOf, table.Sanitize()).Scan(&p.Table, &p.ResourceColumn, &p.Prefix)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ProtectedTable{}, false, nil
+	}
+	if err != nil {
+		return ProtectedTable{}, false, mapError(err, false)
+	}
+	return p, true, nil
+}
