@@ -51,6 +51,10 @@ var (
 	// SQLSTATE PF013); the server refused it. Only SQL clients that settle
 	// their own attempts with pgfence.abandon_grant meet it.
 	ErrAbandoned = pgerr.ErrAbandoned
+	// ErrNotGranted: the database role may not use this key: no prefix of it
+	// is granted to the role (SQLSTATE PF014; an operator grants prefixes
+	// with pgfence.grant_prefix). Nothing was done.
+	ErrNotGranted = pgerr.ErrNotGranted
 )
 
 // HeldError is returned by [Client.TryAcquire] (and, wrapped, by

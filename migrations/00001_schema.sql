@@ -25,6 +25,8 @@
 --   PF013 request abandoned: the request's client gave it up after its reply
 --         was lost and was told that it did not happen (abandon_grant,
 --         abandon_fence); the request arrived late and is refused
+--   PF014 name not granted: the calling role may not use this lease key,
+--         resource or idempotency scope (see grant_prefix)
 --
 -- Roles. Two NOLOGIN group roles; grant them to your login roles:
 --
@@ -283,9 +285,104 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- Prefix grants: which lease keys, fenced resources and idempotency scopes a
+-- role may use. Services that share a database are kept apart by name: an
+-- operator grants each service's role its prefixes,
+--
+--   SELECT pgfence.grant_prefix('orders_service', 'orders/');
+--
+-- and every function of the protocol refuses a name outside the caller's
+-- prefixes (PF014), for keys, resources and scopes alike. The rows of the
+-- pgfence tables are visible to pgfence_app members within their prefixes
+-- only (row-level security). The caller is session_user (the role that
+-- logged in), with every role it is a member of; the schema's owner and
+-- superusers may use every name. A role with no grant may use nothing: to
+-- keep one service's old behaviour, grant it the empty prefix, which covers
+-- every name: SELECT pgfence.grant_prefix('pgfence_app', '').
+-- +goose StatementBegin
+CREATE TABLE pgfence.prefix_grants (
+    grantee    regrole     NOT NULL,
+    prefix     text        NOT NULL CHECK (octet_length(prefix) <= 512),
+    granted_by name        NOT NULL DEFAULT session_user,
+    granted_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (grantee, prefix)
+);
+-- +goose StatementEnd
+
+-- may_use reports whether the session's role may use p_name (a lease key, a
+-- fenced resource or an idempotency scope).
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.may_use(p_name text) RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- The schema's owner (and so a superuser) may use every name.
+    IF pg_has_role(session_user, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgfence'), 'MEMBER') THEN
+        RETURN true;
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM pgfence.prefix_grants g
+                    WHERE starts_with(p_name, g.prefix) AND pg_has_role(session_user, g.grantee, 'MEMBER'));
+END;
+$$;
+-- +goose StatementEnd
+
+-- require_granted raises PF014 unless the session's role may use p_name;
+-- p_what names the kind of name in the message.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.require_granted(p_what text, p_name text) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- A missing name is the argument checks' to refuse (PF008).
+    IF p_name IS NOT NULL AND NOT pgfence.may_use(p_name) THEN
+        RAISE EXCEPTION 'pgfence: role % may not use % %: no prefix of it is granted to the role', session_user, p_what, quote_literal(p_name)
+            USING ERRCODE = 'PF014',
+                  DETAIL = format('role=%s name=%s', session_user, p_name),
+                  HINT = 'An operator grants a role the prefixes it may use: SELECT pgfence.grant_prefix(role, prefix).';
+    END IF;
+END;
+$$;
+-- +goose StatementEnd
+
+-- grant_prefix lets p_role (and its members) use every name that starts with
+-- p_prefix ('' is every name). It returns false when the grant existed.
+-- Operator only.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.grant_prefix(p_role regrole, p_prefix text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_new integer;
+BEGIN
+    PERFORM pgfence.require_primary();
+    IF p_role IS NULL OR p_prefix IS NULL OR octet_length(p_prefix) > 512 THEN
+        RAISE EXCEPTION 'pgfence: grant_prefix needs a role and a prefix of at most 512 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    INSERT INTO pgfence.prefix_grants (grantee, prefix) VALUES (p_role, p_prefix) ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS v_new = ROW_COUNT;
+    RETURN v_new > 0;
+END;
+$$;
+-- +goose StatementEnd
+
+-- revoke_prefix removes a grant_prefix; it returns whether there was one.
+-- Leases and fences already granted stay as they are: their holders keep
+-- them until they end, but cannot renew, release or write under them.
+-- Operator only.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.revoke_prefix(p_role regrole, p_prefix text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgfence.require_primary();
+    DELETE FROM pgfence.prefix_grants g WHERE g.grantee = p_role AND g.prefix = p_prefix;
+    RETURN FOUND;
+END;
+$$;
+-- +goose StatementEnd
+
 -- raise_token_floor makes every token issued from now on greater than
--- new_floor. It refuses to lower the floor (PF009); raising it to its current
--- value is a no-op. It returns the floor before.
+-- new_floor, and retires every token at or below it: fence() refuses them
+-- (PF001), so holders of leases granted before must acquire again before
+-- they write, and prune_retired may delete the rows of keys whose tokens are
+-- all retired. It refuses to lower the floor (PF009); raising it to its
+-- current value is a no-op. It returns the floor before.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.raise_token_floor(new_floor bigint, reason text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -354,16 +451,19 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgfence FROM PUBLIC;
 
 GRANT SELECT ON pgfence.token_floor TO pgfence_app, pgfence_operator;
 
-GRANT SELECT ON pgfence.abandoned_requests TO pgfence_operator;
+GRANT SELECT ON pgfence.abandoned_requests, pgfence.prefix_grants TO pgfence_operator;
 
 GRANT EXECUTE ON FUNCTION
     pgfence.current_trace_id(),
-    pgfence.max_token()
+    pgfence.max_token(),
+    pgfence.may_use(text)
   TO pgfence_app, pgfence_operator;
 
 -- Operations: the operator role only.
 GRANT EXECUTE ON FUNCTION
     pgfence.raise_token_floor(bigint, text),
+    pgfence.grant_prefix(regrole, text),
+    pgfence.revoke_prefix(regrole, text),
     pgfence.next_token(bigint),
     pgfence.token_epoch()
   TO pgfence_operator;
@@ -371,6 +471,11 @@ GRANT EXECUTE ON FUNCTION
 -- +goose Down
 -- The schema itself stays: goose's version table lives in it. So do the
 -- roles (see above).
+DROP FUNCTION pgfence.revoke_prefix(regrole, text);
+DROP FUNCTION pgfence.grant_prefix(regrole, text);
+DROP FUNCTION pgfence.require_granted(text, text);
+DROP FUNCTION pgfence.may_use(text);
+DROP TABLE pgfence.prefix_grants;
 DROP FUNCTION pgfence.raise_if_abandoned(text, text, uuid);
 DROP FUNCTION pgfence.abandon_request(text, text, uuid);
 DROP TABLE pgfence.abandoned_requests;

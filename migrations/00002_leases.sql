@@ -366,6 +366,7 @@ BEGIN
                 2 * pgfence.lease_max_ttl() + interval '1 minute'
             USING ERRCODE = 'PF008';
     END IF;
+    PERFORM pgfence.require_granted('lease', p_key);
     -- Queue positions need no durability: losing them in a crash costs
     -- fairness only.
     PERFORM set_config('synchronous_commit', 'off', true);
@@ -389,6 +390,7 @@ CREATE FUNCTION pgfence.lease_queue_leave(p_key text, p_waiter uuid) RETURNS boo
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.require_granted('lease', p_key);
     DELETE FROM pgfence.lease_waiters w WHERE w.key = p_key AND w.waiter = p_waiter;
     RETURN FOUND;
 END;
@@ -418,6 +420,7 @@ DECLARE
 BEGIN
     PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, p_ttl, coalesce(p_holder_info, ''));
+    PERFORM pgfence.require_granted('lease', p_key);
     IF p_ttl IS NULL THEN
         RAISE EXCEPTION 'pgfence: lease ttl must not be NULL' USING ERRCODE = 'PF008';
     END IF;
@@ -584,6 +587,7 @@ DECLARE
 BEGIN
     PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, p_ttl, NULL);
+    PERFORM pgfence.require_granted('lease', p_key);
     IF p_ttl IS NULL OR p_holder IS NULL OR p_token IS NULL THEN
         RAISE EXCEPTION 'pgfence: renew of lease % needs a holder, a token and a ttl', p_key
             USING ERRCODE = 'PF008';
@@ -642,6 +646,7 @@ DECLARE
 BEGIN
     PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    PERFORM pgfence.require_granted('lease', p_key);
     IF p_holder IS NULL OR p_token IS NULL THEN
         RAISE EXCEPTION 'pgfence: release of lease % needs a holder and a token', p_key
             USING ERRCODE = 'PF008';
@@ -732,6 +737,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN
     PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    PERFORM pgfence.require_granted('lease', p_key);
     RETURN pgfence.abandon_request('grant', p_key, p_holder);
 END;
 $$;
@@ -752,6 +758,7 @@ DECLARE
 BEGIN
     PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    PERFORM pgfence.require_granted('lease', p_key);
     IF p_holder IS NULL THEN
         RAISE EXCEPTION 'pgfence: grant_probe needs a holder' USING ERRCODE = 'PF008';
     END IF;
@@ -821,6 +828,21 @@ GRANT EXECUTE ON FUNCTION
     pgfence.pause_grants(text, text),
     pgfence.resume_grants(text, text)
   TO pgfence_operator;
+
+-- Row-level security: pgfence_app members see the rows of the names granted
+-- to them (grant_prefix); operators see every row. The functions run as the
+-- schema's owner, which row-level security does not restrict.
+ALTER TABLE pgfence.leases ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.lease_events ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.lease_waiters ENABLE ROW LEVEL SECURITY;
+CREATE POLICY granted ON pgfence.leases FOR SELECT TO pgfence_app USING (pgfence.may_use(key));
+CREATE POLICY granted ON pgfence.lease_events FOR SELECT TO pgfence_app USING (pgfence.may_use(key));
+CREATE POLICY granted ON pgfence.lease_waiters FOR SELECT TO pgfence_app USING (pgfence.may_use(key));
+CREATE POLICY operators ON pgfence.leases FOR SELECT TO pgfence_operator USING (true);
+CREATE POLICY operators ON pgfence.lease_events FOR SELECT TO pgfence_operator USING (true);
+CREATE POLICY operators ON pgfence.lease_waiters FOR SELECT TO pgfence_operator USING (true);
+-- The view reads the table with the caller's rights, so the policies apply.
+ALTER VIEW pgfence.lease_status SET (security_invoker = true);
 
 -- +goose Down
 DROP VIEW pgfence.lease_status;

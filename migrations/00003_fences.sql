@@ -123,12 +123,18 @@ CREATE TRIGGER fences_before_update BEFORE UPDATE ON pgfence.fences
 -- +goose StatementEnd
 
 -- reject_fence_change refuses DELETE and TRUNCATE on pgfence.fences: they
--- would forget an accepted token and let a stale writer in.
+-- would forget an accepted token and let a stale writer in. A row whose token
+-- is at or below the floor carries nothing (fence() refuses every such
+-- token), so it may go (prune_retired).
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.reject_fence_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_OP = 'UPDATE' THEN
+    IF TG_OP = 'DELETE' THEN
+        IF OLD.token <= (SELECT f.floor FROM pgfence.token_floor f) THEN
+            RETURN OLD;
+        END IF;
+    ELSIF TG_OP = 'UPDATE' THEN
         RAISE EXCEPTION 'pgfence: token for resource % may not be lowered from % to %', OLD.resource, OLD.token, NEW.token
             USING ERRCODE = 'PF001',
                   DETAIL = format('accepted=%s presented=%s resource=%s', OLD.token, NEW.token, OLD.resource);
@@ -169,12 +175,14 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     accepted bigint;
     issued   bigint;
+    retired  bigint;
 BEGIN
     PERFORM pgfence.require_primary();
     IF fence.resource IS NULL OR octet_length(fence.resource) NOT BETWEEN 1 AND 512 THEN
         RAISE EXCEPTION 'pgfence: resource must be 1 to 512 bytes' USING ERRCODE = 'PF008';
     END IF;
     PERFORM pgfence.check_token(fence.token);
+    PERFORM pgfence.require_granted('resource', fence.resource);
     -- The token must come from the lease named by the resource, and its grant
     -- must have committed (or be this transaction's own): the lease row holds
     -- the newest token the key issued. A token above it is from a grant that
@@ -189,6 +197,15 @@ BEGIN
                   HINT = CASE WHEN issued IS NULL
                               THEN 'No lease of that key was ever granted: fence a resource with a token of the lease whose key is the resource.'
                               ELSE 'Use the token after its grant committed, of the lease whose key is the resource.' END;
+    END IF;
+    -- Tokens at or below the floor are retired (raise_token_floor): their
+    -- rows may have been pruned, so nothing else would remember them.
+    SELECT f.floor INTO retired FROM pgfence.token_floor f;
+    IF fence.token <= retired THEN
+        RAISE EXCEPTION 'pgfence: stale token % for resource %: tokens up to the floor % are retired', fence.token, quote_literal(fence.resource), retired
+            USING ERRCODE = 'PF001',
+                  DETAIL = format('accepted=%s presented=%s resource=%s', retired, fence.token, fence.resource),
+                  HINT = 'The token floor was raised above this token: acquire the lease again.';
     END IF;
     -- An accepted token must survive a crash as long as the write it guards.
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -265,6 +282,7 @@ BEGIN
     IF p_resource IS NULL OR octet_length(p_resource) NOT BETWEEN 1 AND 512 THEN
         RAISE EXCEPTION 'pgfence: resource must be 1 to 512 bytes' USING ERRCODE = 'PF008';
     END IF;
+    PERFORM pgfence.require_granted('resource', p_resource);
     BEGIN
         INSERT INTO pgfence.fences AS f (resource, token, writes) VALUES (p_resource, 1, 0)
             ON CONFLICT (resource) DO UPDATE SET writes = f.writes
@@ -296,6 +314,7 @@ BEGIN
         RAISE EXCEPTION 'pgfence: check_lease needs a key of 1 to 512 bytes and a holder' USING ERRCODE = 'PF008';
     END IF;
     PERFORM pgfence.check_token(check_lease.token);
+    PERFORM pgfence.require_granted('lease', check_lease.key);
     SELECT * INTO l FROM pgfence.leases WHERE key = check_lease.key FOR SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgfence: lease % is not held: no such lease', quote_literal(check_lease.key)
@@ -678,6 +697,7 @@ BEGIN
         RAISE EXCEPTION 'pgfence: record_fence_rejection needs a resource, the presented token and a reason (stale_token, lease_not_held or token_not_issued)'
             USING ERRCODE = 'PF008';
     END IF;
+    PERFORM pgfence.require_granted('resource', p_resource);
     IF pg_current_xact_id_if_assigned() IS NULL THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
@@ -709,6 +729,7 @@ BEGIN
     IF p_resource IS NULL OR octet_length(p_resource) NOT BETWEEN 1 AND 512 THEN
         RAISE EXCEPTION 'pgfence: resource must be 1 to 512 bytes' USING ERRCODE = 'PF008';
     END IF;
+    PERFORM pgfence.require_granted('resource', p_resource);
     RETURN pgfence.abandon_request('fence', p_resource, p_op);
 END;
 $$;
@@ -769,6 +790,61 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- prune_retired deletes, at most p_batch rows of each table at a time, what
+-- the token floor has retired: lease rows whose token is at or below the
+-- floor and that are not live (a later grant of the key starts above the
+-- floor), their history, fence rows at or below the floor (fence() refuses
+-- such tokens, so the rows remember nothing), and queue places that expired.
+-- It is the retention of tables that otherwise keep a row per key ever
+-- used: raise the floor (holders of older leases then acquire again before
+-- they write), then prune. It returns what it deleted. Operator only.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.prune_retired(p_batch integer DEFAULT 1000)
+RETURNS TABLE (leases bigint, events bigint, fences bigint, waiters bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_floor   bigint;
+    v_leases  bigint;
+    v_events  bigint;
+    v_fences  bigint;
+    v_waiters bigint;
+BEGIN
+    PERFORM pgfence.require_primary();
+    IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'pgfence: prune_retired batch must be 1 to 100000, got %', p_batch USING ERRCODE = 'PF008';
+    END IF;
+    SELECT f.floor INTO v_floor FROM pgfence.token_floor f;
+    WITH gone AS (
+        DELETE FROM pgfence.leases l
+         WHERE l.key IN (SELECT x.key FROM pgfence.leases x
+                          WHERE x.token <= v_floor AND (x.released_at IS NOT NULL OR x.expires_at <= clock_timestamp())
+                          LIMIT p_batch FOR UPDATE SKIP LOCKED)
+        RETURNING l.key)
+    SELECT count(*) INTO v_leases FROM gone;
+    WITH gone AS (
+        DELETE FROM pgfence.lease_events e
+         WHERE e.id IN (SELECT x.id FROM pgfence.lease_events x
+                         WHERE x.token <= v_floor AND NOT EXISTS (SELECT 1 FROM pgfence.leases l WHERE l.key = x.key)
+                         LIMIT p_batch)
+        RETURNING 1)
+    SELECT count(*) INTO v_events FROM gone;
+    WITH gone AS (
+        DELETE FROM pgfence.fences f
+         WHERE f.resource IN (SELECT x.resource FROM pgfence.fences x WHERE x.token <= v_floor
+                               LIMIT p_batch FOR UPDATE SKIP LOCKED)
+        RETURNING 1)
+    SELECT count(*) INTO v_fences FROM gone;
+    WITH gone AS (
+        DELETE FROM pgfence.lease_waiters w
+         WHERE (w.key, w.waiter) IN (SELECT x.key, x.waiter FROM pgfence.lease_waiters x
+                                      WHERE x.expires_at <= clock_timestamp() LIMIT p_batch)
+        RETURNING 1)
+    SELECT count(*) INTO v_waiters FROM gone;
+    RETURN QUERY SELECT v_leases, v_events, v_fences, v_waiters;
+END;
+$$;
+-- +goose StatementEnd
+
 -- Nothing for PUBLIC (functions are created executable by everyone), then
 -- each role gets exactly its list.
 REVOKE ALL ON ALL TABLES IN SCHEMA pgfence FROM PUBLIC;
@@ -794,6 +870,7 @@ GRANT EXECUTE ON FUNCTION
 -- trigger functions, so protect needs guard and reject_truncate.
 GRANT EXECUTE ON FUNCTION
     pgfence.prune_fence_rejections(interval),
+    pgfence.prune_retired(integer),
     pgfence.lower_fence(text, bigint, text),
     pgfence.max_stored_token(),
     pgfence.protect(regclass, text, text),
@@ -801,6 +878,16 @@ GRANT EXECUTE ON FUNCTION
     pgfence.guard(),
     pgfence.reject_truncate()
   TO pgfence_operator;
+
+-- Row-level security, as for the lease tables. The guard of protected tables
+-- reads pgfence.fences with the writer's rights: it finds the rows of the
+-- resources the writer may fence, which are the only ones it fenced.
+ALTER TABLE pgfence.fences ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.fence_rejections ENABLE ROW LEVEL SECURITY;
+CREATE POLICY granted ON pgfence.fences FOR SELECT TO pgfence_app USING (pgfence.may_use(resource));
+CREATE POLICY granted ON pgfence.fence_rejections FOR SELECT TO pgfence_app USING (pgfence.may_use(resource));
+CREATE POLICY operators ON pgfence.fences FOR SELECT TO pgfence_operator USING (true);
+CREATE POLICY operators ON pgfence.fence_rejections FOR SELECT TO pgfence_operator USING (true);
 
 -- +goose Down
 -- The guards go first: their triggers depend on guard and reject_truncate.
@@ -815,6 +902,7 @@ BEGIN
 END;
 $$;
 -- +goose StatementEnd
+DROP FUNCTION pgfence.prune_retired(integer);
 DROP FUNCTION pgfence.lower_fence(text, bigint, text);
 DROP TABLE pgfence.fence_resets;
 DROP FUNCTION pgfence.abandon_fence(text, uuid);

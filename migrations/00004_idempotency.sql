@@ -208,6 +208,7 @@ DECLARE
     v_old     text;
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_require_read_committed();
     PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
@@ -287,6 +288,7 @@ DECLARE
     v_expires timestamptz;
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
     UPDATE pgfence.idempotency_keys k
@@ -367,6 +369,7 @@ DECLARE
     v_claimed boolean;
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_require_read_committed();
     PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
@@ -475,6 +478,7 @@ DECLARE
     v_expires timestamptz;
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
         RAISE EXCEPTION 'pgfence: idempotency lease must be 1 ms to 24 hours, got %', p_lease USING ERRCODE = 'PF008';
@@ -504,6 +508,7 @@ DECLARE
     v_expires timestamptz;
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
         RAISE EXCEPTION 'pgfence: idempotency lease must be 1 ms to 24 hours, got %', p_lease USING ERRCODE = 'PF008';
@@ -542,6 +547,7 @@ DECLARE
     v_expires timestamptz;
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
     UPDATE pgfence.idempotency_keys k
@@ -572,6 +578,7 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     UPDATE pgfence.idempotency_keys k
        SET owner = NULL, lease_expires_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -656,6 +663,12 @@ GRANT EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION
     pgfence.idempotency_gc(integer)
   TO pgfence_operator;
+
+-- Row-level security: a stored result is readable within the scopes granted
+-- to the role only (grant_prefix); operators see every row.
+ALTER TABLE pgfence.idempotency_keys ENABLE ROW LEVEL SECURITY;
+CREATE POLICY granted ON pgfence.idempotency_keys FOR SELECT TO pgfence_app USING (pgfence.may_use(scope));
+CREATE POLICY operators ON pgfence.idempotency_keys FOR SELECT TO pgfence_operator USING (true);
 
 -- +goose Down
 DROP FUNCTION pgfence.idempotency_gc(integer);

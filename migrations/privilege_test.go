@@ -40,6 +40,13 @@ func loginRole(t *testing.T, db *pgfencetest.Database, group string) (name strin
 	if _, err := db.Pool.Exec(ctx, create); err != nil {
 		t.Fatal(err)
 	}
+	if group == "pgfence_app" {
+		// Every name: these tests are about privileges, not about prefixes
+		// (prefix_test.go).
+		if _, err := db.Pool.Exec(ctx, `SELECT pgfence.grant_prefix($1::regrole, '')`, name); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +187,7 @@ func TestLeastPrivilege(t *testing.T) {
 	if got, err := pgfence.Resolve(ctx, app, &pgfence.OutcomeUnknownError{Resource: rcpt.Resource, Token: rcpt.Token, Op: rcpt.Op}); err != nil || got != pgfence.Applied {
 		t.Fatalf("app: Resolve = %v, %v; want applied", got, err)
 	}
-	if got, err := pgfence.Resolve(ctx, app, &pgfence.OutcomeUnknownError{Resource: "acct:never", Token: 1}); err != nil || got != pgfence.NotApplied {
+	if got, err := pgfence.Resolve(ctx, app, &pgfence.OutcomeUnknownError{Resource: "acct:never", Token: 1, Op: pgfence.OpID{1}}); err != nil || got != pgfence.NotApplied {
 		t.Fatalf("app: Resolve of an unwritten resource = %v, %v; want not applied", got, err)
 	}
 	if _, err := pgfence.Accepted(ctx, owner, "acct:never"); !errors.Is(err, pgfence.ErrNotFound) {
@@ -449,6 +456,7 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.lease_queue_leave(text,uuid)",
 		"pgfence.lease_queue_turn(text,uuid,interval)",
 		"pgfence.max_token()",
+		"pgfence.may_use(text)",
 		"pgfence.protected_tables()",
 		"pgfence.record_fence_rejection(text,bigint,bigint,text,text,text,uuid,text)",
 		"pgfence.release(text,uuid,bigint,boolean)",
@@ -457,6 +465,7 @@ func TestPrivilegeCatalog(t *testing.T) {
 	}
 	operations := []string{
 		"pgfence.force_release(text,text)",
+		"pgfence.grant_prefix(regrole,text)",
 		"pgfence.guard()",
 		"pgfence.idempotency_gc(integer)",
 		"pgfence.lower_fence(text,bigint,text)",
@@ -466,9 +475,11 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.protect(regclass,text,text)",
 		"pgfence.prune_fence_rejections(interval)",
 		"pgfence.prune_lease_events(text,integer)",
+		"pgfence.prune_retired(integer)",
 		"pgfence.raise_token_floor(bigint,text)",
 		"pgfence.reject_truncate()",
 		"pgfence.resume_grants(text,text)",
+		"pgfence.revoke_prefix(regrole,text)",
 		"pgfence.token_epoch()",
 		"pgfence.unprotect(regclass)",
 	}

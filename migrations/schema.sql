@@ -28,6 +28,7 @@ BEGIN
     IF p_resource IS NULL OR octet_length(p_resource) NOT BETWEEN 1 AND 512 THEN
         RAISE EXCEPTION 'pgfence: resource must be 1 to 512 bytes' USING ERRCODE = 'PF008';
     END IF;
+    PERFORM pgfence.require_granted('resource', p_resource);
     RETURN pgfence.abandon_request('fence', p_resource, p_op);
 END;
 $$;
@@ -43,6 +44,7 @@ CREATE FUNCTION pgfence.abandon_grant(p_key text, p_holder uuid) RETURNS boolean
 BEGIN
     PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    PERFORM pgfence.require_granted('lease', p_key);
     RETURN pgfence.abandon_request('grant', p_key, p_holder);
 END;
 $$;
@@ -114,6 +116,7 @@ BEGIN
         RAISE EXCEPTION 'pgfence: check_lease needs a key of 1 to 512 bytes and a holder' USING ERRCODE = 'PF008';
     END IF;
     PERFORM pgfence.check_token(check_lease.token);
+    PERFORM pgfence.require_granted('lease', check_lease.key);
     SELECT * INTO l FROM pgfence.leases WHERE key = check_lease.key FOR SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgfence: lease % is not held: no such lease', quote_literal(check_lease.key)
@@ -175,12 +178,14 @@ CREATE FUNCTION pgfence.fence(resource text, token bigint, op uuid DEFAULT NULL:
 DECLARE
     accepted bigint;
     issued   bigint;
+    retired  bigint;
 BEGIN
     PERFORM pgfence.require_primary();
     IF fence.resource IS NULL OR octet_length(fence.resource) NOT BETWEEN 1 AND 512 THEN
         RAISE EXCEPTION 'pgfence: resource must be 1 to 512 bytes' USING ERRCODE = 'PF008';
     END IF;
     PERFORM pgfence.check_token(fence.token);
+    PERFORM pgfence.require_granted('resource', fence.resource);
     -- The token must come from the lease named by the resource, and its grant
     -- must have committed (or be this transaction's own): the lease row holds
     -- the newest token the key issued. A token above it is from a grant that
@@ -195,6 +200,15 @@ BEGIN
                   HINT = CASE WHEN issued IS NULL
                               THEN 'No lease of that key was ever granted: fence a resource with a token of the lease whose key is the resource.'
                               ELSE 'Use the token after its grant committed, of the lease whose key is the resource.' END;
+    END IF;
+    -- Tokens at or below the floor are retired (raise_token_floor): their
+    -- rows may have been pruned, so nothing else would remember them.
+    SELECT f.floor INTO retired FROM pgfence.token_floor f;
+    IF fence.token <= retired THEN
+        RAISE EXCEPTION 'pgfence: stale token % for resource %: tokens up to the floor % are retired', fence.token, quote_literal(fence.resource), retired
+            USING ERRCODE = 'PF001',
+                  DETAIL = format('accepted=%s presented=%s resource=%s', retired, fence.token, fence.resource),
+                  HINT = 'The token floor was raised above this token: acquire the lease again.';
     END IF;
     -- An accepted token must survive a crash as long as the write it guards.
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -269,6 +283,7 @@ BEGIN
     IF p_resource IS NULL OR octet_length(p_resource) NOT BETWEEN 1 AND 512 THEN
         RAISE EXCEPTION 'pgfence: resource must be 1 to 512 bytes' USING ERRCODE = 'PF008';
     END IF;
+    PERFORM pgfence.require_granted('resource', p_resource);
     BEGIN
         INSERT INTO pgfence.fences AS f (resource, token, writes) VALUES (p_resource, 1, 0)
             ON CONFLICT (resource) DO UPDATE SET writes = f.writes
@@ -382,6 +397,27 @@ END;
 $$;
 
 --
+-- Name: grant_prefix(regrole, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.grant_prefix(p_role regrole, p_prefix text) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_new integer;
+BEGIN
+    PERFORM pgfence.require_primary();
+    IF p_role IS NULL OR p_prefix IS NULL OR octet_length(p_prefix) > 512 THEN
+        RAISE EXCEPTION 'pgfence: grant_prefix needs a role and a prefix of at most 512 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    INSERT INTO pgfence.prefix_grants (grantee, prefix) VALUES (p_role, p_prefix) ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS v_new = ROW_COUNT;
+    RETURN v_new > 0;
+END;
+$$;
+
+--
 -- Name: grant_probe(text, uuid); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -395,6 +431,7 @@ DECLARE
 BEGIN
     PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    PERFORM pgfence.require_granted('lease', p_key);
     IF p_holder IS NULL THEN
         RAISE EXCEPTION 'pgfence: grant_probe needs a holder' USING ERRCODE = 'PF008';
     END IF;
@@ -487,6 +524,7 @@ DECLARE
     v_expires timestamptz;
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
         RAISE EXCEPTION 'pgfence: idempotency lease must be 1 ms to 24 hours, got %', p_lease USING ERRCODE = 'PF008';
@@ -588,6 +626,7 @@ DECLARE
     v_claimed boolean;
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_require_read_committed();
     PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
@@ -685,6 +724,7 @@ DECLARE
     v_old     text;
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_require_read_committed();
     PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
@@ -761,6 +801,7 @@ DECLARE
     v_expires timestamptz;
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
     UPDATE pgfence.idempotency_keys k
@@ -793,6 +834,7 @@ DECLARE
     v_expires timestamptz;
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
     UPDATE pgfence.idempotency_keys k
@@ -868,6 +910,7 @@ DECLARE
     v_expires timestamptz;
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
         RAISE EXCEPTION 'pgfence: idempotency lease must be 1 ms to 24 hours, got %', p_lease USING ERRCODE = 'PF008';
@@ -971,6 +1014,7 @@ CREATE FUNCTION pgfence.idempotency_release(p_scope text, p_key text, p_owner uu
     AS $$
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     UPDATE pgfence.idempotency_keys k
        SET owner = NULL, lease_expires_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -1074,6 +1118,7 @@ CREATE FUNCTION pgfence.lease_queue_leave(p_key text, p_waiter uuid) RETURNS boo
     AS $$
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.require_granted('lease', p_key);
     DELETE FROM pgfence.lease_waiters w WHERE w.key = p_key AND w.waiter = p_waiter;
     RETURN FOUND;
 END;
@@ -1098,6 +1143,7 @@ BEGIN
                 2 * pgfence.lease_max_ttl() + interval '1 minute'
             USING ERRCODE = 'PF008';
     END IF;
+    PERFORM pgfence.require_granted('lease', p_key);
     -- Queue positions need no durability: losing them in a crash costs
     -- fairness only.
     PERFORM set_config('synchronous_commit', 'off', true);
@@ -1205,6 +1251,24 @@ $$;
 CREATE FUNCTION pgfence.max_token() RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT 6917529027641081856::bigint $$;
+
+--
+-- Name: may_use(text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.may_use(p_name text) RETURNS boolean
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    -- The schema's owner (and so a superuser) may use every name.
+    IF pg_has_role(session_user, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgfence'), 'MEMBER') THEN
+        RETURN true;
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM pgfence.prefix_grants g
+                    WHERE starts_with(p_name, g.prefix) AND pg_has_role(session_user, g.grantee, 'MEMBER'));
+END;
+$$;
 
 --
 -- Name: next_token(bigint); Type: FUNCTION; Schema: pgfence; Owner: -
@@ -1404,6 +1468,56 @@ END;
 $$;
 
 --
+-- Name: prune_retired(integer); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.prune_retired(p_batch integer DEFAULT 1000) RETURNS TABLE(leases bigint, events bigint, fences bigint, waiters bigint)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_floor   bigint;
+    v_leases  bigint;
+    v_events  bigint;
+    v_fences  bigint;
+    v_waiters bigint;
+BEGIN
+    PERFORM pgfence.require_primary();
+    IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'pgfence: prune_retired batch must be 1 to 100000, got %', p_batch USING ERRCODE = 'PF008';
+    END IF;
+    SELECT f.floor INTO v_floor FROM pgfence.token_floor f;
+    WITH gone AS (
+        DELETE FROM pgfence.leases l
+         WHERE l.key IN (SELECT x.key FROM pgfence.leases x
+                          WHERE x.token <= v_floor AND (x.released_at IS NOT NULL OR x.expires_at <= clock_timestamp())
+                          LIMIT p_batch FOR UPDATE SKIP LOCKED)
+        RETURNING l.key)
+    SELECT count(*) INTO v_leases FROM gone;
+    WITH gone AS (
+        DELETE FROM pgfence.lease_events e
+         WHERE e.id IN (SELECT x.id FROM pgfence.lease_events x
+                         WHERE x.token <= v_floor AND NOT EXISTS (SELECT 1 FROM pgfence.leases l WHERE l.key = x.key)
+                         LIMIT p_batch)
+        RETURNING 1)
+    SELECT count(*) INTO v_events FROM gone;
+    WITH gone AS (
+        DELETE FROM pgfence.fences f
+         WHERE f.resource IN (SELECT x.resource FROM pgfence.fences x WHERE x.token <= v_floor
+                               LIMIT p_batch FOR UPDATE SKIP LOCKED)
+        RETURNING 1)
+    SELECT count(*) INTO v_fences FROM gone;
+    WITH gone AS (
+        DELETE FROM pgfence.lease_waiters w
+         WHERE (w.key, w.waiter) IN (SELECT x.key, x.waiter FROM pgfence.lease_waiters x
+                                      WHERE x.expires_at <= clock_timestamp() LIMIT p_batch)
+        RETURNING 1)
+    SELECT count(*) INTO v_waiters FROM gone;
+    RETURN QUERY SELECT v_leases, v_events, v_fences, v_waiters;
+END;
+$$;
+
+--
 -- Name: raise_grants_paused(text); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -1517,6 +1631,7 @@ BEGIN
         RAISE EXCEPTION 'pgfence: record_fence_rejection needs a resource, the presented token and a reason (stale_token, lease_not_held or token_not_issued)'
             USING ERRCODE = 'PF008';
     END IF;
+    PERFORM pgfence.require_granted('resource', p_resource);
     IF pg_current_xact_id_if_assigned() IS NULL THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
@@ -1542,7 +1657,11 @@ CREATE FUNCTION pgfence.reject_fence_change() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    IF TG_OP = 'UPDATE' THEN
+    IF TG_OP = 'DELETE' THEN
+        IF OLD.token <= (SELECT f.floor FROM pgfence.token_floor f) THEN
+            RETURN OLD;
+        END IF;
+    ELSIF TG_OP = 'UPDATE' THEN
         RAISE EXCEPTION 'pgfence: token for resource % may not be lowered from % to %', OLD.resource, OLD.token, NEW.token
             USING ERRCODE = 'PF001',
                   DETAIL = format('accepted=%s presented=%s resource=%s', OLD.token, NEW.token, OLD.resource);
@@ -1582,6 +1701,7 @@ DECLARE
 BEGIN
     PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    PERFORM pgfence.require_granted('lease', p_key);
     IF p_holder IS NULL OR p_token IS NULL THEN
         RAISE EXCEPTION 'pgfence: release of lease % needs a holder and a token', p_key
             USING ERRCODE = 'PF008';
@@ -1636,6 +1756,7 @@ DECLARE
 BEGIN
     PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, p_ttl, NULL);
+    PERFORM pgfence.require_granted('lease', p_key);
     IF p_ttl IS NULL OR p_holder IS NULL OR p_token IS NULL THEN
         RAISE EXCEPTION 'pgfence: renew of lease % needs a holder, a token and a ttl', p_key
             USING ERRCODE = 'PF008';
@@ -1670,6 +1791,25 @@ BEGIN
     RETURNING l.expires_at INTO v_exp;
 
     RETURN QUERY SELECT p_token, v_exp, greatest(v_exp - clock_timestamp(), interval '0');
+END;
+$$;
+
+--
+-- Name: require_granted(text, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.require_granted(p_what text, p_name text) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    -- A missing name is the argument checks' to refuse (PF008).
+    IF p_name IS NOT NULL AND NOT pgfence.may_use(p_name) THEN
+        RAISE EXCEPTION 'pgfence: role % may not use % %: no prefix of it is granted to the role', session_user, p_what, quote_literal(p_name)
+            USING ERRCODE = 'PF014',
+                  DETAIL = format('role=%s name=%s', session_user, p_name),
+                  HINT = 'An operator grants a role the prefixes it may use: SELECT pgfence.grant_prefix(role, prefix).';
+    END IF;
 END;
 $$;
 
@@ -1722,6 +1862,21 @@ END;
 $$;
 
 --
+-- Name: revoke_prefix(regrole, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.revoke_prefix(p_role regrole, p_prefix text) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM pgfence.require_primary();
+    DELETE FROM pgfence.prefix_grants g WHERE g.grantee = p_role AND g.prefix = p_prefix;
+    RETURN FOUND;
+END;
+$$;
+
+--
 -- Name: token_epoch(); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -1754,6 +1909,7 @@ DECLARE
 BEGIN
     PERFORM pgfence.require_primary();
     PERFORM pgfence.lease_check_args(p_key, p_ttl, coalesce(p_holder_info, ''));
+    PERFORM pgfence.require_granted('lease', p_key);
     IF p_ttl IS NULL THEN
         RAISE EXCEPTION 'pgfence: lease ttl must not be NULL' USING ERRCODE = 'PF008';
     END IF;
@@ -2076,7 +2232,7 @@ ALTER TABLE pgfence.lease_events ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTIT
 -- Name: lease_status; Type: VIEW; Schema: pgfence; Owner: -
 --
 
-CREATE VIEW pgfence.lease_status AS
+CREATE VIEW pgfence.lease_status WITH (security_invoker='true') AS
  SELECT l.key,
     l.holder,
     l.token,
@@ -2104,6 +2260,18 @@ CREATE TABLE pgfence.lease_waiters (
     expires_at timestamp with time zone NOT NULL,
     CONSTRAINT lease_waiters_check CHECK ((expires_at > enqueued_at)),
     CONSTRAINT lease_waiters_key_check CHECK (((octet_length(key) >= 1) AND (octet_length(key) <= 512)))
+);
+
+--
+-- Name: prefix_grants; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.prefix_grants (
+    grantee regrole NOT NULL,
+    prefix text NOT NULL,
+    granted_by name DEFAULT SESSION_USER NOT NULL,
+    granted_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT prefix_grants_prefix_check CHECK ((octet_length(prefix) <= 512))
 );
 
 --
@@ -2203,6 +2371,13 @@ ALTER TABLE ONLY pgfence.lease_waiters
 
 ALTER TABLE ONLY pgfence.leases
     ADD CONSTRAINT leases_pkey PRIMARY KEY (key);
+
+--
+-- Name: prefix_grants prefix_grants_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.prefix_grants
+    ADD CONSTRAINT prefix_grants_pkey PRIMARY KEY (grantee, prefix);
 
 --
 -- Name: token_floor token_floor_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
@@ -2306,6 +2481,114 @@ CREATE CONSTRAINT TRIGGER idempotency_atomic_completed AFTER INSERT OR UPDATE ON
 CREATE TRIGGER idempotency_keys_trace_id BEFORE UPDATE ON pgfence.idempotency_keys FOR EACH ROW WHEN ((new.epoch IS DISTINCT FROM old.epoch)) EXECUTE FUNCTION pgfence.idempotency_keys_set_trace_id();
 
 --
+-- Name: fence_rejections; Type: ROW SECURITY; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.fence_rejections ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: fences; Type: ROW SECURITY; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.fences ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: fence_rejections granted; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY granted ON pgfence.fence_rejections FOR SELECT TO pgfence_app USING (pgfence.may_use(resource));
+
+--
+-- Name: fences granted; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY granted ON pgfence.fences FOR SELECT TO pgfence_app USING (pgfence.may_use(resource));
+
+--
+-- Name: idempotency_keys granted; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY granted ON pgfence.idempotency_keys FOR SELECT TO pgfence_app USING (pgfence.may_use(scope));
+
+--
+-- Name: lease_events granted; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY granted ON pgfence.lease_events FOR SELECT TO pgfence_app USING (pgfence.may_use(key));
+
+--
+-- Name: lease_waiters granted; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY granted ON pgfence.lease_waiters FOR SELECT TO pgfence_app USING (pgfence.may_use(key));
+
+--
+-- Name: leases granted; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY granted ON pgfence.leases FOR SELECT TO pgfence_app USING (pgfence.may_use(key));
+
+--
+-- Name: idempotency_keys; Type: ROW SECURITY; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.idempotency_keys ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: lease_events; Type: ROW SECURITY; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.lease_events ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: lease_waiters; Type: ROW SECURITY; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.lease_waiters ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: leases; Type: ROW SECURITY; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.leases ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: fence_rejections operators; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY operators ON pgfence.fence_rejections FOR SELECT TO pgfence_operator USING (true);
+
+--
+-- Name: fences operators; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY operators ON pgfence.fences FOR SELECT TO pgfence_operator USING (true);
+
+--
+-- Name: idempotency_keys operators; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY operators ON pgfence.idempotency_keys FOR SELECT TO pgfence_operator USING (true);
+
+--
+-- Name: lease_events operators; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY operators ON pgfence.lease_events FOR SELECT TO pgfence_operator USING (true);
+
+--
+-- Name: lease_waiters operators; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY operators ON pgfence.lease_waiters FOR SELECT TO pgfence_operator USING (true);
+
+--
+-- Name: leases operators; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY operators ON pgfence.leases FOR SELECT TO pgfence_operator USING (true);
+
+--
 -- Name: SCHEMA pgfence; Type: ACL; Schema: -; Owner: -
 --
 
@@ -2405,6 +2688,13 @@ REVOKE ALL ON FUNCTION pgfence.fences_before_update() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION pgfence.force_release(p_key text, p_reason text) FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.force_release(p_key text, p_reason text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION grant_prefix(p_role regrole, p_prefix text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.grant_prefix(p_role regrole, p_prefix text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.grant_prefix(p_role regrole, p_prefix text) TO pgfence_operator;
 
 --
 -- Name: FUNCTION grant_probe(p_key text, p_holder uuid); Type: ACL; Schema: pgfence; Owner: -
@@ -2618,6 +2908,14 @@ GRANT ALL ON FUNCTION pgfence.max_token() TO pgfence_app;
 GRANT ALL ON FUNCTION pgfence.max_token() TO pgfence_operator;
 
 --
+-- Name: FUNCTION may_use(p_name text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.may_use(p_name text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.may_use(p_name text) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.may_use(p_name text) TO pgfence_operator;
+
+--
 -- Name: FUNCTION next_token(previous bigint); Type: ACL; Schema: pgfence; Owner: -
 --
 
@@ -2659,6 +2957,13 @@ GRANT ALL ON FUNCTION pgfence.prune_fence_rejections(p_max_age interval) TO pgfe
 
 REVOKE ALL ON FUNCTION pgfence.prune_lease_events(p_key text, p_keep integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.prune_lease_events(p_key text, p_keep integer) TO pgfence_operator;
+
+--
+-- Name: FUNCTION prune_retired(p_batch integer); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.prune_retired(p_batch integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.prune_retired(p_batch integer) TO pgfence_operator;
 
 --
 -- Name: FUNCTION raise_grants_paused(p_key text); Type: ACL; Schema: pgfence; Owner: -
@@ -2723,6 +3028,12 @@ GRANT ALL ON FUNCTION pgfence.renew(p_key text, p_holder uuid, p_token bigint, p
 GRANT ALL ON FUNCTION pgfence.renew(p_key text, p_holder uuid, p_token bigint, p_ttl interval) TO pgfence_operator;
 
 --
+-- Name: FUNCTION require_granted(p_what text, p_name text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.require_granted(p_what text, p_name text) FROM PUBLIC;
+
+--
 -- Name: FUNCTION require_primary(); Type: ACL; Schema: pgfence; Owner: -
 --
 
@@ -2734,6 +3045,13 @@ REVOKE ALL ON FUNCTION pgfence.require_primary() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION pgfence.resume_grants(p_prefix text, p_reason text) FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.resume_grants(p_prefix text, p_reason text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION revoke_prefix(p_role regrole, p_prefix text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.revoke_prefix(p_role regrole, p_prefix text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.revoke_prefix(p_role regrole, p_prefix text) TO pgfence_operator;
 
 --
 -- Name: FUNCTION token_epoch(); Type: ACL; Schema: pgfence; Owner: -
@@ -2809,6 +3127,12 @@ GRANT SELECT ON TABLE pgfence.lease_status TO pgfence_operator;
 
 GRANT SELECT ON TABLE pgfence.lease_waiters TO pgfence_app;
 GRANT SELECT ON TABLE pgfence.lease_waiters TO pgfence_operator;
+
+--
+-- Name: TABLE prefix_grants; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.prefix_grants TO pgfence_operator;
 
 --
 -- Name: TABLE token_floor; Type: ACL; Schema: pgfence; Owner: -

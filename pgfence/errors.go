@@ -65,6 +65,10 @@ var (
 	// ErrAbandoned: the write arrived after [Resolve] had given it up (SQLSTATE
 	// PF013): the server refused it, so Resolve's NotApplied stays true.
 	ErrAbandoned = pgerr.ErrAbandoned
+	// ErrNotGranted: the database role may not use this resource or lease
+	// key: no prefix of it is granted to the role (SQLSTATE PF014; an
+	// operator grants prefixes with pgfence.grant_prefix). Nothing was done.
+	ErrNotGranted = pgerr.ErrNotGranted
 )
 
 // StaleTokenError is the rejection of a write whose token is older than the

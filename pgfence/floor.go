@@ -24,10 +24,13 @@ const MaxToken int64 = MaxTokenFloor + 1<<61
 
 // RaiseTokenFloor makes every token issued from now on greater than floor,
 // after the schema was rebuilt or restored from an older backup, so tokens
-// never restart below tokens already stored. It refuses to lower the floor
-// ([ErrFloorLowered]); the current value is a no-op. It returns the floor
-// before. floor must be 0 to [MaxTokenFloor]; reason (1 to [MaxReasonLen]
-// characters) is recorded.
+// never restart below tokens already stored. It also retires every token at
+// or below floor: fenced writes refuse them as stale, so holders of leases
+// granted before acquire again before they write, and [PruneRetired] may
+// delete the rows that only remember retired tokens. It refuses to lower the
+// floor ([ErrFloorLowered]); the current value is a no-op. It returns the
+// floor before. floor must be 0 to [MaxTokenFloor]; reason (1 to
+// [MaxReasonLen] characters) is recorded.
 func RaiseTokenFloor(ctx context.Context, db DB, floor int64, reason string) (previous int64, err error) {
 	if err := checkDB(db); err != nil {
 		return 0, err

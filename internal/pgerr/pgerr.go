@@ -34,6 +34,7 @@ const (
 	CodeGrantsPaused   = "PF011" // new grants for the key's prefix are paused (pgfence.pause_grants)
 	CodeTokenNotIssued = "PF012" // the resource's lease has not issued the presented token
 	CodeAbandoned      = "PF013" // the request was abandoned by its client after its reply was lost
+	CodeNotGranted     = "PF014" // the role may not use this key, resource or scope (pgfence.grant_prefix)
 )
 
 // PostgreSQL SQLSTATEs pgfence reacts to.
@@ -83,6 +84,10 @@ var (
 	// (its reply was lost and the client was told it did not happen); the
 	// server refused it, so that answer stays true.
 	ErrAbandoned = errors.New("pgfence: request abandoned by its client")
+	// ErrNotGranted: the database role may not use this lease key, fenced
+	// resource or idempotency scope: no prefix of it is granted to the role
+	// (pgfence.grant_prefix). Nothing was done.
+	ErrNotGranted = errors.New("pgfence: name not granted to this database role")
 )
 
 // Code returns the SQLSTATE of err, or "" when err carries none.
@@ -160,7 +165,7 @@ func (e *schemaError) Unwrap() error { return e.err }
 // classified are the sentinels an error carries once Classify (or a package
 // that builds on it) has classified it.
 var classified = []error{ErrUnavailable, ErrOutcomeUnknown, ErrNotPrimary, ErrIsolation, ErrLockTimeout,
-	ErrStatementTimeout, ErrIdleInTransactionTimeout, ErrInvalid, ErrGrantsPaused, ErrAbandoned}
+	ErrStatementTimeout, ErrIdleInTransactionTimeout, ErrInvalid, ErrGrantsPaused, ErrAbandoned, ErrNotGranted}
 
 // Classified reports whether err already carries one of the shared sentinels.
 func Classified(err error) bool {
@@ -198,6 +203,8 @@ func Classify(err error, sent bool) error {
 		return fmt.Errorf("%w: %w", ErrGrantsPaused, err)
 	case CodeAbandoned:
 		return fmt.Errorf("%w: %w", ErrAbandoned, err)
+	case CodeNotGranted:
+		return fmt.Errorf("%w: %w", ErrNotGranted, err)
 	}
 	if pe := PgError(err); pe != nil && !IsConnectionError(err) {
 		if schemaMissing(pe) {

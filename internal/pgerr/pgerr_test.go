@@ -32,6 +32,7 @@ func TestClassifyServerErrors(t *testing.T) {
 		{pgerr.CodeInvalid, pgerr.ErrInvalid},
 		{pgerr.CodeGrantsPaused, pgerr.ErrGrantsPaused},
 		{pgerr.CodeAbandoned, pgerr.ErrAbandoned},
+		{pgerr.CodeNotGranted, pgerr.ErrNotGranted},
 	} {
 		err := pgerr.Classify(fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: tc.code}), true)
 		if !errors.Is(err, tc.want) {
