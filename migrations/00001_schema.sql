@@ -250,7 +250,7 @@ CREATE FUNCTION pgfence.token_epoch() RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     PERFORM pgfence.require_primary();
-    RETURN ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
+    RETURN ('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
 END;
 $$;
 -- +goose StatementEnd

@@ -1401,6 +1401,7 @@ $$;
 
 CREATE FUNCTION pgfence.protected_tables() RETURNS TABLE(relation regclass, resource_column text, prefix text)
     LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     SELECT t.tgrelid::regclass,
            convert_from(substring(t.tgargs FROM 1 FOR greatest(a.sep1 - 1, 0)), current_setting('server_encoding')),
@@ -1885,7 +1886,7 @@ CREATE FUNCTION pgfence.token_epoch() RETURNS bigint
     AS $$
 BEGIN
     PERFORM pgfence.require_primary();
-    RETURN ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
+    RETURN ('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
 END;
 $$;
 
