@@ -97,6 +97,7 @@ func TestGuardRunsAsTheWriter(t *testing.T) {
 	if err := pgfence.Protect(ctx, op, pgx.Identifier{"moods"}, "r", "mood:"); err != nil {
 		t.Fatal(err)
 	}
+	pgfencetest.IssueToken(t, owner, "mood:1", 1)
 	if _, err := pgfence.ExecToken(ctx, op, "mood:1", 1, `INSERT INTO moods VALUES ('1', 'x')`); err != nil {
 		t.Fatalf("operator: fenced insert into its own protected table: %v", err)
 	}
