@@ -270,6 +270,8 @@ type Outcome struct {
 	RetryAfter time.Duration
 	// Attempt is the claim of a New leased outcome ([Store.Claim]).
 	Attempt *Attempt
+	// Atomic is the open claim of a New outcome of [Store.Begin].
+	Atomic *AtomicAttempt
 }
 
 // Failure is a permanent failure: it is stored as the key's answer and
