@@ -492,3 +492,112 @@ func TestLeasedClaimWaitsBoundedForLockedRow(t *testing.T) {
 		t.Fatalf("claim after the owner committed: %+v, %v; want Replayed", out, err)
 	}
 }
+
+// TestAdvanceTxCommitsWithThePhase: the recovery point of AdvanceTx and the
+// phase's business write commit together: a rolled-back phase leaves the
+// previous point and no write, a committed one both.
+func TestAdvanceTxCommitsWithThePhase(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	createCharges(t, pool)
+	ctx := context.Background()
+	store := newStore(t, nil)
+	req := idempotency.Request{Scope: "payments", Key: "order-5:capture"}
+	a := claimNew(t, store, pool, req)
+	phase := func(commit bool) {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if _, err := charge("order-5", 5)(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.AdvanceTx(ctx, tx, "charged", []byte("ch_1")); err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	point := func() string {
+		t.Helper()
+		var p string
+		if err := pool.QueryRow(ctx, `SELECT recovery_point FROM pgfence.idempotency_keys WHERE key = $1`, req.Key).Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	phase(false)
+	if p, n := point(), countCharges(t, pool, "order-5"); p != "" || n != 0 {
+		t.Fatalf("rolled-back phase: point %q, %d charges; want neither", p, n)
+	}
+	phase(true)
+	if p, n := point(), countCharges(t, pool, "order-5"); p != "charged" || n != 1 {
+		t.Fatalf("committed phase: point %q, %d charges; want both", p, n)
+	}
+	// A takeover resumes from it.
+	expireLease(t, pool, req.Key)
+	b := claimNew(t, store, pool, req)
+	if b.RecoveryPoint() != "charged" || string(b.RecoveryData()) != "ch_1" {
+		t.Fatalf("takeover at %q %q", b.RecoveryPoint(), b.RecoveryData())
+	}
+}
+
+// TestAdvanceTxFencedByOwner: only the current owner can advance. After a
+// takeover the replaced owner's AdvanceTx returns ErrNotOwner and its
+// transaction cannot commit the phase's write. While an owner's AdvanceTx
+// is uncommitted, its row lock holds a takeover back, and the commit
+// extends the lease, so the takeover finds the key in progress.
+func TestAdvanceTxFencedByOwner(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	createCharges(t, pool)
+	ctx := context.Background()
+	store := newStore(t, &idempotency.Config{WaitTimeout: 100 * time.Millisecond, Lease: time.Minute})
+	req := idempotency.Request{Scope: "payments", Key: "order-6:capture"}
+	old := claimNew(t, store, pool, req)
+	expireLease(t, pool, req.Key)
+
+	// The owner advances after its lease ran out, before anyone took over:
+	// it still owns the key, and its open transaction holds takeovers back.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.AdvanceTx(ctx, tx, "charged", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Claim(ctx, pool, req); !errors.Is(err, idempotency.ErrInProgress) {
+		t.Fatalf("takeover while the advance is uncommitted: %v, want ErrInProgress", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Claim(ctx, pool, req); !errors.Is(err, idempotency.ErrInProgress) {
+		t.Fatalf("takeover after the advance committed: %v, want ErrInProgress (the lease was extended)", err)
+	}
+
+	expireLease(t, pool, req.Key)
+	claimNew(t, store, pool, req) // the takeover
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := charge("order-6", 6)(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.AdvanceTx(ctx, tx, "recorded", nil); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Fatalf("the replaced owner's AdvanceTx: %v, want ErrNotOwner", err)
+	}
+	if err := tx.Commit(ctx); !errors.Is(err, pgx.ErrTxCommitRollback) {
+		t.Fatalf("commit after the refused advance: %v, want a rollback", err)
+	}
+	if n := countCharges(t, pool, "order-6"); n != 0 {
+		t.Fatalf("%d charges from the replaced owner's phase", n)
+	}
+}
