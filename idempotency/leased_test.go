@@ -3,11 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -342,7 +338,7 @@ func TestRetryAfterOfLeaseLongerThanDuration(t *testing.T) {
 // downstream system (a payment provider) that deduplicates on it alone. Two
 // intents must never share one: not the same key in two scopes (the HTTP
 // middleware scopes a client's Idempotency-Key by principal, so two
-// customers sending "1" are two intents), and not a key and step that only
+// customers sending "1" are two intents; idemhttp tests that too), and not a key and step that only
 // concatenate alike. Otherwise the provider answers the second customer's
 // charge with the first one's.
 func TestDerivedKeysOfDifferentIntentsDiffer(t *testing.T) {
@@ -376,36 +372,12 @@ func TestDerivedKeysOfDifferentIntentsDiffer(t *testing.T) {
 			t.Errorf("%+v: derived key not stable: %q, %q", d, k, k2)
 		}
 	}
-
-	// Through the middleware: two principals, the same Idempotency-Key.
-	mw, err := idempotency.NewMiddleware(store, pool, &idempotency.HTTPConfig{
-		Principal: func(r *http.Request) string { return r.Header.Get("X-User") },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprint(w, idempotency.AttemptFromContext(r.Context()).DerivedKey("charge"))
-	}))
-	keys := map[string]string{}
-	for _, user := range []string{"alice", "bob"} {
-		rec := httptest.NewRecorder()
-		req := httptest.NewRequest("POST", "/pay", strings.NewReader("{}"))
-		req.Header.Set(idempotency.HeaderKey, `"1"`)
-		req.Header.Set("X-User", user)
-		h.ServeHTTP(rec, req)
-		keys[user] = rec.Body.String()
-	}
-	if keys["alice"] == "" || keys["alice"] == keys["bob"] {
-		t.Errorf("alice and bob derive %q and %q for the same Idempotency-Key", keys["alice"], keys["bob"])
-	}
 }
 
 // TestLeasedClaimOnRepeatableReadDefault: a database (or role) whose
 // sessions default to REPEATABLE READ. The claim needs READ COMMITTED; on a
 // pool the caller has no transaction to change, so Claim must not refuse
-// with ErrIsolation (Do runs its own READ COMMITTED transaction too), and the
-// HTTP middleware must not answer every keyed request with 500.
+// with ErrIsolation (Do runs its own READ COMMITTED transaction too).
 func TestLeasedClaimOnRepeatableReadDefault(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
@@ -437,19 +409,6 @@ func TestLeasedClaimOnRepeatableReadDefault(t *testing.T) {
 	}
 	if out, err := store.Claim(ctx, pool, req); err != nil || out.Status != idempotency.Replayed || string(out.Result) != "done" {
 		t.Fatalf("replay: %+v, %v", out, err)
-	}
-
-	mw, err := idempotency.NewMiddleware(store, pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
-	rec := httptest.NewRecorder()
-	hreq := httptest.NewRequest("POST", "/pay", strings.NewReader("{}"))
-	hreq.Header.Set(idempotency.HeaderKey, `"rr"`)
-	h.ServeHTTP(rec, hreq)
-	if rec.Code != http.StatusCreated {
-		t.Fatalf("middleware: %d %s, want the handler's 201", rec.Code, rec.Body)
 	}
 }
 

@@ -177,6 +177,10 @@ func NewStore(cfg *Config) (*Store, error) {
 	return s, nil
 }
 
+// Lease returns how long a leased claim, heartbeat or recovery point holds
+// a key: [Config.Lease] or its default.
+func (s *Store) Lease() time.Duration { return s.lease }
+
 // Request names one business intent and carries the request it was made with.
 type Request struct {
 	// Scope is the namespace of Key: the operation and whoever may use it, for
