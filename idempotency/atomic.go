@@ -22,17 +22,6 @@ import (
 type Func func(ctx context.Context, tx pgx.Tx) ([]byte, error)
 
 const (
-	// lookupSQL answers replays and refusals in one round trip, before any
-	// transaction. The stored result is only returned to a matching payload.
-	lookupSQL = `SELECT status, fingerprint = $3,
-       CASE WHEN fingerprint = $3 THEN result END,
-       CASE WHEN fingerprint = $3 THEN failure_code END,
-       CASE WHEN fingerprint = $3 THEN failure_message END,
-       expires_at,
-       (extract(epoch FROM greatest(lease_expires_at - clock_timestamp(), interval '0')) * 1e6)::bigint
-  FROM pgfence.idempotency_keys
- WHERE scope = $1 AND key = $2 AND (status = 'in_progress' OR expires_at > clock_timestamp())`
-
 	claimAtomicSQL = `SELECT outcome, status, result, failure_code, failure_message, expires_at,
        (extract(epoch FROM retry_after) * 1e6)::bigint
   FROM pgfence.idempotency_claim_atomic($1, $2, $3, $4 * interval '1 microsecond', $5 * interval '1 microsecond')`
@@ -58,8 +47,10 @@ const (
 // connection Do commits itself; a broken connection during that commit returns
 // [ErrOutcomeUnknown]: call Do again with the same request to learn the answer.
 //
-// [Store.Begin] is the same claim for a caller that drives the work itself
-// (a middleware, an interceptor).
+// On a pool or a connection a new key costs BEGIN, the claim, fn's
+// statements, and the result with COMMIT in one pipeline; a duplicate costs
+// BEGIN, the claim and ROLLBACK. [Store.Begin] is the same claim for a
+// caller that drives the work itself (a middleware, an interceptor).
 func (s *Store) Do(ctx context.Context, db DB, req Request, fn Func) (o *Outcome, err error) {
 	ctx, done := s.tel.start(ctx, modeAtomic, req)
 	defer func() { done(o, err) }()
@@ -69,13 +60,6 @@ func (s *Store) Do(ctx context.Context, db DB, req Request, fn Func) (o *Outcome
 	}
 	if fn == nil {
 		return nil, fmt.Errorf("%w: fn is nil", ErrInvalid)
-	}
-	if _, inTx := db.(pgx.Tx); !inTx {
-		// Outside a caller's transaction a stored answer needs no transaction
-		// at all: one round trip.
-		if out, err := s.lookup(ctx, db, req, fp); out != nil || err != nil {
-			return out, err
-		}
 	}
 	out, err := s.runAtomic(ctx, db, req, fp, retention, fn)
 	var failure *Failure
@@ -137,10 +121,9 @@ func (s *Store) runAtomic(ctx context.Context, db DB, req Request, fp []byte, re
 //     duplicate waits for it (see [Config.WaitTimeout]).
 //   - Replayed, InProgress, Mismatch: as for Do; no transaction stays open.
 //
-// Unlike Do, Begin does not look a completed key up before opening the
-// transaction: a new key costs BEGIN and the claim, a duplicate BEGIN, the
-// claim and ROLLBACK. db may be a [pgx.Tx] (the work runs under a savepoint
-// of it, as with Do).
+// A new key costs BEGIN and the claim, a duplicate BEGIN, the claim and
+// ROLLBACK. db may be a [pgx.Tx] (the work runs under a savepoint of it, as
+// with Do).
 func (s *Store) Begin(ctx context.Context, db DB, req Request) (o *Outcome, err error) {
 	ctx, done := s.tel.start(ctx, modeAtomic, req)
 	defer func() { done(o, err) }()
@@ -379,32 +362,6 @@ func (s *Store) claimAtomic(ctx context.Context, tx pgx.Tx, req Request, fp []by
 	default:
 		return s.inProgress(req, retryAfter)
 	}
-}
-
-// lookup reads a live key outside any transaction. It returns nil, nil when
-// the key is free (absent or expired), which needs a claim.
-func (s *Store) lookup(ctx context.Context, db DB, req Request, fp []byte) (*Outcome, error) {
-	var (
-		status        string
-		match         bool
-		result        []byte
-		code, message *string
-		expiresAt     *time.Time
-		retryAfter    *int64
-	)
-	err := db.QueryRow(ctx, lookupSQL, req.Scope, req.Key, fp).
-		Scan(&status, &match, &result, &code, &message, &expiresAt, &retryAfter)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return nil, nil
-	case err != nil:
-		return nil, classify(err, false)
-	case !match:
-		return &Outcome{Status: Mismatch}, ErrMismatch
-	case status == "in_progress":
-		return s.inProgress(req, retryAfter)
-	}
-	return replayed(status, result, code, message, expiresAt), nil
 }
 
 func (s *Store) inProgress(req Request, retryAfter *int64) (*Outcome, error) {

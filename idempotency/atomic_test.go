@@ -224,7 +224,7 @@ func TestAtomicPayloadMismatch(t *testing.T) {
 			t.Fatalf("%s: outcome %+v shows more than a mismatch", name, out)
 		}
 	}
-	check("pool", pool) // answered by the lookup
+	check("pool", pool) // answered by the claim function in a transaction of its own
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
