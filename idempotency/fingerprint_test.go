@@ -76,10 +76,10 @@ func TestCanonicalJSONNumbers(t *testing.T) {
 // in another form are what they always were.
 func TestCanonicalJSONForm(t *testing.T) {
 	for in, want := range map[string]string{
-		`{"b":1,"a":[true,null,"x"]}`:                   `{"a":[true,null,"x"],"b":1}`,
+		`{"b":1,"a":[true,null,"x"]}`:                  `{"a":[true,null,"x"],"b":1}`,
 		" { \"a\" : { \"d\" : {} , \"c\" : [ ] } } \n": `{"a":{"c":[],"d":{}}}`,
-		`{"<>&":"\u2028\u00e9\t"}`:                      `{"<>&":"\u2028é\t"}`,
-		`"\ud83d\ude00"`:                                `"😀"`,
+		`{"<>&":"\u2028\u00e9\t"}`:                     `{"<>&":"\u2028é\t"}`,
+		`"\ud83d\ude00"`:                               `"😀"`,
 	} {
 		got, err := idempotency.CanonicalJSON([]byte(in))
 		if err != nil || string(got) != want {

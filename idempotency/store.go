@@ -60,7 +60,7 @@ const (
 //
 // A [Request.Payload] has no limit of its own: only its SHA-256 is sent and
 // stored (the schema accepts fingerprints of 16 to 64 bytes). Bound what you
-// read before hashing it; the HTTP middleware does ([HTTPConfig.MaxBodyBytes]).
+// read before hashing it; the HTTP middleware does (idemhttp.Config.MaxBodyBytes).
 const (
 	// MaxScopeBytes is the longest [Request.Scope].
 	MaxScopeBytes = 512
