@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/idempotency"
@@ -215,6 +216,7 @@ type orderServer struct {
 	points map[string]chan struct{} // closed when a request reaches the point
 	conts  map[string]chan struct{} // closed by "continue"
 	pool   *pgxpool.Pool
+	mode   idemhttp.Mode
 	calls  atomic.Int64
 }
 
@@ -277,7 +279,7 @@ func (s *orderServer) start(ctx context.Context, args crashArgs) (string, error)
 	if err != nil {
 		return "", err
 	}
-	s.pool = pool
+	s.pool, s.mode = pool, args.Mode
 	store, err := idempotency.NewStore(&idempotency.Config{Lease: crashLease})
 	if err != nil {
 		return "", err
@@ -320,8 +322,16 @@ func (s *orderServer) createOrder(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	if tx := idemhttp.Tx(ctx); tx != nil {
-		if err := tx.QueryRow(ctx, `INSERT INTO orders (body) VALUES ($1) RETURNING id`, string(body)).Scan(&id); err != nil {
+	if s.mode == idemhttp.ModeAtomic {
+		// A handler written for both ways: through the key's transaction
+		// when there is one, else on its own.
+		var db interface {
+			QueryRow(context.Context, string, ...any) pgx.Row
+		} = s.pool
+		if tx := idemhttp.Tx(ctx); tx != nil {
+			db = tx
+		}
+		if err := db.QueryRow(ctx, `INSERT INTO orders (body) VALUES ($1) RETURNING id`, string(body)).Scan(&id); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
