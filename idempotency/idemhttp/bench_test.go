@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/idempotency"
 	"github.com/pgfence/pgfence/idempotency/idemhttp"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
@@ -29,10 +30,13 @@ import (
 //	            transaction (BEGIN, INSERT, COMMIT)
 //	atomic      the handler behind the middleware in ModeAtomic (BEGIN,
 //	            claim, INSERT, result + COMMIT in one pipeline)
+//	do          the handler calling idempotency.Store.Do with the INSERT
+//	            (the same statements; the idempotent-tx case of pgfence bench)
 //
 // by 1 and 8 concurrent workers, calling ServeHTTP directly (no network).
-// The three run interleaved in rounds so that fsync jitter hits them alike;
-// µs/op is wall time per request over all workers, p50 the median latency.
+// The four run interleaved in rounds so that fsync jitter hits them alike;
+// µs/op is wall time per request over all workers, p50 the median latency,
+// stmts/op the statements sent per request (counted by a pgx tracer).
 //
 //	go test -run '^$' -bench AtomicMiddleware -benchtime 4000x ./idempotency/idemhttp
 //	PGFENCE_TEST_DURABLE=1 go test -run '^$' -bench AtomicMiddleware -benchtime 4000x ./idempotency/idemhttp
@@ -43,6 +47,8 @@ func BenchmarkAtomicMiddleware(b *testing.B) {
 		b.Fatal(err)
 	}
 	cfg.MaxConns = 16
+	statements := &statementCounter{}
+	cfg.ConnConfig.Tracer = statements
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -84,6 +90,19 @@ func BenchmarkAtomicMiddleware(b *testing.B) {
 		{"autocommit", handler(false)},
 		{"tx", handler(true)},
 		{"atomic", mw.Wrap(handler(false))},
+		{"do", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			// Store.Do in the handler (the idempotent-tx case of pgfence bench).
+			_, err := store.Do(r.Context(), pool, idempotency.Request{Scope: "bench", Key: r.Header.Get(idemhttp.HeaderKey)},
+				func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+					_, err := tx.Exec(ctx, `INSERT INTO orders (body) VALUES ('x')`)
+					return []byte(`{"order":1}`), err
+				})
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		})},
 	}
 	var seq atomic.Int64
 	serve := func(h http.Handler) time.Duration {
@@ -104,6 +123,7 @@ func BenchmarkAtomicMiddleware(b *testing.B) {
 		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
 			round := 2 * workers // requests per variant per round, over all workers: short rounds, so that the variants see the same disk
 			wall := make([]time.Duration, len(variants))
+			sent := make([]int64, len(variants))
 			lat := make([][]time.Duration, len(variants))
 			b.ResetTimer()
 			for done := 0; done < b.N; done += round {
@@ -112,6 +132,7 @@ func BenchmarkAtomicMiddleware(b *testing.B) {
 					var next atomic.Int64
 					var wg sync.WaitGroup
 					start := time.Now()
+					before := statements.n.Load()
 					for range workers {
 						wg.Go(func() {
 							for next.Add(1) <= int64(round) {
@@ -124,6 +145,7 @@ func BenchmarkAtomicMiddleware(b *testing.B) {
 					}
 					wg.Wait()
 					wall[i] += time.Since(start)
+					sent[i] += statements.n.Load() - before
 				}
 			}
 			b.StopTimer()
@@ -131,6 +153,7 @@ func BenchmarkAtomicMiddleware(b *testing.B) {
 			for i, v := range variants {
 				b.ReportMetric(float64(wall[i].Microseconds())/n, v.name+"-µs/op")
 				b.ReportMetric(float64(p50(lat[i]).Microseconds()), v.name+"-p50-µs")
+				b.ReportMetric(float64(sent[i])/n, v.name+"-stmts/op")
 			}
 			b.ReportMetric(float64(wall[2])/float64(wall[0]), "atomic/autocommit")
 			b.ReportMetric(float64(wall[2])/float64(wall[1]), "atomic/tx")
@@ -144,6 +167,24 @@ func BenchmarkAtomicMiddleware(b *testing.B) {
 		b.Fatalf("%d keys, %d orders", keys, orders)
 	}
 }
+
+// statementCounter counts the statements a pool sends, batched or not.
+type statementCounter struct{ n atomic.Int64 }
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (c *statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) { c.n.Add(1) }
+
+func (c *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 func p50(ops []time.Duration) time.Duration {
 	if len(ops) == 0 {
