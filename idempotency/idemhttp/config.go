@@ -178,8 +178,11 @@ type Middleware struct {
 // New returns a Middleware that keeps keys through store in db, normally a
 // pool. In [ModeAtomic] every request it runs holds one connection of db for
 // the handler's duration, and a duplicate waiting for it one more for up to
-// the store's [idempotency.Config.WaitTimeout]; in [ModeLeased] the claim
-// commits on its own before the handler runs.
+// the store's [idempotency.Config.WaitTimeout]: a handler should do its
+// database work through [Tx], not take a second connection from the same
+// pool, which a burst of requests can exhaust (a claim that gets no
+// connection within 10 s is answered 503). In [ModeLeased] the claim commits
+// on its own before the handler runs.
 //
 // New refuses (with [idempotency.ErrInvalid], naming the field) a nil store
 // or db, a configuration without [Config.Principal] unless
