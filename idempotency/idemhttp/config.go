@@ -69,6 +69,8 @@ const (
 	ModeLeased
 )
 
+// String returns "atomic" or "leased", the value of the
+// pgfence.idempotency.mode span attribute.
 func (m Mode) String() string {
 	switch m {
 	case ModeAtomic:
