@@ -43,7 +43,7 @@ type GCResult struct {
 }
 
 // gcSQL deletes one batch of completed keys whose retention ended (database
-// clock) and returns how many (migrations/00009_security.sql). In-progress
+// clock) and returns how many (pgfence.idempotency_gc). In-progress
 // keys have no expires_at and are never selected; rows a claim is reusing
 // right now are locked and skipped.
 const gcSQL = `SELECT pgfence.idempotency_gc($1)`

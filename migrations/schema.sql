@@ -2434,6 +2434,12 @@ CREATE INDEX fence_rejections_trace_id ON pgfence.fence_rejections USING btree (
 CREATE INDEX idempotency_keys_expires_at ON pgfence.idempotency_keys USING btree (expires_at) WHERE (expires_at IS NOT NULL);
 
 --
+-- Name: idempotency_keys_leased_in_progress; Type: INDEX; Schema: pgfence; Owner: -
+--
+
+CREATE INDEX idempotency_keys_leased_in_progress ON pgfence.idempotency_keys USING btree (scope) WHERE ((status = 'in_progress'::text) AND (mode = 'leased'::text));
+
+--
 -- Name: lease_events_key_id; Type: INDEX; Schema: pgfence; Owner: -
 --
 
