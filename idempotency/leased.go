@@ -21,7 +21,7 @@ const (
                                  $6 * interval '1 microsecond')`
 
 	// retryAfterSQL reads the rest of the lease after a PF007 refusal.
-	retryAfterSQL = `SELECT (extract(epoch FROM greatest(lease_expires_at - clock_timestamp(), interval '0')) * 1e6)::bigint
+	retryAfterSQL = `SELECT (extract(epoch FROM greatest(lease_expires_at - pg_catalog.clock_timestamp(), interval '0')) * 1e6)::bigint
   FROM pgfence.idempotency_keys WHERE scope = $1 AND key = $2 AND status = 'in_progress'`
 
 	heartbeatSQL = `SELECT pgfence.idempotency_heartbeat($1, $2, $3::uuid, $4 * interval '1 microsecond')`

@@ -73,8 +73,8 @@ const abandonedSQL = `SELECT scope, key, epoch, recovery_point, owner IS NULL, l
        coalesce(trace_id, ''), fingerprint, (extract(epoch FROM retention) * 1e6)::bigint
   FROM pgfence.idempotency_keys
  WHERE status = 'in_progress' AND mode = 'leased'
-   AND lease_expires_at <= clock_timestamp() - $1 * interval '1 microsecond'
-   AND ($2 = '' OR starts_with(scope, $2))
+   AND lease_expires_at <= pg_catalog.clock_timestamp() - $1 * interval '1 microsecond'
+   AND ($2 = '' OR pg_catalog.starts_with(scope, $2))
  ORDER BY lease_expires_at
  LIMIT $3`
 

@@ -341,6 +341,13 @@ var (
 	ErrLockTimeout = pgerr.ErrLockTimeout
 	// ErrInvalid: an argument was rejected; the error names it.
 	ErrInvalid = pgerr.ErrInvalid
+	// ErrNotGranted: the database role may not use this scope: no prefix of
+	// it is granted to the role (PF014; an operator grants prefixes with
+	// pgfence.grant_prefix). Nothing was done.
+	ErrNotGranted = pgerr.ErrNotGranted
+	// ErrNotPrimary: the server is a standby; keys are claimed on the
+	// primary only (PF005).
+	ErrNotPrimary = pgerr.ErrNotPrimary
 )
 
 // InProgressError reports a key held by another attempt.
