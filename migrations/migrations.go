@@ -140,7 +140,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 	// No goose locker: Up and DownTo take the migration lock themselves,
 	// before goose runs, and the store's fence checks it in each
 	// migration's transaction.
-	provider, err := goose.NewProvider("", db, files,
+	provider, err := goose.NewProvider("", db, pinnedFS{},
 		goose.WithStore(fencedStore{store}),
 		goose.WithDisableGlobalRegistry(true),
 		goose.WithSlog(logger),
@@ -212,8 +212,10 @@ func results(rs []*goose.MigrationResult) []Result {
 
 // Up applies every pending migration. It is a no-op on an up-to-date schema.
 //
-// It takes the migration lock, waiting at most [Config.LockTimeout]
-// ([*LockedError]).
+// It first checks that the migrating role owns schema pgfence and
+// everything in it and that the pgfence roles are plain groups
+// ([*UntrustedError] otherwise, before it changes anything), then takes the
+// migration lock, waiting at most [Config.LockTimeout] ([*LockedError]).
 func (m *Migrator) Up(ctx context.Context) ([]Result, error) {
 	return m.migrate(ctx, true, func(ctx context.Context) ([]*goose.MigrationResult, error) {
 		return m.provider.Up(ctx)
@@ -376,9 +378,11 @@ func readVersions(ctx context.Context, tx pgx.Tx) (st schemaState, err error) {
 
 // prepare readies a run of Up (create) or DownTo, in one transaction:
 //
+//   - it refuses, before it writes anything, a database the migrating role
+//     cannot trust ([checkTrust], an [*UntrustedError]);
 //   - with create it creates schema pgfence when missing, and when the
 //     schema is installed or created it creates the lock table
-//     ([LockTable]) when missing;
+//     ([LockTable]) when missing, then checks again what it created in;
 //   - it refuses a schema newer than this build or one a pre-release build
 //     migrated.
 //
@@ -417,6 +421,9 @@ func (m *Migrator) prepareOnce(ctx context.Context, create bool) (bool, error) {
 		strconv.FormatInt(max(m.lockTimeout.Milliseconds(), 1), 10)); err != nil {
 		return false, err
 	}
+	if err := checkTrust(ctx, tx); err != nil { // before the pin: it reads the session's search_path
+		return false, err
+	}
 	if _, err := tx.Exec(ctx, searchPathPin); err != nil {
 		return false, err
 	}
@@ -429,16 +436,23 @@ func (m *Migrator) prepareOnce(ctx context.Context, create bool) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	created := false
 	if create && !schemaExists {
 		// Only when it is missing: CREATE SCHEMA checks the CREATE privilege
 		// on the database even with IF NOT EXISTS.
 		if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+Schema); err != nil {
 			return false, err
 		}
-		schemaExists = true
+		schemaExists, created = true, true
 	}
 	if schemaExists && !lockExists && (create || st.installed) {
 		if _, err := tx.Exec(ctx, lockTableDDL); err != nil {
+			return false, err
+		}
+		created = true
+	}
+	if created {
+		if err := checkTrust(ctx, tx); err != nil {
 			return false, err
 		}
 	}
@@ -456,7 +470,7 @@ func partial(err error) []*goose.MigrationResult {
 // wrap names the database's address when the server never answered, so
 // "context deadline exceeded" says where it was waiting.
 func (m *Migrator) wrap(err error) error {
-	if errors.Is(err, ErrSchemaTooNew) || errors.Is(err, ErrPreReleaseSchema) ||
+	if errors.Is(err, ErrSchemaTooNew) || errors.Is(err, ErrPreReleaseSchema) || errors.Is(err, ErrUntrusted) ||
 		errors.Is(err, ErrLocked) || errors.Is(err, ErrLockLost) {
 		return err
 	}
@@ -541,8 +555,10 @@ SELECT 0, true WHERE NOT EXISTS (SELECT 1 FROM ` + VersionTable + `);
 // Apply it in one transaction.
 //
 // The script first pins search_path to pg_catalog, pg_temp for its
-// transaction, then takes the migration lock ([LockTable]) until it ends,
-// so that it never runs at the same time as a Migrator or another script.
+// transaction, then refuses a database that the migrating role cannot
+// trust, as [Migrator.Up] does ([UntrustedError] describes the rules), then
+// takes the migration lock ([LockTable]) until it ends, so that it never
+// runs at the same time as a Migrator or another script.
 func Script(from, to int64) (string, error) {
 	known := map[int64]string{0: ""}
 	var ns []string
@@ -566,9 +582,15 @@ func Script(from, to int64) (string, error) {
 			ns[i], ns[j] = ns[j], ns[i]
 		}
 	}
+	trust, err := trustSQL(trustBlockBegin, trustBlockEnd)
+	if err != nil {
+		return "", err
+	}
 	var b strings.Builder
 	b.WriteString("-- For the rest of the transaction, names that are not schema-qualified\n-- resolve in pg_catalog only.\n")
 	b.WriteString(searchPathPin + "\n\n")
+	b.WriteString("-- Refuse a database where another role owns schema pgfence or anything in it,\n-- or where the pgfence roles are not plain NOLOGIN groups.\n")
+	b.WriteString(trust + "\n\n")
 	if up && from == 0 {
 		b.WriteString("-- goose's version table, as `pgfence migrate up` creates it.\n")
 		b.WriteString(versionTableDDL)
