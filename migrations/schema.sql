@@ -2264,6 +2264,28 @@ CREATE TABLE pgfence.lease_waiters (
 );
 
 --
+-- Name: migration_lock; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.migration_lock (
+    singleton boolean DEFAULT true NOT NULL,
+    holder uuid NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    application text NOT NULL,
+    db_user text NOT NULL,
+    locked_at timestamp with time zone NOT NULL,
+    lease_until timestamp with time zone NOT NULL,
+    CONSTRAINT migration_lock_singleton_check CHECK (singleton)
+);
+
+--
+-- Name: TABLE migration_lock; Type: COMMENT; Schema: pgfence; Owner: -
+--
+
+COMMENT ON TABLE pgfence.migration_lock IS 'The pgfence migration lock: one row while a migration runs. Clear a stuck one only once the process it names no longer runs.';
+
+--
 -- Name: prefix_grants; Type: TABLE; Schema: pgfence; Owner: -
 --
 
@@ -2372,6 +2394,13 @@ ALTER TABLE ONLY pgfence.lease_waiters
 
 ALTER TABLE ONLY pgfence.leases
     ADD CONSTRAINT leases_pkey PRIMARY KEY (key);
+
+--
+-- Name: migration_lock migration_lock_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.migration_lock
+    ADD CONSTRAINT migration_lock_pkey PRIMARY KEY (singleton);
 
 --
 -- Name: prefix_grants prefix_grants_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
