@@ -2,6 +2,12 @@
 // that every pgfence package maps SQLSTATEs to the same sentinels and nothing
 // matches error strings.
 //
+// It reads server errors whatever the driver: pgx's *pgconn.PgError (pgx and
+// its database/sql driver, stdlib) and lib/pq's *pq.Error both have a
+// SQLState() method and exported Message and Detail fields, which is all it
+// uses; lib/pq is not imported. A driver's [driver.ErrBadConn] counts as a
+// broken connection.
+//
 // The sentinels defined here are re-exported by the public packages (for
 // example leases.ErrOutcomeUnknown == pgerr.ErrOutcomeUnknown), so errors.Is
 // works whichever package's name the caller uses.
@@ -9,10 +15,12 @@ package pgerr
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"reflect"
 	"strings"
 	"syscall"
 
@@ -90,16 +98,61 @@ var (
 	ErrNotGranted = errors.New("pgfence: name not granted to this database role")
 )
 
-// Code returns the SQLSTATE of err, or "" when err carries none.
+// sqlStater is what the drivers' server errors have in common:
+// *pgconn.PgError and lib/pq's *pq.Error both return their SQLSTATE from
+// SQLState.
+type sqlStater interface{ SQLState() string }
+
+// Code returns the SQLSTATE of the server error in err's chain, whichever
+// driver reported it, or "" when err carries none.
 func Code(err error) string {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code
+	var s sqlStater
+	if errors.As(err, &s) {
+		return s.SQLState()
 	}
 	return ""
 }
 
-// PgError returns the *pgconn.PgError in err's chain, or nil.
+// ServerError is what the server said in an error response, read from
+// whichever driver's error type carries it.
+type ServerError struct {
+	Code    string // SQLSTATE
+	Message string // the primary message
+	Detail  string // DETAIL; pgfence's own errors put name=value pairs here
+}
+
+// Server returns the error response in err's chain, whichever driver
+// reported it, and false when err carries none (the server never answered).
+// It reads *pgconn.PgError directly, and the exported string fields Message
+// and Detail of any other error type with a SQLState method (lib/pq's
+// *pq.Error).
+func Server(err error) (ServerError, bool) {
+	var s sqlStater
+	if !errors.As(err, &s) {
+		return ServerError{}, false
+	}
+	if pe, ok := s.(*pgconn.PgError); ok {
+		return ServerError{Code: pe.Code, Message: pe.Message, Detail: pe.Detail}, true
+	}
+	se := ServerError{Code: s.SQLState()}
+	v := reflect.ValueOf(s)
+	for v.Kind() == reflect.Pointer && !v.IsNil() {
+		v = v.Elem()
+	}
+	if v.Kind() == reflect.Struct {
+		field := func(name string) string {
+			if f := v.FieldByName(name); f.IsValid() && f.Kind() == reflect.String {
+				return f.String()
+			}
+			return ""
+		}
+		se.Message, se.Detail = field("Message"), field("Detail")
+	}
+	return se, true
+}
+
+// PgError returns the *pgconn.PgError in err's chain, or nil. Code and
+// Server read the server errors of every driver.
 func PgError(err error) *pgconn.PgError {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
@@ -112,17 +165,19 @@ func PgError(err error) *pgconn.PgError {
 // reset, closed, timed out at the network level) rather than the server
 // rejecting a statement. A connection pgx had already closed
 // ([pgconn.ErrConnClosed]) is one too; whether anything was sent on it is
-// [pgconn.SafeToRetry]'s to say (see [Classify]).
+// [pgconn.SafeToRetry]'s to say (see [Classify]). So is a database/sql
+// driver's [driver.ErrBadConn]: the driver says the connection cannot be used
+// (lib/pq also says it when the connection broke after a request was sent).
 func IsConnectionError(err error) bool {
 	if err == nil {
 		return false
 	}
-	if PgError(err) != nil {
-		switch Code(err) {
+	if code := Code(err); code != "" {
+		switch code {
 		case CodeAdminShutdown, CodeCrashShutdown, CodeCannotConnectNow:
 			return true
 		}
-		return len(Code(err)) == 5 && Code(err)[:2] == "08"
+		return len(code) == 5 && code[:2] == "08"
 	}
 	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) {
@@ -135,7 +190,7 @@ func IsConnectionError(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
 		errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) ||
-		errors.Is(err, pgconn.ErrConnClosed) ||
+		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, driver.ErrBadConn) ||
 		errors.Is(err, context.DeadlineExceeded) && pgconn.Timeout(err)
 }
 
@@ -143,17 +198,17 @@ func IsConnectionError(err error) bool {
 // pgfence object does not exist: the schema is missing, or older than the
 // client (a function signature a later migration created). An application's
 // own missing table is not this.
-func schemaMissing(pe *pgconn.PgError) bool {
-	switch pe.Code {
+func schemaMissing(se ServerError) bool {
+	switch se.Code {
 	case CodeUndefinedFunction, CodeUndefinedTable, CodeInvalidSchemaName:
 		// function pgfence.f(...), relation "pgfence.t", schema "pgfence"
-		return strings.Contains(pe.Message, "pgfence.") || strings.Contains(pe.Message, `"pgfence"`)
+		return strings.Contains(se.Message, "pgfence.") || strings.Contains(se.Message, `"pgfence"`)
 	}
 	return false
 }
 
 // schemaError adds what to do to a server error caused by a missing or
-// outdated pgfence schema; errors.As still finds the *pgconn.PgError.
+// outdated pgfence schema; errors.As still finds the driver's error.
 type schemaError struct{ err error }
 
 func (e *schemaError) Error() string {
@@ -206,8 +261,9 @@ func Classify(err error, sent bool) error {
 	case CodeNotGranted:
 		return fmt.Errorf("%w: %w", ErrNotGranted, err)
 	}
-	if pe := PgError(err); pe != nil && !IsConnectionError(err) {
-		if schemaMissing(pe) {
+	se, answered := Server(err)
+	if answered && !IsConnectionError(err) {
+		if schemaMissing(se) {
 			return &schemaError{err}
 		}
 		return err // the server answered: the statement failed, nothing committed
@@ -215,7 +271,7 @@ func Classify(err error, sent bool) error {
 	// A server (or a pooler in front of it) that answers with a connection
 	// exception refused the request: PgBouncer's "server login has been
 	// failing" (08P01) comes before anything reached PostgreSQL.
-	if pe := PgError(err); pe != nil && len(pe.Code) == 5 && pe.Code[:2] == "08" {
+	if answered && len(se.Code) == 5 && se.Code[:2] == "08" {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	// A connection that could not be established sent nothing, whatever the

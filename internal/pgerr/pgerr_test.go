@@ -2,6 +2,7 @@ package pgerr_test
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/lib/pq"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
@@ -234,5 +236,80 @@ func TestClassifyClosedAfterSend(t *testing.T) {
 	}
 	if got := pgerr.Classify(err, true); !errors.Is(got, pgerr.ErrOutcomeUnknown) || errors.Is(got, pgerr.ErrUnavailable) {
 		t.Errorf("Classify(conn closed after sending) = %v, want ErrOutcomeUnknown only", got)
+	}
+}
+
+// lib/pq's server errors are read as pgx's are: the SQLSTATE through
+// SQLState, the message and DETAIL from their fields, so pgfence's own codes
+// map to the same sentinels whichever driver ran the statement.
+func TestServerErrorOfEveryDriver(t *testing.T) {
+	for _, err := range []error{
+		&pgconn.PgError{Code: pgerr.CodeStaleToken, Message: "stale", Detail: "presented=1 accepted=2 resource=r"},
+		&pq.Error{Code: pgerr.CodeStaleToken, Message: "stale", Detail: "presented=1 accepted=2 resource=r"},
+	} {
+		wrapped := fmt.Errorf("statement: %w", err)
+		se, ok := pgerr.Server(wrapped)
+		if !ok || se.Code != pgerr.CodeStaleToken || se.Message != "stale" || se.Detail != "presented=1 accepted=2 resource=r" {
+			t.Errorf("%T: Server = %+v, %v", err, se, ok)
+		}
+		if pgerr.Code(wrapped) != pgerr.CodeStaleToken {
+			t.Errorf("%T: Code = %q", err, pgerr.Code(wrapped))
+		}
+		if got := pgerr.Classify(wrapped, true); got != wrapped {
+			t.Errorf("%T: Classify = %v, want the server's answer unchanged", err, got)
+		}
+	}
+	for _, tc := range []struct {
+		code string
+		want error
+	}{
+		{pgerr.CodeNotPrimary, pgerr.ErrNotPrimary},
+		{pgerr.CodeLockNotAvailable, pgerr.ErrLockTimeout},
+		{pgerr.CodeNotGranted, pgerr.ErrNotGranted},
+		{pgerr.CodeAbandoned, pgerr.ErrAbandoned},
+	} {
+		if err := pgerr.Classify(&pq.Error{Code: pq.ErrorCode(tc.code)}, true); !errors.Is(err, tc.want) {
+			t.Errorf("Classify(*pq.Error %s) = %v, want %v", tc.code, err, tc.want)
+		}
+	}
+	missing := pgerr.Classify(&pq.Error{Code: "42883", Message: "function pgfence.fence(unknown, integer, unknown) does not exist"}, true)
+	if !strings.Contains(missing.Error(), "migrate up") || errors.Is(missing, pgerr.ErrOutcomeUnknown) {
+		t.Errorf("Classify(*pq.Error missing pgfence function) = %v", missing)
+	}
+	if _, ok := pgerr.Server(errors.New("not a server error")); ok {
+		t.Error("Server found a server error in a plain error")
+	}
+}
+
+// database/sql's driver.ErrBadConn says the connection cannot be used.
+// lib/pq returns it also when the connection broke after a request was
+// sent, so it is unavailable only when nothing can have been sent.
+func TestClassifyBadConn(t *testing.T) {
+	if got := pgerr.Classify(driver.ErrBadConn, true); !errors.Is(got, pgerr.ErrOutcomeUnknown) || !errors.Is(got, driver.ErrBadConn) {
+		t.Errorf("Classify(ErrBadConn, sent) = %v, want ErrOutcomeUnknown wrapping it", got)
+	}
+	if got := pgerr.Classify(driver.ErrBadConn, false); !errors.Is(got, pgerr.ErrUnavailable) || errors.Is(got, pgerr.ErrOutcomeUnknown) {
+		t.Errorf("Classify(ErrBadConn, not sent) = %v, want ErrUnavailable", got)
+	}
+
+	// What lib/pq returns for a COMMIT the server received before the
+	// connection broke: ErrBadConn, although the COMMIT was sent.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	connector, err := pq.NewConnector(fakeServer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := connector.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, err = conn.(driver.ExecerContext).ExecContext(ctx, "commit", nil)
+	if err != driver.ErrBadConn {
+		t.Fatalf("lib/pq, connection cut after COMMIT was sent: %v, want driver.ErrBadConn", err)
+	}
+	if got := pgerr.Classify(err, true); !errors.Is(got, pgerr.ErrOutcomeUnknown) || errors.Is(got, pgerr.ErrUnavailable) {
+		t.Errorf("Classify(lib/pq's ErrBadConn after COMMIT) = %v, want ErrOutcomeUnknown only", got)
 	}
 }
