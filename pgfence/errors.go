@@ -91,7 +91,8 @@ func (e *StaleTokenError) Error() string {
 // Is reports whether target is [ErrStaleToken].
 func (e *StaleTokenError) Is(target error) bool { return target == ErrStaleToken }
 
-// Unwrap returns the underlying database error (*pgconn.PgError), if any.
+// Unwrap returns the underlying database error (the driver's: a
+// *pgconn.PgError, lib/pq's *pq.Error), if any.
 func (e *StaleTokenError) Unwrap() error { return e.err }
 
 // TokenNotIssuedError is the rejection of a fenced write whose token the
@@ -199,22 +200,21 @@ func mapError(err error, sent bool) error {
 	if err == nil || mapped(err) {
 		return err
 	}
-	pgErr := pgerr.PgError(err)
-	if pgErr != nil {
-		switch pgErr.Code {
+	if se, ok := pgerr.Server(err); ok {
+		switch se.Code {
 		case pgerr.CodeStaleToken:
-			d := details(pgErr.Detail)
+			d := details(se.Detail)
 			e := &StaleTokenError{Resource: d["resource"], err: err}
 			e.Accepted, _ = strconv.ParseInt(d["accepted"], 10, 64)
 			e.Presented, _ = strconv.ParseInt(d["presented"], 10, 64)
 			return e
 		case pgerr.CodeLeaseNotHeld:
-			d := details(pgErr.Detail)
+			d := details(se.Detail)
 			e := &LeaseNotHeldError{Key: d["key"], Reason: d["reason"], err: err}
 			e.Current, _ = strconv.ParseInt(d["token"], 10, 64)
 			return e
 		case pgerr.CodeTokenNotIssued:
-			d := details(pgErr.Detail)
+			d := details(se.Detail)
 			e := &TokenNotIssuedError{Resource: d["resource"], err: err}
 			e.Issued, _ = strconv.ParseInt(d["issued"], 10, 64)
 			e.Presented, _ = strconv.ParseInt(d["presented"], 10, 64)
@@ -244,11 +244,8 @@ func mapError(err error, sent bool) error {
 // mapped like the helper's (a pgfence SQLSTATE to its sentinel, a lost
 // connection to [ErrUnavailable]); any other error, such as a failed HTTP
 // call, is fn's and is returned unchanged, even when it is a network error.
-func mapFnError(tx pgx.Tx, err error) error {
-	if pgerr.PgError(err) != nil {
-		return mapError(err, false)
-	}
-	if c := tx.Conn(); c != nil && c.PgConn() != nil && c.PgConn().IsClosed() {
+func mapFnError[T any](tx txn[T], err error) error {
+	if pgerr.Code(err) != "" || tx.connLost(err) {
 		return mapError(err, false)
 	}
 	return err
@@ -305,7 +302,7 @@ func checkDB(db DB) error {
 // on, so the connection does not stay in an open transaction that holds the
 // fence row's (or the lease row's) lock, and the helper's telemetry records a
 // failure. It does not recover: the panic keeps its stack.
-func endOnPanic(ctx context.Context, tx pgx.Tx, returned *bool, err *error) {
+func endOnPanic[T any](ctx context.Context, tx txn[T], returned *bool, err *error) {
 	if *returned || *err != nil {
 		return
 	}
@@ -327,13 +324,14 @@ func fnEndedTx(own bool) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, msg)
 }
 
-// rollback ends tx after a failure. A rollback error other than
-// [pgx.ErrTxClosed] is joined to cause; the rollback gets its own short
-// deadline so a cancelled ctx still releases the connection's locks.
-func rollback(ctx context.Context, tx pgx.Tx, cause error) error {
+// rollback ends tx after a failure. A rollback error (other than the
+// transaction having ended already) is joined to cause; the rollback gets its
+// own short deadline so a cancelled ctx still releases the connection's
+// locks.
+func rollback[T any](ctx context.Context, tx txn[T], cause error) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := tx.Rollback(rctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+	if err := tx.rollback(rctx); err != nil {
 		return errors.Join(cause, fmt.Errorf("pgfence: rollback: %w", err))
 	}
 	return cause

@@ -12,8 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/pgfence/pgfence/internal/tracesql"
 )
 
 // DB is what the helpers run on: a [*pgxpool.Pool], a [*pgx.Conn] or a
@@ -153,67 +151,11 @@ func (f *Fencer) WriteToken(ctx context.Context, db DB, resource string, token i
 		return Receipt{}, err
 	}
 	w := &write{op: opWrite, resource: resource, token: token}
-	err = f.observed(ctx, db, w, func(ctx context.Context) error {
-		r, err = writeFenced(ctx, db, w, fn)
+	err = f.observed(ctx, pgxSession{db}, w, func(ctx context.Context) error {
+		r, err = writeFenced(ctx, pgxSession{db}, w, fn)
 		return err
 	})
 	return r, err
-}
-
-func writeFenced(ctx context.Context, db DB, w *write, fn func(ctx context.Context, tx pgx.Tx) error) (_ Receipt, err error) {
-	resource, token := w.resource, w.token
-	if err := validate(resource, token); err != nil {
-		return Receipt{}, err
-	}
-	if fn == nil {
-		return Receipt{}, fmt.Errorf("%w: fn is nil", ErrInvalid)
-	}
-	op := newOpID()
-	w.id = op
-	tx, release, err := begin(ctx, db)
-	if err != nil {
-		return Receipt{}, err
-	}
-	defer release()
-	returned := false
-	defer endOnPanic(ctx, tx, &returned, &err)
-	if err := fenceTx(ctx, tx, resource, token, op); err != nil {
-		return Receipt{}, rollback(ctx, tx, mapError(err, false))
-	}
-	ferr := fn(ctx, tx)
-	returned = true
-	if ferr != nil {
-		return Receipt{}, rollback(ctx, tx, mapFnError(tx, ferr))
-	}
-	if endedByFn(tx) {
-		return Receipt{}, unknown(rollback(ctx, tx, fnEndedTx(true)), resource, token, op)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		if errors.Is(err, pgx.ErrTxClosed) {
-			return Receipt{}, unknown(fnEndedTx(ownCommit(db)), resource, token, op)
-		}
-		if !ownCommit(db) {
-			// A lost RELEASE SAVEPOINT kills the caller's transaction: nothing
-			// can commit, so the outcome is known.
-			return Receipt{}, mapError(err, false)
-		}
-		return Receipt{}, unknown(mapError(err, true), resource, token, op)
-	}
-	return Receipt{Resource: resource, Token: token, Op: op}, nil
-}
-
-// fenceTx presents token for resource in tx. When ctx carries a trace id, it
-// is set for the transaction in the same pipeline (pgfence.fences stores it
-// with the accepted token), so tracing adds no round trip.
-func fenceTx(ctx context.Context, tx pgx.Tx, resource string, token int64, op OpID) error {
-	b := &pgx.Batch{}
-	if !tracesql.Queue(ctx, b) {
-		_, err := tx.Exec(ctx, sqlFence, resource, token, op)
-		return err
-	}
-	b.Queue(sqlFence, resource, token, op)
-	_, err := execBatch(ctx, tx, b)
-	return err
 }
 
 // unknown wraps an ErrOutcomeUnknown error into an *OutcomeUnknownError.
@@ -238,97 +180,10 @@ func (f *Fencer) ExecToken(ctx context.Context, db DB, resource string, token in
 		return pgconn.CommandTag{}, err
 	}
 	w := &write{op: opExec, resource: resource, token: token}
-	err = f.observed(ctx, db, w, func(ctx context.Context) error {
-		tag, err = execFenced(ctx, db, w, sql, args)
+	err = f.observed(ctx, pgxSession{db}, w, func(ctx context.Context) error {
+		tag, err = execFenced(ctx, pgxSession{db}, w, sql, args)
 		return err
 	})
-	return tag, err
-}
-
-func execFenced(ctx context.Context, db DB, w *write, sql string, args []any) (pgconn.CommandTag, error) {
-	resource, token := w.resource, w.token
-	if err := validate(resource, token); err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	op := newOpID()
-	w.id = op
-	conn, release, err := acquire(ctx, db)
-	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	defer release()
-	b := &pgx.Batch{}
-	tracesql.Queue(ctx, b)
-	b.Queue(sqlFence, resource, token, op)
-	b.Queue(sql, args...)
-	tag, err := execBatch(ctx, conn, b)
-	if err != nil {
-		return tag, unknown(mapError(err, ownCommit(db)), resource, token, op)
-	}
-	return tag, nil
-}
-
-// acquire returns what a helper whose statement commits on its own runs it
-// on: db itself, or for a pool one of its connections, with the function that
-// gives it back. A pool that gives no connection (the context ended while the
-// pool was exhausted, or before the call; the pool is closed) has sent
-// nothing, so that error is never an unknown outcome, which it would be if
-// the pool's own Exec or SendBatch reported it after the statement was
-// handed over.
-func acquire(ctx context.Context, db DB) (DB, func(), error) {
-	p, ok := db.(*pgxpool.Pool)
-	if !ok {
-		return db, func() {}, nil
-	}
-	c, err := p.Acquire(ctx)
-	if err != nil {
-		return nil, nil, mapError(err, false)
-	}
-	return c, c.Release, nil
-}
-
-// begin starts the transaction of [Write] or [WriteLeased] on db. On a pool
-// it first acquires a connection that it keeps until release, so that the
-// connection stays the helper's even if fn commits or rolls back tx itself
-// (see endedByFn).
-func begin(ctx context.Context, db DB) (pgx.Tx, func(), error) {
-	conn, release, err := acquire(ctx, db)
-	if err != nil {
-		return nil, nil, err
-	}
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		release()
-		return nil, nil, mapError(err, false)
-	}
-	return tx, release, nil
-}
-
-// endedByFn reports whether the connection of tx is outside any transaction
-// after fn returned: fn ended the transaction itself, with tx.Commit or
-// tx.Rollback, or with SQL (COMMIT or ROLLBACK through tx.Exec), which pgx's
-// tx does not notice: a COMMIT sent then succeeds with a mere warning, for a
-// fence that may have been rolled back. Reading the status costs no round
-// trip. A pgx.Tx of another implementation without a connection reports
-// false (its Commit then decides, as before).
-func endedByFn(tx pgx.Tx) bool {
-	c := tx.Conn()
-	return c != nil && c.PgConn() != nil && c.PgConn().TxStatus() == 'I'
-}
-
-// execBatch sends b and returns the last statement's command tag.
-func execBatch(ctx context.Context, db DB, b *pgx.Batch) (pgconn.CommandTag, error) {
-	br := db.SendBatch(ctx, b)
-	var tag pgconn.CommandTag
-	var err error
-	for range b.Len() {
-		if tag, err = br.Exec(); err != nil {
-			break
-		}
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
 	return tag, err
 }
 
@@ -409,33 +264,5 @@ func Resolve(ctx context.Context, db DB, e *OutcomeUnknownError) (Outcome, error
 	if err := checkDB(db); err != nil {
 		return 0, err
 	}
-	if e == nil {
-		return 0, fmt.Errorf("%w: nil *OutcomeUnknownError", ErrInvalid)
-	}
-	if !ownCommit(db) {
-		return 0, fmt.Errorf("%w: Resolve needs a pool or a connection, not a transaction: its abandonment must commit before it probes", ErrInvalid)
-	}
-	if err := validate(e.Resource, e.Token); err != nil {
-		return 0, err
-	}
-	if e.Op == (OpID{}) {
-		return 0, fmt.Errorf("%w: the write has no operation id", ErrInvalid)
-	}
-	var abandoned bool
-	if err := db.QueryRow(ctx, sqlAbandon, e.Resource, e.Op).Scan(&abandoned); err != nil {
-		return 0, mapError(err, false)
-	}
-	var token, writes int64
-	var op *[16]byte
-	if err := db.QueryRow(ctx, sqlProbe, e.Resource).Scan(&token, &writes, &op); err != nil {
-		return 0, mapError(err, false)
-	}
-	switch {
-	case writes == 0 || token < e.Token:
-		return NotApplied, nil
-	case token == e.Token && op != nil && OpID(*op) == e.Op:
-		return Applied, nil
-	default:
-		return Superseded, nil
-	}
+	return resolve(ctx, pgxSession{db}, e)
 }

@@ -117,8 +117,9 @@ func UpdateRow(ctx context.Context, db DB, t Table, id any, token int64, set map
 
 // observed runs body as the write w on db: the write's span, metrics and log
 // event around it (observation only), then, for a rejection, the audit record
-// of it in pgfence.fence_rejections (a write of its own, see [Rejections]).
-func (f *Fencer) observed(ctx context.Context, db DB, w *write, body func(ctx context.Context) error) error {
+// of it in pgfence.fence_rejections (a write of its own on db, see
+// [Rejections]).
+func (f *Fencer) observed(ctx context.Context, db recorder, w *write, body func(ctx context.Context) error) error {
 	ctx, done := f.tel.start(ctx, f.log, w)
 	returned := false
 	defer func() {

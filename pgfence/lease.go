@@ -2,7 +2,6 @@ package pgfence
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -146,43 +145,9 @@ func (f *Fencer) WriteLeased(ctx context.Context, db DB, lease Lease, fn func(ct
 	if err != nil {
 		return err
 	}
-	return f.observed(ctx, db, w, func(ctx context.Context) error {
-		return writeLeased(ctx, db, w, fn)
+	return f.observed(ctx, pgxSession{db}, w, func(ctx context.Context) error {
+		return writeLeased(ctx, pgxSession{db}, w, fn)
 	})
-}
-
-func writeLeased(ctx context.Context, db DB, w *write, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
-	if err := w.validateLease(); err != nil {
-		return err
-	}
-	if fn == nil {
-		return fmt.Errorf("%w: fn is nil", ErrInvalid)
-	}
-	tx, release, err := begin(ctx, db)
-	if err != nil {
-		return err
-	}
-	defer release()
-	returned := false
-	defer endOnPanic(ctx, tx, &returned, &err)
-	if _, err := tx.Exec(ctx, sqlCheckLease, w.resource, w.holder, w.token); err != nil {
-		return rollback(ctx, tx, mapError(err, false))
-	}
-	ferr := fn(ctx, tx)
-	returned = true
-	if ferr != nil {
-		return rollback(ctx, tx, mapFnError(tx, ferr))
-	}
-	if endedByFn(tx) {
-		return rollback(ctx, tx, fnEndedTx(true))
-	}
-	if err := tx.Commit(ctx); err != nil {
-		if errors.Is(err, pgx.ErrTxClosed) {
-			return fnEndedTx(ownCommit(db))
-		}
-		return mapError(err, ownCommit(db))
-	}
-	return nil
 }
 
 // ExecLeased checks lease as [Fencer.WriteLeased] does and runs one
@@ -196,28 +161,9 @@ func (f *Fencer) ExecLeased(ctx context.Context, db DB, lease Lease, sql string,
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	err = f.observed(ctx, db, w, func(ctx context.Context) error {
-		tag, err = execLeased(ctx, db, w, sql, args)
+	err = f.observed(ctx, pgxSession{db}, w, func(ctx context.Context) error {
+		tag, err = execLeased(ctx, pgxSession{db}, w, sql, args)
 		return err
 	})
 	return tag, err
-}
-
-func execLeased(ctx context.Context, db DB, w *write, sql string, args []any) (pgconn.CommandTag, error) {
-	if err := w.validateLease(); err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	conn, release, err := acquire(ctx, db)
-	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	defer release()
-	b := &pgx.Batch{}
-	b.Queue(sqlCheckLease, w.resource, w.holder, w.token)
-	b.Queue(sql, args...)
-	tag, err := execBatch(ctx, conn, b)
-	if err != nil {
-		return tag, mapError(err, ownCommit(db))
-	}
-	return tag, nil
 }

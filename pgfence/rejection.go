@@ -134,19 +134,25 @@ func rejectionOf(err error, w *write) (Rejection, bool) {
 	return r, r.Resource != "" && r.PresentedToken > 0
 }
 
+// recorder is where a rejection is recorded: the session of the write.
+type recorder interface {
+	ownCommit() bool
+	execRows(ctx context.Context, sql string, args ...any) (int64, error)
+}
+
 // recordRejection stores r, the rejection of the write w, in
 // pgfence.fence_rejections, best effort: it is skipped when db is a caller's
 // transaction (aborted, or rolled back with the caller's work) or ctx has
 // ended, bounded by recordTimeout, and a failure is only logged.
-func (f *Fencer) recordRejection(ctx context.Context, db DB, w *write, r Rejection) {
-	if _, inTx := db.(pgx.Tx); inTx || db == nil || ctx.Err() != nil {
+func (f *Fencer) recordRejection(ctx context.Context, db recorder, w *write, r Rejection) {
+	if !db.ownCommit() || ctx.Err() != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
 	var op, traceID, leaseReason any
 	if r.Op != (OpID{}) {
-		op = r.Op
+		op = r.Op.String()
 	}
 	if id := telemetry.TraceID(ctx); id != "" {
 		traceID = id
@@ -154,7 +160,7 @@ func (f *Fencer) recordRejection(ctx context.Context, db DB, w *write, r Rejecti
 	if r.LeaseReason != "" {
 		leaseReason = r.LeaseReason
 	}
-	_, err := db.Exec(ctx, sqlRecordRejection, r.Resource, r.PresentedToken, r.AcceptedToken, r.Reason,
+	_, err := db.execRows(ctx, sqlRecordRejection, r.Resource, r.PresentedToken, r.AcceptedToken, r.Reason,
 		leaseReason, r.Operation, op, traceID)
 	if err != nil {
 		f.log.DebugContext(ctx, "pgfence: recording a rejection failed",

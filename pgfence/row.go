@@ -56,12 +56,12 @@ func (f *Fencer) UpdateRow(ctx context.Context, db DB, t Table, id any, token in
 		return err
 	}
 	w := &write{op: opUpdateRow, token: token, table: strings.Join(t.Name, ".")}
-	return f.observed(ctx, db, w, func(ctx context.Context) error {
-		return updateRow(ctx, db, t, id, token, set)
+	return f.observed(ctx, pgxSession{db}, w, func(ctx context.Context) error {
+		return updateRow(ctx, pgxSession{db}, t, id, token, set)
 	})
 }
 
-func updateRow(ctx context.Context, db DB, t Table, id any, token int64, set map[string]any) error {
+func updateRow[T, R any](ctx context.Context, s session[T, R], t Table, id any, token int64, set map[string]any) error {
 	if err := t.validate(); err != nil {
 		return err
 	}
@@ -91,7 +91,7 @@ func updateRow(ctx context.Context, db DB, t Table, id any, token int64, set map
 	update := sb.String()
 	read := fmt.Sprintf("SELECT %s FROM %s WHERE %s = $1", fence, table, key)
 
-	conn, release, err := acquire(ctx, db)
+	conn, release, err := s.conn(ctx)
 	if err != nil {
 		return err
 	}
@@ -99,23 +99,23 @@ func updateRow(ctx context.Context, db DB, t Table, id any, token int64, set map
 	// A miss is re-read; if a concurrent writer changed the row in between (a
 	// delete and re-insert), the update is tried again, a bounded number of times.
 	for range 3 {
-		tag, err := conn.Exec(ctx, update, args...)
+		n, err := conn.execRows(ctx, update, args...)
 		if err != nil {
 			// On a pool the UPDATE is its own transaction: lost after
 			// sending, its outcome is unknown (re-read the row).
-			err = mapError(err, ownCommit(db))
+			err = mapError(err, s.ownCommit())
 			if errors.Is(err, ErrUnfencedWrite) {
 				return fmt.Errorf("pgfence: UpdateRow: table %s is protected (pgfence.protect), and a versioned row write presents no fence: "+
 					"write it with Write or Exec under the row's lease, or leave a table whose rows carry their own token column unprotected: %w", table, err)
 			}
 			return err
 		}
-		if tag.RowsAffected() > 0 {
+		if n > 0 {
 			return nil
 		}
 		var current *int64
-		err = conn.QueryRow(ctx, read, id).Scan(&current)
-		if errors.Is(err, pgx.ErrNoRows) {
+		err = conn.queryRow(ctx, read, id).Scan(&current)
+		if noRows(err) {
 			return fmt.Errorf("%w: no row %s = %v in %s", ErrNotFound, key, id, table)
 		}
 		if err != nil {
