@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
@@ -268,7 +269,7 @@ func TestServerErrorOfEveryDriver(t *testing.T) {
 		{pgerr.CodeNotGranted, pgerr.ErrNotGranted},
 		{pgerr.CodeAbandoned, pgerr.ErrAbandoned},
 	} {
-		if err := pgerr.Classify(&pq.Error{Code: pq.ErrorCode(tc.code)}, true); !errors.Is(err, tc.want) {
+		if err := pgerr.Classify(&pq.Error{Code: pqerror.Code(tc.code)}, true); !errors.Is(err, tc.want) {
 			t.Errorf("Classify(*pq.Error %s) = %v, want %v", tc.code, err, tc.want)
 		}
 	}
