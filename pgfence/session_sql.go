@@ -6,11 +6,9 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"reflect"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/sqlhandle"
 	"github.com/pgfence/pgfence/internal/telemetry"
 	"github.com/pgfence/pgfence/internal/tracesql"
 	"github.com/pgfence/pgfence/pgfence/internal/sqlbridge"
@@ -21,102 +19,35 @@ import (
 
 // sqlSession runs the writes on database/sql: a pool (*sql.DB, or a type
 // that embeds one, such as *sqlx.DB), a connection (*sql.Conn) or the
-// caller's *sql.Tx. Exactly one of pool, c and tx is set.
-type sqlSession struct {
-	pool sqlPool
-	c    sqlConn
-	tx   *sql.Tx
-}
+// caller's *sql.Tx.
+type sqlSession struct{ sqlhandle.Handle }
 
 var _ session[*sql.Tx, sql.Result] = sqlSession{}
-
-// sqlQuerier runs single statements: what *sql.DB, *sql.Conn and *sql.Tx
-// share (sqlfence.DB).
-type sqlQuerier interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-// sqlPool is a *sql.DB: a pool the helpers take a connection from.
-type sqlPool interface {
-	sqlQuerier
-	Conn(ctx context.Context) (*sql.Conn, error)
-}
-
-// sqlConn is a *sql.Conn: one connection, kept for the write.
-type sqlConn interface {
-	sqlQuerier
-	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
-	Raw(f func(driverConn any) error) error
-}
-
-var (
-	_ sqlPool = (*sql.DB)(nil)
-	_ sqlConn = (*sql.Conn)(nil)
-)
 
 // newSQLSession returns the session of db, or an ErrInvalid error naming
 // what db should have been.
 func newSQLSession(db sqlbridge.DB) (sqlSession, error) {
-	if db == nil {
-		return sqlSession{}, fmt.Errorf("%w: db is nil", ErrInvalid)
-	}
-	if v := reflect.ValueOf(db); v.Kind() == reflect.Pointer && v.IsNil() {
-		return sqlSession{}, fmt.Errorf("%w: db is a nil %T", ErrInvalid, db)
-	}
-	switch db := db.(type) {
-	case *sql.Tx:
-		return sqlSession{tx: db}, nil
-	case sqlConn:
-		return sqlSession{c: db}, nil
-	case sqlPool:
-		return sqlSession{pool: db}, nil
-	case interface{ Commit() error }:
-		return sqlSession{}, fmt.Errorf("%w: db is a %T: pass the *sql.Tx it wraps (sqlx and bun: tx.Tx; GORM: tx.Statement.ConnPool.(*sql.Tx)), which fn is given", ErrInvalid, db)
-	}
-	return sqlSession{}, fmt.Errorf("%w: db is a %T: it must be a *sql.DB, a *sql.Conn or a *sql.Tx", ErrInvalid, db)
+	h, err := sqlhandle.Of(db)
+	return sqlSession{h}, err
 }
 
-func (s sqlSession) ownCommit() bool { return s.tx == nil }
+func (s sqlSession) ownCommit() bool { return s.Tx == nil }
 
-// querier is what statements of the session itself run on.
-func (s sqlSession) querier() sqlQuerier {
-	switch {
-	case s.tx != nil:
-		return s.tx
-	case s.c != nil:
-		return s.c
-	}
-	return s.pool
-}
-
-// owned returns the connection the helper's own transaction runs on: the
-// caller's *sql.Conn, or one taken from the pool until release.
-func (s sqlSession) owned(ctx context.Context) (sqlConn, func(), error) {
-	if s.c != nil {
-		return s.c, func() {}, nil
-	}
-	c, err := s.pool.Conn(ctx)
+// owned returns the connection the helper's own transaction runs on.
+func (s sqlSession) owned(ctx context.Context) (sqlhandle.Conn, func(), error) {
+	c, release, err := s.Own(ctx)
 	if err != nil {
 		return nil, nil, mapError(err, false)
 	}
-	return c, func() { _ = c.Close() }, nil
+	return c, release, nil
 }
 
-// sqlSavepoint is the savepoint a write opens in the caller's transaction.
-// PostgreSQL lets a name repeat: RELEASE and ROLLBACK TO act on the newest.
-const (
-	sqlSavepoint         = `SAVEPOINT pgfence_write`
-	sqlReleaseSavepoint  = `RELEASE SAVEPOINT pgfence_write`
-	sqlRollbackSavepoint = `ROLLBACK TO SAVEPOINT pgfence_write`
-)
-
 func (s sqlSession) begin(ctx context.Context) (txn[*sql.Tx], func(), error) {
-	if s.tx != nil {
-		if _, err := s.tx.ExecContext(ctx, sqlSavepoint); err != nil {
+	if s.Tx != nil {
+		if _, err := s.Tx.ExecContext(ctx, sqlhandle.SavepointSQL); err != nil {
 			return nil, nil, mapError(err, false)
 		}
-		return sqlTxn{tx: s.tx}, func() {}, nil
+		return sqlTxn{tx: s.Tx}, func() {}, nil
 	}
 	c, release, err := s.owned(ctx)
 	if err != nil {
@@ -135,12 +66,12 @@ func (s sqlSession) begin(ctx context.Context) (txn[*sql.Tx], func(), error) {
 // [sql.Conn.Raw]); with other drivers (lib/pq) in a transaction of its own:
 // BEGIN, first, query, COMMIT. In the caller's transaction both join it.
 func (s sqlSession) pipeline(ctx context.Context, first statement, traced bool, query string, args []any) (sql.Result, error) {
-	if s.tx != nil {
-		t := sqlTxn{tx: s.tx}
+	if s.Tx != nil {
+		t := sqlTxn{tx: s.Tx}
 		if err := t.exec(ctx, traced, first.sql, first.args...); err != nil {
 			return nil, mapError(err, false)
 		}
-		r, err := s.tx.ExecContext(ctx, query, args...)
+		r, err := s.Tx.ExecContext(ctx, query, args...)
 		if err != nil {
 			return nil, mapError(err, false)
 		}
@@ -154,7 +85,7 @@ func (s sqlSession) pipeline(ctx context.Context, first statement, traced bool, 
 	pipelined := false
 	var n int64
 	err = c.Raw(func(dc any) error {
-		pc := pgxConnOf(dc)
+		pc := sqlhandle.PgxConn(dc)
 		if pc == nil {
 			return nil
 		}
@@ -191,8 +122,8 @@ func (s sqlSession) pipeline(ctx context.Context, first statement, traced bool, 
 }
 
 func (s sqlSession) conn(ctx context.Context) (stmtConn, func(), error) {
-	if s.tx != nil {
-		return sqlStmts{s.tx}, func() {}, nil
+	if s.Tx != nil {
+		return sqlStmts{s.Tx}, func() {}, nil
 	}
 	c, release, err := s.owned(ctx)
 	if err != nil {
@@ -202,15 +133,15 @@ func (s sqlSession) conn(ctx context.Context) (stmtConn, func(), error) {
 }
 
 func (s sqlSession) execRows(ctx context.Context, query string, args ...any) (int64, error) {
-	return sqlStmts{s.querier()}.execRows(ctx, query, args...)
+	return sqlStmts{s.DB()}.execRows(ctx, query, args...)
 }
 
 func (s sqlSession) queryRow(ctx context.Context, query string, args ...any) rowScanner {
-	return s.querier().QueryRowContext(ctx, query, args...)
+	return s.DB().QueryRowContext(ctx, query, args...)
 }
 
 // sqlStmts runs single statements on a pool, a connection or a transaction.
-type sqlStmts struct{ q sqlQuerier }
+type sqlStmts struct{ q sqlhandle.DB }
 
 func (s sqlStmts) execRows(ctx context.Context, query string, args ...any) (int64, error) {
 	r, err := s.q.ExecContext(ctx, query, args...)
@@ -228,7 +159,7 @@ func (s sqlStmts) queryRow(ctx context.Context, query string, args ...any) rowSc
 // conn, or (conn nil) a savepoint of the caller's tx.
 type sqlTxn struct {
 	tx   *sql.Tx
-	conn sqlConn
+	conn sqlhandle.Conn
 }
 
 func (t sqlTxn) handle() *sql.Tx { return t.tx }
@@ -257,7 +188,7 @@ func (t sqlTxn) endedByFn() bool {
 	}
 	ended := false
 	_ = t.conn.Raw(func(dc any) error {
-		if pc := pgxConnOf(dc); pc != nil && pc.PgConn() != nil {
+		if pc := sqlhandle.PgxConn(dc); pc != nil && pc.PgConn() != nil {
 			ended = pc.PgConn().TxStatus() == 'I'
 		}
 		return nil
@@ -274,7 +205,7 @@ func (t sqlTxn) connLost(fnErr error) bool {
 	}
 	lost := errors.Is(fnErr, driver.ErrBadConn)
 	if err := t.conn.Raw(func(dc any) error {
-		if pc := pgxConnOf(dc); pc != nil {
+		if pc := sqlhandle.PgxConn(dc); pc != nil {
 			lost = pc.IsClosed()
 		} else if v, ok := dc.(driver.Validator); ok {
 			lost = !v.IsValid()
@@ -290,11 +221,11 @@ func (t sqlTxn) connLost(fnErr error) bool {
 // the caller's.
 func (t sqlTxn) commit(ctx context.Context) error {
 	if t.conn == nil {
-		_, err := t.tx.ExecContext(ctx, sqlReleaseSavepoint)
+		_, err := t.tx.ExecContext(ctx, sqlhandle.ReleaseSavepointSQL)
 		switch code := pgerr.Code(err); {
 		case err == nil:
 			return nil
-		case errors.Is(err, sql.ErrTxDone), code == codeNoActiveTransaction, code == codeInvalidSavepoint:
+		case errors.Is(err, sql.ErrTxDone), code == sqlhandle.CodeNoActiveTransaction, code == sqlhandle.CodeInvalidSavepoint:
 			// fn committed or rolled back the caller's transaction (it has
 			// the caller's *sql.Tx), or released the savepoint: with the
 			// fence, or without it.
@@ -322,16 +253,10 @@ func (t sqlTxn) commit(ctx context.Context) error {
 	return mapError(err, true)
 }
 
-// SQLSTATEs of a RELEASE SAVEPOINT whose transaction fn ended.
-const (
-	codeNoActiveTransaction = "25P01" // no_active_sql_transaction
-	codeInvalidSavepoint    = "3B001" // invalid_savepoint_specification
-)
-
 func (t sqlTxn) rollback(ctx context.Context) error {
 	var err error
 	if t.conn == nil {
-		_, err = t.tx.ExecContext(ctx, sqlRollbackSavepoint)
+		_, err = t.tx.ExecContext(ctx, sqlhandle.RollbackSavepointSQL)
 	} else {
 		err = t.tx.Rollback()
 	}
@@ -339,13 +264,4 @@ func (t sqlTxn) rollback(ctx context.Context) error {
 		return nil
 	}
 	return err
-}
-
-// pgxConnOf returns the *pgx.Conn of a database/sql driver connection of
-// pgx's stdlib driver, or nil for another driver.
-func pgxConnOf(driverConn any) *pgx.Conn {
-	if c, ok := driverConn.(interface{ Conn() *pgx.Conn }); ok {
-		return c.Conn()
-	}
-	return nil
 }

@@ -8,17 +8,11 @@
 // interface of those methods that it declares. Nothing else uses it.
 package sqlbridge
 
-import (
-	"context"
-	"database/sql"
-)
+import "github.com/pgfence/pgfence/internal/sqlhandle"
 
 // DB is what the database/sql writes run on: a *sql.DB, a *sql.Conn or a
 // *sql.Tx (sqlfence.DB).
-type DB interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
+type DB = sqlhandle.DB
 
 // Fencing is pgfence's implementation of the database/sql writes, set by
 // package pgfence.
