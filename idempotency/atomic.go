@@ -61,7 +61,42 @@ func (s *Store) Do(ctx context.Context, db DB, req Request, fn Func) (o *Outcome
 	if fn == nil {
 		return nil, fmt.Errorf("%w: fn is nil", ErrInvalid)
 	}
-	out, err := s.runAtomic(ctx, db, req, fp, retention, fn)
+	return doAtomic(ctx, s, pgxOpener(db), req, fp, retention, fn)
+}
+
+// storeFailure asks runAtomic to store a failure instead of a result.
+type storeFailure struct{ *Failure }
+
+// opener opens the transaction of an atomic claim: on a pool or a
+// connection a READ COMMITTED transaction of its own, inside the caller's
+// transaction a savepoint. T is what the [Func] is given.
+type opener[T any] func(ctx context.Context) (claimTx[T], error)
+
+// claimTx is the transaction of one atomic claim, whatever the driver.
+type claimTx[T any] interface {
+	// handle is what the Func is given.
+	handle() T
+	// claim runs the claim statement, preceded by the statement that names
+	// the context's trace for the transaction, and returns its row.
+	claim(ctx context.Context, sql string, args ...any) rowScanner
+	// completeAndCommit stores the result (or failure) and commits,
+	// returning when the stored result expires.
+	completeAndCommit(ctx context.Context, scope, key string, result []byte, code, message *string) (time.Time, error)
+	// end rolls back a transaction that did not commit and gives back its
+	// connection.
+	end()
+	// rollback rolls back and gives back the connection, returning the
+	// rollback's error (none for a transaction that ended already).
+	rollback(ctx context.Context) error
+}
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+// doAtomic is Do on the transactions open opens: fn's writes, the claim and
+// the result commit together; a [*Failure] from fn is stored in a
+// transaction of its own.
+func doAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request, fp []byte, retention time.Duration, fn func(context.Context, T) ([]byte, error)) (*Outcome, error) {
+	out, err := runAtomic(ctx, s, open, req, fp, retention, fn)
 	var failure *Failure
 	if errors.As(err, &failure) {
 		if err := failure.check(); err != nil {
@@ -69,25 +104,21 @@ func (s *Store) Do(ctx context.Context, db DB, req Request, fn Func) (o *Outcome
 		}
 		// fn's writes were rolled back; store the failure in a transaction of
 		// its own, unless a concurrent attempt completed the key meanwhile.
-		return s.runAtomic(ctx, db, req, fp, retention, func(context.Context, pgx.Tx) ([]byte, error) {
+		return runAtomic(ctx, s, open, req, fp, retention, func(context.Context, T) ([]byte, error) {
 			return nil, &storeFailure{failure}
 		})
 	}
 	return out, err
 }
 
-// storeFailure asks runAtomic to store a failure instead of a result.
-type storeFailure struct{ *Failure }
-
-func (s *Store) runAtomic(ctx context.Context, db DB, req Request, fp []byte, retention time.Duration, fn Func) (*Outcome, error) {
-	out, err := s.beginAtomic(ctx, db, req, fp, retention)
+func runAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request, fp []byte, retention time.Duration, fn func(context.Context, T) ([]byte, error)) (*Outcome, error) {
+	out, a, err := beginAtomic(ctx, s, open, req, fp, retention)
 	if err != nil || out.Status != New {
 		return out, err
 	}
-	a := out.Atomic
 	defer a.end() // rolls back unless committed
 
-	result, err := fn(ctx, a.tx.Tx)
+	result, err := fn(ctx, a.tx.handle())
 	var stored *storeFailure
 	switch {
 	case errors.As(err, &stored):
@@ -99,7 +130,7 @@ func (s *Store) runAtomic(ctx context.Context, db DB, req Request, fp []byte, re
 	case err != nil:
 		return nil, err // transient, or a *Failure for Do to store
 	}
-	expiresAt, err := a.Complete(ctx, result)
+	expiresAt, err := a.complete(ctx, result)
 	if err != nil {
 		return nil, err
 	}
@@ -131,21 +162,26 @@ func (s *Store) Begin(ctx context.Context, db DB, req Request) (o *Outcome, err 
 	if err != nil {
 		return nil, err
 	}
-	return s.beginAtomic(ctx, db, req, fp, retention)
+	out, a, err := beginAtomic(ctx, s, pgxOpener(db), req, fp, retention)
+	if a != nil {
+		out.Atomic = &AtomicAttempt{a: a}
+	}
+	return out, err
 }
 
-func (s *Store) beginAtomic(ctx context.Context, db DB, req Request, fp []byte, retention time.Duration) (*Outcome, error) {
-	tx, err := beginAtomic(ctx, db)
+// beginAtomic opens a transaction and claims req's key in it. For a new key
+// it returns the open attempt; otherwise the transaction has ended.
+func beginAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request, fp []byte, retention time.Duration) (*Outcome, *attempt[T], error) {
+	tx, err := open(ctx)
 	if err != nil {
-		return nil, classify(err, false)
+		return nil, nil, classify(err, false)
 	}
-	out, err := s.claimAtomic(ctx, tx, req, fp, retention)
+	out, err := s.claimAtomic(ctx, tx.claim, req, fp, retention)
 	if err != nil || out.Status != New {
 		tx.end()
-		return out, err
+		return out, nil, err
 	}
-	out.Atomic = &AtomicAttempt{store: s, scope: req.Scope, key: req.Key, tx: tx}
-	return out, nil
+	return out, &attempt[T]{store: s, scope: req.Scope, key: req.Key, tx: tx}, nil
 }
 
 // AtomicAttempt is an atomic claim that [Store.Begin] left open: a READ
@@ -154,24 +190,21 @@ func (s *Store) beginAtomic(ctx context.Context, db DB, req Request, fp []byte, 
 // End it with exactly one of Complete, Fail or Rollback; until then it holds
 // a database connection. Like a [pgx.Tx] it is not safe for concurrent use.
 type AtomicAttempt struct {
-	store      *Store
-	scope, key string
-	tx         *atomicTx
-	ended      bool
+	a *attempt[pgx.Tx]
 }
 
 // Scope returns the key's scope.
-func (a *AtomicAttempt) Scope() string { return a.scope }
+func (a *AtomicAttempt) Scope() string { return a.a.scope }
 
 // Key returns the key.
-func (a *AtomicAttempt) Key() string { return a.key }
+func (a *AtomicAttempt) Key() string { return a.a.key }
 
 // Tx is the transaction that holds the claim: do the intent's writes through
 // it. Do not commit or roll it back yourself: a COMMIT without the stored
 // answer is refused by the database (the claim must be completed in its
 // transaction), and either leaves the attempt unable to complete. A
 // [pgx.Tx.Begin] on it is a savepoint, as usual.
-func (a *AtomicAttempt) Tx() pgx.Tx { return a.tx.Tx }
+func (a *AtomicAttempt) Tx() pgx.Tx { return a.a.tx.handle() }
 
 // Complete stores result (at most [MaxResultBytes]; nil is stored as empty)
 // as the key's answer and commits it together with the writes made through
@@ -180,6 +213,47 @@ func (a *AtomicAttempt) Tx() pgx.Tx { return a.tx.Tx }
 // request again to learn whether it committed. Any other error means nothing
 // was stored and the key is free. The attempt has ended either way.
 func (a *AtomicAttempt) Complete(ctx context.Context, result []byte) (time.Time, error) {
+	return a.a.complete(ctx, result)
+}
+
+// Fail stores f as the key's permanent answer, replayed to every duplicate,
+// and commits it together with the writes made through Tx (unlike a
+// [*Failure] returned from a [Func], which rolls them back). Errors as for
+// [AtomicAttempt.Complete].
+func (a *AtomicAttempt) Fail(ctx context.Context, f *Failure) (time.Time, error) {
+	if f == nil {
+		a.a.end()
+		return time.Time{}, fmt.Errorf("%w: failure is nil", ErrInvalid)
+	}
+	if err := f.check(); err != nil {
+		a.a.end()
+		return time.Time{}, err
+	}
+	return a.a.settle(ctx, f.Data, f)
+}
+
+// Rollback abandons the attempt: the writes made through Tx are rolled back,
+// nothing is stored and the key is free for the next claim. It returns the
+// error of the ROLLBACK, if any (the connection is then closed, which rolls
+// back too); on an attempt that has ended it does nothing and returns nil.
+func (a *AtomicAttempt) Rollback(ctx context.Context) error {
+	if a.a.ended {
+		return nil
+	}
+	a.a.ended = true
+	return a.a.tx.rollback(ctx)
+}
+
+// attempt is an open atomic claim on a transaction of any driver.
+type attempt[T any] struct {
+	store      *Store
+	scope, key string
+	tx         claimTx[T]
+	ended      bool
+}
+
+// complete stores result and commits (see [AtomicAttempt.Complete]).
+func (a *attempt[T]) complete(ctx context.Context, result []byte) (time.Time, error) {
 	if len(result) > MaxResultBytes {
 		a.end()
 		return time.Time{}, fmt.Errorf("%w: result must be at most %d bytes, got %d", ErrInvalid, MaxResultBytes, len(result))
@@ -190,42 +264,7 @@ func (a *AtomicAttempt) Complete(ctx context.Context, result []byte) (time.Time,
 	return a.settle(ctx, result, nil)
 }
 
-// Fail stores f as the key's permanent answer, replayed to every duplicate,
-// and commits it together with the writes made through Tx (unlike a
-// [*Failure] returned from a [Func], which rolls them back). Errors as for
-// [AtomicAttempt.Complete].
-func (a *AtomicAttempt) Fail(ctx context.Context, f *Failure) (time.Time, error) {
-	if f == nil {
-		a.end()
-		return time.Time{}, fmt.Errorf("%w: failure is nil", ErrInvalid)
-	}
-	if err := f.check(); err != nil {
-		a.end()
-		return time.Time{}, err
-	}
-	return a.settle(ctx, f.Data, f)
-}
-
-// Rollback abandons the attempt: the writes made through Tx are rolled back,
-// nothing is stored and the key is free for the next claim. It returns the
-// error of the ROLLBACK, if any (the connection is then closed, which rolls
-// back too); on an attempt that has ended it does nothing and returns nil.
-func (a *AtomicAttempt) Rollback(ctx context.Context) error {
-	if a.ended {
-		return nil
-	}
-	a.ended = true
-	err := a.tx.Rollback(ctx)
-	if a.tx.release != nil {
-		a.tx.release()
-	}
-	if errors.Is(err, pgx.ErrTxClosed) {
-		return nil
-	}
-	return err
-}
-
-func (a *AtomicAttempt) settle(ctx context.Context, result []byte, f *Failure) (time.Time, error) {
+func (a *attempt[T]) settle(ctx context.Context, result []byte, f *Failure) (time.Time, error) {
 	if a.ended {
 		return time.Time{}, fmt.Errorf("idempotency: atomic attempt on %s/%s: %w", a.scope, a.key, pgx.ErrTxClosed)
 	}
@@ -242,7 +281,7 @@ func (a *AtomicAttempt) settle(ctx context.Context, result []byte, f *Failure) (
 	return expiresAt, nil
 }
 
-func (a *AtomicAttempt) end() {
+func (a *attempt[T]) end() {
 	if !a.ended {
 		a.ended = true
 		a.tx.end()
@@ -260,7 +299,18 @@ type atomicTx struct {
 	committed bool
 }
 
-func beginAtomic(ctx context.Context, db DB) (*atomicTx, error) {
+// pgxOpener opens atomic claims on db.
+func pgxOpener(db DB) opener[pgx.Tx] {
+	return func(ctx context.Context) (claimTx[pgx.Tx], error) {
+		tx, err := beginAtomicTx(ctx, db)
+		if err != nil {
+			return nil, err
+		}
+		return tx, nil
+	}
+}
+
+func beginAtomicTx(ctx context.Context, db DB) (*atomicTx, error) {
 	opts := pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 	switch db := db.(type) {
 	case *pgxpool.Pool:
@@ -327,6 +377,25 @@ func (t *atomicTx) completeAndCommit(ctx context.Context, scope, key string, res
 	return expiresAt, nil
 }
 
+func (t *atomicTx) handle() pgx.Tx { return t.Tx }
+
+// claim sends the claim with the statement that names the trace in one
+// pipeline, so tracing adds no round trip.
+func (t *atomicTx) claim(ctx context.Context, sql string, args ...any) rowScanner {
+	return tracesql.QueryRow(ctx, t.Tx, sql, args...)
+}
+
+func (t *atomicTx) rollback(ctx context.Context) error {
+	err := t.Rollback(ctx)
+	if t.release != nil {
+		t.release()
+	}
+	if errors.Is(err, pgx.ErrTxClosed) {
+		return nil
+	}
+	return err
+}
+
 // end rolls back an attempt that did not commit and returns a pooled
 // connection.
 func (t *atomicTx) end() {
@@ -338,8 +407,9 @@ func (t *atomicTx) end() {
 	}
 }
 
-// claimAtomic claims the key inside tx or reports what holds it.
-func (s *Store) claimAtomic(ctx context.Context, tx pgx.Tx, req Request, fp []byte, retention time.Duration) (*Outcome, error) {
+// claimAtomic claims the key with claim (the transaction's) or reports what
+// holds it.
+func (s *Store) claimAtomic(ctx context.Context, claim func(ctx context.Context, sql string, args ...any) rowScanner, req Request, fp []byte, retention time.Duration) (*Outcome, error) {
 	var (
 		outcome               string
 		status, code, message *string
@@ -347,7 +417,7 @@ func (s *Store) claimAtomic(ctx context.Context, tx pgx.Tx, req Request, fp []by
 		expiresAt             *time.Time
 		retryAfter            *int64
 	)
-	err := tracesql.QueryRow(ctx, tx, claimAtomicSQL, req.Scope, req.Key, fp, micros(s.wait), micros(retention)).
+	err := claim(ctx, claimAtomicSQL, req.Scope, req.Key, fp, micros(s.wait), micros(retention)).
 		Scan(&outcome, &status, &result, &code, &message, &expiresAt, &retryAfter)
 	if err != nil {
 		return nil, classify(err, false)
