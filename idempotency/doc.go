@@ -46,6 +46,16 @@
 // statements, and the stored result sent with COMMIT in one pipeline; a
 // duplicate costs BEGIN, the claim and ROLLBACK.
 //
+// [Store.DoSQL] is Do on database/sql (lib/pq, pgx's stdlib driver, and the
+// ORMs over them): on a *sql.DB or *sql.Conn it runs its own READ COMMITTED
+// transaction; on the caller's *sql.Tx the claim, the [SQLFunc]'s writes and
+// the result join that transaction under a savepoint, so they commit with
+// the caller's other writes (a fenced write of package
+// [github.com/pgfence/pgfence/pgfence/sqlfence], say) or not at all. It runs
+// the same code as Do and gives the same outcomes and errors; a lost COMMIT
+// is [ErrOutcomeUnknown] with lib/pq too. The stored result and COMMIT are
+// two round trips there, not one pipeline.
+//
 // # Leased mode
 //
 // [Store.Claim] is for effects outside the database: a payment provider, an

@@ -1,0 +1,337 @@
+package idempotency_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+	_ "github.com/lib/pq"              // the "postgres" database/sql driver
+
+	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// An atomicConnector runs Store.Do (pgx) or Store.DoSQL (database/sql, over
+// pgx's stdlib or lib/pq), on a pool or inside a transaction the test
+// commits. The duplicate-intent tests are one body run for each.
+type atomicConnector struct {
+	name string
+	inTx bool
+	// do runs fn once for req; insert is fn's statement's runner.
+	open func(t *testing.T, url string) atomicDo
+}
+
+// atomicDo runs one intent: fn is given insert, which runs one statement
+// in the claim's transaction and returns the id it RETURNING-s.
+type atomicDo func(ctx context.Context, store *idempotency.Store, req idempotency.Request, fn func(ctx context.Context, insert func(query string, args ...any) (int64, error)) ([]byte, error)) (*idempotency.Outcome, error)
+
+var atomicConnectors = []atomicConnector{
+	{name: "pgx/pool", open: pgxDo(false)},
+	{name: "pgx/tx", inTx: true, open: pgxDo(true)},
+	{name: "stdlib/db", open: sqlDo("pgx", false)},
+	{name: "stdlib/tx", inTx: true, open: sqlDo("pgx", true)},
+	{name: "pq/db", open: sqlDo("postgres", false)},
+	{name: "pq/tx", inTx: true, open: sqlDo("postgres", true)},
+}
+
+func pgxDo(inTx bool) func(t *testing.T, url string) atomicDo {
+	return func(t *testing.T, url string) atomicDo {
+		pool, err := pgxpool.New(context.Background(), url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		return func(ctx context.Context, store *idempotency.Store, req idempotency.Request, fn func(context.Context, func(string, ...any) (int64, error)) ([]byte, error)) (*idempotency.Outcome, error) {
+			run := func(db idempotency.DB) (*idempotency.Outcome, error) {
+				return store.Do(ctx, db, req, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+					return fn(ctx, func(query string, args ...any) (id int64, err error) {
+						err = tx.QueryRow(ctx, query, args...).Scan(&id)
+						return id, err
+					})
+				})
+			}
+			if !inTx {
+				return run(pool)
+			}
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return nil, err
+			}
+			out, err := run(tx)
+			if err != nil {
+				_ = tx.Rollback(ctx)
+				return out, err
+			}
+			return out, tx.Commit(ctx)
+		}
+	}
+}
+
+func sqlDo(driverName string, inTx bool) func(t *testing.T, url string) atomicDo {
+	return func(t *testing.T, url string) atomicDo {
+		db, err := sql.Open(driverName, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = db.Close() })
+		return func(ctx context.Context, store *idempotency.Store, req idempotency.Request, fn func(context.Context, func(string, ...any) (int64, error)) ([]byte, error)) (*idempotency.Outcome, error) {
+			run := func(h idempotency.SQLDB) (*idempotency.Outcome, error) {
+				return store.DoSQL(ctx, h, req, func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+					return fn(ctx, func(query string, args ...any) (id int64, err error) {
+						err = tx.QueryRowContext(ctx, query, args...).Scan(&id)
+						return id, err
+					})
+				})
+			}
+			if !inTx {
+				return run(db)
+			}
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return nil, err
+			}
+			out, err := run(tx)
+			if err != nil {
+				_ = tx.Rollback()
+				return out, err
+			}
+			return out, tx.Commit()
+		}
+	}
+}
+
+// chargeOnce inserts one charge for orderID and returns its id as the
+// result, counting its runs.
+func chargeOnce(runs *atomic.Int32, orderID string) func(context.Context, func(string, ...any) (int64, error)) ([]byte, error) {
+	return func(_ context.Context, insert func(string, ...any) (int64, error)) ([]byte, error) {
+		runs.Add(1)
+		id, err := insert(`INSERT INTO charges (order_id, amount) VALUES ($1, 5) RETURNING id`, orderID)
+		if err != nil {
+			return nil, err
+		}
+		return []byte(strconv.FormatInt(id, 10)), nil
+	}
+}
+
+// One business intent takes effect once through every adapter and driver:
+// concurrent duplicates and later retries get the first result and never run
+// fn again; another payload is refused; a transient failure stores nothing;
+// a permanent one is replayed.
+func TestDuplicateIntentOnce(t *testing.T) {
+	for _, c := range atomicConnectors {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgfencetest.NewDatabase(t)
+			createCharges(t, db.Pool)
+			store := newStore(t, nil)
+			do := c.open(t, db.URL)
+
+			var runs atomic.Int32
+			req := idempotency.Request{Scope: "orders", Key: "order-1:charge", Payload: []byte(`{"amount":5}`)}
+			const n = 8
+			outs := make([]*idempotency.Outcome, n)
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() { outs[i], errs[i] = do(ctx, store, req, chargeOnce(&runs, "order-1")) })
+			}
+			wg.Wait()
+			var first []byte
+			news := 0
+			for i := range n {
+				if errs[i] != nil {
+					t.Fatalf("duplicate %d: %v", i, errs[i])
+				}
+				if outs[i].Status == idempotency.New {
+					news++
+				}
+				if first == nil {
+					first = outs[i].Result
+				}
+				if string(outs[i].Result) != string(first) {
+					t.Errorf("duplicate %d got %q, another %q", i, outs[i].Result, first)
+				}
+			}
+			if news != 1 || runs.Load() != 1 || countCharges(t, db.Pool, "order-1") != 1 {
+				t.Fatalf("%d duplicates: %d new, fn ran %d times, %d charges; want 1 each", n, news, runs.Load(), countCharges(t, db.Pool, "order-1"))
+			}
+			out, err := do(ctx, store, req, chargeOnce(&runs, "order-1"))
+			if err != nil || out.Status != idempotency.Replayed || string(out.Result) != string(first) || runs.Load() != 1 {
+				t.Fatalf("retry: %+v, %v (fn ran %d times)", out, err, runs.Load())
+			}
+			other := req
+			other.Payload = []byte(`{"amount":6}`)
+			if out, err := do(ctx, store, other, chargeOnce(&runs, "order-1")); !errors.Is(err, idempotency.ErrMismatch) || out == nil || out.Status != idempotency.Mismatch {
+				t.Fatalf("another payload: %+v, %v; want Mismatch", out, err)
+			}
+
+			// Transient: nothing stored, the key is free.
+			req2 := idempotency.Request{Scope: "orders", Key: "order-2:charge"}
+			boom := errors.New("payment service down")
+			if _, err := do(ctx, store, req2, func(ctx context.Context, insert func(string, ...any) (int64, error)) ([]byte, error) {
+				if _, err := chargeOnce(&runs, "order-2")(ctx, insert); err != nil {
+					return nil, err
+				}
+				return nil, boom
+			}); !errors.Is(err, boom) {
+				t.Fatalf("transient failure: %v", err)
+			}
+			if out, err := do(ctx, store, req2, chargeOnce(&runs, "order-2")); err != nil || out.Status != idempotency.New {
+				t.Fatalf("after a transient failure: %+v, %v; want New", out, err)
+			}
+			if got := countCharges(t, db.Pool, "order-2"); got != 1 {
+				t.Fatalf("order-2: %d charges, want 1", got)
+			}
+
+			// Permanent: stored and replayed, its writes rolled back.
+			req3 := idempotency.Request{Scope: "orders", Key: "order-3:charge"}
+			declined := func(ctx context.Context, insert func(string, ...any) (int64, error)) ([]byte, error) {
+				if _, err := chargeOnce(&runs, "order-3")(ctx, insert); err != nil {
+					return nil, err
+				}
+				return nil, &idempotency.Failure{Code: "declined", Message: "card declined"}
+			}
+			if out, err := do(ctx, store, req3, declined); err != nil || out.Status != idempotency.New || out.Failure == nil || out.Failure.Code != "declined" {
+				t.Fatalf("permanent failure: %+v, %v", out, err)
+			}
+			if out, err := do(ctx, store, req3, declined); err != nil || out.Status != idempotency.Replayed || out.Failure == nil || out.Failure.Code != "declined" {
+				t.Fatalf("permanent failure replayed: %+v, %v", out, err)
+			}
+			if got := countCharges(t, db.Pool, "order-3"); got != 0 {
+				t.Fatalf("order-3: %d charges after a permanent failure, want 0", got)
+			}
+		})
+	}
+}
+
+// Inside the caller's database/sql transaction the key, the intent's writes
+// and the caller's other writes commit together, or not at all: a caller that
+// rolls back leaves the key free.
+func TestDoSQLInCallerTransaction(t *testing.T) {
+	for _, driverName := range []string{"pgx", "postgres"} {
+		t.Run(driverName, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgfencetest.NewDatabase(t)
+			createCharges(t, db.Pool)
+			store := newStore(t, nil)
+			sdb, err := sql.Open(driverName, db.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sdb.Close()
+			req := idempotency.Request{Scope: "orders", Key: "order-1:charge"}
+			var runs atomic.Int32
+			fn := func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+				runs.Add(1)
+				_, err := tx.ExecContext(ctx, `INSERT INTO charges (order_id, amount) VALUES ('order-1', 5)`)
+				return []byte("charged"), err
+			}
+			for _, commit := range []bool{false, true} {
+				tx, err := sdb.BeginTx(ctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := tx.ExecContext(ctx, `INSERT INTO charges (order_id, amount) VALUES ('caller', 1)`); err != nil {
+					t.Fatal(err)
+				}
+				out, err := store.DoSQL(ctx, tx, req, fn)
+				if err != nil || out.Status != idempotency.New {
+					t.Fatalf("DoSQL in the caller's transaction: %+v, %v", out, err)
+				}
+				if commit {
+					err = tx.Commit()
+				} else {
+					err = tx.Rollback()
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if runs.Load() != 2 || countCharges(t, db.Pool, "order-1") != 1 || countCharges(t, db.Pool, "caller") != 1 || keyRows(t, db.Pool) != 1 {
+				t.Fatalf("fn ran %d times, %d charges, %d caller rows, %d keys; want 2, 1, 1, 1 (the rolled-back attempt left nothing)",
+					runs.Load(), countCharges(t, db.Pool, "order-1"), countCharges(t, db.Pool, "caller"), keyRows(t, db.Pool))
+			}
+			out, err := store.DoSQL(ctx, sdb, req, fn)
+			if err != nil || out.Status != idempotency.Replayed || string(out.Result) != "charged" || runs.Load() != 2 {
+				t.Fatalf("retry after the commit: %+v, %v", out, err)
+			}
+
+			// A caller's transaction that is not READ COMMITTED is refused
+			// before anything is written.
+			tx, err := sdb.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			if _, err := store.DoSQL(ctx, tx, idempotency.Request{Scope: "orders", Key: "rr"}, fn); !errors.Is(err, idempotency.ErrIsolation) {
+				t.Fatalf("REPEATABLE READ caller: %v, want ErrIsolation", err)
+			}
+		})
+	}
+}
+
+// A COMMIT whose answer is lost is an unknown outcome whichever driver sent
+// it (lib/pq's driver.ErrBadConn included), and the same request again
+// resolves it: the committed result is replayed without running fn; a lost
+// COMMIT leaves the key free and fn runs once more. One charge either way.
+func TestDoSQLCommitLost(t *testing.T) {
+	for _, driverName := range []string{"pgx", "postgres"} {
+		t.Run(driverName, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgfencetest.NewDatabase(t)
+			createCharges(t, db.Pool)
+			store := newStore(t, nil)
+			p, _ := throughProxy(t, db)
+			url, err := p.ConnString(db.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sdb, err := sql.Open(driverName, url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sdb.Close()
+			for _, c := range []struct {
+				cut     func(func(faultproxy.Message) bool) *faultproxy.Trigger
+				replay  bool
+				orderID string
+			}{{p.CutAfter, true, "reply-lost"}, {p.CutBefore, false, "commit-lost"}} {
+				var runs atomic.Int32
+				fn := func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+					runs.Add(1)
+					_, err := tx.ExecContext(ctx, `INSERT INTO charges (order_id, amount) VALUES ($1, 5)`, c.orderID)
+					return []byte("ok"), err
+				}
+				req := idempotency.Request{Scope: "orders", Key: c.orderID}
+				trig := c.cut(faultproxy.IsCommit)
+				_, err := store.DoSQL(ctx, sdb, req, fn)
+				<-trig.Done()
+				if !errors.Is(err, idempotency.ErrOutcomeUnknown) || errors.Is(err, idempotency.ErrUnavailable) {
+					t.Fatalf("%s: %v, want ErrOutcomeUnknown", c.orderID, err)
+				}
+				out, err := store.DoSQL(ctx, sdb, req, fn)
+				want := idempotency.New
+				if c.replay {
+					want = idempotency.Replayed
+				}
+				if err != nil || out.Status != want || string(out.Result) != "ok" {
+					t.Fatalf("%s, the same request again: %+v, %v; want %v", c.orderID, out, err, want)
+				}
+				if got := countCharges(t, db.Pool, c.orderID); got != 1 {
+					t.Fatalf("%s: %d charges, want 1", c.orderID, got)
+				}
+			}
+		})
+	}
+}
