@@ -7,6 +7,15 @@
 // disabled and a lock of its own, so it never touches the host
 // application's goose migrations and never waits for them.
 //
+// [New] takes a pgx pool, [NewDB] a *sql.DB of any PostgreSQL driver (lib/pq,
+// pgx's stdlib); both run the same migrator, on database/sql. Teams that run
+// their own goose migrations on the same database run a Migrator first, then
+// their provider: the version tables and the locks are separate, neither
+// waits for the other, and their migrations may then use pgfence (the
+// package README shows it). They must not copy these files into their own
+// migrations: their provider would record them in its table and skip the
+// checks and the lock.
+//
 // Teams that apply SQL with another tool read the files from [FS] or print
 // one script with [SQL] or [Script] (`pgfence migrate sql`). A script
 // records each step in [VersionTable] as a Migrator does, so a Migrator (and

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/pressly/goose/v3/database"
 )
 
@@ -178,7 +177,7 @@ func (m *Migrator) lock(ctx context.Context) (_ *heldLock, _ context.Context, er
 			// it rather than leave it to lapse.
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			_, _ = m.pool.Exec(rctx, lockReleaseSQL, holder)
+			_, _ = m.db.ExecContext(rctx, lockReleaseSQL, holder)
 		}
 	}()
 	start := time.Now()
@@ -243,22 +242,22 @@ func (m *Migrator) tryLock(ctx context.Context, holder string) (h *LockHolder, w
 		var h LockHolder
 		var id string
 		var now time.Time
-		err := m.pool.QueryRow(ctx, lockReadSQL).Scan(&id, &h.Host, &h.PID, &h.Application, &h.User, &h.LockedAt, &h.LeaseUntil, &now)
+		err := m.db.QueryRowContext(ctx, lockReadSQL).Scan(&id, &h.Host, &h.PID, &h.Application, &h.User, &h.LockedAt, &h.LeaseUntil, &now)
 		switch {
-		case errors.Is(err, pgx.ErrNoRows):
+		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:
 			return nil, 0, false, err
 		case h.LeaseUntil.After(now):
 			return &h, h.LeaseUntil.Sub(now), false, nil
 		}
 		var got string
-		err = m.pool.QueryRow(ctx, lockTakeSQL, holder, m.host, m.pid, m.application, LockLease.Seconds()).Scan(&got)
+		err = m.db.QueryRowContext(ctx, lockTakeSQL, holder, m.host, m.pid, m.application, LockLease.Seconds()).Scan(&got)
 		switch {
 		case err == nil && got == holder:
 			return nil, 0, false, nil
 		case err == nil:
 			return nil, 0, true, fmt.Errorf("lock row names holder %s, want %s", got, holder)
-		case errors.Is(err, pgx.ErrNoRows):
+		case errors.Is(err, sql.ErrNoRows):
 			// Another migrator took it between the read and the insert:
 			// read who.
 		default:
@@ -281,7 +280,7 @@ func (l *heldLock) heartbeat(ctx context.Context) {
 		case <-t.C:
 		}
 		rctx, cancel := context.WithTimeout(ctx, LockLease/3)
-		tag, err := l.m.pool.Exec(rctx, lockRenewSQL, l.holder, LockLease.Seconds())
+		renewed, err := rowsAffected(l.m.db.ExecContext(rctx, lockRenewSQL, l.holder, LockLease.Seconds()))
 		cancel()
 		switch {
 		case ctx.Err() != nil:
@@ -289,7 +288,7 @@ func (l *heldLock) heartbeat(ctx context.Context) {
 		case err != nil:
 			l.m.logger.WarnContext(ctx, "could not renew the migration lock; it lapses unless a later renewal succeeds",
 				slog.Duration("lease", LockLease), slog.Any("error", err))
-		case tag.RowsAffected() == 0:
+		case renewed == 0:
 			l.m.logger.ErrorContext(ctx, "lost the migration lock; stopping the migration")
 			l.end(ErrLockLost)
 			return
@@ -306,7 +305,7 @@ func (l *heldLock) release(ctx context.Context) {
 	defer l.end(nil)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if _, err := l.m.pool.Exec(rctx, lockReleaseSQL, l.holder); err != nil {
+	if _, err := l.m.db.ExecContext(rctx, lockReleaseSQL, l.holder); err != nil {
 		l.m.logger.WarnContext(ctx, "could not release the migration lock; it lapses by itself",
 			slog.Duration("lease", LockLease), slog.Any("error", err))
 		return
@@ -350,13 +349,21 @@ func fence(ctx context.Context, db database.DBTxConn) error {
 	return nil
 }
 
+// rowsAffected is the row count of an Exec's result, or its error.
+func rowsAffected(r sql.Result, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return r.RowsAffected()
+}
+
 // lockIdentity is what a migrator records as its holder.
-func lockIdentity(runtimeParams map[string]string) (host string, pid int, application string) {
+// application is the connection's application_name, when known.
+func lockIdentity(application string) (host string, pid int, _ string) {
 	host, _ = os.Hostname()
 	if host == "" {
 		host = "unknown"
 	}
-	application = runtimeParams["application_name"]
 	if application == "" {
 		application = filepath.Base(os.Args[0])
 	}

@@ -16,7 +16,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -98,10 +97,10 @@ type Config struct {
 // run holds the migration lock, a row of [LockTable] with a lease that it
 // renews while it runs.
 type Migrator struct {
-	pool        *pgxpool.Pool
 	db          *sql.DB
+	ownDB       bool // db was opened by New; Close closes it
 	provider    *goose.Provider
-	addr        string // host:port, named in connection errors
+	addr        string // host:port, named in connection errors; "" when unknown
 	logger      *slog.Logger
 	lockTimeout time.Duration
 
@@ -118,23 +117,52 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 	if pool == nil {
 		return nil, errors.New("migrations: pool is nil")
 	}
+	if n := pool.Config().MaxConns; n < 2 {
+		return nil, fmt.Errorf("migrations: the pool allows %d connection(s) (MaxConns); a Migrator needs 2: one runs the migrations while the other renews the migration lock", n)
+	}
+	cc := pool.Config().ConnConfig
+	db := stdlib.OpenDBFromPool(pool)
+	m, err := newMigrator(db, cfg, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))), cc.RuntimeParams["application_name"])
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	m.ownDB = true
+	return m, nil
+}
+
+// NewDB returns a Migrator on db, a database/sql pool of any PostgreSQL
+// driver (lib/pq, pgx's stdlib): for services whose handle is a *sql.DB, and
+// for teams that run their own goose migrations on it (pgfence's version
+// table and lock are its own, see the package documentation). Close it when
+// done; db stays open. db needs room for two connections (SetMaxOpenConns
+// of 0, unlimited, or at least 2): one runs the migrations while the other
+// renews the migration lock.
+func NewDB(db *sql.DB, cfg *Config) (*Migrator, error) {
+	if db == nil {
+		return nil, errors.New("migrations: db is nil")
+	}
+	if n := db.Stats().MaxOpenConnections; n == 1 {
+		return nil, errors.New("migrations: the *sql.DB allows 1 connection (SetMaxOpenConns); a Migrator needs 2: one runs the migrations while the other renews the migration lock")
+	}
+	return newMigrator(db, cfg, "", "")
+}
+
+// newMigrator returns a Migrator on db; addr (host:port) and application
+// name the migrator where they are known.
+func newMigrator(db *sql.DB, cfg *Config, addr, application string) (*Migrator, error) {
 	if cfg == nil {
 		cfg = &Config{}
 	}
 	if cfg.LockTimeout < 0 {
 		return nil, fmt.Errorf("migrations: Config.LockTimeout: must be >= 0 (0 means LockTimeoutDefault, %s), got %s", LockTimeoutDefault, cfg.LockTimeout)
 	}
-	if n := pool.Config().MaxConns; n < 2 {
-		return nil, fmt.Errorf("migrations: the pool allows %d connection(s) (MaxConns); a Migrator needs 2: one runs the migrations while the other renews the migration lock", n)
-	}
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	db := stdlib.OpenDBFromPool(pool)
 	store, err := database.NewStore(database.DialectPostgres, VersionTable)
 	if err != nil {
-		_ = db.Close()
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
 	// No goose locker: Up and DownTo take the migration lock themselves,
@@ -146,14 +174,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 		goose.WithSlog(logger),
 	)
 	if err != nil {
-		_ = db.Close()
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
-	cc := pool.Config().ConnConfig
-	addr := net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))
-	host, pid, application := lockIdentity(cc.RuntimeParams)
+	host, pid, application := lockIdentity(application)
 	return &Migrator{
-		pool: pool, db: db, provider: provider, addr: addr, logger: logger,
+		db: db, provider: provider, addr: addr, logger: logger,
 		lockTimeout: cmp.Or(cfg.LockTimeout, LockTimeoutDefault),
 		host:        host, pid: pid, application: application,
 	}, nil
@@ -172,8 +197,12 @@ func Up(ctx context.Context, pool *pgxpool.Pool) error {
 	return err
 }
 
-// Close releases the migrator's database/sql handle. The pgx pool stays open.
+// Close releases the database/sql handle New opened on the pgx pool; the
+// pool stays open. A Migrator of NewDB leaves its *sql.DB open.
 func (m *Migrator) Close() error {
+	if !m.ownDB {
+		return nil
+	}
 	return m.db.Close()
 }
 
@@ -332,39 +361,43 @@ type schemaState struct {
 // nothing and needs no privilege but SELECT on the version table, so a
 // role without CREATE on the database reads "not installed".
 func (m *Migrator) read(ctx context.Context, applied bool) (st schemaState, err error) {
-	tx, err := m.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	tx, err := m.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return st, err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() { _ = tx.Rollback() }()
 	if st, err = readVersions(ctx, tx); err != nil || !st.installed || !applied {
 		return st, err
 	}
-	rows, err := tx.Query(ctx, `SELECT v.version_id, pg_catalog.max(v.tstamp) FROM `+VersionTable+` v
+	rows, err := tx.QueryContext(ctx, `SELECT v.version_id, pg_catalog.max(v.tstamp) FROM `+VersionTable+` v
 		 WHERE v.version_id OPERATOR(pg_catalog.>) 0 GROUP BY v.version_id`)
 	if err != nil {
 		return st, err
 	}
+	defer rows.Close()
 	st.applied = map[int64]time.Time{}
-	var v int64
-	var at time.Time
-	if _, err := pgx.ForEachRow(rows, []any{&v, &at}, func() error {
+	for rows.Next() {
+		var v int64
+		var at time.Time
+		if err := rows.Scan(&v, &at); err != nil {
+			return st, err
+		}
 		st.applied[v] = at
-		return nil
-	}); err != nil {
+	}
+	if err := rows.Err(); err != nil {
 		return st, err
 	}
-	return st, tx.Commit(ctx)
+	return st, tx.Commit()
 }
 
 // readVersions reads whether the version table exists and its highest
 // applied version, and refuses a newer or pre-release schema.
-func readVersions(ctx context.Context, tx pgx.Tx) (st schemaState, err error) {
-	if err := tx.QueryRow(ctx, `SELECT pg_catalog.to_regclass($1) IS NOT NULL`, VersionTable).Scan(&st.installed); err != nil || !st.installed {
+func readVersions(ctx context.Context, tx *sql.Tx) (st schemaState, err error) {
+	if err := tx.QueryRowContext(ctx, `SELECT pg_catalog.to_regclass($1) IS NOT NULL`, VersionTable).Scan(&st.installed); err != nil || !st.installed {
 		return st, err
 	}
 	var preRelease bool
-	if err := tx.QueryRow(ctx, `SELECT COALESCE(pg_catalog.max(version_id) FILTER (WHERE is_applied), 0), `+preReleaseSQL+` FROM `+VersionTable).Scan(&st.newest, &preRelease); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(pg_catalog.max(version_id) FILTER (WHERE is_applied), 0), `+preReleaseSQL+` FROM `+VersionTable).Scan(&st.newest, &preRelease); err != nil {
 		return st, err
 	}
 	if preRelease {
@@ -409,26 +442,26 @@ func (m *Migrator) prepare(ctx context.Context, create bool) (installed bool, er
 }
 
 func (m *Migrator) prepareOnce(ctx context.Context, create bool) (bool, error) {
-	tx, err := m.pool.Begin(ctx)
+	tx, err := m.db.BeginTx(ctx, nil)
 	if err != nil {
 		return false, err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() { _ = tx.Rollback() }()
 	// Creating the schema or the lock table waits for another transaction
 	// that is creating them (a script, another migrator): as long as the
 	// lock, at most.
-	if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('lock_timeout', $1, true)`,
+	if _, err := tx.ExecContext(ctx, `SELECT pg_catalog.set_config('lock_timeout', $1, true)`,
 		strconv.FormatInt(max(m.lockTimeout.Milliseconds(), 1), 10)); err != nil {
 		return false, err
 	}
 	if err := checkTrust(ctx, tx); err != nil { // before the pin: it reads the session's search_path
 		return false, err
 	}
-	if _, err := tx.Exec(ctx, searchPathPin); err != nil {
+	if _, err := tx.ExecContext(ctx, searchPathPin); err != nil {
 		return false, err
 	}
 	var schemaExists, lockExists bool
-	if err := tx.QueryRow(ctx, `SELECT pg_catalog.to_regnamespace($1) IS NOT NULL, pg_catalog.to_regclass($2) IS NOT NULL`,
+	if err := tx.QueryRowContext(ctx, `SELECT pg_catalog.to_regnamespace($1) IS NOT NULL, pg_catalog.to_regclass($2) IS NOT NULL`,
 		Schema, LockTable).Scan(&schemaExists, &lockExists); err != nil {
 		return false, err
 	}
@@ -440,13 +473,13 @@ func (m *Migrator) prepareOnce(ctx context.Context, create bool) (bool, error) {
 	if create && !schemaExists {
 		// Only when it is missing: CREATE SCHEMA checks the CREATE privilege
 		// on the database even with IF NOT EXISTS.
-		if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+Schema); err != nil {
+		if _, err := tx.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+Schema); err != nil {
 			return false, err
 		}
 		schemaExists, created = true, true
 	}
 	if schemaExists && !lockExists && (create || st.installed) {
-		if _, err := tx.Exec(ctx, lockTableDDL); err != nil {
+		if _, err := tx.ExecContext(ctx, lockTableDDL); err != nil {
 			return false, err
 		}
 		created = true
@@ -456,7 +489,7 @@ func (m *Migrator) prepareOnce(ctx context.Context, create bool) (bool, error) {
 			return false, err
 		}
 	}
-	return st.installed, tx.Commit(ctx)
+	return st.installed, tx.Commit()
 }
 
 func partial(err error) []*goose.MigrationResult {
@@ -474,7 +507,7 @@ func (m *Migrator) wrap(err error) error {
 		errors.Is(err, ErrLocked) || errors.Is(err, ErrLockLost) {
 		return err
 	}
-	if pgerr.PgError(err) == nil && !strings.Contains(err.Error(), m.addr) {
+	if m.addr != "" && pgerr.Code(err) == "" && !strings.Contains(err.Error(), m.addr) {
 		return fmt.Errorf("migrations: database at %s: %w", m.addr, err)
 	}
 	return fmt.Errorf("migrations: %w", err)

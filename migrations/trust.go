@@ -2,12 +2,11 @@ package migrations
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io/fs"
 	"strings"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // ErrUntrusted is wrapped by an [*UntrustedError]: the migrating role does
@@ -104,29 +103,32 @@ const firstMigration = "00001_schema.sql"
 
 // checkTrust returns an [*UntrustedError] listing what is wrong, or nil. It
 // reads the session's search_path first, so call it before pinning it.
-func checkTrust(ctx context.Context, tx pgx.Tx) error {
+func checkTrust(ctx context.Context, tx *sql.Tx) error {
 	query, err := trustSQL(trustFindingsBegin, trustFindingsEnd)
 	if err != nil {
 		return err
 	}
 	var role string
-	var path []string
-	if err := tx.QueryRow(ctx, `SELECT CURRENT_USER::pg_catalog.text, pg_catalog.current_schemas(true)::pg_catalog.text[]`).Scan(&role, &path); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT CURRENT_USER::pg_catalog.text`).Scan(&role); err != nil {
+		return err
+	}
+	path, err := searchPath(ctx, tx)
+	if err != nil {
 		return err
 	}
 	var findings []Finding
 	if f, ok := searchPathFinding(path); ok {
 		findings = append(findings, f)
 	}
-	rows, err := tx.Query(ctx, query)
+	rows, err := tx.QueryContext(ctx, query)
 	if err != nil {
 		return err
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var rank int
 		var f Finding
 		if err := rows.Scan(&rank, &f.Object, &f.Problem, &f.Fix); err != nil {
-			rows.Close()
 			return err
 		}
 		findings = append(findings, f)
@@ -138,6 +140,26 @@ func checkTrust(ctx context.Context, tx pgx.Tx) error {
 		return nil
 	}
 	return &UntrustedError{Role: role, Findings: findings}
+}
+
+// searchPath returns the schemas the session searches, in order
+// (current_schemas(true)), one row each: drivers scan arrays differently.
+func searchPath(ctx context.Context, tx *sql.Tx) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT s.name::pg_catalog.text
+  FROM pg_catalog.unnest(pg_catalog.current_schemas(true)) WITH ORDINALITY AS s(name, n) ORDER BY s.n`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var path []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, err
+		}
+		path = append(path, name)
+	}
+	return path, rows.Err()
 }
 
 // searchPathFinding reports a search_path that puts a schema before
