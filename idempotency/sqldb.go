@@ -73,10 +73,11 @@ func (s *Store) DoSQL(ctx context.Context, db SQLDB, req Request, fn SQLFunc) (o
 func sqlOpener(h sqlhandle.Handle) opener[*sql.Tx] {
 	return func(ctx context.Context) (claimTx[*sql.Tx], error) {
 		if h.Tx != nil {
-			if _, err := h.Tx.ExecContext(ctx, sqlhandle.SavepointSQL); err != nil {
+			sp := sqlhandle.NewSavepoint()
+			if _, err := h.Tx.ExecContext(ctx, sp.Create()); err != nil {
 				return nil, err
 			}
-			return &sqlClaimTx{tx: h.Tx, savepoint: true}, nil
+			return &sqlClaimTx{tx: h.Tx, savepoint: sp}, nil
 		}
 		c, release, err := h.Own(ctx)
 		if err != nil {
@@ -96,8 +97,8 @@ func sqlOpener(h sqlhandle.Handle) opener[*sql.Tx] {
 // caller's.
 type sqlClaimTx struct {
 	tx        *sql.Tx
-	savepoint bool   // a savepoint of the caller's tx
-	release   func() // gives back a connection taken from a pool
+	savepoint sqlhandle.Savepoint // in the caller's tx ("": its own transaction)
+	release   func()              // gives back a connection taken from a pool
 	committed bool
 	ended     bool
 }
@@ -124,8 +125,8 @@ func (t *sqlClaimTx) completeAndCommit(ctx context.Context, scope, key string, r
 	if err := t.tx.QueryRowContext(ctx, completeAtomicSQL, scope, key, result, code, message).Scan(&expiresAt); err != nil {
 		return time.Time{}, classify(err, false)
 	}
-	if t.savepoint {
-		if _, err := t.tx.ExecContext(ctx, sqlhandle.ReleaseSavepointSQL); err != nil {
+	if t.savepoint != "" {
+		if _, err := t.tx.ExecContext(ctx, t.savepoint.Release()); err != nil {
 			return time.Time{}, classify(err, true)
 		}
 		t.committed = true
@@ -171,8 +172,8 @@ func (t *sqlClaimTx) rollback(ctx context.Context) error {
 // already is no error.
 func (t *sqlClaimTx) rollbackTx(ctx context.Context) error {
 	var err error
-	if t.savepoint {
-		_, err = t.tx.ExecContext(ctx, sqlhandle.RollbackSavepointSQL)
+	if t.savepoint != "" {
+		_, err = t.tx.ExecContext(ctx, t.savepoint.RollbackTo())
 	} else {
 		err = t.tx.Rollback()
 	}

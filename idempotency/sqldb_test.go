@@ -16,7 +16,9 @@ import (
 
 	"github.com/pgfence/pgfence/idempotency"
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+	"github.com/pgfence/pgfence/pgfence/sqlfence"
 )
 
 // An atomicConnector runs Store.Do (pgx) or Store.DoSQL (database/sql, over
@@ -331,6 +333,67 @@ func TestDoSQLCommitLost(t *testing.T) {
 				if got := countCharges(t, db.Pool, c.orderID); got != 1 {
 					t.Fatalf("%s: %d charges, want 1", c.orderID, got)
 				}
+			}
+		})
+	}
+}
+
+// A fenced write inside DoSQL, both in the caller's transaction (the HTTP
+// handler of an API that owns its rows by lease): when the fence refuses the
+// write, DoSQL's attempt rolls back entirely, the key stays free and the
+// caller's transaction stays usable; when it accepts, the key, the write and
+// the caller's work commit together.
+func TestDoSQLWithFencedWriteInCallerTransaction(t *testing.T) {
+	for _, driverName := range []string{"pgx", "postgres"} {
+		t.Run(driverName, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgfencetest.NewDatabase(t)
+			createCharges(t, db.Pool)
+			pgfencetest.IssueToken(t, db.Pool, "orders/order-1", 10)
+			if _, err := db.Pool.Exec(ctx, `SELECT pgfence.fence('orders/order-1', 5)`); err != nil {
+				t.Fatal(err)
+			}
+			store := newStore(t, nil)
+			sdb, err := sql.Open(driverName, db.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sdb.Close()
+			req := idempotency.Request{Scope: "orders", Key: "order-1:charge"}
+			attempt := func(token int64) error {
+				tx, err := sdb.BeginTx(ctx, nil)
+				if err != nil {
+					return err
+				}
+				defer tx.Rollback()
+				_, err = store.DoSQL(ctx, tx, req, func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+					_, err := sqlfence.WriteToken(ctx, tx, "orders/order-1", token, func(ctx context.Context, tx *sql.Tx) error {
+						_, err := tx.ExecContext(ctx, `INSERT INTO charges (order_id, amount) VALUES ('order-1', 5)`)
+						return err
+					})
+					return []byte("charged"), err
+				})
+				// The caller's transaction is usable either way.
+				if _, cerr := tx.ExecContext(ctx, `INSERT INTO charges (order_id, amount) VALUES ('caller', 1)`); cerr != nil {
+					return errors.Join(err, cerr)
+				}
+				if cerr := tx.Commit(); cerr != nil {
+					return errors.Join(err, cerr)
+				}
+				return err
+			}
+			if err := attempt(4); !errors.Is(err, pgfence.ErrStaleToken) {
+				t.Fatalf("stale attempt: %v, want ErrStaleToken", err)
+			}
+			if n := keyRows(t, db.Pool); n != 0 || countCharges(t, db.Pool, "order-1") != 0 || countCharges(t, db.Pool, "caller") != 1 {
+				t.Fatalf("after the stale attempt: %d keys, %d charges, %d caller rows; want 0, 0, 1", n, countCharges(t, db.Pool, "order-1"), countCharges(t, db.Pool, "caller"))
+			}
+			if err := attempt(6); err != nil {
+				t.Fatalf("current attempt: %v", err)
+			}
+			if n := keyRows(t, db.Pool); n != 1 || countCharges(t, db.Pool, "order-1") != 1 || countCharges(t, db.Pool, "caller") != 2 {
+				t.Fatalf("after the current attempt: %d keys, %d charges, %d caller rows; want 1, 1, 2", n, countCharges(t, db.Pool, "order-1"), countCharges(t, db.Pool, "caller"))
 			}
 		})
 	}

@@ -44,10 +44,11 @@ func (s sqlSession) owned(ctx context.Context) (sqlhandle.Conn, func(), error) {
 
 func (s sqlSession) begin(ctx context.Context) (txn[*sql.Tx], func(), error) {
 	if s.Tx != nil {
-		if _, err := s.Tx.ExecContext(ctx, sqlhandle.SavepointSQL); err != nil {
+		sp := sqlhandle.NewSavepoint()
+		if _, err := s.Tx.ExecContext(ctx, sp.Create()); err != nil {
 			return nil, nil, mapError(err, false)
 		}
-		return sqlTxn{tx: s.Tx}, func() {}, nil
+		return sqlTxn{tx: s.Tx, savepoint: sp}, func() {}, nil
 	}
 	c, release, err := s.owned(ctx)
 	if err != nil {
@@ -156,10 +157,11 @@ func (s sqlStmts) queryRow(ctx context.Context, query string, args ...any) rowSc
 }
 
 // sqlTxn is the transaction of a Write on database/sql: the helper's own on
-// conn, or (conn nil) a savepoint of the caller's tx.
+// conn, or (conn nil) savepoint in the caller's tx.
 type sqlTxn struct {
-	tx   *sql.Tx
-	conn sqlhandle.Conn
+	tx        *sql.Tx
+	conn      sqlhandle.Conn
+	savepoint sqlhandle.Savepoint
 }
 
 func (t sqlTxn) handle() *sql.Tx { return t.tx }
@@ -221,7 +223,7 @@ func (t sqlTxn) connLost(fnErr error) bool {
 // the caller's.
 func (t sqlTxn) commit(ctx context.Context) error {
 	if t.conn == nil {
-		_, err := t.tx.ExecContext(ctx, sqlhandle.ReleaseSavepointSQL)
+		_, err := t.tx.ExecContext(ctx, t.savepoint.Release())
 		switch code := pgerr.Code(err); {
 		case err == nil:
 			return nil
@@ -256,7 +258,7 @@ func (t sqlTxn) commit(ctx context.Context) error {
 func (t sqlTxn) rollback(ctx context.Context) error {
 	var err error
 	if t.conn == nil {
-		_, err = t.tx.ExecContext(ctx, sqlhandle.RollbackSavepointSQL)
+		_, err = t.tx.ExecContext(ctx, t.savepoint.RollbackTo())
 	} else {
 		err = t.tx.Rollback()
 	}

@@ -8,6 +8,8 @@ import (
 	"database/sql"
 	"fmt"
 	"reflect"
+	"strconv"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 
@@ -95,13 +97,24 @@ func (h Handle) Own(ctx context.Context) (_ Conn, release func(), _ error) {
 	return c, func() { _ = c.Close() }, nil
 }
 
-// Savepoint statements of a helper inside the caller's transaction.
-// PostgreSQL lets a name repeat: RELEASE and ROLLBACK TO act on the newest.
-const (
-	SavepointSQL         = `SAVEPOINT pgfence_write`
-	ReleaseSavepointSQL  = `RELEASE SAVEPOINT pgfence_write`
-	RollbackSavepointSQL = `ROLLBACK TO SAVEPOINT pgfence_write`
-)
+// Savepoint is the savepoint of one helper call inside the caller's
+// transaction. Every call has a name of its own: ROLLBACK TO keeps the
+// savepoint it rolls back to, so with a shared name the outer call of two
+// nested ones (a fenced write inside an idempotent claim) would roll back to
+// the inner one's and keep its own work.
+type Savepoint string
+
+var savepoints atomic.Uint64
+
+// NewSavepoint returns a name no other call of this process uses.
+func NewSavepoint() Savepoint {
+	return Savepoint("pgfence_" + strconv.FormatUint(savepoints.Add(1), 10))
+}
+
+// Create, Release and RollbackTo are the statements of the savepoint.
+func (s Savepoint) Create() string     { return "SAVEPOINT " + string(s) }
+func (s Savepoint) Release() string    { return "RELEASE SAVEPOINT " + string(s) }
+func (s Savepoint) RollbackTo() string { return "ROLLBACK TO SAVEPOINT " + string(s) }
 
 // SQLSTATEs of a RELEASE SAVEPOINT whose transaction the caller's code ended.
 const (
