@@ -41,15 +41,15 @@ func list(t *testing.T, patterns ...string) []pkg {
 // package, and the examples import public packages only, so a user who
 // copies one can compile it.
 func TestImportsRunOneWay(t *testing.T) {
-	libraries := []string{"leases", "pgfence", "idempotency", "idempotency/idemhttp", "migrations"}
-	for _, p := range list(t, "./leases/...", "./pgfence", "./idempotency/...", "./migrations") {
+	libraries := []string{"leases", "pgfence", "pgfence/sqlfence", "idempotency", "idempotency/idemhttp", "migrations"}
+	for _, p := range list(t, "./leases/...", "./pgfence", "./pgfence/sqlfence", "./idempotency/...", "./migrations") {
 		for _, d := range p.Deps {
 			if strings.HasPrefix(d, module+"/internal/testkit") || strings.HasPrefix(d, module+"/cmd/") {
 				t.Errorf("library %s depends on %s", p.ImportPath, d)
 			}
 		}
 	}
-	for _, p := range list(t, "./internal/pgerr", "./internal/telemetry", "./internal/tracesql") {
+	for _, p := range list(t, "./internal/pgerr", "./internal/sqlhandle", "./internal/telemetry", "./internal/tracesql") {
 		for _, d := range p.Deps {
 			for _, lib := range libraries {
 				if d == module+"/"+lib {
