@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	_ "github.com/lib/pq"              // the "postgres" database/sql driver
 
 	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
@@ -397,4 +399,110 @@ func TestDoSQLWithFencedWriteInCallerTransaction(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Bad input and broken handles give a clear error and write nothing, with
+// either driver: a closed *sql.DB, a transaction already aborted by a failed
+// statement, an argument the driver cannot send (an error of the driver, not
+// of PostgreSQL), a handle of another type. None is an unknown outcome, and
+// the key stays free for a retry.
+func TestDoSQLBadInputWritesNothing(t *testing.T) {
+	for _, driverName := range []string{"pgx", "postgres"} {
+		t.Run(driverName, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgfencetest.NewDatabase(t)
+			createCharges(t, db.Pool)
+			store := newStore(t, nil)
+			sdb, err := sql.Open(driverName, db.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sdb.Close()
+			req := idempotency.Request{Scope: "orders", Key: "order-1:charge"}
+			var runs atomic.Int32
+			fn := func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+				runs.Add(1)
+				_, err := tx.ExecContext(ctx, `INSERT INTO charges (order_id, amount) VALUES ('order-1', 5)`)
+				return []byte("charged"), err
+			}
+			known := func(what string, err error) {
+				t.Helper()
+				if err == nil || errors.Is(err, idempotency.ErrOutcomeUnknown) {
+					t.Errorf("%s: %v, want a known failure", what, err)
+				}
+			}
+
+			// A closed *sql.DB: database/sql's error.
+			closed, err := sql.Open(driverName, db.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = closed.Close()
+			_, err = store.DoSQL(ctx, closed, req, fn)
+			if known("closed *sql.DB", err); err != nil && !strings.Contains(err.Error(), "database is closed") {
+				t.Errorf("closed *sql.DB: %v, want database/sql's error", err)
+			}
+
+			// A transaction already aborted: the server's 25P02.
+			tx, err := sdb.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.ExecContext(ctx, `SELECT 1 / 0`); err == nil {
+				t.Fatal("1 / 0 succeeded")
+			}
+			_, err = store.DoSQL(ctx, tx, req, fn)
+			if known("aborted transaction", err); pgerr.Code(err) != "25P02" {
+				t.Errorf("aborted transaction: %v, want the server's 25P02", err)
+			}
+			_ = tx.Rollback()
+
+			// An argument the driver cannot encode: the driver's error, on a
+			// pool and inside the caller's transaction.
+			bad := func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+				_, err := tx.ExecContext(ctx, `INSERT INTO charges (order_id, amount) VALUES ($1, 5)`, make(chan int))
+				return nil, err
+			}
+			_, err = store.DoSQL(ctx, sdb, req, bad)
+			if known("unencodable argument on a *sql.DB", err); pgerr.Code(err) != "" {
+				t.Errorf("unencodable argument on a *sql.DB: %v, want the driver's error", err)
+			}
+			tx, err = sdb.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = store.DoSQL(ctx, tx, req, bad)
+			if known("unencodable argument in the caller's transaction", err); pgerr.Code(err) != "" {
+				t.Errorf("unencodable argument in the caller's transaction: %v, want the driver's error", err)
+			}
+			_ = tx.Rollback()
+
+			// A handle that is not database/sql's, and a nil one.
+			for name, h := range map[string]idempotency.SQLDB{"a wrapper type": fakeSQLDB{sdb}, "nil *sql.DB": (*sql.DB)(nil)} {
+				if _, err := store.DoSQL(ctx, h, req, fn); !errors.Is(err, idempotency.ErrInvalid) {
+					t.Errorf("%s: %v, want ErrInvalid", name, err)
+				}
+			}
+
+			if runs.Load() != 0 || keyRows(t, db.Pool) != 0 || countCharges(t, db.Pool, "order-1") != 0 {
+				t.Fatalf("fn ran %d times, %d keys, %d charges; want nothing", runs.Load(), keyRows(t, db.Pool), countCharges(t, db.Pool, "order-1"))
+			}
+			// The key is free: the same request succeeds once.
+			if out, err := store.DoSQL(ctx, sdb, req, fn); err != nil || out.Status != idempotency.New {
+				t.Fatalf("the request after the failures: %+v, %v", out, err)
+			}
+		})
+	}
+}
+
+// fakeSQLDB has the methods of an SQLDB but is no database/sql handle.
+type fakeSQLDB struct{ db *sql.DB }
+
+func (f fakeSQLDB) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return f.db.ExecContext(ctx, query, args...)
+}
+
+func (f fakeSQLDB) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return f.db.QueryRowContext(ctx, query, args...)
 }
