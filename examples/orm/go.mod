@@ -3,6 +3,8 @@ module github.com/pgfence/pgfence/examples/orm
 go 1.26.0
 
 require (
+	github.com/jackc/pgx/v5 v5.13.0
+	github.com/jmoiron/sqlx v1.4.0
 	github.com/lib/pq v1.12.3
 	github.com/pgfence/pgfence v0.0.0-00010101000000-000000000000
 	gorm.io/driver/postgres v1.6.3
@@ -31,7 +33,6 @@ require (
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
-	github.com/jackc/pgx/v5 v5.13.0 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/jinzhu/inflection v1.0.0 // indirect
 	github.com/jinzhu/now v1.1.5 // indirect

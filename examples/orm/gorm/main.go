@@ -119,7 +119,7 @@ func run(ctx context.Context, url string, out io.Writer) (result, error) {
 		return res, err
 	}
 	if err := deduct(ctx, gdb, b, "B"); err != nil {
-		return res, fmt.Errorf("B's deduction: %w", err)
+		return res, fmt.Errorf("deduction of B: %w", err)
 	}
 	fmt.Fprintf(out, "  B took over (token %d) and deducted %d\n", b.Token(), quantity)
 
@@ -131,7 +131,7 @@ func run(ctx context.Context, url string, out io.Writer) (result, error) {
 		res.StaleRejected = true
 		fmt.Fprintf(out, "  A woke up: refused (token %d, %d accepted): its order row rolled back with it\n", stale.Presented, stale.Accepted)
 	case err != nil:
-		return res, fmt.Errorf("A's deduction: %w", err)
+		return res, fmt.Errorf("deduction of A: %w", err)
 	default:
 		fmt.Fprintln(out, "  A woke up and deducted: the stale write got through")
 	}

@@ -126,7 +126,7 @@ func run(ctx context.Context, url string, out io.Writer) (result, error) {
 		return res, err
 	}
 	if err := deduct(ctx, db, queries, b, "B"); err != nil {
-		return res, fmt.Errorf("B's deduction: %w", err)
+		return res, fmt.Errorf("deduction of B: %w", err)
 	}
 	fmt.Fprintf(out, "  B took over (token %d) and deducted %d\n", b.Token(), quantity)
 
@@ -136,7 +136,7 @@ func run(ctx context.Context, url string, out io.Writer) (result, error) {
 		res.StaleRejected = true
 		fmt.Fprintf(out, "  A woke up: %v; its transaction rolled back\n", err)
 	case err != nil:
-		return res, fmt.Errorf("A's deduction: %w", err)
+		return res, fmt.Errorf("deduction of A: %w", err)
 	default:
 		fmt.Fprintln(out, "  A woke up and deducted: the stale write got through")
 	}
