@@ -48,14 +48,16 @@ func TestBench(t *testing.T) {
 	}
 	// Statements each operation sends, where the count is fixed.
 	perOp := map[string]float64{
-		"raw-lock-upsert":  2, // INSERT … ON CONFLICT, UPDATE
-		"raw-update":       1,
-		"fenced-update":    2, // pgfence.fence + the UPDATE, one batch
-		"versioned-update": 1, // one UPDATE … WHERE fence <= token
-		"leased-exec":      2, // pgfence.check_lease + the UPDATE, one batch
-		"leased-write":     4, // BEGIN, check_lease, UPDATE, COMMIT
-		"advisory-lock":    3, // BEGIN, SELECT pg_advisory_xact_lock, COMMIT
-		"raw-insert-tx":    3,
+		"raw-lock-upsert":   2, // INSERT … ON CONFLICT, UPDATE
+		"raw-update":        1,
+		"fenced-update":     2, // pgfence.fence + the UPDATE, one batch
+		"versioned-update":  1, // one UPDATE … WHERE fence <= token
+		"leased-exec":       2, // pgfence.check_lease + the UPDATE, one batch
+		"leased-write":      4, // BEGIN, check_lease, UPDATE, COMMIT
+		"advisory-lock":     3, // BEGIN, SELECT pg_advisory_xact_lock, COMMIT
+		"raw-insert-tx":     3,
+		"sql-raw-update":    1,
+		"sql-fenced-update": 2, // the same pipeline, through sql.Conn.Raw
 	}
 	for i, r := range res.Results {
 		if r.Case != want[i] || r.Workers != 2 || r.Group == "" || r.What == "" {

@@ -119,9 +119,9 @@ func (c *Case) Peer() bool { return c.peer != "" }
 
 // Cases returns every case, in the order of the table: lock + unlock
 // (pgfence, raw SQL, advisory locks, Redis), the hot key, fenced and
-// lease-checked writes, idempotency.
+// lease-checked writes, idempotency, and the fenced write on database/sql.
 func Cases() []*Case {
-	return []*Case{
+	return append([]*Case{
 		{Name: "raw-lock-upsert", Group: "lock", What: "the floor: a hand-written inline-upsert acquire + conditional release over pgx (2 durable commits)",
 			prepare: simple(func(ctx context.Context, lab *Lab, w *benchrun.Worker) error {
 				k, holder := benchKey(w), randomUUID(w)
@@ -205,20 +205,8 @@ func Cases() []*Case {
 			})},
 		{Name: "fenced-update", Group: "fenced write", What: "pgfence.Exec: the same UPDATE fenced by a token, one round trip",
 			prepare: func(ctx context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
-				// One token per resource that never goes backwards: the token
-				// of a single long-held grant (equal tokens pass).
-				var token int64
-				if err := lab.pool.QueryRow(ctx, sqlNextToken).Scan(&token); err != nil {
-					return nil, nil, err
-				}
-				// Every resource was fenced before, as every stock row was
-				// written before: both sides update a row that exists. (A
-				// resource's first fenced write inserts its fence row; the
-				// fenced-write-vs-resources curve measures that.)
-				if _, err := lab.pool.Exec(ctx, sqlIssueAll, token); err != nil {
-					return nil, nil, err
-				}
-				if _, err := lab.pool.Exec(ctx, sqlFenceAll, token); err != nil {
+				token, err := fenceAll(ctx, lab)
+				if err != nil {
 					return nil, nil, err
 				}
 				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
@@ -271,7 +259,27 @@ func Cases() []*Case {
 			}},
 		{Name: "replay", Group: "idempotency", What: "idempotency.Store.Do with a key already done (random out of 1000): the stored result, nothing executed",
 			prepare: prepareReplay},
+	}, sqlCases()...)
+}
+
+// fenceAll draws one token and makes it the accepted token of every bench
+// resource: the token of a single long-held grant per resource, which never
+// goes backwards (equal tokens pass). Every resource is fenced before the
+// clock starts, as every stock row was written before: both sides of a
+// comparison update a row that exists. (A resource's first fenced write
+// inserts its fence row; the fenced-write-vs-resources curve measures that.)
+func fenceAll(ctx context.Context, lab *Lab) (int64, error) {
+	var token int64
+	if err := lab.pool.QueryRow(ctx, sqlNextToken).Scan(&token); err != nil {
+		return 0, err
 	}
+	if _, err := lab.pool.Exec(ctx, sqlIssueAll, token); err != nil {
+		return 0, err
+	}
+	if _, err := lab.pool.Exec(ctx, sqlFenceAll, token); err != nil {
+		return 0, err
+	}
+	return token, nil
 }
 
 // insertOnce inserts one order under the idempotency key (scope "bench").

@@ -201,6 +201,7 @@ func compare(runs [][]benchrun.Result) []string {
 		pair("fenced-update", "raw-update", p50Ratio, times, "fenced write (pgfence.Exec) p50 %s the unfenced UPDATE (goal ≤ 1.15×)")
 		pair("raw-fence-row", "raw-update", p50Ratio, times, "a hand-written fence row in the same batch: p50 %s the unfenced UPDATE (the floor of a fence that records its writes)")
 		pair("versioned-update", "raw-update", p50Ratio, times, "versioned row write (pgfence.UpdateRow) p50 %s the unfenced UPDATE (goal ≤ 1.15×)")
+		pair("sql-fenced-update", "sql-raw-update", p50Ratio, times, "database/sql fenced write (sqlfence.Exec, pgx stdlib) p50 %s the same unfenced UPDATE on database/sql (goal: within 10%% of the pgx ratio)")
 		if h := medianOf(find("hot-key", n)); h != nil {
 			out = append(out, fmt.Sprintf("%3d workers: hot-key hand-off p50 %.2f ms (goal ≤ 5 ms)", n, ms(h.P50)))
 		}
