@@ -103,6 +103,14 @@
 // the transaction (stored with the accepted token) in a statement of its
 // own: one round trip more than with pgx, which pipelines it.
 //
+// `pgfence bench compare --cases sql-raw-update,sql-fenced-update` measures
+// the fenced Exec on a *sql.DB of pgx's stdlib driver against the same
+// unfenced UPDATE through the same driver.
+//
+// Runnable examples with GORM, sqlc-style code and sqlx (each joining the
+// fenced write to the ORM's transaction and refusing a stale holder) are in
+// the repository's nested module examples/orm.
+//
 // # Leases
 //
 // Grants, renewals and releases stay with package leases, which runs on pgx:
