@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -121,6 +122,13 @@ func (c *Case) Peer() bool { return c.peer != "" }
 // (pgfence, raw SQL, advisory locks, Redis), the hot key, fenced and
 // lease-checked writes, idempotency.
 func Cases() []*Case {
+	return slices.Concat(baseCases(), httpCases(), []*Case{
+		{Name: "replay", Group: "idempotency", What: "idempotency.Store.Do with a key already done (random out of 1000): the stored result, nothing executed",
+			prepare: prepareReplay},
+	})
+}
+
+func baseCases() []*Case {
 	return []*Case{
 		{Name: "raw-lock-upsert", Group: "lock", What: "the floor: a hand-written inline-upsert acquire + conditional release over pgx (2 durable commits)",
 			prepare: simple(func(ctx context.Context, lab *Lab, w *benchrun.Worker) error {
@@ -269,8 +277,6 @@ func Cases() []*Case {
 					return 0, err
 				}, func() {}, nil
 			}},
-		{Name: "replay", Group: "idempotency", What: "idempotency.Store.Do with a key already done (random out of 1000): the stored result, nothing executed",
-			prepare: prepareReplay},
 	}
 }
 

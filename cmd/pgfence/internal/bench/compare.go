@@ -201,6 +201,8 @@ func compare(runs [][]benchrun.Result) []string {
 		pair("fenced-update", "raw-update", p50Ratio, times, "fenced write (pgfence.Exec) p50 %s the unfenced UPDATE (goal ≤ 1.15×)")
 		pair("raw-fence-row", "raw-update", p50Ratio, times, "a hand-written fence row in the same batch: p50 %s the unfenced UPDATE (the floor of a fence that records its writes)")
 		pair("versioned-update", "raw-update", p50Ratio, times, "versioned row write (pgfence.UpdateRow) p50 %s the unfenced UPDATE (goal ≤ 1.15×)")
+		pair("idempotent-tx", "raw-insert-tx", p50Ratio, times, "idempotency.Store.Do p50 %s the same insert in a bare transaction")
+		pair("idempotent-http", "raw-http-insert", p50Ratio, times, "an HTTP request behind idemhttp (atomic mode) p50 %s the same handler without it (goal ≤ 1.5×)")
 		if h := medianOf(find("hot-key", n)); h != nil {
 			out = append(out, fmt.Sprintf("%3d workers: hot-key hand-off p50 %.2f ms (goal ≤ 5 ms)", n, ms(h.P50)))
 		}
