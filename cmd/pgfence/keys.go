@@ -223,14 +223,20 @@ func recoverFlags(fs *flag.FlagSet) func() (*idempotency.RecoverOptions, error) 
 	}
 }
 
+// completerStore is the Store of the completer commands: the defaults, which
+// NewStore never refuses.
+func completerStore() *idempotency.Store {
+	store, err := idempotency.NewStore(nil)
+	if err != nil {
+		panic(err)
+	}
+	return store
+}
+
 func keysAbandoned(fs *flag.FlagSet) runFunc {
 	options := recoverFlags(fs)
 	return func(ctx context.Context, in *input) error {
 		o, err := options()
-		if err != nil {
-			return err
-		}
-		store, err := idempotency.NewStore(nil)
 		if err != nil {
 			return err
 		}
@@ -239,6 +245,7 @@ func keysAbandoned(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		defer pool.Close()
+		store := completerStore()
 		shown := o.Limit
 		o.Limit++ // one more: are there others?
 		keys, err := store.Abandoned(ctx, pool, o)
@@ -279,15 +286,12 @@ func keysFailAbandoned(fs *flag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		store, err := idempotency.NewStore(nil)
-		if err != nil {
-			return err
-		}
 		pool, err := in.connect(ctx)
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
+		store := completerStore()
 		res, err := store.Recover(ctx, pool, o, nil)
 		if err != nil {
 			return dbError(err)
