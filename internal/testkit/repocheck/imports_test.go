@@ -2,7 +2,12 @@ package repocheck
 
 import (
 	"encoding/json"
+	"go/parser"
+	"go/token"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -63,6 +68,41 @@ func TestImportsRunOneWay(t *testing.T) {
 			if strings.HasPrefix(i, module+"/internal/") {
 				t.Errorf("example %s imports %s: a user who copies it cannot compile it", p.ImportPath, i)
 			}
+		}
+	}
+}
+
+// TestNestedExamplesImportPublicPackages: the database/sql and ORM examples
+// are a module of their own, which ./... (and go list) at the root does not
+// enter; their imports are read from the source instead. They use pgfence's
+// public packages only, and the ORMs they use stay out of the root module.
+func TestNestedExamplesImportPublicPackages(t *testing.T) {
+	root := filepath.Join("..", "..", "..")
+	files, err := filepath.Glob(filepath.Join(root, "examples", "orm", "*", "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) < 3 {
+		t.Fatalf("found %d files in examples/orm: the check no longer sees the examples", len(files))
+	}
+	for _, path := range files {
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range f.Imports {
+			if i, _ := strconv.Unquote(imp.Path.Value); strings.HasPrefix(i, module+"/internal/") {
+				t.Errorf("%s imports %s: a user who copies it cannot compile it", path, i)
+			}
+		}
+	}
+	gomod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, orm := range []string{"gorm.io/", "github.com/jmoiron/sqlx", "github.com/uptrace/bun"} {
+		if strings.Contains(string(gomod), orm) {
+			t.Errorf("the root go.mod requires %s: the ORMs belong to examples/orm's module", orm)
 		}
 	}
 }
