@@ -79,7 +79,9 @@
 //     returns the driver's error and nothing is written; pgx closes a
 //     connection whose pipeline it could not encode, so a *sql.Conn used
 //     with such an Exec is closed afterwards, as a *pgx.Conn is by
-//     [pgfence.Exec].
+//     [pgfence.Exec]. An error that carries no SQLSTATE (a driver of
+//     another database, say) is returned unchanged, never as a pgfence
+//     sentinel, and the helper's transaction is rolled back.
 //   - fn must leave COMMIT and ROLLBACK to the helper. When it ends the
 //     transaction itself, through database/sql (tx.Commit, tx.Rollback, on
 //     the caller's *sql.Tx too) or as SQL, the helper returns an error
