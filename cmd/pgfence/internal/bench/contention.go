@@ -69,8 +69,9 @@ type ContentionOptions struct {
 	Hold time.Duration
 	// PauseRate is the share of grants whose holder pauses for Pause (longer
 	// than the TTL) before its write, without renewing. PauseFirst pauses
-	// the first grant of every key as well, so that every run has stale
-	// writes to reject.
+	// the first grant of every key as well, for Pause and until another
+	// worker has written the key (or the run ends), so that every run has
+	// stale writes to reject.
 	PauseRate  float64
 	Pause      time.Duration
 	PauseFirst bool
@@ -164,11 +165,12 @@ type completion struct {
 
 // contentionRun is the state the workers share.
 type contentionRun struct {
-	opts   ContentionOptions
-	lab    *Lab
-	keys   []string
-	first  []atomic.Bool  // per key: its first grant was taken (PauseFirst)
-	newest []atomic.Int64 // per key: the highest token granted so far
+	opts    ContentionOptions
+	lab     *Lab
+	keys    []string
+	first   []atomic.Bool  // per key: its first grant was taken (PauseFirst)
+	newest  []atomic.Int64 // per key: the highest token granted so far
+	written []atomic.Int64 // per key: the highest token of an accepted write
 
 	acquisitions, giveUps, renewals, expiries, takenOver, paused    atomic.Int64
 	accepted, rejected, pausedRejected, lateAccepted, stopped, errs atomic.Int64
@@ -197,6 +199,7 @@ func (r *contentionRun) fail(err error) {
 // reconciliation failed is reported with Reconciled false.
 func (lab *Lab) Contention(ctx context.Context, opts ContentionOptions) (*ContentionReport, error) {
 	run := &contentionRun{opts: opts, lab: lab, first: make([]atomic.Bool, opts.Keys), newest: make([]atomic.Int64, opts.Keys),
+		written:   make([]atomic.Int64, opts.Keys),
 		keyGrants: make([]int64, opts.Keys), keyGiveUps: make([]int64, opts.Keys)}
 	// Fresh keys in every run: the fence of a key never goes back.
 	prefix := "bench/contention/" + strconv.FormatInt(time.Now().UnixNano(), 36) + "/"
@@ -341,33 +344,31 @@ func (r *contentionRun) worker(ctx, runCtx context.Context, id int, client *leas
 			continue
 		}
 		r.acquisitions.Add(1)
-		newest := &r.newest[k]
-		for {
-			if n := newest.Load(); n >= l.Token() || newest.CompareAndSwap(n, l.Token()) {
-				break
-			}
-		}
+		raise(&r.newest[k], l.Token())
 		r.mu.Lock()
 		r.waits = append(r.waits, wait)
 		r.keyGrants[k]++
 		r.mu.Unlock()
 		paused := r.opts.PauseRate > 0 && rng.Float64() < r.opts.PauseRate
-		if r.opts.PauseFirst && r.first[k].CompareAndSwap(false, true) {
-			paused = true
-		}
-		r.grant(ctx, id, k, l, paused)
+		firstOfKey := r.opts.PauseFirst && r.first[k].CompareAndSwap(false, true)
+		r.grant(ctx, runCtx, id, k, l, paused || firstOfKey, firstOfKey)
 	}
 }
 
 // grant does one grant's work: hold (renewing) or pause, the fenced write,
-// the release.
-func (r *contentionRun) grant(ctx context.Context, id, k int, l *leases.Lease, paused bool) {
+// the release. The first grant of a key under PauseFirst stalls until
+// another worker has written the key too (or the run ends), so that its
+// write is surely stale.
+func (r *contentionRun) grant(ctx, runCtx context.Context, id, k int, l *leases.Lease, paused, firstOfKey bool) {
 	writeCtx := l.Context()
 	if paused {
 		// Stalled: no renewal, no look at the lease's context; then the
 		// write goes out as if nothing had happened.
 		r.paused.Add(1)
 		sleep(ctx, r.opts.Pause)
+		for firstOfKey && r.written[k].Load() <= l.Token() && runCtx.Err() == nil {
+			sleep(runCtx, 10*time.Millisecond)
+		}
 		writeCtx = ctx
 	} else if r.opts.Hold > 0 {
 		kctx, stop := context.WithCancel(l.Context())
@@ -384,6 +385,7 @@ func (r *contentionRun) grant(ctx context.Context, id, k int, l *leases.Lease, p
 	switch {
 	case err == nil && accepted:
 		r.accepted.Add(1)
+		raise(&r.written[k], l.Token())
 		if paused {
 			r.lateAccepted.Add(1)
 		}
@@ -451,6 +453,15 @@ func (r *contentionRun) record(w grantWrite) {
 	r.mu.Lock()
 	r.writes = append(r.writes, w)
 	r.mu.Unlock()
+}
+
+// raise sets a to v if v is higher.
+func raise(a *atomic.Int64, v int64) {
+	for {
+		if n := a.Load(); n >= v || a.CompareAndSwap(n, v) {
+			return
+		}
+	}
 }
 
 // sleep waits for d or until ctx ends.
