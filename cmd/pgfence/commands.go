@@ -124,6 +124,8 @@ func commands() []*command {
 			summary: "measure leases, fenced writes and idempotency side by side with raw SQL, advisory locks and Redis"},
 		{noun: "bench", verb: "curves", usage: "[--curves rows,keys,resources,waiters,churn] [--workers 4] [--duration 2s] [--max-rows 1e5] ...", database: true, setup: benchCurves,
 			summary: "measure how the cost grows with lease rows, stored keys, resources and waiters, and what churn leaves in the leases table"},
+		{noun: "bench", verb: "contention", usage: "[--workers 16] [--keys 4] [--duration 10s] [--ttl 500ms] [--pause-rate 0.05] [--pause 2s] [--max-wait 1s]", database: true, setup: benchContention,
+			summary: "capacity report: workers contend for hot keys, each grant a fenced business write; acquisitions, waits, give-ups, renewals, expiries and rejections beside the completions read back, reconciled (exit 1 if not)"},
 	}
 }
 

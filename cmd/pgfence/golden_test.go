@@ -277,6 +277,8 @@ func goldenCases() []goldenCase {
 			rules: map[string]string{"machine": "text", "settings": "text", "comparisons": "text"}, numbers: true, keep: measured},
 		{name: "bench_curves", args: []string{"bench", "curves", "--curves", "resources,churn", "--max-resources", "1", "--cycles", "10", "--workers", "1", "--duration", "100ms", "--warmup", "0s"}, db: true,
 			rules: map[string]string{"machine": "text", "settings": "text", "comparisons": "text"}, numbers: true, keep: measured},
+		{name: "bench_contention", args: []string{"bench", "contention", "--workers", "3", "--keys", "1", "--duration", "300ms", "--ttl", "100ms", "--pause", "400ms", "--pause-first", "--hold", "50ms"}, db: true,
+			rules: map[string]string{"machine": "text", "settings": "text", "key": "text", "detail": "text"}, numbers: true, keep: measured, collapse: []string{"per_key"}},
 	}
 }
 
