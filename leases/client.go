@@ -41,7 +41,8 @@ type Client struct {
 	closed   bool
 	queues   map[string]*queue        // waiting Acquire calls per key
 	windows  map[string]time.Duration // hold-back window after a wake-up, per contended key
-	listener *listener                // started by the first waiting Acquire
+	listener *listener                // started by the first waiting Acquire or Watch
+	watchers map[string][]*Watcher    // running watches per key
 }
 
 // New returns a client on pool. A nil cfg uses the defaults. The pool is the

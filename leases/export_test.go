@@ -34,3 +34,6 @@ func StopTrustTimer(l *Lease) {
 	defer l.mu.Unlock()
 	l.timer.Stop()
 }
+
+// WatchReads is how many reads w has made.
+func WatchReads(w *Watcher) int64 { return w.reads.Load() }
