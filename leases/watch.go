@@ -87,14 +87,15 @@ type WatchOptions struct {
 	// the events of the key's current (or last) grant, so the first event
 	// says who holds it.
 	History int
-	// PollInterval is the longest time between two reads of the key. With
-	// wake-ups (LISTEN, see [Config.DisableWakeups]) it is only the safety
-	// net: grants, releases and holder info changes are read when they are
-	// announced, and the key is read again when its holder's lease runs out
-	// (a renewal announced with [KeepAliveOptions.Announce] moves that time).
-	// Without wake-ups it bounds how late a release or an unannounced grant
-	// is seen. Default: [Config.PollInterval] while wake-ups work,
-	// [Config.BackoffMax] while they do not.
+	// PollInterval is the longest time between two reads of the key while
+	// wake-ups (LISTEN, see [Config.DisableWakeups]) work: only a safety
+	// net, since grants, releases and holder info changes are read when they
+	// are announced, and the key is read again when its holder's lease runs
+	// out (a renewal announced with [KeepAliveOptions.Announce] moves that
+	// time). Default [Config.PollInterval]. Without wake-ups (disabled, or
+	// the LISTEN connection down) the watcher reads every
+	// [Config.BackoffMax] and at the holder's expiry: that bounds how late a
+	// release or an unannounced grant is seen.
 	PollInterval time.Duration
 }
 
@@ -407,13 +408,13 @@ func (w *Watcher) pruned(ctx context.Context, last int64) (bool, error) {
 
 // poll is the longest time between two reads now.
 func (w *Watcher) poll() time.Duration {
-	if w.opts.PollInterval > 0 {
+	switch {
+	case !w.c.listening():
+		return w.c.cfg.BackoffMax
+	case w.opts.PollInterval > 0:
 		return w.opts.PollInterval
 	}
-	if w.c.listening() {
-		return w.c.cfg.PollInterval
-	}
-	return w.c.cfg.BackoffMax
+	return w.c.cfg.PollInterval
 }
 
 // wait waits until the next read is due: a wake-up, the current grant's
