@@ -196,11 +196,13 @@ func (c *Client) wakeAll() {
 // been missed while the LISTEN connection was down.
 func (c *Client) wakeWatchers() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	var all []*Watcher
 	for _, ws := range c.watchers {
-		for _, w := range ws {
-			w.wake()
-		}
+		all = append(all, ws...)
+	}
+	c.mu.Unlock() // a watcher takes its own lock, and may take c.mu under it
+	for _, w := range all {
+		w.wake()
 	}
 }
 
@@ -269,8 +271,6 @@ func (c *Client) dispatch(channel, payload string) {
 
 // wakeWatchersOf asks the watchers of key to read it.
 func (c *Client) wakeWatchersOf(key string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.watching(key, func(w *Watcher) { w.wake() })
 }
 

@@ -3,6 +3,7 @@ package leases
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -424,12 +425,13 @@ func (w *Watcher) wait(ctx context.Context) bool {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
+		poll := w.poll() // takes the client's lock: not under w.mu
 		w.mu.Lock()
 		if w.readNow {
 			w.mu.Unlock()
 			return true
 		}
-		d := w.c.until(w.lastRead.Add(w.poll()))
+		d := w.c.until(w.lastRead.Add(poll))
 		if !w.expiry.IsZero() {
 			d = min(d, w.c.until(w.expiry)+fullJitter(w.c.cfg.BackoffMin))
 		}
@@ -498,9 +500,13 @@ func (c *Client) removeWatcher(w *Watcher) {
 	}
 }
 
-// watching calls f for every watcher of key. c.mu is held.
+// watching calls f for every watcher of key, without holding c.mu (a
+// watcher takes its own lock, and may take c.mu under it).
 func (c *Client) watching(key string, f func(*Watcher)) {
-	for _, w := range c.watchers[key] {
+	c.mu.Lock()
+	ws := slices.Clone(c.watchers[key])
+	c.mu.Unlock()
+	for _, w := range ws {
 		f(w)
 	}
 }
@@ -520,8 +526,6 @@ func (c *Client) dispatchChange(payload string) {
 	if err != nil || n < 0 {
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.watching(key, func(w *Watcher) {
 		if event == "renewed" {
 			w.renewed(time.Duration(n) * time.Microsecond)

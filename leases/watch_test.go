@@ -337,3 +337,50 @@ func TestSetHolderInfo(t *testing.T) {
 		t.Fatalf("SetHolderInfo on an expired grant: %v (lease %v), want ErrLeaseLost", err, l.Err())
 	}
 }
+
+// A storm of announced renewals of a watched key while its watchers wait:
+// every one moves their timers (the listener takes the client's lock, then
+// each watcher's; a waiting watcher takes its own, then reads the client's
+// state), and none of them blocks the other forever. A release after the
+// storm still reaches every watcher.
+func TestWatchUnderNotificationStorm(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	c := newClient(t, db.Pool, nil)
+	ctx := ctxTimeout(t, time.Minute)
+	l, err := c.TryAcquire(ctx, "k", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var ws []*leases.Watcher
+	for range 8 {
+		w, err := c.Watch(wctx, "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stopWatch(cancel, w)
+		ws = append(ws, w)
+	}
+	waitListening(t, c, db.Pool)
+	for _, w := range ws {
+		if e := next(t, w, 5*time.Second); e.Kind != leases.WatchAcquired {
+			t.Fatalf("first event %+v", e)
+		}
+	}
+	for range 5 {
+		if _, err := db.Pool.Exec(ctx, `SELECT pg_notify($1, 'renewed:' || g || ':k') FROM generate_series(1000000, 1010000) AS g`,
+			leases.ChangeNotifyChannel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range ws {
+		if e := next(t, w, 20*time.Second); e.Kind != leases.WatchReleased {
+			t.Fatalf("after the storm: %+v", e)
+		}
+	}
+}
