@@ -206,11 +206,13 @@ func (s *scene) setup(ctx context.Context) error {
 	if _, err := pool.Exec(ctx, demoSetupSQL); err != nil {
 		return fmt.Errorf("demo setup: %w", err)
 	}
+	// The stock exists before the table is protected: from then on every
+	// write needs the SKU's lease.
+	if _, err := pool.Exec(ctx, `INSERT INTO pgfence_demo.stock VALUES ($1, $2, NULL, 'setup')`, s.sku, Initial); err != nil {
+		return fmt.Errorf("demo setup: initial stock: %w", err)
+	}
 	if err := pgfence.Protect(ctx, pool, pgx.Identifier{demoSchema, "stock"}, "sku", demoPrefix); err != nil {
 		return fmt.Errorf("demo setup: protect: %w", err)
-	}
-	if _, err := pgfence.ExecToken(ctx, pool, s.key, 1, `INSERT INTO pgfence_demo.stock VALUES ($1, $2, NULL, 'setup')`, s.sku, Initial); err != nil {
-		return fmt.Errorf("demo setup: initial stock: %w", err)
 	}
 	fmt.Fprintf(s.progress, "demo: stock %s = %d; lease TTL %s; worker A is a separate OS process\n", s.sku, Initial, s.ttl)
 	return nil

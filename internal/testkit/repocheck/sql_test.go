@@ -1,7 +1,8 @@
-// Package sqlcheck holds a test over the repository's source: every SQL
+// Package repocheck holds tests over the repository's source: every SQL
 // statement pgfence's libraries and CLI send is immune to the caller's
-// search_path.
-package sqlcheck
+// search_path, and imports run one way (libraries never depend on tooling;
+// examples use the public API only).
+package repocheck
 
 import (
 	"go/ast"
