@@ -52,7 +52,7 @@ type noun struct {
 func nouns() []noun {
 	return []noun{
 		{"migrate", "install or upgrade the pgfence schema"},
-		{"leases", "inspect leases and their grant history; force-release a stuck grant; pause new grants"},
+		{"leases", "inspect leases and their grant history, follow one as it changes; force-release a stuck grant; pause new grants"},
 		{"fences", "fenced resources: the highest accepted token of each, and the writes refused"},
 		{"tables", "guard tables with a trigger, so that every write must present a current token"},
 		{"floor", "the token floor: show it, or raise it after a restore or a schema rebuild"},
@@ -79,6 +79,8 @@ func commands() []*command {
 			summary: "every lease with its remaining time (database clock), and the paused prefixes"},
 		{noun: "leases", verb: "show", args: []string{"KEY"}, usage: "KEY [--history N]", database: true, setup: leasesShow,
 			summary: "one lease and its recent grant history"},
+		{noun: "leases", verb: "watch", args: []string{"KEY"}, usage: "KEY [--history N] [--count N] [--poll 5s] [--no-wakeups]", database: true, setup: leasesWatch,
+			summary: "follow one lease: every grant, takeover, release and holder info change (who, token, when by the database clock), as it happens; --json prints one object per line"},
 		{noun: "leases", verb: "release", args: []string{"KEY"}, usage: "KEY --force --reason TEXT", database: true, setup: leasesRelease,
 			summary: "end the current grant whoever holds it (recorded in the history)"},
 		{noun: "leases", verb: "pause", args: []string{"PREFIX"}, usage: "PREFIX --reason TEXT", database: true, setup: leasesPause,
