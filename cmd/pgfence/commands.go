@@ -120,8 +120,8 @@ func commands() []*command {
 
 		{noun: "bench", verb: "compare", usage: "[--cases a,b] [--workers 1,8] [--duration 3s] [--rounds 1] [--peers redis|none]", database: true, setup: benchCompare,
 			summary: "measure leases, fenced writes and idempotency side by side with raw SQL, advisory locks and Redis"},
-		{noun: "bench", verb: "curves", usage: "[--curves rows,keys,resources,waiters,churn] [--workers 4] [--duration 2s] [--max-rows 1e5] ...", database: true, setup: benchCurves,
-			summary: "measure how the cost grows with lease rows, stored keys, resources and waiters, and what churn leaves in the leases table"},
+		{noun: "bench", verb: "curves", usage: "[--curves rows,keys,resources,waiters,churn,failover,followers] [--workers 4] [--duration 2s] [--max-rows 1e5] ...", database: true, setup: benchCurves,
+			summary: "measure how the cost grows with lease rows, stored keys, resources and waiters, what churn leaves in the leases table, an election's failover time and its idle followers' load"},
 	}
 }
 
