@@ -187,9 +187,12 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 // Resign steps down from the current term: the term's context ends with
 // [ErrResigned] and, once the leader's work returned (under [Election.Run],
 // OnStartedLeading), the lease is released so that another replica is
-// elected at once. Under Run this replica campaigns again, but not before
-// the TTL has passed or another leader has been elected. It returns nil
-// when this replica does not lead.
+// elected at once. Under Run it returns once Run has stepped down
+// (OnStartedLeading returned, the lease was released, OnStoppedLeading
+// returned), so it must not be called from those callbacks or OnLeader,
+// which Run waits for; and this replica campaigns again, but not before the
+// TTL has passed or another leader has been elected. It returns the
+// release's error, or nil when this replica does not lead.
 func (e *Election) Resign(ctx context.Context) error {
 	e.mu.Lock()
 	t, running := e.term, e.running
@@ -203,7 +206,7 @@ func (e *Election) Resign(ctx context.Context) error {
 		default:
 		}
 		select {
-		case <-t.released:
+		case <-t.stepped:
 			return t.releaseErr
 		case <-ctx.Done():
 			return context.Cause(ctx)

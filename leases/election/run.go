@@ -350,6 +350,7 @@ func (r *runner) stepDown(ctx context.Context, cause error) {
 	if e.cfg.OnStoppedLeading != nil {
 		e.cfg.OnStoppedLeading(t, why)
 	}
+	close(t.stepped)
 	if errors.Is(why, ErrResigned) {
 		r.holdOff = time.Now().Add(e.cfg.TTL)
 		r.tryAt = r.holdOff

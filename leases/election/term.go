@@ -30,12 +30,16 @@ type Term struct {
 	releaseOnce sync.Once
 	released    chan struct{} // closed once the release was done (or tried)
 	releaseErr  error
+	// stepped is closed once Run has stepped down from a term of its own
+	// (released it and called OnStoppedLeading).
+	stepped chan struct{}
 }
 
 // newTerm starts a term on l and keeps l alive until the term is released.
 func (e *Election) newTerm(l *leases.Lease, run bool) *Term {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	t := &Term{e: e, lease: l, ctx: ctx, cancel: cancel, run: run, keepAlive: make(chan struct{}), released: make(chan struct{})}
+	t := &Term{e: e, lease: l, ctx: ctx, cancel: cancel, run: run, keepAlive: make(chan struct{}), released: make(chan struct{}),
+		stepped: make(chan struct{})}
 	// The lease's end ends the term, before the database can elect anyone
 	// else: the lease's context ends with its local trust window.
 	context.AfterFunc(l.Context(), func() { cancel(endCause(l.Err())) })
