@@ -56,7 +56,7 @@ func nouns() []noun {
 		{"fences", "fenced resources: the highest accepted token of each, and the writes refused"},
 		{"tables", "guard tables with a trigger, so that every write must present a current token"},
 		{"floor", "the token floor: show it, or raise it after a restore or a schema rebuild"},
-		{"keys", "idempotency keys: list and show their state, delete expired ones"},
+		{"keys", "idempotency keys: list and show their state, find and fail abandoned ones, delete expired ones"},
 		{"doctor", "check a database: schema, durability, timeouts, pooler, expired leases, unprotected tables"},
 		{"demo", "watch the database reject a paused lock holder's late write (a throwaway database by default)"},
 		{"bench", "measure leases, fenced writes and idempotency against raw SQL, advisory locks and Redis"},
@@ -111,6 +111,10 @@ func commands() []*command {
 			summary: "the state of one key"},
 		{noun: "keys", verb: "gc", usage: "[--batch-size N] [--max-batches N]", database: true, setup: keysGC,
 			summary: "delete completed keys whose retention ended, in batches; keys in flight are never touched"},
+		{noun: "keys", verb: "abandoned", usage: "[--scope-prefix P] [--expired-for D] [--limit N]", database: true, setup: keysAbandoned,
+			summary: "leased keys left in progress after their lease ended, oldest first: what a completer would take over"},
+		{noun: "keys", verb: "fail-abandoned", usage: "[--scope-prefix P] [--expired-for D] [--limit N]", database: true, setup: keysFailAbandoned,
+			summary: "take abandoned keys over and store a failure (code \"abandoned\") a retry replays; to resume them instead, use idempotency.Store.Recover"},
 
 		{noun: "doctor", database: true, setup: doctor,
 			summary: "check a database: schema, durability, timeouts, pooler, expired leases, unprotected tables"},
@@ -122,6 +126,8 @@ func commands() []*command {
 			summary: "measure leases, fenced writes and idempotency side by side with raw SQL, advisory locks and Redis"},
 		{noun: "bench", verb: "curves", usage: "[--curves rows,keys,resources,waiters,churn,failover,followers] [--workers 4] [--duration 2s] [--max-rows 1e5] ...", database: true, setup: benchCurves,
 			summary: "measure how the cost grows with lease rows, stored keys, resources and waiters, what churn leaves in the leases table, an election's failover time and its idle followers' load"},
+		{noun: "bench", verb: "contention", usage: "[--workers 16] [--keys 4] [--duration 10s] [--ttl 500ms] [--pause-rate 0.05] [--pause 2s] [--max-wait 1s]", database: true, setup: benchContention,
+			summary: "capacity report: workers contend for hot keys, each grant a fenced business write; acquisitions, waits, give-ups, renewals, expiries and rejections beside the completions read back, reconciled (exit 1 if not)"},
 	}
 }
 

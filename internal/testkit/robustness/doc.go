@@ -44,7 +44,7 @@
 //	go test -race -run TestRobustnessRandomized -v ./internal/testkit/robustness -robustness.duration=10m -timeout=30m
 //	go test -race -run TestRobustnessRandomized -v ./internal/testkit/robustness -robustness.seed=N
 //
-// It prints a summary: the seed, the faults injected by kind, the operations
+// It prints a summary: the random seed, the faults injected by kind, the operations
 // by outcome, what the database accepted, porcupine's verdict and the
 // violations (which must be none).
 //
