@@ -35,6 +35,12 @@ type replica struct {
 
 func startReplica(t *testing.T, pool *pgxpool.Pool, key, name string, cfg election.Config) *replica {
 	t.Helper()
+	return startReplicaWith(t, newClient(t, pool, nil), key, name, cfg)
+}
+
+// startReplicaWith starts a replica on a client of the caller's.
+func startReplicaWith(t *testing.T, client *leases.Client, key, name string, cfg election.Config) *replica {
+	t.Helper()
 	r := &replica{name: name, done: make(chan error, 1), stopped: map[int64]error{}}
 	cfg.Hold.HolderInfo = name
 	cfg.OnStartedLeading = func(ctx context.Context, term *election.Term) {
@@ -56,7 +62,7 @@ func startReplica(t *testing.T, pool *pgxpool.Pool, key, name string, cfg electi
 	if cfg.Logger == nil && testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("replica", name)
 	}
-	e, err := election.New(newClient(t, pool, nil), key, &cfg)
+	e, err := election.New(client, key, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
