@@ -353,7 +353,8 @@ func electionVerdicts(points []Point) []string {
 		}
 		ttl := time.Duration(p.X) * time.Millisecond
 		out = append(out, fmt.Sprintf("leader failover after a kill, TTL %s: p50 %.2f s, p99 %.2f s over %d kills (goal p99 ≤ TTL + 1 s = %.1f s; "+
-			"client-go's defaults, 15 s lease / 10 s renew deadline / 2 s retry, replace a dead leader up to 15 s + 2 s after its last renewal)",
+			"client-go's defaults, 15 s lease / 10 s renew deadline / 2 s retry, replace a dead leader no sooner than 15 s after a follower "+
+			"last saw it renew, at its next 2 s retry)",
 			ttl, p.P50.Seconds(), p.P99.Seconds(), p.Ops, (ttl+time.Second).Seconds()))
 	}
 	var followers, leader []string
