@@ -54,7 +54,10 @@
 //   - Idle followers cost the database nothing but a read every
 //     [Config.PollInterval]: the leader announces its renewals, followers
 //     move their timers to the announced expiry, and read the election only
-//     when a term ends or begins.
+//     when a term ends or begins. `pgfence bench curves --curves
+//     failover,followers` measures the time from a leader's death to the
+//     next leader and the followers' statements per second on a database
+//     of yours.
 //
 // # Failure handling
 //
