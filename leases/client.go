@@ -41,7 +41,8 @@ type Client struct {
 	closed   bool
 	queues   map[string]*queue        // waiting Acquire calls per key
 	windows  map[string]time.Duration // hold-back window after a wake-up, per contended key
-	listener *listener                // started by the first waiting Acquire
+	listener *listener                // started by the first waiting Acquire or Watch
+	watchers map[string][]*Watcher    // running watches per key
 }
 
 // New returns a client on pool. A nil cfg uses the defaults. The pool is the
@@ -160,7 +161,7 @@ func (c *Client) TryAcquire(ctx context.Context, key string, ttl time.Duration, 
 	if err != nil {
 		return nil, err
 	}
-	return c.tryAcquire(ctx, key, ttl, margin, info, false)
+	return c.tryAcquire(ctx, key, ttl, margin, info, opts != nil && opts.Announce)
 }
 
 // background runs f in a goroutine that Close waits for. Once Close has been
@@ -214,6 +215,7 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 		defer cancel()
 	}
 	fair := opts != nil && opts.Fair
+	announce := opts != nil && opts.Announce
 	c.startListener()
 	w := c.enqueue(key, fair)
 	defer func() {
@@ -281,7 +283,7 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 			if err == nil {
 				// Once this call has lost the key, its grant is announced
 				// (Config.AnnounceGrants).
-				l, err = c.tryAcquire(ctx, key, ttl, margin, info, attempt > 0 && c.cfg.AnnounceGrants)
+				l, err = c.tryAcquire(ctx, key, ttl, margin, info, announce || attempt > 0 && c.cfg.AnnounceGrants)
 			}
 			if err == nil {
 				if woken {
@@ -364,66 +366,6 @@ func (c *Client) waitTurn(ctx context.Context, w *waiter, attempt int, remaining
 		case <-timer.C:
 			return atExpiry, nil, nil
 		}
-	}
-}
-
-// Do runs fn under the lease on key: it acquires it (waiting like
-// [Client.Acquire]), keeps it alive with the default [KeepAliveOptions] while
-// fn runs, cancels fn's context the moment the lease is lost, and releases it
-// when fn returns. It returns fn's error, else an [ErrLeaseLost] error if the
-// lease ended before fn returned ([ErrMaxHold] when it was kept for
-// [MaxHoldDefault]), else the release's error. fn may release the lease
-// itself ([Lease.Release]) to free the key early: that ends it as released,
-// not lost. If fn panics, Do stops the keep-alive and releases the lease
-// before the panic continues.
-func (c *Client) Do(ctx context.Context, key string, ttl time.Duration, fn func(ctx context.Context, l *Lease) error) error {
-	if fn == nil {
-		return invalid("fn", "must not be nil")
-	}
-	l, err := c.Acquire(ctx, key, ttl, nil)
-	if err != nil {
-		return err
-	}
-	kaCtx, stopKeepAlive := context.WithCancel(ctx)
-	kaDone := make(chan struct{})
-	go func() {
-		defer close(kaDone)
-		_ = l.KeepAlive(kaCtx, nil) // its outcome shows in l.Err()
-	}()
-	fnCtx, cancelFn := context.WithCancelCause(ctx)
-	stopWatch := context.AfterFunc(l.ctx, func() { cancelFn(context.Cause(l.ctx)) })
-
-	var lostErr, relErr error
-	finish := func() {
-		stopWatch()
-		if lostErr = l.Err(); errors.Is(lostErr, ErrReleased) {
-			lostErr = nil // fn released the lease: not lost
-		}
-		stopKeepAlive()
-		<-kaDone
-		cancelFn(nil)
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ReleaseTimeoutDefault)
-		relErr = l.Release(rctx)
-		cancel()
-	}
-	returned := false
-	defer func() {
-		if !returned {
-			// fn panicked (or called runtime.Goexit): do not leave the lease
-			// kept alive by a leaked goroutine; the panic goes on.
-			finish()
-		}
-	}()
-	fnErr := fn(fnCtx, l)
-	returned = true
-	finish()
-	switch {
-	case fnErr != nil:
-		return fnErr
-	case lostErr != nil:
-		return lostErr
-	default:
-		return relErr
 	}
 }
 

@@ -61,10 +61,17 @@ const (
 	// notify, with the key as payload.
 	NotifyChannel = "pgfence_lease_released"
 	// GrantNotifyChannel is the channel a grant notifies when the waiter that
-	// won it had already lost a race for the key, with the
-	// payload "<lease length in microseconds>:<key>". Other clients' waiters
-	// woken by the same release hear it and skip their attempt.
+	// won it had already lost a race for the key, or asked to announce it
+	// ([AcquireOptions.Announce]), with the payload "<lease length in
+	// microseconds>:<key>". Other clients' waiters woken by the same release
+	// hear it and skip their attempt; watchers read the grant.
 	GrantNotifyChannel = "pgfence_lease_granted"
+	// ChangeNotifyChannel is the channel on which a live grant announces that
+	// it changed: "renewed:<remaining µs>:<key>" after an announced renewal
+	// ([KeepAliveOptions.Announce]), "info_changed:<remaining µs>:<key>"
+	// after [Lease.SetHolderInfo]. Watchers move their timers to the new
+	// expiry, and read the change.
+	ChangeNotifyChannel = "pgfence_lease_changed"
 	// ListenerApplicationName is the application_name of a client's LISTEN
 	// connection.
 	ListenerApplicationName = "pgfence-leases-listener"
@@ -220,6 +227,13 @@ type AcquireOptions struct {
 	// waiters only: a TryAcquire or a non-fair Acquire can still take a free
 	// lease first. TryAcquire ignores it.
 	Fair bool
+	// Announce makes the grant send NOTIFY pgfence_lease_granted (see
+	// [GrantNotifyChannel]), whatever [Config.AnnounceGrants] says, so that
+	// watchers ([Client.Watch]) read it at once and waiters of other clients
+	// set their timers to its expiry. It costs a notification that wakes
+	// every listening session: use it for keys whose grants others follow
+	// (an election), not for hot keys.
+	Announce bool
 }
 
 // KeepAliveOptions tunes [Lease.KeepAlive]. A nil *KeepAliveOptions uses the
@@ -230,12 +244,19 @@ type KeepAliveOptions struct {
 	Interval time.Duration
 	// MaxHold is the longest total time, from the grant, keep-alive keeps the
 	// lease; then it stops and ends the lease's context with [ErrMaxHold].
-	// Default [MaxHoldDefault].
+	// Default [MaxHoldDefault]; [NoMaxHold] keeps it for as long as
+	// KeepAlive's context lives.
 	MaxHold time.Duration
 	// MaxFailures is how many renewals in a row may fail (database unreachable,
 	// outcome unknown) before keep-alive gives up and ends the lease's context.
 	// Default [MaxFailuresDefault].
 	MaxFailures int
+	// Announce makes every renewal send NOTIFY pgfence_lease_changed with
+	// the payload 'renewed:<remaining µs>:<key>' in the renewal's statement:
+	// watchers of the key ([Client.Watch]) then wait for the new expiry
+	// instead of reading the lease again at the old one. One notification
+	// per renewal, whatever the number of watchers.
+	Announce bool
 }
 
 // validateKey checks a lease key: 1 to [MaxKeyBytes] bytes of text

@@ -21,7 +21,7 @@ func TestDoReleasesWhenFnPanics(t *testing.T) {
 	var lease *leases.Lease
 	recovered := func() (r any) {
 		defer func() { r = recover() }()
-		_ = c.Do(ctx, "p", 900*time.Millisecond, func(_ context.Context, l *leases.Lease) error {
+		_ = c.Do(ctx, "p", 900*time.Millisecond, nil, func(_ context.Context, l *leases.Lease) error {
 			lease = l
 			panic("boom")
 		})

@@ -19,7 +19,7 @@ func TestDoFnReleasesLease(t *testing.T) {
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
 	ctx := ctxTimeout(t, 30*time.Second)
 
-	err := c.Do(ctx, "k", 10*time.Second, func(ctx context.Context, l *leases.Lease) error {
+	err := c.Do(ctx, "k", 10*time.Second, nil, func(ctx context.Context, l *leases.Lease) error {
 		return l.Release(ctx)
 	})
 	if err != nil {
@@ -30,7 +30,7 @@ func TestDoFnReleasesLease(t *testing.T) {
 	}
 
 	// A lease lost while fn runs is still reported.
-	err = c.Do(ctx, "k", 10*time.Second, func(ctx context.Context, l *leases.Lease) error {
+	err = c.Do(ctx, "k", 10*time.Second, nil, func(ctx context.Context, l *leases.Lease) error {
 		if _, err := c.ForceRelease(ctx, "k", "op"); err != nil {
 			return err
 		}

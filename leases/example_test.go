@@ -75,7 +75,7 @@ func ExampleClient_Do() {
 	}
 	defer c.Close()
 
-	err = c.Do(ctx, "singleton-cron", 30*time.Second, func(ctx context.Context, l *leases.Lease) error {
+	err = c.Do(ctx, "singleton-cron", 30*time.Second, nil, func(ctx context.Context, l *leases.Lease) error {
 		// Carry l.Token() to the resource this job writes (see package pgfence).
 		fmt.Println("running under token > 0:", l.Token() > 0)
 		return nil

@@ -26,3 +26,14 @@ func Delay(c *Client, attempt int, remaining time.Duration) (time.Duration, bool
 // ListenerDelay is how long c's LISTEN connection waits before its
 // attempt-th reconnect.
 func ListenerDelay(c *Client, attempt int) time.Duration { return c.listenerDelay(attempt) }
+
+// StopTrustTimer stops the timer that ends l's context when its trust window
+// runs out, as if the process had been paused and the timer had not run yet.
+func StopTrustTimer(l *Lease) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.timer.Stop()
+}
+
+// WatchReads is how many reads w has made.
+func WatchReads(w *Watcher) int64 { return w.reads.Load() }

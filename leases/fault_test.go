@@ -211,7 +211,7 @@ func TestDoCancelsWhenLost(t *testing.T) {
 	ctx := ctxTimeout(t, 30*time.Second)
 
 	ran := false
-	err := c.Do(ctx, "k", time.Second, func(ctx context.Context, l *leases.Lease) error {
+	err := c.Do(ctx, "k", time.Second, nil, func(ctx context.Context, l *leases.Lease) error {
 		ran = true
 		if _, err := c.ForceRelease(ctx, "k", "operator says stop"); err != nil {
 			return err
@@ -232,7 +232,7 @@ func TestDoCancelsWhenLost(t *testing.T) {
 	}
 
 	// A normal run: the lease is kept alive past its TTL and released at the end.
-	err = c.Do(ctx, "k", 600*time.Millisecond, func(ctx context.Context, l *leases.Lease) error {
+	err = c.Do(ctx, "k", 600*time.Millisecond, nil, func(ctx context.Context, l *leases.Lease) error {
 		select {
 		case <-ctx.Done():
 			return context.Cause(ctx)

@@ -97,10 +97,17 @@ func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err is nil while the lease is held. Afterwards it is [ErrReleased] after a
 // confirmed Release, [ErrMaxHold] when keep-alive reached its limit, and
-// otherwise an error wrapping [ErrLeaseLost] that says why.
+// otherwise an error wrapping [ErrLeaseLost] that says why. It reads the
+// clock: once the local trust window has run out it ends the lease (if the
+// timer that does so has not run yet, say right after the process was
+// paused) and returns the error, so a nil Err means the lease was trusted at
+// the moment of the call.
 func (l *Lease) Err() error {
 	if l.ctx.Err() == nil {
-		return nil
+		if l.c.until(l.trustDeadline()) > 0 {
+			return nil
+		}
+		l.trustExpired()
 	}
 	return context.Cause(l.ctx)
 }
@@ -152,6 +159,12 @@ func (l *Lease) trustDeadline() time.Time {
 // ctx ended before the renewal was sent) leave the lease as it was; its trust
 // window still runs from the last confirmed renewal.
 func (l *Lease) Renew(ctx context.Context) (err error) {
+	return l.renew(ctx, false)
+}
+
+// renew is Renew; announce sends the renewal's notification on
+// ChangeNotifyChannel in the same statement.
+func (l *Lease) renew(ctx context.Context, announce bool) (err error) {
 	ctx, done := l.c.tel.startRenew(ctx, l)
 	defer func() { done(err) }()
 	if err := l.Err(); err != nil {
@@ -161,7 +174,11 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 	var expiresAt time.Time
 	conn, err := l.c.conn(ctx) // fails only when nothing was sent
 	if err == nil {
-		err = conn.QueryRow(ctx, sqlRenew, l.key, l.holder, l.token, l.ttl.Microseconds()).Scan(&expiresAt)
+		if announce {
+			err = conn.QueryRow(ctx, sqlRenewAnnounced, l.key, l.holder, l.token, l.ttl.Microseconds(), ChangeNotifyChannel).Scan(&expiresAt)
+		} else {
+			err = conn.QueryRow(ctx, sqlRenew, l.key, l.holder, l.token, l.ttl.Microseconds()).Scan(&expiresAt)
+		}
 		conn.Release()
 		if pgerr.Code(err) == pgerr.CodeLeaseNotHeld {
 			if l.releaseRequested() && l.releasedBy(ctx, false, false) == nil {
@@ -417,6 +434,7 @@ func (l *Lease) KeepAlive(ctx context.Context, opts *KeepAliveOptions) error {
 // pgfence.lease.keepalive.stops) and KeepAlive's result.
 func (l *Lease) keepAlive(ctx context.Context, o KeepAliveOptions) (string, error) {
 	holdUntil := l.start.Add(o.MaxHold)
+	limited := o.MaxHold != NoMaxHold
 	failures := 0
 	// The first renewal is due one interval into the current trust window
 	// (from the grant or the last renewal), not one interval after this
@@ -426,7 +444,13 @@ func (l *Lease) keepAlive(ctx context.Context, o KeepAliveOptions) (string, erro
 	windowStart := l.trustUntil.Add(-(l.ttl - l.margin))
 	l.mu.Unlock()
 	next := max(0, l.c.until(windowStart.Add(o.Interval)))
-	timer := time.NewTimer(min(next, l.c.until(holdUntil)))
+	untilHold := func() time.Duration {
+		if !limited {
+			return NoMaxHold
+		}
+		return max(0, l.c.until(holdUntil))
+	}
+	timer := time.NewTimer(min(next, untilHold()))
 	defer timer.Stop()
 	ended := func() (string, error) {
 		if err := l.Err(); !errors.Is(err, ErrReleased) {
@@ -453,13 +477,14 @@ func (l *Lease) keepAlive(ctx context.Context, o KeepAliveOptions) (string, erro
 				return ended()
 			}
 		}
-		if !l.c.now().Before(holdUntil) {
-			err := fmt.Errorf("%w: lease %q (holder %s, token %d) kept for %s", ErrMaxHold, l.key, l.holder, l.token, o.MaxHold)
+		if limited && !l.c.now().Before(holdUntil) {
+			err := fmt.Errorf("%w: lease %q (holder %s, token %d) kept for %s, its maximum hold (KeepAliveOptions.MaxHold, HoldOptions.MaxHold; default %s): raise it for work that runs longer",
+				ErrMaxHold, l.key, l.holder, l.token, o.MaxHold, MaxHoldDefault)
 			l.end(err)
 			return outcomeMaxHold, err
 		}
 		rctx, cancel := context.WithTimeout(ctx, l.c.until(l.trustDeadline()))
-		err := l.Renew(rctx)
+		err := l.renew(rctx, o.Announce)
 		cancel()
 		switch {
 		case err == nil:
@@ -481,6 +506,6 @@ func (l *Lease) keepAlive(ctx context.Context, o KeepAliveOptions) (string, erro
 			}
 			next = max(time.Millisecond, o.Interval/4/2+fullJitter(o.Interval/4/2))
 		}
-		timer.Reset(min(next, max(0, l.c.until(holdUntil))))
+		timer.Reset(min(next, untilHold()))
 	}
 }

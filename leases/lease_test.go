@@ -321,7 +321,7 @@ func TestInvalidInput(t *testing.T) {
 		}},
 		{"history limit", "limit", func() error { _, err := c.History(ctx, "k", 0); return err }},
 		{"force release reason", "reason", func() error { _, err := c.ForceRelease(ctx, "k", ""); return err }},
-		{"Do without fn", "fn", func() error { return c.Do(ctx, "k", time.Second, nil) }},
+		{"Do without fn", "fn", func() error { return c.Do(ctx, "k", time.Second, nil, nil) }},
 		{"negative backoff", "Config.BackoffMin", func() error { _, err := leases.New(pool, &leases.Config{BackoffMin: -1}); return err }},
 		{"MaxTTL above limit", "Config.MaxTTL", func() error { _, err := leases.New(pool, &leases.Config{MaxTTL: 25 * time.Hour}); return err }},
 		// Twice the longest pause is a fair waiter's patience: math.MaxInt64

@@ -98,7 +98,7 @@ func TestReleaseAfterForceReleaseIsLost(t *testing.T) {
 	}
 
 	// Do reports it too when the operator acts while fn runs.
-	err = c.Do(ctx, "k", 10*time.Second, func(ctx context.Context, l *leases.Lease) error {
+	err = c.Do(ctx, "k", 10*time.Second, nil, func(ctx context.Context, l *leases.Lease) error {
 		_, err := c.ForceRelease(ctx, "k", "op")
 		return err
 	})

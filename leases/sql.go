@@ -10,6 +10,15 @@ const (
 
 	sqlRenew = `SELECT expires_at FROM pgfence.renew($1, $2::uuid, $3, $4::bigint * interval '1 microsecond')`
 
+	// sqlRenewAnnounced renews and, in the same statement (so only a renewal
+	// that commits), announces the new expiry on ChangeNotifyChannel ($5).
+	sqlRenewAnnounced = `SELECT r.expires_at
+  FROM pgfence.renew($1, $2::uuid, $3, $4::bigint * interval '1 microsecond') AS r
+ CROSS JOIN LATERAL pg_catalog.pg_notify($5,
+       'renewed:' || ((EXTRACT(epoch FROM r.remaining) * 1000000)::bigint)::text || ':' || $1) AS n`
+
+	sqlSetHolderInfo = `SELECT pgfence.set_holder_info($1, $2::uuid, $3, $4)`
+
 	sqlRelease = `SELECT released, status FROM pgfence.release($1, $2::uuid, $3, $4)`
 
 	// sqlReleasedBy says how a grant that a release found already released
@@ -39,7 +48,7 @@ const (
 	sqlHistory = `SELECT id, key, event, holder::text, token, at, coalesce(reason, ''), coalesce(client_version, '')
   FROM pgfence.lease_events WHERE key = $1 ORDER BY id DESC LIMIT $2`
 
-	sqlListen = `LISTEN ` + NotifyChannel + `; LISTEN ` + GrantNotifyChannel
+	sqlListen = `LISTEN ` + NotifyChannel + `; LISTEN ` + GrantNotifyChannel + `; LISTEN ` + ChangeNotifyChannel
 
 	sqlPause  = `SELECT pgfence.pause_grants($1, $2)`
 	sqlResume = `SELECT pgfence.resume_grants($1, $2)`

@@ -192,6 +192,20 @@ func (c *Client) wakeAll() {
 	}
 }
 
+// wakeWatchers asks every watcher to read its key: notifications may have
+// been missed while the LISTEN connection was down.
+func (c *Client) wakeWatchers() {
+	c.mu.Lock()
+	var all []*Watcher
+	for _, ws := range c.watchers {
+		all = append(all, ws...)
+	}
+	c.mu.Unlock() // a watcher takes its own lock, and may take c.mu under it
+	for _, w := range all {
+		w.wake()
+	}
+}
+
 // delay is how long the head waiter sleeps after its attempt-th failed try.
 // remaining is the holder's time left (0 when unknown). atExpiry reports that
 // the sleep ends at the holder's expiry, when every waiting client tries.
@@ -240,6 +254,7 @@ func (c *Client) dispatch(channel, payload string) {
 			return
 		}
 		c.wake(payload)
+		c.wakeWatchersOf(payload)
 	case GrantNotifyChannel:
 		micros, key, ok := strings.Cut(payload, ":")
 		if !ok {
@@ -248,7 +263,15 @@ func (c *Client) dispatch(channel, payload string) {
 		if n, err := strconv.ParseInt(micros, 10, 64); err == nil && n > 0 {
 			c.granted(key, time.Duration(n)*time.Microsecond)
 		}
+		c.wakeWatchersOf(key)
+	case ChangeNotifyChannel:
+		c.dispatchChange(payload)
 	}
+}
+
+// wakeWatchersOf asks the watchers of key to read it.
+func (c *Client) wakeWatchersOf(key string) {
+	c.watching(key, func(w *Watcher) { w.wake() })
 }
 
 // listener owns the client's dedicated LISTEN connection. It reconnects with
@@ -302,6 +325,7 @@ func (c *Client) listen(ctx context.Context, l *listener) {
 		}
 		c.emit(Event{Kind: EventListenerDown, Err: err})
 		c.wakeAll() // waiters go back to short polling
+		c.wakeWatchers()
 		if connected {
 			attempt = 0
 		}
@@ -350,6 +374,7 @@ func (c *Client) listenOnce(ctx context.Context, l *listener) (connected bool, e
 	l.up.Store(true)
 	c.emit(Event{Kind: EventListenerUp})
 	c.wakeAll() // releases may have been missed before LISTEN
+	c.wakeWatchers()
 	for {
 		wctx, cancel := context.WithTimeout(ctx, listenerPing)
 		n, err := conn.WaitForNotification(wctx)

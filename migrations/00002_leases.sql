@@ -20,6 +20,12 @@
 --   pgfence.pause_grants(prefix, reason) -> boolean
 --   pgfence.resume_grants(prefix, reason DEFAULT NULL) -> boolean
 --   pgfence.lease_max_ttl() -> interval
+--   pgfence.set_holder_info(key, holder, token, holder_info) -> timestamptz
+--                                                             raises PF002 when lost
+--   pgfence.job_slot_begin(key, holder, token, slot, restart DEFAULT false)
+--       -> (completed, runs, checkpoint, previous_token, started_at, completed_at)
+--   pgfence.job_slot_save(key, holder, token, slot, checkpoint) -> timestamptz
+--   pgfence.job_slot_complete(key, holder, token, slot) -> timestamptz
 --   pgfence.lease_status (view): every lease row with live and remaining,
 --       computed by the database clock.
 --
@@ -45,7 +51,17 @@
 --   * A release and a force-release send NOTIFY pgfence_lease_released with the
 --     key as payload, so waiters wake up without polling. Expiry sends nothing.
 --   * Every transition appends a row to pgfence.lease_events; every 32nd grant of
---     a key prunes its history to the newest 100 events.
+--     a key prunes its history to the newest 100 events. Grants record the
+--     holder_info they were given; set_holder_info records info_changed
+--     (one per grant: a newer change replaces the grant's previous one).
+--   * set_holder_info sends NOTIFY pgfence_lease_changed with the payload
+--     'info_changed:<remaining µs>:<key>'. A client may announce its own
+--     renewals on the same channel ('renewed:<remaining µs>:<key>') so that
+--     followers move their timers to the new expiry instead of polling.
+--   * Functions that act for a grant without renewing or releasing it
+--     (set_holder_info, job_slot_*) take the lease row's lock and check holder,
+--     token and expiry by the database clock first (require_lease), like
+--     check_lease: a lost grant gets PF002.
 --   * Errors: PF008 invalid argument, PF002 lease not held (renew), PF003 lease
 --     held by another holder (acquire), PF011 new grants paused; messages name
 --     the key, holder and token.
@@ -118,7 +134,8 @@ CREATE TABLE pgfence.lease_events (
     at             timestamptz NOT NULL DEFAULT clock_timestamp(),
     reason         text,
     trace_id       text        DEFAULT pgfence.current_trace_id(),
-    client_version text
+    client_version text,
+    holder_info    text
 );
 -- +goose StatementEnd
 
@@ -155,9 +172,10 @@ CREATE FUNCTION pgfence.lease_event_valid(e pgfence.lease_events) RETURNS boolea
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     RETURN octet_length(e.key) BETWEEN 1 AND 512
-       AND e.event IN ('acquired', 'taken_over', 'released', 'force_released', 'expired')
+       AND e.event IN ('acquired', 'taken_over', 'released', 'force_released', 'expired', 'info_changed')
        AND e.token > 0
-       AND (e.reason IS NULL OR length(e.reason) BETWEEN 1 AND 1000);
+       AND (e.reason IS NULL OR length(e.reason) BETWEEN 1 AND 1000)
+       AND (e.holder_info IS NULL OR octet_length(e.holder_info) <= 1024);
 END;
 $$;
 -- +goose StatementEnd
@@ -209,6 +227,29 @@ CREATE TABLE pgfence.grant_pause_events (
     at      timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 -- +goose StatementEnd
+
+-- Job slots: one row per slot of a periodic job that a run started, keyed by
+-- the job's lease key (see job_slot_begin). A slot is completed once, by the
+-- run whose transaction called job_slot_complete; an unfinished slot is taken
+-- over by the next grant of the job's lease. Retention: the newest 1000 slots
+-- of each job (by start); an older slot counts as never run.
+-- +goose StatementBegin
+CREATE TABLE pgfence.job_slots (
+    key          text        NOT NULL CHECK (octet_length(key) BETWEEN 1 AND 512),
+    slot         text        NOT NULL CHECK (octet_length(slot) BETWEEN 1 AND 256),
+    holder       uuid        NOT NULL,
+    token        bigint      NOT NULL CHECK (token > 0),
+    runs         integer     NOT NULL CHECK (runs >= 1),
+    started_at   timestamptz NOT NULL,
+    run_at       timestamptz NOT NULL,
+    checkpoint   text        CHECK (octet_length(checkpoint) <= 65536),
+    saved_at     timestamptz,
+    completed_at timestamptz,
+    PRIMARY KEY (key, slot)
+);
+-- +goose StatementEnd
+
+CREATE INDEX job_slots_key_started ON pgfence.job_slots (key, started_at, slot);
 
 -- lease_max_ttl is the longest ttl a grant or a renewal accepts.
 -- +goose StatementBegin
@@ -526,13 +567,13 @@ BEGIN
     -- The read above tells which grant we replaced (exact unless that grant
     -- changed between the read and the upsert, which only affects the label).
     IF cur.key IS NOT NULL AND cur.released_at IS NULL THEN
-        INSERT INTO pgfence.lease_events (key, event, holder, token, reason, client_version)
+        INSERT INTO pgfence.lease_events (key, event, holder, token, reason, client_version, holder_info)
         VALUES (p_key, 'taken_over', v_holder, v_token,
                 format('lease of holder %s (token %s) expired at %s', cur.holder, cur.token, cur.expires_at),
-                p_client_version);
+                p_client_version, coalesce(p_holder_info, ''));
     ELSE
-        INSERT INTO pgfence.lease_events (key, event, holder, token, client_version)
-        VALUES (p_key, 'acquired', v_holder, v_token, p_client_version);
+        INSERT INTO pgfence.lease_events (key, event, holder, token, client_version, holder_info)
+        VALUES (p_key, 'acquired', v_holder, v_token, p_client_version, coalesce(p_holder_info, ''));
     END IF;
     IF v_token % 32 = 0 THEN
         PERFORM pgfence.prune_lease_events(p_key, 100);
@@ -784,6 +825,260 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- require_lease raises PF002 unless p_holder holds the live lease p_key with
+-- p_token, by the database clock, and keeps the lease row locked until the
+-- transaction ends: FOR SHARE (a takeover's ON CONFLICT DO UPDATE waits for
+-- it), or FOR UPDATE when p_for_update (the caller changes the row). The
+-- functions that act for a grant (set_holder_info, the job slot functions)
+-- call it after their own argument checks; it is not granted to any role.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.require_lease(p_key text, p_holder uuid, p_token bigint, p_for_update boolean DEFAULT false)
+RETURNS pgfence.leases LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l pgfence.leases%ROWTYPE;
+BEGIN
+    IF p_for_update THEN
+        SELECT * INTO l FROM pgfence.leases x WHERE x.key = p_key FOR UPDATE;
+    ELSE
+        SELECT * INTO l FROM pgfence.leases x WHERE x.key = p_key FOR SHARE;
+    END IF;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgfence: lease % is not held: no such lease', pg_catalog.quote_literal(p_key)
+            USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=missing key=%s', p_key);
+    END IF;
+    IF l.holder <> p_holder OR l.token <> p_token THEN
+        RAISE EXCEPTION 'pgfence: lease % is not held by % with token %: now holder % token %',
+                pg_catalog.quote_literal(p_key), p_holder, p_token, l.holder, l.token
+            USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=taken_over token=%s key=%s', l.token, p_key);
+    END IF;
+    IF l.released_at IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: lease % with token % was released at %', pg_catalog.quote_literal(p_key), l.token, l.released_at
+            USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=released key=%s', p_key);
+    END IF;
+    IF l.expires_at <= pg_catalog.clock_timestamp() THEN
+        RAISE EXCEPTION 'pgfence: lease % with token % expired at %', pg_catalog.quote_literal(p_key), l.token, l.expires_at
+            USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=expired key=%s', p_key);
+    END IF;
+    RETURN l;
+END;
+$$;
+-- +goose StatementEnd
+
+-- set_holder_info replaces the holder description of the live grant
+-- (p_holder, p_token) of p_key: an elected leader publishes its address or
+-- state this way. The change is recorded as an info_changed event (one per
+-- grant: a newer change replaces the grant's previous one, so the history
+-- stays bounded) and announced with NOTIFY pgfence_lease_changed,
+-- 'info_changed:<remaining µs>:<key>'. It commits durably. PF002 when the
+-- grant is not live any more, PF008 for arguments out of bounds. It returns
+-- the change's time by the database clock.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.set_holder_info(p_key text, p_holder uuid, p_token bigint, p_holder_info text)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l     pgfence.leases%ROWTYPE;
+    v_now timestamptz;
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.lease_check_args(p_key, NULL, p_holder_info);
+    PERFORM pgfence.require_granted('lease', p_key);
+    IF p_holder IS NULL OR p_token IS NULL OR p_holder_info IS NULL THEN
+        RAISE EXCEPTION 'pgfence: set_holder_info of lease % needs a holder, a token and a holder_info', p_key
+            USING ERRCODE = 'PF008';
+    END IF;
+    PERFORM pgfence.check_token(p_token);
+    l := pgfence.require_lease(p_key, p_holder, p_token, true);
+
+    IF pg_catalog.current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    END IF;
+    v_now := pg_catalog.clock_timestamp();
+    UPDATE pgfence.leases x SET holder_info = p_holder_info WHERE x.key = p_key;
+    DELETE FROM pgfence.lease_events e
+     WHERE e.key = p_key AND e.event = 'info_changed' AND e.holder = p_holder AND e.token = p_token;
+    INSERT INTO pgfence.lease_events (key, event, holder, token, at, holder_info)
+    VALUES (p_key, 'info_changed', p_holder, p_token, v_now, p_holder_info);
+    PERFORM pg_catalog.pg_notify('pgfence_lease_changed',
+        'info_changed:' || ((EXTRACT(epoch FROM l.expires_at - v_now) * 1000000)::bigint)::text || ':' || p_key);
+    RETURN v_now;
+END;
+$$;
+-- +goose StatementEnd
+
+-- job_check_args raises PF008 unless a job slot call's arguments are
+-- acceptable (the key is checked by lease_check_args).
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.job_check_args(p_key text, p_holder uuid, p_token bigint, p_slot text)
+RETURNS void LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    IF p_slot IS NULL OR pg_catalog.octet_length(p_slot) NOT BETWEEN 1 AND 256 THEN
+        RAISE EXCEPTION 'pgfence: a job slot must be 1 to 256 bytes, got %',
+            coalesce(pg_catalog.octet_length(p_slot)::text || ' bytes', 'NULL')
+            USING ERRCODE = 'PF008';
+    END IF;
+    IF p_holder IS NULL THEN
+        RAISE EXCEPTION 'pgfence: job slot % of % needs a holder', p_slot, p_key USING ERRCODE = 'PF008';
+    END IF;
+    PERFORM pgfence.check_token(p_token);
+END;
+$$;
+-- +goose StatementEnd
+
+-- job_slot_begin starts (or resumes) the run of slot p_slot of the job whose
+-- lease is p_key, for the live grant (p_holder, p_token) of that lease. When
+-- the slot was completed, it changes nothing and returns completed = true.
+-- When an earlier grant started it and never completed it (its runner died
+-- or lost the lease), this grant takes the run over: runs counts the runs,
+-- previous_token names the grant that ran it last, and checkpoint is what
+-- that run saved (job_slot_save), or NULL with p_restart. Calling it again
+-- with the same grant returns the same run. It commits durably. Each new
+-- slot row prunes the job's rows beyond its newest 1000 slots (by start).
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.job_slot_begin(p_key text, p_holder uuid, p_token bigint, p_slot text, p_restart boolean DEFAULT false)
+RETURNS TABLE (completed boolean, runs integer, checkpoint text, previous_token bigint, started_at timestamptz, completed_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    cur  pgfence.job_slots%ROWTYPE;
+    prev bigint;
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.job_check_args(p_key, p_holder, p_token, p_slot);
+    PERFORM pgfence.require_granted('lease', p_key);
+    PERFORM pgfence.require_lease(p_key, p_holder, p_token);
+    IF pg_catalog.current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    END IF;
+
+    INSERT INTO pgfence.job_slots AS s (key, slot, holder, token, runs, started_at, run_at)
+    VALUES (p_key, p_slot, p_holder, p_token, 1, pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp())
+    ON CONFLICT (key, slot) DO NOTHING
+    RETURNING s.* INTO cur;
+    IF FOUND THEN
+        DELETE FROM pgfence.job_slots s
+         WHERE s.key = p_key
+           AND (s.started_at, s.slot) < (SELECT o.started_at, o.slot FROM pgfence.job_slots o WHERE o.key = p_key
+                                          ORDER BY o.started_at DESC, o.slot DESC OFFSET 999 LIMIT 1);
+        RETURN QUERY SELECT false, 1, NULL::text, NULL::bigint, cur.started_at, NULL::timestamptz;
+        RETURN;
+    END IF;
+
+    SELECT s.* INTO cur FROM pgfence.job_slots s WHERE s.key = p_key AND s.slot = p_slot FOR UPDATE;
+    IF cur.completed_at IS NOT NULL OR cur.token = p_token THEN
+        RETURN QUERY SELECT cur.completed_at IS NOT NULL, cur.runs, cur.checkpoint,
+                            CASE WHEN cur.completed_at IS NOT NULL THEN cur.token END, cur.started_at, cur.completed_at;
+        RETURN;
+    END IF;
+    prev := cur.token;
+    UPDATE pgfence.job_slots s
+       SET holder = p_holder, token = p_token, runs = s.runs + 1, run_at = pg_catalog.clock_timestamp(),
+           checkpoint = CASE WHEN p_restart THEN NULL ELSE s.checkpoint END,
+           saved_at = CASE WHEN p_restart THEN NULL ELSE s.saved_at END
+     WHERE s.key = p_key AND s.slot = p_slot
+    RETURNING s.* INTO cur;
+    RETURN QUERY SELECT false, cur.runs, cur.checkpoint, prev, cur.started_at, NULL::timestamptz;
+END;
+$$;
+-- +goose StatementEnd
+
+-- job_slot_save records p_checkpoint (at most 64 kB) for the run of slot
+-- p_slot by grant (p_holder, p_token): a run that takes it over later starts
+-- from there. PF002 when the grant is not live, or the slot is not its run
+-- (completed, or taken over). It returns the time by the database clock.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.job_slot_save(p_key text, p_holder uuid, p_token bigint, p_slot text, p_checkpoint text)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_at timestamptz;
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.job_check_args(p_key, p_holder, p_token, p_slot);
+    IF p_checkpoint IS NOT NULL AND pg_catalog.octet_length(p_checkpoint) > 65536 THEN
+        RAISE EXCEPTION 'pgfence: a job checkpoint must be at most 65536 bytes, got %', pg_catalog.octet_length(p_checkpoint)
+            USING ERRCODE = 'PF008';
+    END IF;
+    PERFORM pgfence.require_granted('lease', p_key);
+    PERFORM pgfence.require_lease(p_key, p_holder, p_token);
+    IF pg_catalog.current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    END IF;
+    UPDATE pgfence.job_slots s SET checkpoint = p_checkpoint, saved_at = pg_catalog.clock_timestamp()
+     WHERE s.key = p_key AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL
+    RETURNING s.saved_at INTO v_at;
+    IF v_at IS NULL THEN
+        PERFORM pgfence.raise_not_slot_run(p_key, p_slot, p_token);
+    END IF;
+    RETURN v_at;
+END;
+$$;
+-- +goose StatementEnd
+
+-- job_slot_complete marks slot p_slot completed by the run of grant
+-- (p_holder, p_token), in the caller's transaction: call it in the
+-- transaction of the run's last write, and the slot is completed if and only
+-- if that write commits. The lease row stays locked (FOR SHARE) until the
+-- transaction ends, so no takeover commits in between, and a run whose lease
+-- was lost is refused (PF002) with all it wrote. Completing a slot again with
+-- the grant that completed it returns its completion time; a slot that is not
+-- this grant's run (never begun by it, taken over, completed by another) is
+-- refused with PF002. The transaction commits durably.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.job_slot_complete(p_key text, p_holder uuid, p_token bigint, p_slot text)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_at timestamptz;
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.job_check_args(p_key, p_holder, p_token, p_slot);
+    PERFORM pgfence.require_granted('lease', p_key);
+    PERFORM pgfence.require_lease(p_key, p_holder, p_token);
+    IF pg_catalog.current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    END IF;
+    UPDATE pgfence.job_slots s SET completed_at = pg_catalog.clock_timestamp()
+     WHERE s.key = p_key AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL
+    RETURNING s.completed_at INTO v_at;
+    IF v_at IS NULL THEN
+        SELECT s.completed_at INTO v_at FROM pgfence.job_slots s
+         WHERE s.key = p_key AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NOT NULL;
+        IF v_at IS NULL THEN
+            PERFORM pgfence.raise_not_slot_run(p_key, p_slot, p_token);
+        END IF;
+    END IF;
+    RETURN v_at;
+END;
+$$;
+-- +goose StatementEnd
+
+-- raise_not_slot_run raises PF002 for a slot that is not the run of token
+-- p_token, saying whose it is.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.raise_not_slot_run(p_key text, p_slot text, p_token bigint) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    s pgfence.job_slots%ROWTYPE;
+BEGIN
+    SELECT x.* INTO s FROM pgfence.job_slots x WHERE x.key = p_key AND x.slot = p_slot;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgfence: slot % of job % was never begun', pg_catalog.quote_literal(p_slot), pg_catalog.quote_literal(p_key)
+            USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=slot_not_begun key=%s', p_key);
+    ELSIF s.completed_at IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: slot % of job % was completed at % by the run of token %, not %',
+                pg_catalog.quote_literal(p_slot), pg_catalog.quote_literal(p_key), s.completed_at, s.token, p_token
+            USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=slot_completed token=%s key=%s', s.token, p_key);
+    ELSE
+        RAISE EXCEPTION 'pgfence: slot % of job % is run by token %, not %',
+                pg_catalog.quote_literal(p_slot), pg_catalog.quote_literal(p_key), s.token, p_token
+            USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=slot_taken_over token=%s key=%s', s.token, p_key);
+    END IF;
+END;
+$$;
+-- +goose StatementEnd
+
 -- lease_status shows every lease row with its state by the database clock,
 -- and the client version of the current (or last) grant.
 -- +goose StatementBegin
@@ -805,7 +1100,7 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgfence FROM PUBLIC;
 -- Reads: both roles (the Go clients read lease rows and history back after
 -- lost replies).
 GRANT SELECT ON pgfence.leases, pgfence.lease_status, pgfence.lease_events, pgfence.lease_waiters,
-                pgfence.grant_pauses, pgfence.grant_pause_events
+                pgfence.grant_pauses, pgfence.grant_pause_events, pgfence.job_slots
    TO pgfence_app, pgfence_operator;
 
 -- The protocol: both roles.
@@ -818,7 +1113,11 @@ GRANT EXECUTE ON FUNCTION
     pgfence.lease_queue_leave(text, uuid),
     pgfence.lease_max_ttl(),
     pgfence.abandon_grant(text, uuid),
-    pgfence.grant_probe(text, uuid)
+    pgfence.grant_probe(text, uuid),
+    pgfence.set_holder_info(text, uuid, bigint, text),
+    pgfence.job_slot_begin(text, uuid, bigint, text, boolean),
+    pgfence.job_slot_save(text, uuid, bigint, text, text),
+    pgfence.job_slot_complete(text, uuid, bigint, text)
   TO pgfence_app, pgfence_operator;
 
 -- Operations: the operator role only.
@@ -835,17 +1134,27 @@ GRANT EXECUTE ON FUNCTION
 ALTER TABLE pgfence.leases ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.lease_events ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.lease_waiters ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.job_slots ENABLE ROW LEVEL SECURITY;
 CREATE POLICY granted ON pgfence.leases FOR SELECT TO pgfence_app USING (pgfence.may_use(key));
 CREATE POLICY granted ON pgfence.lease_events FOR SELECT TO pgfence_app USING (pgfence.may_use(key));
 CREATE POLICY granted ON pgfence.lease_waiters FOR SELECT TO pgfence_app USING (pgfence.may_use(key));
+CREATE POLICY granted ON pgfence.job_slots FOR SELECT TO pgfence_app USING (pgfence.may_use(key));
 CREATE POLICY operators ON pgfence.leases FOR SELECT TO pgfence_operator USING (true);
 CREATE POLICY operators ON pgfence.lease_events FOR SELECT TO pgfence_operator USING (true);
 CREATE POLICY operators ON pgfence.lease_waiters FOR SELECT TO pgfence_operator USING (true);
+CREATE POLICY operators ON pgfence.job_slots FOR SELECT TO pgfence_operator USING (true);
 -- The view reads the table with the caller's rights, so the policies apply.
 ALTER VIEW pgfence.lease_status SET (security_invoker = true);
 
 -- +goose Down
 DROP VIEW pgfence.lease_status;
+DROP FUNCTION pgfence.raise_not_slot_run(text, text, bigint);
+DROP FUNCTION pgfence.job_slot_complete(text, uuid, bigint, text);
+DROP FUNCTION pgfence.job_slot_save(text, uuid, bigint, text, text);
+DROP FUNCTION pgfence.job_slot_begin(text, uuid, bigint, text, boolean);
+DROP FUNCTION pgfence.job_check_args(text, uuid, bigint, text);
+DROP FUNCTION pgfence.set_holder_info(text, uuid, bigint, text);
+DROP FUNCTION pgfence.require_lease(text, uuid, bigint, boolean);
 DROP FUNCTION pgfence.grant_probe(text, uuid);
 DROP FUNCTION pgfence.abandon_grant(text, uuid);
 DROP FUNCTION pgfence.force_release(text, text);
@@ -861,6 +1170,7 @@ DROP FUNCTION pgfence.raise_grants_paused(text);
 DROP FUNCTION pgfence.prune_lease_events(text, integer);
 DROP FUNCTION pgfence.lease_check_args(text, interval, text);
 DROP FUNCTION pgfence.lease_max_ttl();
+DROP TABLE pgfence.job_slots;
 DROP TABLE pgfence.grant_pause_events;
 DROP TABLE pgfence.grant_pauses;
 DROP TABLE pgfence.lease_waiters;

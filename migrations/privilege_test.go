@@ -468,6 +468,9 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.idempotency_complete_atomic(text,text,bytea,text,text)",
 		"pgfence.idempotency_heartbeat(text,text,uuid,interval)",
 		"pgfence.idempotency_release(text,text,uuid)",
+		"pgfence.job_slot_begin(text,uuid,bigint,text,boolean)",
+		"pgfence.job_slot_complete(text,uuid,bigint,text)",
+		"pgfence.job_slot_save(text,uuid,bigint,text,text)",
 		"pgfence.lease_max_ttl()",
 		"pgfence.lease_queue_leave(text,uuid)",
 		"pgfence.lease_queue_turn(text,uuid,interval)",
@@ -477,6 +480,7 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.record_fence_rejection(text,bigint,bigint,text,text,text,uuid,text)",
 		"pgfence.release(text,uuid,bigint,boolean)",
 		"pgfence.renew(text,uuid,bigint,interval)",
+		"pgfence.set_holder_info(text,uuid,bigint,text)",
 		"pgfence.try_acquire(text,interval,text,uuid,text,boolean)",
 	}
 	operations := []string{

@@ -1044,6 +1044,143 @@ END;
 $$;
 
 --
+-- Name: job_check_args(text, uuid, bigint, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.job_check_args(p_key text, p_holder uuid, p_token bigint, p_slot text) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    IF p_slot IS NULL OR pg_catalog.octet_length(p_slot) NOT BETWEEN 1 AND 256 THEN
+        RAISE EXCEPTION 'pgfence: a job slot must be 1 to 256 bytes, got %',
+            coalesce(pg_catalog.octet_length(p_slot)::text || ' bytes', 'NULL')
+            USING ERRCODE = 'PF008';
+    END IF;
+    IF p_holder IS NULL THEN
+        RAISE EXCEPTION 'pgfence: job slot % of % needs a holder', p_slot, p_key USING ERRCODE = 'PF008';
+    END IF;
+    PERFORM pgfence.check_token(p_token);
+END;
+$$;
+
+--
+-- Name: job_slot_begin(text, uuid, bigint, text, boolean); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.job_slot_begin(p_key text, p_holder uuid, p_token bigint, p_slot text, p_restart boolean DEFAULT false) RETURNS TABLE(completed boolean, runs integer, checkpoint text, previous_token bigint, started_at timestamp with time zone, completed_at timestamp with time zone)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    cur  pgfence.job_slots%ROWTYPE;
+    prev bigint;
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.job_check_args(p_key, p_holder, p_token, p_slot);
+    PERFORM pgfence.require_granted('lease', p_key);
+    PERFORM pgfence.require_lease(p_key, p_holder, p_token);
+    IF pg_catalog.current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    END IF;
+
+    INSERT INTO pgfence.job_slots AS s (key, slot, holder, token, runs, started_at, run_at)
+    VALUES (p_key, p_slot, p_holder, p_token, 1, pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp())
+    ON CONFLICT (key, slot) DO NOTHING
+    RETURNING s.* INTO cur;
+    IF FOUND THEN
+        DELETE FROM pgfence.job_slots s
+         WHERE s.key = p_key
+           AND (s.started_at, s.slot) < (SELECT o.started_at, o.slot FROM pgfence.job_slots o WHERE o.key = p_key
+                                          ORDER BY o.started_at DESC, o.slot DESC OFFSET 999 LIMIT 1);
+        RETURN QUERY SELECT false, 1, NULL::text, NULL::bigint, cur.started_at, NULL::timestamptz;
+        RETURN;
+    END IF;
+
+    SELECT s.* INTO cur FROM pgfence.job_slots s WHERE s.key = p_key AND s.slot = p_slot FOR UPDATE;
+    IF cur.completed_at IS NOT NULL OR cur.token = p_token THEN
+        RETURN QUERY SELECT cur.completed_at IS NOT NULL, cur.runs, cur.checkpoint,
+                            CASE WHEN cur.completed_at IS NOT NULL THEN cur.token END, cur.started_at, cur.completed_at;
+        RETURN;
+    END IF;
+    prev := cur.token;
+    UPDATE pgfence.job_slots s
+       SET holder = p_holder, token = p_token, runs = s.runs + 1, run_at = pg_catalog.clock_timestamp(),
+           checkpoint = CASE WHEN p_restart THEN NULL ELSE s.checkpoint END,
+           saved_at = CASE WHEN p_restart THEN NULL ELSE s.saved_at END
+     WHERE s.key = p_key AND s.slot = p_slot
+    RETURNING s.* INTO cur;
+    RETURN QUERY SELECT false, cur.runs, cur.checkpoint, prev, cur.started_at, NULL::timestamptz;
+END;
+$$;
+
+--
+-- Name: job_slot_complete(text, uuid, bigint, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.job_slot_complete(p_key text, p_holder uuid, p_token bigint, p_slot text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_at timestamptz;
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.job_check_args(p_key, p_holder, p_token, p_slot);
+    PERFORM pgfence.require_granted('lease', p_key);
+    PERFORM pgfence.require_lease(p_key, p_holder, p_token);
+    IF pg_catalog.current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    END IF;
+    UPDATE pgfence.job_slots s SET completed_at = pg_catalog.clock_timestamp()
+     WHERE s.key = p_key AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL
+    RETURNING s.completed_at INTO v_at;
+    IF v_at IS NULL THEN
+        SELECT s.completed_at INTO v_at FROM pgfence.job_slots s
+         WHERE s.key = p_key AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NOT NULL;
+        IF v_at IS NULL THEN
+            PERFORM pgfence.raise_not_slot_run(p_key, p_slot, p_token);
+        END IF;
+    END IF;
+    RETURN v_at;
+END;
+$$;
+
+--
+-- Name: job_slot_save(text, uuid, bigint, text, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.job_slot_save(p_key text, p_holder uuid, p_token bigint, p_slot text, p_checkpoint text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_at timestamptz;
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.job_check_args(p_key, p_holder, p_token, p_slot);
+    IF p_checkpoint IS NOT NULL AND pg_catalog.octet_length(p_checkpoint) > 65536 THEN
+        RAISE EXCEPTION 'pgfence: a job checkpoint must be at most 65536 bytes, got %', pg_catalog.octet_length(p_checkpoint)
+            USING ERRCODE = 'PF008';
+    END IF;
+    PERFORM pgfence.require_granted('lease', p_key);
+    PERFORM pgfence.require_lease(p_key, p_holder, p_token);
+    IF pg_catalog.current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    END IF;
+    UPDATE pgfence.job_slots s SET checkpoint = p_checkpoint, saved_at = pg_catalog.clock_timestamp()
+     WHERE s.key = p_key AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL
+    RETURNING s.saved_at INTO v_at;
+    IF v_at IS NULL THEN
+        PERFORM pgfence.raise_not_slot_run(p_key, p_slot, p_token);
+    END IF;
+    RETURN v_at;
+END;
+$$;
+
+--
 -- Name: lease_check_args(text, interval, text); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -1082,7 +1219,8 @@ CREATE TABLE pgfence.lease_events (
     at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     reason text,
     trace_id text DEFAULT pgfence.current_trace_id(),
-    client_version text
+    client_version text,
+    holder_info text
 );
 
 --
@@ -1094,9 +1232,10 @@ CREATE FUNCTION pgfence.lease_event_valid(e pgfence.lease_events) RETURNS boolea
     AS $$
 BEGIN
     RETURN octet_length(e.key) BETWEEN 1 AND 512
-       AND e.event IN ('acquired', 'taken_over', 'released', 'force_released', 'expired')
+       AND e.event IN ('acquired', 'taken_over', 'released', 'force_released', 'expired', 'info_changed')
        AND e.token > 0
-       AND (e.reason IS NULL OR length(e.reason) BETWEEN 1 AND 1000);
+       AND (e.reason IS NULL OR length(e.reason) BETWEEN 1 AND 1000)
+       AND (e.holder_info IS NULL OR octet_length(e.holder_info) <= 1024);
 END;
 $$;
 
@@ -1565,6 +1704,33 @@ END;
 $$;
 
 --
+-- Name: raise_not_slot_run(text, text, bigint); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.raise_not_slot_run(p_key text, p_slot text, p_token bigint) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    s pgfence.job_slots%ROWTYPE;
+BEGIN
+    SELECT x.* INTO s FROM pgfence.job_slots x WHERE x.key = p_key AND x.slot = p_slot;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgfence: slot % of job % was never begun', pg_catalog.quote_literal(p_slot), pg_catalog.quote_literal(p_key)
+            USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=slot_not_begun key=%s', p_key);
+    ELSIF s.completed_at IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: slot % of job % was completed at % by the run of token %, not %',
+                pg_catalog.quote_literal(p_slot), pg_catalog.quote_literal(p_key), s.completed_at, s.token, p_token
+            USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=slot_completed token=%s key=%s', s.token, p_key);
+    ELSE
+        RAISE EXCEPTION 'pgfence: slot % of job % is run by token %, not %',
+                pg_catalog.quote_literal(p_slot), pg_catalog.quote_literal(p_key), s.token, p_token
+            USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=slot_taken_over token=%s key=%s', s.token, p_key);
+    END IF;
+END;
+$$;
+
+--
 -- Name: raise_token_floor(bigint, text); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -1815,6 +1981,43 @@ END;
 $$;
 
 --
+-- Name: require_lease(text, uuid, bigint, boolean); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.require_lease(p_key text, p_holder uuid, p_token bigint, p_for_update boolean DEFAULT false) RETURNS pgfence.leases
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    l pgfence.leases%ROWTYPE;
+BEGIN
+    IF p_for_update THEN
+        SELECT * INTO l FROM pgfence.leases x WHERE x.key = p_key FOR UPDATE;
+    ELSE
+        SELECT * INTO l FROM pgfence.leases x WHERE x.key = p_key FOR SHARE;
+    END IF;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgfence: lease % is not held: no such lease', pg_catalog.quote_literal(p_key)
+            USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=missing key=%s', p_key);
+    END IF;
+    IF l.holder <> p_holder OR l.token <> p_token THEN
+        RAISE EXCEPTION 'pgfence: lease % is not held by % with token %: now holder % token %',
+                pg_catalog.quote_literal(p_key), p_holder, p_token, l.holder, l.token
+            USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=taken_over token=%s key=%s', l.token, p_key);
+    END IF;
+    IF l.released_at IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: lease % with token % was released at %', pg_catalog.quote_literal(p_key), l.token, l.released_at
+            USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=released key=%s', p_key);
+    END IF;
+    IF l.expires_at <= pg_catalog.clock_timestamp() THEN
+        RAISE EXCEPTION 'pgfence: lease % with token % expired at %', pg_catalog.quote_literal(p_key), l.token, l.expires_at
+            USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=expired key=%s', p_key);
+    END IF;
+    RETURN l;
+END;
+$$;
+
+--
 -- Name: require_primary(); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -1874,6 +2077,43 @@ BEGIN
     PERFORM pgfence.require_primary();
     DELETE FROM pgfence.prefix_grants g WHERE g.grantee = p_role AND g.prefix = p_prefix;
     RETURN FOUND;
+END;
+$$;
+
+--
+-- Name: set_holder_info(text, uuid, bigint, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.set_holder_info(p_key text, p_holder uuid, p_token bigint, p_holder_info text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    l     pgfence.leases%ROWTYPE;
+    v_now timestamptz;
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.lease_check_args(p_key, NULL, p_holder_info);
+    PERFORM pgfence.require_granted('lease', p_key);
+    IF p_holder IS NULL OR p_token IS NULL OR p_holder_info IS NULL THEN
+        RAISE EXCEPTION 'pgfence: set_holder_info of lease % needs a holder, a token and a holder_info', p_key
+            USING ERRCODE = 'PF008';
+    END IF;
+    PERFORM pgfence.check_token(p_token);
+    l := pgfence.require_lease(p_key, p_holder, p_token, true);
+
+    IF pg_catalog.current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    END IF;
+    v_now := pg_catalog.clock_timestamp();
+    UPDATE pgfence.leases x SET holder_info = p_holder_info WHERE x.key = p_key;
+    DELETE FROM pgfence.lease_events e
+     WHERE e.key = p_key AND e.event = 'info_changed' AND e.holder = p_holder AND e.token = p_token;
+    INSERT INTO pgfence.lease_events (key, event, holder, token, at, holder_info)
+    VALUES (p_key, 'info_changed', p_holder, p_token, v_now, p_holder_info);
+    PERFORM pg_catalog.pg_notify('pgfence_lease_changed',
+        'info_changed:' || ((EXTRACT(epoch FROM l.expires_at - v_now) * 1000000)::bigint)::text || ':' || p_key);
+    RETURN v_now;
 END;
 $$;
 
@@ -2016,13 +2256,13 @@ BEGIN
     -- The read above tells which grant we replaced (exact unless that grant
     -- changed between the read and the upsert, which only affects the label).
     IF cur.key IS NOT NULL AND cur.released_at IS NULL THEN
-        INSERT INTO pgfence.lease_events (key, event, holder, token, reason, client_version)
+        INSERT INTO pgfence.lease_events (key, event, holder, token, reason, client_version, holder_info)
         VALUES (p_key, 'taken_over', v_holder, v_token,
                 format('lease of holder %s (token %s) expired at %s', cur.holder, cur.token, cur.expires_at),
-                p_client_version);
+                p_client_version, coalesce(p_holder_info, ''));
     ELSE
-        INSERT INTO pgfence.lease_events (key, event, holder, token, client_version)
-        VALUES (p_key, 'acquired', v_holder, v_token, p_client_version);
+        INSERT INTO pgfence.lease_events (key, event, holder, token, client_version, holder_info)
+        VALUES (p_key, 'acquired', v_holder, v_token, p_client_version, coalesce(p_holder_info, ''));
     END IF;
     IF v_token % 32 = 0 THEN
         PERFORM pgfence.prune_lease_events(p_key, 100);
@@ -2217,6 +2457,28 @@ CREATE TABLE pgfence.grant_pauses (
 );
 
 --
+-- Name: job_slots; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.job_slots (
+    key text NOT NULL,
+    slot text NOT NULL,
+    holder uuid NOT NULL,
+    token bigint NOT NULL,
+    runs integer NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    checkpoint text,
+    saved_at timestamp with time zone,
+    completed_at timestamp with time zone,
+    CONSTRAINT job_slots_checkpoint_check CHECK ((octet_length(checkpoint) <= 65536)),
+    CONSTRAINT job_slots_key_check CHECK (((octet_length(key) >= 1) AND (octet_length(key) <= 512))),
+    CONSTRAINT job_slots_runs_check CHECK ((runs >= 1)),
+    CONSTRAINT job_slots_slot_check CHECK (((octet_length(slot) >= 1) AND (octet_length(slot) <= 256))),
+    CONSTRAINT job_slots_token_check CHECK ((token > 0))
+);
+
+--
 -- Name: lease_events_id_seq; Type: SEQUENCE; Schema: pgfence; Owner: -
 --
 
@@ -2375,6 +2637,13 @@ ALTER TABLE ONLY pgfence.idempotency_keys
     ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (scope, key);
 
 --
+-- Name: job_slots job_slots_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.job_slots
+    ADD CONSTRAINT job_slots_pkey PRIMARY KEY (key, slot);
+
+--
 -- Name: lease_events lease_events_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
 --
 
@@ -2469,6 +2738,12 @@ CREATE INDEX idempotency_keys_expires_at ON pgfence.idempotency_keys USING btree
 CREATE INDEX idempotency_keys_leased_in_progress ON pgfence.idempotency_keys USING btree (scope) WHERE ((status = 'in_progress'::text) AND (mode = 'leased'::text));
 
 --
+-- Name: job_slots_key_started; Type: INDEX; Schema: pgfence; Owner: -
+--
+
+CREATE INDEX job_slots_key_started ON pgfence.job_slots USING btree (key, started_at, slot);
+
+--
 -- Name: lease_events_key_id; Type: INDEX; Schema: pgfence; Owner: -
 --
 
@@ -2547,6 +2822,12 @@ CREATE POLICY granted ON pgfence.fences FOR SELECT TO pgfence_app USING (pgfence
 CREATE POLICY granted ON pgfence.idempotency_keys FOR SELECT TO pgfence_app USING (pgfence.may_use(scope));
 
 --
+-- Name: job_slots granted; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY granted ON pgfence.job_slots FOR SELECT TO pgfence_app USING (pgfence.may_use(key));
+
+--
 -- Name: lease_events granted; Type: POLICY; Schema: pgfence; Owner: -
 --
 
@@ -2569,6 +2850,12 @@ CREATE POLICY granted ON pgfence.leases FOR SELECT TO pgfence_app USING (pgfence
 --
 
 ALTER TABLE pgfence.idempotency_keys ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: job_slots; Type: ROW SECURITY; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.job_slots ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: lease_events; Type: ROW SECURITY; Schema: pgfence; Owner: -
@@ -2605,6 +2892,12 @@ CREATE POLICY operators ON pgfence.fences FOR SELECT TO pgfence_operator USING (
 --
 
 CREATE POLICY operators ON pgfence.idempotency_keys FOR SELECT TO pgfence_operator USING (true);
+
+--
+-- Name: job_slots operators; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY operators ON pgfence.job_slots FOR SELECT TO pgfence_operator USING (true);
 
 --
 -- Name: lease_events operators; Type: POLICY; Schema: pgfence; Owner: -
@@ -2866,6 +3159,36 @@ GRANT ALL ON FUNCTION pgfence.idempotency_release(p_scope text, p_key text, p_ow
 REVOKE ALL ON FUNCTION pgfence.idempotency_require_read_committed() FROM PUBLIC;
 
 --
+-- Name: FUNCTION job_check_args(p_key text, p_holder uuid, p_token bigint, p_slot text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.job_check_args(p_key text, p_holder uuid, p_token bigint, p_slot text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION job_slot_begin(p_key text, p_holder uuid, p_token bigint, p_slot text, p_restart boolean); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.job_slot_begin(p_key text, p_holder uuid, p_token bigint, p_slot text, p_restart boolean) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.job_slot_begin(p_key text, p_holder uuid, p_token bigint, p_slot text, p_restart boolean) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.job_slot_begin(p_key text, p_holder uuid, p_token bigint, p_slot text, p_restart boolean) TO pgfence_operator;
+
+--
+-- Name: FUNCTION job_slot_complete(p_key text, p_holder uuid, p_token bigint, p_slot text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.job_slot_complete(p_key text, p_holder uuid, p_token bigint, p_slot text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.job_slot_complete(p_key text, p_holder uuid, p_token bigint, p_slot text) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.job_slot_complete(p_key text, p_holder uuid, p_token bigint, p_slot text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION job_slot_save(p_key text, p_holder uuid, p_token bigint, p_slot text, p_checkpoint text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.job_slot_save(p_key text, p_holder uuid, p_token bigint, p_slot text, p_checkpoint text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.job_slot_save(p_key text, p_holder uuid, p_token bigint, p_slot text, p_checkpoint text) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.job_slot_save(p_key text, p_holder uuid, p_token bigint, p_slot text, p_checkpoint text) TO pgfence_operator;
+
+--
 -- Name: FUNCTION lease_check_args(p_key text, p_ttl interval, p_holder_info text); Type: ACL; Schema: pgfence; Owner: -
 --
 
@@ -3014,6 +3337,12 @@ REVOKE ALL ON FUNCTION pgfence.raise_grants_paused(p_key text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgfence.raise_if_abandoned(p_kind text, p_name text, p_id uuid) FROM PUBLIC;
 
 --
+-- Name: FUNCTION raise_not_slot_run(p_key text, p_slot text, p_token bigint); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.raise_not_slot_run(p_key text, p_slot text, p_token bigint) FROM PUBLIC;
+
+--
 -- Name: FUNCTION raise_token_floor(new_floor bigint, reason text); Type: ACL; Schema: pgfence; Owner: -
 --
 
@@ -3070,6 +3399,12 @@ GRANT ALL ON FUNCTION pgfence.renew(p_key text, p_holder uuid, p_token bigint, p
 REVOKE ALL ON FUNCTION pgfence.require_granted(p_what text, p_name text) FROM PUBLIC;
 
 --
+-- Name: FUNCTION require_lease(p_key text, p_holder uuid, p_token bigint, p_for_update boolean); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.require_lease(p_key text, p_holder uuid, p_token bigint, p_for_update boolean) FROM PUBLIC;
+
+--
 -- Name: FUNCTION require_primary(); Type: ACL; Schema: pgfence; Owner: -
 --
 
@@ -3088,6 +3423,14 @@ GRANT ALL ON FUNCTION pgfence.resume_grants(p_prefix text, p_reason text) TO pgf
 
 REVOKE ALL ON FUNCTION pgfence.revoke_prefix(p_role regrole, p_prefix text) FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.revoke_prefix(p_role regrole, p_prefix text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION set_holder_info(p_key text, p_holder uuid, p_token bigint, p_holder_info text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.set_holder_info(p_key text, p_holder uuid, p_token bigint, p_holder_info text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.set_holder_info(p_key text, p_holder uuid, p_token bigint, p_holder_info text) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.set_holder_info(p_key text, p_holder uuid, p_token bigint, p_holder_info text) TO pgfence_operator;
 
 --
 -- Name: FUNCTION token_epoch(); Type: ACL; Schema: pgfence; Owner: -
@@ -3149,6 +3492,13 @@ GRANT SELECT ON TABLE pgfence.grant_pause_events TO pgfence_operator;
 
 GRANT SELECT ON TABLE pgfence.grant_pauses TO pgfence_app;
 GRANT SELECT ON TABLE pgfence.grant_pauses TO pgfence_operator;
+
+--
+-- Name: TABLE job_slots; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.job_slots TO pgfence_app;
+GRANT SELECT ON TABLE pgfence.job_slots TO pgfence_operator;
 
 --
 -- Name: TABLE lease_status; Type: ACL; Schema: pgfence; Owner: -

@@ -79,11 +79,26 @@ func benchCurves(fs *flag.FlagSet) runFunc {
 	fs.Var(&maxResources, "max-resources", "fenced write over 1 … this many resources")
 	fs.Var(&maxWaiters, "max-waiters", "hot key with 1, 4, 16 … this many waiters (256: opt-in)")
 	fs.Var(&cycles, "cycles", "acquire/release cycles of the churn measurement (10^6: opt-in, many minutes with fsync on)")
+	electionTTL := fs.Duration("election-ttl", 2*time.Second, "the election's TTL in the failover and followers curves (1s to 1m)")
+	failovers := fs.Int("failovers", 10, "leaders the failover curve kills, one after the other (1 to 1000)")
+	maxFollowers := countFlag(64)
+	fs.Var(&maxFollowers, "max-followers", "idle followers of one leader: 1, 4, 16 … this many (at most 256)")
+	idleWindow := fs.Duration("idle-window", 30*time.Second, "how long the followers curve counts each size's statements (1s to 10m; followers read every 30s)")
 	only := fs.String("curves", "", "comma-separated subset of "+strings.Join(bench.CurveNames(), ", ")+" (default: all)")
 	return func(ctx context.Context, in *input) error {
 		timing, err := benchTiming(*duration, *warmup)
 		if err != nil {
 			return err
+		}
+		switch {
+		case *electionTTL < time.Second || *electionTTL > time.Minute:
+			return usageError("--election-ttl: %s is not from 1s to 1m", *electionTTL)
+		case *failovers < 1 || *failovers > 1000:
+			return usageError("--failovers: %d is not from 1 to 1000", *failovers)
+		case maxFollowers < 1 || maxFollowers > 256:
+			return usageError("--max-followers: %d is not from 1 to 256", maxFollowers)
+		case *idleWindow < time.Second || *idleWindow > bench.MaxDuration:
+			return usageError("--idle-window: %s is not from 1s to %s", *idleWindow, bench.MaxDuration)
 		}
 		if *workers < 1 || *workers > 256 {
 			return usageError("--workers: %d is not from 1 to 256", *workers)
@@ -111,13 +126,15 @@ func benchCurves(fs *flag.FlagSet) runFunc {
 				curves = append(curves, c)
 			}
 		}
-		lab, err := openLab(ctx, in, max(*workers, int(maxWaiters)))
+		// Every follower has a pool connection and a LISTEN connection.
+		lab, err := openLab(ctx, in, max(*workers, int(maxWaiters), int(maxFollowers)))
 		if err != nil {
 			return err
 		}
 		defer lab.Close()
 		rep, err := lab.Curves(ctx, bench.CurvesOptions{Curves: curves, Timing: timing, Workers: *workers,
-			MaxRows: int64(maxRows), MaxKeys: int64(maxKeys), MaxResources: int64(maxResources), MaxWaiters: int64(maxWaiters), Cycles: int64(cycles)})
+			MaxRows: int64(maxRows), MaxKeys: int64(maxKeys), MaxResources: int64(maxResources), MaxWaiters: int64(maxWaiters), Cycles: int64(cycles),
+			ElectionTTL: *electionTTL, Failovers: *failovers, MaxFollowers: int64(maxFollowers), IdleWindow: *idleWindow})
 		if err != nil {
 			return err
 		}

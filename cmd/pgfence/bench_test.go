@@ -117,6 +117,10 @@ func TestBench(t *testing.T) {
 		{"bench", "curves", "--max-keys", "0"},
 		{"bench", "curves", "--max-resources", "0"},
 		{"bench", "curves", "--cycles", "0"},
+		{"bench", "curves", "--election-ttl", "500ms"},
+		{"bench", "curves", "--failovers", "0"},
+		{"bench", "curves", "--max-followers", "257"},
+		{"bench", "curves", "--idle-window", "0s"},
 		{"bench", "compare", "--database-url", "postgres://app@127.0.0.1:notaport/x"},
 		{"bench", "compare", "--database-url", "postgres://app@127.0.0.1/x", "--connect-timeout", "0s"},
 	} {
@@ -228,13 +232,13 @@ func TestBenchRedisPeer(t *testing.T) {
 	}
 }
 
-// A tiny run of every curve: each point measured with statements counted, the
-// churn read back from the statistics.
+// A tiny run of every curve but the election's: each point measured with
+// statements counted, the churn read back from the statistics.
 func TestBenchCurves(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
 	environ := map[string]string{"DATABASE_URL": db.URL}
-	code, out, errOut := cli(t, environ, "bench", "curves", "--duration", "100ms", "--warmup", "0s", "--workers", "2",
+	code, out, errOut := cli(t, environ, "bench", "curves", "--curves", "rows,keys,resources,waiters,churn", "--duration", "100ms", "--warmup", "0s", "--workers", "2",
 		"--max-rows", "1e3", "--max-keys", "1e4", "--max-resources", "10", "--max-waiters", "2", "--cycles", "200", "--json")
 	if code != exitOK {
 		t.Fatalf("bench curves: code %d\n%s%s", code, out, errOut)
@@ -268,5 +272,52 @@ func TestBenchCurves(t *testing.T) {
 	var left int
 	if err := db.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM pgfence.leases WHERE key LIKE 'bench-curve/%') + (SELECT count(*) FROM pgfence.idempotency_keys WHERE scope = 'bench-curve')`).Scan(&left); err != nil || left != 0 {
 		t.Errorf("%d curve rows left behind (%v)", left, err)
+	}
+}
+
+// The election curves, small: two kills of the leader, each followed by a
+// new leader within the TTL and a second or so (a generous bound: the
+// machine may be busy), and the statements of 1 and 4 idle followers, the
+// leader's counted apart.
+func TestBenchElectionCurves(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	code, out, errOut := cli(t, environ, "bench", "curves", "--curves", "failover,followers", "--election-ttl", "1s", "--failovers", "2",
+		"--max-followers", "4", "--idle-window", "1s", "--json")
+	if code != exitOK {
+		t.Fatalf("bench curves: code %d\n%s%s", code, out, errOut)
+	}
+	var res bench.CurvesJSON
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("bench curves --json: %v\n%s", err, out)
+	}
+	var got []string
+	for _, p := range res.Points {
+		got = append(got, p.Curve+"="+strconv.FormatInt(p.X, 10))
+		switch p.Curve {
+		case "election-failover":
+			if p.Ops != 2 || p.Errors != 0 || p.P99US > (1000+5000)*1000 || p.Statements == 0 {
+				t.Errorf("failover point: %+v", p.ResultJSON)
+			}
+		case "idle-followers-leader":
+			if p.Statements == 0 { // the leader renews every TTL/3
+				t.Errorf("the leader sent no statement in a second: %+v", p.ResultJSON)
+			}
+		}
+	}
+	want := "election-failover=1000 idle-followers=1 idle-followers-leader=1 idle-followers=4 idle-followers-leader=4"
+	if strings.Join(got, " ") != want {
+		t.Errorf("points %s\nwant   %s", strings.Join(got, " "), want)
+	}
+	if v := strings.Join(res.Comparisons, "\n"); !strings.Contains(v, "leader failover after a kill, TTL 1s") || !strings.Contains(v, "idle followers, statements/s") {
+		t.Errorf("comparisons:\n%s", v)
+	}
+	if !strings.Contains(errOut, "kill 2: bench-replica-") {
+		t.Errorf("no failover progress on stderr:\n%s", errOut)
+	}
+	var left int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgfence.leases WHERE key LIKE 'bench-curve/%'`).Scan(&left); err != nil || left != 0 {
+		t.Errorf("%d election rows left behind (%v)", left, err)
 	}
 }

@@ -52,7 +52,7 @@ type noun struct {
 func nouns() []noun {
 	return []noun{
 		{"migrate", "install or upgrade the pgfence schema"},
-		{"leases", "inspect leases and their grant history; force-release a stuck grant; pause new grants"},
+		{"leases", "inspect leases and their grant history, follow one as it changes; force-release a stuck grant; pause new grants"},
 		{"fences", "fenced resources: the highest accepted token of each, and the writes refused"},
 		{"tables", "guard tables with a trigger, so that every write must present a current token"},
 		{"floor", "the token floor: show it, or raise it after a restore or a schema rebuild"},
@@ -79,6 +79,8 @@ func commands() []*command {
 			summary: "every lease with its remaining time (database clock), and the paused prefixes"},
 		{noun: "leases", verb: "show", args: []string{"KEY"}, usage: "KEY [--history N]", database: true, setup: leasesShow,
 			summary: "one lease and its recent grant history"},
+		{noun: "leases", verb: "watch", args: []string{"KEY"}, usage: "KEY [--history N] [--count N] [--poll 5s] [--no-wakeups]", database: true, setup: leasesWatch,
+			summary: "follow one lease: every grant, takeover, release and holder info change (who, token, when by the database clock), as it happens; --json prints one object per line"},
 		{noun: "leases", verb: "release", args: []string{"KEY"}, usage: "KEY --force --reason TEXT", database: true, setup: leasesRelease,
 			summary: "end the current grant whoever holds it (recorded in the history)"},
 		{noun: "leases", verb: "pause", args: []string{"PREFIX"}, usage: "PREFIX --reason TEXT", database: true, setup: leasesPause,
@@ -122,8 +124,8 @@ func commands() []*command {
 
 		{noun: "bench", verb: "compare", usage: "[--cases a,b] [--workers 1,8] [--duration 3s] [--rounds 1] [--peers redis|none]", database: true, setup: benchCompare,
 			summary: "measure leases, fenced writes and idempotency side by side with raw SQL, advisory locks and Redis"},
-		{noun: "bench", verb: "curves", usage: "[--curves rows,keys,resources,waiters,churn] [--workers 4] [--duration 2s] [--max-rows 1e5] ...", database: true, setup: benchCurves,
-			summary: "measure how the cost grows with lease rows, stored keys, resources and waiters, and what churn leaves in the leases table"},
+		{noun: "bench", verb: "curves", usage: "[--curves rows,keys,resources,waiters,churn,failover,followers] [--workers 4] [--duration 2s] [--max-rows 1e5] ...", database: true, setup: benchCurves,
+			summary: "measure how the cost grows with lease rows, stored keys, resources and waiters, what churn leaves in the leases table, an election's failover time and its idle followers' load"},
 		{noun: "bench", verb: "contention", usage: "[--workers 16] [--keys 4] [--duration 10s] [--ttl 500ms] [--pause-rate 0.05] [--pause 2s] [--max-wait 1s]", database: true, setup: benchContention,
 			summary: "capacity report: workers contend for hot keys, each grant a fenced business write; acquisitions, waits, give-ups, renewals, expiries and rejections beside the completions read back, reconciled (exit 1 if not)"},
 	}

@@ -55,6 +55,9 @@ type goldenCase struct {
 	keep    []string
 	// code is the exit code the command must return.
 	code int
+	// lines: the command prints one JSON object per line (JSON Lines); the
+	// golden file holds the normalized objects, one per line.
+	lines bool
 }
 
 // defaultRules are the placeholders of every command's output, by key; a
@@ -198,26 +201,31 @@ func TestGolden(t *testing.T) {
 			if code != c.code {
 				t.Fatalf("%q --json: code %d, want %d\n%s%s", c.args, code, c.code, out, errOut)
 			}
-			dec := json.NewDecoder(strings.NewReader(out))
-			dec.UseNumber()
-			var v any
-			if err := dec.Decode(&v); err != nil {
-				t.Fatalf("%q --json: %v\n%s", c.args, err, out)
+			var got []byte
+			if c.lines {
+				got = goldenLines(t, c, out)
+			} else {
+				dec := json.NewDecoder(strings.NewReader(out))
+				dec.UseNumber()
+				var v any
+				if err := dec.Decode(&v); err != nil {
+					t.Fatalf("%q --json: %v\n%s", c.args, err, out)
+				}
+				if dec.More() {
+					t.Fatalf("%q --json printed more than one JSON value:\n%s", c.args, out)
+				}
+				if _, ok := v.(map[string]any); !ok {
+					t.Fatalf("%q --json: %T at the top level, want an object:\n%s", c.args, v, out)
+				}
+				var buf bytes.Buffer
+				enc := json.NewEncoder(&buf)
+				enc.SetEscapeHTML(false) // <time>, not \u003ctime\u003e
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(normalize(t, c, "", v)); err != nil {
+					t.Fatal(err)
+				}
+				got = buf.Bytes()
 			}
-			if dec.More() {
-				t.Fatalf("%q --json printed more than one JSON value:\n%s", c.args, out)
-			}
-			if _, ok := v.(map[string]any); !ok {
-				t.Fatalf("%q --json: %T at the top level, want an object:\n%s", c.args, v, out)
-			}
-			var buf bytes.Buffer
-			enc := json.NewEncoder(&buf)
-			enc.SetEscapeHTML(false) // <time>, not \u003ctime\u003e
-			enc.SetIndent("", "  ")
-			if err := enc.Encode(normalize(t, c, "", v)); err != nil {
-				t.Fatal(err)
-			}
-			got := buf.Bytes()
 			file := filepath.Join("testdata", "golden", c.name+".json")
 			if *update {
 				if err := os.WriteFile(file, got, 0o644); err != nil {
@@ -236,6 +244,34 @@ func TestGolden(t *testing.T) {
 	}
 }
 
+// goldenLines checks JSON Lines output (one object per line, each on one
+// line) and returns the normalized objects, one per line.
+func goldenLines(t *testing.T, c goldenCase, out string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if out == "" {
+		t.Fatalf("%q --json printed nothing", c.args)
+	}
+	for _, line := range lines {
+		dec := json.NewDecoder(strings.NewReader(line))
+		dec.UseNumber()
+		var v any
+		if err := dec.Decode(&v); err != nil || dec.More() {
+			t.Fatalf("%q --json: line %q is not one JSON value: %v", c.args, line, err)
+		}
+		if _, ok := v.(map[string]any); !ok {
+			t.Fatalf("%q --json: %T on a line, want an object:\n%s", c.args, v, out)
+		}
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(normalize(t, c, "", v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return buf.Bytes()
+}
+
 // goldenCases lists one case per command. Each prepares its database so that
 // every key of the output appears, optional ones included where they can.
 func goldenCases() []goldenCase {
@@ -250,6 +286,7 @@ func goldenCases() []goldenCase {
 
 		{name: "leases_list", args: []string{"leases", "list"}, db: true, setup: goldenLeases},
 		{name: "leases_show", args: []string{"leases", "show", "jobs/nightly"}, db: true, setup: goldenLeases},
+		{name: "leases_watch", args: []string{"leases", "watch", "jobs/watched", "--history", "4", "--count", "5"}, db: true, setup: goldenWatch, lines: true},
 		{name: "leases_release", args: []string{"leases", "release", "jobs/nightly", "--force", "--reason", "stuck after deploy"}, db: true, setup: goldenLeases},
 		{name: "leases_pause", args: []string{"leases", "pause", "deploy/", "--reason", "rollout 7"}, db: true},
 		{name: "leases_resume", args: []string{"leases", "resume", "billing/", "--reason", "done"}, db: true, setup: goldenLeases},
@@ -319,6 +356,31 @@ func goldenLeases(t *testing.T, ctx context.Context, db *pgfencetest.Database) {
 	if _, err := client.PauseGrants(ctx, "billing/", "rollout 7"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// goldenWatch: a grant with holder info, a change of it, a force-release
+// with a reason, and a second grant that has expired (backdated).
+func goldenWatch(t *testing.T, ctx context.Context, db *pgfencetest.Database) {
+	t.Helper()
+	client, err := leases.New(db.Pool, &leases.Config{DisableWakeups: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	l, err := client.TryAcquire(ctx, "jobs/watched", time.Hour, &leases.AcquireOptions{HolderInfo: "worker-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.SetHolderInfo(ctx, "worker-1 at 10.0.0.7:8080"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.ForceRelease(ctx, "jobs/watched", "drill"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.TryAcquire(ctx, "jobs/watched", time.Hour, &leases.AcquireOptions{HolderInfo: "worker-2"}); err != nil {
+		t.Fatal(err)
+	}
+	goldenExec(t, ctx, db, `UPDATE pgfence.leases SET expires_at = granted_at WHERE key = 'jobs/watched'`)
 }
 
 // goldenFences: an accepted token with an operation id, and two rejected

@@ -67,7 +67,8 @@ func usage(w io.Writer) {
 			}
 		}
 	}
-	fmt.Fprintln(w, "\nEvery command takes --json: it then prints one JSON object (README.md describes each).")
+	fmt.Fprintln(w, "\nEvery command takes --json: it then prints one JSON object (README.md describes each);")
+	fmt.Fprintln(w, "leases watch prints one object per event, one per line.")
 	fmt.Fprintln(w, "The database comes from --database-url or DATABASE_URL (a postgres:// URL or key=value string);")
 	fmt.Fprintln(w, "--connect-timeout bounds the wait for it (default 10s).")
 	fmt.Fprintln(w, "\nExit codes:")

@@ -1,13 +1,15 @@
 // Command cron shows a scheduled job that runs on several instances and still
 // runs each time slot exactly once, even when an instance freezes mid-run.
 //
-// Three instances tick through four slots of the job "nightly-report". For
-// every slot each of them asks for the lease on "cron/nightly-report/<slot>";
-// the winner checks that the slot has no recorded run, runs the job and records
-// the slot's result with a fenced write (token of its lease). In slot 03:00 the
-// winner freezes mid-run for longer than its lease: another instance takes the
-// slot over, runs it and records it; when the frozen one wakes up, its result is
-// rejected by the database.
+// Three instances tick through four slots of the job "nightly-report", each
+// with a job.Runner on the job's lease: for every slot, Run takes the lease,
+// skips the slot if it was completed, and otherwise runs the job, which
+// records the slot's result together with the slot's completion
+// (Slot.Finish: one transaction, fenced with the run's token). In slot 03:00
+// the first instance to run it freezes mid-run for longer than its lease: its
+// keep-alive stops, as a frozen process's would, so the lease runs out;
+// another instance takes the slot over (run 2) and completes it. When the
+// frozen one wakes up, its result is rejected by the database.
 //
 // Run it:
 //
@@ -24,20 +26,22 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/leases/job"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
 const (
-	job        = "nightly-report"
 	pausedSlot = "03:00"
-	ttl        = 500 * time.Millisecond // longer than a run, shorter than the pause
+	ttl        = time.Second // longer than a run, shorter than the freeze
 )
 
 var (
@@ -57,10 +61,10 @@ func main() {
 type result struct {
 	RunsPerSlot   map[string]int // recorded runs per slot
 	Executions    int            // job bodies that ran to the end (the frozen one included)
-	Skipped       int            // lease won, but the slot was already recorded
+	Skipped       int            // Run found the slot completed
 	StaleRejected int            // late results refused by the fence
-	Dropped       int            // late results of a slot recorded meanwhile
-	TakenOver     bool           // the frozen slot was recorded by another instance
+	Dropped       int            // late results of a slot completed meanwhile (none: a slot completes once)
+	TakenOver     bool           // the frozen slot was completed by another instance, in run 2
 }
 
 func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error) {
@@ -80,89 +84,103 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	if err != nil {
 		return res, err
 	}
+	// The job's lease key, and its fenced resource. The slots are named by
+	// the time of day only, so that a rerun on the same database runs them
+	// again, the key has a per-run id (a real job names its slots by date,
+	// as RunPeriod does, and keeps one key).
+	jobKey := "cron/nightly-report/" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	client, err := leases.New(pool, nil)
 	if err != nil {
 		return res, err
 	}
 	defer client.Close()
-	fmt.Fprintf(out, "cron: job %s, slots %v, on %d instances\n", job, slots, len(instances))
+	fmt.Fprintf(out, "cron: job nightly-report, slots %v, on %d instances\n", slots, len(instances))
+
+	// Every instance waits for the job's lease (at most 5 s) rather than
+	// skipping the slot: the winner may die, and a waiter then takes over.
+	hold := leases.HoldOptions{MaxWait: 5 * time.Second}
+	runner, err := job.New(client, pool, jobKey, &job.Config{TTL: ttl, Hold: hold})
+	if err != nil {
+		return res, err
+	}
+	// Slot 03:00 runs with a hold limit of half a second: a run that freezes
+	// longer than that loses its keep-alive, as a frozen process would, and
+	// its lease runs out by the database clock a TTL after its last renewal.
+	freezable := hold
+	freezable.MaxHold = 500 * time.Millisecond
+	pausable, err := job.New(client, pool, jobKey, &job.Config{TTL: ttl, Hold: freezable})
+	if err != nil {
+		return res, err
+	}
 
 	var (
 		freezeOnce sync.Once
 		recorded   = make(chan struct{}) // closed when the paused slot is recorded
 	)
 	runSlot := func(instance, slot string) error {
-		key := "cron/" + job + "/" + slot // lease key and fenced resource
-		// Everyone waits for the slot's lease; losers get it after the winner
-		// releases (or its lease expires) and then skip the finished slot.
-		lease, err := client.Acquire(ctx, key, ttl, &leases.AcquireOptions{MaxWait: 5 * time.Second, HolderInfo: instance})
-		if err != nil {
-			return err
+		r := runner
+		if slot == pausedSlot {
+			r = pausable
 		}
-		defer lease.Release(ctx) //nolint:errcheck // the frozen one's lease is long gone
+		outcome, err := r.Run(ctx, slot, func(ctx context.Context, s *job.Slot) error {
+			// The job itself. The first run of the paused slot freezes here
+			// (a GC pause, a frozen container) until another instance
+			// completed it, deaf to its context.
+			frozen := false
+			if slot == pausedSlot {
+				freezeOnce.Do(func() { frozen = true })
+			}
+			if frozen {
+				say("%s %s began the slot (token %d) and froze mid-run", slot, instance, s.Lease().Token())
+				select {
+				case <-recorded:
+				case <-time.After(10 * time.Second):
+				}
+			} else {
+				time.Sleep(20 * time.Millisecond)
+			}
+			mu.Lock()
+			res.Executions++
+			mu.Unlock()
 
-		var done bool
-		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM example_cron_runs WHERE job = $1 AND slot = $2)`, job, slot).Scan(&done); err != nil {
+			// Record the slot's result with its completion, in one fenced
+			// transaction: not guarded by the lease's context (a pause can
+			// strike between any check and the write), only the database
+			// can tell that the write is late.
+			err := s.Finish(context.WithoutCancel(ctx), func(ctx context.Context, tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `INSERT INTO example_cron_runs VALUES ('nightly-report', $1, $2, $3, $4)`,
+					slot, instance, s.Lease().Token(), "report for "+slot+" by "+instance)
+				return err
+			})
+			var stale *pgfence.StaleTokenError
+			switch {
+			case errors.As(err, &stale):
+				mu.Lock()
+				res.StaleRejected++
+				mu.Unlock()
+				say("%s %s woke up and recorded its result with token %d: REJECTED (run %d began with token %d since)", slot, instance, stale.Presented, s.Runs()+1, stale.Accepted)
+				return err
+			case err != nil:
+				return err
+			}
+			say("%s run by %s (token %d, run %d)", slot, instance, s.Lease().Token(), s.Runs())
+			if slot == pausedSlot {
+				mu.Lock()
+				res.TakenOver = s.Runs() == 2
+				mu.Unlock()
+				close(recorded)
+			}
+			return nil
+		})
+		switch {
+		case errors.Is(err, pgfence.ErrStaleToken):
+			return nil // the frozen run, refused: reported above
+		case err != nil:
 			return err
-		}
-		if done {
+		case outcome.Outcome == job.AlreadyCompleted:
 			mu.Lock()
 			res.Skipped++
 			mu.Unlock()
-			return nil
-		}
-
-		// The job itself. The first winner of the paused slot freezes here (a
-		// GC pause, a frozen container) until another instance recorded it.
-		frozen := false
-		if slot == pausedSlot {
-			freezeOnce.Do(func() { frozen = true })
-		}
-		if frozen {
-			say("%s %s got the lease (token %d) and froze mid-run", slot, instance, lease.Token())
-			select {
-			case <-recorded:
-			case <-time.After(10 * time.Second):
-			}
-		} else {
-			time.Sleep(20 * time.Millisecond)
-		}
-		mu.Lock()
-		res.Executions++
-		mu.Unlock()
-
-		// Record the slot's result. The write is fenced by the lease token,
-		// not by the lease's context: a pause can strike between any check
-		// and the write, and only the database can tell the write is late.
-		// ON CONFLICT covers the reverse order: an instance that stalled
-		// (without our injected pause) recorded the slot with an older token
-		// after our check; then our run is the duplicate and is dropped.
-		tag, err := pgfence.Exec(ctx, pool, lease,
-			`INSERT INTO example_cron_runs VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`,
-			job, slot, instance, lease.Token(), "report for "+slot+" by "+instance)
-		var stale *pgfence.StaleTokenError
-		switch {
-		case errors.As(err, &stale):
-			mu.Lock()
-			res.StaleRejected++
-			mu.Unlock()
-			say("%s %s woke up and recorded its result with token %d: REJECTED (token %d was accepted since)", slot, instance, stale.Presented, stale.Accepted)
-			return nil
-		case err != nil:
-			return err
-		case tag.RowsAffected() == 0:
-			mu.Lock()
-			res.Dropped++
-			mu.Unlock()
-			say("%s %s: the slot was recorded meanwhile; this run's result is dropped", slot, instance)
-			return nil
-		}
-		say("%s run by %s (token %d)", slot, instance, lease.Token())
-		if slot == pausedSlot {
-			mu.Lock()
-			res.TakenOver = true
-			mu.Unlock()
-			close(recorded)
 		}
 		return nil
 	}
@@ -187,7 +205,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	}
 
 	// Check the business state: one recorded run per slot.
-	rows, err := pool.Query(ctx, `SELECT slot, count(*) FROM example_cron_runs WHERE job = $1 GROUP BY slot`, job)
+	rows, err := pool.Query(ctx, `SELECT slot, count(*) FROM example_cron_runs GROUP BY slot`)
 	if err != nil {
 		return res, err
 	}

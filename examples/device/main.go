@@ -151,7 +151,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	errs := make(chan error, 2)
 	for i, ctl := range []string{"ctl-2", "ctl-3"} {
 		wg.Go(func() {
-			err := client.Do(ctx, key, ttl, func(ctx context.Context, l *leases.Lease) error {
+			err := client.Do(ctx, key, ttl, nil, func(ctx context.Context, l *leases.Lease) error {
 				status, msg, err := send(command{Controller: ctl, Token: l.Token(), SetPoint: 21 - i})
 				if err == nil && status != http.StatusOK {
 					err = fmt.Errorf("gateway answered %d: %s", status, msg)

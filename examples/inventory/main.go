@@ -145,7 +145,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	errs := make(chan error, orders)
 	for order := 2; order <= orders; order++ {
 		wg.Go(func() {
-			err := client.Do(ctx, resource, workerTTL, func(ctx context.Context, l *leases.Lease) error {
+			err := client.Do(ctx, resource, workerTTL, nil, func(ctx context.Context, l *leases.Lease) error {
 				left, err := deduct(order, l)
 				record(order, l.Token(), left, err)
 				if errors.Is(err, errOutOfStock) {

@@ -129,7 +129,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	errs := make(chan error, 2)
 	for _, writer := range []string{"gen-2", "gen-3"} {
 		wg.Go(func() {
-			err := client.Do(ctx, "report/"+report, ttl, func(ctx context.Context, l *leases.Lease) error {
+			err := client.Do(ctx, "report/"+report, ttl, nil, func(ctx context.Context, l *leases.Lease) error {
 				content, err := render(ctx)
 				if err != nil {
 					return err

@@ -33,7 +33,9 @@ const (
 
 // CurveNames are the curves [Lab.Curves] can measure, in the order it
 // measures them.
-func CurveNames() []string { return []string{"rows", "keys", "resources", "waiters", "churn"} }
+func CurveNames() []string {
+	return []string{"rows", "keys", "resources", "waiters", "churn", "failover", "followers"}
+}
 
 // CurvesOptions says what [Lab.Curves] measures. Each curve starts at its
 // smallest size: 10^3 lease rows, 10^4 keys, 1 resource, 1 waiter.
@@ -48,6 +50,14 @@ type CurvesOptions struct {
 	// each curve; Cycles is the number of acquire/release cycles of the churn
 	// measurement.
 	MaxRows, MaxKeys, MaxResources, MaxWaiters, Cycles int64
+	// ElectionTTL is the election's TTL in the failover and followers
+	// curves; Failovers the number of leaders the failover curve kills;
+	// MaxFollowers the largest election of the followers curve (1, 4, 16 …),
+	// each size measured for IdleWindow.
+	ElectionTTL  time.Duration
+	Failovers    int
+	MaxFollowers int64
+	IdleWindow   time.Duration
 }
 
 // Point is one measurement of a curve at size X.
@@ -96,9 +106,11 @@ type CurvesReport struct {
 
 // Curves measures how the cost of each operation grows with the data: acquire
 // with more lease rows, an idempotency claim with more stored keys, a fenced
-// write over more resources, a hot key with more waiters, and what many
-// acquire/release cycles leave in the leases table. It deletes the rows it
-// loaded, except fence rows.
+// write over more resources, a hot key with more waiters, what many
+// acquire/release cycles leave in the leases table, how long an election
+// goes without a leader after its leader is killed, and what the idle
+// followers of an election cost. It deletes the rows it loaded, except fence
+// rows.
 func (lab *Lab) Curves(ctx context.Context, opts CurvesOptions) (*CurvesReport, error) {
 	defer lab.cleanupCurves()
 	t := opts.Timing
@@ -117,6 +129,10 @@ func (lab *Lab) Curves(ctx context.Context, opts CurvesOptions) (*CurvesReport, 
 		r.SetStatements(lab.stmts.Load() - before)
 		r.Case = curve
 		fmt.Fprintf(lab.progress, "  %s\n", resultLine(r))
+		rep.Points = append(rep.Points, Point{Curve: curve, X: x, Result: r})
+	}
+	record := func(curve string, x int64, r benchrun.Result) {
+		r.Case = curve
 		rep.Points = append(rep.Points, Point{Curve: curve, X: x, Result: r})
 	}
 	n := opts.Workers
@@ -142,6 +158,10 @@ func (lab *Lab) Curves(ctx context.Context, opts CurvesOptions) (*CurvesReport, 
 			rep.Churn, err = lab.curveChurn(ctx, opts.Cycles)
 			return err
 		}},
+		{"failover", func() error { return lab.curveFailover(ctx, opts.ElectionTTL, opts.Failovers, record) }},
+		{"followers", func() error {
+			return lab.curveFollowers(ctx, powers(1, opts.MaxFollowers, 4), opts.ElectionTTL, opts.IdleWindow, record)
+		}},
 	}
 	for _, s := range steps {
 		if !want[s.name] {
@@ -151,7 +171,7 @@ func (lab *Lab) Curves(ctx context.Context, opts CurvesOptions) (*CurvesReport, 
 			return nil, fmt.Errorf("curve %s: %w", s.name, err)
 		}
 	}
-	rep.Comparisons = curveVerdicts(rep.Points, rep.Churn)
+	rep.Comparisons = append(curveVerdicts(rep.Points, rep.Churn), electionVerdicts(rep.Points)...)
 	return rep, nil
 }
 

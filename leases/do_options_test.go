@@ -1,0 +1,231 @@
+package leases_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// TryOnce: a held key is skipped at once, without running fn; a free one is
+// run.
+func TestDoTryOnceSkipsHeldKey(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	ctx := ctxTimeout(t, 30*time.Second)
+
+	other, err := c.TryAcquire(ctx, "job", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A Do that waited would wait until this deadline and fail with it.
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ran := false
+	err = c.Do(wctx, "job", time.Second, &leases.HoldOptions{TryOnce: true}, func(context.Context, *leases.Lease) error {
+		ran = true
+		return nil
+	})
+	var held *leases.HeldError
+	if ran || !errors.As(err, &held) || held.Remaining < 50*time.Second || wctx.Err() != nil {
+		t.Fatalf("TryOnce on a held key: ran %v, err %v (context %v); want ErrLeaseHeld at once, fn not run", ran, err, wctx.Err())
+	}
+	if err := other.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = c.Do(ctx, "job", time.Second, &leases.HoldOptions{TryOnce: true}, func(context.Context, *leases.Lease) error {
+		ran = true
+		return nil
+	})
+	if err != nil || !ran {
+		t.Fatalf("TryOnce on a free key: ran %v, err %v", ran, err)
+	}
+}
+
+// MaxWait bounds the wait only: the work under the lease outlives it. A
+// deadline on the context bounds both, as documented, and fn's context says
+// so.
+func TestDoMaxWaitBoundsOnlyTheWait(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	ctx := ctxTimeout(t, 30*time.Second)
+	const maxWait = 200 * time.Millisecond
+
+	// Held: the wait gives up after MaxWait, fn does not run.
+	other, err := c.TryAcquire(ctx, "job", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = c.Do(ctx, "job", time.Second, &leases.HoldOptions{MaxWait: maxWait}, func(context.Context, *leases.Lease) error {
+		t.Error("fn ran on a held key")
+		return nil
+	})
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, leases.ErrLeaseHeld) {
+		t.Fatalf("MaxWait on a held key: %v; want the wait's deadline and the last attempt's ErrLeaseHeld", err)
+	}
+	t.Logf("gave up after %s", time.Since(start))
+	if err := other.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Free: the work runs three times MaxWait and is not cancelled.
+	err = c.Do(ctx, "job", time.Second, &leases.HoldOptions{MaxWait: maxWait}, func(ctx context.Context, _ *leases.Lease) error {
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(3 * maxWait):
+			return nil
+		}
+	})
+	if err != nil {
+		t.Fatalf("work longer than MaxWait: %v", err)
+	}
+
+	// A deadline on ctx bounds the work too: fn's context ends with it.
+	dctx, cancel := context.WithTimeout(ctx, maxWait)
+	defer cancel()
+	err = c.Do(dctx, "job", time.Second, nil, func(ctx context.Context, _ *leases.Lease) error {
+		<-ctx.Done()
+		return context.Cause(ctx)
+	})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("work under a context deadline: %v, want the context's deadline", err)
+	}
+	if st, err := c.Get(ctx, "job"); err != nil || st.Live {
+		t.Fatalf("lease after Do: %+v %v, want released", st, err)
+	}
+}
+
+// MaxHold ends the work with ErrMaxHold, and the error names the option and
+// the default; HolderInfo and RenewInterval reach the lease.
+func TestDoHoldOptions(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	var renewals atomic.Int64
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true, OnEvent: func(e leases.Event) {
+		if e.Kind == leases.EventRenewed {
+			renewals.Add(1)
+		}
+	}})
+	ctx := ctxTimeout(t, 30*time.Second)
+
+	var info string
+	err := c.Do(ctx, "job", 3*time.Second, &leases.HoldOptions{MaxHold: 400 * time.Millisecond, RenewInterval: 50 * time.Millisecond, HolderInfo: "nightly on host-7"},
+		func(ctx context.Context, l *leases.Lease) error {
+			st, err := c.Get(ctx, "job")
+			if err != nil {
+				return err
+			}
+			info = st.HolderInfo
+			<-ctx.Done()
+			return nil
+		})
+	if !errors.Is(err, leases.ErrMaxHold) {
+		t.Fatalf("Do past MaxHold: %v, want ErrMaxHold", err)
+	}
+	for _, want := range []string{"400ms", "HoldOptions.MaxHold", "default " + leases.MaxHoldDefault.String()} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("ErrMaxHold message %q does not name %q", err, want)
+		}
+	}
+	if info != "nightly on host-7" {
+		t.Errorf("holder info %q, want the option's", info)
+	}
+	// Renewals every 50 ms for 400 ms; at the default interval (1 s) none.
+	if n := renewals.Load(); n < 2 {
+		t.Errorf("%d renewals with RenewInterval 50ms over 400ms, want several", n)
+	}
+}
+
+// Fair waits in the database's queue.
+func TestDoFairQueues(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true, PollInterval: 20 * time.Millisecond, BackoffMax: 20 * time.Millisecond})
+	ctx := ctxTimeout(t, 30*time.Second)
+	other, err := c.TryAcquire(ctx, "job", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Do(ctx, "job", time.Second, &leases.HoldOptions{Fair: true}, func(context.Context, *leases.Lease) error { return nil })
+	}()
+	for {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.lease_waiters WHERE key = 'job'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("Do returned before queueing: %v", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if err := other.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Options the keep-alive would refuse only after the grant are refused
+// before anything is granted, naming the field.
+func TestDoRefusesOptionsBeforeTheGrant(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	ctx := ctxTimeout(t, 30*time.Second)
+	fn := func(context.Context, *leases.Lease) error { t.Error("fn ran"); return nil }
+	for field, opts := range map[string]*leases.HoldOptions{
+		"HoldOptions.MaxWait":       {MaxWait: -1},
+		"HoldOptions.RenewInterval": {RenewInterval: 900 * time.Millisecond}, // TTL 1s − margin 100ms
+		"HoldOptions.MaxHold":       {MaxHold: -1},
+		"HoldOptions.MaxFailures":   {MaxFailures: -1},
+		"HoldOptions.Fair":          {TryOnce: true, Fair: true},
+	} {
+		err := c.Do(ctx, "job", time.Second, opts, fn)
+		if !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), field) {
+			t.Errorf("%+v: %v, want ErrInvalid naming %s", opts, err, field)
+		}
+	}
+	if _, err := c.Get(ctx, "job"); !errors.Is(err, leases.ErrNotFound) {
+		t.Fatalf("a refused Do granted the key: %v", err)
+	}
+}
+
+// Err reads the clock: once the trust window has run out, the lease is
+// ended even if the timer that ends it has not run (a process resumed after
+// a pause runs its goroutines in any order).
+func TestErrChecksTrustWindow(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	ctx := ctxTimeout(t, 30*time.Second)
+	l, err := c.TryAcquire(ctx, "k", 100*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases.StopTrustTimer(l)
+	time.Sleep(100 * time.Millisecond) // past the window: TTL − 10 ms
+	if err := l.Err(); !errors.Is(err, leases.ErrLeaseLost) {
+		t.Fatalf("Err after the trust window ran out: %v, want ErrLeaseLost", err)
+	}
+	select {
+	case <-l.Done():
+	default:
+		t.Fatal("Err reported the loss but the lease's context is still open")
+	}
+}

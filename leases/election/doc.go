@@ -1,0 +1,93 @@
+// Package election elects one leader among replicas with a pgfence lease,
+// decided by the PostgreSQL database clock, and gives the leader a term: the
+// fencing token of its grant, which everything the leader writes carries
+// through the fence.
+//
+// Each replica creates an [Election] on the same lease key with [New] and
+// calls [Election.Run], which campaigns, keeps the term's lease alive while
+// this replica leads, runs [Config.OnStartedLeading] with a context that ends
+// when the term ends, and campaigns again afterwards. Followers learn of
+// every change of leadership ([Config.OnLeader], [Election.Observe]): the
+// leader's term, holder id and the value it publishes ([Term.Proclaim], like
+// etcd's Proclaim). [Election.IsLeader], [Election.Leader] and
+// [Election.Health] (for a readiness probe) answer questions; [Election.Resign]
+// steps down. [Election.Campaign] and [Term.Resign] are the building blocks,
+// for callers that run their own loop.
+//
+// A [Term] implements pgfence.Lease: pgfence.Write(ctx, db, term, fn) and
+// pgfence.Exec fence the resource named by the election's key with the
+// term's token, so once a later term has written, the database refuses the
+// writes of every earlier one — a leader that was paused, cut off or
+// replaced cannot overwrite its successor's work, whatever it believes.
+//
+// The election is a lease like any other: its key is subject to prefix
+// grants (pgfence.grant_prefix) for members of pgfence_app, operators see it
+// in `pgfence leases list`, `pgfence leases watch KEY` follows it, and
+// `pgfence leases release KEY --force` deposes a leader.
+//
+// # Guarantees
+//
+//   - At most one leader at a time by the database clock: a term is a grant
+//     of the election's lease, and the database grants a key to one holder
+//     at a time (see package leases).
+//   - A leader stops leading before another can be elected: the term's
+//     context (and [Election.IsLeader], [Term.Err], which read the clock)
+//     ends when the lease's local trust window runs out — the send time of
+//     the last confirmed grant or renewal + TTL − safety margin by the local
+//     monotonic clock — which is before the database lets the lease expire,
+//     as long as the two clocks' rates differ by less than the margin. This
+//     holds whatever stops the renewals: a refusal, an unreachable database,
+//     a pause of the process (a resumed process sees its term over at once).
+//   - Terms strictly increase, and a write fenced with a term is refused once
+//     a write of a later term was accepted for the election's key (the
+//     fencing-token contract of package pgfence). A leader that must not
+//     write after its term ends, even before its successor wrote, uses
+//     pgfence.WriteLeased with the term.
+//   - Followers observe every change of leadership in the order the
+//     database recorded it (grants, published values, ends), without gaps
+//     unless the database pruned the election's history (about the newest
+//     100 transitions) before they read it.
+//   - A resigning leader's successor is elected at once (the release is
+//     announced); a leader that dies is replaced right after its lease
+//     expires by the database clock: at most the TTL after its last renewal,
+//     plus one read and one grant.
+//   - Idle followers cost the database nothing but a read every
+//     [Config.PollInterval]: the leader announces its renewals, followers
+//     move their timers to the announced expiry, and read the election only
+//     when a term ends or begins. `pgfence bench curves --curves
+//     failover,followers` measures the time from a leader's death to the
+//     next leader and the followers' statements per second on a database
+//     of yours.
+//
+// # Failure handling
+//
+//   - The leader's renewals fail (database unreachable, outcome unknown):
+//     keep-alive retries within the trust window; when it runs out, or after
+//     [leases.HoldOptions.MaxFailures] failures in a row, the term ends with
+//     [ErrLost] (wrapping [leases.ErrLeaseLost]), OnStartedLeading's context
+//     ends, and Run campaigns again once the lease's end is seen.
+//   - The leader is paused (GC, SIGSTOP, a frozen VM) past its trust window:
+//     when it resumes, its term is over (the clock says so before any timer
+//     does); its fenced writes are refused once its successor wrote.
+//   - The database restarts or fails over: connections break, renewals fail
+//     and are retried; a term survives when a renewal succeeds within its
+//     trust window, and ends otherwise. Followers' watches retry with
+//     backoff; [Election.Health] reports the failing reads. A standby
+//     answers [leases.ErrNotPrimary]; Run keeps retrying.
+//   - A follower misses notifications (LISTEN connection down): it reads at
+//     the leader's last known expiry and every poll interval, and re-reads
+//     when the LISTEN connection is back. Behind PgBouncer in transaction
+//     mode, disable wake-ups in the client ([leases.Config.DisableWakeups]):
+//     followers then read every [leases.Config.BackoffMax] and at the
+//     leader's expiry.
+//   - Notifications are hints: anyone who can connect can send one. A forged
+//     renewal announcement can delay a follower's read of the leader's
+//     expiry by at most [Config.PollInterval]; it never makes anyone a
+//     leader, which only the database's grant does.
+//   - OnStartedLeading must return when its context ends: Run releases the
+//     lease (and lets the next leader in) only after it returned, so a
+//     resigning leader hands over cleanly; a callback that does not return
+//     keeps the lease (renewed) and blocks Run.
+//   - The election's key is refused for a role without a granted prefix
+//     ([leases.ErrNotGranted]): Run returns the error.
+package election

@@ -1,0 +1,314 @@
+package election
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/pgfence/pgfence/leases"
+)
+
+// Defaults for [Config] fields left zero.
+const (
+	// TTLDefault is the leadership lease's TTL: a leader that dies is
+	// replaced about this long after its last renewal. The same as
+	// client-go's LeaseDuration default.
+	TTLDefault = 15 * time.Second
+	// PollIntervalDefault is how often a follower reads the election while
+	// wake-ups work: only a safety net, since grants, resignations and
+	// published values are announced and a leader's expiry is moved by its
+	// announced renewals.
+	PollIntervalDefault = 30 * time.Second
+)
+
+// Sentinels. Test with [errors.Is].
+var (
+	// ErrNotLeader: the call needs this replica to lead, and it does not.
+	ErrNotLeader = errors.New("election: not the leader")
+	// ErrResigned: the term ended because its leader resigned ([Term.Resign],
+	// [Election.Resign], or the context of [Election.Run] ended).
+	ErrResigned = errors.New("election: resigned")
+	// ErrLost: the term ended because its lease was lost (a renewal
+	// refused, the database unreachable for the trust window, the process
+	// paused past it, keep-alive gave up). It wraps the lease's error
+	// ([leases.ErrLeaseLost], [leases.ErrMaxHold]).
+	ErrLost = errors.New("election: leadership lost")
+	// ErrRunning: [Election.Campaign] was called while [Election.Run] runs
+	// (or the reverse): one replica campaigns once.
+	ErrRunning = errors.New("election: already campaigning")
+)
+
+// Config configures an [Election]. A nil *Config and zero fields use the
+// defaults.
+type Config struct {
+	// TTL is the leadership lease's TTL. Default [TTLDefault].
+	TTL time.Duration
+	// Hold says how a term's lease is taken and kept. HolderInfo is the value
+	// the leader publishes when elected (default: the client's
+	// [leases.Config.HolderInfo], host:pid; [Term.Proclaim] changes it);
+	// RenewInterval defaults to TTL/3; MaxHold defaults to
+	// [leases.NoMaxHold] (a term lasts until its leader resigns or fails);
+	// MaxFailures as in [leases.HoldOptions]. TryOnce makes
+	// [Election.Campaign] return [leases.ErrLeaseHeld] instead of waiting;
+	// MaxWait bounds its wait. Fair is refused: followers do not queue.
+	// Grants and renewals are always announced ([leases.HoldOptions.Announce]).
+	Hold leases.HoldOptions
+	// PollInterval is how often a follower reads the election while wake-ups
+	// work (see [leases.WatchOptions.PollInterval]). Default
+	// [PollIntervalDefault]. Without wake-ups followers read every
+	// [leases.Config.BackoffMax] of the client, and at the leader's expiry.
+	PollInterval time.Duration
+
+	// OnStartedLeading is called by [Election.Run], in a goroutine of its
+	// own, when this replica is elected. ctx ends when the term ends
+	// (context.Cause says why: [ErrResigned] or [ErrLost]); the function
+	// must return then. Everything it writes should go through the fence
+	// with term ([pgfence.Write] and friends take it as the lease). The
+	// next term starts only after it returned.
+	//
+	// [pgfence.Write]: https://pkg.go.dev/github.com/pgfence/pgfence/pgfence#Write
+	OnStartedLeading func(ctx context.Context, term *Term)
+	// OnStoppedLeading is called by Run after a term of this replica ended
+	// and OnStartedLeading returned, with the reason.
+	OnStoppedLeading func(term *Term, cause error)
+	// OnLeader is called by Run for every change of leadership it observes,
+	// in the order the database recorded them: a new leader (a new term), a
+	// new value of the current leader, or no leader (Term 0). It is called
+	// synchronously from Run's loop: it must return quickly.
+	OnLeader func(Leader)
+	// Logger receives the election's transitions. Default: discard.
+	Logger *slog.Logger
+}
+
+func (c *Config) resolve() (Config, error) {
+	var cfg Config
+	if c != nil {
+		cfg = *c
+	}
+	switch {
+	case cfg.TTL < 0:
+		return cfg, fmt.Errorf("%w: Config.TTL: must not be negative, got %s", leases.ErrInvalid, cfg.TTL)
+	case cfg.PollInterval < 0:
+		return cfg, fmt.Errorf("%w: Config.PollInterval: must not be negative, got %s", leases.ErrInvalid, cfg.PollInterval)
+	case cfg.Hold.Fair:
+		return cfg, fmt.Errorf("%w: Config.Hold.Fair: elections do not queue (followers wait for the leader's end and race once)", leases.ErrInvalid)
+	}
+	if err := cfg.Hold.Validate(); err != nil {
+		return cfg, err
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = TTLDefault
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = PollIntervalDefault
+	}
+	if cfg.Hold.MaxHold == 0 {
+		cfg.Hold.MaxHold = leases.NoMaxHold
+	}
+	cfg.Hold.Announce = true
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return cfg, nil
+}
+
+// Election is one replica's part in the election named by a lease key. Its
+// methods are safe for concurrent use.
+type Election struct {
+	client *leases.Client
+	key    string
+	cfg    Config
+
+	mu      sync.Mutex
+	running bool // Run or Campaign is active
+	term    *Term
+	resign  chan struct{} // Run: Resign asks to step down (buffered, 1)
+	watch   *leases.Watcher
+	health  error // why Run is not healthy, nil when it is
+}
+
+// New returns this replica's part in the election named key (a lease key:
+// members of pgfence_app need a granted prefix of it). Every replica uses
+// the same key and TTL. The client is the caller's: the election does not
+// close it.
+func New(client *leases.Client, key string, cfg *Config) (*Election, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: client: must not be nil", leases.ErrInvalid)
+	}
+	if key == "" || len(key) > leases.MaxKeyBytes {
+		return nil, fmt.Errorf("%w: key: must be 1 to %d bytes, got %d", leases.ErrInvalid, leases.MaxKeyBytes, len(key))
+	}
+	resolved, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
+	if resolved.Hold.RenewInterval == 0 {
+		resolved.Hold.RenewInterval = resolved.TTL / 3
+	}
+	return &Election{client: client, key: key, cfg: resolved, resign: make(chan struct{}, 1)}, nil
+}
+
+// Key is the election's lease key: the resource a leader's fenced writes
+// name.
+func (e *Election) Key() string { return e.key }
+
+// Term returns this replica's current term, or nil when it does not lead.
+// A term that has just ended may still be returned: check [Term.Err].
+func (e *Election) Term() *Term {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.term
+}
+
+// IsLeader reports whether this replica leads now: it has a term whose
+// lease is trusted at this moment by the local clock (see
+// [leases.Lease.Err]). Any write the leader makes must still go through the
+// fence with its term: the answer can be stale by the time the write
+// reaches the database.
+func (e *Election) IsLeader() bool {
+	t := e.Term()
+	return t != nil && t.Err() == nil
+}
+
+// Proclaim publishes value as the current leader's (see [Term.Proclaim]).
+// It returns an error wrapping [ErrNotLeader] when this replica does not
+// lead.
+func (e *Election) Proclaim(ctx context.Context, value string) error {
+	t := e.Term()
+	if t == nil || t.Err() != nil {
+		return fmt.Errorf("election %q: proclaim: %w", e.key, ErrNotLeader)
+	}
+	return t.Proclaim(ctx, value)
+}
+
+// Resign steps down from the current term: the term's context ends with
+// [ErrResigned] and, once the leader's work returned (under [Election.Run],
+// OnStartedLeading), the lease is released so that another replica is
+// elected at once. Under Run it returns once Run has stepped down
+// (OnStartedLeading returned, the lease was released, OnStoppedLeading
+// returned), so it must not be called from those callbacks or OnLeader,
+// which Run waits for; and this replica campaigns again, but not before the
+// TTL has passed or another leader has been elected. It returns the
+// release's error, or nil when this replica does not lead.
+func (e *Election) Resign(ctx context.Context) error {
+	e.mu.Lock()
+	t, running := e.term, e.running
+	e.mu.Unlock()
+	if t == nil {
+		return nil
+	}
+	if running && t.run {
+		select {
+		case e.resign <- struct{}{}:
+		default:
+		}
+		select {
+		case <-t.stepped:
+			return t.releaseErr
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+	return t.Resign(ctx)
+}
+
+// Leader reads the current leader from the database: its term, holder and
+// value, or a Leader with Term 0 when nobody leads.
+func (e *Election) Leader(ctx context.Context) (Leader, error) {
+	st, err := e.client.Get(ctx, e.key)
+	switch {
+	case errors.Is(err, leases.ErrNotFound):
+		return Leader{}, nil
+	case err != nil:
+		return Leader{}, fmt.Errorf("election %q: %w", e.key, err)
+	case !st.Live:
+		return Leader{}, nil
+	}
+	return Leader{Term: st.Token, Holder: st.Holder, Value: st.HolderInfo, Since: st.GrantedAt}, nil
+}
+
+// Observe streams the changes of leadership, in the order the database
+// recorded them, until ctx ends (then the channel is closed): first the
+// current leader (or Term 0), then every new term, value and vacancy. It
+// costs a watch of the key ([leases.Client.Watch]). A slow reader delays
+// the stream, never loses a change.
+func (e *Election) Observe(ctx context.Context) (<-chan Leader, error) {
+	w, err := e.client.Watch(ctx, e.key, &leases.WatchOptions{PollInterval: e.cfg.PollInterval})
+	if err != nil {
+		return nil, fmt.Errorf("election %q: observe: %w", e.key, err)
+	}
+	out := make(chan Leader)
+	go func() {
+		defer close(out)
+		var (
+			cur  Leader
+			sent bool
+		)
+		timer := time.NewTimer(0)
+		defer timer.Stop()
+		for {
+			select {
+			case ev, ok := <-w.Events():
+				if !ok {
+					return
+				}
+				if next, changed := cur.apply(ev); changed || !sent {
+					cur, sent = next, true
+					select {
+					case out <- cur:
+					case <-ctx.Done():
+						for range w.Events() {
+						}
+						return
+					}
+				}
+			case <-timer.C:
+				// A key never leased has no events: say so once the first
+				// read has answered.
+				if !sent {
+					if st := w.State(); !st.ReadAt.IsZero() && st.Lease.Key == "" {
+						sent = true
+						select {
+						case out <- cur:
+						case <-ctx.Done():
+						}
+					} else {
+						timer.Reset(10 * time.Millisecond)
+					}
+				}
+			}
+		}
+	}()
+	return out, nil
+}
+
+// Health reports whether this replica takes part in the election as it
+// should, for a readiness probe: nil while [Election.Run] runs and either
+// leads with a trusted lease or, as a follower, its last read of the
+// election succeeded and is recent (within twice the poll interval plus the
+// TTL). Otherwise the error says why. It sends nothing to the database.
+func (e *Election) Health() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch {
+	case !e.running:
+		return fmt.Errorf("election %q: not campaigning (Run is not running)", e.key)
+	case e.term != nil && e.term.Err() == nil:
+		return nil
+	case e.health != nil:
+		return e.health
+	case e.watch == nil:
+		return fmt.Errorf("election %q: starting", e.key)
+	}
+	st := e.watch.State()
+	if st.Err != nil {
+		return fmt.Errorf("election %q: the database cannot be read: %w", e.key, st.Err)
+	}
+	if limit := 2*e.cfg.PollInterval + e.cfg.TTL; st.ReadAt.IsZero() || time.Since(st.ReadAt) > limit {
+		return fmt.Errorf("election %q: no successful read of the election for %s (limit %s)", e.key, time.Since(st.ReadAt).Round(time.Millisecond), limit)
+	}
+	return nil
+}

@@ -1,0 +1,518 @@
+package election_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/leases/election"
+	"github.com/pgfence/pgfence/pgfence"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// replica is an in-process participant of an election, run by Run.
+type replica struct {
+	name string
+	e    *election.Election
+	stop context.CancelFunc
+	done chan error
+
+	mu      sync.Mutex
+	started []int64
+	stopped map[int64]error
+	seen    []election.Leader
+}
+
+func startReplica(t *testing.T, pool *pgxpool.Pool, key, name string, cfg election.Config) *replica {
+	t.Helper()
+	return startReplicaWith(t, newClient(t, pool, nil), key, name, cfg)
+}
+
+// startReplicaWith starts a replica on a client of the caller's.
+func startReplicaWith(t *testing.T, client *leases.Client, key, name string, cfg election.Config) *replica {
+	t.Helper()
+	r := &replica{name: name, done: make(chan error, 1), stopped: map[int64]error{}}
+	cfg.Hold.HolderInfo = name
+	cfg.OnStartedLeading = func(ctx context.Context, term *election.Term) {
+		r.mu.Lock()
+		r.started = append(r.started, term.Token())
+		r.mu.Unlock()
+		<-ctx.Done()
+	}
+	cfg.OnStoppedLeading = func(term *election.Term, cause error) {
+		r.mu.Lock()
+		r.stopped[term.Token()] = cause
+		r.mu.Unlock()
+	}
+	cfg.OnLeader = func(l election.Leader) {
+		r.mu.Lock()
+		r.seen = append(r.seen, l)
+		r.mu.Unlock()
+	}
+	if cfg.Logger == nil && testing.Verbose() {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("replica", name)
+	}
+	e, err := election.New(client, key, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.e = e
+	ctx, cancel := context.WithCancel(context.Background())
+	r.stop = cancel
+	go func() { r.done <- e.Run(ctx) }()
+	t.Cleanup(func() { r.close(t) })
+	return r
+}
+
+// close stops Run and waits for it.
+func (r *replica) close(t *testing.T) {
+	r.stop()
+	if err := <-r.done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("%s: Run returned %v", r.name, err)
+	}
+	r.done <- nil // for a later close
+}
+
+// terms lists the terms r saw begin, in order.
+func (r *replica) terms() []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []int64
+	for _, l := range r.seen {
+		if l.Term != 0 && (len(out) == 0 || out[len(out)-1] != l.Term) {
+			out = append(out, l.Term)
+		}
+	}
+	return out
+}
+
+func (r *replica) lastSeen() election.Leader {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.seen) == 0 {
+		return election.Leader{}
+	}
+	return r.seen[len(r.seen)-1]
+}
+
+func (r *replica) stopCause(term int64) (error, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	err, ok := r.stopped[term]
+	return err, ok
+}
+
+// leaders returns the replicas that lead now.
+func leaders(rs []*replica) []*replica {
+	var out []*replica
+	for _, r := range rs {
+		if r.e.IsLeader() {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// oneLeader waits until exactly one replica leads, other than not, and
+// every replica has seen its value.
+func oneLeader(t *testing.T, rs []*replica, not *replica) *replica {
+	t.Helper()
+	var leader *replica
+	eventually(t, 20*time.Second, "one leader, seen by all", func() bool {
+		ls := leaders(rs)
+		if len(ls) != 1 || ls[0] == not {
+			return false
+		}
+		term := ls[0].e.Term().Token()
+		for _, r := range rs {
+			if seen := r.lastSeen(); seen.Term != term || seen.Value == "" {
+				return false
+			}
+		}
+		leader = ls[0]
+		return true
+	})
+	return leader
+}
+
+// Three replicas: one leads, every replica sees it and what it publishes; a
+// resignation hands over at once, and the one who resigned does not take
+// it back; a replica whose Run ends resigns. Every replica sees the same
+// terms in the same order.
+func TestRunElectsOneLeaderAndHandsOver(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	cfg := election.Config{TTL: 5 * time.Second}
+	var rs []*replica
+	for _, name := range []string{"a", "b", "c"} {
+		rs = append(rs, startReplica(t, pool, "leader", name, cfg))
+	}
+
+	first := oneLeader(t, rs, nil)
+	term1 := first.e.Term()
+	if seen := rs[0].lastSeen(); seen.Value != first.name || seen.Holder != term1.Holder() {
+		t.Fatalf("seen %+v, want %s's term %d", seen, first.name, term1.Token())
+	}
+	if err := first.e.Proclaim(ctx, first.name+" at 10.0.0.7:8080"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the proclaimed value seen by all", func() bool {
+		for _, r := range rs {
+			if r.lastSeen().Value != first.name+" at 10.0.0.7:8080" || r.lastSeen().Term != term1.Token() {
+				return false
+			}
+		}
+		return true
+	})
+	if l, err := rs[1].e.Leader(ctx); err != nil || l.Term != term1.Token() || l.Value != first.name+" at 10.0.0.7:8080" {
+		t.Fatalf("Leader() = %+v, %v", l, err)
+	}
+	for _, r := range rs {
+		if r != first {
+			if err := r.e.Proclaim(ctx, "usurper"); !errors.Is(err, election.ErrNotLeader) {
+				t.Errorf("%s (a follower) proclaimed: %v", r.name, err)
+			}
+		}
+	}
+
+	// A resignation: another replica is elected long before the TTL (the
+	// release is announced), not the one who resigned.
+	start := time.Now()
+	if err := first.e.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if cause, ok := first.stopCause(term1.Token()); !ok || !errors.Is(cause, election.ErrResigned) {
+		t.Fatalf("%s's term %d stopped: %v, %v; want ErrResigned", first.name, term1.Token(), cause, ok)
+	}
+	if !errors.Is(context.Cause(term1.Context()), election.ErrResigned) || term1.Err() == nil {
+		t.Fatalf("the resigned term's context: %v", context.Cause(term1.Context()))
+	}
+	second := oneLeader(t, rs, first)
+	t.Logf("handed over from %s to %s in %s", first.name, second.name, time.Since(start))
+	if second.e.Term().Token() <= term1.Token() {
+		t.Fatalf("term %d after term %d", second.e.Term().Token(), term1.Token())
+	}
+
+	// A replica whose Run ends resigns.
+	term2 := second.e.Term()
+	second.close(t)
+	if cause, ok := second.stopCause(term2.Token()); !ok || !errors.Is(cause, election.ErrResigned) {
+		t.Fatalf("%s's term stopped by the end of Run: %v, %v", second.name, cause, ok)
+	}
+	third := oneLeader(t, slices.DeleteFunc(slices.Clone(rs), func(r *replica) bool { return r == second }), second)
+	third.close(t)
+	// The only replica left takes over (after its hold-off, if it resigned).
+	last := slices.DeleteFunc(slices.Clone(rs), func(r *replica) bool { return r == second || r == third })
+	oneLeader(t, last, nil)
+
+	// Every replica saw the terms of its lifetime, in the order granted.
+	var all []int64
+	for _, r := range rs {
+		if ts := r.terms(); len(ts) > len(all) {
+			all = ts
+		}
+	}
+	for _, r := range rs {
+		ts := r.terms()
+		if len(ts) == 0 || !slices.Equal(ts, all[:len(ts)]) {
+			t.Errorf("%s saw terms %v, the longest history is %v", r.name, ts, all)
+		}
+		if !slices.IsSorted(ts) {
+			t.Errorf("%s saw terms out of order: %v", r.name, ts)
+		}
+	}
+}
+
+// A term fences the leader's writes: once a later term wrote, the database
+// refuses the earlier term's writes, whatever its holder believes.
+func TestTermFencesEarlierTerms(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	if _, err := pool.Exec(ctx, `CREATE TABLE config (k text PRIMARY KEY, v text, term bigint)`); err != nil {
+		t.Fatal(err)
+	}
+	a, err := election.New(newClient(t, pool, nil), "config-leader", &election.Config{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := election.New(newClient(t, pool, nil), "config-leader", &election.Config{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(term *election.Term, v string) error {
+		_, err := pgfence.Exec(ctx, pool, term, `INSERT INTO config VALUES ('mode', $1, $2) ON CONFLICT (k) DO UPDATE SET v = $1, term = $2`, v, term.Token())
+		return err
+	}
+	ta, err := a.Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ta.Resign(context.Background()) //nolint:errcheck // lost by then
+	if err := write(ta, "a"); err != nil {
+		t.Fatal(err)
+	}
+	// a's lease runs out by the database clock (a is paused, say); b wins.
+	backdate(t, pool, "config-leader", 0)
+	tb, err := b.Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tb.Resign(context.Background()) //nolint:errcheck
+	if err := write(tb, "b"); err != nil {
+		t.Fatal(err)
+	}
+	err = write(ta, "a, late")
+	var stale *pgfence.StaleTokenError
+	if !errors.As(err, &stale) || stale.Presented != ta.Token() || stale.Accepted != tb.Token() {
+		t.Fatalf("the earlier term's write after the later term's: %v, want a stale token", err)
+	}
+	var v string
+	if err := pool.QueryRow(ctx, `SELECT v FROM config`).Scan(&v); err != nil || v != "b" {
+		t.Fatalf("config %q %v, want b's", v, err)
+	}
+	if !b.IsLeader() {
+		t.Fatal("b does not lead")
+	}
+}
+
+// A leader cut off from the database (no reply, no reset) stops leading
+// while the database still holds its lease: nobody else can be elected yet.
+// It says why, and a follower is elected once the lease expires.
+func TestLeaderCutOffStopsBeforeExpiry(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	ctx := ctxTimeout(t, time.Minute)
+	p := newProxy(t, serverAddr(t, db.URL))
+	url, err := p.ConnString(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPool, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPool.ConnConfig.ConnectTimeout = 2 * time.Second
+	cut, err := pgxpool.NewWithConfig(ctx, cfgPool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cut.Close)
+
+	cfg := election.Config{TTL: 3 * time.Second}
+	leader := startReplica(t, cut, "leader", "cut", cfg)
+	eventually(t, 10*time.Second, "cut leads", leader.e.IsLeader)
+	follower := startReplica(t, db.Pool, "leader", "follower", cfg)
+	term := leader.e.Term()
+
+	p.SetBlackhole(faultproxy.ClientToServer, true)
+	p.SetBlackhole(faultproxy.ServerToClient, true)
+	select {
+	case <-term.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the cut-off leader still leads after 10 s")
+	}
+	var live bool
+	if err := db.Pool.QueryRow(ctx, `SELECT live FROM pgfence.lease_status WHERE key = 'leader'`).Scan(&live); err != nil {
+		t.Fatal(err)
+	}
+	if !live {
+		t.Fatal("the leader stopped leading only after the database let its lease expire")
+	}
+	if leader.e.IsLeader() || follower.e.IsLeader() {
+		t.Fatalf("IsLeader: cut %v, follower %v; want neither while the lease runs out", leader.e.IsLeader(), follower.e.IsLeader())
+	}
+	if err := context.Cause(term.Context()); !errors.Is(err, election.ErrLost) || !errors.Is(err, leases.ErrLeaseLost) {
+		t.Fatalf("the term ended with %v, want ErrLost wrapping ErrLeaseLost", err)
+	}
+	backdate(t, db.Pool, "leader", 0) // let the remaining TTL pass
+	eventually(t, 10*time.Second, "the follower leads", follower.e.IsLeader)
+	if got := follower.e.Term().Token(); got <= term.Token() {
+		t.Fatalf("term %d after %d", got, term.Token())
+	}
+	p.Heal()
+	p.CutAll()
+	if err := leader.e.Health(); err == nil && !leader.e.IsLeader() {
+		t.Logf("the cut-off replica is healthy again as a follower")
+	}
+}
+
+// Campaign: TryOnce returns at once when someone leads, MaxWait gives up;
+// otherwise it waits for the leader's end.
+func TestCampaign(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	a, err := election.New(newClient(t, pool, nil), "k", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ta, err := a.Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ta.Resign(context.Background()) }) // before the leak check, if the test stops early
+	once, err := election.New(newClient(t, pool, nil), "k", &election.Config{Hold: leases.HoldOptions{TryOnce: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := once.Campaign(ctx); !errors.Is(err, leases.ErrLeaseHeld) {
+		t.Fatalf("TryOnce while led: %v", err)
+	}
+	// MaxWait long enough for the first attempt to find the election led
+	// on a loaded machine: the error says so, not only that time ran out.
+	bounded, err := election.New(newClient(t, pool, nil), "k", &election.Config{Hold: leases.HoldOptions{MaxWait: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bounded.Campaign(ctx); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, leases.ErrLeaseHeld) {
+		t.Fatalf("MaxWait while led: %v", err)
+	}
+	got := make(chan *election.Term, 1)
+	go func() {
+		tb, err := bounded.Campaign(context.Background())
+		if err != nil {
+			t.Error(err) // MaxWait again: the resignation below comes first
+		}
+		got <- tb
+	}()
+	time.Sleep(20 * time.Millisecond)
+	if err := ta.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if tb := <-got; tb != nil {
+		if tb.Token() <= ta.Token() {
+			t.Fatalf("term %d after %d", tb.Token(), ta.Token())
+		}
+		_ = tb.Resign(ctx)
+	}
+}
+
+// Health answers for a readiness probe: not running, leader, follower, and
+// a follower that cannot read the election.
+func TestHealth(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	p := newProxy(t, serverAddr(t, db.URL))
+	url, err := p.ConnString(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPool, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPool.ConnConfig.ConnectTimeout = time.Second
+	cut, err := pgxpool.NewWithConfig(context.Background(), cfgPool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cut.Close)
+
+	idle, err := election.New(newClient(t, db.Pool, nil), "h", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := idle.Health(); err == nil || !strings.Contains(err.Error(), "not campaigning") {
+		t.Fatalf("Health without Run: %v", err)
+	}
+	leader := startReplica(t, db.Pool, "h", "leader", election.Config{})
+	eventually(t, 10*time.Second, "a leader", leader.e.IsLeader)
+	// A follower with a short poll, so that it reads (and fails) soon.
+	follower := startReplica(t, cut, "h", "follower", election.Config{PollInterval: 50 * time.Millisecond})
+	eventually(t, 10*time.Second, "the follower healthy", func() bool { return follower.e.Health() == nil })
+	if err := leader.e.Health(); err != nil {
+		t.Fatalf("leader: %v", err)
+	}
+	p.SetRefuse(true)
+	p.CutAll()
+	eventually(t, 10*time.Second, "the cut-off follower unhealthy", func() bool { return follower.e.Health() != nil })
+	t.Logf("unhealthy: %v", follower.e.Health())
+	p.SetRefuse(false)
+	eventually(t, 10*time.Second, "the follower healthy again", func() bool { return follower.e.Health() == nil })
+}
+
+// Observe streams the current leadership, then every change: a key never
+// led, a term, a published value, a resignation.
+func TestObserve(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	e, err := election.New(newClient(t, pool, nil), "o", &election.Config{Hold: leases.HoldOptions{HolderInfo: "v1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	octx, cancel := context.WithCancel(ctx)
+	ch, err := e.Observe(octx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func() election.Leader {
+		t.Helper()
+		select {
+		case l := <-ch:
+			return l
+		case <-time.After(10 * time.Second):
+			t.Fatal("no leadership change within 10 s")
+		}
+		return election.Leader{}
+	}
+	if l := next(); l.Term != 0 {
+		t.Fatalf("first: %+v, want no leader", l)
+	}
+	term, err := e.Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := next(); l.Term != term.Token() || l.Value != "v1" || l.Holder != term.Holder() {
+		t.Fatalf("after the campaign: %+v", l)
+	}
+	if err := term.Proclaim(ctx, "v2"); err != nil {
+		t.Fatal(err)
+	}
+	if l := next(); l.Term != term.Token() || l.Value != "v2" {
+		t.Fatalf("after Proclaim: %+v", l)
+	}
+	if err := term.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l := next(); l.Term != 0 || l.Since.IsZero() {
+		t.Fatalf("after Resign: %+v", l)
+	}
+	if err := term.Proclaim(ctx, "v3"); !errors.Is(err, election.ErrNotLeader) {
+		t.Fatalf("Proclaim after Resign: %v", err)
+	}
+	cancel()
+	for range ch {
+	}
+}
+
+// New refuses what an election cannot do, naming the field.
+func TestNewRefuses(t *testing.T) {
+	pool := pgfencetest.NewPool(t)
+	c := newClient(t, pool, nil)
+	for field, cfg := range map[string]*election.Config{
+		"Config.TTL":          {TTL: -1},
+		"Config.PollInterval": {PollInterval: -1},
+		"Config.Hold.Fair":    {Hold: leases.HoldOptions{Fair: true}},
+		"HoldOptions.MaxWait": {Hold: leases.HoldOptions{MaxWait: -1}},
+	} {
+		if _, err := election.New(c, "k", cfg); !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), field) {
+			t.Errorf("%+v: %v, want ErrInvalid naming %s", cfg, err, field)
+		}
+	}
+	if _, err := election.New(c, "", nil); !errors.Is(err, leases.ErrInvalid) {
+		t.Errorf("empty key: %v", err)
+	}
+}

@@ -1,0 +1,49 @@
+package leases
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
+)
+
+// SetHolderInfo replaces the lease's holder description (the value
+// [Status.HolderInfo] and [Client.Watch] show) while the grant is live: an
+// elected leader publishes its address or state this way. It commits
+// durably, records an info_changed event in the key's history (one per
+// grant: a later change replaces the grant's earlier one) and announces it
+// on [ChangeNotifyChannel]; it returns the change's time by the database
+// clock. info is at most [MaxHolderInfoBytes] of UTF-8 without NUL.
+//
+// When the database refuses because the grant is no longer live (it
+// expired, was taken over or released), the lease is lost: its context ends
+// and the error wraps [ErrLeaseLost]. Other failures ([ErrUnavailable],
+// [ErrOutcomeUnknown], the context's error) leave the lease as it was.
+func (l *Lease) SetHolderInfo(ctx context.Context, info string) (time.Time, error) {
+	if len(info) > MaxHolderInfoBytes {
+		return time.Time{}, invalid("info", "must be at most %d bytes, got %d", MaxHolderInfoBytes, len(info))
+	}
+	if err := validText("info", info); err != nil {
+		return time.Time{}, err
+	}
+	if err := l.Err(); err != nil {
+		return time.Time{}, err
+	}
+	conn, err := l.c.conn(ctx) // fails only when nothing was sent
+	if err != nil {
+		return time.Time{}, fmt.Errorf("leases: set holder info of %q (holder %s, token %d): %w", l.key, l.holder, l.token, err)
+	}
+	var at time.Time
+	err = conn.QueryRow(ctx, sqlSetHolderInfo, l.key, l.holder, l.token, info).Scan(&at)
+	conn.Release()
+	if pgerr.Code(err) == pgerr.CodeLeaseNotHeld {
+		lost := l.lostError("the database refused to change the holder info", err)
+		l.end(lost)
+		return time.Time{}, lost
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("leases: set holder info of %q (holder %s, token %d): %w", l.key, l.holder, l.token, classify(err))
+	}
+	return at, nil
+}

@@ -1,0 +1,70 @@
+// Package job runs a scheduled job once per period (or per named slot)
+// across replicas, restarts and takeovers, with pgfence leases and a
+// completion record the database keeps.
+//
+// Every replica creates a [Runner] for the job's lease key with [New] and
+// calls [Runner.RunPeriod] (or [Runner.Run] with a slot name) on its own
+// schedule — every minute, say, for a nightly job. The call takes the job's
+// lease, skips the slot if it was completed, and otherwise runs the function
+// under the kept-alive lease. The function completes the slot with its last
+// write, in one transaction ([Slot.Finish], or [Slot.Complete] in its own):
+//
+//	res, err := runner.RunPeriod(ctx, 24*time.Hour, func(ctx context.Context, s *job.Slot) error {
+//		report, err := build(ctx, s.Name())
+//		if err != nil {
+//			return err // the slot stays unfinished: the next call takes it over
+//		}
+//		return s.Finish(ctx, func(ctx context.Context, tx pgx.Tx) error {
+//			_, err := tx.Exec(ctx, `INSERT INTO reports (day, body) VALUES ($1, $2)`, s.Name(), report)
+//			return err
+//		})
+//	})
+//
+// The slots live in pgfence.job_slots (the newest [KeptSlots] per job),
+// written only by the SQL functions pgfence.job_slot_begin,
+// pgfence.job_slot_save and pgfence.job_slot_complete, which check the job's
+// lease like pgfence.check_lease; a worker in another language can take part
+// by calling them.
+//
+// # Guarantees
+//
+//   - A slot completes at most once, whatever the replicas, restarts,
+//     pauses and takeovers: its completion commits only in a transaction that
+//     holds the job's lease row locked (FOR SHARE, so no takeover commits
+//     before it ends) with the run's live grant, and only if the slot is still
+//     that run's (a takeover moves it to the new run first). Writes in the same
+//     transaction ([Slot.Finish], [Slot.Complete]) take effect once too.
+//   - A run fences the job's resource with its token when it begins: once a
+//     later run began, every fenced write of an earlier one
+//     ([pgfence.Write] with [Slot.Lease]) is refused, before it can complete
+//     anything, even while the earlier runner still believes it holds the
+//     lease (paused, cut off).
+//   - A slot whose run did not complete (its runner died or lost the lease,
+//     or its function failed) is taken over by the next [Runner.Run] of the
+//     slot on any replica, once the lease is free (after the dead runner's
+//     TTL): it resumes from the last checkpoint ([Slot.Save]) or restarts
+//     ([Config.Takeover]). [Slot.Runs] counts the runs.
+//   - At least once requires a replica to ask again: RunPeriod asks for the
+//     current period only; [Runner.Unfinished] lists the slots of earlier
+//     periods left unfinished.
+//   - Slot names by period come from the database clock, not the replicas'.
+//
+// # Failure handling
+//
+//   - The job is running elsewhere: Run waits for the lease like
+//     [leases.Client.Do], and then finds the slot completed; with
+//     [leases.HoldOptions.TryOnce] it returns at once with an error wrapping
+//     [leases.ErrLeaseHeld].
+//   - The run's lease is lost (renewals fail past the trust window, MaxHold):
+//     the function's context ends; its completion, if it still tries, is
+//     refused ([pgfence.ErrLeaseNotHeld] or [pgfence.ErrStaleToken]) and rolls
+//     back with the writes of its transaction; Run returns the error and the
+//     slot stays unfinished for a takeover. A run longer than one hour must
+//     raise [leases.HoldOptions.MaxHold].
+//   - The connection breaks around the completion's commit: the error wraps
+//     [pgfence.ErrOutcomeUnknown]; call Run again: it finds the slot completed
+//     (then the work committed with it) or takes it over.
+//   - Effects outside the database (an e-mail, a third-party API) are not
+//     protected by the completion: make them idempotent (derive their keys
+//     from the job and slot), record progress with [Slot.Save] and resume.
+package job

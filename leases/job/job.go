@@ -1,0 +1,406 @@
+package job
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
+)
+
+// Limits, checked before any round trip ([leases.ErrInvalid] names the
+// argument); pgfence.job_slot_begin and pgfence.job_slot_save enforce the
+// same for other clients (PF008).
+const (
+	// MaxSlotBytes is the longest slot name, in bytes.
+	MaxSlotBytes = 256
+	// MaxCheckpointBytes is the longest checkpoint, in bytes.
+	MaxCheckpointBytes = 65536
+	// KeptSlots is how many slots of a job the database remembers (the
+	// newest by start): an older slot counts as never run.
+	KeptSlots = 1000
+)
+
+// TTLDefault is the job lease's TTL: a runner that dies mid-run is taken
+// over about this long after its last renewal.
+const TTLDefault = 30 * time.Second
+
+// Takeover says what a run does with a slot that an earlier run started and
+// did not complete (its runner died, lost its lease, or its work failed).
+type Takeover int
+
+const (
+	// Resume: the run gets the checkpoint the earlier run saved
+	// ([Slot.Checkpoint]) and goes on from there.
+	Resume Takeover = iota
+	// Restart: the checkpoint is dropped; the run starts over.
+	Restart
+)
+
+// Outcome says what [Runner.Run] did with a slot.
+type Outcome string
+
+const (
+	// Completed: this call ran the slot and recorded its completion.
+	Completed Outcome = "completed"
+	// AlreadyCompleted: the slot had been completed before (by any replica);
+	// nothing ran.
+	AlreadyCompleted Outcome = "already_completed"
+)
+
+// Result reports one [Runner.Run].
+type Result struct {
+	// Slot is the slot's name.
+	Slot string
+	// Outcome says whether this call completed it or found it completed.
+	Outcome Outcome
+	// Runs is how many runs the slot had, this one included when it ran: 1
+	// unless earlier runs were taken over.
+	Runs int
+	// CompletedAt is the completion time by the database clock.
+	CompletedAt time.Time
+	// Token is the fencing token of the run that completed the slot (this
+	// one's when Outcome is Completed).
+	Token int64
+}
+
+// Config configures a [Runner]. A nil *Config and zero fields use the
+// defaults.
+type Config struct {
+	// TTL is the job lease's TTL. Default [TTLDefault].
+	TTL time.Duration
+	// Hold says how the job's lease is taken and kept, as for
+	// [leases.Client.Do]: TryOnce skips the slot when another replica runs
+	// the job now (the error wraps [leases.ErrLeaseHeld]); MaxWait bounds the
+	// wait for it; MaxHold bounds a run and defaults to
+	// [leases.MaxHoldDefault] (one hour): raise it for longer jobs.
+	Hold leases.HoldOptions
+	// Takeover says what a run does with a slot an earlier run did not
+	// complete. Default [Resume].
+	Takeover Takeover
+	// Logger receives one event per run. Default: discard.
+	Logger *slog.Logger
+}
+
+// Runner runs the slots of one job, each once across every replica,
+// restart and takeover. It is safe for concurrent use.
+type Runner struct {
+	client *leases.Client
+	pool   *pgxpool.Pool
+	key    string
+	cfg    Config
+}
+
+// New returns a runner for the job whose lease key is key (members of
+// pgfence_app need a granted prefix of it); every replica uses the same
+// key. pool is where the slots are recorded: the database of the client's
+// leases, and of the job's writes that complete a slot.
+func New(client *leases.Client, pool *pgxpool.Pool, key string, cfg *Config) (*Runner, error) {
+	switch {
+	case client == nil:
+		return nil, fmt.Errorf("%w: client: must not be nil", leases.ErrInvalid)
+	case pool == nil:
+		return nil, fmt.Errorf("%w: pool: must not be nil", leases.ErrInvalid)
+	case key == "" || len(key) > leases.MaxKeyBytes:
+		return nil, fmt.Errorf("%w: key: must be 1 to %d bytes, got %d", leases.ErrInvalid, leases.MaxKeyBytes, len(key))
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	switch {
+	case c.TTL < 0:
+		return nil, fmt.Errorf("%w: Config.TTL: must not be negative, got %s", leases.ErrInvalid, c.TTL)
+	case c.Takeover != Resume && c.Takeover != Restart:
+		return nil, fmt.Errorf("%w: Config.Takeover: must be Resume or Restart, got %d", leases.ErrInvalid, c.Takeover)
+	}
+	if err := c.Hold.Validate(); err != nil {
+		return nil, err
+	}
+	if c.TTL == 0 {
+		c.TTL = TTLDefault
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Runner{client: client, pool: pool, key: key, cfg: c}, nil
+}
+
+// Key is the job's lease key: the resource its runs' fenced writes name.
+func (r *Runner) Key() string { return r.key }
+
+func validSlot(slot string) error {
+	switch {
+	case slot == "" || len(slot) > MaxSlotBytes:
+		return fmt.Errorf("%w: slot: must be 1 to %d bytes, got %d", leases.ErrInvalid, MaxSlotBytes, len(slot))
+	case !utf8.ValidString(slot) || strings.IndexByte(slot, 0) >= 0:
+		return fmt.Errorf("%w: slot: must be UTF-8 without NUL", leases.ErrInvalid)
+	}
+	return nil
+}
+
+// Run runs fn for slot once across replicas: it takes the job's lease (as
+// [leases.Client.Do] does, with [Config.Hold]), and under it begins the slot.
+// A slot completed before is skipped (Outcome [AlreadyCompleted]; fn does
+// not run). Otherwise fn runs under the kept-alive lease, its context ending
+// if the lease is lost; it completes the slot with [Slot.Finish] (or
+// [Slot.Complete] in its own transaction) together with its last write, and
+// if it returns nil without doing so, Run records the completion itself.
+// Either way the completion commits only while this run holds the job's
+// lease and the slot is still its run, so a slot completes once.
+//
+// When fn fails (or the lease is lost), the slot stays unfinished and Run
+// returns the error; the next Run of the slot, here or on any replica, takes
+// it over: it resumes from the last checkpoint ([Slot.Save]) or restarts
+// ([Config.Takeover]), and [Slot.Runs] counts the runs.
+//
+// ctx bounds the wait for the lease and the run, as for [leases.Client.Do]:
+// use [leases.HoldOptions.MaxWait] to bound only the wait.
+func (r *Runner) Run(ctx context.Context, slot string, fn func(ctx context.Context, s *Slot) error) (Result, error) {
+	if err := validSlot(slot); err != nil {
+		return Result{}, err
+	}
+	return r.run(ctx, func(context.Context, *leases.Lease) (string, error) { return slot, nil }, fn)
+}
+
+// RunPeriod is [Runner.Run] for the slot of the period that contains the
+// database's clock_timestamp() when the job's lease is granted: the slot's
+// name is the period's start in RFC 3339, UTC ("2026-12-03T00:00:00Z" for a
+// day), periods counted from 0001-01-01T00:00:00Z (so a day starts at
+// midnight UTC, an hour on the hour). Replicas that call it every minute
+// with a period of 24 h run the day's job once. A slot of an earlier
+// period that was never completed is not run again by RunPeriod: see
+// [Runner.Unfinished].
+func (r *Runner) RunPeriod(ctx context.Context, period time.Duration, fn func(ctx context.Context, s *Slot) error) (Result, error) {
+	if period < time.Second {
+		return Result{}, fmt.Errorf("%w: period: must be at least 1s, got %s", leases.ErrInvalid, period)
+	}
+	return r.run(ctx, func(ctx context.Context, l *leases.Lease) (string, error) {
+		var now time.Time
+		if err := r.pool.QueryRow(ctx, sqlNow).Scan(&now); err != nil {
+			return "", fmt.Errorf("job %q: read the database clock: %w", r.key, pgfence.MapError(err))
+		}
+		return now.UTC().Truncate(period).Format(time.RFC3339), nil
+	}, fn)
+}
+
+const (
+	sqlNow   = `SELECT pg_catalog.clock_timestamp()`
+	sqlBegin = `SELECT completed, runs, checkpoint, previous_token, started_at, completed_at
+  FROM pgfence.job_slot_begin($1, $2::uuid, $3, $4, $5)`
+	sqlSave       = `SELECT pgfence.job_slot_save($1, $2::uuid, $3, $4, $5)`
+	sqlComplete   = `SELECT pgfence.job_slot_complete($1, $2::uuid, $3, $4)`
+	sqlCompletion = `SELECT token, runs, completed_at FROM pgfence.job_slots WHERE key = $1 AND slot = $2`
+	sqlUnfinished = `SELECT slot FROM pgfence.job_slots WHERE key = $1 AND completed_at IS NULL ORDER BY started_at, slot`
+)
+
+func (r *Runner) run(ctx context.Context, name func(context.Context, *leases.Lease) (string, error), fn func(ctx context.Context, s *Slot) error) (Result, error) {
+	if fn == nil {
+		return Result{}, fmt.Errorf("%w: fn: must not be nil", leases.ErrInvalid)
+	}
+	var res Result
+	err := r.client.Do(ctx, r.key, r.cfg.TTL, &r.cfg.Hold, func(ctx context.Context, l *leases.Lease) error {
+		slot, err := name(ctx, l)
+		if err != nil {
+			return err
+		}
+		res.Slot = slot
+		s, err := r.begin(ctx, l, slot)
+		if err != nil {
+			return err
+		}
+		if s.done {
+			res.Outcome, res.Runs, res.CompletedAt, res.Token = AlreadyCompleted, s.runs, s.completedAt, s.doneBy
+			r.cfg.Logger.Debug("pgfence job: slot already completed", "key", r.key, "slot", slot)
+			return nil
+		}
+		r.cfg.Logger.Info("pgfence job: run", "key", r.key, "slot", slot, "run", s.runs, "token", l.Token(), "resumed", s.checkpoint != "")
+		if err := fn(ctx, s); err != nil {
+			return err
+		}
+		switch {
+		case !s.finished:
+			if err := s.Finish(ctx, nil); err != nil {
+				return err
+			}
+		case s.inTx:
+			// Complete ran in fn's transaction: see that it committed.
+			if err := s.committed(ctx); err != nil {
+				return err
+			}
+		}
+		res.Outcome, res.Runs, res.CompletedAt, res.Token = Completed, s.runs, s.completedAt, l.Token()
+		return nil
+	})
+	if err != nil {
+		return res, fmt.Errorf("job %q, slot %q: %w", r.key, res.Slot, err)
+	}
+	return res, nil
+}
+
+// begin begins (or takes over, or finds completed) the slot, in a
+// transaction that first fences the job's resource with the run's token: from
+// then on, fenced writes of earlier runs are refused.
+func (r *Runner) begin(ctx context.Context, l *leases.Lease, slot string) (*Slot, error) {
+	s := &Slot{r: r, lease: l, name: slot}
+	_, err := pgfence.Write(ctx, r.pool, l, func(ctx context.Context, tx pgx.Tx) error {
+		var (
+			checkpoint         *string
+			previous           *int64
+			started, completed *time.Time
+		)
+		if err := tx.QueryRow(ctx, sqlBegin, r.key, l.Holder(), l.Token(), slot, r.cfg.Takeover == Restart).
+			Scan(&s.done, &s.runs, &checkpoint, &previous, &started, &completed); err != nil {
+			return err
+		}
+		if checkpoint != nil {
+			s.checkpoint = *checkpoint
+		}
+		if previous != nil {
+			s.previous = *previous
+		}
+		if completed != nil {
+			s.completedAt = *completed
+		}
+		if s.done && previous != nil {
+			s.doneBy = *previous
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	return s, nil
+}
+
+// Unfinished lists the job's slots that a run began and none completed,
+// oldest first: runs that failed or whose runner died, in periods no
+// replica asked for since. [Runner.Run] them by name to take them over.
+func (r *Runner) Unfinished(ctx context.Context) ([]string, error) {
+	rows, err := r.pool.Query(ctx, sqlUnfinished, r.key)
+	if err != nil {
+		return nil, fmt.Errorf("job %q: unfinished: %w", r.key, pgfence.MapError(err))
+	}
+	slots, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("job %q: unfinished: %w", r.key, pgfence.MapError(err))
+	}
+	return slots, nil
+}
+
+// Slot is one run of a slot, given to the function [Runner.Run] runs.
+type Slot struct {
+	r          *Runner
+	lease      *leases.Lease
+	name       string
+	runs       int
+	checkpoint string
+	previous   int64 // the token of the run taken over, 0 if none
+
+	done        bool  // begin found it completed
+	doneBy      int64 // ... by this token
+	completedAt time.Time
+	finished    bool // this run completed it (Finish), or asked to (Complete)
+	inTx        bool // ... in the caller's transaction (Complete)
+}
+
+// Name is the slot's name.
+func (s *Slot) Name() string { return s.name }
+
+// Lease is the job's lease for this run: pass it to pgfence's fenced writes
+// (it names the job's key as the resource). Its token fences the run: once a
+// later run of the job began, this run's fenced writes are refused.
+func (s *Slot) Lease() *leases.Lease { return s.lease }
+
+// Runs is how many runs the slot had, this one included: 1, or more when
+// this run took over from earlier ones.
+func (s *Slot) Runs() int { return s.runs }
+
+// TakenOverFrom is the fencing token of the earlier run this one took over,
+// or 0.
+func (s *Slot) TakenOverFrom() int64 { return s.previous }
+
+// Checkpoint is the last checkpoint saved for the slot ([Slot.Save]): by an
+// earlier run it took over (with [Resume]) or by this run; "" when none.
+func (s *Slot) Checkpoint() string { return s.checkpoint }
+
+// Save records checkpoint (at most [MaxCheckpointBytes]) for the slot,
+// durably, while this run holds the job's lease: a run that takes the slot
+// over later starts from it. It fails with [pgfence.ErrLeaseNotHeld] when
+// the lease was lost or the slot taken over.
+func (s *Slot) Save(ctx context.Context, checkpoint string) error {
+	if len(checkpoint) > MaxCheckpointBytes || !utf8.ValidString(checkpoint) || strings.IndexByte(checkpoint, 0) >= 0 {
+		return fmt.Errorf("%w: checkpoint: must be UTF-8 without NUL, at most %d bytes", leases.ErrInvalid, MaxCheckpointBytes)
+	}
+	if _, err := s.r.pool.Exec(ctx, sqlSave, s.r.key, s.lease.Holder(), s.lease.Token(), s.name, checkpoint); err != nil {
+		return fmt.Errorf("save checkpoint: %w", pgfence.MapError(err))
+	}
+	s.checkpoint = checkpoint
+	return nil
+}
+
+// Complete records the slot's completion in tx, the caller's transaction of
+// the run's last write: the slot is completed if and only if tx commits.
+// The lease row stays locked until tx ends, so no takeover commits in
+// between; a run whose lease was lost, or whose slot was taken over, is
+// refused with [pgfence.ErrLeaseNotHeld] and tx must roll back. Fence the
+// writes of tx with [Slot.Lease] (or use [Slot.Finish], which does both).
+func (s *Slot) Complete(ctx context.Context, tx pgx.Tx) error {
+	var at time.Time
+	if err := tx.QueryRow(ctx, sqlComplete, s.r.key, s.lease.Holder(), s.lease.Token(), s.name).Scan(&at); err != nil {
+		return fmt.Errorf("complete: %w", pgfence.MapError(err))
+	}
+	s.completedAt, s.finished, s.inTx = at, true, true
+	return nil
+}
+
+// Finish runs fn (the run's last write; nil for none) and records the
+// slot's completion in one transaction, fenced with the run's token
+// ([pgfence.Write]): a stale run is refused ([pgfence.ErrStaleToken] when a
+// later run began, [pgfence.ErrLeaseNotHeld] when its lease was lost) and
+// nothing of fn commits. An outcome lost with the connection is reported as
+// [pgfence.ErrOutcomeUnknown]: the next Run of the slot tells (completed, or
+// taken over).
+func (s *Slot) Finish(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	var at time.Time
+	_, err := pgfence.Write(ctx, s.r.pool, s.lease, func(ctx context.Context, tx pgx.Tx) error {
+		if fn != nil {
+			if err := fn(ctx, tx); err != nil {
+				return err
+			}
+		}
+		return tx.QueryRow(ctx, sqlComplete, s.r.key, s.lease.Holder(), s.lease.Token(), s.name).Scan(&at)
+	})
+	if err != nil {
+		return fmt.Errorf("finish: %w", err)
+	}
+	s.completedAt, s.finished = at, true
+	return nil
+}
+
+// committed reads back that the slot is completed by this run, after
+// Complete in the caller's transaction (which the caller may have rolled
+// back).
+func (s *Slot) committed(ctx context.Context) error {
+	var (
+		token int64
+		runs  int
+		at    *time.Time
+	)
+	if err := s.r.pool.QueryRow(ctx, sqlCompletion, s.r.key, s.name).Scan(&token, &runs, &at); err != nil {
+		return fmt.Errorf("read the completion back: %w", pgfence.MapError(err))
+	}
+	if at == nil || token != s.lease.Token() {
+		return errors.New("fn returned nil, but the transaction in which it completed the slot did not commit")
+	}
+	s.completedAt = *at
+	return nil
+}

@@ -1,0 +1,332 @@
+package job_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/leases/job"
+	"github.com/pgfence/pgfence/pgfence"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+const effects = `CREATE TABLE effects (slot text NOT NULL, token bigint NOT NULL, by text NOT NULL)`
+
+func newRunner(t *testing.T, pool *pgxpool.Pool, cfg *job.Config) *job.Runner {
+	t.Helper()
+	r, err := job.New(newClient(t, pool, nil), pool, "jobs/nightly", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// effect is a run's business write, completing the slot with it.
+func effect(s *job.Slot, by string) error {
+	return s.Finish(context.Background(), func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2, $3)`, s.Name(), s.Lease().Token(), by)
+		return err
+	})
+}
+
+func countEffects(t *testing.T, pool *pgxpool.Pool, slot string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM effects WHERE slot = $1`, slot).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Runners of three replicas call Run for the same slot at once: one
+// completes it, the others find it completed; the effect exists once.
+func TestRunOncePerSlot(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	if _, err := pool.Exec(ctx, effects); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		results []job.Result
+	)
+	for _, name := range []string{"a", "b", "c"} {
+		r := newRunner(t, pool, nil)
+		wg.Go(func() {
+			res, err := r.Run(ctx, "2026-12-03", func(ctx context.Context, s *job.Slot) error { return effect(s, name) })
+			if err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			results = append(results, res)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	completed := 0
+	for _, res := range results {
+		if res.Outcome == job.Completed {
+			completed++
+		} else if res.Outcome != job.AlreadyCompleted || res.CompletedAt.IsZero() || res.Token == 0 {
+			t.Errorf("result %+v", res)
+		}
+	}
+	if completed != 1 || countEffects(t, pool, "2026-12-03") != 1 {
+		t.Fatalf("%d runs completed the slot, %d effects; want 1 and 1: %+v", completed, countEffects(t, pool, "2026-12-03"), results)
+	}
+}
+
+// A run that fails after saving a checkpoint leaves the slot unfinished; the
+// next run takes it over and resumes from the checkpoint, or with Restart
+// starts over.
+func TestTakeoverResumesOrRestarts(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	if _, err := pool.Exec(ctx, effects); err != nil {
+		t.Fatal(err)
+	}
+	for _, takeover := range []job.Takeover{job.Resume, job.Restart} {
+		slot := map[job.Takeover]string{job.Resume: "resume", job.Restart: "restart"}[takeover]
+		r := newRunner(t, pool, &job.Config{Takeover: takeover})
+		var first int64
+		_, err := r.Run(ctx, slot, func(ctx context.Context, s *job.Slot) error {
+			first = s.Lease().Token()
+			if s.Runs() != 1 || s.Checkpoint() != "" {
+				t.Errorf("first run: runs %d, checkpoint %q", s.Runs(), s.Checkpoint())
+			}
+			if err := s.Save(ctx, "step 1 of 2"); err != nil {
+				return err
+			}
+			return errors.New("step 2 failed")
+		})
+		if err == nil || !strings.Contains(err.Error(), "step 2 failed") {
+			t.Fatalf("failed run: %v", err)
+		}
+		if got, err := r.Unfinished(ctx); err != nil || len(got) != 1 || got[0] != slot {
+			t.Fatalf("Unfinished = %v, %v", got, err)
+		}
+		res, err := r.Run(ctx, slot, func(ctx context.Context, s *job.Slot) error {
+			want := map[job.Takeover]string{job.Resume: "step 1 of 2", job.Restart: ""}[takeover]
+			if s.Runs() != 2 || s.TakenOverFrom() != first || s.Checkpoint() != want {
+				t.Errorf("%s: the takeover sees runs %d, taken over from %d, checkpoint %q; want 2, %d, %q", slot, s.Runs(), s.TakenOverFrom(), s.Checkpoint(), first, want)
+			}
+			return effect(s, "second")
+		})
+		if err != nil || res.Outcome != job.Completed || res.Runs != 2 {
+			t.Fatalf("takeover: %+v %v", res, err)
+		}
+		if got, err := r.Unfinished(ctx); err != nil || len(got) != 0 {
+			t.Fatalf("Unfinished after the takeover = %v, %v", got, err)
+		}
+	}
+}
+
+// A run frozen past its lease (a GC pause, a stopped container): another
+// replica takes the slot over. The frozen run wakes while the takeover is
+// still running, before the takeover wrote anything: its completion, with
+// its result, is refused (the takeover fenced the job when it began). The
+// takeover completes; the effect exists once.
+func TestFrozenRunRefused(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	if _, err := pool.Exec(ctx, effects); err != nil {
+		t.Fatal(err)
+	}
+	frozen := newRunner(t, pool, &job.Config{TTL: 2 * time.Second})
+	other := newRunner(t, pool, &job.Config{TTL: 2 * time.Second})
+
+	began := make(chan struct{})
+	wake := make(chan struct{})
+	late := make(chan error, 1)
+	done := make(chan error, 1)
+	go func() {
+		_, err := frozen.Run(ctx, "slot", func(_ context.Context, s *job.Slot) error {
+			close(began)
+			<-wake // frozen, deaf to its context
+			err := effect(s, "frozen")
+			late <- err
+			return err
+		})
+		done <- err
+	}()
+	<-began
+	backdate(t, pool, "jobs/nightly") // its lease runs out by the database clock
+	res, err := other.Run(ctx, "slot", func(_ context.Context, s *job.Slot) error {
+		if s.Runs() != 2 {
+			t.Errorf("the takeover is run %d, want 2", s.Runs())
+		}
+		close(wake)
+		var stale *pgfence.StaleTokenError
+		if err := <-late; !errors.As(err, &stale) || stale.Presented >= s.Lease().Token() {
+			t.Errorf("the frozen run's late completion: %v, want a stale token", err)
+		}
+		return effect(s, "other")
+	})
+	if err != nil || res.Outcome != job.Completed {
+		t.Fatalf("takeover: %+v %v", res, err)
+	}
+	if err := <-done; err == nil {
+		t.Fatal("the frozen run's Run returned nil")
+	}
+	if n := countEffects(t, pool, "slot"); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+	var by string
+	if err := pool.QueryRow(ctx, `SELECT by FROM effects`).Scan(&by); err != nil || by != "other" {
+		t.Fatalf("effect by %q %v, want the takeover's", by, err)
+	}
+}
+
+// A run whose lease expired, with nobody having taken over yet, cannot
+// complete its slot: the completion checks the lease by the database clock.
+func TestExpiredRunCannotComplete(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	if _, err := pool.Exec(ctx, effects); err != nil {
+		t.Fatal(err)
+	}
+	r := newRunner(t, pool, nil)
+	_, err := r.Run(ctx, "slot", func(_ context.Context, s *job.Slot) error {
+		backdate(t, pool, "jobs/nightly")
+		return effect(s, "expired")
+	})
+	if !errors.Is(err, pgfence.ErrLeaseNotHeld) {
+		t.Fatalf("completion by an expired run: %v, want ErrLeaseNotHeld", err)
+	}
+	if n := countEffects(t, pool, "slot"); n != 0 {
+		t.Fatalf("%d effects of a refused completion", n)
+	}
+	if got, err := r.Unfinished(ctx); err != nil || len(got) != 1 {
+		t.Fatalf("Unfinished = %v, %v; want the slot", got, err)
+	}
+}
+
+// Complete in the caller's transaction: the slot completes with the
+// transaction's commit, and not when it rolls back.
+func TestCompleteInCallersTransaction(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	if _, err := pool.Exec(ctx, effects); err != nil {
+		t.Fatal(err)
+	}
+	r := newRunner(t, pool, nil)
+	inTx := func(commit bool) func(ctx context.Context, s *job.Slot) error {
+		return func(ctx context.Context, s *job.Slot) error {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck
+			if _, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2, 'tx')`, s.Name(), s.Lease().Token()); err != nil {
+				return err
+			}
+			if err := s.Complete(ctx, tx); err != nil {
+				return err
+			}
+			if !commit {
+				return tx.Rollback(ctx) // and, wrongly, no error
+			}
+			return tx.Commit(ctx)
+		}
+	}
+	if _, err := r.Run(ctx, "s", inTx(false)); err == nil || !strings.Contains(err.Error(), "did not commit") {
+		t.Fatalf("a completion rolled back: %v, want an error", err)
+	}
+	res, err := r.Run(ctx, "s", inTx(true))
+	if err != nil || res.Outcome != job.Completed || countEffects(t, pool, "s") != 1 {
+		t.Fatalf("a completion committed: %+v %v, %d effects", res, err, countEffects(t, pool, "s"))
+	}
+	if res, err := r.Run(ctx, "s", inTx(true)); err != nil || res.Outcome != job.AlreadyCompleted {
+		t.Fatalf("again: %+v %v", res, err)
+	}
+}
+
+// RunPeriod names the slot by the database clock; a second call in the same
+// period skips it. A function that returns nil without finishing completes
+// the slot all the same.
+func TestRunPeriod(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	r := newRunner(t, pool, nil)
+	var now time.Time
+	if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	ran := 0
+	res, err := r.RunPeriod(ctx, 24*time.Hour, func(context.Context, *job.Slot) error { ran++; return nil })
+	if err != nil || res.Outcome != job.Completed {
+		t.Fatal(res, err)
+	}
+	if want := now.UTC().Truncate(24 * time.Hour).Format(time.RFC3339); res.Slot != want || !strings.HasSuffix(want, "T00:00:00Z") {
+		t.Fatalf("slot %q, want %q", res.Slot, want)
+	}
+	res, err = r.RunPeriod(ctx, 24*time.Hour, func(context.Context, *job.Slot) error { ran++; return nil })
+	if err != nil || res.Outcome != job.AlreadyCompleted || ran != 1 {
+		t.Fatalf("second call: %+v %v, ran %d", res, err, ran)
+	}
+	if _, err := r.RunPeriod(ctx, time.Millisecond, func(context.Context, *job.Slot) error { return nil }); !errors.Is(err, leases.ErrInvalid) {
+		t.Fatalf("a period of 1ms: %v", err)
+	}
+}
+
+// TryOnce skips the slot while another replica runs the job.
+func TestTryOnceSkipsWhileRunning(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	a := newRunner(t, pool, nil)
+	b := newRunner(t, pool, &job.Config{Hold: leases.HoldOptions{TryOnce: true}})
+	running := make(chan struct{})
+	release := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.Run(ctx, "s", func(context.Context, *job.Slot) error { close(running); <-release; return nil })
+		done <- err
+	}()
+	<-running
+	if _, err := b.Run(ctx, "s", func(context.Context, *job.Slot) error { t.Error("ran"); return nil }); !errors.Is(err, leases.ErrLeaseHeld) {
+		t.Fatalf("TryOnce while running: %v", err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The SQL functions refuse arguments out of bounds (PF008) and a grant that
+// does not hold the job's lease (PF002).
+func TestSlotFunctionsRefuse(t *testing.T) {
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	c := newClient(t, pool, nil)
+	l, err := c.TryAcquire(ctx, "jobs/x", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for q, code := range map[string]string{
+		`SELECT * FROM pgfence.job_slot_begin($1, $2, $3, repeat('s', 257))`: pgerr.CodeInvalid,
+		`SELECT * FROM pgfence.job_slot_begin($1, $2, $3, '')`:               pgerr.CodeInvalid,
+		`SELECT * FROM pgfence.job_slot_begin($1, $2, $3::bigint + 1, 's')`:  pgerr.CodeLeaseNotHeld,
+		`SELECT pgfence.job_slot_save($1, $2, $3, 's', repeat('x', 65537))`:  pgerr.CodeInvalid,
+		`SELECT pgfence.job_slot_complete($1, $2, $3, 'never begun')`:        pgerr.CodeLeaseNotHeld,
+	} {
+		if _, err := pool.Exec(ctx, q, "jobs/x", l.Holder(), l.Token()); pgerr.Code(err) != code {
+			t.Errorf("%s: %v, want %s", q, err, code)
+		}
+	}
+}

@@ -1,0 +1,146 @@
+package job_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/leases/job"
+)
+
+// A jobber worker is a replica of a job's process: it runs the slots of a
+// list in order, each with Runner.Run, until each is completed (by it or by
+// another replica), retrying what fails.
+
+type jobberArgs struct {
+	URL   string        `json:"url"`
+	Key   string        `json:"key"`
+	Name  string        `json:"name"`
+	TTL   time.Duration `json:"ttl"`
+	Slots []string      `json:"slots"`
+}
+
+type jobberStatus struct {
+	Done      bool     `json:"done"`
+	Completed int      `json:"completed"` // slots this process completed
+	Skipped   int      `json:"skipped"`   // slots found completed
+	Errors    []string `json:"errors"`    // failed runs (retried)
+}
+
+var jobber struct {
+	mu     sync.Mutex
+	status jobberStatus
+	stop   context.CancelFunc
+	done   chan struct{}
+}
+
+func serveJobber(ctx context.Context, op string, raw json.RawMessage) (any, error) {
+	switch op {
+	case "open":
+		var a jobberArgs
+		if err := json.Unmarshal(raw, &a); err != nil {
+			return nil, err
+		}
+		return "ok", openJobber(a)
+	case "status":
+		jobber.mu.Lock()
+		defer jobber.mu.Unlock()
+		return jobber.status, nil
+	case "close":
+		jobber.stop()
+		<-jobber.done
+		return "ok", nil
+	}
+	return nil, fmt.Errorf("unknown op %q", op)
+}
+
+func openJobber(a jobberArgs) error {
+	cfg, err := pgxpool.ParseConfig(a.URL)
+	if err != nil {
+		return err
+	}
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return err
+	}
+	client, err := leases.New(pool, &leases.Config{HolderInfo: a.Name})
+	if err != nil {
+		return err
+	}
+	r, err := job.New(client, pool, a.Key, &job.Config{TTL: a.TTL, Hold: leases.HoldOptions{MaxWait: 5 * time.Second}})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	jobber.stop, jobber.done = cancel, make(chan struct{})
+	go func() {
+		defer close(jobber.done)
+		defer pool.Close()
+		defer client.Close()
+		for _, slot := range a.Slots {
+			for ctx.Err() == nil {
+				res, err := r.Run(ctx, slot, func(ctx context.Context, s *job.Slot) error { return work(ctx, s, a.Name) })
+				jobber.mu.Lock()
+				switch {
+				case err != nil:
+					jobber.status.Errors = append(jobber.status.Errors, err.Error())
+				case res.Outcome == job.Completed:
+					jobber.status.Completed++
+				default:
+					jobber.status.Skipped++
+				}
+				jobber.mu.Unlock()
+				if err == nil {
+					break
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(time.Duration(rand.IntN(20)) * time.Millisecond):
+				}
+			}
+		}
+		jobber.mu.Lock()
+		jobber.status.Done = ctx.Err() == nil
+		jobber.mu.Unlock()
+	}()
+	return nil
+}
+
+// work is a slot's job in two steps, with a checkpoint between them: the
+// business effect is written with the completion.
+func work(ctx context.Context, s *job.Slot, name string) error {
+	if s.Checkpoint() == "" {
+		if err := sleep(ctx, time.Duration(10+rand.IntN(40))*time.Millisecond); err != nil {
+			return err
+		}
+		if err := s.Save(ctx, "step 1 done by "+name); err != nil {
+			return err
+		}
+	}
+	if err := sleep(ctx, time.Duration(10+rand.IntN(40))*time.Millisecond); err != nil {
+		return err
+	}
+	return s.Finish(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO job_effects (slot, token, by, resumed) VALUES ($1, $2, $3, $4)`,
+			s.Name(), s.Lease().Token(), name, s.Runs() > 1)
+		return err
+	})
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return errors.Join(ctx.Err(), context.Cause(ctx))
+	case <-time.After(d):
+		return nil
+	}
+}

@@ -1,0 +1,386 @@
+package leases_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// next returns the watcher's next event, failing after d.
+func next(t *testing.T, w *leases.Watcher, d time.Duration) leases.WatchEvent {
+	t.Helper()
+	select {
+	case e, ok := <-w.Events():
+		if !ok {
+			t.Fatal("watch ended")
+		}
+		return e
+	case <-time.After(d):
+		t.Fatalf("no watch event within %s (state %+v)", d, w.State())
+	}
+	return leases.WatchEvent{}
+}
+
+// stopWatch ends a watch and waits until its channel is closed.
+func stopWatch(cancel context.CancelFunc, w *leases.Watcher) {
+	cancel()
+	for range w.Events() {
+	}
+}
+
+// A watcher sees every transition of its key in order, with who, token,
+// holder info and database times: grant, holder info change, release,
+// expiry (observed), takeover, force-release. With wake-ups and a poll of an
+// hour, only announcements and expiries make it read.
+func TestWatchSeesEveryTransition(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	watching := newClient(t, db.Pool, &leases.Config{PollInterval: time.Hour})
+	holders := newClient(t, db.Pool, &leases.Config{DisableWakeups: true, HolderInfo: "host-a"})
+	ctx := ctxTimeout(t, time.Minute)
+
+	wctx, cancel := context.WithCancel(ctx)
+	w, err := watching.Watch(wctx, "leader", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopWatch(cancel, w)
+	waitListening(t, watching, db.Pool)
+
+	announce := &leases.AcquireOptions{Announce: true}
+	a, err := holders.TryAcquire(ctx, "leader", time.Minute, announce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := next(t, w, 5*time.Second)
+	if e.Kind != leases.WatchAcquired || e.Holder != a.Holder() || e.Token != a.Token() || e.HolderInfo != "host-a" || e.At.Before(a.GrantedAt()) {
+		t.Fatalf("first event %+v, want a's grant (token %d, holder info host-a, at %v)", e, a.Token(), a.GrantedAt())
+	}
+	if _, err := a.SetHolderInfo(ctx, "host-a:8080"); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchInfoChanged || e.HolderInfo != "host-a:8080" || e.Token != a.Token() {
+		t.Fatalf("after SetHolderInfo: %+v", e)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchReleased || e.Token != a.Token() || !e.Ended() {
+		t.Fatalf("after Release: %+v", e)
+	}
+
+	// b's lease runs out (backdated): the watcher reads at the expiry it
+	// knows, finds it expired, and says so.
+	b, err := holders.TryAcquire(ctx, "leader", time.Minute, &leases.AcquireOptions{Announce: true, HolderInfo: "host-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchAcquired || e.Token != b.Token() || e.HolderInfo != "host-b" {
+		t.Fatalf("b's grant: %+v", e)
+	}
+	backdate(t, db.Pool, "leader", 0)
+	// The watcher still expects b's lease to run a minute: a wake-up makes it
+	// read now (as a takeover or a release would).
+	if _, err := db.Pool.Exec(ctx, `SELECT pg_notify($1, 'leader')`, leases.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	e = next(t, w, 5*time.Second)
+	if e.Kind != leases.WatchExpired || e.Token != b.Token() || e.ID != 0 || e.HolderInfo != "host-b" {
+		t.Fatalf("after b's expiry: %+v", e)
+	}
+	c, err := holders.TryAcquire(ctx, "leader", time.Minute, announce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchTakenOver || e.Token != c.Token() || e.Reason == "" {
+		t.Fatalf("c's takeover: %+v", e)
+	}
+	if _, err := holders.ForceRelease(ctx, "leader", "drill"); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchForceReleased || e.Reason != "drill" {
+		t.Fatalf("after ForceRelease: %+v", e)
+	}
+	if st := w.State(); st.Err != nil || st.Lease.Live || st.Lease.Token != c.Token() {
+		t.Fatalf("state %+v", st)
+	}
+}
+
+// warmUp opens the pool's connections: a new connection can take longer
+// than a short test lease's trust window on a loaded machine.
+func warmUp(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	var conns []*pgxpool.Conn
+	for range pool.Config().MaxConns {
+		conn, err := pool.Acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, conn)
+	}
+	for _, conn := range conns {
+		conn.Release()
+	}
+}
+
+// waitListening waits until c's LISTEN connection is up.
+func waitListening(t *testing.T, c *leases.Client, pool *pgxpool.Pool) {
+	t.Helper()
+	for i := 0; ; i++ {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database() AND query LIKE 'LISTEN%'`,
+			leases.ListenerApplicationName).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if i > 500 {
+			t.Fatal("the LISTEN connection did not come up")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A holder that announces its renewals keeps its watchers from reading: with
+// a poll of an hour they do not read again, however many times the lease is
+// renewed past the expiry they first read. Without announcements
+// they read again at every expiry they knew.
+func TestWatchFollowsAnnouncedRenewals(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	watching := newClient(t, db.Pool, &leases.Config{PollInterval: time.Hour})
+	holders := newClient(t, db.Pool, &leases.Config{DisableWakeups: true})
+	ctx := ctxTimeout(t, time.Minute)
+	warmUp(t, db.Pool)
+	const ttl = time.Second
+
+	for _, announce := range []bool{true, false} {
+		key := "announced"
+		if !announce {
+			key = "silent"
+		}
+		l, err := holders.TryAcquire(ctx, key, ttl, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kctx, stop := context.WithCancel(ctx)
+		kaDone := make(chan error, 1)
+		go func() { kaDone <- l.KeepAlive(kctx, &leases.KeepAliveOptions{Interval: ttl / 6, Announce: announce}) }()
+		wctx, cancel := context.WithCancel(ctx)
+		w, err := watching.Watch(wctx, key, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitListening(t, watching, db.Pool)
+		if e := next(t, w, 5*time.Second); e.Kind != leases.WatchAcquired {
+			t.Fatalf("%s: first event %+v", key, e)
+		}
+		// Reads the listener's (re)connection asked for are done by now.
+		time.Sleep(100 * time.Millisecond)
+		before := leases.WatchReads(w)
+		time.Sleep(3 * ttl)
+		reads := leases.WatchReads(w) - before
+		stop()
+		if err := <-kaDone; err != nil {
+			t.Fatal(err)
+		}
+		stopWatch(cancel, w)
+		_ = l.Release(ctx)
+		t.Logf("%s renewals: %d reads over 3 TTLs", key, reads)
+		switch {
+		case announce && reads != 0:
+			t.Errorf("announced renewals: %d reads, want none", reads)
+		case !announce && reads < 2:
+			t.Errorf("silent renewals: %d reads; the control case should read at each expiry it knew", reads)
+		}
+	}
+}
+
+// Without wake-ups a watcher polls, and still sees every grant and release.
+func TestWatchPollsWithoutWakeups(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	// Without wake-ups the poll defaults to BackoffMax.
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true, BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond})
+	ctx := ctxTimeout(t, time.Minute)
+	wctx, cancel := context.WithCancel(ctx)
+	w, err := c.Watch(wctx, "k", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopWatch(cancel, w)
+	for w.State().ReadAt.IsZero() { // the grants below come after the first read
+		time.Sleep(time.Millisecond)
+	}
+	var tokens []int64
+	for range 3 {
+		l, err := c.TryAcquire(ctx, "k", time.Minute, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens = append(tokens, l.Token())
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, token := range tokens {
+		if e := next(t, w, 5*time.Second); e.Kind != leases.WatchAcquired || e.Token != token {
+			t.Fatalf("got %+v, want the grant of token %d", e, token)
+		}
+		if e := next(t, w, 5*time.Second); e.Kind != leases.WatchReleased || e.Token != token {
+			t.Fatalf("got %+v, want the release of token %d", e, token)
+		}
+	}
+}
+
+// History replays the newest events; After resumes after an event, and
+// says so when the history was pruned past it.
+func TestWatchReplay(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	ctx := ctxTimeout(t, time.Minute)
+	var ids []int64
+	for range 3 {
+		l, err := c.TryAcquire(ctx, "k", time.Minute, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hist, err := c.History(ctx, "k", 10)
+	if err != nil || len(hist) != 6 {
+		t.Fatalf("history %+v %v", hist, err)
+	}
+	for i := len(hist) - 1; i >= 0; i-- {
+		ids = append(ids, hist[i].ID)
+	}
+
+	watch := func(opts *leases.WatchOptions, n int) []leases.WatchEvent {
+		t.Helper()
+		wctx, cancel := context.WithCancel(ctx)
+		w, err := c.Watch(wctx, "k", opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stopWatch(cancel, w)
+		var got []leases.WatchEvent
+		for range n {
+			got = append(got, next(t, w, 5*time.Second))
+		}
+		return got
+	}
+	if got := watch(&leases.WatchOptions{History: 3}, 3); got[0].ID != ids[3] || got[2].ID != ids[5] {
+		t.Errorf("History 3: %+v, want ids %v", got, ids[3:])
+	}
+	if got := watch(&leases.WatchOptions{After: ids[1]}, 4); got[0].ID != ids[2] || got[3].ID != ids[5] {
+		t.Errorf("After %d: %+v, want ids %v", ids[1], got, ids[2:])
+	}
+	// The default starts at the last grant.
+	if got := watch(nil, 2); got[0].ID != ids[4] || got[0].Kind != leases.WatchAcquired || got[1].ID != ids[5] {
+		t.Errorf("from the last grant: %+v, want ids %v", got, ids[4:])
+	}
+	if _, err := pool.Exec(ctx, `SELECT pgfence.prune_lease_events('k', 2)`); err != nil {
+		t.Fatal(err)
+	}
+	got := watch(&leases.WatchOptions{After: ids[1]}, 3)
+	if got[0].Kind != leases.WatchGap || got[1].ID != ids[4] {
+		t.Errorf("After a pruned event: %+v, want a gap, then ids %v", got, ids[4:])
+	}
+}
+
+// SetHolderInfo changes the live grant's holder info and records one
+// info_changed event per grant; a lost grant is refused and ends the lease.
+func TestSetHolderInfo(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	ctx := ctxTimeout(t, time.Minute)
+	l, err := c.TryAcquire(ctx, "k", time.Minute, &leases.AcquireOptions{HolderInfo: "v1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"v2", "v3"} {
+		if _, err := l.SetHolderInfo(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st, err := c.Get(ctx, "k"); err != nil || st.HolderInfo != "v3" {
+		t.Fatalf("row %+v %v, want holder info v3", st, err)
+	}
+	var n int
+	var info string
+	if err := pool.QueryRow(ctx, `SELECT count(*), max(holder_info) FROM pgfence.lease_events WHERE key = 'k' AND event = 'info_changed'`).Scan(&n, &info); err != nil || n != 1 || info != "v3" {
+		t.Fatalf("info_changed events: %d (%q) %v, want one, the latest", n, info, err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT holder_info FROM pgfence.lease_events WHERE key = 'k' AND event = 'acquired'`).Scan(&info); err != nil || info != "v1" {
+		t.Fatalf("grant event holder info %q %v, want v1", info, err)
+	}
+	if _, err := l.SetHolderInfo(ctx, string(make([]byte, leases.MaxHolderInfoBytes+1))); !errors.Is(err, leases.ErrInvalid) {
+		t.Fatalf("oversize info: %v", err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT pgfence.set_holder_info('k', $1, $2, repeat('x', 1025))`, l.Holder(), l.Token()); pgerr.Code(err) != pgerr.CodeInvalid {
+		t.Fatalf("oversize info from SQL: %v, want PF008", err)
+	}
+	backdate(t, pool, "k", 0)
+	if _, err := l.SetHolderInfo(context.Background(), "v4"); !errors.Is(err, leases.ErrLeaseLost) || !errors.Is(l.Err(), leases.ErrLeaseLost) {
+		t.Fatalf("SetHolderInfo on an expired grant: %v (lease %v), want ErrLeaseLost", err, l.Err())
+	}
+}
+
+// A storm of announced renewals of a watched key while its watchers wait:
+// every one moves their timers (the listener takes the client's lock, then
+// each watcher's; a waiting watcher takes its own, then reads the client's
+// state), and none of them blocks the other forever. A release after the
+// storm still reaches every watcher.
+func TestWatchUnderNotificationStorm(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	c := newClient(t, db.Pool, nil)
+	ctx := ctxTimeout(t, time.Minute)
+	l, err := c.TryAcquire(ctx, "k", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var ws []*leases.Watcher
+	for range 8 {
+		w, err := c.Watch(wctx, "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stopWatch(cancel, w)
+		ws = append(ws, w)
+	}
+	waitListening(t, c, db.Pool)
+	for _, w := range ws {
+		if e := next(t, w, 5*time.Second); e.Kind != leases.WatchAcquired {
+			t.Fatalf("first event %+v", e)
+		}
+	}
+	for range 5 {
+		if _, err := db.Pool.Exec(ctx, `SELECT pg_notify($1, 'renewed:' || g || ':k') FROM generate_series(1000000, 1010000) AS g`,
+			leases.ChangeNotifyChannel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range ws {
+		if e := next(t, w, 20*time.Second); e.Kind != leases.WatchReleased {
+			t.Fatalf("after the storm: %+v", e)
+		}
+	}
+}
