@@ -321,6 +321,7 @@ func goldenLeases(t *testing.T, ctx context.Context, db *pgfencetest.Database) {
 // writes (one with a trace id).
 func goldenFences(t *testing.T, ctx context.Context, db *pgfencetest.Database) {
 	t.Helper()
+	pgfencetest.IssueToken(t, db.Pool, "stock/apple", 9)
 	goldenExec(t, ctx, db, `SELECT pgfence.fence('stock/apple', 9, gen_random_uuid())`)
 	goldenExec(t, ctx, db, `SELECT pgfence.record_fence_rejection('stock/apple', 7, 9, 'stale_token', NULL, 'exec', gen_random_uuid(), '0123456789abcdef0123456789abcdef')`)
 	goldenExec(t, ctx, db, `SELECT pgfence.record_fence_rejection('stock/apple', 8, NULL, 'lease_not_held', 'expired', NULL, NULL, NULL)`)

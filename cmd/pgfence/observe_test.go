@@ -22,6 +22,7 @@ func TestFencesShowRejections(t *testing.T) {
 	environ := map[string]string{"DATABASE_URL": db.URL}
 	const traceID = "0123456789abcdef0123456789abcdef"
 	ctx := telemetrytest.RemoteTrace(t, context.Background(), traceID)
+	pgfencetest.IssueToken(t, db.Pool, "stock/apple", 9)
 	if _, err := pgfence.ExecToken(ctx, db.Pool, "stock/apple", 9, `SELECT 1`); err != nil {
 		t.Fatal(err)
 	}

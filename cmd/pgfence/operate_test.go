@@ -85,6 +85,7 @@ func TestFenceCommands(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO public.stock VALUES ('apple', 10)`); !errors.Is(pgfenceErr(err), pgfence.ErrUnfencedWrite) {
 		t.Fatalf("unfenced insert into a protected table: %v, want PF006", err)
 	}
+	pgfencetest.IssueToken(t, db.Pool, "stock/apple", 7)
 	if _, err := pgfence.ExecToken(ctx, db.Pool, "stock/apple", 7, `INSERT INTO public.stock VALUES ('apple', 10)`); err != nil {
 		t.Fatal(err)
 	}

@@ -209,8 +209,23 @@ func (s *scene) setup(ctx context.Context) error {
 	if err := pgfence.Protect(ctx, pool, pgx.Identifier{demoSchema, "stock"}, "sku", demoPrefix); err != nil {
 		return fmt.Errorf("demo setup: protect: %w", err)
 	}
-	if _, err := pgfence.ExecToken(ctx, pool, s.key, 1, `INSERT INTO pgfence_demo.stock VALUES ($1, $2, NULL, 'setup')`, s.sku, Initial); err != nil {
+	// The row is stocked under a grant of its lease, as every fenced write
+	// must be: a fenced write accepts only a token its resource's lease
+	// issued.
+	client, err := leases.New(pool, &leases.Config{DisableWakeups: true, HolderInfo: "demo setup"})
+	if err != nil {
+		return fmt.Errorf("demo setup: %w", err)
+	}
+	defer client.Close()
+	l, err := client.TryAcquire(ctx, s.key, time.Minute, nil)
+	if err != nil {
+		return fmt.Errorf("demo setup: lease: %w", err)
+	}
+	if _, err := pgfence.ExecToken(ctx, pool, s.key, l.Token(), `INSERT INTO pgfence_demo.stock VALUES ($1, $2, NULL, 'setup')`, s.sku, Initial); err != nil {
 		return fmt.Errorf("demo setup: initial stock: %w", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		return fmt.Errorf("demo setup: release: %w", err)
 	}
 	fmt.Fprintf(s.progress, "demo: stock %s = %d; lease TTL %s; worker A is a separate OS process\n", s.sku, Initial, s.ttl)
 	return nil
