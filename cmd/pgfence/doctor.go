@@ -75,7 +75,6 @@ const (
        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_replication
          WHERE sync_state OPERATOR(pg_catalog.=) ANY ('{sync,quorum}'::pg_catalog.text[]))`
 	sqlTimeouts       = `SELECT pg_catalog.current_setting('idle_in_transaction_session_timeout'), pg_catalog.current_setting('lock_timeout')`
-	sqlBackendPID     = `SELECT pg_catalog.pg_backend_pid()`
 	sqlUnrecordedObjs = `SELECT pg_catalog.to_regclass('pgfence.token_floor') IS NOT NULL`
 	sqlRoleMembers    = `SELECT pg_catalog.count(*) FILTER (WHERE r.rolname OPERATOR(pg_catalog.=) 'pgfence_app'),
        pg_catalog.count(*) FILTER (WHERE r.rolname OPERATOR(pg_catalog.=) 'pgfence_operator')
@@ -198,7 +197,9 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 		}
 	}
 
-	out = append(out, detectPooler(ctx, pool))
+	pctx, cancel := context.WithTimeout(ctx, poolerProbeTimeout)
+	out = append(out, poolerCheck(pctx, pool))
+	cancel()
 
 	if schema.Status == statusOK {
 		client, err := leases.New(pool, &leases.Config{DisableWakeups: true})
@@ -293,30 +294,6 @@ func roleMembers(ctx context.Context, pool *pgxpool.Pool) check {
 		return check{Name: "roles", Status: statusWarn, Detail: "no role is a member of pgfence_app: applications probably connect as the schema owner, which can write lease and fence rows directly; GRANT pgfence_app TO your application's login role (README, \"Security and least privilege\")"}
 	}
 	return check{Name: "roles", Status: statusOK, Detail: fmt.Sprintf("%d member(s) of pgfence_app, %d of pgfence_operator", app, operator)}
-}
-
-// detectPooler checks whether consecutive statements on one client connection
-// reach different server backends, which is what a transaction-mode pooler
-// (PgBouncer pool_mode=transaction) does.
-func detectPooler(ctx context.Context, pool *pgxpool.Pool) check {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return check{Name: "pooler", Status: statusFail, Detail: err.Error()}
-	}
-	defer conn.Release()
-	pids := map[int32]bool{}
-	for range 8 {
-		var pid int32
-		if err := conn.QueryRow(ctx, sqlBackendPID).Scan(&pid); err != nil {
-			return check{Name: "pooler", Status: statusFail, Detail: err.Error()}
-		}
-		pids[pid] = true
-	}
-	if len(pids) > 1 {
-		return check{Name: "pooler", Status: statusWarn, Detail: fmt.Sprintf(
-			"statements on one connection reached %d server backends: a transaction-mode pooler is in between; leases and fenced writes work, LISTEN wake-ups need a direct connection (or disable them: polling stays)", len(pids))}
-	}
-	return check{Name: "pooler", Status: statusOK, Detail: "one server backend per connection (no transaction-mode pooler detected)"}
 }
 
 // catalogList runs a catalog query that returns one text per finding.
