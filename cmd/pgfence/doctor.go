@@ -69,7 +69,19 @@ func doctor(*flag.FlagSet) runFunc {
 // so a session's search_path cannot change what they check; pgfence's own
 // state comes from the libraries.
 const (
-	sqlServer     = `SELECT pg_catalog.current_setting('server_version'), pg_catalog.pg_is_in_recovery()`
+	// sqlServer: the version, whether the server is a standby, and its
+	// timeline: on a primary the one its WAL is written on (the high bits of
+	// the tokens it issues, as pgfence.token_epoch() reads it); on a standby
+	// the one its WAL receiver streams (visible to superusers and
+	// pg_read_all_stats only), else that of its last restartpoint, with the
+	// upstream it streams from.
+	sqlServer = `SELECT pg_catalog.current_setting('server_version'), pg_catalog.pg_is_in_recovery(),
+       CASE WHEN pg_catalog.pg_is_in_recovery() THEN
+            coalesce((SELECT r.received_tli::pg_catalog.int8 FROM pg_catalog.pg_stat_wal_receiver r),
+                     (SELECT c.timeline_id::pg_catalog.int8 FROM pg_catalog.pg_control_checkpoint() c))
+       ELSE pg_catalog.concat('x', pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8
+       END,
+       (SELECT pg_catalog.concat(r.sender_host, ':', r.sender_port) FROM pg_catalog.pg_stat_wal_receiver r WHERE r.sender_host IS NOT NULL)`
 	sqlDurability = `SELECT pg_catalog.current_setting('synchronous_commit'), pg_catalog.current_setting('synchronous_standby_names'),
        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_replication),
        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_replication
@@ -154,14 +166,27 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 
 	var version string
 	var inRecovery bool
-	if err := pool.QueryRow(ctx, sqlServer).Scan(&version, &inRecovery); err != nil {
+	var timeline *int64
+	var upstream *string
+	if err := pool.QueryRow(ctx, sqlServer).Scan(&version, &inRecovery, &timeline, &upstream); err != nil {
 		add("server", statusFail, "cannot query the server: %v", err)
 		return out
 	}
+	where := ""
+	if timeline != nil {
+		where = fmt.Sprintf(" on timeline %d", *timeline)
+	}
 	if inRecovery {
-		add("server", statusFail, "PostgreSQL %s is a standby (in recovery): pgfence issues tokens only on the primary; connect with target_session_attrs=read-write", version)
+		if upstream != nil {
+			where += ", streaming from " + *upstream
+		}
+		add("server", statusFail, "PostgreSQL %s is a standby (in recovery)%s: pgfence issues tokens only on the primary; connect with target_session_attrs=read-write", version, where)
 	} else {
-		add("server", statusOK, "PostgreSQL %s, primary", version)
+		tokens := ""
+		if timeline != nil {
+			tokens = fmt.Sprintf(" (the tokens it issues are above %d << 40)", *timeline)
+		}
+		add("server", statusOK, "PostgreSQL %s, primary%s%s", version, where, tokens)
 	}
 
 	schema := schemaCheck(ctx, pool)
