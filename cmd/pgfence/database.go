@@ -93,7 +93,11 @@ func (f *dbFlags) connect(ctx context.Context, e *env) (*pgxpool.Pool, error) {
 	pctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
-		pool.Close()
+		// Not waited for: a connection cut short by the timeout is closed
+		// with a cancel request, which PgBouncer holds while it has no
+		// server connection (the server is down), and pgx waits up to 15 s
+		// for it: past --connect-timeout.
+		go pool.Close()
 		addr := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
 		return nil, unreachable(addr, cfg.ConnConfig.Database, err, cfg.ConnConfig.Password)
 	}
@@ -199,6 +203,13 @@ func unreachable(addr, database string, err error, password string) error {
 		ce.msg = fmt.Sprintf("database %q does not exist at %s", database, addr)
 		ce.hint = "create it (createdb " + database + ") or fix the database name in the URL"
 		ce.code = exitFailure
+	case "08P01":
+		// PgBouncer's "server login has been failing, try again later
+		// (server_login_retry)": after a failed login to the server it
+		// refuses every new client for server_login_retry, even once the
+		// server is back.
+		ce.msg = fmt.Sprintf("the pooler at %s refused the connection: %s", addr, pgerr.PgError(err).Message)
+		ce.hint = "PgBouncer refuses new clients for server_login_retry (default 15s) after its login to the server failed (a restart, a failover): retry in a few seconds; a lower server_login_retry in pgbouncer.ini shortens the wait"
 	case "57P03":
 		ce.msg = fmt.Sprintf("the server at %s is starting up or shutting down", addr)
 		ce.hint = "retry in a few seconds"

@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/testkit/pgbouncer"
+	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -171,5 +173,54 @@ func TestExecMode(t *testing.T) {
 		if _, err := pgx.ParseConfig(withExecMode(tc.in)); err != nil {
 			t.Errorf("withExecMode(%q) does not parse: %v", tc.in, err)
 		}
+	}
+}
+
+// After its login to the server failed (the server was down: a restart, a
+// failover), PgBouncer refuses every new client for server_login_retry,
+// even once the server is back. The CLI names the pooler and the setting
+// (exit 3), and the libraries call it ErrUnavailable: nothing was done.
+func TestPgBouncerServerLoginRetry(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cluster := pgfencetest.NewCluster(t, &pgfencetest.ClusterOptions{Settings: map[string]string{"fsync": "off"}})
+	db := cluster.NewDatabase(t)
+	// A window far longer than the restart, so the refusal is certain.
+	b := startPgBouncer(t, cluster, pgbouncer.Config{ServerLoginRetry: 10 * time.Minute})
+	environ := map[string]string{"DATABASE_URL": b.ConnString(db.Name)}
+	if code, out, errOut := cli(t, environ, "leases", "list"); code != exitOK {
+		t.Fatalf("leases list through PgBouncer: code %d\n%s%s", code, out, errOut)
+	}
+	if err := cluster.Stop(pgfencetest.Fast); err != nil {
+		t.Fatal(err)
+	}
+	// PgBouncer accepts the client (it knows the server's parameters) and
+	// fails to log in to the server for its first statement.
+	start := time.Now()
+	if code, _, errOut := cli(t, environ, "leases", "list", "--connect-timeout", "1s"); code != exitUnavailable {
+		t.Fatalf("leases list with the server down: code %d, want %d\n%s", code, exitUnavailable, errOut)
+	}
+	t.Logf("with the server down, leases list --connect-timeout 1s returned after %s", time.Since(start).Round(time.Millisecond))
+	if err := cluster.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := cli(t, environ, "leases", "list")
+	if code != exitUnavailable || !strings.Contains(errOut, "the pooler at "+b.Addr()+" refused the connection: server login has been failing") ||
+		!strings.Contains(errOut, "server_login_retry") {
+		t.Fatalf("leases list once the server is back, within server_login_retry: code %d, want %d naming the pooler and server_login_retry\n%s", code, exitUnavailable, errOut)
+	}
+	pool, err := pgxpool.New(ctx, withExecMode(b.ConnString(db.Name)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	client, err := leases.New(pool, &leases.Config{DisableWakeups: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	if _, err := client.TryAcquire(ctx, "jobs/a", time.Minute, nil); !errors.Is(err, leases.ErrUnavailable) {
+		t.Fatalf("TryAcquire within server_login_retry: %v, want ErrUnavailable", err)
 	}
 }
