@@ -32,6 +32,20 @@ const (
 	RetryTimeoutDefault = 3 * time.Second
 )
 
+// The etcd APIs Patroni can use.
+const (
+	// DCSEtcdV3 is etcd's v3 API (Patroni's etcd3 section).
+	DCSEtcdV3 = "etcd3"
+	// DCSEtcdV2 is etcd's v2 API (Patroni's etcd section; etcd runs with
+	// --enable-v2). Patroni before 3.0.3 updates its leader key through
+	// the v3 API with an unconditional put once its lease has expired: a
+	// primary frozen past the TTL that resumes overwrites the key its
+	// promoted replica holds, and the replica, with everything it
+	// acknowledged on its new timeline, is demoted and rewound. Its v2
+	// client updates the key with a compare-and-swap on its own name.
+	DCSEtcdV2 = "etcd"
+)
+
 // waitTimeout bounds every wait for a state of the cluster.
 const waitTimeout = 2 * time.Minute
 
@@ -59,6 +73,10 @@ type Config struct {
 	// retry_timeout, in whole seconds. Defaults [TTLDefault],
 	// [LoopWaitDefault], [RetryTimeoutDefault].
 	TTL, LoopWait, RetryTimeout time.Duration
+	// DCS is the etcd API Patroni uses: [DCSEtcdV3] or [DCSEtcdV2]. Default:
+	// v3, except for Patroni before 3.0.3, whose v3 client can take the
+	// leader key back from the node that replaced it (see [DCSEtcdV2]).
+	DCS string
 	// Settings are extra PostgreSQL parameters of every node.
 	Settings map[string]string
 	// Progress, when set, receives one line per step.
@@ -73,6 +91,7 @@ type Cluster struct {
 	binDir   string
 	progress func(string)
 	etcd     *process
+	dcs      string
 	nodes    []*Node
 	client   *http.Client
 
@@ -127,6 +146,17 @@ func Start(ctx context.Context, cfg *Config) (*Cluster, error) {
 	if err1 != nil || err2 != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNotInstalled, errors.Join(err1, err2))
 	}
+	dcs := cfg.DCS
+	switch dcs {
+	case DCSEtcdV2, DCSEtcdV3:
+	case "":
+		dcs = DCSEtcdV3
+		if v, err := version(patroniBin); err == nil && less(v, [3]int{3, 0, 3}) {
+			dcs = DCSEtcdV2
+		}
+	default:
+		return nil, fmt.Errorf("patroni: Config.DCS: %q is not %s or %s", cfg.DCS, DCSEtcdV3, DCSEtcdV2)
+	}
 	cred, err := credential()
 	if err != nil {
 		return nil, err
@@ -137,7 +167,7 @@ func Start(ctx context.Context, cfg *Config) (*Cluster, error) {
 		return nil, fmt.Errorf("patroni: %w", err)
 	}
 	c := &Cluster{
-		root: root, cred: cred, binDir: binDir, progress: cfg.Progress,
+		root: root, cred: cred, binDir: binDir, progress: cfg.Progress, dcs: dcs,
 		scope:  "pgfence-" + filepath.Base(root)[len(dirPrefix):],
 		client: &http.Client{},
 	}
@@ -279,13 +309,14 @@ func (c *Cluster) startEtcd(ctx context.Context, bin string) error {
 	if err := c.chown(dir); err != nil {
 		return err
 	}
-	c.progress("starting etcd on " + client)
+	c.progress("starting etcd on " + client + " (Patroni uses its " + map[string]string{DCSEtcdV2: "v2", DCSEtcdV3: "v3"}[c.dcs] + " API)")
 	p, err := c.spawn("etcd", bin, []string{
 		"--name", "etcd0", "--data-dir", filepath.Join(dir, "data"),
 		"--listen-client-urls", client, "--advertise-client-urls", client,
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
 		"--initial-cluster", "etcd0=" + peer, "--initial-cluster-state", "new",
 		"--initial-cluster-token", c.scope, "--log-level", "warn",
+		"--enable-v2=" + strconv.FormatBool(c.dcs == DCSEtcdV2),
 	}, dir, filepath.Join(c.root, "etcd.log"))
 	if err != nil {
 		return err
@@ -365,6 +396,37 @@ func (p *process) stop(sig syscall.Signal, grace time.Duration) {
 		<-p.exited
 	}
 }
+
+// version returns the version patroni --version prints.
+func version(bin string) ([3]int, error) {
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		return [3]int{}, err
+	}
+	var v [3]int
+	f := strings.Fields(string(out))
+	if len(f) < 2 {
+		return v, fmt.Errorf("patroni --version: %q", out)
+	}
+	for i, part := range strings.SplitN(f[len(f)-1], ".", 3) {
+		if v[i], err = strconv.Atoi(strings.TrimFunc(part, func(r rune) bool { return r < '0' || r > '9' })); err != nil {
+			return v, fmt.Errorf("patroni --version: %q", out)
+		}
+	}
+	return v, nil
+}
+
+func less(a, b [3]int) bool {
+	for i := range a {
+		if a[i] != b[i] {
+			return a[i] < b[i]
+		}
+	}
+	return false
+}
+
+// DCS returns the etcd API Patroni uses: [DCSEtcdV3] or [DCSEtcdV2].
+func (c *Cluster) DCS() string { return c.dcs }
 
 // Nodes returns the PostgreSQL nodes in the order they were started; the
 // first bootstrapped the cluster.

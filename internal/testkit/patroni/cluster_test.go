@@ -35,7 +35,13 @@ func start(t *testing.T, cfg *Config) *Cluster {
 // A cluster starts with node0 leading and node1 streaming; the multi-host
 // URL reaches the primary; Close leaves no process and no file.
 func TestCluster(t *testing.T) {
-	c := start(t, nil)
+	for _, dcs := range []string{DCSEtcdV2, DCSEtcdV3} {
+		t.Run(dcs, func(t *testing.T) { testCluster(t, dcs) })
+	}
+}
+
+func testCluster(t *testing.T, dcs string) {
+	c := start(t, &Config{DCS: dcs})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	leader, m, err := c.Leader(ctx)

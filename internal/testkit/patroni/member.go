@@ -3,11 +3,12 @@ package patroni
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 )
@@ -19,38 +20,20 @@ const (
 	RoleSyncStandby = "sync_standby"
 )
 
-// Member is one node as Patroni's /cluster endpoint reports it.
+// Member is one node as Patroni records it in etcd.
 type Member struct {
-	Name string `json:"name"`
+	Name string
 	// Role is [RoleLeader], [RoleReplica] or [RoleSyncStandby].
-	Role string `json:"role"`
+	Role string
 	// State is PostgreSQL's as Patroni sees it: running, starting, stopped,
 	// crashed, ...
-	State    string `json:"state"`
-	Host     string `json:"host"`
-	Port     int    `json:"port"`
-	Timeline int64  `json:"timeline"`
+	State    string
+	Host     string
+	Port     int
+	Timeline int64
 	// Lag is a replica's replication lag in bytes; nil when unknown (and
 	// for the leader).
-	Lag *int64 `json:"-"`
-}
-
-// UnmarshalJSON reads lag, which Patroni reports as bytes or as "unknown".
-func (m *Member) UnmarshalJSON(b []byte) error {
-	type plain Member
-	var aux struct {
-		plain
-		Lag json.RawMessage `json:"lag"`
-	}
-	if err := json.Unmarshal(b, &aux); err != nil {
-		return err
-	}
-	*m = Member(aux.plain)
-	var lag int64
-	if len(aux.Lag) > 0 && json.Unmarshal(aux.Lag, &lag) == nil {
-		m.Lag = &lag
-	}
-	return nil
+	Lag *int64
 }
 
 func (m Member) String() string {
@@ -79,20 +62,146 @@ func leaderOf(ms []Member) (Member, bool) {
 	return Member{}, false
 }
 
-// Members asks the nodes' REST APIs, in turn, for the cluster as Patroni
-// sees it (from etcd); the first that answers wins. A frozen node's API does
-// not answer: its request times out and the next node is asked.
+// Members reads the cluster from etcd, as Patroni keeps it there: the
+// leader key, each member's key and the synchronous standby. Reading the
+// DCS, not a node's REST API, matters: a node that was frozen answers
+// from its cache, which still says what it was before.
 func (c *Cluster) Members(ctx context.Context) ([]Member, error) {
-	var errs []error
-	for _, n := range c.nodes {
-		var out struct{ Members []Member }
-		if err := c.call(ctx, 2*time.Second, http.MethodGet, n, "/cluster", nil, &out); err != nil {
-			errs = append(errs, err)
+	kv, err := c.readDCS(ctx)
+	if err != nil {
+		return nil, err
+	}
+	leader := kv["leader"]
+	var syncKey struct {
+		SyncStandby string `json:"sync_standby"`
+	}
+	_ = json.Unmarshal([]byte(kv["sync"]), &syncKey)
+	syncs := map[string]bool{}
+	for _, name := range strings.Split(syncKey.SyncStandby, ",") {
+		syncs[name] = name != ""
+	}
+	var status struct {
+		Optime int64 `json:"optime"`
+	}
+	_ = json.Unmarshal([]byte(kv["status"]), &status)
+	var out []Member
+	for key, value := range kv {
+		name, ok := strings.CutPrefix(key, "members/")
+		if !ok {
 			continue
 		}
-		return out.Members, nil
+		var data struct {
+			State        string `json:"state"`
+			ConnURL      string `json:"conn_url"`
+			Timeline     int64  `json:"timeline"`
+			XLogLocation *int64 `json:"xlog_location"`
+		}
+		if err := json.Unmarshal([]byte(value), &data); err != nil {
+			return nil, fmt.Errorf("patroni: member %s: %w", name, err)
+		}
+		m := Member{Name: name, Role: RoleReplica, State: data.State, Timeline: data.Timeline}
+		if n := c.Node(name); n != nil {
+			m.Host, m.Port = "127.0.0.1", n.Port()
+		}
+		switch {
+		case name == leader:
+			m.Role = RoleLeader
+		case syncs[name]:
+			m.Role = RoleSyncStandby
+		}
+		if name != leader && data.XLogLocation != nil && status.Optime > 0 {
+			lag := max(0, status.Optime-*data.XLogLocation)
+			m.Lag = &lag
+		}
+		out = append(out, m)
 	}
-	return nil, errors.Join(errs...)
+	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// readDCS returns the cluster's keys in etcd, relative to its prefix
+// (leader, members/node0, sync, status, ...), through etcd's v2 or v3 API.
+func (c *Cluster) readDCS(ctx context.Context) (map[string]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	prefix := "/pgfence/" + c.scope + "/"
+	out := map[string]string{}
+	if c.dcs == DCSEtcdV2 {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.etcd.url+"/v2/keys"+prefix+"?recursive=true", nil)
+		if err != nil {
+			return nil, err
+		}
+		var body struct {
+			Node v2Node `json:"node"`
+		}
+		if err := c.doJSON(req, &body); err != nil {
+			return nil, err
+		}
+		var walk func(n v2Node)
+		walk = func(n v2Node) {
+			if !n.Dir {
+				out[strings.TrimPrefix(n.Key, prefix)] = n.Value
+			}
+			for _, ch := range n.Nodes {
+				walk(ch)
+			}
+		}
+		walk(body.Node)
+		return out, nil
+	}
+	end := []byte(prefix)
+	end[len(end)-1]++
+	raw, _ := json.Marshal(map[string]string{
+		"key":       base64.StdEncoding.EncodeToString([]byte(prefix)),
+		"range_end": base64.StdEncoding.EncodeToString(end),
+	})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.etcd.url+"/v3/kv/range", bytes.NewReader(raw))
+	if err != nil {
+		return nil, err
+	}
+	var body struct {
+		KVs []struct {
+			Key, Value string
+		} `json:"kvs"`
+	}
+	if err := c.doJSON(req, &body); err != nil {
+		return nil, err
+	}
+	for _, kv := range body.KVs {
+		k, err1 := base64.StdEncoding.DecodeString(kv.Key)
+		v, err2 := base64.StdEncoding.DecodeString(kv.Value)
+		if err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("patroni: etcd answered a key that is not base64: %q", kv.Key)
+		}
+		out[strings.TrimPrefix(string(k), prefix)] = string(v)
+	}
+	return out, nil
+}
+
+// v2Node is a key or directory of etcd's v2 API.
+type v2Node struct {
+	Key   string   `json:"key"`
+	Value string   `json:"value"`
+	Dir   bool     `json:"dir"`
+	Nodes []v2Node `json:"nodes"`
+}
+
+// doJSON sends req and decodes a 2xx JSON answer into out. etcd's v2 API
+// answers 404 for a prefix with no key yet: that is an empty cluster.
+func (c *Cluster) doJSON(req *http.Request, out any) error {
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("patroni: etcd: %w", err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode == http.StatusNotFound {
+		return nil
+	}
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("patroni: etcd %s: %s: %s", req.URL.Path, resp.Status, strings.TrimSpace(string(raw)))
+	}
+	return json.Unmarshal(raw, out)
 }
 
 // call sends one request to n's REST API and decodes its JSON answer into

@@ -63,7 +63,7 @@ func (c *Cluster) newNode(i int, bin string, cfg *Config, timing map[string]time
 			"listen":          n.RESTAddr(),
 			"connect_address": n.RESTAddr(),
 		},
-		"etcd3": map[string]any{"hosts": []string{c.etcd.url[len("http://"):]}, "protocol": "http"},
+		c.dcs: map[string]any{"hosts": []string{c.etcd.url[len("http://"):]}, "protocol": "http"},
 		"bootstrap": map[string]any{
 			"dcs": map[string]any{
 				"ttl":                     int(timing["TTL"] / time.Second),
