@@ -22,17 +22,6 @@ import (
 type Func func(ctx context.Context, tx pgx.Tx) ([]byte, error)
 
 const (
-	// lookupSQL answers replays and refusals in one round trip, before any
-	// transaction. The stored result is only returned to a matching payload.
-	lookupSQL = `SELECT status, fingerprint = $3,
-       CASE WHEN fingerprint = $3 THEN result END,
-       CASE WHEN fingerprint = $3 THEN failure_code END,
-       CASE WHEN fingerprint = $3 THEN failure_message END,
-       expires_at,
-       (extract(epoch FROM greatest(lease_expires_at - clock_timestamp(), interval '0')) * 1e6)::bigint
-  FROM pgfence.idempotency_keys
- WHERE scope = $1 AND key = $2 AND (status = 'in_progress' OR expires_at > clock_timestamp())`
-
 	claimAtomicSQL = `SELECT outcome, status, result, failure_code, failure_message, expires_at,
        (extract(epoch FROM retry_after) * 1e6)::bigint
   FROM pgfence.idempotency_claim_atomic($1, $2, $3, $4 * interval '1 microsecond', $5 * interval '1 microsecond')`
@@ -57,6 +46,11 @@ const (
 // transaction must be READ COMMITTED ([ErrIsolation] otherwise). With a pool or
 // connection Do commits itself; a broken connection during that commit returns
 // [ErrOutcomeUnknown]: call Do again with the same request to learn the answer.
+//
+// On a pool or a connection a new key costs BEGIN, the claim, fn's
+// statements, and the result with COMMIT in one pipeline; a duplicate costs
+// BEGIN, the claim and ROLLBACK. [Store.Begin] is the same claim for a
+// caller that drives the work itself (a middleware, an interceptor).
 func (s *Store) Do(ctx context.Context, db DB, req Request, fn Func) (o *Outcome, err error) {
 	ctx, done := s.tel.start(ctx, modeAtomic, req)
 	defer func() { done(o, err) }()
@@ -66,13 +60,6 @@ func (s *Store) Do(ctx context.Context, db DB, req Request, fn Func) (o *Outcome
 	}
 	if fn == nil {
 		return nil, fmt.Errorf("%w: fn is nil", ErrInvalid)
-	}
-	if _, inTx := db.(pgx.Tx); !inTx {
-		// Outside a caller's transaction a stored answer needs no transaction
-		// at all: one round trip.
-		if out, err := s.lookup(ctx, db, req, fp); out != nil || err != nil {
-			return out, err
-		}
 	}
 	out, err := s.runAtomic(ctx, db, req, fp, retention, fn)
 	var failure *Failure
@@ -93,41 +80,173 @@ func (s *Store) Do(ctx context.Context, db DB, req Request, fn Func) (o *Outcome
 type storeFailure struct{ *Failure }
 
 func (s *Store) runAtomic(ctx context.Context, db DB, req Request, fp []byte, retention time.Duration, fn Func) (*Outcome, error) {
+	out, err := s.beginAtomic(ctx, db, req, fp, retention)
+	if err != nil || out.Status != New {
+		return out, err
+	}
+	a := out.Atomic
+	defer a.end() // rolls back unless committed
+
+	result, err := fn(ctx, a.tx.Tx)
+	var stored *storeFailure
+	switch {
+	case errors.As(err, &stored):
+		expiresAt, err := a.settle(ctx, stored.Data, stored.Failure)
+		if err != nil {
+			return nil, err
+		}
+		return &Outcome{Status: New, Failure: stored.Failure, ExpiresAt: expiresAt}, nil
+	case err != nil:
+		return nil, err // transient, or a *Failure for Do to store
+	}
+	expiresAt, err := a.Complete(ctx, result)
+	if err != nil {
+		return nil, err
+	}
+	if result == nil {
+		result = []byte{}
+	}
+	return &Outcome{Status: New, Result: result, ExpiresAt: expiresAt}, nil
+}
+
+// Begin claims req's key for atomic work that the caller drives itself: a
+// READ COMMITTED transaction on db is opened, the key is claimed in it as
+// [Store.Do] claims it, and the transaction stays open for the caller.
+//
+//   - New: [Outcome.Atomic] holds the claim. Do the work through its
+//     [AtomicAttempt.Tx], then end it with [AtomicAttempt.Complete] or
+//     [AtomicAttempt.Fail] (the answer is stored and commits together with
+//     the work) or [AtomicAttempt.Rollback] (nothing happened, the key is
+//     free). Until then the transaction holds a connection and the key: a
+//     duplicate waits for it (see [Config.WaitTimeout]).
+//   - Replayed, InProgress, Mismatch: as for Do; no transaction stays open.
+//
+// A new key costs BEGIN and the claim, a duplicate BEGIN, the claim and
+// ROLLBACK. db may be a [pgx.Tx] (the work runs under a savepoint of it, as
+// with Do).
+func (s *Store) Begin(ctx context.Context, db DB, req Request) (o *Outcome, err error) {
+	ctx, done := s.tel.start(ctx, modeAtomic, req)
+	defer func() { done(o, err) }()
+	fp, retention, err := s.check(req)
+	if err != nil {
+		return nil, err
+	}
+	return s.beginAtomic(ctx, db, req, fp, retention)
+}
+
+func (s *Store) beginAtomic(ctx context.Context, db DB, req Request, fp []byte, retention time.Duration) (*Outcome, error) {
 	tx, err := beginAtomic(ctx, db)
 	if err != nil {
 		return nil, classify(err, false)
 	}
-	defer tx.end() // rolls back unless committed
-
 	out, err := s.claimAtomic(ctx, tx, req, fp, retention)
 	if err != nil || out.Status != New {
+		tx.end()
 		return out, err
 	}
-	result, err := fn(ctx, tx)
-	var failure *Failure
-	var stored *storeFailure
-	switch {
-	case errors.As(err, &stored):
-		failure = stored.Failure
-	case err != nil:
-		return nil, err // transient, or a *Failure for Do to store
-	case len(result) > MaxResultBytes:
-		return nil, fmt.Errorf("%w: result must be at most %d bytes, got %d", ErrInvalid, MaxResultBytes, len(result))
-	case result == nil:
+	out.Atomic = &AtomicAttempt{store: s, scope: req.Scope, key: req.Key, tx: tx}
+	return out, nil
+}
+
+// AtomicAttempt is an atomic claim that [Store.Begin] left open: a READ
+// COMMITTED transaction that holds the key. Everything written through
+// [AtomicAttempt.Tx] commits together with the stored answer, or not at all.
+// End it with exactly one of Complete, Fail or Rollback; until then it holds
+// a database connection. Like a [pgx.Tx] it is not safe for concurrent use.
+type AtomicAttempt struct {
+	store      *Store
+	scope, key string
+	tx         *atomicTx
+	ended      bool
+}
+
+// Scope returns the key's scope.
+func (a *AtomicAttempt) Scope() string { return a.scope }
+
+// Key returns the key.
+func (a *AtomicAttempt) Key() string { return a.key }
+
+// Tx is the transaction that holds the claim: do the intent's writes through
+// it. Do not commit or roll it back yourself: a COMMIT without the stored
+// answer is refused by the database (the claim must be completed in its
+// transaction), and either leaves the attempt unable to complete. A
+// [pgx.Tx.Begin] on it is a savepoint, as usual.
+func (a *AtomicAttempt) Tx() pgx.Tx { return a.tx.Tx }
+
+// Complete stores result (at most [MaxResultBytes]; nil is stored as empty)
+// as the key's answer and commits it together with the writes made through
+// Tx. It returns when the stored result expires. A broken connection while
+// the COMMIT was on its way returns [ErrOutcomeUnknown]: claim the same
+// request again to learn whether it committed. Any other error means nothing
+// was stored and the key is free. The attempt has ended either way.
+func (a *AtomicAttempt) Complete(ctx context.Context, result []byte) (time.Time, error) {
+	if len(result) > MaxResultBytes {
+		a.end()
+		return time.Time{}, fmt.Errorf("%w: result must be at most %d bytes, got %d", ErrInvalid, MaxResultBytes, len(result))
+	}
+	if result == nil {
 		result = []byte{}
 	}
-	out = &Outcome{Status: New, Result: result}
+	return a.settle(ctx, result, nil)
+}
+
+// Fail stores f as the key's permanent answer, replayed to every duplicate,
+// and commits it together with the writes made through Tx (unlike a
+// [*Failure] returned from a [Func], which rolls them back). Errors as for
+// [AtomicAttempt.Complete].
+func (a *AtomicAttempt) Fail(ctx context.Context, f *Failure) (time.Time, error) {
+	if f == nil {
+		a.end()
+		return time.Time{}, fmt.Errorf("%w: failure is nil", ErrInvalid)
+	}
+	if err := f.check(); err != nil {
+		a.end()
+		return time.Time{}, err
+	}
+	return a.settle(ctx, f.Data, f)
+}
+
+// Rollback abandons the attempt: the writes made through Tx are rolled back,
+// nothing is stored and the key is free for the next claim. It returns the
+// error of the ROLLBACK, if any (the connection is then closed, which rolls
+// back too); on an attempt that has ended it does nothing and returns nil.
+func (a *AtomicAttempt) Rollback(ctx context.Context) error {
+	if a.ended {
+		return nil
+	}
+	a.ended = true
+	err := a.tx.Rollback(ctx)
+	if a.tx.release != nil {
+		a.tx.release()
+	}
+	if errors.Is(err, pgx.ErrTxClosed) {
+		return nil
+	}
+	return err
+}
+
+func (a *AtomicAttempt) settle(ctx context.Context, result []byte, f *Failure) (time.Time, error) {
+	if a.ended {
+		return time.Time{}, fmt.Errorf("idempotency: atomic attempt on %s/%s: %w", a.scope, a.key, pgx.ErrTxClosed)
+	}
+	defer a.end()
 	var code, message *string
-	if failure != nil {
-		out.Result, result = nil, failure.Data
-		out.Failure = failure
-		code, message = &failure.Code, &failure.Message
+	if f != nil {
+		code, message = &f.Code, &f.Message
 	}
-	if out.ExpiresAt, err = tx.completeAndCommit(ctx, req, result, code, message); err != nil {
-		return nil, err
+	expiresAt, err := a.tx.completeAndCommit(ctx, a.scope, a.key, result, code, message)
+	if err != nil {
+		return time.Time{}, err
 	}
-	s.logger.DebugContext(ctx, "idempotency: atomic key applied", "scope", req.Scope, "key", req.Key, "failed", failure != nil)
-	return out, nil
+	a.store.logger.DebugContext(ctx, "idempotency: atomic key applied", "scope", a.scope, "key", a.key, "failed", f != nil)
+	return expiresAt, nil
+}
+
+func (a *AtomicAttempt) end() {
+	if !a.ended {
+		a.ended = true
+		a.tx.end()
+	}
 }
 
 // atomicTx is the transaction of one atomic attempt. On a pool or a
@@ -171,10 +290,10 @@ func beginAtomic(ctx context.Context, db DB) (*atomicTx, error) {
 
 // completeAndCommit stores the attempt's result (or failure) and commits,
 // returning when the stored result expires.
-func (t *atomicTx) completeAndCommit(ctx context.Context, req Request, result []byte, code, message *string) (time.Time, error) {
+func (t *atomicTx) completeAndCommit(ctx context.Context, scope, key string, result []byte, code, message *string) (time.Time, error) {
 	var expiresAt time.Time
 	if t.conn == nil {
-		if err := t.QueryRow(ctx, completeAtomicSQL, req.Scope, req.Key, result, code, message).Scan(&expiresAt); err != nil {
+		if err := t.QueryRow(ctx, completeAtomicSQL, scope, key, result, code, message).Scan(&expiresAt); err != nil {
 			return time.Time{}, classify(err, false)
 		}
 		if err := t.Commit(ctx); err != nil {
@@ -187,7 +306,7 @@ func (t *atomicTx) completeAndCommit(ctx context.Context, req Request, result []
 	// the transaction is rolled back by end. Once the batch is sent, a lost
 	// connection leaves the outcome unknown: the COMMIT may have run.
 	b := &pgx.Batch{}
-	b.Queue(completeAtomicSQL, req.Scope, req.Key, result, code, message)
+	b.Queue(completeAtomicSQL, scope, key, result, code, message)
 	b.Queue("commit")
 	br := t.conn.SendBatch(ctx, b)
 	err := br.QueryRow().Scan(&expiresAt)
@@ -243,32 +362,6 @@ func (s *Store) claimAtomic(ctx context.Context, tx pgx.Tx, req Request, fp []by
 	default:
 		return s.inProgress(req, retryAfter)
 	}
-}
-
-// lookup reads a live key outside any transaction. It returns nil, nil when
-// the key is free (absent or expired), which needs a claim.
-func (s *Store) lookup(ctx context.Context, db DB, req Request, fp []byte) (*Outcome, error) {
-	var (
-		status        string
-		match         bool
-		result        []byte
-		code, message *string
-		expiresAt     *time.Time
-		retryAfter    *int64
-	)
-	err := db.QueryRow(ctx, lookupSQL, req.Scope, req.Key, fp).
-		Scan(&status, &match, &result, &code, &message, &expiresAt, &retryAfter)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return nil, nil
-	case err != nil:
-		return nil, classify(err, false)
-	case !match:
-		return &Outcome{Status: Mismatch}, ErrMismatch
-	case status == "in_progress":
-		return s.inProgress(req, retryAfter)
-	}
-	return replayed(status, result, code, message, expiresAt), nil
 }
 
 func (s *Store) inProgress(req Request, retryAfter *int64) (*Outcome, error) {

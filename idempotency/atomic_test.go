@@ -224,7 +224,7 @@ func TestAtomicPayloadMismatch(t *testing.T) {
 			t.Fatalf("%s: outcome %+v shows more than a mismatch", name, out)
 		}
 	}
-	check("pool", pool) // answered by the lookup
+	check("pool", pool) // answered by the claim function in a transaction of its own
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -714,5 +714,116 @@ func TestAtomicWaitBoundedByContext(t *testing.T) {
 	t.Logf("first done after %v", time.Since(start))
 	if first.err != nil || first.out.Status != idempotency.New || countCharges(t, pool, "order-11") != 1 {
 		t.Fatalf("first: %+v, %v", first.out, first.err)
+	}
+}
+
+// TestBeginLeavesTheClaimOpen: Store.Begin claims the key in a transaction
+// that the caller ends. Complete commits the caller's writes with the
+// result; Fail commits them with a stored failure (unlike a Failure
+// returned from a Func, which rolls them back); Rollback leaves nothing and
+// the key free. A duplicate of an open claim waits for it within
+// WaitTimeout. An ended attempt cannot complete again.
+func TestBeginLeavesTheClaimOpen(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	createCharges(t, db.Pool)
+	ctx := context.Background()
+	store := newStore(t, &idempotency.Config{WaitTimeout: 50 * time.Millisecond})
+	begin := func(key string) *idempotency.AtomicAttempt {
+		t.Helper()
+		out, err := store.Begin(ctx, db.Pool, idempotency.Request{Scope: "orders", Key: key, Payload: []byte(key)})
+		if err != nil || out.Status != idempotency.New || out.Atomic == nil {
+			t.Fatalf("begin %s: %+v, %v", key, out, err)
+		}
+		if _, err := charge(key, 1)(ctx, out.Atomic.Tx()); err != nil {
+			t.Fatal(err)
+		}
+		return out.Atomic
+	}
+
+	a := begin("complete")
+	// A duplicate waits for the open claim, then reports it in progress.
+	if out, err := store.Begin(ctx, db.Pool, idempotency.Request{Scope: "orders", Key: "complete", Payload: []byte("complete")}); !errors.Is(err, idempotency.ErrInProgress) || out.Status != idempotency.InProgress {
+		t.Fatalf("duplicate of an open claim: %+v, %v", out, err)
+	}
+	if countCharges(t, db.Pool, "complete") != 0 {
+		t.Fatal("the open claim's write is visible")
+	}
+	if _, err := a.Complete(ctx, []byte("r1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Complete(ctx, []byte("r2")); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("second Complete: %v, want ErrTxClosed", err)
+	}
+	if err := a.Rollback(ctx); err != nil {
+		t.Errorf("Rollback after Complete: %v, want nil", err)
+	}
+	out, err := store.Begin(ctx, db.Pool, idempotency.Request{Scope: "orders", Key: "complete", Payload: []byte("complete")})
+	if err != nil || out.Status != idempotency.Replayed || string(out.Result) != "r1" || out.Atomic != nil {
+		t.Fatalf("after Complete: %+v, %v", out, err)
+	}
+
+	f := begin("fail")
+	if _, err := f.Fail(ctx, &idempotency.Failure{Code: "declined", Data: []byte("d")}); err != nil {
+		t.Fatal(err)
+	}
+	out, err = store.Begin(ctx, db.Pool, idempotency.Request{Scope: "orders", Key: "fail", Payload: []byte("fail")})
+	if err != nil || out.Status != idempotency.Replayed || out.Failure == nil || out.Failure.Code != "declined" {
+		t.Fatalf("after Fail: %+v, %v", out, err)
+	}
+
+	r := begin("rollback")
+	if err := r.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := begin("rollback")
+	if _, err := again.Complete(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]int{"complete": 1, "fail": 1, "rollback": 1} {
+		if n := countCharges(t, db.Pool, key); n != want {
+			t.Errorf("%s: %d charges, want %d", key, n, want)
+		}
+	}
+	if n := keyRows(t, db.Pool); n != 3 {
+		t.Errorf("%d keys, want 3", n)
+	}
+}
+
+// TestBeginInCallerTransaction: with a pgx.Tx, Begin claims under a
+// savepoint and Complete releases it; only the caller's COMMIT makes the
+// claim, the write and the result durable.
+func TestBeginInCallerTransaction(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	createCharges(t, db.Pool)
+	ctx := context.Background()
+	store := newStore(t, nil)
+	for _, commit := range []bool{false, true} {
+		tx, err := db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := store.Begin(ctx, tx, idempotency.Request{Scope: "orders", Key: "in-tx"})
+		if err != nil || out.Status != idempotency.New {
+			t.Fatalf("begin: %+v, %v", out, err)
+		}
+		if _, err := charge("in-tx", 1)(ctx, out.Atomic.Tx()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := out.Atomic.Complete(ctx, []byte("ok")); err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			err = tx.Commit(ctx)
+		} else {
+			err = tx.Rollback(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := countCharges(t, db.Pool, "in-tx"); n != 1 || keyRows(t, db.Pool) != 1 {
+		t.Fatalf("%d charges, %d keys; want the committed attempt only", n, keyRows(t, db.Pool))
 	}
 }

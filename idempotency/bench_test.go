@@ -16,8 +16,8 @@ import (
 )
 
 // BenchmarkAtomicOverhead compares one business INSERT in a bare transaction
-// with the same INSERT through Store.Do (lookup, claim, insert, store result,
-// commit), each with a fresh key. The two are interleaved in one loop so that
+// (BEGIN, INSERT, COMMIT) with the same INSERT through Store.Do (BEGIN,
+// claim, INSERT, result + COMMIT in one pipeline), each with a fresh key. The two are interleaved in one loop so that
 // fsync jitter hits both alike; the ratio is reported.
 //
 //	go test -run '^$' -bench AtomicOverhead -benchtime 2000x ./idempotency
@@ -61,7 +61,8 @@ func BenchmarkAtomicOverhead(b *testing.B) {
 }
 
 // BenchmarkReplay measures a duplicate of a completed key through Store.Do
-// (one query, no transaction) next to a bare "SELECT 1" round trip.
+// (BEGIN, the claim, ROLLBACK) and Store.Claim (one statement) next to a
+// bare "SELECT 1" round trip.
 //
 //	go test -run '^$' -bench Replay -benchtime 5000x ./idempotency
 func BenchmarkReplay(b *testing.B) {

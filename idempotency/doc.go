@@ -7,7 +7,9 @@
 // instead of a second execution. The same key with a different payload is
 // refused. Keys, results and leases live in PostgreSQL (table
 // pgfence.idempotency_keys, installed by the migrations), so every process and
-// every language sees the same answer.
+// every language sees the same answer. Package
+// [github.com/pgfence/pgfence/idempotency/idemhttp] applies keys to
+// net/http handlers (the Idempotency-Key header).
 //
 // # Choosing a key
 //
@@ -35,35 +37,35 @@
 // replays its result; if the first transaction rolls back or its connection
 // dies, the key is simply free again. There is nothing to clean up after a
 // crash. Do works inside the caller's transaction too (pass a [pgx.Tx]).
+// [Store.Begin] is the same claim for a caller that runs the work itself (a
+// middleware, an interceptor): it returns an [AtomicAttempt] holding the open
+// transaction, which [AtomicAttempt.Complete] or [AtomicAttempt.Fail] commit
+// with the stored answer.
 //
-// On a pool or a connection, Do sends the stored result and COMMIT in one
-// pipeline; a new key costs a lookup, BEGIN, the claim, the Func's statements
-// and that pipeline.
+// On a pool or a connection a new key costs BEGIN, the claim, the work's
+// statements, and the stored result sent with COMMIT in one pipeline; a
+// duplicate costs BEGIN, the claim and ROLLBACK.
 //
 // # Leased mode
 //
 // [Store.Claim] is for effects outside the database: a payment provider, an
 // e-mail, a device command. The claim commits first, with a lease (database
-// clock) and a fresh owner id; the [Attempt] then calls the outside world,
-// records recovery points ([Attempt.Advance]) and extends the lease, and ends
-// with [Attempt.Complete], [Attempt.Fail] (a permanent failure) or
-// [Attempt.Release] (a transient error). If the owner crashes, the next claim
-// after the lease expired takes over, with the recovery point of the crashed
-// owner; [Attempt.DerivedKey] gives the same downstream idempotency key to every
-// attempt, so the outside system can deduplicate a call the crashed owner made.
+// clock) and a fresh owner id; the [Attempt] then works in phases. Each phase
+// makes its external call with [Attempt.DerivedKey] (the same downstream
+// idempotency key for every attempt and takeover, so the outside system
+// deduplicates a call a crashed owner made) and records its recovery point
+// with [Attempt.AdvanceTx] in the transaction of its own database writes, so
+// the writes and the point commit together. The attempt ends with
+// [Attempt.Complete] (or [Attempt.CompleteTx] in the last phase's
+// transaction), [Attempt.Fail] (a permanent failure) or [Attempt.Release] (a
+// transient error). If the owner crashes, the next claim after the lease
+// expired takes over, with the recovery point of the crashed owner.
 //
-// # HTTP
-//
-// [Middleware] applies leased keys to net/http handlers following the IETF
-// Idempotency-Key header draft: 400 for a missing (when required) or
-// malformed key, 409 with Retry-After while the first request runs, 422 when
-// the key comes with another request, replays marked "Idempotent-Replayed:
-// true" with allow-listed headers only; 2xx, 3xx and permanent 4xx answers are
-// stored, 5xx, 408, 409, 425 and 429 are not. Keys are scoped by principal and
-// route. Handlers reach the [Attempt] with [AttemptFromContext]. A client
-// that goes away ends the handler's context but not its lease: the key stays
-// in progress until the handler returns, and its answer is stored for the
-// retry.
+// A key whose owner crashed stays in progress until somebody claims it again.
+// [Store.Recover], a completer to run periodically, takes such keys over the
+// way a retry would and resumes each from its recovery point through a
+// [RecoverFunc] (or marks it failed with [CodeAbandoned]); [Store.Abandoned]
+// lists them.
 //
 // # Guarantees
 //
@@ -79,7 +81,15 @@
 //     in atomic mode, waits up to [Config.WaitTimeout] and gets the result).
 //   - Only the current owner of a leased key can heartbeat, advance, complete,
 //     fail or release it; a replaced owner's late write returns [ErrNotOwner]
-//     and changes nothing.
+//     and changes nothing. [Attempt.AdvanceTx] and [Attempt.CompleteTx] fence
+//     the caller's transaction the same way: a replaced owner's phase cannot
+//     commit.
+//   - A recovery point recorded with AdvanceTx commits exactly when the
+//     phase's writes do: a takeover resumes after the last committed phase,
+//     never before it or after an uncommitted one.
+//   - [Store.Recover] resumes or fails each abandoned key at most once per
+//     takeover, whatever runs concurrently (other completers, the client's
+//     retry): it claims with the key's own fingerprint under the row lock.
 //   - Lease expiry and result retention are decided by the database clock
 //     (clock_timestamp()), never a client's.
 //   - Transient failures are never stored: the key stays free for a retry.
@@ -93,17 +103,17 @@
 //   - The caller's transaction is REPEATABLE READ or SERIALIZABLE:
 //     [ErrIsolation] before anything is written (SQLSTATE PF010; a 40001 maps
 //     to the same sentinel). On a pool or a connection whose sessions default
-//     to such a level (default_transaction_isolation), Do and Claim run in
-//     READ COMMITTED transactions of their own.
-//   - The connection breaks while Do commits, or around a leased call:
-//     [ErrOutcomeUnknown]. Send the same request again: the key answers with
-//     the stored result if it committed, or runs the intent if it did not.
-//     The same holds when the caller's context ends while Do waits for its
-//     COMMIT's answer (pgx closes the connection). A context that ended
-//     before the result and COMMIT were sent returns the context's error, and
-//     a result or COMMIT the server refuses (a deferred constraint, say)
-//     returns the server's error: either way nothing was stored and the key is
-//     free.
+//     to such a level (default_transaction_isolation), Do, Begin and Claim run
+//     in READ COMMITTED transactions of their own.
+//   - The connection breaks while Do (or [AtomicAttempt.Complete]) commits, or
+//     around a leased call: [ErrOutcomeUnknown]. Send the same request again:
+//     the key answers with the stored result if it committed, or runs the
+//     intent if it did not. The same holds when the caller's context ends
+//     while Do waits for its COMMIT's answer (pgx closes the connection). A
+//     context that ended before the result and COMMIT were sent returns the
+//     context's error, and a result or COMMIT the server refuses (a deferred
+//     constraint, say) returns the server's error: either way nothing was
+//     stored and the key is free.
 //   - The database is unreachable: [ErrUnavailable], nothing was done.
 //   - The caller's context ends while a duplicate waits for the first attempt:
 //     the context's error; the first attempt is unaffected.
@@ -111,9 +121,16 @@
 //     with [Config.RetryAfter] as the hint; the caller's transaction stays
 //     usable (the wait is a lock_timeout inside a subtransaction).
 //   - A leased owner stops heartbeating (crash, pause, partition): after its
-//     lease the key is taken over; if it wakes up, its writes get
-//     [ErrNotOwner]. Use [Attempt.TrustedUntil] to stop starting external
-//     calls before the lease can have expired.
+//     lease the key is taken over, by a retry or by [Store.Recover]; if it
+//     wakes up, its writes get [ErrNotOwner]. Use [Attempt.TrustedUntil] to
+//     stop starting external calls before the lease can have expired.
+//   - A crash between an external call and the AdvanceTx of its phase: the
+//     next owner repeats the call with the same [Attempt.DerivedKey], which
+//     the outside system must deduplicate (or the call must be safe to
+//     repeat). That residual risk is the leased mode's; say so in your design.
+//   - A [RecoverFunc] fails transiently, panics or returns without settling
+//     the key: the key is released with its recovery point for the next
+//     retry or completer; a [*Failure] it returns is stored.
 //   - Limits on input (scope and key [MaxScopeBytes] and [MaxKeyBytes],
 //     results [MaxResultBytes], failure codes and messages
 //     [MaxFailureCodeBytes] and [MaxFailureMessageBytes], recovery points
@@ -128,24 +145,13 @@
 //
 // # SQL interface
 //
-// Clients in other languages use the same functions (all in schema pgfence):
-//
-//	idempotency_claim_atomic(scope, key, fingerprint bytea, wait interval, retention interval)
-//	    → (outcome, status, result, failure_code, failure_message, expires_at, retry_after)
-//	    outcome: new | replayed | mismatch | in_progress; never raises for these
-//	idempotency_complete_atomic(scope, key, result bytea [, failure_code, failure_message]) → expires_at
-//	idempotency_claim(scope, key, fingerprint bytea, lease interval, retention interval [, wait interval])
-//	    → (outcome, owner, epoch, lease_expires_at, recovery_point, recovery_data,
-//	       status, result, failure_code, failure_message, expires_at)
-//	    outcome: new | replayed; raises PF004 mismatch, PF007 in progress
-//	    (also after waiting wait, default 5s, for a row another transaction holds locked)
-//	idempotency_heartbeat(scope, key, owner uuid, lease interval) → lease_expires_at
-//	idempotency_advance(scope, key, owner uuid, recovery_point text, recovery_data bytea, lease interval) → lease_expires_at
-//	idempotency_complete(scope, key, owner uuid, result bytea [, failure_code, failure_message]) → expires_at
-//	idempotency_release(scope, key, owner uuid)
-//	    the owner calls raise PF002 when owner is not the current owner
-//
-// The fingerprint is the SHA-256 of the canonical payload ([Fingerprint]).
+// Clients in other languages use the same functions in schema pgfence:
+// idempotency_claim_atomic and idempotency_complete_atomic (atomic mode),
+// idempotency_claim, idempotency_heartbeat, idempotency_advance,
+// idempotency_complete and idempotency_release (leased mode), and
+// idempotency_gc. The package README lists their arguments, results and
+// SQLSTATEs. The fingerprint is the SHA-256 of the canonical payload
+// ([Fingerprint]).
 //
 // # Observability
 //
@@ -153,22 +159,20 @@
 // OpenTelemetry providers) receive pgfence.idempotency.requests and
 // .duration by mode and outcome (new, replayed, in_progress, mismatch,
 // unknown, error), takeovers, settlements (not_owner counts a replaced
-// owner's late write), lease extensions (Heartbeat, Advance), and spans with
-// scope, key, owner and epoch — never the payload or the result.
-// [Config.Logger] gets claims, duplicates, takeovers and settlements. The
-// [Middleware] counts every request of a covered method
-// in pgfence.idempotency.http.requests by outcome (executed, replayed,
-// in_progress, mismatch, unprotected, bad_key, bad_body, unavailable, error,
-// panicked) and logs it at debug level. [GC] takes its providers and logger in
-// [GCOptions]: pgfence.idempotency.gc.deleted, a span per call and a debug
-// event. Nothing records request or response bodies, and there is no
-// option to: the result is stored in pgfence.idempotency_keys.result
-// (replays need it), the request only as its SHA-256.
+// owner's late write), lease extensions (Heartbeat, Advance, AdvanceTx),
+// recoveries (Store.Recover: resumed, failed, released, skipped), and spans
+// with scope, key, owner and epoch — never the payload or the result.
+// [Config.Logger] gets claims, duplicates, takeovers, recoveries and
+// settlements. [GC] takes its providers and logger in [GCOptions]:
+// pgfence.idempotency.gc.deleted, a span per call and a debug event. Nothing
+// records request or response bodies, and there is no option to: the result
+// is stored in pgfence.idempotency_keys.result (replays need it), the request
+// only as its SHA-256.
 //
-// When the context carries a valid span context, the claim (Do or Claim)
-// sets its trace id for the claim's transaction in the same pipeline (no
-// extra round trip), and pgfence.idempotency_keys.trace_id keeps the trace of
-// the claim that created the key or last took it over (migration
-// 00007_fence_rejections.sql); heartbeats, recovery points and completions
-// leave it as it is. `pgfence keys show SCOPE [KEY]` prints it.
+// When the context carries a valid span context, the claim (Do, Begin or
+// Claim) sets its trace id for the claim's transaction in the same pipeline
+// (no extra round trip), and pgfence.idempotency_keys.trace_id keeps the
+// trace of the claim that created the key or last took it over (a retry or
+// Store.Recover); heartbeats, recovery points and completions leave it as
+// it is. `pgfence keys show SCOPE [KEY]` prints it.
 package idempotency

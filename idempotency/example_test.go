@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -103,4 +104,47 @@ func ExampleStore_Claim() {
 	// Output:
 	// capture with key 0f5f7a27-3e7f-8430-aea9-46d43435365d
 	// replayed receipt ch_1
+}
+
+// A worker crashed after the provider call and its recovery point; once its
+// lease has ended, a completer takes the key over and finishes the intent
+// from there. Every duplicate then gets the stored result.
+func ExampleStore_Recover() {
+	db, err := pgfencetest.Open()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	store, err := idempotency.NewStore(&idempotency.Config{Lease: 10 * time.Millisecond})
+	if err != nil {
+		log.Fatal(err)
+	}
+	req := idempotency.Request{Scope: "payments", Key: "order-7:capture", Payload: []byte(`{"amount":70}`)}
+	out, err := store.Claim(ctx, db.Pool, req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := out.Attempt.Advance(ctx, "captured", []byte("ch_7")); err != nil {
+		log.Fatal(err)
+	}
+	// The worker crashes here; its lease ends.
+	time.Sleep(20 * time.Millisecond)
+
+	res, err := store.Recover(ctx, db.Pool, nil, func(ctx context.Context, a *idempotency.Attempt) error {
+		fmt.Printf("resume %s at %q (%s)\n", a.Key(), a.RecoveryPoint(), a.RecoveryData())
+		_, err := a.Complete(ctx, []byte("receipt "+string(a.RecoveryData())))
+		return err
+	})
+	fmt.Println("resumed:", res.Resumed, err)
+
+	out, err = store.Claim(ctx, db.Pool, req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(out.Status, string(out.Result))
+	// Output:
+	// resume order-7:capture at "captured" (ch_7)
+	// resumed: 1 <nil>
+	// replayed receipt ch_7
 }

@@ -10,8 +10,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// GCBatchSizeDefault is [GCOptions.BatchSize]'s default.
-const GCBatchSizeDefault = 1000
+// GCBatchSizeDefault is [GCOptions.BatchSize]'s default, and
+// MaxGCBatchSize its largest value.
+const (
+	GCBatchSizeDefault = 1000
+	MaxGCBatchSize     = math.MaxInt32
+)
 
 // GCOptions configures [GC]. A nil *GCOptions and the zero value use the
 // defaults.
@@ -43,7 +47,7 @@ type GCResult struct {
 }
 
 // gcSQL deletes one batch of completed keys whose retention ended (database
-// clock) and returns how many (migrations/00009_security.sql). In-progress
+// clock) and returns how many (pgfence.idempotency_gc). In-progress
 // keys have no expires_at and are never selected; rows a claim is reusing
 // right now are locked and skipped.
 const gcSQL = `SELECT pgfence.idempotency_gc($1)`
@@ -65,7 +69,7 @@ func GC(ctx context.Context, db DB, opts *GCOptions) (res GCResult, err error) {
 	case size < 0:
 		return GCResult{}, fmt.Errorf("%w: GCOptions.BatchSize must not be negative, got %d", ErrInvalid, size)
 	case size > math.MaxInt32:
-		return GCResult{}, fmt.Errorf("%w: GCOptions.BatchSize must be at most %d, got %d", ErrInvalid, math.MaxInt32, size)
+		return GCResult{}, fmt.Errorf("%w: GCOptions.BatchSize must be at most %d, got %d", ErrInvalid, MaxGCBatchSize, size)
 	case size == 0:
 		size = GCBatchSizeDefault
 	}

@@ -21,7 +21,7 @@ const (
                                  $6 * interval '1 microsecond')`
 
 	// retryAfterSQL reads the rest of the lease after a PF007 refusal.
-	retryAfterSQL = `SELECT (extract(epoch FROM greatest(lease_expires_at - clock_timestamp(), interval '0')) * 1e6)::bigint
+	retryAfterSQL = `SELECT (extract(epoch FROM greatest(lease_expires_at - pg_catalog.clock_timestamp(), interval '0')) * 1e6)::bigint
   FROM pgfence.idempotency_keys WHERE scope = $1 AND key = $2 AND status = 'in_progress'`
 
 	heartbeatSQL = `SELECT pgfence.idempotency_heartbeat($1, $2, $3::uuid, $4 * interval '1 microsecond')`
@@ -52,6 +52,12 @@ func (s *Store) Claim(ctx context.Context, db DB, req Request) (o *Outcome, err 
 	if err != nil {
 		return nil, err
 	}
+	return s.claim(ctx, db, req.Scope, req.Key, fp, retention)
+}
+
+// claim claims (scope, key) for leased work with fingerprint fp: a new key,
+// a key free again, or a takeover of an expired or released lease.
+func (s *Store) claim(ctx context.Context, db DB, scope, key string, fp []byte, retention time.Duration) (*Outcome, error) {
 	var (
 		outcome, recoveryPoint, status string
 		owner, code, message           *string
@@ -61,10 +67,10 @@ func (s *Store) Claim(ctx context.Context, db DB, req Request) (o *Outcome, err 
 	)
 	start := time.Now()
 	claim := func(db DB) error {
-		return tracesql.QueryRow(ctx, db, claimSQL, req.Scope, req.Key, fp, micros(s.lease), micros(retention), micros(s.wait)).
+		return tracesql.QueryRow(ctx, db, claimSQL, scope, key, fp, micros(s.lease), micros(retention), micros(s.wait)).
 			Scan(&outcome, &owner, &epoch, &recoveryPoint, &recoveryData, &status, &result, &code, &message, &expiresAt)
 	}
-	err = claim(db)
+	err := claim(db)
 	if _, inTx := db.(pgx.Tx); !inTx && pgerr.Code(err) == pgerr.CodeIsolation {
 		// The session's default isolation is not READ COMMITTED, and the
 		// caller has no transaction of its own (PF010 is raised before
@@ -78,7 +84,7 @@ func (s *Store) Claim(ctx context.Context, db DB, req Request) (o *Outcome, err 
 			return &Outcome{Status: Mismatch}, err
 		case errors.Is(err, ErrInProgress):
 			var us *int64
-			if rerr := db.QueryRow(ctx, retryAfterSQL, req.Scope, req.Key).Scan(&us); rerr != nil {
+			if rerr := db.QueryRow(ctx, retryAfterSQL, scope, key).Scan(&us); rerr != nil {
 				us = nil // the hint is best effort; the default applies
 			}
 			if us != nil && *us <= 0 {
@@ -87,7 +93,7 @@ func (s *Store) Claim(ctx context.Context, db DB, req Request) (o *Outcome, err 
 				// over): no lease to go by.
 				us = nil
 			}
-			return s.inProgress(req, us)
+			return s.inProgress(Request{Scope: scope, Key: key}, us)
 		}
 		return nil, err
 	}
@@ -97,15 +103,15 @@ func (s *Store) Claim(ctx context.Context, db DB, req Request) (o *Outcome, err 
 	a := &Attempt{
 		store:         s,
 		db:            db,
-		scope:         req.Scope,
-		key:           req.Key,
+		scope:         scope,
+		key:           key,
 		owner:         *owner,
 		epoch:         epoch,
 		recoveryPoint: recoveryPoint,
 		recoveryData:  recoveryData,
 		trustedUntil:  start.Add(s.lease),
 	}
-	s.logger.DebugContext(ctx, "idempotency: leased key claimed", "scope", req.Scope, "key", req.Key,
+	s.logger.DebugContext(ctx, "idempotency: leased key claimed", "scope", scope, "key", key,
 		"epoch", epoch, "recovery_point", recoveryPoint)
 	return &Outcome{Status: New, Attempt: a}, nil
 }
@@ -217,9 +223,45 @@ func (a *Attempt) Heartbeat(ctx context.Context) (err error) {
 // [MaxRecoveryPointBytes] of UTF-8 without NUL) with optional data (for
 // example the id a payment provider returned) and extends the lease. An
 // attempt that takes the key over after a crash resumes from the last point.
+//
+// Advance commits on its own. When the phase that reached point also wrote
+// to the database, use [Attempt.AdvanceTx] in that transaction instead: a
+// crash between two commits would otherwise leave the writes without the
+// recovery point (and the next owner would do the phase again) or the point
+// without the writes.
 func (a *Attempt) Advance(ctx context.Context, point string, data []byte) (err error) {
 	ctx, done := a.store.tel.extend(ctx, "advance", a)
 	defer func() { done(err) }()
+	start := time.Now()
+	if err := a.advance(ctx, a.db, point, data); err != nil {
+		return err
+	}
+	a.extended(start)
+	return nil
+}
+
+// AdvanceTx is [Attempt.Advance] through db, normally the transaction that
+// also holds the phase's business writes: the recovery point, the lease
+// extension and those writes commit together or not at all. Only the
+// current owner can advance: if the lease expired and another attempt took
+// the key over, AdvanceTx returns [ErrNotOwner] and db's transaction is
+// aborted, so the phase's writes cannot commit either. The row lock taken by
+// AdvanceTx holds any takeover back until db's transaction ends.
+//
+// [Attempt.RecoveryPoint] reports point at once. [Attempt.TrustedUntil] is
+// not extended: the attempt cannot tell whether db's transaction commits.
+// Call [Attempt.Heartbeat] after the commit when the next phase needs the
+// longer window.
+func (a *Attempt) AdvanceTx(ctx context.Context, db DB, point string, data []byte) (err error) {
+	ctx, done := a.store.tel.extend(ctx, "advance", a)
+	defer func() { done(err) }()
+	if db == nil {
+		return fmt.Errorf("%w: db is nil", ErrInvalid)
+	}
+	return a.advance(ctx, db, point, data)
+}
+
+func (a *Attempt) advance(ctx context.Context, db DB, point string, data []byte) error {
 	switch {
 	case len(point) > MaxRecoveryPointBytes:
 		return fmt.Errorf("%w: recovery point must be at most %d bytes, got %d", ErrInvalid, MaxRecoveryPointBytes, len(point))
@@ -228,15 +270,13 @@ func (a *Attempt) Advance(ctx context.Context, point string, data []byte) (err e
 	case !validText(point):
 		return fmt.Errorf("%w: recovery point must be valid UTF-8 without NUL bytes", ErrInvalid)
 	}
-	start := time.Now()
 	var until time.Time
-	if err := a.db.QueryRow(ctx, advanceSQL, a.scope, a.key, a.owner, point, data, micros(a.store.lease)).Scan(&until); err != nil {
+	if err := db.QueryRow(ctx, advanceSQL, a.scope, a.key, a.owner, point, data, micros(a.store.lease)).Scan(&until); err != nil {
 		return a.fail("advance", err)
 	}
 	a.mu.Lock()
 	a.recoveryPoint, a.recoveryData = point, data
 	a.mu.Unlock()
-	a.extended(start)
 	return nil
 }
 

@@ -3,11 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -352,7 +348,7 @@ WHERE scope = $1 AND key = $2`, req.Scope, req.Key); err != nil {
 // downstream system (a payment provider) that deduplicates on it alone. Two
 // intents must never share one: not the same key in two scopes (the HTTP
 // middleware scopes a client's Idempotency-Key by principal, so two
-// customers sending "1" are two intents), and not a key and step that only
+// customers sending "1" are two intents; idemhttp tests that too), and not a key and step that only
 // concatenate alike. Otherwise the provider answers the second customer's
 // charge with the first one's.
 func TestDerivedKeysOfDifferentIntentsDiffer(t *testing.T) {
@@ -386,36 +382,12 @@ func TestDerivedKeysOfDifferentIntentsDiffer(t *testing.T) {
 			t.Errorf("%+v: derived key not stable: %q, %q", d, k, k2)
 		}
 	}
-
-	// Through the middleware: two principals, the same Idempotency-Key.
-	mw, err := idempotency.NewMiddleware(store, pool, &idempotency.HTTPConfig{
-		Principal: func(r *http.Request) string { return r.Header.Get("X-User") },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprint(w, idempotency.AttemptFromContext(r.Context()).DerivedKey("charge"))
-	}))
-	keys := map[string]string{}
-	for _, user := range []string{"alice", "bob"} {
-		rec := httptest.NewRecorder()
-		req := httptest.NewRequest("POST", "/pay", strings.NewReader("{}"))
-		req.Header.Set(idempotency.HeaderKey, `"1"`)
-		req.Header.Set("X-User", user)
-		h.ServeHTTP(rec, req)
-		keys[user] = rec.Body.String()
-	}
-	if keys["alice"] == "" || keys["alice"] == keys["bob"] {
-		t.Errorf("alice and bob derive %q and %q for the same Idempotency-Key", keys["alice"], keys["bob"])
-	}
 }
 
 // TestLeasedClaimOnRepeatableReadDefault: a database (or role) whose
 // sessions default to REPEATABLE READ. The claim needs READ COMMITTED; on a
 // pool the caller has no transaction to change, so Claim must not refuse
-// with ErrIsolation (Do runs its own READ COMMITTED transaction too), and the
-// HTTP middleware must not answer every keyed request with 500.
+// with ErrIsolation (Do runs its own READ COMMITTED transaction too).
 func TestLeasedClaimOnRepeatableReadDefault(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
@@ -447,19 +419,6 @@ func TestLeasedClaimOnRepeatableReadDefault(t *testing.T) {
 	}
 	if out, err := store.Claim(ctx, pool, req); err != nil || out.Status != idempotency.Replayed || string(out.Result) != "done" {
 		t.Fatalf("replay: %+v, %v", out, err)
-	}
-
-	mw, err := idempotency.NewMiddleware(store, pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
-	rec := httptest.NewRecorder()
-	hreq := httptest.NewRequest("POST", "/pay", strings.NewReader("{}"))
-	hreq.Header.Set(idempotency.HeaderKey, `"rr"`)
-	h.ServeHTTP(rec, hreq)
-	if rec.Code != http.StatusCreated {
-		t.Fatalf("middleware: %d %s, want the handler's 201", rec.Code, rec.Body)
 	}
 }
 
@@ -500,5 +459,114 @@ func TestLeasedClaimWaitsBoundedForLockedRow(t *testing.T) {
 	}
 	if out, err := store.Claim(ctx, pool, req); err != nil || out.Status != idempotency.Replayed {
 		t.Fatalf("claim after the owner committed: %+v, %v; want Replayed", out, err)
+	}
+}
+
+// TestAdvanceTxCommitsWithThePhase: the recovery point of AdvanceTx and the
+// phase's business write commit together: a rolled-back phase leaves the
+// previous point and no write, a committed one both.
+func TestAdvanceTxCommitsWithThePhase(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	createCharges(t, pool)
+	ctx := context.Background()
+	store := newStore(t, nil)
+	req := idempotency.Request{Scope: "payments", Key: "order-5:capture"}
+	a := claimNew(t, store, pool, req)
+	phase := func(commit bool) {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if _, err := charge("order-5", 5)(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.AdvanceTx(ctx, tx, "charged", []byte("ch_1")); err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	point := func() string {
+		t.Helper()
+		var p string
+		if err := pool.QueryRow(ctx, `SELECT recovery_point FROM pgfence.idempotency_keys WHERE key = $1`, req.Key).Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	phase(false)
+	if p, n := point(), countCharges(t, pool, "order-5"); p != "" || n != 0 {
+		t.Fatalf("rolled-back phase: point %q, %d charges; want neither", p, n)
+	}
+	phase(true)
+	if p, n := point(), countCharges(t, pool, "order-5"); p != "charged" || n != 1 {
+		t.Fatalf("committed phase: point %q, %d charges; want both", p, n)
+	}
+	// A takeover resumes from it.
+	expireLease(t, pool, req.Key)
+	b := claimNew(t, store, pool, req)
+	if b.RecoveryPoint() != "charged" || string(b.RecoveryData()) != "ch_1" {
+		t.Fatalf("takeover at %q %q", b.RecoveryPoint(), b.RecoveryData())
+	}
+}
+
+// TestAdvanceTxFencedByOwner: only the current owner can advance. After a
+// takeover the replaced owner's AdvanceTx returns ErrNotOwner and its
+// transaction cannot commit the phase's write. While an owner's AdvanceTx
+// is uncommitted, its row lock holds a takeover back, and the commit
+// extends the lease, so the takeover finds the key in progress.
+func TestAdvanceTxFencedByOwner(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	createCharges(t, pool)
+	ctx := context.Background()
+	store := newStore(t, &idempotency.Config{WaitTimeout: 100 * time.Millisecond, Lease: time.Minute})
+	req := idempotency.Request{Scope: "payments", Key: "order-6:capture"}
+	old := claimNew(t, store, pool, req)
+	expireLease(t, pool, req.Key)
+
+	// The owner advances after its lease ran out, before anyone took over:
+	// it still owns the key, and its open transaction holds takeovers back.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.AdvanceTx(ctx, tx, "charged", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Claim(ctx, pool, req); !errors.Is(err, idempotency.ErrInProgress) {
+		t.Fatalf("takeover while the advance is uncommitted: %v, want ErrInProgress", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Claim(ctx, pool, req); !errors.Is(err, idempotency.ErrInProgress) {
+		t.Fatalf("takeover after the advance committed: %v, want ErrInProgress (the lease was extended)", err)
+	}
+
+	expireLease(t, pool, req.Key)
+	claimNew(t, store, pool, req) // the takeover
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := charge("order-6", 6)(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.AdvanceTx(ctx, tx, "recorded", nil); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Fatalf("the replaced owner's AdvanceTx: %v, want ErrNotOwner", err)
+	}
+	if err := tx.Commit(ctx); !errors.Is(err, pgx.ErrTxCommitRollback) {
+		t.Fatalf("commit after the refused advance: %v, want a rollback", err)
+	}
+	if n := countCharges(t, pool, "order-6"); n != 0 {
+		t.Fatalf("%d charges from the replaced owner's phase", n)
 	}
 }

@@ -5,13 +5,10 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/pgfence/pgfence/idempotency"
@@ -147,141 +144,6 @@ func TestGCTelemetry(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "deleted=3 batches=2") || !strings.Contains(logs.String(), "deleted=0 batches=1") {
 		t.Errorf("gc log:\n%s", logs.String())
-	}
-}
-
-// TestHTTPTelemetry: the middleware counts each covered request by outcome
-// and logs it; uncovered methods are not counted.
-func TestHTTPTelemetry(t *testing.T) {
-	t.Parallel()
-	p := telemetrytest.New(t)
-	var logs bytes.Buffer
-	f := newHTTPFixture(t, &idempotency.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer,
-		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}, nil)
-	for _, r := range []struct {
-		method, key, body string
-		status            int
-	}{
-		{http.MethodPost, "k-1", `{"n":1}`, http.StatusCreated},             // executed
-		{http.MethodPost, "k-1", `{"n":1}`, http.StatusCreated},             // replayed
-		{http.MethodPost, "k-1", `{"n":2}`, http.StatusUnprocessableEntity}, // mismatch
-		{http.MethodPost, "", `{"n":3}`, http.StatusCreated},                // unprotected
-		{http.MethodPost, "a,b", `{}`, http.StatusBadRequest},               // bad_key
-		{http.MethodGet, "k-2", "", http.StatusCreated},                     // not covered
-	} {
-		if got := f.do(t, r.method, "/orders/1", r.key, r.body); got.status != r.status {
-			t.Fatalf("%s key %q: status %d, want %d", r.method, r.key, got.status, r.status)
-		}
-	}
-	m := p.Metrics(t)
-	for _, want := range []struct {
-		outcome string
-		n       int64
-	}{{"executed", 1}, {"replayed", 1}, {"mismatch", 1}, {"unprotected", 1}, {"bad_key", 1}} {
-		if n := m.Sum("pgfence.idempotency.http.requests", attribute.String("pgfence.outcome", want.outcome)); n != want.n {
-			t.Errorf("http.requests{%s} = %d, want %d", want.outcome, n, want.n)
-		}
-	}
-	if n := m.Sum("pgfence.idempotency.http.requests"); n != 5 {
-		t.Errorf("http.requests = %d, want 5 (GET is not covered)", n)
-	}
-	if !strings.Contains(logs.String(), `msg="idempotency: http request" outcome=mismatch key=k-1 status=422`) {
-		t.Errorf("http log:\n%s", logs.String())
-	}
-	if strings.Contains(logs.String(), `{"n":`) {
-		t.Errorf("the log shows a request body:\n%s", logs.String())
-	}
-}
-
-// TestHTTPTelemetryOutcomes: the outcomes TestHTTPTelemetry cannot reach
-// through its fixture (a duplicate in flight, a body too large, a store that
-// is down, a store that fails otherwise, a handler that panics) are counted
-// too, and every outcome is set on the request's own span.
-func TestHTTPTelemetryOutcomes(t *testing.T) {
-	t.Parallel()
-	p := telemetrytest.New(t)
-	storeCfg := &idempotency.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer}
-	entered, release := make(chan struct{}), make(chan struct{})
-	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		close(entered)
-		<-release
-		w.WriteHeader(http.StatusNoContent)
-	})
-	up, err := idempotency.NewMiddleware(newStore(t, storeCfg), pgfencetest.NewPool(t), &idempotency.HTTPConfig{MaxBodyBytes: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
-	down, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer down.Close()
-	unreachable, err := idempotency.NewMiddleware(newStore(t, storeCfg), down, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A database without the pgfence schema: the claim fails, not with an
-	// outage.
-	broken := pgfencetest.NewPool(t)
-	if _, err := broken.Exec(context.Background(), `DROP SCHEMA pgfence CASCADE`); err != nil {
-		t.Fatal(err)
-	}
-	failing, err := idempotency.NewMiddleware(newStore(t, storeCfg), broken, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	panics := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("handler bug") })
-	// serve sends one POST inside a span of its own and returns the status
-	// and the outcome set on that span.
-	serve := func(h http.Handler, key, body string) (int, string) {
-		ctx, span := p.Tracer.Tracer("test").Start(context.Background(), "request "+key)
-		req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/jobs", strings.NewReader(body))
-		req.Header.Set(idempotency.HeaderKey, key)
-		rec := httptest.NewRecorder()
-		func() {
-			defer func() {
-				if v := recover(); v != nil && v != "handler bug" {
-					panic(v)
-				}
-			}()
-			h.ServeHTTP(rec, req)
-		}()
-		span.End()
-		ended := p.Ended("request " + key)
-		v, _ := telemetrytest.Attr(ended[len(ended)-1], "pgfence.idempotency.http.outcome")
-		return rec.Code, v.AsString()
-	}
-	first := make(chan string)
-	go func() {
-		_, outcome := serve(up.Wrap(slow), "job-1", "{}")
-		first <- outcome
-	}()
-	<-entered
-	for _, c := range []struct {
-		h         http.Handler
-		key, body string
-		status    int
-		outcome   string
-	}{
-		{up.Wrap(slow), "job-1", "{}", http.StatusConflict, "in_progress"},
-		{up.Wrap(slow), "job-2", "{\"too\":\"long\"}", http.StatusRequestEntityTooLarge, "bad_body"},
-		{unreachable.Wrap(slow), "job-3", "{}", http.StatusServiceUnavailable, "unavailable"},
-		{failing.Wrap(slow), "job-4", "{}", http.StatusInternalServerError, "error"},
-		{up.Wrap(panics), "job-5", "{}", http.StatusOK, "panicked"}, // nothing written: the recorder's default
-	} {
-		if status, outcome := serve(c.h, c.key, c.body); status != c.status || outcome != c.outcome {
-			t.Errorf("%s: status %d, span outcome %q; want %d and %q", c.key, status, outcome, c.status, c.outcome)
-		}
-	}
-	close(release)
-	if outcome := <-first; outcome != "executed" {
-		t.Errorf("job-1: span outcome %q, want executed", outcome)
-	}
-	m := p.Metrics(t)
-	for _, outcome := range []string{"executed", "in_progress", "bad_body", "unavailable", "error", "panicked"} {
-		if n := m.Sum("pgfence.idempotency.http.requests", attribute.String("pgfence.outcome", outcome)); n != 1 {
-			t.Errorf("http.requests{%s} = %d, want 1", outcome, n)
-		}
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/idempotency/idemhttp"
 	"github.com/pgfence/pgfence/internal/testkit/telemetrytest"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
@@ -36,8 +37,8 @@ func TestBodiesStayOutOfTelemetry(t *testing.T) {
 	ctx := context.Background()
 	p := telemetrytest.New(t)
 	var logs bytes.Buffer
-	store := newStore(t, &idempotency.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer,
-		Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	store := newStore(t, &idempotency.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer, Logger: logger})
 	var errs []error
 	record := func(err error) {
 		if err != nil {
@@ -87,28 +88,33 @@ func TestBodiesStayOutOfTelemetry(t *testing.T) {
 	_, err = store.Claim(ctx, pool, lreq)
 	record(err)
 
-	// HTTP: a first request, its replay, and the same key with another body.
-	mw, err := idempotency.NewMiddleware(store, pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/plain")
-		fmt.Fprint(w, result)
-	}))
+	// HTTP, in both modes: a first request, its replay, and the same key
+	// with another body.
 	var problems strings.Builder
-	for _, b := range []string{body, body, body + "-other"} {
-		r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(b))
-		r.Header.Set(idempotency.HeaderKey, `"k-1"`)
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		if w.Code >= 400 {
-			problems.WriteString(w.Body.String())
+	for _, mode := range []idemhttp.Mode{idemhttp.ModeAtomic, idemhttp.ModeLeased} {
+		mw, err := idemhttp.New(store, pool, &idemhttp.Config{Mode: mode, KeysSharedByAllCallers: true,
+			MeterProvider: p.Meter, TracerProvider: p.Tracer, Logger: logger})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if !strings.Contains(problems.String(), "Idempotency-Key reused") {
-		t.Fatalf("the third request was not refused as a reused key: %q", problems.String())
+		h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "text/plain")
+			fmt.Fprint(w, result)
+		}))
+		before := problems.Len()
+		for _, b := range []string{body, body, body + "-other"} {
+			r := httptest.NewRequest(http.MethodPost, "/pay/"+mode.String(), strings.NewReader(b))
+			r.Header.Set(idemhttp.HeaderKey, `"k-1"`)
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			if w.Code >= 400 {
+				problems.WriteString(w.Body.String())
+			}
+		}
+		if !strings.Contains(problems.String()[before:], "Idempotency-Key reused") {
+			t.Fatalf("%v: the third request was not refused as a reused key: %q", mode, problems.String()[before:])
+		}
 	}
 
 	// Everything the exporters saw, as text.

@@ -60,7 +60,7 @@ const (
 //
 // A [Request.Payload] has no limit of its own: only its SHA-256 is sent and
 // stored (the schema accepts fingerprints of 16 to 64 bytes). Bound what you
-// read before hashing it; the HTTP middleware does ([HTTPConfig.MaxBodyBytes]).
+// read before hashing it; the HTTP middleware does (idemhttp.Config.MaxBodyBytes).
 const (
 	// MaxScopeBytes is the longest [Request.Scope].
 	MaxScopeBytes = 512
@@ -177,6 +177,10 @@ func NewStore(cfg *Config) (*Store, error) {
 	return s, nil
 }
 
+// Lease returns how long a leased claim, heartbeat or recovery point holds
+// a key: [Config.Lease] or its default.
+func (s *Store) Lease() time.Duration { return s.lease }
+
 // Request names one business intent and carries the request it was made with.
 type Request struct {
 	// Scope is the namespace of Key: the operation and whoever may use it, for
@@ -270,6 +274,8 @@ type Outcome struct {
 	RetryAfter time.Duration
 	// Attempt is the claim of a New leased outcome ([Store.Claim]).
 	Attempt *Attempt
+	// Atomic is the open claim of a New outcome of [Store.Begin].
+	Atomic *AtomicAttempt
 }
 
 // Failure is a permanent failure: it is stored as the key's answer and
@@ -335,6 +341,13 @@ var (
 	ErrLockTimeout = pgerr.ErrLockTimeout
 	// ErrInvalid: an argument was rejected; the error names it.
 	ErrInvalid = pgerr.ErrInvalid
+	// ErrNotGranted: the database role may not use this scope: no prefix of
+	// it is granted to the role (PF014; an operator grants prefixes with
+	// pgfence.grant_prefix). Nothing was done.
+	ErrNotGranted = pgerr.ErrNotGranted
+	// ErrNotPrimary: the server is a standby; keys are claimed on the
+	// primary only (PF005).
+	ErrNotPrimary = pgerr.ErrNotPrimary
 )
 
 // InProgressError reports a key held by another attempt.

@@ -33,9 +33,10 @@ const (
 	attrOwner = attribute.Key("pgfence.idempotency.owner")
 	attrEpoch = attribute.Key("pgfence.idempotency.epoch")
 
-	attrHTTPOutcome = attribute.Key("pgfence.idempotency.http.outcome")
-	attrGCDeleted   = attribute.Key("pgfence.idempotency.gc.deleted")
-	attrGCBatches   = attribute.Key("pgfence.idempotency.gc.batches")
+	attrGCDeleted = attribute.Key("pgfence.idempotency.gc.deleted")
+	attrGCBatches = attribute.Key("pgfence.idempotency.gc.batches")
+
+	attrRecoverFound = attribute.Key("pgfence.idempotency.recover.found")
 )
 
 // instruments are a store's tracer and instruments; with the default
@@ -48,7 +49,7 @@ type instruments struct {
 	takeovers   metric.Int64Counter
 	settlements metric.Int64Counter
 	extensions  metric.Int64Counter
-	http        metric.Int64Counter
+	recoveries  metric.Int64Counter
 }
 
 func newInstruments(mp metric.MeterProvider, tp trace.TracerProvider, log *slog.Logger) *instruments {
@@ -73,8 +74,8 @@ func newInstruments(mp metric.MeterProvider, tp trace.TracerProvider, log *slog.
 			"Ends of leased attempts by pgfence.operation (complete, fail, release) and outcome: ok, not_owner (a replaced owner's late write), unknown, error.", report),
 		extensions: telemetry.Counter(m, "pgfence.idempotency.lease_extensions", "{extension}",
 			"Lease extensions of leased attempts by pgfence.operation (heartbeat, advance) and outcome: ok, not_owner (the key was taken over), unknown, error.", report),
-		http: telemetry.Counter(m, "pgfence.idempotency.http.requests", "{request}",
-			"Requests of a covered method through the HTTP middleware, by outcome: executed, replayed, in_progress, mismatch, unprotected, bad_key, bad_body, unavailable, error, panicked.", report),
+		recoveries: telemetry.Counter(m, "pgfence.idempotency.recoveries", "{key}",
+			"Abandoned keys handled by Store.Recover, by outcome: resumed, failed (marked abandoned), released, skipped (taken by somebody else first).", report),
 	}
 }
 
@@ -157,22 +158,26 @@ func (t *instruments) owned(ctx context.Context, op string, a *Attempt, counter 
 	}
 }
 
-// httpRequest counts and logs the outcome of one covered request of the HTTP
-// middleware; status is the status the middleware sent itself (0 when the
-// handler or a replay answered).
-func (t *instruments) httpRequest(ctx context.Context, outcome string, status int, key string) {
-	t.http.Add(context.WithoutCancel(ctx), 1, metric.WithAttributeSet(attribute.NewSet(telemetry.Outcome.String(outcome))))
-	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		span.SetAttributes(attrHTTPOutcome.String(outcome))
+// recoverSpan starts the span of a Store.Recover call; the returned
+// function ends it, counts the keys by outcome and logs the run.
+func (t *instruments) recoverSpan(ctx context.Context) (context.Context, func(*RecoverResult, error)) {
+	ctx, span := t.tracer.Start(ctx, "pgfence.idempotency.recover", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(telemetry.DBSystem))
+	return ctx, func(res *RecoverResult, err error) {
+		mctx := context.WithoutCancel(ctx)
+		for outcome, n := range map[string]int{"resumed": res.Resumed, "failed": res.Failed, "released": res.Released, "skipped": res.Skipped} {
+			if n > 0 {
+				t.recoveries.Add(mctx, int64(n), metric.WithAttributeSet(attribute.NewSet(telemetry.Outcome.String(outcome))))
+			}
+		}
+		span.SetAttributes(attrRecoverFound.Int(res.Found))
+		attrs := []any{"found", res.Found, "resumed", res.Resumed, "failed", res.Failed, "released", res.Released, "skipped", res.Skipped}
+		if err != nil {
+			attrs = append(attrs, "error.type", telemetry.ErrorTypeOf(err))
+		}
+		t.log.DebugContext(ctx, "idempotency: recover", attrs...)
+		telemetry.End(span, err)
 	}
-	attrs := []any{"outcome", outcome}
-	if key != "" {
-		attrs = append(attrs, "key", key)
-	}
-	if status != 0 {
-		attrs = append(attrs, "status", status)
-	}
-	t.log.DebugContext(ctx, "idempotency: http request", attrs...)
 }
 
 // gcTelemetry is GC's tracer, counter and logger, from its options.

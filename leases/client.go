@@ -427,14 +427,14 @@ func (c *Client) Do(ctx context.Context, key string, ttl time.Duration, fn func(
 	}
 }
 
-// sqlQueueTurn and sqlQueueLeave run a fair waiter's queue (00006_lease_queue.sql).
+// sqlQueueTurn and sqlQueueLeave run a fair waiter's queue (pgfence.lease_queue_turn).
 const (
 	sqlQueueTurn  = `SELECT pgfence.lease_queue_turn($1, $2::uuid, $3::bigint * interval '1 microsecond')`
 	sqlQueueLeave = `SELECT pgfence.lease_queue_leave($1, $2::uuid)`
 	// sqlQueueLeaveWake leaves and wakes the key's other waiters, as a
 	// release does (the notification is a hint: they try, the database
 	// decides).
-	sqlQueueLeaveWake = `SELECT pgfence.lease_queue_leave($1, $2::uuid), pg_notify($3, $1)`
+	sqlQueueLeaveWake = `SELECT pgfence.lease_queue_leave($1, $2::uuid), pg_catalog.pg_notify($3, $1)`
 )
 
 // queuePatience is how long a fair waiter keeps its place without polling:

@@ -2,8 +2,25 @@
 --
 -- Every pgfence object lives in the schema "pgfence". The Go migrator creates
 -- the schema before goose runs (its version table, pgfence.goose_db_version,
--- lives there too); the CREATE SCHEMA below is for teams that apply these files
--- with another migration tool.
+-- and its lock, pgfence.migration_lock, live there too); the CREATE SCHEMA
+-- below is for teams that apply these files with another migration tool.
+--
+-- Trust. The migrating role owns the schema and every object in it: pgfence's
+-- SECURITY DEFINER functions run with its rights, so an object that another
+-- role owns (the schema itself, a function, a type, a table, ...) would let
+-- that role run code as the migrating role, often a superuser. The first
+-- statement below refuses to go on, before it changes anything, when:
+--   - schema pgfence exists and another role owns it, or owns anything in it,
+--     or another role may CREATE in it;
+--   - another role may write a pgfence table or add triggers to it;
+--   - the migrating role's default privileges would grant such rights (or
+--     EXECUTE on functions) on what the migrations create;
+--   - role pgfence_app or pgfence_operator exists with LOGIN, SUPERUSER,
+--     CREATEDB, CREATEROLE, REPLICATION or BYPASSRLS, or as a member of
+--     another role: their members could use them.
+-- It also pins search_path to pg_catalog, pg_temp for the rest of the
+-- transaction, so no object in another schema is picked up instead of a
+-- built-in. The Go migrator runs the same query before every run.
 --
 -- SQLSTATEs raised by pgfence (class PF, never ending in 000):
 --   PF001 stale token: a fenced write presented a token older than the one accepted
@@ -59,6 +76,176 @@
 -- lives in pg_catalog, so no object a caller creates can be picked up instead.
 
 -- +goose Up
+-- The Go migrator runs the query between the "findings" markers on its own
+-- (and a SQL script starts with this whole statement): keep the markers.
+-- +goose StatementBegin
+-- pgfence:trust-check begin
+DO $pgfence_trust$
+DECLARE
+    f        record;
+    v_count  integer := 0;
+    v_first  text;
+    v_detail text := '';
+    v_hint   text := '';
+BEGIN
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+    FOR f IN
+        -- pgfence:findings begin
+        WITH me AS (
+            SELECT r.oid, r.rolname FROM pg_catalog.pg_roles r
+             WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER
+        ), ns AS (
+            SELECT n.oid, n.nspowner, n.nspacl FROM pg_catalog.pg_namespace n
+             WHERE n.nspname OPERATOR(pg_catalog.=) 'pgfence'
+        ), owned (rank, classid, objid, owner) AS (
+            SELECT 1, 'pg_catalog.pg_namespace'::pg_catalog.regclass, n.oid, n.nspowner FROM ns n
+            UNION ALL
+            SELECT 3, 'pg_catalog.pg_class'::pg_catalog.regclass, c.oid, c.relowner
+              FROM pg_catalog.pg_class c JOIN ns ON c.relnamespace OPERATOR(pg_catalog.=) ns.oid
+            UNION ALL
+            SELECT 3, 'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid, p.proowner
+              FROM pg_catalog.pg_proc p JOIN ns ON p.pronamespace OPERATOR(pg_catalog.=) ns.oid
+            UNION ALL
+            -- Not a relation's row type nor an array type: those have the
+            -- owner of their relation or element.
+            SELECT 3, 'pg_catalog.pg_type'::pg_catalog.regclass, t.oid, t.typowner
+              FROM pg_catalog.pg_type t JOIN ns ON t.typnamespace OPERATOR(pg_catalog.=) ns.oid
+             WHERE t.typrelid OPERATOR(pg_catalog.=) 0::pg_catalog.oid
+               AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_type e WHERE e.typarray OPERATOR(pg_catalog.=) t.oid)
+            UNION ALL
+            SELECT 3, 'pg_catalog.pg_operator'::pg_catalog.regclass, o.oid, o.oprowner
+              FROM pg_catalog.pg_operator o JOIN ns ON o.oprnamespace OPERATOR(pg_catalog.=) ns.oid
+            UNION ALL
+            SELECT 3, 'pg_catalog.pg_opclass'::pg_catalog.regclass, o.oid, o.opcowner
+              FROM pg_catalog.pg_opclass o JOIN ns ON o.opcnamespace OPERATOR(pg_catalog.=) ns.oid
+            UNION ALL
+            SELECT 3, 'pg_catalog.pg_opfamily'::pg_catalog.regclass, o.oid, o.opfowner
+              FROM pg_catalog.pg_opfamily o JOIN ns ON o.opfnamespace OPERATOR(pg_catalog.=) ns.oid
+            UNION ALL
+            SELECT 3, 'pg_catalog.pg_collation'::pg_catalog.regclass, o.oid, o.collowner
+              FROM pg_catalog.pg_collation o JOIN ns ON o.collnamespace OPERATOR(pg_catalog.=) ns.oid
+            UNION ALL
+            SELECT 3, 'pg_catalog.pg_conversion'::pg_catalog.regclass, o.oid, o.conowner
+              FROM pg_catalog.pg_conversion o JOIN ns ON o.connamespace OPERATOR(pg_catalog.=) ns.oid
+            UNION ALL
+            SELECT 3, 'pg_catalog.pg_ts_config'::pg_catalog.regclass, o.oid, o.cfgowner
+              FROM pg_catalog.pg_ts_config o JOIN ns ON o.cfgnamespace OPERATOR(pg_catalog.=) ns.oid
+            UNION ALL
+            SELECT 3, 'pg_catalog.pg_ts_dict'::pg_catalog.regclass, o.oid, o.dictowner
+              FROM pg_catalog.pg_ts_dict o JOIN ns ON o.dictnamespace OPERATOR(pg_catalog.=) ns.oid
+            UNION ALL
+            SELECT 3, 'pg_catalog.pg_statistic_ext'::pg_catalog.regclass, o.oid, o.stxowner
+              FROM pg_catalog.pg_statistic_ext o JOIN ns ON o.stxnamespace OPERATOR(pg_catalog.=) ns.oid
+            UNION ALL
+            SELECT 3, 'pg_catalog.pg_extension'::pg_catalog.regclass, o.oid, o.extowner
+              FROM pg_catalog.pg_extension o JOIN ns ON o.extnamespace OPERATOR(pg_catalog.=) ns.oid
+        ), grantee (oid, name) AS (
+            SELECT 0::pg_catalog.oid, 'PUBLIC'::pg_catalog.text
+            UNION ALL
+            SELECT r.oid, pg_catalog.quote_ident(r.rolname) FROM pg_catalog.pg_roles r
+        )
+        SELECT o.rank,
+               pg_catalog.pg_describe_object(o.classid, o.objid, 0) AS object,
+               pg_catalog.format('is owned by role %I, not by the migrating role %I: its owner can %s, and pgfence''s SECURITY DEFINER functions would run %s with the rights of %I',
+                   pg_catalog.pg_get_userbyid(o.owner), me.rolname,
+                   CASE WHEN o.rank OPERATOR(pg_catalog.=) 1 THEN 'replace any object in it' ELSE 'change it' END,
+                   CASE WHEN o.rank OPERATOR(pg_catalog.=) 1 THEN 'the replacement' ELSE 'it' END,
+                   me.rolname) AS problem,
+               CASE WHEN o.rank OPERATOR(pg_catalog.=) 1
+                    THEN pg_catalog.format('Migrate as role %I, its owner; or, if the schema holds no pgfence installation, review what it holds, drop it (DROP SCHEMA pgfence CASCADE) and migrate again. To prepare the schema for the role that migrates: CREATE SCHEMA pgfence AUTHORIZATION that_role.',
+                                           pg_catalog.pg_get_userbyid(o.owner))
+                    ELSE pg_catalog.format('Drop what pgfence did not create; migrate as the owner of the rest, or hand it to the migrating role (ALTER ... OWNER TO %I).', me.rolname)
+               END AS fix
+          FROM owned o CROSS JOIN me
+         WHERE o.owner OPERATOR(pg_catalog.<>) me.oid
+        UNION ALL
+        SELECT 2, 'schema pgfence',
+               pg_catalog.format('grants CREATE to %s, who could add objects to it', g.name),
+               pg_catalog.format('REVOKE CREATE ON SCHEMA pgfence FROM %s;', g.name)
+          FROM ns CROSS JOIN LATERAL pg_catalog.aclexplode(ns.nspacl) a
+          JOIN grantee g ON g.oid OPERATOR(pg_catalog.=) a.grantee
+         WHERE a.privilege_type OPERATOR(pg_catalog.=) 'CREATE'
+           AND a.grantee OPERATOR(pg_catalog.<>) ns.nspowner
+        UNION ALL
+        SELECT 4, pg_catalog.pg_describe_object('pg_catalog.pg_class'::pg_catalog.regclass, c.oid, 0),
+               pg_catalog.format('grants %s to %s: only pgfence''s functions may write pgfence tables, and a trigger added to one would run with the rights of those functions',
+                   a.privilege_type, g.name),
+               pg_catalog.format('REVOKE %s ON %s FROM %s;', a.privilege_type, c.oid::pg_catalog.regclass, g.name)
+          FROM pg_catalog.pg_class c JOIN ns ON c.relnamespace OPERATOR(pg_catalog.=) ns.oid
+         CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) a
+          JOIN grantee g ON g.oid OPERATOR(pg_catalog.=) a.grantee
+         WHERE c.relkind OPERATOR(pg_catalog.=) ANY ('{r,p}'::pg_catalog."char"[])
+           AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+           AND a.privilege_type OPERATOR(pg_catalog.=) ANY ('{INSERT,UPDATE,DELETE,TRUNCATE,REFERENCES,TRIGGER}'::pg_catalog.text[])
+        UNION ALL
+        SELECT 5, pg_catalog.format('default privileges of role %I%s', me.rolname,
+                   CASE WHEN d.defaclnamespace OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN '' ELSE ' in schema pgfence' END),
+               pg_catalog.format('grant %s on every new %s to %s: the migrations would create pgfence''s %s with it',
+                   a.privilege_type, k.kind, g.name, k.kind),
+               pg_catalog.format('ALTER DEFAULT PRIVILEGES FOR ROLE %I%s REVOKE %s ON %s FROM %s;', me.rolname,
+                   CASE WHEN d.defaclnamespace OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN '' ELSE ' IN SCHEMA pgfence' END,
+                   a.privilege_type, pg_catalog.upper(k.kind), g.name)
+          FROM pg_catalog.pg_default_acl d CROSS JOIN me
+         CROSS JOIN LATERAL pg_catalog.aclexplode(d.defaclacl) a
+          JOIN grantee g ON g.oid OPERATOR(pg_catalog.=) a.grantee
+          JOIN (VALUES ('r'::pg_catalog."char", 'tables'::pg_catalog.text), ('f', 'functions')) k (objtype, kind)
+            ON k.objtype OPERATOR(pg_catalog.=) d.defaclobjtype
+         WHERE d.defaclrole OPERATOR(pg_catalog.=) me.oid
+           AND (d.defaclnamespace OPERATOR(pg_catalog.=) 0::pg_catalog.oid
+                OR d.defaclnamespace OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ns.oid FROM ns)))
+           AND a.grantee OPERATOR(pg_catalog.<>) me.oid
+           AND CASE WHEN k.objtype OPERATOR(pg_catalog.=) 'r'
+                    THEN a.privilege_type OPERATOR(pg_catalog.<>) 'SELECT'
+                    ELSE a.grantee OPERATOR(pg_catalog.<>) 0::pg_catalog.oid
+               END
+        UNION ALL
+        SELECT 6, pg_catalog.format('role %I', r.rolname),
+               pg_catalog.format('exists with %s: pgfence''s roles must be NOLOGIN groups without attributes, since pgfence grants them privileges and application roles become their members (whoever logs in as one, or sets it as its role, holds both)',
+                   pg_catalog.concat_ws(', ',
+                       CASE WHEN r.rolcanlogin THEN 'LOGIN' END, CASE WHEN r.rolsuper THEN 'SUPERUSER' END,
+                       CASE WHEN r.rolcreatedb THEN 'CREATEDB' END, CASE WHEN r.rolcreaterole THEN 'CREATEROLE' END,
+                       CASE WHEN r.rolreplication THEN 'REPLICATION' END, CASE WHEN r.rolbypassrls THEN 'BYPASSRLS' END)),
+               pg_catalog.format('If it is pgfence''s role: ALTER ROLE %I %s; otherwise pgfence cannot use that name.', r.rolname,
+                   pg_catalog.concat_ws(' ',
+                       CASE WHEN r.rolcanlogin THEN 'NOLOGIN' END, CASE WHEN r.rolsuper THEN 'NOSUPERUSER' END,
+                       CASE WHEN r.rolcreatedb THEN 'NOCREATEDB' END, CASE WHEN r.rolcreaterole THEN 'NOCREATEROLE' END,
+                       CASE WHEN r.rolreplication THEN 'NOREPLICATION' END, CASE WHEN r.rolbypassrls THEN 'NOBYPASSRLS' END))
+          FROM pg_catalog.pg_roles r
+         WHERE r.rolname OPERATOR(pg_catalog.=) ANY ('{pgfence_app,pgfence_operator}'::pg_catalog.name[])
+           AND (r.rolcanlogin OR r.rolsuper OR r.rolcreatedb OR r.rolcreaterole OR r.rolreplication OR r.rolbypassrls)
+        UNION ALL
+        SELECT 7, pg_catalog.format('role %I', r.rolname),
+               pg_catalog.format('is a member of role %I, so every member of %I would get the privileges of %I too', g.rolname, r.rolname, g.rolname),
+               pg_catalog.format('REVOKE %I FROM %I;', g.rolname, r.rolname)
+          FROM pg_catalog.pg_roles r
+          JOIN pg_catalog.pg_auth_members m ON m.member OPERATOR(pg_catalog.=) r.oid
+          JOIN pg_catalog.pg_roles g ON g.oid OPERATOR(pg_catalog.=) m.roleid
+         WHERE r.rolname OPERATOR(pg_catalog.=) ANY ('{pgfence_app,pgfence_operator}'::pg_catalog.name[])
+        ORDER BY 1, 2, 3
+        -- pgfence:findings end
+    LOOP
+        v_count := v_count OPERATOR(pg_catalog.+) 1;
+        IF v_count OPERATOR(pg_catalog.=) 1 THEN
+            v_first := pg_catalog.concat(f.object, ' ', f.problem);
+        END IF;
+        v_detail := pg_catalog.concat(v_detail, f.object, ' ', f.problem, E'\n');
+        IF pg_catalog.strpos(v_hint, f.fix) OPERATOR(pg_catalog.=) 0 THEN
+            v_hint := pg_catalog.concat(v_hint, f.fix, E'\n');
+        END IF;
+    END LOOP;
+    IF v_count OPERATOR(pg_catalog.>) 0 THEN
+        RAISE EXCEPTION '%', pg_catalog.format('pgfence: refusing to migrate as role %I: %s%s', CURRENT_USER, v_first,
+                CASE WHEN v_count OPERATOR(pg_catalog.>) 1
+                     THEN pg_catalog.format(' (and %s more, see DETAIL)', v_count OPERATOR(pg_catalog.-) 1) ELSE '' END)
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.rtrim(v_detail, E'\n'),
+                  HINT = pg_catalog.rtrim(v_hint, E'\n');
+    END IF;
+END
+$pgfence_trust$;
+-- pgfence:trust-check end
+-- +goose StatementEnd
+
 -- +goose StatementBegin
 CREATE SCHEMA IF NOT EXISTS pgfence;
 -- +goose StatementEnd
@@ -250,7 +437,7 @@ CREATE FUNCTION pgfence.token_epoch() RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     PERFORM pgfence.require_primary();
-    RETURN ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
+    RETURN ('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
 END;
 $$;
 -- +goose StatementEnd

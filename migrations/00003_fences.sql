@@ -578,7 +578,7 @@ $$;
 -- \000 cut there.)
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.protected_tables() RETURNS TABLE (relation regclass, resource_column text, prefix text)
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT t.tgrelid::regclass,
            convert_from(substring(t.tgargs FROM 1 FOR greatest(a.sep1 - 1, 0)), current_setting('server_encoding')),
            convert_from(substring(a.rest FROM 1 FOR greatest(position('\x00'::bytea IN a.rest) - 1, 0)), current_setting('server_encoding'))

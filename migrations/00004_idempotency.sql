@@ -78,6 +78,16 @@ CREATE INDEX idempotency_keys_expires_at ON pgfence.idempotency_keys (expires_at
     WHERE expires_at IS NOT NULL;
 -- +goose StatementEnd
 
+-- Completers (idempotency.Store.Recover, pgfence keys abandoned) read the
+-- leased keys in progress, a few among millions of completed ones. The
+-- indexed column and the predicate never change while a key is in progress,
+-- so heartbeats and recovery points stay HOT updates; atomic claims are not
+-- in the index at all.
+-- +goose StatementBegin
+CREATE INDEX idempotency_keys_leased_in_progress ON pgfence.idempotency_keys (scope)
+    WHERE status = 'in_progress' AND mode = 'leased';
+-- +goose StatementEnd
+
 -- The row invariants, in one plpgsql call: sane sizes, and the state
 -- machine: in progress (atomic: no lease; leased: a lease, owner NULL once
 -- released) -> succeeded (a result, possibly empty) or failed (a code).

@@ -1,6 +1,7 @@
 package migrations
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"embed"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -41,11 +43,6 @@ const (
 	// VersionTable is goose's version table, kept inside [Schema] so that it never
 	// collides with the host application's own goose_db_version.
 	VersionTable = Schema + ".goose_db_version"
-
-	// LockID is the advisory lock key that serializes pgfence migrations. It is
-	// not goose's default (5887940537704921958), so the host application's goose
-	// runs never wait for ours. It is the first 8 bytes of sha256("pgfence.migrations").
-	LockID int64 = 0x2f0e1ce5a3b1d0c7
 )
 
 // ErrSchemaTooNew is returned when the database's pgfence schema has a version
@@ -73,36 +70,62 @@ const (
 // pgfence.token_floor lacks floor_leaves_room, which the current first
 // migration creates with the table and pre-release builds added only at their
 // version 12. It needs goose's version table.
-var preReleaseSQL = fmt.Sprintf(`EXISTS (SELECT 1 FROM %[1]s v WHERE v.is_applied AND v.version_id BETWEEN %[2]d AND %[3]d)
-        OR (EXISTS (SELECT 1 FROM %[1]s v WHERE v.is_applied AND v.version_id > 0)
+var preReleaseSQL = fmt.Sprintf(`EXISTS (SELECT 1 FROM %[1]s v WHERE v.is_applied
+                   AND v.version_id OPERATOR(pg_catalog.>=) %[2]d AND v.version_id OPERATOR(pg_catalog.<=) %[3]d)
+        OR (EXISTS (SELECT 1 FROM %[1]s v WHERE v.is_applied AND v.version_id OPERATOR(pg_catalog.>) 0)
             AND pg_catalog.to_regclass('pgfence.token_floor') IS NOT NULL
             AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint c
-                             WHERE c.conrelid = pg_catalog.to_regclass('pgfence.token_floor')
-                               AND c.conname = 'floor_leaves_room'))`, VersionTable, preReleaseFirst, preReleaseLast)
+                             WHERE c.conrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('pgfence.token_floor')
+                               AND c.conname OPERATOR(pg_catalog.=) 'floor_leaves_room'))`, VersionTable, preReleaseFirst, preReleaseLast)
 
 // Config configures a [Migrator]. A nil *Config and the zero value use the
 // defaults.
 type Config struct {
-	// Logger receives one event per applied migration. Default: discard.
+	// Logger receives one event per applied migration, and the waits for
+	// the migration lock. Default: discard.
 	Logger *slog.Logger
+
+	// LockTimeout bounds how long Up and DownTo wait for the migration lock
+	// that another migration holds; they then return a [*LockedError] that
+	// names the holder. The caller's context bounds the wait too. Zero means
+	// [LockTimeoutDefault]; negative is an error.
+	LockTimeout time.Duration
 }
 
 // Migrator applies the embedded migrations to one database. It is safe for
-// concurrent use, and several processes may migrate the same database at once:
-// every run holds a session advisory lock ([LockID]).
+// concurrent use, and several processes may migrate the same database at
+// once, directly or through a transaction-mode pooler such as PgBouncer: a
+// run holds the migration lock, a row of [LockTable] with a lease that it
+// renews while it runs.
 type Migrator struct {
-	db       *sql.DB
-	provider *goose.Provider
-	addr     string // host:port, named in connection errors
+	pool        *pgxpool.Pool
+	db          *sql.DB
+	provider    *goose.Provider
+	addr        string // host:port, named in connection errors
+	logger      *slog.Logger
+	lockTimeout time.Duration
+
+	// What the lock row records of this migrator.
+	host        string
+	pid         int
+	application string
 }
 
 // New returns a Migrator on pool. Close it when done; the pool stays open.
+// The pool needs room for two connections (MaxConns >= 2): one runs the
+// migrations while the other renews the migration lock.
 func New(pool *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 	if pool == nil {
 		return nil, errors.New("migrations: pool is nil")
 	}
 	if cfg == nil {
 		cfg = &Config{}
+	}
+	if cfg.LockTimeout < 0 {
+		return nil, fmt.Errorf("migrations: Config.LockTimeout: must be >= 0 (0 means LockTimeoutDefault, %s), got %s", LockTimeoutDefault, cfg.LockTimeout)
+	}
+	if n := pool.Config().MaxConns; n < 2 {
+		return nil, fmt.Errorf("migrations: the pool allows %d connection(s) (MaxConns); a Migrator needs 2: one runs the migrations while the other renews the migration lock", n)
 	}
 	logger := cfg.Logger
 	if logger == nil {
@@ -114,10 +137,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
-	provider, err := goose.NewProvider("", db, files,
-		goose.WithStore(store),
+	// No goose locker: Up and DownTo take the migration lock themselves,
+	// before goose runs, and the store's fence checks it in each
+	// migration's transaction.
+	provider, err := goose.NewProvider("", db, pinnedFS{},
+		goose.WithStore(fencedStore{store}),
 		goose.WithDisableGlobalRegistry(true),
-		goose.WithSessionLocker(advisoryLocker{}),
 		goose.WithSlog(logger),
 	)
 	if err != nil {
@@ -126,7 +151,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 	}
 	cc := pool.Config().ConnConfig
 	addr := net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))
-	return &Migrator{db: db, provider: provider, addr: addr}, nil
+	host, pid, application := lockIdentity(cc.RuntimeParams)
+	return &Migrator{
+		pool: pool, db: db, provider: provider, addr: addr, logger: logger,
+		lockTimeout: cmp.Or(cfg.LockTimeout, LockTimeoutDefault),
+		host:        host, pid: pid, application: application,
+	}, nil
 }
 
 // Up applies every pending migration to the database of pool: the one call an
@@ -181,30 +211,54 @@ func results(rs []*goose.MigrationResult) []Result {
 }
 
 // Up applies every pending migration. It is a no-op on an up-to-date schema.
+//
+// It first checks that the migrating role owns schema pgfence and
+// everything in it and that the pgfence roles are plain groups
+// ([*UntrustedError] otherwise, before it changes anything), then takes the
+// migration lock, waiting at most [Config.LockTimeout] ([*LockedError]).
 func (m *Migrator) Up(ctx context.Context) ([]Result, error) {
-	if _, err := m.prepare(ctx, true); err != nil {
-		return nil, err
-	}
-	rs, err := m.provider.Up(ctx)
-	if err != nil {
-		return results(partial(err)), m.wrap(err)
-	}
-	return results(rs), nil
+	return m.migrate(ctx, true, func(ctx context.Context) ([]*goose.MigrationResult, error) {
+		return m.provider.Up(ctx)
+	})
 }
 
 // DownTo rolls back every applied migration above version; DownTo(ctx, 0)
-// removes every pgfence object but the schema and its version table. On a
-// database without the version table it does nothing and creates nothing.
+// removes every pgfence object but the schema, its version table and the
+// migration lock's table. On a database without the version table it does
+// nothing and creates nothing. It checks and locks as Up does.
 func (m *Migrator) DownTo(ctx context.Context, version int64) ([]Result, error) {
 	if version < 0 {
 		return nil, fmt.Errorf("migrations: version %d: must be >= 0", version)
 	}
-	installed, err := m.prepare(ctx, false)
-	if err != nil || !installed {
-		return nil, err
-	}
-	rs, err := m.provider.DownTo(ctx, version)
+	return m.migrate(ctx, false, func(ctx context.Context) ([]*goose.MigrationResult, error) {
+		return m.provider.DownTo(ctx, version)
+	})
+}
+
+// migrate runs apply (goose's Up or DownTo) under the migration lock, after
+// the checks.
+func (m *Migrator) migrate(ctx context.Context, up bool, apply func(context.Context) ([]*goose.MigrationResult, error)) ([]Result, error) {
+	installed, err := m.prepare(ctx, up)
 	if err != nil {
+		return nil, m.wrap(err)
+	}
+	if !up && !installed {
+		return nil, nil
+	}
+	held, runCtx, err := m.lock(ctx)
+	if err != nil {
+		return nil, m.wrap(err)
+	}
+	defer held.release(ctx)
+	// Again under the lock: another build may have migrated meanwhile.
+	if _, err := m.prepare(runCtx, false); err != nil {
+		return nil, m.wrap(err)
+	}
+	rs, err := apply(runCtx)
+	if err != nil {
+		if errors.Is(context.Cause(runCtx), ErrLockLost) && !errors.Is(err, ErrLockLost) {
+			err = fmt.Errorf("%w: %w", ErrLockLost, err)
+		}
 		return results(partial(err)), m.wrap(err)
 	}
 	return results(rs), nil
@@ -219,55 +273,35 @@ type Status struct {
 }
 
 // Status reports every migration this binary knows and whether it is applied.
-// It creates nothing: on a database without the version table every migration
+// It reads the version table in one read-only transaction, takes no lock and
+// creates nothing: on a database without the version table every migration
 // is pending.
 func (m *Migrator) Status(ctx context.Context) ([]Status, error) {
-	installed, err := m.prepare(ctx, false)
-	if err != nil {
-		return nil, err
-	}
-	if !installed {
-		var out []Status
-		for _, src := range m.provider.ListSources() {
-			out = append(out, Status{Version: src.Version, Name: sourceName(src.Path)})
-		}
-		return out, nil
-	}
-	ss, err := m.provider.Status(ctx)
+	st, err := m.read(ctx, true)
 	if err != nil {
 		return nil, m.wrap(err)
 	}
-	out := make([]Status, 0, len(ss))
-	for _, s := range ss {
-		st := Status{Version: s.Source.Version, Name: sourceName(s.Source.Path), Applied: s.State == goose.StateApplied}
-		if st.Applied {
-			st.AppliedAt = s.AppliedAt.UTC()
+	var out []Status
+	for _, src := range m.provider.ListSources() {
+		s := Status{Version: src.Version, Name: sourceName(src.Path)}
+		if at, ok := st.applied[src.Version]; ok {
+			s.Applied, s.AppliedAt = true, at.UTC()
 		}
-		out = append(out, st)
+		out = append(out, s)
 	}
 	return out, nil
 }
 
 // Version returns the applied schema version (0 for none) and the newest version
 // this binary knows. It returns [ErrSchemaTooNew] when the database is ahead.
-// It creates nothing: a database without the version table is at version 0.
+// It takes no lock and creates nothing: a database without the version table
+// is at version 0.
 func (m *Migrator) Version(ctx context.Context) (current, latest int64, err error) {
-	installed, err := m.prepare(ctx, false)
+	st, err := m.read(ctx, false)
 	if err != nil {
-		return 0, 0, err
+		return st.newest, Latest(), m.wrap(err)
 	}
-	latest = Latest()
-	if !installed {
-		return 0, latest, nil
-	}
-	current, err = m.provider.GetDBVersion(ctx)
-	if err != nil {
-		return 0, latest, m.wrap(err)
-	}
-	if current > latest {
-		return current, latest, fmt.Errorf("%w: database is at version %d, this build knows up to %d", ErrSchemaTooNew, current, latest)
-	}
-	return current, latest, nil
+	return st.newest, Latest(), nil
 }
 
 // Pending reports the migrations not applied yet, oldest first.
@@ -285,62 +319,144 @@ func (m *Migrator) Pending(ctx context.Context) ([]Status, error) {
 	return out, nil
 }
 
-// prepare reports whether goose's version table exists and refuses to touch a
-// schema newer than this build, or one a pre-release build migrated
-// ([ErrPreReleaseSchema]). With create (Up) it also creates the schema
-// that holds the version table, under the same advisory lock as the
-// migrations so that concurrent first runs do not race on CREATE SCHEMA.
-// Without create it writes nothing: the callers that read (Status, Version)
-// or have nothing to undo on a blank database (DownTo) must not leave a
-// schema behind, nor need the CREATE privilege a read-only role lacks. They
-// skip goose when the table is missing, since goose creates it on any call.
+// schemaState is what the version table says.
+type schemaState struct {
+	installed bool                // the version table exists
+	newest    int64               // the highest applied version, 0 for none
+	applied   map[int64]time.Time // applied versions (read with applied only)
+}
+
+// read reads the version table in one read-only transaction, without any
+// lock, and refuses a schema newer than this build ([ErrSchemaTooNew]) or
+// one a pre-release build migrated ([ErrPreReleaseSchema]). It writes
+// nothing and needs no privilege but SELECT on the version table, so a
+// role without CREATE on the database reads "not installed".
+func (m *Migrator) read(ctx context.Context, applied bool) (st schemaState, err error) {
+	tx, err := m.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return st, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if st, err = readVersions(ctx, tx); err != nil || !st.installed || !applied {
+		return st, err
+	}
+	rows, err := tx.Query(ctx, `SELECT v.version_id, pg_catalog.max(v.tstamp) FROM `+VersionTable+` v
+		 WHERE v.version_id OPERATOR(pg_catalog.>) 0 GROUP BY v.version_id`)
+	if err != nil {
+		return st, err
+	}
+	st.applied = map[int64]time.Time{}
+	var v int64
+	var at time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&v, &at}, func() error {
+		st.applied[v] = at
+		return nil
+	}); err != nil {
+		return st, err
+	}
+	return st, tx.Commit(ctx)
+}
+
+// readVersions reads whether the version table exists and its highest
+// applied version, and refuses a newer or pre-release schema.
+func readVersions(ctx context.Context, tx pgx.Tx) (st schemaState, err error) {
+	if err := tx.QueryRow(ctx, `SELECT pg_catalog.to_regclass($1) IS NOT NULL`, VersionTable).Scan(&st.installed); err != nil || !st.installed {
+		return st, err
+	}
+	var preRelease bool
+	if err := tx.QueryRow(ctx, `SELECT COALESCE(pg_catalog.max(version_id) FILTER (WHERE is_applied), 0), `+preReleaseSQL+` FROM `+VersionTable).Scan(&st.newest, &preRelease); err != nil {
+		return st, err
+	}
+	if preRelease {
+		return st, fmt.Errorf("%w: it records version %d of the pre-release numbering; export the rows you need, DROP SCHEMA %s CASCADE, and migrate again", ErrPreReleaseSchema, st.newest, Schema)
+	}
+	if st.newest > Latest() {
+		return st, fmt.Errorf("%w: database is at version %d, this build knows up to %d; upgrade pgfence", ErrSchemaTooNew, st.newest, Latest())
+	}
+	return st, nil
+}
+
+// prepare readies a run of Up (create) or DownTo, in one transaction:
+//
+//   - it refuses, before it writes anything, a database the migrating role
+//     cannot trust ([checkTrust], an [*UntrustedError]);
+//   - with create it creates schema pgfence when missing, and when the
+//     schema is installed or created it creates the lock table
+//     ([LockTable]) when missing, then checks again what it created in;
+//   - it refuses a schema newer than this build or one a pre-release build
+//     migrated.
+//
+// It reports whether goose's version table exists. DownTo does nothing on a
+// database without it, and leaves nothing behind: goose would create its
+// table on any call. Concurrent first runs race on CREATE ... IF NOT EXISTS,
+// which then fails with a unique violation: prepare tries again. Waiting for
+// another transaction that creates them ends after LockTimeout with a
+// [*LockedError].
 func (m *Migrator) prepare(ctx context.Context, create bool) (installed bool, err error) {
-	conn, err := m.db.Conn(ctx)
+	start := time.Now()
+	for attempt := 1; ; attempt++ {
+		installed, err = m.prepareOnce(ctx, create)
+		switch pgerr.Code(err) {
+		case "23505", "42P06", "42P07", "42710": // unique_violation, duplicate_schema, _table, _object
+			if attempt < 5 {
+				continue
+			}
+		case "55P03": // lock_not_available: lock_timeout
+			return false, &LockedError{Waited: time.Since(start), Err: ctx.Err()}
+		}
+		return installed, err
+	}
+}
+
+func (m *Migrator) prepareOnce(ctx context.Context, create bool) (bool, error) {
+	tx, err := m.pool.Begin(ctx)
 	if err != nil {
-		return false, m.wrap(err)
+		return false, err
 	}
-	defer conn.Close()
-	tx, err := conn.BeginTx(ctx, nil)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// Creating the schema or the lock table waits for another transaction
+	// that is creating them (a script, another migrator): as long as the
+	// lock, at most.
+	if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('lock_timeout', $1, true)`,
+		strconv.FormatInt(max(m.lockTimeout.Milliseconds(), 1), 10)); err != nil {
+		return false, err
+	}
+	if err := checkTrust(ctx, tx); err != nil { // before the pin: it reads the session's search_path
+		return false, err
+	}
+	if _, err := tx.Exec(ctx, searchPathPin); err != nil {
+		return false, err
+	}
+	var schemaExists, lockExists bool
+	if err := tx.QueryRow(ctx, `SELECT pg_catalog.to_regnamespace($1) IS NOT NULL, pg_catalog.to_regclass($2) IS NOT NULL`,
+		Schema, LockTable).Scan(&schemaExists, &lockExists); err != nil {
+		return false, err
+	}
+	st, err := readVersions(ctx, tx)
 	if err != nil {
-		return false, m.wrap(err)
+		return false, err
 	}
-	defer func() { _ = tx.Rollback() }()
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, LockID); err != nil {
-		return false, m.wrap(err)
-	}
-	if create {
+	created := false
+	if create && !schemaExists {
 		// Only when it is missing: CREATE SCHEMA checks the CREATE privilege
 		// on the database even with IF NOT EXISTS.
-		var schemaExists bool
-		if err := tx.QueryRowContext(ctx, `SELECT to_regnamespace($1) IS NOT NULL`, Schema).Scan(&schemaExists); err != nil {
-			return false, m.wrap(err)
+		if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+Schema); err != nil {
+			return false, err
 		}
-		if !schemaExists {
-			if _, err := tx.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+Schema); err != nil {
-				return false, m.wrap(err)
-			}
+		schemaExists, created = true, true
+	}
+	if schemaExists && !lockExists && (create || st.installed) {
+		if _, err := tx.Exec(ctx, lockTableDDL); err != nil {
+			return false, err
+		}
+		created = true
+	}
+	if created {
+		if err := checkTrust(ctx, tx); err != nil {
+			return false, err
 		}
 	}
-	if err := tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, VersionTable).Scan(&installed); err != nil {
-		return false, m.wrap(err)
-	}
-	if installed {
-		var newest sql.NullInt64
-		var preRelease bool
-		if err := tx.QueryRowContext(ctx, `SELECT max(version_id) FILTER (WHERE is_applied), `+preReleaseSQL+` FROM `+VersionTable).Scan(&newest, &preRelease); err != nil {
-			return false, m.wrap(err)
-		}
-		if preRelease {
-			return false, fmt.Errorf("%w: it records version %d of the pre-release numbering; export the rows you need, DROP SCHEMA %s CASCADE, and migrate again", ErrPreReleaseSchema, newest.Int64, Schema)
-		}
-		if newest.Valid && newest.Int64 > Latest() {
-			return false, fmt.Errorf("%w: database is at version %d, this build knows up to %d; upgrade pgfence", ErrSchemaTooNew, newest.Int64, Latest())
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		return false, m.wrap(err)
-	}
-	return installed, nil
+	return st.installed, tx.Commit(ctx)
 }
 
 func partial(err error) []*goose.MigrationResult {
@@ -354,7 +470,8 @@ func partial(err error) []*goose.MigrationResult {
 // wrap names the database's address when the server never answered, so
 // "context deadline exceeded" says where it was waiting.
 func (m *Migrator) wrap(err error) error {
-	if errors.Is(err, ErrSchemaTooNew) || errors.Is(err, ErrPreReleaseSchema) {
+	if errors.Is(err, ErrSchemaTooNew) || errors.Is(err, ErrPreReleaseSchema) || errors.Is(err, ErrUntrusted) ||
+		errors.Is(err, ErrLocked) || errors.Is(err, ErrLockLost) {
 		return err
 	}
 	if pgerr.PgError(err) == nil && !strings.Contains(err.Error(), m.addr) {
@@ -436,6 +553,12 @@ SELECT 0, true WHERE NOT EXISTS (SELECT 1 FROM ` + VersionTable + `);
 // at version from, so that it fails cleanly on a schema at another version
 // (or on one a pre-release build installed, see [ErrPreReleaseSchema]).
 // Apply it in one transaction.
+//
+// The script first pins search_path to pg_catalog, pg_temp for its
+// transaction, then refuses a database that the migrating role cannot
+// trust, as [Migrator.Up] does ([UntrustedError] describes the rules), then
+// takes the migration lock ([LockTable]) until it ends, so that it never
+// runs at the same time as a Migrator or another script.
 func Script(from, to int64) (string, error) {
 	known := map[int64]string{0: ""}
 	var ns []string
@@ -459,12 +582,21 @@ func Script(from, to int64) (string, error) {
 			ns[i], ns[j] = ns[j], ns[i]
 		}
 	}
+	trust, err := trustSQL(trustBlockBegin, trustBlockEnd)
+	if err != nil {
+		return "", err
+	}
 	var b strings.Builder
+	b.WriteString("-- For the rest of the transaction, names that are not schema-qualified\n-- resolve in pg_catalog only.\n")
+	b.WriteString(searchPathPin + "\n\n")
+	b.WriteString("-- Refuse a database where another role owns schema pgfence or anything in it,\n-- or where the pgfence roles are not plain NOLOGIN groups.\n")
+	b.WriteString(trust + "\n\n")
 	if up && from == 0 {
 		b.WriteString("-- goose's version table, as `pgfence migrate up` creates it.\n")
 		b.WriteString(versionTableDDL)
 		b.WriteString("\n")
 	}
+	fmt.Fprintf(&b, scriptLockSQL, VersionTable, from, lockTableDDL, LockTable, LockLease.Seconds())
 	fmt.Fprintf(&b, `-- Refuse to run on a schema that is not at version %[1]d, or that a pre-release
 -- build of pgfence installed.
 DO $pgfence$
@@ -502,8 +634,47 @@ $pgfence$;
 			fmt.Fprintf(&b, "DELETE FROM %s WHERE version_id = %d;\n\n", VersionTable, v)
 		}
 	}
+	fmt.Fprintf(&b, "-- Release the migration lock.\nDELETE FROM %s WHERE holder OPERATOR(pg_catalog.=) pg_catalog.current_setting('pgfence.migration_lock_holder')::pg_catalog.uuid;\n", LockTable)
 	return b.String(), nil
 }
+
+// scriptLockSQL takes the migration lock for a script, as a Migrator does,
+// so that a script and a Migrator never migrate at once: the row stays
+// uncommitted until the script's transaction ends, and the script deletes
+// it before then, so a Migrator that tries to take the lock meanwhile waits
+// (at most its LockTimeout) for the script to commit or roll back.
+const scriptLockSQL = `-- Take the migration lock, as ` + "`pgfence migrate up`" + ` does, until the end of the
+-- transaction.
+DO $pgfence$
+DECLARE
+    v_holder uuid := pg_catalog.gen_random_uuid();
+    v_lock   record;
+BEGIN
+    IF pg_catalog.to_regclass('%[1]s') IS NULL THEN
+        RAISE EXCEPTION 'pgfence: %[1]s does not exist; this script starts from schema version %[2]d'
+            USING HINT = 'pgfence records its schema version there: is pgfence installed in this database?';
+    END IF;
+    %[3]s
+    INSERT INTO %[4]s AS l (holder, host, pid, application, db_user, locked_at, lease_until)
+    VALUES (v_holder, coalesce(pg_catalog.host(pg_catalog.inet_client_addr()), 'local'), pg_catalog.pg_backend_pid(),
+            pg_catalog.concat('pgfence migrate sql, applied by ', pg_catalog.current_setting('application_name')),
+            SESSION_USER, pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => %[5]g))
+    ON CONFLICT (singleton) DO UPDATE
+       SET holder = excluded.holder, host = excluded.host, pid = excluded.pid, application = excluded.application,
+           db_user = excluded.db_user, locked_at = excluded.locked_at, lease_until = excluded.lease_until
+     WHERE l.lease_until OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp();
+    IF NOT FOUND THEN
+        SELECT * INTO v_lock FROM %[4]s;
+        RAISE EXCEPTION 'pgfence: another migration holds the migration lock: host %%, pid %%, application %%, role %%, since %%, lease until %%',
+                v_lock.host, v_lock.pid, v_lock.application, v_lock.db_user, v_lock.locked_at, v_lock.lease_until
+            USING ERRCODE = '55P03',
+                  HINT = pg_catalog.format('Let it finish and apply the script again. If that process is gone, its lease lapses at %%s; to clear it at once, make sure it no longer runs, then: DELETE FROM %[4]s', v_lock.lease_until);
+    END IF;
+    PERFORM pg_catalog.set_config('pgfence.migration_lock_holder', v_holder::text, true);
+END
+$pgfence$;
+
+`
 
 // section extracts the Up or Down part of a goose SQL file and drops goose's
 // annotation lines.
@@ -528,27 +699,4 @@ func section(src string, up bool) string {
 		}
 	}
 	return strings.TrimSpace(b.String()) + "\n"
-}
-
-// advisoryLocker is goose's SessionLocker on a blocking pg_advisory_lock: a
-// waiting migrator wakes the moment the lock holder finishes (goose's own
-// postgres locker polls every 5 s), and context cancellation ends the wait.
-type advisoryLocker struct{}
-
-func (advisoryLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
-	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, LockID); err != nil {
-		return fmt.Errorf("take migration lock: %w", err)
-	}
-	return nil
-}
-
-func (advisoryLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
-	var ok bool
-	if err := conn.QueryRowContext(ctx, `SELECT pg_advisory_unlock($1)`, LockID).Scan(&ok); err != nil {
-		return fmt.Errorf("release migration lock: %w", err)
-	}
-	if !ok {
-		return errors.New("release migration lock: lock was not held")
-	}
-	return nil
 }

@@ -75,12 +75,12 @@ func newMigrator(t *testing.T, pool *pgxpool.Pool) *migrations.Migrator {
 }
 
 // pgfenceObjects lists the tables and functions in schema pgfence, goose's
-// version table aside.
+// version table and the migration lock's table aside.
 func pgfenceObjects(t *testing.T, pool *pgxpool.Pool) []string {
 	t.Helper()
 	rows, err := pool.Query(context.Background(), `
 		SELECT 'table ' || c.relname FROM pg_class c
-		WHERE c.relnamespace = 'pgfence'::regnamespace AND c.relkind = 'r' AND c.relname <> 'goose_db_version'
+		WHERE c.relnamespace = 'pgfence'::regnamespace AND c.relkind = 'r' AND c.relname NOT IN ('goose_db_version', 'migration_lock')
 		UNION ALL
 		SELECT 'function ' || p.proname FROM pg_proc p WHERE p.pronamespace = 'pgfence'::regnamespace
 		ORDER BY 1`)
@@ -240,15 +240,7 @@ func TestHostGooseUntouched(t *testing.T) {
 
 	// While another process holds our migration lock, the host's goose (with its
 	// own default session lock) still runs.
-	conn, err := db.Pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, migrations.LockID); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, migrations.LockID) //nolint:errcheck
+	holdLock(t, db.Pool, "paused-migrator", time.Hour)
 	locker, err := goose.NewProvider(goose.DialectPostgres, sqlDB, hostFS, goose.WithDisableGlobalRegistry(true))
 	if err != nil {
 		t.Fatal(err)

@@ -89,6 +89,9 @@ func TestPrefixGrantsIsolateServices(t *testing.T) {
 	}
 	_, err = billingKeys.Claim(ctx, billing, idempotency.Request{Scope: "orders/api", Key: "k1", Payload: []byte("x")})
 	notGranted("idempotency claim in orders' scope", err)
+	if !errors.Is(err, idempotency.ErrNotGranted) {
+		t.Errorf("Claim outside the prefix: %v, want idempotency.ErrNotGranted", err)
+	}
 
 	// Rows: billing sees none of orders'.
 	var n int

@@ -51,6 +51,7 @@ func TestProtectDescendants(t *testing.T) {
 	refused("insert into a child", `INSERT INTO child VALUES ('x')`)
 	refused("insert into a grandchild", `INSERT INTO grandchild VALUES ('y')`)
 	// A fenced write through the child is accepted.
+	pgfencetest.IssueToken(t, pool, "base:x", 1)
 	if _, err := pgfence.ExecToken(ctx, pool, "base:x", 1, `INSERT INTO child VALUES ('x')`); err != nil {
 		t.Fatalf("fenced insert into a child: %v", err)
 	}
@@ -94,6 +95,10 @@ func TestProtectChecksTheStoredRow(t *testing.T) {
 	}
 	if err := pgfence.Protect(ctx, pool, pgx.Identifier{"gen"}, "k", "gen:"); err != nil {
 		t.Fatal(err)
+	}
+	// The leases of the resources issued the tokens presented below.
+	for _, r := range []string{"jobs:B", "jobs:b", "gen:r1"} {
+		pgfencetest.IssueToken(t, pool, r, 5)
 	}
 	if _, err := pgfence.ExecToken(ctx, pool, "jobs:B", 5, `INSERT INTO jobs VALUES ('B', 'x')`); pgerr.Code(err) != "PF006" {
 		t.Fatalf("fenced for jobs:B, stored as jobs:b: %v, want PF006", err)

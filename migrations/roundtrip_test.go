@@ -76,18 +76,18 @@ func snapshot(t *testing.T, pool *pgxpool.Pool) []string {
 
 // leftovers lists what a full rollback left of pgfence in the database:
 // any relation, function, type, operator or collation of schema pgfence but
-// goose's version table, and any privilege on the schema or on the version
+// goose's version table and the migration lock's table, and any privilege on the schema or on the version
 // table that the schema's owner did not have before.
 const leftovers = `
 SELECT 'relation ' || c.relname || ' (' || c.relkind::text || ')'
   FROM pg_class c
  WHERE c.relnamespace = 'pgfence'::regnamespace
-   AND c.relname NOT IN ('goose_db_version', 'goose_db_version_id_seq', 'goose_db_version_pkey')
+   AND c.relname NOT IN ('goose_db_version', 'goose_db_version_id_seq', 'goose_db_version_pkey', 'migration_lock', 'migration_lock_pkey')
 UNION ALL
 SELECT 'function ' || p.oid::regprocedure::text FROM pg_proc p WHERE p.pronamespace = 'pgfence'::regnamespace
 UNION ALL
 SELECT 'type ' || t.typname FROM pg_type t
- WHERE t.typnamespace = 'pgfence'::regnamespace AND t.typname NOT IN ('goose_db_version', '_goose_db_version')
+ WHERE t.typnamespace = 'pgfence'::regnamespace AND t.typname NOT IN ('goose_db_version', '_goose_db_version', 'migration_lock', '_migration_lock')
 UNION ALL
 SELECT 'operator ' || o.oid::regoperator::text FROM pg_operator o WHERE o.oprnamespace = 'pgfence'::regnamespace
 UNION ALL
@@ -106,7 +106,7 @@ ORDER BY 1`
 
 // TestRoundTrip checks that the Down sections undo exactly what the Up
 // sections do: DownTo(0) leaves nothing of pgfence but goose's version
-// table, and migrating up again, from 0 or from any version in between,
+// table and the migration lock's table, and migrating up again, from 0 or from any version in between,
 // reproduces schema.sql (and the catalog of the first Up, which also holds
 // what pg_dump does not print, such as validated flags and storage options).
 func TestRoundTrip(t *testing.T) {

@@ -1401,6 +1401,7 @@ $$;
 
 CREATE FUNCTION pgfence.protected_tables() RETURNS TABLE(relation regclass, resource_column text, prefix text)
     LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     SELECT t.tgrelid::regclass,
            convert_from(substring(t.tgargs FROM 1 FOR greatest(a.sep1 - 1, 0)), current_setting('server_encoding')),
@@ -1885,7 +1886,7 @@ CREATE FUNCTION pgfence.token_epoch() RETURNS bigint
     AS $$
 BEGIN
     PERFORM pgfence.require_primary();
-    RETURN ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
+    RETURN ('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
 END;
 $$;
 
@@ -2263,6 +2264,28 @@ CREATE TABLE pgfence.lease_waiters (
 );
 
 --
+-- Name: migration_lock; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.migration_lock (
+    singleton boolean DEFAULT true NOT NULL,
+    holder uuid NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    application text NOT NULL,
+    db_user text NOT NULL,
+    locked_at timestamp with time zone NOT NULL,
+    lease_until timestamp with time zone NOT NULL,
+    CONSTRAINT migration_lock_singleton_check CHECK (singleton)
+);
+
+--
+-- Name: TABLE migration_lock; Type: COMMENT; Schema: pgfence; Owner: -
+--
+
+COMMENT ON TABLE pgfence.migration_lock IS 'The pgfence migration lock: one row while a migration runs. Clear a stuck one only once the process it names no longer runs.';
+
+--
 -- Name: prefix_grants; Type: TABLE; Schema: pgfence; Owner: -
 --
 
@@ -2373,6 +2396,13 @@ ALTER TABLE ONLY pgfence.leases
     ADD CONSTRAINT leases_pkey PRIMARY KEY (key);
 
 --
+-- Name: migration_lock migration_lock_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.migration_lock
+    ADD CONSTRAINT migration_lock_pkey PRIMARY KEY (singleton);
+
+--
 -- Name: prefix_grants prefix_grants_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
 --
 
@@ -2431,6 +2461,12 @@ CREATE INDEX fence_rejections_trace_id ON pgfence.fence_rejections USING btree (
 --
 
 CREATE INDEX idempotency_keys_expires_at ON pgfence.idempotency_keys USING btree (expires_at) WHERE (expires_at IS NOT NULL);
+
+--
+-- Name: idempotency_keys_leased_in_progress; Type: INDEX; Schema: pgfence; Owner: -
+--
+
+CREATE INDEX idempotency_keys_leased_in_progress ON pgfence.idempotency_keys USING btree (scope) WHERE ((status = 'in_progress'::text) AND (mode = 'leased'::text));
 
 --
 -- Name: lease_events_key_id; Type: INDEX; Schema: pgfence; Owner: -

@@ -25,6 +25,7 @@ func TestConcurrentWriters(t *testing.T) {
 	mustExec(t, pool, `CREATE TABLE state (id int PRIMARY KEY, token bigint NOT NULL, writer int NOT NULL)`)
 	mustExec(t, pool, `INSERT INTO state VALUES (1, 0, -1)`)
 	mustExec(t, pool, `CREATE TABLE log (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, token bigint NOT NULL, writer int NOT NULL)`)
+	issue(t, pool, "state:1")
 	const writers, rounds = 16, 25
 	var wg sync.WaitGroup
 	errs := make(chan error, writers)

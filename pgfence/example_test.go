@@ -70,7 +70,8 @@ func Example() {
 }
 
 // A token that came without its lease (from another process, or from SQL) is
-// presented with the resource it was issued for.
+// presented with the resource it was issued for: the key of the lease that
+// issued it. A token that lease never issued is refused.
 func ExampleExecToken() {
 	ctx := context.Background()
 	db, err := pgfencetest.Open()
@@ -79,15 +80,37 @@ func ExampleExecToken() {
 		return
 	}
 	defer db.Close()
+	client, err := leases.New(db.Pool, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer client.Close()
+	// Two holders in turn: the first has released the lease, the second holds it.
+	first, err := client.TryAcquire(ctx, "invoice:7", time.Minute, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_ = first.Release(ctx)
+	second, err := client.TryAcquire(ctx, "invoice:7", time.Minute, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer second.Release(ctx)
+
 	write := func(token int64) error {
 		_, err := pgfence.ExecToken(ctx, db.Pool, "invoice:7", token, `SELECT 'the business write'`)
 		return err
 	}
-	fmt.Println("token 42:", write(42))
-	fmt.Println("token 41 is stale:", errors.Is(write(41), pgfence.ErrStaleToken))
+	fmt.Println("the second holder's token:", write(second.Token()))
+	fmt.Println("the first holder's token is stale:", errors.Is(write(first.Token()), pgfence.ErrStaleToken))
+	fmt.Println("a made-up token is not issued:", errors.Is(write(second.Token()+1), pgfence.ErrTokenNotIssued))
 	// Output:
-	// token 42: <nil>
-	// token 41 is stale: true
+	// the second holder's token: <nil>
+	// the first holder's token is stale: true
+	// a made-up token is not issued: true
 }
 
 // Versioned rows: the application's table keeps the token of each row's last
@@ -124,26 +147,48 @@ func ExampleNew() {
 		return
 	}
 	defer db.Close()
-	// A text log without the time, for a stable output.
+	ctx := context.Background()
+	client, err := leases.New(db.Pool, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer client.Close()
+	first, err := client.TryAcquire(ctx, "invoice:7", time.Minute, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_ = first.Release(ctx)
+	second, err := client.TryAcquire(ctx, "invoice:7", time.Minute, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer second.Release(ctx)
+
+	// A text log without the time, the operation id and the tokens (their
+	// values depend on the server), for a stable output.
 	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
 		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
-			if a.Key == slog.TimeKey || a.Key == "pgfence.fence.op" {
+			switch a.Key {
+			case slog.TimeKey, "pgfence.fence.op", "pgfence.fence.token", "pgfence.fence.accepted_token":
 				return slog.Attr{}
 			}
 			return a
 		},
 	}))
 	fencer := pgfence.New(&pgfence.Config{Logger: logger})
-	ctx := context.Background()
 
-	_, _ = fencer.ExecToken(ctx, db.Pool, "invoice:7", 42, `SELECT 'the business write'`) // accepted: debug, not shown
-	_, _ = fencer.ExecToken(ctx, db.Pool, "invoice:7", 41, `SELECT 'a late write'`)
+	_, _ = fencer.ExecToken(ctx, db.Pool, "invoice:7", second.Token(), `SELECT 'the business write'`) // accepted: debug, not shown
+	_, _ = fencer.ExecToken(ctx, db.Pool, "invoice:7", first.Token(), `SELECT 'a late write'`)
 
 	rejections, _ := pgfence.Rejections(ctx, db.Pool, "invoice:7", 10)
 	for _, r := range rejections {
-		fmt.Printf("recorded: %s, token %d, %d was accepted\n", r.Reason, r.PresentedToken, r.AcceptedToken)
+		fmt.Printf("recorded: %s, the first holder's token presented: %v, the second's accepted: %v\n",
+			r.Reason, r.PresentedToken == first.Token(), r.AcceptedToken == second.Token())
 	}
 	// Output:
-	// level=INFO msg="pgfence: write rejected" pgfence.operation=exec pgfence.fence.resource=invoice:7 pgfence.fence.token=41 pgfence.outcome=stale_token pgfence.fence.accepted_token=42
-	// recorded: stale_token, token 41, 42 was accepted
+	// level=INFO msg="pgfence: write rejected" pgfence.operation=exec pgfence.fence.resource=invoice:7 pgfence.outcome=stale_token
+	// recorded: stale_token, the first holder's token presented: true, the second's accepted: true
 }

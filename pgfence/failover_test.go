@@ -38,7 +38,7 @@ func testFailover(t *testing.T, sync bool) {
 		return err
 	}
 
-	l1 := grant(t, primary, "job")
+	l1 := grant(t, primary, "doc:1")
 	if err := fencedWrite(primary, l1.Token, "first"); err != nil {
 		t.Fatal(err)
 	}
@@ -75,8 +75,8 @@ func testFailover(t *testing.T, sync bool) {
 			t.Fatal(err)
 		}
 	}
-	mustExec(t, primary, expireSQL, "job")
-	l2 := grant(t, primary, "job") // sync: returns only after the standby has it
+	mustExec(t, primary, expireSQL, "doc:1")
+	l2 := grant(t, primary, "doc:1") // sync: returns only after the standby has it
 	if l2.Token <= l1.Token {
 		t.Fatalf("grant token %d not above %d", l2.Token, l1.Token)
 	}
@@ -102,7 +102,7 @@ func testFailover(t *testing.T, sync bool) {
 	}
 	defer promoted.Close()
 	var leaseToken, fenceToken int64
-	if err := promoted.QueryRow(ctx, `SELECT l.token, f.token FROM pgfence.leases l, pgfence.fences f WHERE l.key = 'job' AND f.resource = 'doc:1'`).Scan(&leaseToken, &fenceToken); err != nil {
+	if err := promoted.QueryRow(ctx, `SELECT l.token, f.token FROM pgfence.leases l, pgfence.fences f WHERE l.key = 'doc:1' AND f.resource = 'doc:1'`).Scan(&leaseToken, &fenceToken); err != nil {
 		t.Fatal(err)
 	}
 	want := l2.Token
@@ -114,8 +114,8 @@ func testFailover(t *testing.T, sync bool) {
 	}
 
 	// Every token issued now is above every token issued before the failover.
-	mustExec(t, promoted, expireSQL, "job")
-	l3 := grant(t, promoted, "job")
+	mustExec(t, promoted, expireSQL, "doc:1")
+	l3 := grant(t, promoted, "doc:1")
 	var fresh int64
 	if err := promoted.QueryRow(ctx, `SELECT pgfence.next_token(NULL)`).Scan(&fresh); err != nil {
 		t.Fatal(err)

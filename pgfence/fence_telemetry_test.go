@@ -33,6 +33,7 @@ func observedFencer(t testing.TB) (*telemetrytest.Providers, *pgfence.Fencer) {
 func TestDefaultFencerUsesGlobalProviders(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	ctx := testContext(t)
+	issue(t, pool, "global/a")
 	if _, err := pgfence.ExecToken(ctx, pool, "global/a", 1, `SELECT 1`); err != nil {
 		t.Fatal(err)
 	}
@@ -164,8 +165,10 @@ func TestTelemetry(t *testing.T) {
 		t.Fatalf("join: %s %d %d %v", event, leaseTok, fenceTok, err)
 	}
 
-	// A write outside the request is its own trace (its span is a root).
-	if _, err := f.ExecToken(context.Background(), pool, "kv:a", l.Token()+1, update, "own trace", l.Token()+1); err != nil {
+	// A write outside the request is its own trace (its span is a root). It
+	// presents the token of the expired lease's successor.
+	next := grant(t, pool, "kv:a")
+	if _, err := f.ExecToken(context.Background(), pool, "kv:a", next.Token, update, "own trace", next.Token); err != nil {
 		t.Fatal(err)
 	}
 	execs := p.Ended("pgfence.fence.exec")
@@ -177,7 +180,9 @@ func TestTelemetry(t *testing.T) {
 
 	// Without tracing, a later write clears the trace id: it names the last write.
 	untraced := pgfence.New(&pgfence.Config{MeterProvider: p.Meter, TracerProvider: tracenoop.NewTracerProvider()})
-	if _, err := untraced.ExecToken(context.Background(), pool, "kv:a", l.Token()+2, update, "untraced", l.Token()+2); err != nil {
+	mustExec(t, pool, expireSQL, "kv:a")
+	next = grant(t, pool, "kv:a")
+	if _, err := untraced.ExecToken(context.Background(), pool, "kv:a", next.Token, update, "untraced", next.Token); err != nil {
 		t.Fatal(err)
 	}
 	if err := pool.QueryRow(ctx, `SELECT trace_id FROM pgfence.fences WHERE resource = 'kv:a'`).Scan(&id); err != nil || id != nil {
@@ -284,6 +289,7 @@ func TestTelemetryPanicInFn(t *testing.T) {
 	p, f := observedFencer(t)
 	pool := pgfencetest.NewPool(t)
 	ctx := testContext(t)
+	issue(t, pool, "panic/t")
 	mustPanic(t, func() {
 		_, _ = f.WriteToken(ctx, pool, "panic/t", 1, func(context.Context, pgx.Tx) error { panic("boom") })
 	})

@@ -254,6 +254,7 @@ func TestUpdateRow(t *testing.T) {
 func TestFenceRepeatableRead(t *testing.T) {
 	ctx := testContext(t)
 	pool := pgfencetest.NewPool(t)
+	issue(t, pool, "old", "new")
 	mustExec(t, pool, `SELECT pgfence.fence('old', 1)`)
 	for _, resource := range []string{"old", "new"} {
 		tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
@@ -281,6 +282,7 @@ func TestFenceForcesSynchronousCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Release()
+	issue(t, conn, "r")
 	for _, session := range []string{"off", "local", "remote_apply"} {
 		mustExec(t, conn, `SELECT set_config('synchronous_commit', $1, false)`, session)
 		tx, err := conn.Begin(ctx)

@@ -90,6 +90,7 @@ func TestHostileIdentifiers(t *testing.T) {
 				t.Fatalf("unfenced write to the protected table: %v, want ErrUnfencedWrite", err)
 			}
 			// The guard reads the hostile column and prepends the hostile prefix.
+			issue(t, pool, prefix+"r1")
 			if _, err := pgfence.ExecToken(ctx, pool, prefix+"r1", 1,
 				`UPDATE `+table.Sanitize()+` SET `+pgx.Identifier{valCol}.Sanitize()+` = 'fenced'`); err != nil {
 				t.Fatalf("fenced write to the protected table: %v", err)

@@ -59,6 +59,7 @@ func TestInspectFences(t *testing.T) {
 	defer cancel()
 	db := pgfencetest.NewDatabase(t)
 	before := time.Now().Add(-time.Minute)
+	issue(t, db.Pool, "stock/a", "stock/b", "orders/1")
 	for _, f := range []struct {
 		resource string
 		token    int64

@@ -32,6 +32,9 @@ func TestKeyExperiment(t *testing.T) {
 	pool := db.Pool
 	const res = "doc:1"
 	mustExec(t, pool, `CREATE TABLE doc (resource text PRIMARY KEY, body text NOT NULL, token bigint NOT NULL)`)
+	// Made-up token 1 for the setup's write and for the spoofing worker's
+	// fence of an unrelated resource; the workers' grants come after it.
+	issue(t, pool, res, "unrelated")
 	if _, err := pgfence.WriteToken(ctx, pool, res, 1, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO doc VALUES ($1, 'init', 1)`, res)
 		return err

@@ -39,10 +39,11 @@ func TestLimitsMatchSQL(t *testing.T) {
 	}
 	bytesOf := func(n int) string { return strings.Repeat("é", n/2) + strings.Repeat("r", n%2) }
 	chars := func(n int) string { return strings.Repeat("é", n) }
+	issue(t, pool, bytesOf(pgfence.MaxResourceLen)) // the longest key's lease issued token 1
 	probe("resource bytes", pgfence.MaxResourceLen, `SELECT pgfence.fence($1, 1)`, bytesOf)
 	probe("floor reason characters", pgfence.MaxReasonLen, `SELECT pgfence.raise_token_floor(0, $1)`, chars)
 	// The floor's limit: SQL accepts MaxTokenFloor and refuses one more
-	// (check violation), and a grant still gets a token above it.
+	// (PF008), and a grant still gets a token above it.
 	for floor, ok := range map[int64]bool{pgfence.MaxTokenFloor: true, pgfence.MaxTokenFloor + 1: false, math.MaxInt64: false} {
 		var next int64
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -57,8 +58,8 @@ func TestLimitsMatchSQL(t *testing.T) {
 		switch {
 		case ok && (!errors.Is(err, errRollback) || next != floor+1):
 			t.Errorf("floor %d (the Go limit): %v, next token %d; want accepted, next token %d", floor, err, next, floor+1)
-		case !ok && sqlstate(err) != "23514":
-			t.Errorf("floor %d: %v, want a check violation (23514)", floor, err)
+		case !ok && sqlstate(err) != "PF008":
+			t.Errorf("floor %d: %v, want PF008", floor, err)
 		}
 	}
 	// The Go side refuses the same, before any round trip.

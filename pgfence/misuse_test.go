@@ -35,6 +35,7 @@ func mustPanic(t *testing.T, f func()) {
 func TestPanicInFnRollsBack(t *testing.T) {
 	ctx := testContext(t)
 	pool := pgfencetest.NewPool(t)
+	issue(t, pool, "panic/1", "panic/2")
 	boom := func(context.Context, pgx.Tx) error { panic("boom") }
 
 	mustPanic(t, func() { _, _ = pgfence.WriteToken(ctx, pool, "panic/1", 1, boom) })
@@ -88,6 +89,7 @@ func TestPanicInFnRollsBack(t *testing.T) {
 func TestFnEndsTransactionItself(t *testing.T) {
 	ctx := testContext(t)
 	pool := pgfencetest.NewPool(t)
+	issue(t, pool, "ended/1")
 	for _, tc := range []struct {
 		end  func(context.Context, pgx.Tx) error
 		want pgfence.Outcome
@@ -170,6 +172,7 @@ func TestFnEndsTransactionWithSQL(t *testing.T) {
 	ctx := testContext(t)
 	pool := pgfencetest.NewPool(t)
 	setupKV(t, pool)
+	issue(t, pool, "ended-sql/1")
 	lease := grant(t, pool, "ended-sql/lease")
 	for i, tc := range []struct {
 		sql  string
@@ -224,6 +227,7 @@ func (t connlessTx) Begin(ctx context.Context) (pgx.Tx, error) {
 func TestWriteOnConnlessTx(t *testing.T) {
 	ctx := testContext(t)
 	pool := pgfencetest.NewPool(t)
+	issue(t, pool, "connless/1")
 	lease := grant(t, pool, "connless/lease")
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -246,6 +250,7 @@ func TestWriteOnConnlessTx(t *testing.T) {
 func TestFnErrorReturnedUnchanged(t *testing.T) {
 	ctx := testContext(t)
 	pool := pgfencetest.NewPool(t)
+	issue(t, pool, "fnerr/1", "fnerr/2", "fnerr/3")
 	httpErr := &url.Error{Op: "Post", URL: "http://payments.invalid/charge",
 		Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}
 	fail := func(context.Context, pgx.Tx) error { return httpErr }

@@ -133,8 +133,14 @@ func TestOutcomeUnknown(t *testing.T) {
 		t.Fatalf("overwritten write: resolved %v, want superseded", o)
 	}
 	// Never fenced at all.
-	if o, err := pgfence.Resolve(ctx, db.Pool, &pgfence.OutcomeUnknownError{Resource: "never", Token: 1}); err != nil || o != pgfence.NotApplied {
+	never := &pgfence.OutcomeUnknownError{Resource: "never", Token: 1, Op: pgfence.OpID{1}}
+	if o, err := pgfence.Resolve(ctx, db.Pool, never); err != nil || o != pgfence.NotApplied {
 		t.Fatalf("unknown resource: %v %v", o, err)
+	}
+	// Without the write's operation id nothing can be abandoned, so no
+	// answer would be final.
+	if o, err := pgfence.Resolve(ctx, db.Pool, &pgfence.OutcomeUnknownError{Resource: "never", Token: 1}); !errors.Is(err, pgfence.ErrInvalid) {
+		t.Fatalf("write without an operation id: %v %v, want ErrInvalid", o, err)
 	}
 }
 
@@ -143,7 +149,8 @@ func TestOutcomeUnknown(t *testing.T) {
 func TestResolveWaitsForWriter(t *testing.T) {
 	ctx := testContext(t)
 	pool := pgfencetest.NewPool(t)
-	for _, resource := range []string{"new", "existing"} {
+	issue(t, pool, "new", "existing")
+	for i, resource := range []string{"new", "existing"} {
 		if resource == "existing" {
 			mustExec(t, pool, `SELECT pgfence.fence('existing', 1)`)
 		}
@@ -151,8 +158,13 @@ func TestResolveWaitsForWriter(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		op := [16]byte{1, 2, 3}
-		mustExec(t, tx, `SELECT pgfence.fence($1, 5, $2)`, resource, op)
+		// Each write has its own operation id: Resolve abandons the one it
+		// resolves.
+		op := pgfence.OpID{1, 2, 3, byte(i)}
+		if _, err := tx.Exec(ctx, `SELECT pgfence.fence($1, 5, $2)`, resource, op); err != nil {
+			_ = tx.Rollback(ctx)
+			t.Fatalf("%s: fence: %v", resource, err)
+		}
 		got := make(chan pgfence.Outcome, 1)
 		go func() {
 			o, err := pgfence.Resolve(ctx, pool, &pgfence.OutcomeUnknownError{Resource: resource, Token: 5, Op: op})

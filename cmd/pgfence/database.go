@@ -201,7 +201,7 @@ func unreachable(addr, database string, err error, password string) error {
 		ce.code = exitFailure
 	case "3D000":
 		ce.msg = fmt.Sprintf("database %q does not exist at %s", database, addr)
-		ce.hint = "create it (createdb " + database + ") or fix the database name in the URL"
+		ce.hint = "create it (createdb -- " + shellQuote(database) + ") or fix the database name in the URL"
 		ce.code = exitFailure
 	case "08P01":
 		// PgBouncer's "server login has been failing, try again later
@@ -266,4 +266,10 @@ func dbError(err error) error {
 		return &cliError{msg: redact(err.Error()), hint: "the role lacks a privilege: run operating commands as a member of pgfence_operator (protect and unprotect as the table's owner); see \"Security and least privilege\" in the README", code: exitFailure, err: err}
 	}
 	return err
+}
+
+// shellQuote quotes s for a POSIX shell, so that a suggested command is
+// safe to paste whatever the name contains.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -85,6 +86,9 @@ func floorRaise(fs *flag.FlagSet) runFunc {
 	return func(ctx context.Context, in *input) error {
 		if *reason == "" {
 			return usageError("floor raise needs --reason TEXT (it is recorded)")
+		}
+		if n := utf8.RuneCountInString(*reason); n > pgfence.MaxReasonLen {
+			return usageError("--reason must be at most %d characters, got %d", pgfence.MaxReasonLen, n)
 		}
 		// -1, the default, means "the highest stored token"; any other value
 		// is the floor itself.

@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pgfence/pgfence/idempotency"
 )
@@ -53,6 +55,19 @@ type keysGCJSON struct {
 	Batches int   `json:"batches"`
 }
 
+// checkKeyArgs refuses a scope or key no key could have, before connecting.
+func checkKeyArgs(scope, key string) error {
+	for _, a := range []struct {
+		what, s string
+		max     int
+	}{{"scope", scope, idempotency.MaxScopeBytes}, {"key", key, idempotency.MaxKeyBytes}} {
+		if len(a.s) == 0 || len(a.s) > a.max || !utf8.ValidString(a.s) || strings.IndexByte(a.s, 0) >= 0 {
+			return keyArgError(fmt.Errorf("%w: %s %q must be 1 to %d bytes of UTF-8 without NUL", idempotency.ErrInvalid, a.what, a.s, a.max))
+		}
+	}
+	return nil
+}
+
 // keyArgError explains a scope or key the idempotency package refused.
 func keyArgError(err error) error {
 	return &cliError{msg: err.Error(), hint: fmt.Sprintf("a scope is 1 to %d bytes and a key 1 to %d bytes, of UTF-8 without NUL", idempotency.MaxScopeBytes, idempotency.MaxKeyBytes), code: exitUsage, err: err}
@@ -96,6 +111,9 @@ func keysList(fs *flag.FlagSet) runFunc {
 func keysShow(*flag.FlagSet) runFunc {
 	return func(ctx context.Context, in *input) error {
 		scope, key := in.args[0], in.args[1]
+		if err := checkKeyArgs(scope, key); err != nil {
+			return err
+		}
 		pool, err := in.connect(ctx)
 		if err != nil {
 			return err
@@ -136,8 +154,8 @@ func keysGC(fs *flag.FlagSet) runFunc {
 	batch := fs.Int("batch-size", idempotency.GCBatchSizeDefault, "most keys deleted by one statement")
 	maxBatches := fs.Int("max-batches", 0, "stop after this many batches (0: until none is left)")
 	return func(ctx context.Context, in *input) error {
-		if *batch <= 0 {
-			return usageError("--batch-size must be positive, got %d", *batch)
+		if *batch <= 0 || *batch > idempotency.MaxGCBatchSize {
+			return usageError("--batch-size must be 1 to %d, got %d", idempotency.MaxGCBatchSize, *batch)
 		}
 		if *maxBatches < 0 {
 			return usageError("--max-batches must be >= 0, got %d", *maxBatches)

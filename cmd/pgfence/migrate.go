@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -256,6 +257,21 @@ func migrateError(err error) error {
 	var ce *cliError
 	if errors.As(schemaError(err), &ce) {
 		return ce
+	}
+	var untrusted *migrations.UntrustedError
+	if errors.As(err, &untrusted) {
+		fixes := make([]string, 0, len(untrusted.Findings))
+		for _, f := range untrusted.Findings {
+			fixes = append(fixes, f.Object+": "+f.Fix)
+		}
+		return &cliError{msg: redact(untrusted.Error()), hint: strings.Join(fixes, "; "), code: exitFailure, err: err}
+	}
+	var locked *migrations.LockedError
+	if errors.As(err, &locked) {
+		return &cliError{msg: redact(locked.Error()), hint: "`pgfence doctor` shows the lock; retry once the other migration has finished", code: exitFailure, err: err}
+	}
+	if errors.Is(err, migrations.ErrLockLost) {
+		return &cliError{msg: redact(err.Error()), hint: "another migrator took the lock over after this one was paused past its lease; what this run applied is recorded: run `pgfence migrate up` again", code: exitFailure, err: err}
 	}
 	msg := err.Error()
 	var pe *goose.PartialError

@@ -29,7 +29,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"sync"
 	"time"
 
@@ -42,20 +41,11 @@ import (
 const lease = time.Second // how long a crashed agent blocks the task
 
 func main() {
-	// Ctrl-C ends the context; the throwaway database is removed either way.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	db, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{URL: os.Getenv("DATABASE_URL"), Progress: os.Stderr})
-	if err == nil {
-		_, err = run(ctx, db.Pool, os.Stdout)
-		if cerr := db.Close(); err == nil {
-			err = cerr
-		}
-	}
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "agent:", err)
-		os.Exit(1)
-	}
+	// DATABASE_URL, or a throwaway local PostgreSQL removed on exit.
+	pgfencetest.Run("agent", func(ctx context.Context, db *pgfencetest.Database) error {
+		_, err := run(ctx, db.Pool, os.Stdout)
+		return err
+	})
 }
 
 // tool simulates an external API that deduplicates by an idempotency key, as

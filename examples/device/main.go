@@ -31,7 +31,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"sync"
 	"time"
 
@@ -48,20 +47,11 @@ const (
 )
 
 func main() {
-	// Ctrl-C ends the context; the throwaway database is removed either way.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	db, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{URL: os.Getenv("DATABASE_URL"), Progress: os.Stderr})
-	if err == nil {
-		_, err = run(ctx, db.Pool, os.Stdout)
-		if cerr := db.Close(); err == nil {
-			err = cerr
-		}
-	}
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "device:", err)
-		os.Exit(1)
-	}
+	// DATABASE_URL, or a throwaway local PostgreSQL removed on exit.
+	pgfencetest.Run("device", func(ctx context.Context, db *pgfencetest.Database) error {
+		_, err := run(ctx, db.Pool, os.Stdout)
+		return err
+	})
 }
 
 // command is what a controller sends to the gateway.

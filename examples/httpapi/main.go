@@ -2,15 +2,21 @@
 // Idempotency-Key, however many times and however concurrently the request
 // arrives.
 //
-// POST /orders is wrapped by the idempotency middleware (IETF Idempotency-Key
-// header draft); the handler itself knows nothing about keys and is slow (an
-// injected 200 ms pause, say a payment check). client-1 sends a checkout and
-// its connection drops while the handler runs: its order is being created but
-// it never sees the answer. It retries with the same key, and at the same moment
-// five duplicates arrive (a double click, a proxy replaying the request…).
-// While the first request runs they get 409 with Retry-After and retry; once it
-// finished, all six get its stored 201 marked "Idempotent-Replayed: true".
-// Finally the same key is sent with another body and gets 422.
+// POST /orders is wrapped by the idempotency middleware (package idemhttp,
+// IETF Idempotency-Key header draft) in its atomic mode: the middleware
+// claims the key in a transaction, the handler inserts the order through that
+// transaction (idemhttp.Tx), and the order and the response the client gets
+// commit together, so no crash can leave an order without its stored response
+// (or a response without its order). The handler is slow (an injected 200 ms
+// pause, say a payment check). client-1 sends a checkout and its connection
+// drops while the handler runs: its order is being created but it never sees
+// the answer. It retries with the same key, and at the same moment five
+// duplicates arrive (a double click, a proxy replaying the request…). They wait
+// for the first request's transaction (a duplicate that waits longer than the
+// store's WaitTimeout gets 409 with Retry-After and retries); once it
+// committed, all six get its stored 201 marked "Idempotent-Replayed: true",
+// even with the JSON members in another order. Finally the same key is sent
+// with another body and gets 422.
 //
 // Run it:
 //
@@ -32,7 +38,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"strings"
 	"sync"
 	"time"
@@ -40,6 +45,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/idempotency/idemhttp"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -47,23 +53,15 @@ const (
 	clients      = 6
 	handlerPause = 200 * time.Millisecond
 	body         = `{"sku":"sku-1","quantity":2}`
+	reordered    = `{ "quantity": 2, "sku": "sku-1" }` // the same JSON object
 )
 
 func main() {
-	// Ctrl-C ends the context; the throwaway database is removed either way.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	db, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{URL: os.Getenv("DATABASE_URL"), Progress: os.Stderr})
-	if err == nil {
-		_, err = run(ctx, db.Pool, os.Stdout)
-		if cerr := db.Close(); err == nil {
-			err = cerr
-		}
-	}
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "httpapi:", err)
-		os.Exit(1)
-	}
+	// DATABASE_URL, or a throwaway local PostgreSQL removed on exit.
+	pgfencetest.Run("httpapi", func(ctx context.Context, db *pgfencetest.Database) error {
+		_, err := run(ctx, db.Pool, os.Stdout)
+		return err
+	})
 }
 
 // response is what one client finally got.
@@ -100,7 +98,8 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	started := make(chan struct{}) // closed when the handler first runs
 	var startedOnce sync.Once
 
-	// The API: POST /orders creates an order. It knows nothing about keys.
+	// The API: POST /orders creates an order, through the transaction that
+	// holds the request's key.
 	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var in struct {
 			SKU      string `json:"sku"`
@@ -116,13 +115,15 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 		startedOnce.Do(func() { close(started) })
 		time.Sleep(handlerPause) // the injected pause: duplicates arrive meanwhile
 		// Finish the order even if this client hung up: the middleware stores
-		// the response under the key, and the client's retry gets it.
+		// the response with it, and the client's retry gets it. (With the
+		// request's context, the insert would fail instead, nothing would
+		// commit, and the retry would create the order.)
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
 		defer cancel()
 		var id int
-		if err := pool.QueryRow(wctx, `INSERT INTO example_http_orders (customer, sku, quantity) VALUES ($1, $2, $3) RETURNING id`,
+		if err := idemhttp.Tx(r.Context()).QueryRow(wctx, `INSERT INTO example_http_orders (customer, sku, quantity) VALUES ($1, $2, $3) RETURNING id`,
 			r.Header.Get("X-Customer"), in.SKU, in.Quantity).Scan(&id); err != nil {
-			http.Error(w, "try again", http.StatusServiceUnavailable) // 5xx: not stored, the key is freed
+			http.Error(w, "try again", http.StatusServiceUnavailable) // 5xx: not stored, the insert rolls back
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -132,12 +133,14 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	})
 
 	// The middleware: keys are scoped by customer (established by auth in a
-	// real API; a header here) and route, kept in PostgreSQL.
+	// real API; a header here) and route, kept in PostgreSQL. The principal
+	// is required: without it one customer's stored response would be
+	// replayed to another who sent the same key.
 	store, err := idempotency.NewStore(nil)
 	if err != nil {
 		return res, err
 	}
-	mw, err := idempotency.NewMiddleware(store, pool, &idempotency.HTTPConfig{
+	mw, err := idemhttp.New(store, pool, &idemhttp.Config{
 		Required:  true,
 		Principal: func(r *http.Request) string { return r.Header.Get("X-Customer") },
 	})
@@ -165,7 +168,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 		if err != nil {
 			return response{}, err
 		}
-		req.Header.Set(idempotency.HeaderKey, `"`+key+`"`) // a structured-header string
+		req.Header.Set(idemhttp.HeaderKey, `"`+key+`"`) // a structured-header string
 		req.Header.Set("X-Customer", "alice")
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
@@ -174,7 +177,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 		}
 		defer resp.Body.Close()
 		b, err := io.ReadAll(resp.Body)
-		return response{resp.StatusCode, string(b), resp.Header.Get(idempotency.HeaderReplayed) == "true"}, err
+		return response{resp.StatusCode, string(b), resp.Header.Get(idemhttp.HeaderReplayed) == "true"}, err
 	}
 	fmt.Fprintf(out, "httpapi: %d clients POST /orders %s with Idempotency-Key %q; the handler takes %s\n", clients, body, key, handlerPause)
 
@@ -200,15 +203,20 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	errs := make(chan error, clients)
 	for c := 1; c <= clients; c++ {
 		wg.Go(func() {
+			payload := body
+			if c%2 == 0 {
+				payload = reordered
+			}
 			for range 100 {
-				r, err := post(ctx, body)
+				r, err := post(ctx, payload)
 				if err != nil {
 					errs <- fmt.Errorf("client-%d: %w", c, err)
 					return
 				}
 				if r.Status == http.StatusConflict {
-					// In progress: retry after a pause (Retry-After says 1 s
-					// at the least; a short poll keeps the demo quick).
+					// In progress longer than the wait: retry after a pause
+					// (Retry-After says 1 s at the least; a short poll keeps
+					// the demo quick).
 					mu.Lock()
 					res.InProgress++
 					mu.Unlock()

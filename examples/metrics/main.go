@@ -28,7 +28,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
 	"sync"
@@ -57,20 +56,11 @@ const (
 )
 
 func main() {
-	// Ctrl-C ends the context; the throwaway database is removed either way.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	db, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{URL: os.Getenv("DATABASE_URL"), Progress: os.Stderr})
-	if err == nil {
-		_, err = run(ctx, db.Pool, os.Stdout)
-		if cerr := db.Close(); err == nil {
-			err = cerr
-		}
-	}
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "metrics:", err)
-		os.Exit(1)
-	}
+	// DATABASE_URL, or a throwaway local PostgreSQL removed on exit.
+	pgfencetest.Run("metrics", func(ctx context.Context, db *pgfencetest.Database) error {
+		_, err := run(ctx, db.Pool, os.Stdout)
+		return err
+	})
 }
 
 // result is what happened, checked by main_test.go against the database and

@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
 	"sync"
 	"time"
@@ -47,20 +46,11 @@ const (
 var files = pgfence.Table{Name: pgx.Identifier{"example_report_files"}, Key: "name", Fence: "fence"}
 
 func main() {
-	// Ctrl-C ends the context; the throwaway database is removed either way.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	db, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{URL: os.Getenv("DATABASE_URL"), Progress: os.Stderr})
-	if err == nil {
-		_, err = run(ctx, db.Pool, os.Stdout)
-		if cerr := db.Close(); err == nil {
-			err = cerr
-		}
-	}
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "report:", err)
-		os.Exit(1)
-	}
+	// DATABASE_URL, or a throwaway local PostgreSQL removed on exit.
+	pgfencetest.Run("report", func(ctx context.Context, db *pgfencetest.Database) error {
+		_, err := run(ctx, db.Pool, os.Stdout)
+		return err
+	})
 }
 
 // result is the business outcome, checked by main_test.go.

@@ -194,10 +194,12 @@ func (s *server) ensureTemplate(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("connect to test server: %w", err)
 	}
 	defer admin.Close(context.Background())
-	if _, err := admin.Exec(ctx, `SELECT pg_advisory_lock($1)`, templateLock); err != nil {
+	if _, err := admin.Exec(ctx, `SELECT pg_catalog.pg_advisory_lock($1)`, templateLock); err != nil {
 		return "", err
 	}
-	defer func() { _, _ = admin.Exec(context.Background(), `SELECT pg_advisory_unlock($1)`, templateLock) }()
+	defer func() {
+		_, _ = admin.Exec(context.Background(), `SELECT pg_catalog.pg_advisory_unlock($1)`, templateLock)
+	}()
 	var exists bool
 	if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil {
 		return "", err

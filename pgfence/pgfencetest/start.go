@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -103,3 +105,25 @@ func Start(ctx context.Context, opts *StartOptions) (*Database, error) {
 // Throwaway reports whether d is a throwaway local cluster started by
 // [Start], removed by Close.
 func (d *Database) Throwaway() bool { return d.cluster != nil }
+
+// Run is the main function of a program that needs a database, such as an
+// example or a local tool: it opens the database of the environment
+// variable DATABASE_URL, or else a throwaway local cluster ([Start], with
+// progress on standard error), runs fn with a context that Ctrl-C ends,
+// closes the database (removing a throwaway cluster), and exits with status
+// 1, printing "name: error", if anything failed.
+func Run(name string, fn func(ctx context.Context, db *Database) error) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	db, err := Start(ctx, &StartOptions{URL: os.Getenv("DATABASE_URL"), Progress: os.Stderr})
+	if err == nil {
+		err = fn(ctx, db)
+		if cerr := db.Close(); err == nil {
+			err = cerr
+		}
+	}
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, name+":", err)
+		os.Exit(1)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -103,4 +104,43 @@ func TestStartErrorsHideThePassword(t *testing.T) {
 			t.Errorf("Start: the password leaked: %v", err)
 		}
 	}
+}
+
+// runChild, when set, makes this test binary a program that calls Run.
+const runChild = "PGFENCETEST_RUN_CHILD"
+
+// Run opens the database, gives it to the program and closes it, and exits
+// 1 with the program's name and error when it fails.
+func TestRun(t *testing.T) {
+	target := pgfencetest.NewDatabase(t)
+	for _, mode := range []string{"ok", "fail"} {
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestRunChild$")
+		cmd.Env = append(os.Environ(), runChild+"="+mode, "DATABASE_URL="+target.URL)
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		switch {
+		case mode == "ok" && err != nil:
+			t.Fatalf("a program that succeeds: %v\n%s", err, out)
+		case mode == "fail" && (!errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(string(out), "child: it failed")):
+			t.Fatalf("a program that fails: %v, want exit 1 and its error\n%s", err, out)
+		}
+	}
+}
+
+// TestRunChild is the program TestRun starts.
+func TestRunChild(t *testing.T) {
+	mode := os.Getenv(runChild)
+	if mode == "" {
+		t.Skip("run by TestRun")
+	}
+	pgfencetest.Run("child", func(ctx context.Context, db *pgfencetest.Database) error {
+		var n int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.leases`).Scan(&n); err != nil {
+			return err
+		}
+		if mode == "fail" {
+			return errors.New("it failed")
+		}
+		return nil
+	})
 }

@@ -59,7 +59,10 @@ func TestScenarioPgBouncerTransactionMode(t *testing.T) {
 			}
 			defer pool.Close()
 
+			// The lease's key is the resource its tokens fence: the row
+			// name of table counters under the guard's prefix.
 			name := "c-" + mode
+			resource := "counter/" + name
 			client, err := leases.New(pool, &leases.Config{DisableWakeups: true, BackoffMax: 50 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
@@ -77,7 +80,7 @@ func TestScenarioPgBouncerTransactionMode(t *testing.T) {
 					defer wg.Done()
 					for range rounds {
 						actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-						l, err := client.Acquire(actx, name, 10*time.Second, nil)
+						l, err := client.Acquire(actx, resource, 10*time.Second, nil)
 						cancel()
 						if err != nil {
 							t.Errorf("acquire through PgBouncer: %v", err)
@@ -86,7 +89,7 @@ func TestScenarioPgBouncerTransactionMode(t *testing.T) {
 						if err := l.Renew(ctx); err != nil {
 							t.Errorf("renew through PgBouncer: %v", err)
 						}
-						if _, err := pgfence.ExecToken(ctx, pool, "counter/"+name, l.Token(),
+						if _, err := pgfence.ExecToken(ctx, pool, resource, l.Token(),
 							`INSERT INTO counters VALUES ($1, 1, $2) ON CONFLICT (name) DO UPDATE SET n = counters.n + 1, last_token = $2`, name, l.Token()); err != nil {
 							t.Errorf("fenced write through PgBouncer: %v", err)
 						}
@@ -121,7 +124,7 @@ func TestScenarioPgBouncerTransactionMode(t *testing.T) {
 			}
 
 			// A stale token and an unfenced write are refused through the pooler too.
-			if _, err := pgfence.ExecToken(ctx, pool, "counter/"+name, tokens[0], `UPDATE counters SET n = 0 WHERE name = $1`, name); !errors.Is(err, pgfence.ErrStaleToken) {
+			if _, err := pgfence.ExecToken(ctx, pool, resource, tokens[0], `UPDATE counters SET n = 0 WHERE name = $1`, name); !errors.Is(err, pgfence.ErrStaleToken) {
 				t.Fatalf("stale write through PgBouncer: %v, want ErrStaleToken", err)
 			}
 			if _, err := pool.Exec(ctx, `UPDATE counters SET n = 0 WHERE name = $1`, name); !errors.Is(pgfence.MapError(err), pgfence.ErrUnfencedWrite) {

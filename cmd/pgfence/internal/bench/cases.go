@@ -55,13 +55,14 @@ const (
 	sqlFenceRow = `UPDATE pgfence_bench.fences SET token = $2, op = $3
 		WHERE resource OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.<=) $2`
 	sqlInsert = `INSERT INTO pgfence_bench.orders (item) VALUES ($1)`
-	// sqlIssueAll records token as issued by the lease of each bench
-	// resource, as a grant would have: a fenced write accepts only a token
-	// its resource's lease issued. The lab runs as the schema's owner.
+	// sqlIssueAll records that each bench resource's lease issued token $1, as
+	// one long-held grant of it would have: a fenced write presents only
+	// tokens its resource's lease issued. The lab writes pgfence.leases
+	// directly on purpose, as the curves load their rows.
 	sqlIssueAll = `INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, released_at)
-SELECT 'bench/' OPERATOR(pg_catalog.||) g, pg_catalog.gen_random_uuid(), $1, c.t, c.t, c.t
-  FROM pg_catalog.generate_series(0, 99999) g, (SELECT pg_catalog.clock_timestamp() AS t) c
-    ON CONFLICT (key) DO UPDATE SET token = excluded.token WHERE l.token OPERATOR(pg_catalog.<) excluded.token`
+  SELECT 'bench/' OPERATOR(pg_catalog.||) g, pg_catalog.gen_random_uuid(), $1, t, t, t
+    FROM pg_catalog.generate_series(0, 99999) g, (SELECT pg_catalog.clock_timestamp() AS t) c
+  ON CONFLICT (key) DO UPDATE SET token = GREATEST(l.token, excluded.token)`
 	// sqlFenceAll fences each bench resource that has no fence row yet.
 	sqlFenceAll = `SELECT pg_catalog.count(pgfence.fence('bench/' OPERATOR(pg_catalog.||) g, $1))
   FROM pg_catalog.generate_series(0, 99999) g

@@ -198,10 +198,12 @@ const (
 		SELECT $1, 'k' OPERATOR(pg_catalog.||) g, pg_catalog.sha256(g::pg_catalog.text::pg_catalog.bytea), 'atomic', 'succeeded', '\x6f6b',
 		       interval '1 day', t, t OPERATOR(pg_catalog.+) interval '1 day'
 		FROM pg_catalog.generate_series($2::bigint, $3::bigint OPERATOR(pg_catalog.-) 1) g, (SELECT pg_catalog.clock_timestamp() AS t) c`
-	sqlIssueFences = `INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, released_at)
-		SELECT $1 OPERATOR(pg_catalog.||) 'fence/' OPERATOR(pg_catalog.||) g, pg_catalog.gen_random_uuid(), $2, c.t, c.t, c.t
-		FROM pg_catalog.generate_series($3::bigint, $4::bigint OPERATOR(pg_catalog.-) 1) g, (SELECT pg_catalog.clock_timestamp() AS t) c
-		ON CONFLICT (key) DO UPDATE SET token = excluded.token WHERE l.token OPERATOR(pg_catalog.<) excluded.token`
+	// sqlLoadFenceLeases records that each fence resource's lease issued the
+	// curve's token (a fenced write presents only such tokens).
+	sqlLoadFenceLeases = `INSERT INTO pgfence.leases (key, holder, token, granted_at, expires_at, released_at)
+		SELECT $1 OPERATOR(pg_catalog.||) 'fence/' OPERATOR(pg_catalog.||) g, pg_catalog.gen_random_uuid(), $2, t, t, t
+		FROM pg_catalog.generate_series($3::bigint, $4::bigint OPERATOR(pg_catalog.-) 1) g,
+		     (SELECT pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 hour' AS t) c`
 	sqlLoadFences = `SELECT pg_catalog.count(pgfence.fence($1 OPERATOR(pg_catalog.||) 'fence/' OPERATOR(pg_catalog.||) g, $2))
 		FROM pg_catalog.generate_series($3::bigint, $4::bigint OPERATOR(pg_catalog.-) 1) g`
 	sqlLoadChurnKeys = `SELECT pg_catalog.count(*) FROM pg_catalog.generate_series(0, $2::int OPERATOR(pg_catalog.-) 1) g,
@@ -303,10 +305,8 @@ func (lab *Lab) curveResources(ctx context.Context, sizes []int64, n int, measur
 	}
 	var loaded int64
 	for _, size := range sizes {
-		// A fenced write accepts only a token its resource's lease issued:
-		// record it as a grant would have.
-		if _, err := lab.db.Pool.Exec(ctx, sqlIssueFences, curvePrefix, token, loaded, size); err != nil {
-			return fmt.Errorf("issue the token of fence rows %d…%d: %w", loaded, size, err)
+		if err := lab.bulk(ctx, fmt.Sprintf("fence leases %d…%d", loaded, size), sqlLoadFenceLeases, curvePrefix, token, loaded, size); err != nil {
+			return err
 		}
 		if err := lab.bulk(ctx, fmt.Sprintf("fence rows %d…%d", loaded, size), sqlLoadFences, curvePrefix, token, loaded, size); err != nil {
 			return err

@@ -206,26 +206,13 @@ func (s *scene) setup(ctx context.Context) error {
 	if _, err := pool.Exec(ctx, demoSetupSQL); err != nil {
 		return fmt.Errorf("demo setup: %w", err)
 	}
-	if err := pgfence.Protect(ctx, pool, pgx.Identifier{demoSchema, "stock"}, "sku", demoPrefix); err != nil {
-		return fmt.Errorf("demo setup: protect: %w", err)
-	}
-	// The row is stocked under a grant of its lease, as every fenced write
-	// must be: a fenced write accepts only a token its resource's lease
-	// issued.
-	client, err := leases.New(pool, &leases.Config{DisableWakeups: true, HolderInfo: "demo setup"})
-	if err != nil {
-		return fmt.Errorf("demo setup: %w", err)
-	}
-	defer client.Close()
-	l, err := client.TryAcquire(ctx, s.key, time.Minute, nil)
-	if err != nil {
-		return fmt.Errorf("demo setup: lease: %w", err)
-	}
-	if _, err := pgfence.ExecToken(ctx, pool, s.key, l.Token(), `INSERT INTO pgfence_demo.stock VALUES ($1, $2, NULL, 'setup')`, s.sku, Initial); err != nil {
+	// The stock exists before the table is protected: from then on every
+	// write needs the SKU's lease.
+	if _, err := pool.Exec(ctx, `INSERT INTO pgfence_demo.stock VALUES ($1, $2, NULL, 'setup')`, s.sku, Initial); err != nil {
 		return fmt.Errorf("demo setup: initial stock: %w", err)
 	}
-	if err := l.Release(ctx); err != nil {
-		return fmt.Errorf("demo setup: release: %w", err)
+	if err := pgfence.Protect(ctx, pool, pgx.Identifier{demoSchema, "stock"}, "sku", demoPrefix); err != nil {
+		return fmt.Errorf("demo setup: protect: %w", err)
 	}
 	fmt.Fprintf(s.progress, "demo: stock %s = %d; lease TTL %s; worker A is a separate OS process\n", s.sku, Initial, s.ttl)
 	return nil

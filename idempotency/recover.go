@@ -1,0 +1,314 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Defaults for [RecoverOptions].
+const (
+	// RecoverLimitDefault is how many abandoned keys one call of
+	// [Store.Recover] or [Store.Abandoned] handles at most.
+	RecoverLimitDefault = 100
+	// CodeAbandoned is the [Failure.Code] that [Store.Recover] stores for an
+	// abandoned key when it has no [RecoverFunc] to resume it with.
+	CodeAbandoned = "abandoned"
+)
+
+// releaseTimeout bounds the release of a key whose RecoverFunc panicked,
+// which does not end with the caller's context.
+const releaseTimeout = 10 * time.Second
+
+// RecoverOptions selects the abandoned keys of [Store.Recover] and
+// [Store.Abandoned]. A nil *RecoverOptions and the zero value use the
+// defaults.
+type RecoverOptions struct {
+	// ScopePrefix limits the call to keys whose scope starts with it, for
+	// example "payments.capture/". Default "": every scope. At most
+	// [MaxScopeBytes].
+	ScopePrefix string
+	// ExpiredFor is how long a lease must have been over before its key
+	// counts as abandoned (database clock). A client that retries shortly
+	// after a crash then resumes its own request; a completer takes what
+	// nobody came back for. Default 0: as soon as the lease ended.
+	ExpiredFor time.Duration
+	// Limit is the most keys one call lists or recovers, oldest lease end
+	// first; call again for more. Default [RecoverLimitDefault]; at most
+	// math.MaxInt32.
+	Limit int
+}
+
+// AbandonedKey is a leased key left in progress after its lease ended: its
+// owner crashed, was paused or cut off, or released it after a transient
+// error, and no retry has taken it over since.
+type AbandonedKey struct {
+	Scope, Key string
+	// Epoch counts the owners the key has had; the next takeover is Epoch+1.
+	Epoch int64
+	// RecoveryPoint is where the last owner got to ("" before the first
+	// point): where a resumption starts.
+	RecoveryPoint string
+	// Released reports that the last owner gave the key up itself
+	// ([Attempt.Release]) rather than vanishing.
+	Released bool
+	// LeaseEnded is when the last lease ended (database clock).
+	LeaseEnded time.Time
+	// CreatedAt is when the intent was first claimed (database clock).
+	CreatedAt time.Time
+	// TraceID is the trace of the claim that last took the key, "" if none.
+	TraceID string
+
+	fingerprint []byte
+	retention   time.Duration
+}
+
+// abandonedSQL lists leased keys in progress whose lease ended at least $1
+// µs ago, oldest first.
+const abandonedSQL = `SELECT scope, key, epoch, recovery_point, owner IS NULL, lease_expires_at, created_at,
+       coalesce(trace_id, ''), fingerprint, (extract(epoch FROM retention) * 1e6)::bigint
+  FROM pgfence.idempotency_keys
+ WHERE status = 'in_progress' AND mode = 'leased'
+   AND lease_expires_at <= pg_catalog.clock_timestamp() - $1 * interval '1 microsecond'
+   AND ($2 = '' OR pg_catalog.starts_with(scope, $2))
+ ORDER BY lease_expires_at
+ LIMIT $3`
+
+func (o *RecoverOptions) check() (RecoverOptions, error) {
+	var c RecoverOptions
+	if o != nil {
+		c = *o
+	}
+	switch {
+	case len(c.ScopePrefix) > MaxScopeBytes:
+		return c, fmt.Errorf("%w: RecoverOptions.ScopePrefix must be at most %d bytes, got %d", ErrInvalid, MaxScopeBytes, len(c.ScopePrefix))
+	case !validText(c.ScopePrefix):
+		return c, fmt.Errorf("%w: RecoverOptions.ScopePrefix must be valid UTF-8 without NUL bytes", ErrInvalid)
+	case c.ExpiredFor < 0:
+		return c, fmt.Errorf("%w: RecoverOptions.ExpiredFor must not be negative, got %v", ErrInvalid, c.ExpiredFor)
+	case c.Limit < 0 || c.Limit > math.MaxInt32:
+		return c, fmt.Errorf("%w: RecoverOptions.Limit must be 0 to %d, got %d", ErrInvalid, math.MaxInt32, c.Limit)
+	case c.Limit == 0:
+		c.Limit = RecoverLimitDefault
+	}
+	return c, nil
+}
+
+// Abandoned lists leased keys left in progress after their lease ended
+// (see [RecoverOptions] for which), oldest lease end first. It only reads:
+// a key listed here may be taken over by a retry or a completer at any
+// moment. pgfence_app may call it.
+func (s *Store) Abandoned(ctx context.Context, db DB, opts *RecoverOptions) ([]AbandonedKey, error) {
+	o, err := opts.check()
+	if err != nil {
+		return nil, err
+	}
+	return s.abandoned(ctx, db, o)
+}
+
+func (s *Store) abandoned(ctx context.Context, db DB, o RecoverOptions) ([]AbandonedKey, error) {
+	q, ok := db.(interface {
+		Query(context.Context, string, ...any) (pgx.Rows, error)
+	})
+	if !ok {
+		return nil, fmt.Errorf("%w: db cannot run a query that returns rows", ErrInvalid)
+	}
+	rows, err := q.Query(ctx, abandonedSQL, micros(o.ExpiredFor), o.ScopePrefix, o.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("idempotency: abandoned keys: %w", classify(err, false))
+	}
+	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (AbandonedKey, error) {
+		var k AbandonedKey
+		var retention int64
+		err := row.Scan(&k.Scope, &k.Key, &k.Epoch, &k.RecoveryPoint, &k.Released, &k.LeaseEnded, &k.CreatedAt,
+			&k.TraceID, &k.fingerprint, &retention)
+		k.retention = fromMicros(&retention)
+		return k, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idempotency: abandoned keys: %w", classify(err, false))
+	}
+	return keys, nil
+}
+
+// RecoverFunc resumes one abandoned key for [Store.Recover]. a owns the key:
+// Recover took it over exactly as a retry of the original request would
+// have, so [Attempt.RecoveryPoint] and [Attempt.RecoveryData] say where the
+// last owner got to and [Attempt.DerivedKey] gives the downstream keys it
+// used. Do the remaining phases (each with [Attempt.AdvanceTx] in the
+// transaction of its writes) and end with [Attempt.Complete] or
+// [Attempt.CompleteTx]; or return a [*Failure] to store it as the key's
+// permanent answer; or return any other error to release the key for a
+// later retry or completer. Returning nil without completing the key
+// releases it too, and counts as an error.
+type RecoverFunc func(ctx context.Context, a *Attempt) error
+
+// RecoverResult counts what [Store.Recover] did.
+type RecoverResult struct {
+	// Found is the number of abandoned keys listed.
+	Found int
+	// Resumed counts keys that the RecoverFunc completed (or failed).
+	Resumed int
+	// Failed counts keys marked failed with [CodeAbandoned] (no RecoverFunc).
+	Failed int
+	// Released counts keys whose RecoverFunc failed transiently: released
+	// again, with their recovery point, for a later retry or completer.
+	Released int
+	// Skipped counts keys somebody else got first: a retry of the request or
+	// another completer took them over, or they were completed meanwhile.
+	Skipped int
+}
+
+// Recover finishes keys abandoned in progress (see [Store.Abandoned] and
+// [RecoverOptions]). It takes each over the way a retry of its request
+// would, under the key's row lock with the key's own fingerprint, so one
+// claimant wins whatever runs concurrently (other completers, the client's
+// retry): a key taken by somebody else is skipped, and fn runs at most once
+// per takeover. Then:
+//
+//   - fn != nil: fn resumes the key from its recovery point (see
+//     [RecoverFunc]).
+//   - fn == nil: the key is marked failed: [Failure] with [CodeAbandoned]
+//     and a message naming the recovery point it was abandoned at, which
+//     every later duplicate gets instead of a second execution. The
+//     takeover and the failure stay in the key's row (epoch, trace id,
+//     failure code and message, completed_at), and are logged at info
+//     level.
+//
+// Each takeover gets the store's [Config.Lease]; a fn that runs longer must
+// heartbeat. A fn that panics gets the key released, and the panic goes on. Recover stops at the first error that is not about one key
+// (the database is unreachable, ctx ended) and returns what it did so far.
+func (s *Store) Recover(ctx context.Context, db DB, opts *RecoverOptions, fn RecoverFunc) (res RecoverResult, err error) {
+	o, err := opts.check()
+	if err != nil {
+		return res, err
+	}
+	ctx, done := s.tel.recoverSpan(ctx)
+	defer func() { done(&res, err) }()
+	keys, err := s.abandoned(ctx, db, o)
+	if err != nil {
+		return res, err
+	}
+	res.Found = len(keys)
+	for _, k := range keys {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		out, err := s.claim(ctx, db, k.Scope, k.Key, k.fingerprint, k.retention)
+		switch {
+		case errors.Is(err, ErrInProgress), errors.Is(err, ErrMismatch), err == nil && out.Status != New:
+			res.Skipped++
+			continue
+		case err != nil:
+			return res, fmt.Errorf("idempotency: recover %s/%s: %w", k.Scope, k.Key, err)
+		}
+		a := out.Attempt
+		s.tel.log.InfoContext(ctx, "idempotency: abandoned key taken over", "scope", k.Scope, "key", k.Key,
+			"epoch", a.epoch, "recovery_point", a.RecoveryPoint())
+		if fn == nil {
+			f := &Failure{Code: CodeAbandoned, Message: abandonedMessage(a.RecoveryPoint())}
+			if _, err := a.Fail(ctx, f); errors.Is(err, ErrNotOwner) {
+				res.Skipped++ // its lease ran out under us and somebody took it
+				continue
+			} else if err != nil {
+				return res, err
+			}
+			s.tel.log.InfoContext(ctx, "idempotency: abandoned key marked failed", "scope", k.Scope, "key", k.Key,
+				"epoch", a.epoch, "recovery_point", a.RecoveryPoint())
+			res.Failed++
+			continue
+		}
+		outcome, err := s.resume(ctx, a, fn)
+		switch outcome {
+		case recoverResumed:
+			res.Resumed++
+		case recoverReleased:
+			res.Released++
+		}
+		if err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+type recoverOutcome int
+
+const (
+	recoverResumed recoverOutcome = iota + 1
+	recoverReleased
+)
+
+// ownedSQL tells whether an attempt still owns its key in progress.
+const ownedSQL = `SELECT EXISTS (SELECT FROM pgfence.idempotency_keys
+                WHERE scope = $1 AND key = $2 AND owner = $3::uuid AND status = 'in_progress')`
+
+// resume runs fn on a and settles what fn left: a stored failure, or a
+// release. It returns an error only when the database failed. A panic in fn
+// releases the key and goes on unwinding.
+func (s *Store) resume(ctx context.Context, a *Attempt, fn RecoverFunc) (_ recoverOutcome, err error) {
+	panicked := true
+	defer func() {
+		if panicked {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+			defer cancel()
+			_ = a.Release(rctx)
+		}
+	}()
+	err = fn(ctx, a)
+	panicked = false
+	var failure *Failure
+	switch {
+	case errors.As(err, &failure):
+		_, ferr := a.Fail(ctx, failure)
+		switch {
+		case ferr == nil:
+			return recoverResumed, nil
+		case errors.Is(ferr, ErrNotOwner):
+			return 0, nil // fn completed the key after all, or lost it
+		case errors.Is(ferr, ErrInvalid):
+			s.tel.log.WarnContext(ctx, "idempotency: recover: the failure could not be stored; key released",
+				"scope", a.scope, "key", a.key, "error", ferr)
+			return s.release(ctx, a)
+		}
+		return 0, ferr
+	case err != nil:
+		s.tel.log.WarnContext(ctx, "idempotency: recover: resuming failed; key released", "scope", a.scope, "key", a.key,
+			"recovery_point", a.RecoveryPoint(), "error", err)
+		return s.release(ctx, a)
+	}
+	// fn returned nil: it completed the key (perhaps in a transaction of its
+	// own, which the attempt cannot see), or it forgot to.
+	var owned bool
+	if err := a.db.QueryRow(ctx, ownedSQL, a.scope, a.key, a.owner).Scan(&owned); err != nil {
+		return 0, fmt.Errorf("idempotency: recover %s/%s: %w", a.scope, a.key, classify(err, false))
+	}
+	if !owned {
+		return recoverResumed, nil
+	}
+	s.tel.log.WarnContext(ctx, "idempotency: recover: RecoverFunc returned without completing the key; released",
+		"scope", a.scope, "key", a.key)
+	return s.release(ctx, a)
+}
+
+func (s *Store) release(ctx context.Context, a *Attempt) (recoverOutcome, error) {
+	if err := a.Release(ctx); err != nil && !errors.Is(err, ErrNotOwner) {
+		return 0, err
+	}
+	return recoverReleased, nil
+}
+
+func abandonedMessage(point string) string {
+	if point == "" {
+		return "abandoned in progress before its first recovery point; marked failed by a completer"
+	}
+	msg := fmt.Sprintf("abandoned in progress at recovery point %q; marked failed by a completer", point)
+	if len(msg) > MaxFailureMessageBytes {
+		msg = "abandoned in progress; marked failed by a completer"
+	}
+	return msg
+}

@@ -1,0 +1,147 @@
+package migrations_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
+	"github.com/pgfence/pgfence/migrations"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// behindPgBouncer returns a fresh database on a cluster of its own, and a
+// function that opens pools on it through a transaction-mode PgBouncer
+// with poolSize server connections. pgx must not use named prepared
+// statements there (PgBouncer 1.18).
+func behindPgBouncer(t *testing.T, poolSize int) (*pgfencetest.Database, func() *pgxpool.Pool) {
+	t.Helper()
+	cluster := pgfencetest.NewCluster(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := pgcluster.StartPgBouncer(ctx, cluster.Internal(), poolSize)
+	if err != nil {
+		if errors.Is(err, pgcluster.ErrNoPgBouncer) && os.Getenv("CI") != "true" {
+			t.Skip(err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	db := cluster.NewDatabase(t)
+	open := func() *pgxpool.Pool {
+		t.Helper()
+		cfg, err := pgxpool.ParseConfig(b.ConnString(db.Name) + "&default_query_exec_mode=exec")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.MaxConns = 4
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		return pool
+	}
+	return db, open
+}
+
+// Several migrators at once through a transaction-mode PgBouncer: each
+// migration is applied once, every Up succeeds, and no lock is left behind,
+// so the next Up and Status return at once. With a session advisory lock,
+// the lock and its unlock landed on different server connections.
+func TestPgBouncerConcurrentUp(t *testing.T) {
+	t.Parallel()
+	db, open := behindPgBouncer(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for round := range 3 {
+		if _, err := db.Pool.Exec(ctx, `DROP SCHEMA pgfence CASCADE`); err != nil {
+			t.Fatal(err)
+		}
+		const n = 4
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			pool := open()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				m, err := migrations.New(pool, &migrations.Config{LockTimeout: time.Minute})
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				defer m.Close()
+				_, errs[i] = m.Up(ctx)
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("round %d, migrator %d: %v", round, i, err)
+			}
+		}
+		vs := appliedVersions(t, db.Pool)
+		seen := map[int64]bool{}
+		for _, v := range vs {
+			if seen[v] {
+				t.Fatalf("round %d: migration %d applied twice: %v", round, v, vs)
+			}
+			seen[v] = true
+		}
+		if int64(len(vs)) != migrations.Latest() {
+			t.Fatalf("round %d: versions %v, want each of 1..%d once", round, vs, migrations.Latest())
+		}
+		if n := lockRows(t, db.Pool); n != 0 {
+			t.Fatalf("round %d: %d lock rows left", round, n)
+		}
+		// No lock left on a pooled server connection: the next runs return at once.
+		m := newMigrator(t, open())
+		qctx, qcancel := context.WithTimeout(ctx, 10*time.Second)
+		if rs, err := m.Up(qctx); err != nil || len(rs) != 0 {
+			t.Fatalf("round %d: Up after the concurrent ones: %v, %v", round, rs, err)
+		}
+		if _, err := m.Status(qctx); err != nil {
+			t.Fatalf("round %d: Status after the concurrent ones: %v", round, err)
+		}
+		qcancel()
+	}
+}
+
+// Through PgBouncer, a held lock makes Up fail after LockTimeout with the
+// holder named, Status answers at once, and a lapsed lease is taken over.
+func TestPgBouncerHeldLock(t *testing.T) {
+	t.Parallel()
+	db, open := behindPgBouncer(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	holdLock(t, db.Pool, "paused-migrator", time.Hour)
+	m, err := migrations.New(open(), &migrations.Config{LockTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	_, err = m.Up(ctx)
+	var le *migrations.LockedError
+	if !errors.As(err, &le) || le.Holder.Application != "paused-migrator" || le.Holder.Host != "build-7" {
+		t.Fatalf("Up through PgBouncer with the lock held: %v, want a *LockedError naming the holder", err)
+	}
+	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+	defer scancel()
+	if _, err := m.Status(sctx); err != nil {
+		t.Fatalf("Status through PgBouncer with the lock held: %v", err)
+	}
+
+	holdLock(t, db.Pool, "crashed-migrator", -time.Second)
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatalf("Up through PgBouncer after a crashed migrator: %v", err)
+	}
+	if n := lockRows(t, db.Pool); n != 0 {
+		t.Fatalf("%d lock rows left", n)
+	}
+}
