@@ -38,12 +38,6 @@ func startPgBouncer(t *testing.T, cluster *pgfencetest.Cluster, cfg pgbouncer.Co
 	return b
 }
 
-// The migration commands take goose's session advisory lock, which a
-// transaction-mode pooler does not keep (the lock stays with whichever
-// backend ran pg_advisory_lock, and the unlock runs on another). Their
-// pooler-safe lock is under way; until then they run on a direct connection.
-var needsDirectConnection = []string{"migrate_up", "migrate_down", "migrate_status"}
-
 // Every command works through PgBouncer in transaction mode with the URL
 // as it is: nothing added for the pooler. This PgBouncer reuses server
 // connections round robin and holds three, so consecutive transactions of
@@ -56,9 +50,6 @@ func TestEveryCommandThroughPgBouncer(t *testing.T) {
 	b := startPgBouncer(t, cluster, pgbouncer.Config{RoundRobin: true, PoolSize: 3})
 	for _, c := range goldenCases() {
 		t.Run(c.name, func(t *testing.T) {
-			if slices.Contains(needsDirectConnection, c.name) {
-				t.Skipf("%s takes a session advisory lock, which transaction pooling does not keep; run it on a direct connection", c.name)
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			db := cluster.NewDatabase(t)
@@ -95,10 +86,7 @@ func TestDoctorDetectsPooler(t *testing.T) {
 	roundRobin := startPgBouncer(t, cluster, pgbouncer.Config{PoolSize: 3, RoundRobin: true})
 	session := startPgBouncer(t, cluster, pgbouncer.Config{PoolMode: "session", PoolSize: 10})
 
-	// Each run gets a database of its own: a session advisory lock that
-	// the migration lock left on a pooled backend (see
-	// needsDirectConnection) would hold up the next run's schema check in
-	// the same database.
+	// Each run gets a database of its own, as a fresh doctor would meet.
 	const runs = 5
 	doctorPooler := func(t *testing.T, url func(db *pgfencetest.Database) string, want string, status string) {
 		t.Helper()

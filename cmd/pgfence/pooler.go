@@ -141,7 +141,7 @@ func poolerCheck(ctx context.Context, pool *pgxpool.Pool) check {
 			"transaction-mode pooler: two client connections shared %d server backend(s) between their transactions%s. "+
 				"Leases, fenced writes and idempotency keys work through it; connect with default_query_exec_mode=exec "+
 				"(this CLI does so by itself) or PgBouncer >= 1.21 with max_prepared_statements; LISTEN wake-ups need a direct "+
-				"connection (or leave them off: the bounded poll stays); run migrations on a direct connection", p.backends, ports)}
+				"connection (or leave them off: the bounded poll stays)", p.backends, ports)}
 	case p.cancelKeyDiffers:
 		return check{Name: name, Status: statusOK, Detail: fmt.Sprintf(
 			"session-mode pooler: the cancel key is not the backend's pid, and each of two client connections kept its own backend over %d rounds%s; "+
