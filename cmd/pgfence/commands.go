@@ -57,6 +57,7 @@ func nouns() []noun {
 		{"tables", "guard tables with a trigger, so that every write must present a current token"},
 		{"floor", "the token floor: show it, or raise it after a restore or a schema rebuild"},
 		{"keys", "idempotency keys: list and show their state, delete expired ones"},
+		{"maintenance", "prune pgfence's tables inside the database: its pruning functions as pg_cron jobs"},
 		{"doctor", "check a database: schema, durability, timeouts, pooler, expired leases, unprotected tables"},
 		{"demo", "watch the database reject a paused lock holder's late write (a throwaway database by default)"},
 		{"bench", "measure leases, fenced writes and idempotency against raw SQL, advisory locks and Redis"},
@@ -109,6 +110,9 @@ func commands() []*command {
 			summary: "the state of one key"},
 		{noun: "keys", verb: "gc", usage: "[--batch-size N] [--max-batches N]", database: true, setup: keysGC,
 			summary: "delete completed keys whose retention ended, in batches; keys in flight are never touched"},
+
+		{noun: "maintenance", verb: "schedule", usage: "[--dry-run] [--target-database NAME] [--schedule CRON] [--batch-size N]", database: true, setup: maintenanceSchedule,
+			summary: "schedule prune_lease_events, prune_fence_rejections, prune_retired and idempotency_gc as pg_cron jobs (connect to cron.database_name); --dry-run prints the SQL"},
 
 		{noun: "doctor", database: true, setup: doctor,
 			summary: "check a database: schema, durability, timeouts, pooler, expired leases, unprotected tables"},

@@ -239,6 +239,7 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 		out = append(out, unprotectedTables(ctx, pool))
 		out = append(out, unstableResourceColumns(ctx, pool))
 		out = append(out, guardGaps(ctx, pool))
+		out = append(out, maintenanceCheck(ctx, pool))
 	}
 	return out
 }

@@ -268,6 +268,8 @@ func goldenCases() []goldenCase {
 		{name: "keys_show", args: []string{"keys", "show", "orders", "o-1"}, db: true, setup: goldenKeys},
 		{name: "keys_gc", args: []string{"keys", "gc"}, db: true, setup: goldenKeys},
 
+		{name: "maintenance_schedule", args: []string{"maintenance", "schedule", "--dry-run"}},
+
 		{name: "doctor", args: []string{"doctor"}, db: true, rules: doctorRules},
 		{name: "demo", args: []string{"demo", "--ttl", "300ms"}, db: true, rules: map[string]string{"database": "text", "detail": "text"}},
 
