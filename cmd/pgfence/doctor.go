@@ -107,14 +107,23 @@ const (
         WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid AND p.pronamespace OPERATOR(pg_catalog.=) 'pgfence'::pg_catalog.regnamespace)
  ORDER BY 1`
 	// sqlUnstableResourceColumns lists protected tables whose resource
-	// column is of a type whose text depends on session settings.
-	sqlUnstableResourceColumns = `SELECT pg_catalog.format('%s.%I (%s)', p.relation, p.resource_column, pg_catalog.format_type(a.atttypid, a.atttypmod))
+	// column protect() refuses now, as it did not always: a type other than
+	// text, varchar, smallint, integer, bigint or uuid (or a domain over
+	// one), whose text has padding (char(n)), keeps a scale (numeric) or
+	// depends on session settings (timestamptz, float, interval); or a
+	// nondeterministic collation, under which equal keys have several
+	// texts.
+	sqlUnstableResourceColumns = `SELECT pg_catalog.format('%s.%I (%s%s)', p.relation, p.resource_column, pg_catalog.format_type(a.atttypid, a.atttypmod),
+       CASE WHEN NOT co.collisdeterministic THEN pg_catalog.format(' COLLATE %I.%I, nondeterministic', cn.nspname, co.collname) ELSE '' END)
   FROM pgfence.protected_tables() p
   JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) p.relation
    AND a.attname OPERATOR(pg_catalog.=) p.resource_column AND NOT a.attisdropped
   JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
+  LEFT JOIN pg_catalog.pg_collation co ON co.oid OPERATOR(pg_catalog.=) a.attcollation
+  LEFT JOIN pg_catalog.pg_namespace cn ON cn.oid OPERATOR(pg_catalog.=) co.collnamespace
  WHERE (CASE WHEN t.typtype OPERATOR(pg_catalog.=) 'd' THEN t.typbasetype ELSE t.oid END)
-       OPERATOR(pg_catalog.<>) ALL ('{pg_catalog.text,pg_catalog.varchar,pg_catalog.bpchar,pg_catalog.int2,pg_catalog.int4,pg_catalog.int8,pg_catalog.numeric,pg_catalog.uuid}'::pg_catalog.regtype[]::pg_catalog.oid[])
+       OPERATOR(pg_catalog.<>) ALL ('{pg_catalog.text,pg_catalog.varchar,pg_catalog.int2,pg_catalog.int4,pg_catalog.int8,pg_catalog.uuid}'::pg_catalog.regtype[]::pg_catalog.oid[])
+    OR NOT co.collisdeterministic
  ORDER BY 1`
 	// sqlGuardGaps: see guardGaps. tgtype bits: 1 row, 2 before, 4 insert,
 	// 16 update.
@@ -346,10 +355,13 @@ func unprotectedTables(ctx context.Context, pool *pgxpool.Pool) check {
 	return check{Name: name, Status: statusOK, Detail: "every table with a fence column has a pgfence trigger"}
 }
 
-// unstableResourceColumns lists protected tables whose resource column prints
-// differently by session settings (a timestamptz by TimeZone, a float by
-// extra_float_digits, an interval by IntervalStyle): protected before
-// protect() refused such columns, one row may be several resources.
+// unstableResourceColumns lists protected tables whose resource column
+// protect() refuses now: protected before it did, one row may be several
+// resources. The guard names a row's resource by the column's text: a
+// char(n) pads it, a numeric keeps its scale (1 and 1.00), a nondeterministic
+// collation makes 'ALICE' and 'Alice' one key of two texts, and a
+// timestamptz, float or interval prints by the writer's TimeZone,
+// extra_float_digits or IntervalStyle.
 func unstableResourceColumns(ctx context.Context, pool *pgxpool.Pool) check {
 	const name = "protected resource columns"
 	cols, err := catalogList(ctx, pool, sqlUnstableResourceColumns)
@@ -358,9 +370,9 @@ func unstableResourceColumns(ctx context.Context, pool *pgxpool.Pool) check {
 	}
 	if len(cols) > 0 {
 		return check{Name: name, Status: statusWarn, Detail: fmt.Sprintf(
-			"%s: the resource is the column's text, which depends on the writer's session settings, so one row can be several resources fenced apart; protect the table on a text or integer key column instead", strings.Join(cols, ", "))}
+			"%s: protect refuses such a resource column now. The resource is the column's text: char(n) pads it, numeric keeps its scale, a nondeterministic collation gives equal keys several texts, and timestamptz, float or interval print by the writer's session settings; so one row can be several resources, fenced apart. Protect the table on a text (deterministic collation), integer or uuid key column instead (`pgfence tables unprotect`, then `tables protect`)", strings.Join(cols, ", "))}
 	}
-	return check{Name: name, Status: statusOK, Detail: "every protected table's resource column prints the same in every session"}
+	return check{Name: name, Status: statusOK, Detail: "every protected table's resource column has one text per key, in every session"}
 }
 
 // guardGaps lists the ways rows of a protected table can be written past
