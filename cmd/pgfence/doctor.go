@@ -235,6 +235,10 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 	out = append(out, poolerCheck(pctx, pool))
 	cancel()
 
+	// Before the schema's own checks: a lock left behind is what makes
+	// `migrate up` wait, whatever version is installed.
+	out = append(out, migrationLock(ctx, pool))
+
 	if schema.Status == statusOK {
 		client, err := leases.New(pool, &leases.Config{DisableWakeups: true})
 		if err != nil {
@@ -244,6 +248,7 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 		defer client.Close()
 		out = append(out, leaseCounts(ctx, client))
 		out = append(out, roleMembers(ctx, pool))
+		out = append(out, trustChecks(ctx, pool)...)
 		out = append(out, grantPauses(ctx, client))
 		out = append(out, unprotectedTables(ctx, pool))
 		out = append(out, unstableResourceColumns(ctx, pool))
