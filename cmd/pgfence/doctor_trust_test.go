@@ -293,3 +293,39 @@ func TestDoctorRefusedResourceColumns(t *testing.T) {
 		t.Errorf("a text column with a deterministic collation reported: %s", c.Detail)
 	}
 }
+
+// The doctor reports exactly the resource columns protect() refuses: for
+// each type, protect either accepts the column, or refuses it and the
+// doctor names a table guarded on it by hand.
+func TestDoctorResourceColumnsMatchProtect(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgfencetest.NewDatabase(t)
+	mustExec(t, db, `CREATE DOMAIN public.code AS text; CREATE DOMAIN public.padded AS char(3)`)
+	types := []string{"text", "varchar(10)", "smallint", "integer", "bigint", "uuid", `text COLLATE "C"`, "public.code",
+		"char(4)", "numeric", "numeric(10,2)", "timestamptz", "double precision", "interval", "date", "boolean", "public.padded"}
+	refused := map[string]bool{}
+	for i, typ := range types {
+		table := fmt.Sprintf("col_%d", i)
+		mustExec(t, db, fmt.Sprintf(`CREATE TABLE public.%s (k %s PRIMARY KEY)`, table, typ))
+		if _, err := db.Pool.Exec(ctx, fmt.Sprintf(`SELECT pgfence.protect('public.%s', 'k', '%s:')`, table, table)); err != nil {
+			if !strings.Contains(err.Error(), "PF008") && !strings.Contains(err.Error(), "must be") {
+				t.Fatalf("protect on %s: %v", typ, err)
+			}
+			refused[table] = true
+			mustExec(t, db, fmt.Sprintf(`CREATE TRIGGER pgfence_guard AFTER INSERT OR UPDATE OR DELETE ON public.%s
+			    FOR EACH ROW EXECUTE FUNCTION pgfence.guard('k', '%s:')`, table, table))
+		}
+	}
+	if len(refused) == 0 || len(refused) == len(types) {
+		t.Fatalf("protect refused %d of %d types: the test no longer tells them apart", len(refused), len(types))
+	}
+	_, got := doctorRun(t, db.URL)
+	detail := got["protected resource columns"].Detail
+	for i, typ := range types {
+		table := fmt.Sprintf("col_%d", i)
+		if reported := strings.Contains(detail, table+".k ("); reported != refused[table] {
+			t.Errorf("%s: protect refused it: %v, the doctor reports it: %v", typ, refused[table], reported)
+		}
+	}
+}
