@@ -56,6 +56,7 @@ func TestBench(t *testing.T) {
 		"leased-write":     4, // BEGIN, check_lease, UPDATE, COMMIT
 		"advisory-lock":    3, // BEGIN, SELECT pg_advisory_xact_lock, COMMIT
 		"raw-insert-tx":    3,
+		"raw-http-insert":  3, // the handler's BEGIN, INSERT, COMMIT
 	}
 	for i, r := range res.Results {
 		if r.Case != want[i] || r.Workers != 2 || r.Group == "" || r.What == "" {

@@ -56,7 +56,7 @@ func nouns() []noun {
 		{"fences", "fenced resources: the highest accepted token of each, and the writes refused"},
 		{"tables", "guard tables with a trigger, so that every write must present a current token"},
 		{"floor", "the token floor: show it, or raise it after a restore or a schema rebuild"},
-		{"keys", "idempotency keys: list and show their state, delete expired ones"},
+		{"keys", "idempotency keys: list and show their state, find and fail abandoned ones, delete expired ones"},
 		{"maintenance", "prune pgfence's tables inside the database: its pruning functions as pg_cron jobs"},
 		{"doctor", "check a database: schema, durability, timeouts, pooler, expired leases, unprotected tables"},
 		{"demo", "watch the database reject a paused lock holder's late write (a throwaway database by default)"},
@@ -110,6 +110,10 @@ func commands() []*command {
 			summary: "the state of one key"},
 		{noun: "keys", verb: "gc", usage: "[--batch-size N] [--max-batches N]", database: true, setup: keysGC,
 			summary: "delete completed keys whose retention ended, in batches; keys in flight are never touched"},
+		{noun: "keys", verb: "abandoned", usage: "[--scope-prefix P] [--expired-for D] [--limit N]", database: true, setup: keysAbandoned,
+			summary: "leased keys left in progress after their lease ended, oldest first: what a completer would take over"},
+		{noun: "keys", verb: "fail-abandoned", usage: "[--scope-prefix P] [--expired-for D] [--limit N]", database: true, setup: keysFailAbandoned,
+			summary: "take abandoned keys over and store a failure (code \"abandoned\") a retry replays; to resume them instead, use idempotency.Store.Recover"},
 
 		{noun: "maintenance", verb: "schedule", usage: "[--dry-run] [--target-database NAME] [--schedule CRON] [--batch-size N]", database: true, setup: maintenanceSchedule,
 			summary: "schedule prune_lease_events, prune_fence_rejections, prune_retired and idempotency_gc as pg_cron jobs (connect to cron.database_name); --dry-run prints the SQL"},
@@ -124,6 +128,8 @@ func commands() []*command {
 			summary: "measure leases, fenced writes and idempotency side by side with raw SQL, advisory locks and Redis"},
 		{noun: "bench", verb: "curves", usage: "[--curves rows,keys,resources,waiters,churn] [--workers 4] [--duration 2s] [--max-rows 1e5] ...", database: true, setup: benchCurves,
 			summary: "measure how the cost grows with lease rows, stored keys, resources and waiters, and what churn leaves in the leases table"},
+		{noun: "bench", verb: "contention", usage: "[--workers 16] [--keys 4] [--duration 10s] [--ttl 500ms] [--pause-rate 0.05] [--pause 2s] [--max-wait 1s]", database: true, setup: benchContention,
+			summary: "capacity report: workers contend for hot keys, each grant a fenced business write; acquisitions, waits, give-ups, renewals, expiries and rejections beside the completions read back, reconciled (exit 1 if not)"},
 	}
 }
 

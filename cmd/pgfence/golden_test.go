@@ -267,6 +267,8 @@ func goldenCases() []goldenCase {
 		{name: "keys_list", args: []string{"keys", "list", "orders"}, db: true, setup: goldenKeys},
 		{name: "keys_show", args: []string{"keys", "show", "orders", "o-1"}, db: true, setup: goldenKeys},
 		{name: "keys_gc", args: []string{"keys", "gc"}, db: true, setup: goldenKeys},
+		{name: "keys_abandoned", args: []string{"keys", "abandoned", "--scope-prefix", "ord"}, db: true, setup: goldenAbandoned},
+		{name: "keys_fail-abandoned", args: []string{"keys", "fail-abandoned"}, db: true, setup: goldenAbandoned},
 
 		{name: "maintenance_schedule", args: []string{"maintenance", "schedule", "--dry-run"}},
 
@@ -277,6 +279,8 @@ func goldenCases() []goldenCase {
 			rules: map[string]string{"machine": "text", "settings": "text", "comparisons": "text"}, numbers: true, keep: measured},
 		{name: "bench_curves", args: []string{"bench", "curves", "--curves", "resources,churn", "--max-resources", "1", "--cycles", "10", "--workers", "1", "--duration", "100ms", "--warmup", "0s"}, db: true,
 			rules: map[string]string{"machine": "text", "settings": "text", "comparisons": "text"}, numbers: true, keep: measured},
+		{name: "bench_contention", args: []string{"bench", "contention", "--workers", "3", "--keys", "1", "--duration", "300ms", "--ttl", "100ms", "--pause", "400ms", "--pause-first", "--hold", "50ms"}, db: true,
+			rules: map[string]string{"machine": "text", "settings": "text", "key": "text", "detail": "text"}, numbers: true, keep: measured, collapse: []string{"per_key"}},
 	}
 }
 
@@ -374,6 +378,16 @@ func goldenKeys(t *testing.T, ctx context.Context, db *pgfencetest.Database) {
 		SET created_at = created_at - interval '1 hour', updated_at = updated_at - interval '1 hour',
 		    completed_at = completed_at - interval '1 hour', expires_at = clock_timestamp() - interval '1 second'
 		WHERE key = 'old'`)
+}
+
+// goldenAbandoned: goldenKeys with the lease of o-2 (leased, in progress, at
+// recovery point "charged") over an hour ago.
+func goldenAbandoned(t *testing.T, ctx context.Context, db *pgfencetest.Database) {
+	t.Helper()
+	goldenKeys(t, ctx, db)
+	goldenExec(t, ctx, db, `UPDATE pgfence.idempotency_keys
+		SET lease_expires_at = clock_timestamp() - interval '1 hour', trace_id = '0123456789abcdef0123456789abcdef'
+		WHERE key = 'o-2'`)
 }
 
 // Every command has its golden file: a command added without one has no

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -171,6 +172,133 @@ func keysGC(fs *flag.FlagSet) runFunc {
 		}
 		return in.print(keysGCJSON{Deleted: res.Deleted, Batches: res.Batches}, func(w io.Writer) {
 			fmt.Fprintf(w, "deleted %d expired key(s) in %d batch(es)\n", res.Deleted, res.Batches)
+		})
+	}
+}
+
+// abandonedKeyJSON is one leased key left in progress after its lease ended.
+type abandonedKeyJSON struct {
+	Scope         string    `json:"scope"`
+	Key           string    `json:"key"`
+	Epoch         int64     `json:"epoch"`
+	RecoveryPoint string    `json:"recovery_point,omitempty"`
+	Released      bool      `json:"released"` // the owner gave it up itself, rather than vanishing
+	LeaseEnded    time.Time `json:"lease_ended_at"`
+	CreatedAt     time.Time `json:"created_at"`
+	TraceID       string    `json:"trace_id,omitempty"`
+}
+
+// keysAbandonedJSON is what `keys abandoned --json` prints.
+type keysAbandonedJSON struct {
+	Keys []abandonedKeyJSON `json:"keys"` // oldest lease end first
+	// Truncated is true when more keys are abandoned than --limit shows.
+	Truncated bool `json:"truncated"`
+}
+
+// keysFailAbandonedJSON is what `keys fail-abandoned --json` prints.
+type keysFailAbandonedJSON struct {
+	Found   int `json:"found"`
+	Failed  int `json:"failed"`  // marked failed with failure code "abandoned"
+	Skipped int `json:"skipped"` // a retry or another completer took them first
+}
+
+// recoverFlags are the selection flags of `keys abandoned` and
+// `keys fail-abandoned`.
+func recoverFlags(fs *flag.FlagSet) func() (*idempotency.RecoverOptions, error) {
+	prefix := fs.String("scope-prefix", "", "only keys whose scope starts with this ('' = every scope)")
+	expired := fs.Duration("expired-for", 0, "only keys whose lease ended at least this long ago (database clock)")
+	limit := fs.Int("limit", idempotency.RecoverLimitDefault, "most keys handled, oldest lease end first")
+	return func() (*idempotency.RecoverOptions, error) {
+		if *limit <= 0 || *limit >= math.MaxInt32 {
+			return nil, usageError("--limit must be 1 to %d, got %d", math.MaxInt32-1, *limit)
+		}
+		o := &idempotency.RecoverOptions{ScopePrefix: *prefix, ExpiredFor: *expired, Limit: *limit}
+		if *expired < 0 {
+			return nil, usageError("--expired-for must not be negative, got %v", *expired)
+		}
+		if len(*prefix) > idempotency.MaxScopeBytes || !utf8.ValidString(*prefix) || strings.IndexByte(*prefix, 0) >= 0 {
+			return nil, usageError("--scope-prefix must be at most %d bytes of UTF-8 without NUL", idempotency.MaxScopeBytes)
+		}
+		return o, nil
+	}
+}
+
+// completerStore is the Store of the completer commands: the defaults, which
+// NewStore never refuses.
+func completerStore() *idempotency.Store {
+	store, err := idempotency.NewStore(nil)
+	if err != nil {
+		panic(err)
+	}
+	return store
+}
+
+func keysAbandoned(fs *flag.FlagSet) runFunc {
+	options := recoverFlags(fs)
+	return func(ctx context.Context, in *input) error {
+		o, err := options()
+		if err != nil {
+			return err
+		}
+		pool, err := in.connect(ctx)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		store := completerStore()
+		shown := o.Limit
+		o.Limit++ // one more: are there others?
+		keys, err := store.Abandoned(ctx, pool, o)
+		if err != nil {
+			return dbError(err)
+		}
+		out := keysAbandonedJSON{Keys: make([]abandonedKeyJSON, 0, len(keys)), Truncated: len(keys) > shown}
+		keys = keys[:min(len(keys), shown)]
+		for _, k := range keys {
+			out.Keys = append(out.Keys, abandonedKeyJSON{Scope: k.Scope, Key: k.Key, Epoch: k.Epoch, RecoveryPoint: k.RecoveryPoint,
+				Released: k.Released, LeaseEnded: k.LeaseEnded.UTC(), CreatedAt: k.CreatedAt.UTC(), TraceID: k.TraceID})
+		}
+		return in.print(out, func(w io.Writer) {
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "SCOPE\tKEY\tEPOCH\tRECOVERY POINT\tLEASE ENDED\tHOW\tTRACE ID")
+			for _, k := range keys {
+				how := "owner vanished"
+				if k.Released {
+					how = "released"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cell(k.Scope), cell(k.Key), k.Epoch, dash(cell(k.RecoveryPoint)), stamp(k.LeaseEnded), how, dash(k.TraceID))
+			}
+			tw.Flush()
+			switch {
+			case len(keys) == 0:
+				fmt.Fprintln(w, "(no abandoned keys)")
+			case out.Truncated:
+				fmt.Fprintf(w, "(the oldest %d; --limit shows more)\n", len(keys))
+			}
+		})
+	}
+}
+
+func keysFailAbandoned(fs *flag.FlagSet) runFunc {
+	options := recoverFlags(fs)
+	return func(ctx context.Context, in *input) error {
+		o, err := options()
+		if err != nil {
+			return err
+		}
+		pool, err := in.connect(ctx)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		store := completerStore()
+		res, err := store.Recover(ctx, pool, o, nil)
+		if err != nil {
+			return dbError(err)
+		}
+		return in.print(keysFailAbandonedJSON{Found: res.Found, Failed: res.Failed, Skipped: res.Skipped}, func(w io.Writer) {
+			fmt.Fprintf(w, "marked %d abandoned key(s) failed with code %q (%d found, %d taken first by a retry or another completer)\n",
+				res.Failed, idempotency.CodeAbandoned, res.Found, res.Skipped)
 		})
 	}
 }

@@ -214,6 +214,68 @@ func TestKeysGC(t *testing.T) {
 	}
 }
 
+// An abandoned leased key is listed, then failed by the CLI; the client's
+// retry gets the stored failure instead of running the side effect again, and
+// a key whose owner is still alive is neither listed nor touched.
+func TestKeysFailAbandoned(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgfencetest.NewDatabase(t)
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	store, err := idempotency.NewStore(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := func(key string) *idempotency.Outcome {
+		t.Helper()
+		o, err := store.Claim(ctx, db.Pool, idempotency.Request{Scope: "payments/capture", Key: key, Payload: []byte(key)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	if err := claim("dead").Attempt.Advance(ctx, "charged", nil); err != nil {
+		t.Fatal(err)
+	}
+	live := claim("live")
+	if _, err := db.Pool.Exec(ctx, `UPDATE pgfence.idempotency_keys
+		SET lease_expires_at = clock_timestamp() - interval '10 minutes' WHERE key = 'dead'`); err != nil {
+		t.Fatal(err)
+	}
+
+	code, out, errOut := cli(t, environ, "keys", "abandoned", "--expired-for", "5m", "--json")
+	var listed struct {
+		Keys []struct {
+			Key           string
+			RecoveryPoint string `json:"recovery_point"`
+		}
+	}
+	if code != exitOK || json.Unmarshal([]byte(out), &listed) != nil || len(listed.Keys) != 1 || listed.Keys[0].RecoveryPoint != "charged" {
+		t.Fatalf("keys abandoned: code %d\n%s%s", code, out, errOut)
+	}
+	if code, out, _ := cli(t, environ, "keys", "abandoned", "--expired-for", "1h", "--json"); code != exitOK || !strings.Contains(out, `"keys": []`) {
+		t.Fatalf("keys abandoned --expired-for 1h: code %d, %s; want none (the lease ended 10 minutes ago)", code, out)
+	}
+
+	code, out, errOut = cli(t, environ, "keys", "fail-abandoned", "--json")
+	var res struct{ Found, Failed, Skipped int }
+	if code != exitOK || json.Unmarshal([]byte(out), &res) != nil || res.Found != 1 || res.Failed != 1 {
+		t.Fatalf("keys fail-abandoned: code %d\n%s%s", code, out, errOut)
+	}
+	retry := claim("dead")
+	if retry.Status != idempotency.Replayed || retry.Failure == nil || retry.Failure.Code != idempotency.CodeAbandoned {
+		t.Fatalf("retry of the failed key: %+v, want the stored failure %q", retry, idempotency.CodeAbandoned)
+	}
+	if _, err := live.Attempt.Complete(ctx, []byte("done")); err != nil {
+		t.Fatalf("the live owner lost its key to the completer: %v", err)
+	}
+	for _, args := range [][]string{{"--limit", "0"}, {"--expired-for", "-1s"}, {"--scope-prefix", "a\x00b"}} {
+		if code, _, _ := cli(t, environ, append([]string{"keys", "fail-abandoned"}, args...)...); code != exitUsage {
+			t.Fatalf("keys fail-abandoned %q: code %d, want usage error", args, code)
+		}
+	}
+}
+
 func TestLeasesPauseCommands(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

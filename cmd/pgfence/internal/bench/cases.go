@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -54,7 +55,15 @@ const (
 	// update (token check, operation id), sent with sqlUpdate in one batch.
 	sqlFenceRow = `UPDATE pgfence_bench.fences SET token = $2, op = $3
 		WHERE resource OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.<=) $2`
-	sqlInsert = `INSERT INTO pgfence_bench.orders (item) VALUES ($1)`
+	// The protected table of protected-update: the same rows as stock, keyed
+	// by the text of the resource's suffix.
+	sqlGuardedTable = `CREATE TABLE pgfence_bench.guarded (sku pg_catalog.text PRIMARY KEY, qty bigint NOT NULL);
+	INSERT INTO pgfence_bench.guarded SELECT g::pg_catalog.text, 0 FROM pg_catalog.generate_series(0, 99999) g;
+	ANALYZE pgfence_bench.guarded;
+	SELECT pgfence.protect('pgfence_bench.guarded', 'sku', 'bench/')`
+	sqlGuardedUpdate = `UPDATE pgfence_bench.guarded SET qty = qty OPERATOR(pg_catalog.+) 1 WHERE sku OPERATOR(pg_catalog.=) $1`
+	sqlGuardedDrop   = `SELECT pgfence.unprotect('pgfence_bench.guarded'); DROP TABLE pgfence_bench.guarded`
+	sqlInsert        = `INSERT INTO pgfence_bench.orders (item) VALUES ($1)`
 	// sqlIssueAll records that each bench resource's lease issued token $1, as
 	// one long-held grant of it would have: a fenced write presents only
 	// tokens its resource's lease issued. The lab writes pgfence.leases
@@ -72,6 +81,35 @@ const (
 	sqlAdvisory   = `SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext($1))`
 	sqlNextToken  = `SELECT pgfence.next_token(NULL)`
 )
+
+// prepareProtected protects pgfence_bench.guarded (resource "bench/" || sku)
+// and fences each write to it as fenced-update does; the cleanup removes the
+// guard and the table.
+func prepareProtected(ctx context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
+	var token int64
+	if err := lab.pool.QueryRow(ctx, sqlNextToken).Scan(&token); err != nil {
+		return nil, nil, err
+	}
+	for _, sql := range []string{sqlGuardedTable, sqlIssueAll, sqlFenceAll} {
+		var args []any
+		if sql != sqlGuardedTable {
+			args = append(args, token)
+		}
+		if _, err := lab.pool.Exec(ctx, sql, args...); err != nil {
+			return nil, nil, err
+		}
+	}
+	cleanup := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer cancel()
+		_, _ = lab.pool.Exec(ctx, sqlGuardedDrop)
+	}
+	return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+		id := w.Key()
+		_, err := pgfence.ExecToken(ctx, lab.pool, "bench/"+strconv.Itoa(id), token, sqlGuardedUpdate, strconv.Itoa(id))
+		return 0, err
+	}, cleanup, nil
+}
 
 // benchStock is pgfence_bench.stock as a versioned table: its rows carry
 // their own fence token.
@@ -121,6 +159,13 @@ func (c *Case) Peer() bool { return c.peer != "" }
 // (pgfence, raw SQL, advisory locks, Redis), the hot key, fenced and
 // lease-checked writes, idempotency.
 func Cases() []*Case {
+	return slices.Concat(baseCases(), httpCases(), []*Case{
+		{Name: "replay", Group: "idempotency", What: "idempotency.Store.Do with a key already done (random out of 1000): the stored result, nothing executed",
+			prepare: prepareReplay},
+	})
+}
+
+func baseCases() []*Case {
 	return []*Case{
 		{Name: "raw-lock-upsert", Group: "lock", What: "the floor: a hand-written inline-upsert acquire + conditional release over pgx (2 durable commits)",
 			prepare: simple(func(ctx context.Context, lab *Lab, w *benchrun.Worker) error {
@@ -227,6 +272,8 @@ func Cases() []*Case {
 					return 0, err
 				}, func() {}, nil
 			}},
+		{Name: "protected-update", Group: "fenced write", What: "pgfence.Exec of the same UPDATE on a table protected by pgfence.protect: its trigger checks the fence of the row's resource",
+			prepare: prepareProtected},
 		{Name: "versioned-update", Group: "fenced write", What: "pgfence.UpdateRow: the row carries its own token (column fence); one UPDATE sets qty where the row's token is not newer",
 			prepare: func(ctx context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
 				var token int64
@@ -269,8 +316,6 @@ func Cases() []*Case {
 					return 0, err
 				}, func() {}, nil
 			}},
-		{Name: "replay", Group: "idempotency", What: "idempotency.Store.Do with a key already done (random out of 1000): the stored result, nothing executed",
-			prepare: prepareReplay},
 	}
 }
 

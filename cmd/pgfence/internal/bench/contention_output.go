@@ -1,0 +1,174 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+)
+
+// ContentionJSON is the output of `pgfence bench contention --json`: the
+// run's settings, the coordination figures, the business figures read back
+// from the business table, each key's part, and the reconciliation.
+type ContentionJSON struct {
+	Machine    string  `json:"machine"`
+	Settings   string  `json:"settings"`
+	Workers    int     `json:"workers"`
+	Keys       int     `json:"keys"`
+	DurationMS int64   `json:"duration_ms"`
+	TTLMS      int64   `json:"ttl_ms"`
+	MaxWaitMS  int64   `json:"max_wait_ms"`
+	HoldMS     int64   `json:"hold_ms"`
+	PauseRate  float64 `json:"pause_rate"`
+	PauseMS    int64   `json:"pause_ms"`
+	PauseFirst bool    `json:"pause_first"`
+	ElapsedMS  int64   `json:"elapsed_ms"`
+
+	Acquisitions     int64   `json:"acquisitions"`
+	AcquisitionsPerS float64 `json:"acquisitions_per_s"`
+	WaitP50US        int64   `json:"wait_p50_us"`
+	WaitP99US        int64   `json:"wait_p99_us"`
+	GiveUps          int64   `json:"give_ups"`
+	Renewals         int64   `json:"renewals"`
+	Expiries         int64   `json:"expiries"`
+	TakenOver        int64   `json:"taken_over"`
+	PausedGrants     int64   `json:"paused_grants"`
+
+	AcceptedWrites   int64 `json:"accepted_writes"`
+	FenceRejections  int64 `json:"fence_rejections"`
+	PausedRejections int64 `json:"paused_rejections"`
+	LateAccepted     int64 `json:"late_accepted"`
+	Stopped          int64 `json:"stopped"`
+	// Completions are the completion rows read back from the business table.
+	Completions     int64   `json:"completions"`
+	CompletionsPerS float64 `json:"completions_per_s"`
+	// RejectionsRecorded is absent when pgfence.fence_rejections could not
+	// be read.
+	RejectionsRecorded *int64 `json:"rejections_recorded,omitempty"`
+	Errors             int64  `json:"errors"`
+	FirstError         string `json:"first_error,omitempty"`
+
+	PerKey     []ContentionKeyJSON   `json:"per_key"`
+	Reconciled bool                  `json:"reconciled"`
+	Checks     []ContentionCheckJSON `json:"checks"`
+}
+
+// ContentionKeyJSON is one key's part of the run.
+type ContentionKeyJSON struct {
+	Key             string `json:"key"`
+	Acquisitions    int64  `json:"acquisitions"`
+	GiveUps         int64  `json:"give_ups"`
+	AcceptedWrites  int64  `json:"accepted_writes"`
+	FenceRejections int64  `json:"fence_rejections"`
+	Completions     int64  `json:"completions"`
+	Counter         int64  `json:"counter"`
+	// LastToken is absent when the key has no completion.
+	LastToken int64 `json:"last_token,omitempty"`
+}
+
+// ContentionCheckJSON is one reconciliation check.
+type ContentionCheckJSON struct {
+	Check  string `json:"check"`
+	Held   bool   `json:"held"`
+	Detail string `json:"detail"`
+}
+
+func perSecond(n int64, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
+}
+
+// JSON returns the report as `pgfence bench contention --json` prints it.
+func (r *ContentionReport) JSON() ContentionJSON {
+	o := r.Options
+	out := ContentionJSON{Machine: r.Machine, Settings: r.Settings, Workers: o.Workers, Keys: o.Keys,
+		DurationMS: o.Duration.Milliseconds(), TTLMS: o.TTL.Milliseconds(), MaxWaitMS: o.MaxWait.Milliseconds(), HoldMS: o.Hold.Milliseconds(),
+		PauseRate: o.PauseRate, PauseMS: o.Pause.Milliseconds(), PauseFirst: o.PauseFirst, ElapsedMS: r.Elapsed.Milliseconds(),
+		Acquisitions: r.Acquisitions, AcquisitionsPerS: perSecond(r.Acquisitions, r.Elapsed),
+		WaitP50US: r.WaitP50.Microseconds(), WaitP99US: r.WaitP99.Microseconds(), GiveUps: r.GiveUps, Renewals: r.Renewals,
+		Expiries: r.Expiries, TakenOver: r.TakenOver, PausedGrants: r.PausedGrants,
+		AcceptedWrites: r.Accepted, FenceRejections: r.Rejected, PausedRejections: r.PausedRejected, LateAccepted: r.LateAccepted,
+		Stopped: r.Stopped, Completions: r.Completions, CompletionsPerS: perSecond(r.Completions, r.Elapsed),
+		Errors: r.Errors, FirstError: r.FirstError, PerKey: make([]ContentionKeyJSON, 0, len(r.PerKey)),
+		Reconciled: r.Reconciled, Checks: make([]ContentionCheckJSON, 0, len(r.Checks))}
+	if r.RejectionsRecorded >= 0 {
+		n := r.RejectionsRecorded
+		out.RejectionsRecorded = &n
+	}
+	for _, k := range r.PerKey {
+		out.PerKey = append(out.PerKey, ContentionKeyJSON{Key: k.Key, Acquisitions: k.Acquisitions, GiveUps: k.GiveUps,
+			AcceptedWrites: k.Accepted, FenceRejections: k.Rejected, Completions: k.Completions, Counter: k.Counter, LastToken: k.LastToken})
+	}
+	for _, c := range r.Checks {
+		out.Checks = append(out.Checks, ContentionCheckJSON(c))
+	}
+	return out
+}
+
+// WriteText prints the report: coordination and business side by side, each
+// key, and the reconciliation.
+func (r *ContentionReport) WriteText(w io.Writer) {
+	o := r.Options
+	fmt.Fprintf(w, "%d workers on %d keys for %s (ran %s): TTL %s, max wait %s, hold %s, %.0f%% of grants paused for %s",
+		o.Workers, o.Keys, o.Duration, r.Elapsed.Round(time.Millisecond), o.TTL, o.MaxWait, o.Hold, 100*o.PauseRate, o.Pause)
+	if o.PauseFirst {
+		fmt.Fprint(w, " plus the first of every key")
+	}
+	fmt.Fprint(w, "\n\n")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	recorded := "-"
+	if r.RejectionsRecorded >= 0 {
+		recorded = fmt.Sprint(r.RejectionsRecorded)
+	}
+	rows := [][2]string{
+		{"COORDINATION", "BUSINESS"},
+		{fmt.Sprintf("acquisitions\t%d (%.1f/s)", r.Acquisitions, perSecond(r.Acquisitions, r.Elapsed)),
+			fmt.Sprintf("completions (read back)\t%d (%.1f/s)", r.Completions, perSecond(r.Completions, r.Elapsed))},
+		{fmt.Sprintf("wait p50 / p99\t%.2f / %.2f ms", ms(r.WaitP50), ms(r.WaitP99)),
+			fmt.Sprintf("writes accepted (workers)\t%d", r.Accepted)},
+		{fmt.Sprintf("give-ups (max wait)\t%d", r.GiveUps),
+			fmt.Sprintf("fence rejections\t%d (%d of paused holders; %s recorded)", r.Rejected, r.PausedRejected, recorded)},
+		{fmt.Sprintf("renewals\t%d", r.Renewals),
+			fmt.Sprintf("late writes accepted\t%d (paused, no newer token written yet)", r.LateAccepted)},
+		{fmt.Sprintf("expiries\t%d (%d taken over)", r.Expiries, r.TakenOver),
+			fmt.Sprintf("stopped before writing\t%d (trust window ran out)", r.Stopped)},
+		{fmt.Sprintf("paused grants\t%d", r.PausedGrants),
+			fmt.Sprintf("errors\t%d", r.Errors)},
+	}
+	for _, row := range rows {
+		left := row[0]
+		if row == rows[0] {
+			left += "\t" // the headings span label and value
+		}
+		fmt.Fprintf(tw, "%s\t  %s\n", left, row[1])
+	}
+	tw.Flush()
+	if r.FirstError != "" {
+		fmt.Fprintf(w, "first error: %s\n", oneLine(r.FirstError))
+	}
+
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "KEY\tACQUISITIONS\tGIVE-UPS\tACCEPTED\tREJECTED\tCOMPLETIONS\tCOUNTER\tLAST TOKEN\t")
+	for _, k := range r.PerKey {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", k.Key, k.Acquisitions, k.GiveUps, k.Accepted, k.Rejected, k.Completions, k.Counter, k.LastToken)
+	}
+	tw.Flush()
+
+	fmt.Fprintln(w)
+	verdict := "reconciled"
+	if !r.Reconciled {
+		verdict = "NOT RECONCILED"
+	}
+	fmt.Fprintf(w, "Reconciliation: %s\n", verdict)
+	for _, c := range r.Checks {
+		mark := "ok    "
+		if !c.Held {
+			mark = "FAILED"
+		}
+		fmt.Fprintf(w, "  %s %s: %s\n", mark, c.Check, c.Detail)
+	}
+	fmt.Fprintf(w, "\n%s; %s\n", r.Machine, r.Settings)
+}
