@@ -58,7 +58,7 @@ func nouns() []noun {
 		{"floor", "the token floor: show it, or raise it after a restore or a schema rebuild"},
 		{"keys", "idempotency keys: list and show their state, find and fail abandoned ones, delete expired ones"},
 		{"maintenance", "prune pgfence's tables inside the database: its pruning functions as pg_cron jobs"},
-		{"doctor", "check a database: schema, durability, timeouts, pooler, expired leases, unprotected tables"},
+		{"doctor", "check a database: role, schema and who owns it, pgfence roles, migration lock, durability, timeouts, pooler, leases, protected tables, pruning"},
 		{"demo", "watch the database reject a paused lock holder's late write (a throwaway database by default)"},
 		{"bench", "measure leases, fenced writes and idempotency against raw SQL, advisory locks and Redis"},
 	}
@@ -119,7 +119,7 @@ func commands() []*command {
 			summary: "schedule prune_lease_events, prune_fence_rejections, prune_retired and idempotency_gc as pg_cron jobs (connect to cron.database_name); --dry-run prints the SQL"},
 
 		{noun: "doctor", database: true, setup: doctor,
-			summary: "check a database: schema, durability, timeouts, pooler, expired leases, unprotected tables"},
+			summary: "check a database: role, schema and who owns it, pgfence roles, migration lock, durability, timeouts, pooler, leases, protected tables, pruning"},
 
 		{noun: "demo", usage: "[--ttl 1s] [--keep]", database: true, setup: runDemo,
 			summary: "watch the database reject a paused lock holder's late write; without --database-url or DATABASE_URL it runs on a throwaway local PostgreSQL"},
