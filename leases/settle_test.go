@@ -99,6 +99,9 @@ func TestLostGrantReplyBehindPgBouncer(t *testing.T) {
 	if _, err := c.TryAcquire(ctx, "k", time.Minute, nil); !errors.Is(err, leases.ErrUnavailable) || errors.Is(err, leases.ErrOutcomeUnknown) {
 		t.Fatalf("a grant request that never arrived, behind PgBouncer: %v, want ErrUnavailable", err)
 	}
+	if !trig.Fired() {
+		t.Fatal("the proxy did not cut the grant request")
+	}
 	if st, err := direct.Get(ctx, "k"); err != nil || st.Live {
 		t.Fatalf("after a lost request: %+v %v", st, err)
 	}
