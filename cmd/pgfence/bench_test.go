@@ -83,6 +83,12 @@ func TestBench(t *testing.T) {
 	if len(res.Comparisons) == 0 || !strings.Contains(res.Settings, "fsync=") {
 		t.Errorf("comparisons %q, settings %q", res.Comparisons, res.Settings)
 	}
+	// leases-service made a login role of its own; roles outlive databases,
+	// so the bench must have dropped it.
+	var roles int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_roles WHERE rolname LIKE 'pgfence\_bench\_service\_%'`).Scan(&roles); err != nil || roles != 0 {
+		t.Errorf("%d service roles left behind (%v)", roles, err)
+	}
 
 	code, out, errOut = cli(t, environ, "bench", "compare", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,leases")
 	if code != exitOK {

@@ -216,6 +216,8 @@ func baseCases() []*Case {
 					return 0, l.Release(ctx)
 				}, func() { client.Close() }, nil
 			}},
+		{Name: "leases-service", Group: "lock", What: "the leases case as a service role (pgfence_app, granted the prefix bench/): what checking the prefix grants costs",
+			prepare: prepareService},
 		{Name: "advisory-lock", Group: "lock", What: "pg_advisory_xact_lock in a transaction: what teams use today (not durable, no token, no expiry)",
 			prepare: simple(func(ctx context.Context, lab *Lab, w *benchrun.Worker) error {
 				return pgx.BeginFunc(ctx, lab.pool, func(tx pgx.Tx) error {

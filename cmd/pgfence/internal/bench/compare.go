@@ -197,6 +197,7 @@ func compare(runs [][]benchrun.Result) []string {
 			}
 		}
 		pair("leases", "raw-lock-upsert", opsRatio, pct, "leases acquire+release at %s of the raw inline-upsert floor's ops/s (goal ≥ 90%%)")
+		pair("leases-service", "leases", opsRatio, pct, "leases as a service role checking its prefix grants at %s of the owner's ops/s (what the check costs)")
 		pair("leases", "redis-durable", opsRatio, pct, "leases acquire+release at %s of durable Redis (redsync) ops/s (goal at 8 workers: ≥ 100%%)")
 		pair("fenced-update", "raw-fence-row", p50Ratio, times, "fenced write (pgfence.Exec) p50 %s the hand-written fence row floor (goal ≤ 1.10×)")
 		pair("protected-update", "raw-fence-row", p50Ratio, times, "fenced write to a protected table p50 %s the hand-written fence row floor (goal ≤ 1.15×)")

@@ -62,8 +62,9 @@ type ContentionKeyJSON struct {
 	FenceRejections int64  `json:"fence_rejections"`
 	Completions     int64  `json:"completions"`
 	Counter         int64  `json:"counter"`
-	// LastToken is absent when the key has no completion.
-	LastToken int64 `json:"last_token,omitempty"`
+	// LastToken is 0 when the key has no completion (a run too short or too
+	// loaded for one): the key is always present, so the shape never varies.
+	LastToken int64 `json:"last_token"`
 }
 
 // ContentionCheckJSON is one reconciliation check.

@@ -13,6 +13,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -130,6 +131,9 @@ func machine() string {
 // statements the pool sent while the clock ran.
 func (lab *Lab) measure(ctx context.Context, c *Case, n int, t Timing) (benchrun.Result, error) {
 	op, cleanup, err := c.prepare(ctx, lab, n)
+	if errors.Is(err, errSkip) {
+		return benchrun.Result{Skipped: err.Error()}, nil
+	}
 	if err != nil {
 		return benchrun.Result{}, err
 	}
