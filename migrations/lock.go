@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/pressly/goose/v3/database"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // LockTable is the table whose one row is the migration lock. The migrator
@@ -368,4 +370,42 @@ func lockIdentity(application string) (host string, pid int, _ string) {
 		application = filepath.Base(os.Args[0])
 	}
 	return host, os.Getpid(), application
+}
+
+// ReadLock reads the migration lock: who holds it, nil when it is free (or
+// when [LockTable] does not exist yet), and whether the holder's lease has
+// lapsed by the database clock, so that the next migration takes it over.
+// It takes no lock and never waits; a lock row that a transaction has not
+// committed yet (a script from [Script] being applied) is invisible to it.
+// Only the schema's owner may read [LockTable]: other roles get a
+// permission error.
+func ReadLock(ctx context.Context, q Querier) (holder *LockHolder, lapsed bool, err error) {
+	rows, err := q.Query(ctx, lockReadSQL)
+	if err != nil {
+		if pgerr.Code(err) == "42P01" { // undefined_table: nothing migrated yet
+			return nil, false, nil
+		}
+		return nil, false, err
+	}
+	defer rows.Close()
+	var h LockHolder
+	var id string
+	var now time.Time
+	found := false
+	for rows.Next() {
+		if err := rows.Scan(&id, &h.Host, &h.PID, &h.Application, &h.User, &h.LockedAt, &h.LeaseUntil, &now); err != nil {
+			return nil, false, err
+		}
+		found = true
+	}
+	if err := rows.Err(); err != nil {
+		if pgerr.Code(err) == "42P01" { // undefined_table: nothing migrated yet
+			return nil, false, nil
+		}
+		return nil, false, err
+	}
+	if !found {
+		return nil, false, nil
+	}
+	return &h, !h.LeaseUntil.After(now), nil
 }

@@ -382,3 +382,28 @@ func TestScriptTakesTheLock(t *testing.T) {
 		t.Fatalf("the script left %d lock rows", n)
 	}
 }
+
+// ReadLock says who holds the migration lock and whether its lease lapsed,
+// without waiting for it.
+func TestReadLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgfencetest.NewDatabase(t)
+	if h, lapsed, err := migrations.ReadLock(ctx, db.Pool); h != nil || lapsed || err != nil {
+		t.Fatalf("ReadLock of a free lock: %+v, %v, %v", h, lapsed, err)
+	}
+	holdLock(t, db.Pool, "deploy", time.Minute)
+	h, lapsed, err := migrations.ReadLock(ctx, db.Pool)
+	if err != nil || h == nil || lapsed || h.Host != "build-7" || h.PID != 4242 || h.Application != "deploy" || h.LeaseUntil.Before(h.LockedAt) {
+		t.Fatalf("ReadLock of a held lock: %+v, %v, %v", h, lapsed, err)
+	}
+	holdLock(t, db.Pool, "crashed", -time.Minute)
+	if h, lapsed, err = migrations.ReadLock(ctx, db.Pool); err != nil || h == nil || !lapsed || h.Application != "crashed" {
+		t.Fatalf("ReadLock of a lapsed lock: %+v, %v, %v", h, lapsed, err)
+	}
+	// Not installed at all: free.
+	blank := blankDatabase(t)
+	if h, lapsed, err := migrations.ReadLock(ctx, blank.Pool); h != nil || lapsed || err != nil {
+		t.Fatalf("ReadLock without a lock table: %+v, %v, %v", h, lapsed, err)
+	}
+}

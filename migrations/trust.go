@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io/fs"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // ErrUntrusted is wrapped by an [*UntrustedError]: the migrating role does
@@ -24,6 +26,50 @@ type Finding struct {
 	Problem string
 	// Fix says what to do about it, often as a statement to run.
 	Fix string
+	// Kind says which rule the finding breaks.
+	Kind FindingKind
+}
+
+// FindingKind is the rule a [Finding] breaks.
+type FindingKind string
+
+// The kinds of [Finding], most important first.
+const (
+	// FindingSearchPath: the session's search_path puts a schema before
+	// pg_catalog.
+	FindingSearchPath FindingKind = "search_path"
+	// FindingSchemaOwner: another role owns schema pgfence.
+	FindingSchemaOwner FindingKind = "schema owner"
+	// FindingSchemaCreate: another role may create objects in schema
+	// pgfence.
+	FindingSchemaCreate FindingKind = "schema create"
+	// FindingObjectOwner: another role owns an object in schema pgfence.
+	FindingObjectOwner FindingKind = "object owner"
+	// FindingTableGrant: another role may write a pgfence table or add a
+	// trigger to it.
+	FindingTableGrant FindingKind = "table grant"
+	// FindingDefaultPrivileges: the role's default privileges would grant
+	// another role that on what the migrations create.
+	FindingDefaultPrivileges FindingKind = "default privileges"
+	// FindingRoleAttributes: pgfence_app or pgfence_operator can log in or
+	// has an attribute (SUPERUSER, CREATEDB, CREATEROLE, REPLICATION,
+	// BYPASSRLS).
+	FindingRoleAttributes FindingKind = "role attributes"
+	// FindingRoleMembership: pgfence_app or pgfence_operator is a member of
+	// another role.
+	FindingRoleMembership FindingKind = "role membership"
+)
+
+// findingKinds maps the rank the trust check's query gives a finding to its
+// kind.
+var findingKinds = map[int]FindingKind{
+	1: FindingSchemaOwner,
+	2: FindingSchemaCreate,
+	3: FindingObjectOwner,
+	4: FindingTableGrant,
+	5: FindingDefaultPrivileges,
+	6: FindingRoleAttributes,
+	7: FindingRoleMembership,
 }
 
 // UntrustedError is returned by [Migrator.Up] and [Migrator.DownTo], before
@@ -104,10 +150,6 @@ const firstMigration = "00001_schema.sql"
 // checkTrust returns an [*UntrustedError] listing what is wrong, or nil. It
 // reads the session's search_path first, so call it before pinning it.
 func checkTrust(ctx context.Context, tx *sql.Tx) error {
-	query, err := trustSQL(trustFindingsBegin, trustFindingsEnd)
-	if err != nil {
-		return err
-	}
 	var role string
 	if err := tx.QueryRowContext(ctx, `SELECT CURRENT_USER::pg_catalog.text`).Scan(&role); err != nil {
 		return err
@@ -120,26 +162,93 @@ func checkTrust(ctx context.Context, tx *sql.Tx) error {
 	if f, ok := searchPathFinding(path); ok {
 		findings = append(findings, f)
 	}
-	rows, err := tx.QueryContext(ctx, query)
+	query, err := auditSQL()
+	if err != nil {
+		return err
+	}
+	rows, err := tx.QueryContext(ctx, query, role)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
-	for rows.Next() {
-		var rank int
-		var f Finding
-		if err := rows.Scan(&rank, &f.Object, &f.Problem, &f.Fix); err != nil {
-			return err
-		}
-		findings = append(findings, f)
-	}
-	if err := rows.Err(); err != nil {
+	found, err := scanFindings(rows)
+	if err != nil {
 		return err
 	}
+	findings = append(findings, found...)
 	if len(findings) == 0 {
 		return nil
 	}
 	return &UntrustedError{Role: role, Findings: findings}
+}
+
+// Querier runs a query: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// trustRoleCurrent is how the trust check's query names the migrating role,
+// once; [Audit] puts the role it is given there instead.
+const (
+	trustRoleCurrent = "WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER"
+	trustRoleParam   = "WHERE r.rolname OPERATOR(pg_catalog.=) $1::pg_catalog.name"
+)
+
+// Audit runs the migrator's trust check as if role were migrating, and
+// returns what it finds, most important first (the session's search_path
+// aside, which only matters to a session that migrates): another role owns
+// schema pgfence or an object in it, may create objects in it, may write a
+// pgfence table; role's default privileges would grant others what the
+// migrations create; pgfence_app or pgfence_operator can log in, has an
+// attribute or is a member of another role. It is the same query the first
+// migration runs, changes nothing and takes no lock, so any role can run it
+// (`pgfence doctor` does, for the role that installed the schema).
+func Audit(ctx context.Context, q Querier, role string) ([]Finding, error) {
+	query, err := auditSQL()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := q.Query(ctx, query, role)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	return scanFindings(rows)
+}
+
+// auditSQL is the first migration's trust check with the migrating role as
+// parameter $1.
+func auditSQL() (string, error) {
+	query, err := trustSQL(trustFindingsBegin, trustFindingsEnd)
+	if err != nil {
+		return "", err
+	}
+	if n := strings.Count(query, trustRoleCurrent); n != 1 {
+		return "", fmt.Errorf("migrations: the trust check in %s names the migrating role %d times, want once as %q", firstMigration, n, trustRoleCurrent)
+	}
+	return strings.Replace(query, trustRoleCurrent, trustRoleParam, 1), nil
+}
+
+// scanFindings reads the trust check's rows, from either driver.
+func scanFindings(rows interface {
+	Next() bool
+	Scan(...any) error
+	Err() error
+}) ([]Finding, error) {
+	var findings []Finding
+	for rows.Next() {
+		var rank int
+		var f Finding
+		if err := rows.Scan(&rank, &f.Object, &f.Problem, &f.Fix); err != nil {
+			return nil, err
+		}
+		f.Kind = findingKinds[rank]
+		findings = append(findings, f)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return findings, nil
 }
 
 // searchPath returns the schemas the session searches, in order
@@ -181,6 +290,7 @@ func searchPathFinding(path []string) (Finding, bool) {
 		return Finding{}, false
 	}
 	return Finding{
+		Kind:   FindingSearchPath,
 		Object: "search_path",
 		Problem: fmt.Sprintf("puts %s before pg_catalog (effective path %s): the statements that record migrations would resolve built-in functions there, with the rights of the migrating role",
 			strings.Join(before, ", "), strings.Join(path, ", ")),

@@ -369,3 +369,30 @@ func TestPreexistingRolesRefused(t *testing.T) {
 		t.Fatalf("Up with plain roles: %v", err)
 	}
 }
+
+// Audit runs the trust check for a role other than the session's: on a
+// clean installation it finds nothing for the role that installed it, and
+// names the schema's owner for any other role, as the migrator would
+// refuse it; kinds follow the check's ranks.
+func TestAudit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgfencetest.NewDatabase(t)
+	var owner string
+	if err := db.Pool.QueryRow(ctx, `SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'pgfence'`).Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := migrations.Audit(ctx, db.Pool, owner); err != nil || len(f) != 0 {
+		t.Fatalf("Audit(%s) of a clean installation: %+v, %v; want nothing", owner, f, err)
+	}
+	other := otherRole(t, db)
+	mustExecPool(t, db.Pool, `CREATE SEQUENCE pgfence.s; ALTER SEQUENCE pgfence.s OWNER TO `+other)
+	f, err := migrations.Audit(ctx, db.Pool, owner)
+	if err != nil || len(f) != 1 || f[0].Kind != migrations.FindingObjectOwner || f[0].Object != "sequence pgfence.s" {
+		t.Fatalf("Audit(%s) with a sequence %s owns: %+v, %v", owner, other, f, err)
+	}
+	f, err = migrations.Audit(ctx, db.Pool, other)
+	if err != nil || len(f) == 0 || f[0].Kind != migrations.FindingSchemaOwner || !strings.Contains(f[0].Problem, "is owned by role "+owner) {
+		t.Fatalf("Audit(%s): %+v, %v; want the schema's owner first", other, f, err)
+	}
+}

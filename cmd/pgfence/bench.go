@@ -157,7 +157,19 @@ func openLab(ctx context.Context, in *input, maxWorkers int) (*bench.Lab, error)
 		if err != nil {
 			return nil, err
 		}
+		// The bench measures pgx's default exec mode (prepared statements,
+		// one round trip per execution) unless a pooler is in between,
+		// where prepared statements break: then it measures exec mode, and
+		// says so.
+		probe, err := probePooler(ctx, pool)
 		pool.Close()
+		if err != nil {
+			return nil, dbError(err)
+		}
+		if probe.pooled() && !namesExecMode(url) {
+			fmt.Fprintln(in.stderr, "a pooler answers at this URL: the bench sends its statements with default_query_exec_mode=exec, and its figures include the pooler's hop")
+			url = withExecMode(url)
+		}
 	}
 	lab, err := bench.Open(ctx, url, maxWorkers, in.stderr)
 	if err != nil {

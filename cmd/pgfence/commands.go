@@ -57,7 +57,8 @@ func nouns() []noun {
 		{"tables", "guard tables with a trigger, so that every write must present a current token"},
 		{"floor", "the token floor: show it, or raise it after a restore or a schema rebuild"},
 		{"keys", "idempotency keys: list and show their state, find and fail abandoned ones, delete expired ones"},
-		{"doctor", "check a database: schema, durability, timeouts, pooler, expired leases, unprotected tables"},
+		{"maintenance", "prune pgfence's tables inside the database: its pruning functions as pg_cron jobs"},
+		{"doctor", "check a database: role, schema and who owns it, pgfence roles, migration lock, durability, timeouts, pooler, leases, protected tables, pruning"},
 		{"demo", "watch the database reject a paused lock holder's late write (a throwaway database by default)"},
 		{"bench", "measure leases, fenced writes and idempotency against raw SQL, advisory locks and Redis"},
 	}
@@ -116,8 +117,11 @@ func commands() []*command {
 		{noun: "keys", verb: "fail-abandoned", usage: "[--scope-prefix P] [--expired-for D] [--limit N]", database: true, setup: keysFailAbandoned,
 			summary: "take abandoned keys over and store a failure (code \"abandoned\") a retry replays; to resume them instead, use idempotency.Store.Recover"},
 
+		{noun: "maintenance", verb: "schedule", usage: "[--dry-run] [--target-database NAME] [--schedule CRON] [--batch-size N]", database: true, setup: maintenanceSchedule,
+			summary: "schedule prune_lease_events, prune_fence_rejections, prune_retired and idempotency_gc as pg_cron jobs (connect to cron.database_name); --dry-run prints the SQL"},
+
 		{noun: "doctor", database: true, setup: doctor,
-			summary: "check a database: schema, durability, timeouts, pooler, expired leases, unprotected tables"},
+			summary: "check a database: role, schema and who owns it, pgfence roles, migration lock, durability, timeouts, pooler, leases, protected tables, pruning"},
 
 		{noun: "demo", usage: "[--ttl 1s] [--keep]", database: true, setup: runDemo,
 			summary: "watch the database reject a paused lock holder's late write; without --database-url or DATABASE_URL it runs on a throwaway local PostgreSQL"},

@@ -6,10 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -80,6 +82,9 @@ func (f *dbFlags) connect(ctx context.Context, e *env) (*pgxpool.Pool, error) {
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > f.timeout {
 		cfg.ConnConfig.ConnectTimeout = f.timeout
 	}
+	if !namesExecMode(url) {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
 	cfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -88,11 +93,67 @@ func (f *dbFlags) connect(ctx context.Context, e *env) (*pgxpool.Pool, error) {
 	pctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
-		pool.Close()
+		// Not waited for: a connection cut short by the timeout is closed
+		// with a cancel request, which PgBouncer holds while it has no
+		// server connection (the server is down), and pgx waits up to 15 s
+		// for it: past --connect-timeout.
+		go pool.Close()
 		addr := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
 		return nil, unreachable(addr, cfg.ConnConfig.Database, err, cfg.ConnConfig.Password)
 	}
 	return pool, nil
+}
+
+// execModeParam is pgx's connection-string parameter that says how
+// statements are sent.
+const execModeParam = "default_query_exec_mode"
+
+// The CLI sends every statement in pgx's exec mode (the extended protocol
+// with the unnamed statement: Parse, Bind, Execute in one round trip), not
+// pgx's default cache_statement, which prepares named statements on the
+// server connection. Behind a transaction-mode pooler (PgBouncer
+// pool_mode=transaction, before 1.21's max_prepared_statements) the next
+// transaction may run on another server connection, where that name does
+// not exist ("prepared statement stmtcache_... does not exist", 26000). Exec
+// mode works on every server and pooler; for a command that runs each
+// statement once it costs nothing (cache_statement takes a round trip more
+// to prepare a statement the first time). A connection string that names
+// default_query_exec_mode keeps its own choice.
+
+// namesExecMode reports whether connString sets default_query_exec_mode
+// itself, as a URL query parameter or a keyword.
+func namesExecMode(connString string) bool {
+	if strings.HasPrefix(connString, "postgres://") || strings.HasPrefix(connString, "postgresql://") {
+		_, query, _ := strings.Cut(connString, "?")
+		for _, kv := range strings.Split(query, "&") {
+			if k, _, _ := strings.Cut(kv, "="); k == execModeParam {
+				return true
+			}
+		}
+		return false
+	}
+	return keywordExecMode.MatchString(connString)
+}
+
+var keywordExecMode = regexp.MustCompile(`(^|\s)` + execModeParam + `\s*=`)
+
+// withExecMode returns connString with default_query_exec_mode=exec added,
+// for the code that opens its own pools from a connection string (the demo
+// and its worker process, the bench when a pooler is in between); one that
+// names a mode already is returned as it is.
+func withExecMode(connString string) string {
+	switch {
+	case namesExecMode(connString):
+		return connString
+	case strings.HasPrefix(connString, "postgres://") || strings.HasPrefix(connString, "postgresql://"):
+		sep := "?"
+		if strings.Contains(connString, "?") {
+			sep = "&"
+		}
+		return connString + sep + execModeParam + "=exec"
+	default:
+		return connString + " " + execModeParam + "=exec"
+	}
 }
 
 // hosts returns every host cfg would connect to.
@@ -142,6 +203,13 @@ func unreachable(addr, database string, err error, password string) error {
 		ce.msg = fmt.Sprintf("database %q does not exist at %s", database, addr)
 		ce.hint = "create it (createdb -- " + shellQuote(database) + ") or fix the database name in the URL"
 		ce.code = exitFailure
+	case "08P01":
+		// PgBouncer's "server login has been failing, try again later
+		// (server_login_retry)": after a failed login to the server it
+		// refuses every new client for server_login_retry, even once the
+		// server is back.
+		ce.msg = fmt.Sprintf("the pooler at %s refused the connection: %s", addr, pgerr.PgError(err).Message)
+		ce.hint = "PgBouncer refuses new clients for server_login_retry (default 15s) after its login to the server failed (a restart, a failover): retry in a few seconds; a lower server_login_retry in pgbouncer.ini shortens the wait"
 	case "57P03":
 		ce.msg = fmt.Sprintf("the server at %s is starting up or shutting down", addr)
 		ce.hint = "retry in a few seconds"

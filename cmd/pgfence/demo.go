@@ -31,6 +31,10 @@ func runDemo(fs *flag.FlagSet) runFunc {
 				return err
 			}
 			pool.Close()
+			// The demo's pools and its worker process connect with this
+			// URL: as every command, they send statements in a mode a
+			// transaction-mode pooler accepts.
+			url = withExecMode(url)
 		}
 		d, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{URL: url, Progress: in.stderr})
 		if err != nil {

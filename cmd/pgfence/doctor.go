@@ -69,13 +69,24 @@ func doctor(*flag.FlagSet) runFunc {
 // so a session's search_path cannot change what they check; pgfence's own
 // state comes from the libraries.
 const (
-	sqlServer     = `SELECT pg_catalog.current_setting('server_version'), pg_catalog.pg_is_in_recovery()`
+	// sqlServer: the version, whether the server is a standby, and its
+	// timeline: on a primary the one its WAL is written on (the high bits of
+	// the tokens it issues, as pgfence.token_epoch() reads it); on a standby
+	// the one its WAL receiver streams (visible to superusers and
+	// pg_read_all_stats only), else that of its last restartpoint, with the
+	// upstream it streams from.
+	sqlServer = `SELECT pg_catalog.current_setting('server_version'), pg_catalog.pg_is_in_recovery(),
+       CASE WHEN pg_catalog.pg_is_in_recovery() THEN
+            coalesce((SELECT r.received_tli::pg_catalog.int8 FROM pg_catalog.pg_stat_wal_receiver r),
+                     (SELECT c.timeline_id::pg_catalog.int8 FROM pg_catalog.pg_control_checkpoint() c))
+       ELSE pg_catalog.concat('x', pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8
+       END,
+       (SELECT pg_catalog.concat(r.sender_host, ':', r.sender_port) FROM pg_catalog.pg_stat_wal_receiver r WHERE r.sender_host IS NOT NULL)`
 	sqlDurability = `SELECT pg_catalog.current_setting('synchronous_commit'), pg_catalog.current_setting('synchronous_standby_names'),
        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_replication),
        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_replication
          WHERE sync_state OPERATOR(pg_catalog.=) ANY ('{sync,quorum}'::pg_catalog.text[]))`
 	sqlTimeouts       = `SELECT pg_catalog.current_setting('idle_in_transaction_session_timeout'), pg_catalog.current_setting('lock_timeout')`
-	sqlBackendPID     = `SELECT pg_catalog.pg_backend_pid()`
 	sqlUnrecordedObjs = `SELECT pg_catalog.to_regclass('pgfence.token_floor') IS NOT NULL`
 	sqlRoleMembers    = `SELECT pg_catalog.count(*) FILTER (WHERE r.rolname OPERATOR(pg_catalog.=) 'pgfence_app'),
        pg_catalog.count(*) FILTER (WHERE r.rolname OPERATOR(pg_catalog.=) 'pgfence_operator')
@@ -96,14 +107,23 @@ const (
         WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid AND p.pronamespace OPERATOR(pg_catalog.=) 'pgfence'::pg_catalog.regnamespace)
  ORDER BY 1`
 	// sqlUnstableResourceColumns lists protected tables whose resource
-	// column is of a type whose text depends on session settings.
-	sqlUnstableResourceColumns = `SELECT pg_catalog.format('%s.%I (%s)', p.relation, p.resource_column, pg_catalog.format_type(a.atttypid, a.atttypmod))
+	// column protect() refuses now, as it did not always: a type other than
+	// text, varchar, smallint, integer, bigint or uuid (or a domain over
+	// one), whose text has padding (char(n)), keeps a scale (numeric) or
+	// depends on session settings (timestamptz, float, interval); or a
+	// nondeterministic collation, under which equal keys have several
+	// texts.
+	sqlUnstableResourceColumns = `SELECT pg_catalog.format('%s.%I (%s%s)', p.relation, p.resource_column, pg_catalog.format_type(a.atttypid, a.atttypmod),
+       CASE WHEN NOT co.collisdeterministic THEN pg_catalog.format(' COLLATE %I.%I, nondeterministic', cn.nspname, co.collname) ELSE '' END)
   FROM pgfence.protected_tables() p
   JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) p.relation
    AND a.attname OPERATOR(pg_catalog.=) p.resource_column AND NOT a.attisdropped
   JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
+  LEFT JOIN pg_catalog.pg_collation co ON co.oid OPERATOR(pg_catalog.=) a.attcollation
+  LEFT JOIN pg_catalog.pg_namespace cn ON cn.oid OPERATOR(pg_catalog.=) co.collnamespace
  WHERE (CASE WHEN t.typtype OPERATOR(pg_catalog.=) 'd' THEN t.typbasetype ELSE t.oid END)
-       OPERATOR(pg_catalog.<>) ALL ('{pg_catalog.text,pg_catalog.varchar,pg_catalog.bpchar,pg_catalog.int2,pg_catalog.int4,pg_catalog.int8,pg_catalog.numeric,pg_catalog.uuid}'::pg_catalog.regtype[]::pg_catalog.oid[])
+       OPERATOR(pg_catalog.<>) ALL ('{pg_catalog.text,pg_catalog.varchar,pg_catalog.int2,pg_catalog.int4,pg_catalog.int8,pg_catalog.uuid}'::pg_catalog.regtype[]::pg_catalog.oid[])
+    OR NOT co.collisdeterministic
  ORDER BY 1`
 	// sqlGuardGaps: see guardGaps. tgtype bits: 1 row, 2 before, 4 insert,
 	// 16 update.
@@ -155,14 +175,27 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 
 	var version string
 	var inRecovery bool
-	if err := pool.QueryRow(ctx, sqlServer).Scan(&version, &inRecovery); err != nil {
+	var timeline *int64
+	var upstream *string
+	if err := pool.QueryRow(ctx, sqlServer).Scan(&version, &inRecovery, &timeline, &upstream); err != nil {
 		add("server", statusFail, "cannot query the server: %v", err)
 		return out
 	}
+	where := ""
+	if timeline != nil {
+		where = fmt.Sprintf(" on timeline %d", *timeline)
+	}
 	if inRecovery {
-		add("server", statusFail, "PostgreSQL %s is a standby (in recovery): pgfence issues tokens only on the primary; connect with target_session_attrs=read-write", version)
+		if upstream != nil {
+			where += ", streaming from " + *upstream
+		}
+		add("server", statusFail, "PostgreSQL %s is a standby (in recovery)%s: pgfence issues tokens only on the primary; connect with target_session_attrs=read-write", version, where)
 	} else {
-		add("server", statusOK, "PostgreSQL %s, primary", version)
+		tokens := ""
+		if timeline != nil {
+			tokens = fmt.Sprintf(" (the tokens it issues are above %d << 40)", *timeline)
+		}
+		add("server", statusOK, "PostgreSQL %s, primary%s%s", version, where, tokens)
 	}
 
 	schema := schemaCheck(ctx, pool)
@@ -198,7 +231,13 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 		}
 	}
 
-	out = append(out, detectPooler(ctx, pool))
+	pctx, cancel := context.WithTimeout(ctx, poolerProbeTimeout)
+	out = append(out, poolerCheck(pctx, pool))
+	cancel()
+
+	// Before the schema's own checks: a lock left behind is what makes
+	// `migrate up` wait, whatever version is installed.
+	out = append(out, migrationLock(ctx, pool))
 
 	if schema.Status == statusOK {
 		client, err := leases.New(pool, &leases.Config{DisableWakeups: true})
@@ -209,10 +248,12 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 		defer client.Close()
 		out = append(out, leaseCounts(ctx, client))
 		out = append(out, roleMembers(ctx, pool))
+		out = append(out, trustChecks(ctx, pool)...)
 		out = append(out, grantPauses(ctx, client))
 		out = append(out, unprotectedTables(ctx, pool))
 		out = append(out, unstableResourceColumns(ctx, pool))
 		out = append(out, guardGaps(ctx, pool))
+		out = append(out, maintenanceCheck(ctx, pool))
 	}
 	return out
 }
@@ -295,30 +336,6 @@ func roleMembers(ctx context.Context, pool *pgxpool.Pool) check {
 	return check{Name: "roles", Status: statusOK, Detail: fmt.Sprintf("%d member(s) of pgfence_app, %d of pgfence_operator", app, operator)}
 }
 
-// detectPooler checks whether consecutive statements on one client connection
-// reach different server backends, which is what a transaction-mode pooler
-// (PgBouncer pool_mode=transaction) does.
-func detectPooler(ctx context.Context, pool *pgxpool.Pool) check {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return check{Name: "pooler", Status: statusFail, Detail: err.Error()}
-	}
-	defer conn.Release()
-	pids := map[int32]bool{}
-	for range 8 {
-		var pid int32
-		if err := conn.QueryRow(ctx, sqlBackendPID).Scan(&pid); err != nil {
-			return check{Name: "pooler", Status: statusFail, Detail: err.Error()}
-		}
-		pids[pid] = true
-	}
-	if len(pids) > 1 {
-		return check{Name: "pooler", Status: statusWarn, Detail: fmt.Sprintf(
-			"statements on one connection reached %d server backends: a transaction-mode pooler is in between; leases and fenced writes work, LISTEN wake-ups need a direct connection (or disable them: polling stays)", len(pids))}
-	}
-	return check{Name: "pooler", Status: statusOK, Detail: "one server backend per connection (no transaction-mode pooler detected)"}
-}
-
 // catalogList runs a catalog query that returns one text per finding.
 func catalogList(ctx context.Context, pool *pgxpool.Pool, sql string) ([]string, error) {
 	rows, err := pool.Query(ctx, sql)
@@ -343,10 +360,13 @@ func unprotectedTables(ctx context.Context, pool *pgxpool.Pool) check {
 	return check{Name: name, Status: statusOK, Detail: "every table with a fence column has a pgfence trigger"}
 }
 
-// unstableResourceColumns lists protected tables whose resource column prints
-// differently by session settings (a timestamptz by TimeZone, a float by
-// extra_float_digits, an interval by IntervalStyle): protected before
-// protect() refused such columns, one row may be several resources.
+// unstableResourceColumns lists protected tables whose resource column
+// protect() refuses now: protected before it did, one row may be several
+// resources. The guard names a row's resource by the column's text: a
+// char(n) pads it, a numeric keeps its scale (1 and 1.00), a nondeterministic
+// collation makes 'ALICE' and 'Alice' one key of two texts, and a
+// timestamptz, float or interval prints by the writer's TimeZone,
+// extra_float_digits or IntervalStyle.
 func unstableResourceColumns(ctx context.Context, pool *pgxpool.Pool) check {
 	const name = "protected resource columns"
 	cols, err := catalogList(ctx, pool, sqlUnstableResourceColumns)
@@ -355,9 +375,9 @@ func unstableResourceColumns(ctx context.Context, pool *pgxpool.Pool) check {
 	}
 	if len(cols) > 0 {
 		return check{Name: name, Status: statusWarn, Detail: fmt.Sprintf(
-			"%s: the resource is the column's text, which depends on the writer's session settings, so one row can be several resources fenced apart; protect the table on a text or integer key column instead", strings.Join(cols, ", "))}
+			"%s: protect refuses such a resource column now. The resource is the column's text: char(n) pads it, numeric keeps its scale, a nondeterministic collation gives equal keys several texts, and timestamptz, float or interval print by the writer's session settings; so one row can be several resources, fenced apart. Protect the table on a text (deterministic collation), integer or uuid key column instead (`pgfence tables unprotect`, then `tables protect`)", strings.Join(cols, ", "))}
 	}
-	return check{Name: name, Status: statusOK, Detail: "every protected table's resource column prints the same in every session"}
+	return check{Name: name, Status: statusOK, Detail: "every protected table's resource column has one text per key, in every session"}
 }
 
 // guardGaps lists the ways rows of a protected table can be written past

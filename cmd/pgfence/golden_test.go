@@ -307,6 +307,8 @@ func goldenCases() []goldenCase {
 		{name: "keys_abandoned", args: []string{"keys", "abandoned", "--scope-prefix", "ord"}, db: true, setup: goldenAbandoned},
 		{name: "keys_fail-abandoned", args: []string{"keys", "fail-abandoned"}, db: true, setup: goldenAbandoned},
 
+		{name: "maintenance_schedule", args: []string{"maintenance", "schedule", "--dry-run"}},
+
 		{name: "doctor", args: []string{"doctor"}, db: true, rules: doctorRules},
 		{name: "demo", args: []string{"demo", "--ttl", "300ms"}, db: true, rules: map[string]string{"database": "text", "detail": "text"}},
 

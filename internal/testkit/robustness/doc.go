@@ -44,7 +44,14 @@
 //	go test -race -run TestRobustnessRandomized -v ./internal/testkit/robustness -robustness.duration=10m -timeout=30m
 //	go test -race -run TestRobustnessRandomized -v ./internal/testkit/robustness -robustness.seed=N
 //
-// It prints a summary: the random seed, the faults injected by kind, the operations
+// TestScenarioPatroni runs the clients through Patroni failovers (kill -9,
+// SIGSTOP past the TTL, switchover; synchronous_mode off and on) on an
+// etcd + Patroni cluster of internal/testkit/patroni, once per fault in CI
+// (about four minutes); a longer run repeats the cycle:
+//
+//	go test -race -run TestScenarioPatroni -v ./internal/testkit/robustness -patroni.rounds=5 -timeout=60m
+//
+// The randomized run prints a summary: the random seed, the faults injected by kind, the operations
 // by outcome, what the database accepted, porcupine's verdict and the
 // violations (which must be none).
 //

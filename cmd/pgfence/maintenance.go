@@ -1,0 +1,264 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
+)
+
+// Maintenance inside the database: the pruning functions as pg_cron jobs,
+// next to `pgfence keys gc` run from the outside.
+
+// cronJob is one pg_cron job of pgfence's maintenance.
+type cronJob struct {
+	Name     string `json:"name"`
+	Schedule string `json:"schedule"`
+	Command  string `json:"command"`
+	// JobID is pg_cron's id of the job (absent with --dry-run).
+	JobID *int64 `json:"job_id,omitempty"`
+}
+
+// maintenanceJSON is what `maintenance schedule --json` prints.
+type maintenanceJSON struct {
+	// Database is where the jobs run.
+	Database string    `json:"database"`
+	DryRun   bool      `json:"dry_run"`
+	Jobs     []cronJob `json:"jobs"`
+}
+
+// maintenanceBatchDefault is the most rows one run of a batched job deletes.
+const maintenanceBatchDefault = 1000
+
+// maintenanceJobs are pgfence's pruning functions as pg_cron jobs. Every
+// call is bounded (a batch, a retention), so a run is short; a backlog is
+// worked off over the next runs. schedule, when set, replaces every job's.
+func maintenanceJobs(batch int, schedule string) []cronJob {
+	jobs := []cronJob{
+		// Beyond the newest 100 events per key (a grant also prunes its
+		// key's every 32nd time).
+		{Name: "pgfence_prune_lease_events", Schedule: "*/15 * * * *", Command: "SELECT pgfence.prune_lease_events(NULL, 100)"},
+		// Older than 7 days, the oldest 1000 per call.
+		{Name: "pgfence_prune_fence_rejections", Schedule: "*/5 * * * *", Command: "SELECT pgfence.prune_fence_rejections(interval '7 days')"},
+		// Rows that remember only retired tokens (at or below the floor).
+		{Name: "pgfence_prune_retired", Schedule: "*/5 * * * *", Command: fmt.Sprintf("SELECT * FROM pgfence.prune_retired(%d)", batch)},
+		// Completed idempotency keys past their retention.
+		{Name: "pgfence_idempotency_gc", Schedule: "* * * * *", Command: fmt.Sprintf("SELECT pgfence.idempotency_gc(%d)", batch)},
+	}
+	if schedule != "" {
+		for i := range jobs {
+			jobs[i].Schedule = schedule
+		}
+	}
+	return jobs
+}
+
+// cronSQL returns the statement that schedules j: cron.schedule in the
+// database pg_cron lives in, cron.schedule_in_database for another one.
+// pg_cron updates a job of the same name and user, so it can run again.
+func cronSQL(j cronJob, target string, here bool) string {
+	if here {
+		return fmt.Sprintf("SELECT cron.schedule(%s, %s, %s);", quoteLiteral(j.Name), quoteLiteral(j.Schedule), quoteLiteral(j.Command))
+	}
+	return fmt.Sprintf("SELECT cron.schedule_in_database(%s, %s, %s, %s);", quoteLiteral(j.Name), quoteLiteral(j.Schedule), quoteLiteral(j.Command), quoteLiteral(target))
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+const (
+	// sqlCronHere: whether pg_cron is installed in this database, and the
+	// database it runs jobs from (cron.database_name, default postgres).
+	sqlCronHere = `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'pg_cron'),
+       coalesce(pg_catalog.current_setting('cron.database_name', true), 'postgres'), pg_catalog.current_database()`
+	sqlCronSchedule           = `SELECT cron.schedule($1, $2, $3)`
+	sqlCronScheduleInDatabase = `SELECT cron.schedule_in_database($1, $2, $3, $4)`
+)
+
+func maintenanceSchedule(fs *flag.FlagSet) runFunc {
+	dryRun := fs.Bool("dry-run", false, "print the SQL that schedules the jobs and change nothing (needs no database)")
+	target := fs.String("target-database", "", "the database whose pgfence schema the jobs maintain (default: the one connected to)")
+	schedule := fs.String("schedule", "", "a cron schedule for every job instead of each one's own (e.g. '* * * * *')")
+	batch := fs.Int("batch-size", maintenanceBatchDefault, "most rows one run of prune_retired or idempotency_gc deletes (1 to 100000)")
+	return func(ctx context.Context, in *input) error {
+		if *batch < 1 || *batch > 100000 {
+			return usageError("--batch-size must be 1 to 100000, got %d", *batch)
+		}
+		if *schedule != "" && len(strings.Fields(*schedule)) != 5 {
+			return usageError("--schedule %q is not a cron schedule of five fields (minute hour day month weekday)", *schedule)
+		}
+		jobs := maintenanceJobs(*batch, *schedule)
+		if *dryRun {
+			return printSchedule(in, maintenanceJSON{Database: *target, DryRun: true, Jobs: jobs}, *target == "")
+		}
+		pool, err := in.connect(ctx)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		var installed bool
+		var cronDB, current string
+		if err := pool.QueryRow(ctx, sqlCronHere).Scan(&installed, &cronDB, &current); err != nil {
+			return dbError(err)
+		}
+		if !installed {
+			return &cliError{
+				msg:  fmt.Sprintf("pg_cron is not installed in database %q (its jobs run from %q, cron.database_name)", current, cronDB),
+				hint: fmt.Sprintf("connect to %q and pass --target-database %s; pg_cron needs shared_preload_libraries = 'pg_cron' and CREATE EXTENSION pg_cron there; or print the SQL with --dry-run", cronDB, current),
+				code: exitFailure,
+			}
+		}
+		t := cmpOr(*target, current)
+		for i, j := range jobs {
+			var id int64
+			if t == current {
+				err = pool.QueryRow(ctx, sqlCronSchedule, j.Name, j.Schedule, j.Command).Scan(&id)
+			} else {
+				err = pool.QueryRow(ctx, sqlCronScheduleInDatabase, j.Name, j.Schedule, j.Command, t).Scan(&id)
+			}
+			if err != nil {
+				if pgerr.Code(err) == "42501" || pgerr.Code(err) == "P0001" {
+					return &cliError{msg: redact(err.Error()), hint: "scheduling in another database, or as another user, takes a superuser in pg_cron; or connect to the target database if pg_cron is installed there", code: exitFailure, err: err}
+				}
+				return dbError(err)
+			}
+			jobs[i].JobID = &id
+		}
+		return printSchedule(in, maintenanceJSON{Database: t, Jobs: jobs}, t == current)
+	}
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func printSchedule(in *input, out maintenanceJSON, here bool) error {
+	return in.print(out, func(w io.Writer) {
+		if out.DryRun {
+			fmt.Fprintln(w, "-- pgfence maintenance as pg_cron jobs. Run in the database named by cron.database_name,")
+			fmt.Fprintln(w, "-- as a member of pgfence_operator (the jobs run as the role that schedules them).")
+			if here {
+				fmt.Fprintln(w, "-- For a pgfence schema in another database: --target-database NAME (cron.schedule_in_database).")
+			}
+			for _, j := range out.Jobs {
+				fmt.Fprintln(w, cronSQL(j, out.Database, here))
+			}
+			return
+		}
+		fmt.Fprintf(w, "scheduled %d pg_cron job(s) for database %s\n\n", len(out.Jobs), out.Database)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "JOB ID\tNAME\tSCHEDULE\tCOMMAND")
+		for _, j := range out.Jobs {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", *j.JobID, j.Name, j.Schedule, j.Command)
+		}
+		tw.Flush()
+	})
+}
+
+// The doctor's maintenance check: rows waiting to be pruned, and whether a
+// pg_cron job prunes them.
+const (
+	// sqlBacklog counts, each bounded, the rows past their retention: fence
+	// rejections older than 7 days (pruned oldest first, by id), expired
+	// idempotency keys (indexed by expires_at), keys with more lease events
+	// than a grant's own pruning leaves (100, plus 32 grants between two
+	// prunings), and released or expired lease rows whose token is retired.
+	sqlBacklog = `SELECT
+  (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM pgfence.fence_rejections r
+     WHERE r.at OPERATOR(pg_catalog.<) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '7 days') LIMIT 10000) x),
+  (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM pgfence.idempotency_keys k
+     WHERE k.expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp() LIMIT 10000) x),
+  (SELECT pg_catalog.count(*) FROM (SELECT e.key FROM pgfence.lease_events e GROUP BY e.key
+     HAVING pg_catalog.count(*) OPERATOR(pg_catalog.>) 132 LIMIT 10000) x),
+  (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM pgfence.leases l, pgfence.token_floor f
+     WHERE l.token OPERATOR(pg_catalog.<=) f.floor
+       AND (l.released_at IS NOT NULL OR l.expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) LIMIT 10000) x)`
+	// sqlCronJobs lists the active pg_cron jobs this role can see that run
+	// in this database, when pg_cron is installed here.
+	sqlCronJobs = `SELECT j.jobname, j.command FROM cron.job j
+ WHERE j.active AND j.database OPERATOR(pg_catalog.=) pg_catalog.current_database()`
+)
+
+// backlogItem is one kind of row past its retention.
+type backlogItem struct {
+	what     string // "fence rejections older than 7 days"
+	function string // the function that prunes it
+	n        int64
+}
+
+// maintenanceCheck reports rows past their retention that no pg_cron job
+// prunes.
+func maintenanceCheck(ctx context.Context, pool *pgxpool.Pool) check {
+	const name = "maintenance"
+	var rejections, keys, eventKeys, retired int64
+	if err := pool.QueryRow(ctx, sqlBacklog).Scan(&rejections, &keys, &eventKeys, &retired); err != nil {
+		return check{Name: name, Status: statusFail, Detail: fmt.Sprintf("cannot count the rows past their retention: %v", err)}
+	}
+	items := []backlogItem{
+		{"fence rejection(s) older than 7 days", "prune_fence_rejections", rejections},
+		{"expired idempotency key(s)", "idempotency_gc", keys},
+		{"lease key(s) with more than 132 events", "prune_lease_events", eventKeys},
+		{"released or expired lease row(s) whose token is retired", "prune_retired", retired},
+	}
+	var installed bool
+	var cronDB, current string
+	if err := pool.QueryRow(ctx, sqlCronHere).Scan(&installed, &cronDB, &current); err != nil {
+		return check{Name: name, Status: statusFail, Detail: fmt.Sprintf("cannot look for pg_cron: %v", err)}
+	}
+	scheduled := map[string]string{} // function -> job name
+	where := "pg_cron is not installed in this database"
+	if installed {
+		rows, err := pool.Query(ctx, sqlCronJobs)
+		if err == nil {
+			var job, command string
+			_, err = pgx.ForEachRow(rows, []any{&job, &command}, func() error {
+				for _, it := range items {
+					if strings.Contains(command, "pgfence."+it.function+"(") {
+						scheduled[it.function] = job
+					}
+				}
+				return nil
+			})
+		}
+		if err == nil {
+			where = fmt.Sprintf("%d of the 4 pruning functions have a pg_cron job here", len(scheduled))
+		} else {
+			where = fmt.Sprintf("cannot read cron.job: %v", err)
+		}
+	} else if cronDB != current {
+		where += fmt.Sprintf(" (pg_cron jobs, if any, are in database %q: check cron.job there)", cronDB)
+	}
+	var waiting []string
+	for _, it := range items {
+		if it.n == 0 {
+			continue
+		}
+		count := fmt.Sprint(it.n)
+		if it.n >= 10000 {
+			count = "10000+"
+		}
+		s := fmt.Sprintf("%s %s (pgfence.%s", count, it.what, it.function)
+		if job, ok := scheduled[it.function]; ok {
+			s += fmt.Sprintf(", run by pg_cron job %s: see cron.job_run_details", job)
+		} else {
+			s += ": no pg_cron job here"
+		}
+		s += ")"
+		waiting = append(waiting, s)
+	}
+	if len(waiting) == 0 {
+		return check{Name: name, Status: statusOK, Detail: "no row waits past its retention; " + where}
+	}
+	return check{Name: name, Status: statusWarn, Detail: fmt.Sprintf(
+		"rows wait past their retention: %s; %s. Schedule the pruning in the database (`pgfence maintenance schedule`, pg_cron) or run `pgfence keys gc` and the functions from a scheduler of yours",
+		strings.Join(waiting, ", "), where)}
+}

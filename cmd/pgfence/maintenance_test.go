@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// pgCronInstalled reports whether pg_cron's library is next to the server.
+func pgCronInstalled(t *testing.T) bool {
+	t.Helper()
+	bin, err := pgcluster.FindBinaries()
+	if err != nil {
+		return false
+	}
+	if real, err := filepath.EvalSymlinks(filepath.Join(bin, "postgres")); err == nil {
+		bin = filepath.Dir(real)
+	}
+	_, err = os.Stat(filepath.Join(filepath.Dir(bin), "lib", "pg_cron.so"))
+	return err == nil
+}
+
+// The pruning functions scheduled with pg_cron prune inside the database:
+// the doctor warns about rows past their retention that nothing prunes,
+// `maintenance schedule` schedules the jobs (from the database pg_cron
+// runs in, for another one), pg_cron runs them, the rows are gone and the
+// doctor is content.
+func TestMaintenanceWithPgCron(t *testing.T) {
+	t.Parallel()
+	if !pgCronInstalled(t) {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("pg_cron is not installed (Debian/Ubuntu: apt-get install postgresql-15-cron)")
+		}
+		t.Skip("pg_cron is not installed (Debian/Ubuntu: apt-get install postgresql-15-cron)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cluster := pgfencetest.NewCluster(t, &pgfencetest.ClusterOptions{Settings: map[string]string{
+		"shared_preload_libraries": "pg_cron",
+		"cron.database_name":       "postgres",
+		// Jobs run in background workers: no connection, no password.
+		"cron.use_background_workers": "on",
+		"max_worker_processes":        "16",
+		"fsync":                       "off",
+	}})
+	db := cluster.NewDatabase(t)
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+
+	// Rows past their retention, of each kind.
+	exec(`SELECT pgfence.record_fence_rejection('stock/apple', 7, 9, 'stale_token', NULL, 'exec', NULL, NULL) FROM generate_series(1, 3)`)
+	exec(`UPDATE pgfence.fence_rejections SET at = at - interval '8 days'`)
+	store, err := idempotency.NewStore(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"k1", "k2"} {
+		if _, err := store.Do(ctx, db.Pool, idempotency.Request{Scope: "orders", Key: key}, func(context.Context, pgx.Tx) ([]byte, error) { return []byte("ok"), nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`UPDATE pgfence.idempotency_keys SET created_at = created_at - interval '1 hour', updated_at = updated_at - interval '1 hour',
+		completed_at = completed_at - interval '1 hour', expires_at = clock_timestamp() - interval '1 second'`)
+	pgfencetest.IssueToken(t, db.Pool, "jobs/old", 5) // released, token 5
+	exec(`INSERT INTO pgfence.lease_events (key, event, holder, token)
+		SELECT 'jobs/chatty', 'acquired', gen_random_uuid(), g FROM generate_series(1, 200) g`)
+	exec(`SELECT pgfence.raise_token_floor(10, 'retire token 5')`)
+
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	c := doctorCheck(t, environ, "maintenance")
+	for _, want := range []string{"3 fence rejection(s) older than 7 days", "2 expired idempotency key(s)",
+		"1 lease key(s) with more than 132 events", "1 released or expired lease row(s) whose token is retired", "no pg_cron job here"} {
+		if c.Status != statusWarn || !strings.Contains(c.Detail, want) {
+			t.Errorf("maintenance check before any job = %+v, want a warning naming %q", c, want)
+		}
+	}
+
+	// pg_cron lives in the postgres database; the jobs run in db's.
+	cronURL := cluster.URL("postgres")
+	admin, err := pgx.Connect(ctx, cronURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_cron`); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cli(t, map[string]string{"DATABASE_URL": db.URL}, "maintenance", "schedule")
+	if code != exitFailure || !strings.Contains(errOut, `pg_cron is not installed in database "`+db.Name+`"`) || !strings.Contains(errOut, "--target-database "+db.Name) {
+		t.Fatalf("maintenance schedule on a database without pg_cron: code %d, want %d naming where pg_cron runs\n%s%s", code, exitFailure, out, errOut)
+	}
+	code, out, errOut = cli(t, map[string]string{"DATABASE_URL": cronURL}, "maintenance", "schedule", "--target-database", db.Name, "--schedule", "* * * * *")
+	if code != exitOK || !strings.Contains(out, "scheduled 4 pg_cron job(s) for database "+db.Name) {
+		t.Fatalf("maintenance schedule: code %d\n%s%s", code, out, errOut)
+	}
+
+	// pg_cron starts jobs on the minute: wait for a run of each (bounded).
+	const sqlRuns = `SELECT count(DISTINCT j.jobname) FROM cron.job j JOIN cron.job_run_details d USING (jobid)
+		WHERE j.database = $1 AND d.status = 'succeeded'`
+	deadline := time.Now().Add(150 * time.Second)
+	for {
+		var ran int
+		if err := admin.QueryRow(ctx, sqlRuns, db.Name).Scan(&ran); err != nil {
+			t.Fatal(err)
+		}
+		if ran == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			var details string
+			_ = admin.QueryRow(ctx, `SELECT coalesce(string_agg(j.jobname || ': ' || d.status || ' ' || coalesce(d.return_message, ''), '; '), 'none')
+				FROM cron.job j LEFT JOIN cron.job_run_details d USING (jobid)`).Scan(&details)
+			t.Fatalf("pg_cron ran %d of the 4 jobs successfully within 150 s; runs: %s", ran, details)
+		}
+		time.Sleep(time.Second)
+	}
+	c = doctorCheck(t, environ, "maintenance")
+	if c.Status != statusOK || !strings.Contains(c.Detail, "no row waits past its retention") {
+		t.Fatalf("maintenance check after pg_cron's runs = %+v, want ok", c)
+	}
+	var events int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.lease_events WHERE key = 'jobs/chatty'`).Scan(&events); err != nil || events != 100 {
+		t.Fatalf("lease events of jobs/chatty after pruning: %d (%v), want the newest 100", events, err)
+	}
+}
