@@ -68,9 +68,15 @@ func TestEveryCommandThroughPgBouncer(t *testing.T) {
 			if code != c.code {
 				t.Fatalf("%q --json through PgBouncer: code %d, want %d\n%s%s", c.args, code, c.code, out, errOut)
 			}
-			var v map[string]any
-			if err := json.Unmarshal([]byte(out), &v); err != nil {
-				t.Fatalf("%q --json through PgBouncer: %v\n%s", c.args, err, out)
+			docs := []string{out}
+			if c.lines { // one JSON object per line
+				docs = strings.Split(strings.TrimSpace(out), "\n")
+			}
+			for _, doc := range docs {
+				var v map[string]any
+				if err := json.Unmarshal([]byte(doc), &v); err != nil {
+					t.Fatalf("%q --json through PgBouncer: %v\n%s", c.args, err, out)
+				}
 			}
 		})
 	}
