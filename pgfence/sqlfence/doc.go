@@ -50,6 +50,13 @@
 //
 // # Failure handling
 //
+//   - Behind PgBouncer in transaction mode, give lib/pq binary_parameters=yes
+//     and pgx's stdlib driver default_query_exec_mode=exec in the URL. Without
+//     binary_parameters, lib/pq sends a statement with arguments outside a
+//     transaction in two round trips, which the pooler may send to two
+//     backends: the rejection record and Resolve then fail with "unnamed
+//     prepared statement does not exist" (the fenced write itself, in its
+//     transaction, still holds).
 //   - Rejections map to the same errors whatever the driver: the SQLSTATE
 //     and DETAIL are read from pgx's *pgconn.PgError and lib/pq's *pq.Error
 //     alike. A rejection on the helper's own transaction is recorded in

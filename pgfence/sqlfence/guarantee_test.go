@@ -34,126 +34,126 @@ func rejections(t testing.TB, db *pgfencetest.Database, resource string) int {
 // and driver: fn is not called and the row keeps its value; a write whose
 // fn or statement fails after the fence was accepted leaves no accepted
 // token behind; a refusal on the helper's own transaction is recorded.
-func TestStaleTokenRefused(t *testing.T) {
-	forEach(t, func(t *testing.T, c connector, db *pgfencetest.Database, f fencer) {
-		ctx := testContext(t)
-		setupKV(t, db.Pool)
-		pgfencetest.IssueToken(t, db.Pool, "kv:a", 10)
+func TestStaleTokenRefused(t *testing.T) { forEach(t, staleTokenRefused) }
 
-		r, err := f.write(ctx, pgfence.LeaseOf("kv:a", "", 5), set("five", 5))
-		if err != nil || r.Resource != "kv:a" || r.Token != 5 || r.Op == (pgfence.OpID{}) {
-			t.Fatalf("write with token 5: %+v, %v", r, err)
-		}
+func staleTokenRefused(t *testing.T, c connector, db *pgfencetest.Database, f fencer) {
+	ctx := testContext(t)
+	setupKV(t, db.Pool)
+	pgfencetest.IssueToken(t, db.Pool, "kv:a", 10)
 
-		called := false
-		_, err = f.writeToken(ctx, "kv:a", 4, func(ctx context.Context, tx stmts) error {
-			called = true
-			return set("four", 4)(ctx, tx)
-		})
-		var stale *pgfence.StaleTokenError
-		if !errors.As(err, &stale) || !errors.Is(err, pgfence.ErrStaleToken) || stale.Resource != "kv:a" || stale.Presented != 4 || stale.Accepted != 5 {
-			t.Fatalf("write with stale token 4: %v, want a *StaleTokenError (4 < 5)", err)
-		}
-		if called {
-			t.Error("fn ran for a stale token")
-		}
-		if _, err := f.execToken(ctx, "kv:a", 3, `UPDATE kv SET v = 'three', token = 3 WHERE k = 'a'`); !errors.Is(err, pgfence.ErrStaleToken) {
-			t.Fatalf("exec with stale token 3: %v, want ErrStaleToken", err)
-		}
-		if _, err := f.exec(ctx, pgfence.LeaseOf("kv:a", "", 2), `UPDATE kv SET v = 'two', token = 2 WHERE k = 'a'`); !errors.Is(err, pgfence.ErrStaleToken) {
-			t.Fatalf("exec with stale lease token 2: %v, want ErrStaleToken", err)
-		}
-		if v, token := kv(t, db.Pool); v != "five" || token != 5 {
-			t.Fatalf("row %q token %d after stale writes, want five/5", v, token)
-		}
+	r, err := f.write(ctx, pgfence.LeaseOf("kv:a", "", 5), set("five", 5))
+	if err != nil || r.Resource != "kv:a" || r.Token != 5 || r.Op == (pgfence.OpID{}) {
+		t.Fatalf("write with token 5: %+v, %v", r, err)
+	}
 
-		// The fence and the write are one: a failure after the fence leaves
-		// neither.
-		boom := errors.New("boom")
-		if _, err := f.writeToken(ctx, "kv:a", 9, func(ctx context.Context, tx stmts) error {
-			if err := set("nine", 9)(ctx, tx); err != nil {
-				return err
-			}
-			return boom
-		}); err != boom { //nolint:errorlint // returned unchanged
-			t.Fatalf("fn's error: %v, want it unchanged", err)
-		}
-		if _, err := f.execToken(ctx, "kv:a", 8, `UPDATE kv SET v = 'eight', token = 1 / 0 WHERE k = 'a'`); err == nil {
-			t.Fatal("a failing statement was accepted")
-		}
-		if got := accepted(t, db, "kv:a"); got != 5 {
-			t.Fatalf("accepted token %d after failed writes, want 5: the fence outlived its write", got)
-		}
-		if n, err := f.execToken(ctx, "kv:a", 6, `UPDATE kv SET v = 'six', token = 6 WHERE k = 'a'`); err != nil || n != 1 {
-			t.Fatalf("exec with token 6: %d rows, %v", n, err)
-		}
-		if v, token := kv(t, db.Pool); v != "six" || token != 6 {
-			t.Fatalf("row %q token %d, want six/6", v, token)
-		}
-
-		// Refusals on the helper's own transaction are recorded; inside the
-		// caller's they roll back with its work.
-		want := 3
-		if c.inTx {
-			want = 0
-		}
-		if n := rejections(t, db, "kv:a"); n != want {
-			t.Errorf("%d rejections recorded, want %d", n, want)
-		}
+	called := false
+	_, err = f.writeToken(ctx, "kv:a", 4, func(ctx context.Context, tx stmts) error {
+		called = true
+		return set("four", 4)(ctx, tx)
 	})
+	var stale *pgfence.StaleTokenError
+	if !errors.As(err, &stale) || !errors.Is(err, pgfence.ErrStaleToken) || stale.Resource != "kv:a" || stale.Presented != 4 || stale.Accepted != 5 {
+		t.Fatalf("write with stale token 4: %v, want a *StaleTokenError (4 < 5)", err)
+	}
+	if called {
+		t.Error("fn ran for a stale token")
+	}
+	if _, err := f.execToken(ctx, "kv:a", 3, `UPDATE kv SET v = 'three', token = 3 WHERE k = 'a'`); !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("exec with stale token 3: %v, want ErrStaleToken", err)
+	}
+	if _, err := f.exec(ctx, pgfence.LeaseOf("kv:a", "", 2), `UPDATE kv SET v = 'two', token = 2 WHERE k = 'a'`); !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("exec with stale lease token 2: %v, want ErrStaleToken", err)
+	}
+	if v, token := kv(t, db.Pool); v != "five" || token != 5 {
+		t.Fatalf("row %q token %d after stale writes, want five/5", v, token)
+	}
+
+	// The fence and the write are one: a failure after the fence leaves
+	// neither.
+	boom := errors.New("boom")
+	if _, err := f.writeToken(ctx, "kv:a", 9, func(ctx context.Context, tx stmts) error {
+		if err := set("nine", 9)(ctx, tx); err != nil {
+			return err
+		}
+		return boom
+	}); err != boom { //nolint:errorlint // returned unchanged
+		t.Fatalf("fn's error: %v, want it unchanged", err)
+	}
+	if _, err := f.execToken(ctx, "kv:a", 8, `UPDATE kv SET v = 'eight', token = 1 / 0 WHERE k = 'a'`); err == nil {
+		t.Fatal("a failing statement was accepted")
+	}
+	if got := accepted(t, db, "kv:a"); got != 5 {
+		t.Fatalf("accepted token %d after failed writes, want 5: the fence outlived its write", got)
+	}
+	if n, err := f.execToken(ctx, "kv:a", 6, `UPDATE kv SET v = 'six', token = 6 WHERE k = 'a'`); err != nil || n != 1 {
+		t.Fatalf("exec with token 6: %d rows, %v", n, err)
+	}
+	if v, token := kv(t, db.Pool); v != "six" || token != 6 {
+		t.Fatalf("row %q token %d, want six/6", v, token)
+	}
+
+	// Refusals on the helper's own transaction are recorded; inside the
+	// caller's they roll back with its work.
+	want := 3
+	if c.inTx {
+		want = 0
+	}
+	if n := rejections(t, db, "kv:a"); n != want {
+		t.Errorf("%d rejections recorded, want %d", n, want)
+	}
 }
 
 // A lease-checked write is refused as soon as its lease is lost: expired, or
 // taken over; the old holder's fenced write is refused once the new holder
 // wrote.
-func TestLostLeaseRefused(t *testing.T) {
-	forEach(t, func(t *testing.T, c connector, db *pgfencetest.Database, f fencer) {
-		ctx := testContext(t)
-		setupKV(t, db.Pool)
-		l := grant(t, db.Pool, "kv:a")
-		if err := f.writeLeased(ctx, l, set("held", l.Token())); err != nil {
-			t.Fatalf("write under a live lease: %v", err)
-		}
-		if n, err := f.execLeased(ctx, l, `UPDATE kv SET v = 'exec held' WHERE k = 'a'`); err != nil || n != 1 {
-			t.Fatalf("exec under a live lease: %d rows, %v", n, err)
-		}
+func TestLostLeaseRefused(t *testing.T) { forEach(t, lostLeaseRefused) }
 
-		expire(t, db.Pool, "kv:a")
-		called := false
-		err := f.writeLeased(ctx, l, func(ctx context.Context, tx stmts) error {
-			called = true
-			return set("expired", l.Token())(ctx, tx)
-		})
-		var lost *pgfence.LeaseNotHeldError
-		if !errors.As(err, &lost) || !errors.Is(err, pgfence.ErrLeaseNotHeld) || lost.Reason != "expired" || lost.Key != "kv:a" {
-			t.Fatalf("write under an expired lease: %v, want a *LeaseNotHeldError (expired)", err)
-		}
-		if called {
-			t.Error("fn ran under an expired lease")
-		}
-		if _, err := f.execLeased(ctx, l, `UPDATE kv SET v = 'exec expired' WHERE k = 'a'`); !errors.Is(err, pgfence.ErrLeaseNotHeld) {
-			t.Fatalf("exec under an expired lease: %v, want ErrLeaseNotHeld", err)
-		}
+func lostLeaseRefused(t *testing.T, c connector, db *pgfencetest.Database, f fencer) {
+	ctx := testContext(t)
+	setupKV(t, db.Pool)
+	l := grant(t, db.Pool, "kv:a")
+	if err := f.writeLeased(ctx, l, set("held", l.Token())); err != nil {
+		t.Fatalf("write under a live lease: %v", err)
+	}
+	if n, err := f.execLeased(ctx, l, `UPDATE kv SET v = 'exec held' WHERE k = 'a'`); err != nil || n != 1 {
+		t.Fatalf("exec under a live lease: %d rows, %v", n, err)
+	}
 
-		next := grant(t, db.Pool, "kv:a")
-		err = f.writeLeased(ctx, l, set("taken over", l.Token()))
-		if !errors.As(err, &lost) || lost.Reason != "taken_over" || lost.Current != next.Token() {
-			t.Fatalf("write under a lease taken over: %v, want a *LeaseNotHeldError (taken_over, token %d)", err, next.Token())
-		}
-		if v, _ := kv(t, db.Pool); v != "exec held" {
-			t.Fatalf("row %q after refused writes, want the last held write", v)
-		}
-
-		if _, err := f.write(ctx, next, set("next", next.Token())); err != nil {
-			t.Fatalf("the new holder's fenced write: %v", err)
-		}
-		if _, err := f.write(ctx, l, set("old", l.Token())); !errors.Is(err, pgfence.ErrStaleToken) {
-			t.Fatalf("the old holder's fenced write after the new holder's: %v, want ErrStaleToken", err)
-		}
-		if v, token := kv(t, db.Pool); v != "next" || token != next.Token() {
-			t.Fatalf("row %q token %d, want the new holder's", v, token)
-		}
+	expire(t, db.Pool, "kv:a")
+	called := false
+	err := f.writeLeased(ctx, l, func(ctx context.Context, tx stmts) error {
+		called = true
+		return set("expired", l.Token())(ctx, tx)
 	})
+	var lost *pgfence.LeaseNotHeldError
+	if !errors.As(err, &lost) || !errors.Is(err, pgfence.ErrLeaseNotHeld) || lost.Reason != "expired" || lost.Key != "kv:a" {
+		t.Fatalf("write under an expired lease: %v, want a *LeaseNotHeldError (expired)", err)
+	}
+	if called {
+		t.Error("fn ran under an expired lease")
+	}
+	if _, err := f.execLeased(ctx, l, `UPDATE kv SET v = 'exec expired' WHERE k = 'a'`); !errors.Is(err, pgfence.ErrLeaseNotHeld) {
+		t.Fatalf("exec under an expired lease: %v, want ErrLeaseNotHeld", err)
+	}
+
+	next := grant(t, db.Pool, "kv:a")
+	err = f.writeLeased(ctx, l, set("taken over", l.Token()))
+	if !errors.As(err, &lost) || lost.Reason != "taken_over" || lost.Current != next.Token() {
+		t.Fatalf("write under a lease taken over: %v, want a *LeaseNotHeldError (taken_over, token %d)", err, next.Token())
+	}
+	if v, _ := kv(t, db.Pool); v != "exec held" {
+		t.Fatalf("row %q after refused writes, want the last held write", v)
+	}
+
+	if _, err := f.write(ctx, next, set("next", next.Token())); err != nil {
+		t.Fatalf("the new holder's fenced write: %v", err)
+	}
+	if _, err := f.write(ctx, l, set("old", l.Token())); !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("the old holder's fenced write after the new holder's: %v, want ErrStaleToken", err)
+	}
+	if v, token := kv(t, db.Pool); v != "next" || token != next.Token() {
+		t.Fatalf("row %q token %d, want the new holder's", v, token)
+	}
 }
 
 // A token the resource's lease never issued is refused: a made-up one, and
