@@ -217,6 +217,22 @@ func (e *schemaError) Error() string {
 
 func (e *schemaError) Unwrap() error { return e.err }
 
+// codeInvalidStatementName (26000) is what a backend answers for a prepared
+// statement it does not have.
+const codeInvalidStatementName = "26000"
+
+// statementGoneError is a prepared statement missing on the backend that runs
+// the next round trip: behind a transaction-mode pooler, one client's round
+// trips reach different backends unless the driver sends each statement in
+// one (pgx's exec mode, lib/pq's binary_parameters).
+type statementGoneError struct{ err error }
+
+func (e *statementGoneError) Error() string {
+	return e.err.Error() + " (a statement prepared in one round trip was missing in the next: behind a transaction-mode pooler such as PgBouncer, add default_query_exec_mode=exec to a pgx URL, or binary_parameters=yes to a lib/pq one)"
+}
+
+func (e *statementGoneError) Unwrap() error { return e.err }
+
 // classified are the sentinels an error carries once Classify (or a package
 // that builds on it) has classified it.
 var classified = []error{ErrUnavailable, ErrOutcomeUnknown, ErrNotPrimary, ErrIsolation, ErrLockTimeout,
@@ -265,6 +281,9 @@ func Classify(err error, sent bool) error {
 	if answered && !IsConnectionError(err) {
 		if schemaMissing(se) {
 			return &schemaError{err}
+		}
+		if gone := (*statementGoneError)(nil); se.Code == codeInvalidStatementName && !errors.As(err, &gone) {
+			return &statementGoneError{err}
 		}
 		return err // the server answered: the statement failed, nothing committed
 	}

@@ -135,6 +135,22 @@ func TestClassifyClientSideError(t *testing.T) {
 // A pgfence object that does not exist means the schema is missing or older
 // than the client: the error says what to do and keeps the server's error.
 // An application's own missing table is left alone.
+// A prepared statement missing on the backend (a pooler moved the client
+// between round trips) is explained with the URL settings that avoid it,
+// once however often it is classified, and stays the server's error.
+func TestClassifyStatementGone(t *testing.T) {
+	for _, msg := range []string{`prepared statement "stmtcache_1f2e" does not exist`, "unnamed prepared statement does not exist"} {
+		pe := &pgconn.PgError{Code: "26000", Message: msg}
+		err := pgerr.Classify(pgerr.Classify(fmt.Errorf("pgfence: resolve: %w", pe), true), true)
+		if strings.Count(err.Error(), "binary_parameters=yes") != 1 || !strings.Contains(err.Error(), "default_query_exec_mode=exec") {
+			t.Errorf("Classify(26000 %q) = %v; want the pooler hint once", msg, err)
+		}
+		if pgerr.Code(err) != "26000" || errors.Is(err, pgerr.ErrOutcomeUnknown) || errors.Is(err, pgerr.ErrUnavailable) {
+			t.Errorf("Classify(26000 %q) = %v: lost the server error or reclassified it", msg, err)
+		}
+	}
+}
+
 func TestClassifySchemaMissing(t *testing.T) {
 	for _, tc := range []struct {
 		code, msg string
