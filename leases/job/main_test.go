@@ -1,15 +1,13 @@
 package job_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/goleak"
 
+	"github.com/pgfence/pgfence/internal/testkit/leasetest"
 	"github.com/pgfence/pgfence/internal/testkit/workerproc"
-	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -18,50 +16,18 @@ func TestMain(m *testing.M) {
 	pgfencetest.Main(m)
 }
 
-// checkLeaks registers a goroutine leak check that runs after every cleanup
-// registered later. Call it first in a test.
-func checkLeaks(t *testing.T) {
-	t.Helper()
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() {
-		goleak.VerifyNone(t, ignore,
-			goleak.IgnoreAnyFunction("os/exec.(*Cmd).Start.func2"),
-			goleak.IgnoreAnyFunction("os/exec.(*Cmd).Wait"),
-			goleak.IgnoreAnyFunction("os.(*Process).Wait"),
-		)
-	})
-}
+// The helpers every leases test package shares.
+var (
+	checkLeaks = leasetest.CheckLeaks
+	newClient  = leasetest.NewClient
+	ctxTimeout = leasetest.Context
+)
 
-func newClient(t testing.TB, pool *pgxpool.Pool, cfg *leases.Config) *leases.Client {
-	t.Helper()
-	c, err := leases.New(pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-func ctxTimeout(t testing.TB, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// backdate moves the expiry of key's current grant to the database's now,
-// as if its TTL had passed, and wakes its waiters (an expiry is not
-// announced).
+// backdate ends key's current grant now by the database clock and wakes its
+// waiters.
 func backdate(t testing.TB, pool *pgxpool.Pool, key string) {
 	t.Helper()
-	tag, err := pool.Exec(context.Background(),
-		`UPDATE pgfence.leases SET expires_at = greatest(granted_at, clock_timestamp()) WHERE key = $1`, key)
-	if err != nil || tag.RowsAffected() != 1 {
-		t.Fatalf("backdate %q: %v (%d rows)", key, err, tag.RowsAffected())
-	}
-	if _, err := pool.Exec(context.Background(), `SELECT pg_notify($1, $2)`, leases.NotifyChannel, key); err != nil {
-		t.Fatal(err)
-	}
+	leasetest.BackdateAndWake(t, pool, key, 0)
 }
 
 func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {

@@ -1,0 +1,73 @@
+// Package leasetest holds the helpers the tests of package leases and of the
+// packages built on it (election, job) share: a goroutine leak check, a client
+// closed with the test, a context bounded by the test, and moving a grant's
+// expiry by the database clock.
+package leasetest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/pgfence/pgfence/leases"
+)
+
+// CheckLeaks registers a goroutine leak check that runs after every cleanup
+// registered later (pools, clients, elections). Call it first in a test.
+func CheckLeaks(t *testing.T) {
+	t.Helper()
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() {
+		goleak.VerifyNone(t, ignore,
+			// The shared test cluster's process reapers, started lazily by the
+			// first test that needs a database, and worker processes.
+			goleak.IgnoreAnyFunction("os/exec.(*Cmd).Start.func2"),
+			goleak.IgnoreAnyFunction("os/exec.(*Cmd).Wait"),
+			goleak.IgnoreAnyFunction("os.(*Process).Wait"),
+		)
+	})
+}
+
+// NewClient returns a leases client on pool, closed when t ends.
+func NewClient(t testing.TB, pool *pgxpool.Pool, cfg *leases.Config) *leases.Client {
+	t.Helper()
+	c, err := leases.New(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Context returns a context that ends after d or when t ends.
+func Context(t testing.TB, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// Backdate moves the expiry of key's current grant to the database's now + d
+// (d may be negative, never before the grant), as if time had passed.
+func Backdate(t testing.TB, pool *pgxpool.Pool, key string, d time.Duration) {
+	t.Helper()
+	tag, err := pool.Exec(context.Background(),
+		`UPDATE pgfence.leases SET expires_at = greatest(granted_at, clock_timestamp() + $2::bigint * interval '1 microsecond') WHERE key = $1`,
+		key, d.Microseconds())
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("backdate %q: %v (%d rows)", key, err, tag.RowsAffected())
+	}
+}
+
+// BackdateAndWake is Backdate, then wakes the key's waiters and watchers as a
+// release would (an expiry is not announced).
+func BackdateAndWake(t testing.TB, pool *pgxpool.Pool, key string, d time.Duration) {
+	t.Helper()
+	Backdate(t, pool, key, d)
+	if _, err := pool.Exec(context.Background(), `SELECT pg_notify($1, $2)`, leases.NotifyChannel, key); err != nil {
+		t.Fatal(err)
+	}
+}
