@@ -14,7 +14,7 @@ import (
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
-	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
+	"github.com/pgfence/pgfence/internal/testkit/pgbouncer"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
@@ -63,9 +63,9 @@ func TestLostGrantReplyBehindPgBouncer(t *testing.T) {
 	cluster := pgfencetest.NewCluster(t, nil)
 	db := cluster.NewDatabase(t)
 	ctx := ctxTimeout(t, 2*time.Minute)
-	b, err := pgcluster.StartPgBouncer(ctx, cluster.Internal(), 4)
+	b, err := pgbouncer.Start(ctx, &pgbouncer.Config{Upstream: cluster.Addr(), Credential: cluster.Internal().Credential(), PoolSize: 4})
 	if err != nil {
-		if errors.Is(err, pgcluster.ErrNoPgBouncer) && os.Getenv("CI") != "true" {
+		if errors.Is(err, pgbouncer.ErrNotFound) && os.Getenv("CI") != "true" {
 			t.Skip(err)
 		}
 		t.Fatal(err)

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/idempotency"
-	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
+	"github.com/pgfence/pgfence/internal/testkit/pgbouncer"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
@@ -26,9 +26,9 @@ import (
 func TestScenarioPgBouncerTransactionMode(t *testing.T) {
 	cluster := pgfencetest.NewCluster(t, nil)
 	ctx := bounded(t, 2*time.Minute)
-	b, err := pgcluster.StartPgBouncer(ctx, cluster.Internal(), 3)
+	b, err := pgbouncer.Start(ctx, &pgbouncer.Config{Upstream: cluster.Addr(), Credential: cluster.Internal().Credential(), PoolSize: 3})
 	if err != nil {
-		if errors.Is(err, pgcluster.ErrNoPgBouncer) && os.Getenv("CI") != "true" {
+		if errors.Is(err, pgbouncer.ErrNotFound) && os.Getenv("CI") != "true" {
 			t.Skip(err)
 		}
 		t.Fatal(err)
