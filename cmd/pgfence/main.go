@@ -59,8 +59,12 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "\nUsage: pgfence <noun> <verb> [arguments] [flags]   (pgfence <noun> <verb> -h for its flags)")
 	fmt.Fprintln(w, "\nCommands:")
 	all := commands()
+	width := 0
 	for _, n := range nouns() {
-		fmt.Fprintf(w, "  %-9s %s\n", n.name, n.summary)
+		width = max(width, len(n.name))
+	}
+	for _, n := range nouns() {
+		fmt.Fprintf(w, "  %-*s  %s\n", width, n.name, n.summary)
 		for _, c := range all {
 			if c.noun == n.name && c.verb != "" {
 				fmt.Fprintf(w, "    %s\n", c.usageLine())
@@ -73,7 +77,7 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "--connect-timeout bounds the wait for it (default 10s).")
 	fmt.Fprintln(w, "\nExit codes:")
 	fmt.Fprintln(w, "  0  success")
-	fmt.Fprintln(w, "  1  the command failed (for demo and doctor: a check did not hold)")
+	fmt.Fprintln(w, "  1  the command failed (demo, doctor: a check did not hold; bench contention: the business table did not reconcile)")
 	fmt.Fprintln(w, "  2  bad flags or arguments")
 	fmt.Fprintln(w, "  3  the database could not be reached")
 	fmt.Fprintln(w, "  4  the pgfence schema is missing, outdated, or newer than this binary")
