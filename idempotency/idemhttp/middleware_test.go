@@ -568,7 +568,7 @@ func TestAtomicCommitReplyLost(t *testing.T) {
 	trig := p.CutAfter(faultproxy.SQLContains("idempotency_complete_atomic"))
 	first := send(t, srv, "POST", "/o", `"lost"`, "{}")
 	if !trig.Fired() {
-		t.Fatal("the proxy did not cut the commit")
+		t.Fatalf("the proxy did not cut the commit; first request: %+v", first)
 	}
 	if first.status != http.StatusServiceUnavailable || first.header.Get("Retry-After") == "" {
 		t.Fatalf("first: %+v, want 503 with Retry-After", first)

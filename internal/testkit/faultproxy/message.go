@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Message is one client→server protocol message, as a predicate sees it.
@@ -185,11 +186,29 @@ func (p *Proxy) disarm(t *Trigger) {
 // sides) or the trigger was cancelled.
 func (t *Trigger) Done() <-chan struct{} { return t.done }
 
-// Fired reports whether a message matched and its connection was cut.
+// Fired reports whether a message matched and its connection was cut. A
+// client can see its connection break before the proxy has finished the cut,
+// so once a message matched, Fired waits for the cut to complete (at most
+// settleTimeout) instead of answering false too early.
 func (t *Trigger) Fired() bool {
+	t.settle()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.fired
+}
+
+// settleTimeout bounds how long Fired and Replied wait for a cut in progress.
+const settleTimeout = 5 * time.Second
+
+// settle waits for a claimed trigger's cut to complete.
+func (t *Trigger) settle() {
+	if !t.claimed.Load() {
+		return
+	}
+	select {
+	case <-t.done:
+	case <-time.After(settleTimeout):
+	}
 }
 
 // Replied reports whether, for [Proxy.CutAfter], the server finished the
@@ -197,6 +216,7 @@ func (t *Trigger) Fired() bool {
 // the rest of its answer, were dropped): proof that the server processed it
 // and committed the implicit transaction it ended, if any.
 func (t *Trigger) Replied() bool {
+	t.settle()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.replied
