@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -72,8 +73,8 @@ func testCluster(t *testing.T, dcs string) {
 	}
 	c.Close()
 	for _, pid := range pids {
-		if _, err := os.Stat(filepath.Join("/proc", itoa(pid))); err == nil {
-			if state, _ := os.ReadFile(filepath.Join("/proc", itoa(pid), "stat")); len(state) > 0 {
+		if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid))); err == nil {
+			if state, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat")); len(state) > 0 {
 				t.Errorf("process %d still exists after Close: %s", pid, state)
 			}
 		}

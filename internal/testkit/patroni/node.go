@@ -201,7 +201,7 @@ func (n *Node) signalAll(sig syscall.Signal) error {
 		pids = append(pids, pm)
 	}
 	for _, p := range append([]int(nil), pids...) {
-		pids = append(pids, descendants(p)...)
+		pids = append(pids, pgcluster.Descendants(p)...)
 	}
 	for _, p := range pids {
 		if err := syscall.Kill(p, sig); err != nil && err != syscall.ESRCH {
@@ -217,13 +217,13 @@ func (n *Node) close() {
 	pm := n.PostmasterPID()
 	if pm != 0 {
 		_ = syscall.Kill(pm, syscall.SIGCONT)
-		for _, p := range descendants(pm) {
+		for _, p := range pgcluster.Descendants(pm) {
 			_ = syscall.Kill(p, syscall.SIGCONT)
 		}
 	}
 	n.patroni.stop(syscall.SIGTERM, 30*time.Second)
 	if pm := n.PostmasterPID(); pm != 0 {
-		pids := append(descendants(pm), pm)
+		pids := append(pgcluster.Descendants(pm), pm)
 		for _, p := range pids {
 			_ = syscall.Kill(p, syscall.SIGKILL)
 		}

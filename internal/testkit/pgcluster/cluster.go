@@ -470,7 +470,7 @@ func (c *Cluster) Kill() error {
 	pm := c.cmd.Process.Pid
 	// Stopped, the postmaster cannot fork a child the scan would miss.
 	_ = syscall.Kill(pm, syscall.SIGSTOP)
-	pids := append(descendants(pm), pm)
+	pids := append(Descendants(pm), pm)
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
@@ -488,8 +488,9 @@ func (c *Cluster) Kill() error {
 	return nil
 }
 
-// descendants returns the pids of every process below pid, read from /proc.
-func descendants(pid int) []int {
+// Descendants returns the pids of every process below pid, read from /proc
+// (the server's children; Patroni's postmaster and its children).
+func Descendants(pid int) []int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
