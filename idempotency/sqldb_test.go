@@ -129,6 +129,21 @@ func chargeOnce(runs *atomic.Int32, orderID string) func(context.Context, func(s
 // concurrent duplicates and later retries get the first result and never run
 // fn again; another payload is refused; a transient failure stores nothing;
 // a permanent one is replayed.
+// sqlDrivers are the database/sql drivers the DoSQL tests run with: pgx's
+// stdlib driver and lib/pq.
+var sqlDrivers = []string{"pgx", "postgres"}
+
+// openSQLDB opens url with driverName, closed when t ends.
+func openSQLDB(t *testing.T, driverName, url string) *sql.DB {
+	t.Helper()
+	sdb, err := sql.Open(driverName, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sdb.Close() })
+	return sdb
+}
+
 func TestDuplicateIntentOnce(t *testing.T) {
 	for _, c := range atomicConnectors {
 		t.Run(c.name, func(t *testing.T) {
@@ -221,18 +236,14 @@ func TestDuplicateIntentOnce(t *testing.T) {
 // and the caller's other writes commit together, or not at all: a caller that
 // rolls back leaves the key free.
 func TestDoSQLInCallerTransaction(t *testing.T) {
-	for _, driverName := range []string{"pgx", "postgres"} {
+	for _, driverName := range sqlDrivers {
 		t.Run(driverName, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			db := pgfencetest.NewDatabase(t)
 			createCharges(t, db.Pool)
 			store := newStore(t, nil)
-			sdb, err := sql.Open(driverName, db.URL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sdb.Close()
+			sdb := openSQLDB(t, driverName, db.URL)
 			req := idempotency.Request{Scope: "orders", Key: "order-1:charge"}
 			var runs atomic.Int32
 			fn := func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
@@ -289,7 +300,7 @@ func TestDoSQLInCallerTransaction(t *testing.T) {
 // resolves it: the committed result is replayed without running fn; a lost
 // COMMIT leaves the key free and fn runs once more. One charge either way.
 func TestDoSQLCommitLost(t *testing.T) {
-	for _, driverName := range []string{"pgx", "postgres"} {
+	for _, driverName := range sqlDrivers {
 		t.Run(driverName, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
@@ -301,11 +312,7 @@ func TestDoSQLCommitLost(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			sdb, err := sql.Open(driverName, url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sdb.Close()
+			sdb := openSQLDB(t, driverName, url)
 			for _, c := range []struct {
 				cut     func(func(faultproxy.Message) bool) *faultproxy.Trigger
 				replay  bool
@@ -346,7 +353,7 @@ func TestDoSQLCommitLost(t *testing.T) {
 // caller's transaction stays usable; when it accepts, the key, the write and
 // the caller's work commit together.
 func TestDoSQLWithFencedWriteInCallerTransaction(t *testing.T) {
-	for _, driverName := range []string{"pgx", "postgres"} {
+	for _, driverName := range sqlDrivers {
 		t.Run(driverName, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
@@ -357,11 +364,7 @@ func TestDoSQLWithFencedWriteInCallerTransaction(t *testing.T) {
 				t.Fatal(err)
 			}
 			store := newStore(t, nil)
-			sdb, err := sql.Open(driverName, db.URL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sdb.Close()
+			sdb := openSQLDB(t, driverName, db.URL)
 			req := idempotency.Request{Scope: "orders", Key: "order-1:charge"}
 			attempt := func(token int64) error {
 				tx, err := sdb.BeginTx(ctx, nil)
@@ -407,18 +410,14 @@ func TestDoSQLWithFencedWriteInCallerTransaction(t *testing.T) {
 // of PostgreSQL), a handle of another type. None is an unknown outcome, and
 // the key stays free for a retry.
 func TestDoSQLBadInputWritesNothing(t *testing.T) {
-	for _, driverName := range []string{"pgx", "postgres"} {
+	for _, driverName := range sqlDrivers {
 		t.Run(driverName, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			db := pgfencetest.NewDatabase(t)
 			createCharges(t, db.Pool)
 			store := newStore(t, nil)
-			sdb, err := sql.Open(driverName, db.URL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sdb.Close()
+			sdb := openSQLDB(t, driverName, db.URL)
 			req := idempotency.Request{Scope: "orders", Key: "order-1:charge"}
 			var runs atomic.Int32
 			fn := func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
