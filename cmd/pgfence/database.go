@@ -263,7 +263,9 @@ func dbError(err error) error {
 	case pgerr.Code(err) == "42P01" || pgerr.Code(err) == "3F000" || pgerr.Code(err) == "42883":
 		return &cliError{msg: redact(err.Error()), hint: "the pgfence schema is missing or outdated: run `pgfence migrate up`", code: exitSchema, err: err}
 	case pgerr.Code(err) == "42501":
-		return &cliError{msg: redact(err.Error()), hint: "the role lacks a privilege: run operating commands as a member of pgfence_operator (protect and unprotect as the table's owner); see \"Security and least privilege\" in the README", code: exitFailure, err: err}
+		return &cliError{msg: redact(err.Error()), hint: "the role lacks a privilege: run operating commands as a member of pgfence_operator (protect and unprotect as the table's owner); see \"Roles and the threat model\" in pgfence/README.md", code: exitFailure, err: err}
+	case pgerr.Code(err) == pgerr.CodeNotGranted:
+		return &cliError{msg: redact(err.Error()), hint: "no prefix of that name is granted to this role: the schema's owner (or an operator) grants one with SELECT pgfence.grant_prefix('ROLE', 'PREFIX'), or run the command as the schema's owner; see \"Roles and the threat model\" in pgfence/README.md", code: exitFailure, err: err}
 	}
 	return err
 }

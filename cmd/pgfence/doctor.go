@@ -331,7 +331,7 @@ func roleMembers(ctx context.Context, pool *pgxpool.Pool) check {
 		return check{Name: "roles", Status: statusFail, Detail: fmt.Sprintf("cannot read role memberships: %v", err)}
 	}
 	if app == 0 {
-		return check{Name: "roles", Status: statusWarn, Detail: "no role is a member of pgfence_app: applications probably connect as the schema owner, which can write lease and fence rows directly; GRANT pgfence_app TO your application's login role (README, \"Security and least privilege\")"}
+		return check{Name: "roles", Status: statusWarn, Detail: "no role is a member of pgfence_app: applications probably connect as the schema owner, which can write lease and fence rows directly; GRANT pgfence_app TO your application's login role (pgfence/README.md, \"Roles and the threat model\")"}
 	}
 	return check{Name: "roles", Status: statusOK, Detail: fmt.Sprintf("%d member(s) of pgfence_app, %d of pgfence_operator", app, operator)}
 }

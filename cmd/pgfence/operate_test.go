@@ -269,6 +269,34 @@ func TestKeysFailAbandoned(t *testing.T) {
 	if _, err := live.Attempt.Complete(ctx, []byte("done")); err != nil {
 		t.Fatalf("the live owner lost its key to the completer: %v", err)
 	}
+
+	// An operator runs the completer within the prefixes granted to it: with
+	// none, it is refused with the statement that grants one, and nothing
+	// changes; once granted, it fails the key.
+	if err := claim("dead-2").Attempt.Advance(ctx, "charged", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE pgfence.idempotency_keys
+		SET lease_expires_at = clock_timestamp() - interval '10 minutes' WHERE key = 'dead-2'`); err != nil {
+		t.Fatal(err)
+	}
+	operator := newRole(t, db, "pgfence_t_keys_op_", "LOGIN PASSWORD 'not-a-secret' IN ROLE pgfence_operator")
+	cfg, err := pgx.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asOperator := map[string]string{"DATABASE_URL": fmt.Sprintf("host=%s port=%d dbname=%s user=%s password=not-a-secret", cfg.Host, cfg.Port, cfg.Database, operator)}
+	code, _, errOut = cli(t, asOperator, "keys", "fail-abandoned")
+	if code != exitFailure || !strings.Contains(errOut, "PF014") || !strings.Contains(errOut, "pgfence.grant_prefix") {
+		t.Fatalf("operator without a prefix grant: code %d, %s; want a refusal naming grant_prefix", code, errOut)
+	}
+	if _, err := db.Pool.Exec(ctx, `SELECT pgfence.grant_prefix($1::regrole, 'payments/')`, operator); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut = cli(t, asOperator, "keys", "fail-abandoned", "--json"); code != exitOK || json.Unmarshal([]byte(out), &res) != nil || res.Failed != 1 {
+		t.Fatalf("operator with the prefix granted: code %d\n%s%s", code, out, errOut)
+	}
+
 	for _, args := range [][]string{{"--limit", "0"}, {"--expired-for", "-1s"}, {"--scope-prefix", "a\x00b"}} {
 		if code, _, _ := cli(t, environ, append([]string{"keys", "fail-abandoned"}, args...)...); code != exitUsage {
 			t.Fatalf("keys fail-abandoned %q: code %d, want usage error", args, code)
