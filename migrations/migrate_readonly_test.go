@@ -26,8 +26,8 @@ func TestReadOnlyOnBlankDatabase(t *testing.T) {
 			t.Errorf("%s: Version = %d, %d, %v; want 0, %d, nil", name, current, latest, err, migrations.Latest())
 		}
 		status, err := m.Status(ctx)
-		if err != nil || int64(len(status)) != migrations.Latest() {
-			t.Errorf("%s: Status = %d migrations, %v; want %d", name, len(status), err, migrations.Latest())
+		if err != nil || len(status) != len(migrations.Versions()) {
+			t.Errorf("%s: Status = %d migrations, %v; want %d", name, len(status), err, len(migrations.Versions()))
 		}
 		for _, s := range status {
 			if s.Applied || s.Name == "" {

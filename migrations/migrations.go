@@ -525,12 +525,20 @@ func sourceName(path string) string {
 
 // Latest returns the newest migration version embedded in this build.
 func Latest() int64 {
-	var latest int64
+	vs := Versions()
+	return vs[len(vs)-1]
+}
+
+// Versions returns the migration versions embedded in this build, oldest
+// first. They are not consecutive: versions 5 to 17 belong to pre-release
+// builds and are never used.
+func Versions() []int64 {
+	var vs []int64
 	for _, f := range names() {
 		v, _ := strconv.ParseInt(migrationName.FindStringSubmatch(f)[1], 10, 64)
-		latest = max(latest, v)
+		vs = append(vs, v)
 	}
-	return latest
+	return vs
 }
 
 func names() []string {
@@ -604,7 +612,7 @@ func Script(from, to int64) (string, error) {
 	}
 	for _, v := range []int64{from, to} {
 		if _, ok := known[v]; !ok {
-			return "", fmt.Errorf("migrations: version %d: not a pgfence migration (want 0 to %d)", v, Latest())
+			return "", fmt.Errorf("migrations: version %d: not a pgfence migration (want 0 or one of %v)", v, Versions())
 		}
 	}
 	up := from <= to

@@ -386,7 +386,7 @@ func TestSQLExport(t *testing.T) {
 	if current, _, err := m.Version(ctx); err != nil || current != 0 {
 		t.Fatalf("Version after the exported down SQL = %d, %v", current, err)
 	}
-	if rs, err := m.Up(ctx); err != nil || int64(len(rs)) != migrations.Latest() {
+	if rs, err := m.Up(ctx); err != nil || len(rs) != len(migrations.Versions()) {
 		t.Fatalf("Up after the exported down SQL applied %d, %v", len(rs), err)
 	}
 	if _, err := migrations.Script(0, migrations.Latest()+1); err == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -94,8 +95,8 @@ func TestPgBouncerConcurrentUp(t *testing.T) {
 			}
 			seen[v] = true
 		}
-		if int64(len(vs)) != migrations.Latest() {
-			t.Fatalf("round %d: versions %v, want each of 1..%d once", round, vs, migrations.Latest())
+		if !slices.Equal(vs, migrations.Versions()) {
+			t.Fatalf("round %d: versions %v, want each of %v once", round, vs, migrations.Versions())
 		}
 		if n := lockRows(t, db.Pool); n != 0 {
 			t.Fatalf("round %d: %d lock rows left", round, n)

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -117,11 +118,13 @@ func TestPreReleaseSchemaRefused(t *testing.T) {
 			refused("Pending", err)
 			_, err = m.DownTo(ctx, 0)
 			refused("DownTo", err)
-			from := int64(0)
-			if version <= migrations.Latest() {
-				from = version
+			// The scripts that apply to a database at this version: up from it
+			// (from 0 when no migration has it), down from it (from the newest).
+			from, downFrom := int64(0), migrations.Latest()
+			if slices.Contains(migrations.Versions(), version) {
+				from, downFrom = version, version
 			}
-			for _, script := range []struct{ from, to int64 }{{from, migrations.Latest()}, {min(version, migrations.Latest()), 0}} {
+			for _, script := range []struct{ from, to int64 }{{from, migrations.Latest()}, {downFrom, 0}} {
 				sql, err := migrations.Script(script.from, script.to)
 				if err != nil {
 					t.Fatal(err)
