@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -515,4 +516,67 @@ func TestNewRefuses(t *testing.T) {
 	if _, err := election.New(c, "", nil); !errors.Is(err, leases.ErrInvalid) {
 		t.Errorf("empty key: %v", err)
 	}
+}
+
+// Run's watch ends with Run's context, and the watcher may notice first: Run
+// then still resigns (the term's context ends, so OnStartedLeading returns)
+// instead of waiting forever for a callback that waits for its term. The
+// same when the client is closed under a leading Run. Ended many times, since
+// which of the two Run sees first is up to the scheduler.
+func TestRunEndsWhenItsWatchEnds(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, 2*time.Minute)
+	lead := func(client *leases.Client, key string) (context.CancelFunc, chan error, chan error) {
+		t.Helper()
+		leading := make(chan struct{})
+		termEnded := make(chan error, 1)
+		e, err := election.New(client, key, &election.Config{
+			TTL: 5 * time.Second,
+			OnStartedLeading: func(ctx context.Context, _ *election.Term) {
+				close(leading)
+				<-ctx.Done()
+				termEnded <- context.Cause(ctx)
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- e.Run(rctx) }()
+		select {
+		case <-leading:
+		case <-time.After(10 * time.Second):
+			t.Fatal("not elected within 10s")
+		}
+		return cancel, done, termEnded
+	}
+	ended := func(what string, done, termEnded chan error) {
+		t.Helper()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: Run did not return within 10s", what)
+		}
+		if cause := <-termEnded; !errors.Is(cause, election.ErrResigned) {
+			t.Fatalf("%s: the term ended with %v, want ErrResigned", what, cause)
+		}
+	}
+	client := newClient(t, pool, nil)
+	for i := range 30 {
+		cancel, done, termEnded := lead(client, "watch-ends/"+strconv.Itoa(i))
+		cancel()
+		ended("Run's context cancelled", done, termEnded)
+	}
+	closing, err := leases.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel, done, termEnded := lead(closing, "watch-ends/closed")
+	defer cancel()
+	if err := closing.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ended("client closed", done, termEnded)
 }

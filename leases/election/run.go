@@ -231,10 +231,14 @@ func (r *runner) loop(ctx context.Context) error {
 			return context.Cause(ctx)
 		case ev, ok := <-r.w.Events():
 			if !ok {
-				r.stepDown(ctx, nil)
+				// The watch ends with ctx (the watcher may see it first) or
+				// with the client: either way this replica resigns, and its
+				// term must end before OnStartedLeading is waited for.
 				if ctx.Err() != nil {
+					r.stepDown(ctx, fmt.Errorf("%w: %w", ErrResigned, context.Cause(ctx)))
 					return context.Cause(ctx)
 				}
+				r.stepDown(ctx, fmt.Errorf("%w: %w", ErrResigned, leases.ErrClosed))
 				return fmt.Errorf("election %q: %w", e.key, leases.ErrClosed)
 			}
 			r.observe(ev)
