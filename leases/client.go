@@ -31,6 +31,10 @@ type Client struct {
 	// server on an older timeline: a demoted primary that still accepts writes.
 	seenEpoch atomic.Int64
 
+	// unannounced is set when the schema has no pgfence.announce_renewal
+	// (it was not migrated since): renewals are then sent unannounced.
+	unannounced atomic.Bool
+
 	// clockOffset shifts the wall clock the client reads (now) against the
 	// database's. It is zero except in tests (SetClockOffset in
 	// export_test.go), which show that no trust window or hold time depends

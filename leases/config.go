@@ -67,10 +67,11 @@ const (
 	// hear it and skip their attempt; watchers read the grant.
 	GrantNotifyChannel = "pgfence_lease_granted"
 	// ChangeNotifyChannel is the channel on which a live grant announces that
-	// it changed: "renewed:<remaining µs>:<key>" after an announced renewal
-	// ([KeepAliveOptions.Announce]), "info_changed:<remaining µs>:<key>"
-	// after [Lease.SetHolderInfo]. Watchers move their timers to the new
-	// expiry, and read the change.
+	// it changed: after an announced renewal ([KeepAliveOptions.Announce])
+	// "renewed:<remaining µs>:<token>:<expiry µs>:<tag>:<key>", signed by
+	// pgfence.announce_renewal (watchers believe it only when the tag checks
+	// out); "info_changed:<remaining µs>:<key>" after [Lease.SetHolderInfo].
+	// Watchers move their timers to the new expiry, and read the change.
 	ChangeNotifyChannel = "pgfence_lease_changed"
 	// ListenerApplicationName is the application_name of a client's LISTEN
 	// connection.
@@ -251,11 +252,11 @@ type KeepAliveOptions struct {
 	// outcome unknown) before keep-alive gives up and ends the lease's context.
 	// Default [MaxFailuresDefault].
 	MaxFailures int
-	// Announce makes every renewal send NOTIFY pgfence_lease_changed with
-	// the payload 'renewed:<remaining µs>:<key>' in the renewal's statement:
-	// watchers of the key ([Client.Watch]) then wait for the new expiry
-	// instead of reading the lease again at the old one. One notification
-	// per renewal, whatever the number of watchers.
+	// Announce makes every renewal send a signed announcement of the new
+	// expiry on [ChangeNotifyChannel] in the renewal's statement
+	// (pgfence.announce_renewal): watchers of the key ([Client.Watch]) then
+	// wait for the new expiry instead of reading the lease again at the old
+	// one. One notification per renewal, whatever the number of watchers.
 	Announce bool
 }
 

@@ -11,11 +11,14 @@ const (
 	sqlRenew = `SELECT expires_at FROM pgfence.renew($1, $2::uuid, $3, $4::bigint * interval '1 microsecond')`
 
 	// sqlRenewAnnounced renews and, in the same statement (so only a renewal
-	// that commits), announces the new expiry on ChangeNotifyChannel ($5).
+	// that commits), announces the new expiry on ChangeNotifyChannel, signed
+	// (pgfence.announce_renewal; r.token orders it after the renewal).
 	sqlRenewAnnounced = `SELECT r.expires_at
   FROM pgfence.renew($1, $2::uuid, $3, $4::bigint * interval '1 microsecond') AS r
- CROSS JOIN LATERAL pg_catalog.pg_notify($5,
-       'renewed:' || ((EXTRACT(epoch FROM r.remaining) * 1000000)::bigint)::text || ':' || $1) AS n`
+ CROSS JOIN LATERAL pgfence.announce_renewal($1, $2::uuid, r.token) AS n`
+
+	// sqlAnnounceKey is the key a watcher checks renewal announcements with.
+	sqlAnnounceKey = `SELECT pgfence.announce_key($1)`
 
 	sqlSetHolderInfo = `SELECT pgfence.set_holder_info($1, $2::uuid, $3, $4)`
 

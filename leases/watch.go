@@ -1,7 +1,11 @@
 package leases
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"strconv"
@@ -88,15 +92,17 @@ type WatchOptions struct {
 	// the events of the key's current (or last) grant, so the first event
 	// says who holds it.
 	History int
-	// PollInterval is the longest time between two reads of the key while
-	// wake-ups (LISTEN, see [Config.DisableWakeups]) work: only a safety
-	// net, since grants, releases and holder info changes are read when they
-	// are announced, and the key is read again when its holder's lease runs
-	// out (a renewal announced with [KeepAliveOptions.Announce] moves that
-	// time). Default [Config.PollInterval]. Without wake-ups (disabled, or
-	// the LISTEN connection down) the watcher reads every
-	// [Config.BackoffMax] and at the holder's expiry: that bounds how late a
-	// release or an unannounced grant is seen.
+	// PollInterval is the longest time between two reads of a free key
+	// while wake-ups (LISTEN, see [Config.DisableWakeups]) work: it bounds
+	// how late a grant that was not announced is seen. While the key is
+	// held the watcher does not poll: every way a grant ends is either
+	// announced (a release, a force-release) or its expiry, at which the
+	// watcher reads the key, and a signed renewal announcement
+	// ([KeepAliveOptions.Announce]) moves that time. Default
+	// [Config.PollInterval]. Without wake-ups (disabled, or the LISTEN
+	// connection down) the watcher reads every [Config.BackoffMax] and at
+	// the holder's expiry: that bounds how late a release or an unannounced
+	// grant is seen.
 	PollInterval time.Duration
 }
 
@@ -108,6 +114,10 @@ type WatchState struct {
 	// ReadAt is when the last successful read returned, by the local clock
 	// (zero before the first).
 	ReadAt time.Time
+	// HeardAt is when the watcher last learned the key's state, by the local
+	// clock: ReadAt, or a later signed renewal announcement it believed
+	// (zero before the first read).
+	HeardAt time.Time
 	// Err is the last read's error, nil when it succeeded.
 	Err error
 }
@@ -126,6 +136,13 @@ type Watcher struct {
 	readNow  bool      // a wake-up asked for a read
 	expiry   time.Time // local time the current grant runs out, zero if none
 	lastRead time.Time // local time of the last read attempt
+	// The database time readAtDB (the current grant's expiry less its
+	// remaining time) was readAtLocal here: announced expiries are moved
+	// onto the local clock with them.
+	readAtDB, readAtLocal time.Time
+	// tagKey checks renewal announcements (pgfence.announce_key); nil until
+	// read, and announcements are ignored until then.
+	tagKey []byte
 }
 
 // Watch streams the transitions of key, in the order the database recorded
@@ -192,17 +209,43 @@ func (w *Watcher) wake() {
 	offer(w.signal, struct{}{})
 }
 
-// renewed moves the current grant's expiry to remaining from now (an
-// announced renewal). An announcement for a key the watcher saw free is
-// ignored: the grant that makes it live is announced and read.
-func (w *Watcher) renewed(remaining time.Duration) {
+// renewal is a renewal announcement: the grant token of the key runs out at
+// expiry by the database clock; tag signs it (see pgfence.announce_renewal).
+type renewal struct {
+	token  int64
+	expiry int64 // microseconds since the Unix epoch
+	tag    []byte
+}
+
+// signed reports whether r's tag is the one pgfence.announce_renewal computes
+// for key with tagKey.
+func (r renewal) signed(tagKey []byte, key string) bool {
+	if len(tagKey) != sha256.Size {
+		return false
+	}
+	msg := sha256.Sum256([]byte(strconv.FormatInt(r.token, 10) + ":" + strconv.FormatInt(r.expiry, 10) + ":" + key))
+	tag := sha256.Sum256(append(bytes.Clone(tagKey), msg[:]...))
+	return subtle.ConstantTimeCompare(r.tag, tag[:]) == 1
+}
+
+// renewed moves the current grant's expiry to an announced renewal's, when
+// the announcement is signed, is about the grant the watcher read, and moves
+// the expiry later (a replayed older one does not). Anything else is
+// ignored: the grant that makes a free key live is announced and read, and a
+// watcher reads the key at the expiry it knows anyway.
+func (w *Watcher) renewed(r renewal) {
 	w.mu.Lock()
-	live := w.state.Lease.Live
-	if live {
-		w.expiry = w.c.now().Add(remaining)
+	moved := false
+	if st := w.state.Lease; st.Live && r.token == st.Token && r.signed(w.tagKey, w.key) && !w.readAtLocal.IsZero() {
+		at := w.readAtLocal.Add(time.UnixMicro(r.expiry).Sub(w.readAtDB))
+		if at.After(w.expiry) {
+			w.expiry = at
+			w.state.HeardAt = w.c.now()
+			moved = true
+		}
 	}
 	w.mu.Unlock()
-	if live {
+	if moved {
 		offer(w.signal, struct{}{})
 	}
 }
@@ -364,13 +407,17 @@ func (w *Watcher) run(ctx context.Context) {
 				}
 			}
 		}
+		if w.tagKey == nil {
+			w.fetchTagKey(ctx)
+		}
 		// The state first: a consumer that got the events sees it.
 		now := w.c.now()
 		w.mu.Lock()
-		w.state = WatchState{Lease: st, ReadAt: now}
-		w.expiry = time.Time{}
+		w.state = WatchState{Lease: st, ReadAt: now, HeardAt: now}
+		w.expiry, w.readAtLocal, w.readAtDB = time.Time{}, time.Time{}, time.Time{}
 		if st.Live {
 			w.expiry = now.Add(st.Remaining)
+			w.readAtLocal, w.readAtDB = now, st.ExpiresAt.Add(-st.Remaining)
 		}
 		w.mu.Unlock()
 		for _, e := range evs {
@@ -395,6 +442,21 @@ func (w *Watcher) run(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// fetchTagKey reads the key renewal announcements are signed with. Until it
+// succeeds announcements are ignored (the watcher reads at each expiry it
+// knows instead); it is tried again after the next read.
+func (w *Watcher) fetchTagKey(ctx context.Context) {
+	var k []byte
+	w.reads.Add(1)
+	if err := w.c.pool.QueryRow(ctx, sqlAnnounceKey, w.key).Scan(&k); err != nil {
+		w.c.log.DebugContext(ctx, "leases: watch: renewal announcements of this key are not checked", "key", w.key, "err", err)
+		return
+	}
+	w.mu.Lock()
+	w.tagKey = k
+	w.mu.Unlock()
 }
 
 // pruned reports whether the history of the key lost every event up to id
@@ -425,7 +487,7 @@ func (w *Watcher) wait(ctx context.Context) bool {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		poll := w.poll() // takes the client's lock: not under w.mu
+		poll, listening := w.poll(), w.c.listening() // take the client's lock: not under w.mu
 		w.mu.Lock()
 		if w.readNow {
 			w.mu.Unlock()
@@ -433,7 +495,14 @@ func (w *Watcher) wait(ctx context.Context) bool {
 		}
 		d := w.c.until(w.lastRead.Add(poll))
 		if !w.expiry.IsZero() {
-			d = min(d, w.c.until(w.expiry)+fullJitter(w.c.cfg.BackoffMin))
+			// A held key is read at its expiry; without wake-ups, also at
+			// every poll (a release would not be heard).
+			at := w.c.until(w.expiry) + fullJitter(w.c.cfg.BackoffMin)
+			if listening {
+				d = at
+			} else {
+				d = min(d, at)
+			}
 		}
 		w.mu.Unlock()
 		if d <= 0 {
@@ -512,25 +581,48 @@ func (c *Client) watching(key string, f func(*Watcher)) {
 }
 
 // dispatchChange handles a notification on ChangeNotifyChannel:
-// "<event>:<remaining µs>:<key>".
+// "renewed:<remaining µs>:<token>:<expiry µs>:<tag>:<key>" or
+// "<event>:<remaining µs>:<key>". A renewal that does not parse is ignored.
 func (c *Client) dispatchChange(payload string) {
 	event, rest, ok := strings.Cut(payload, ":")
 	if !ok {
 		return
 	}
-	micros, key, ok := strings.Cut(rest, ":")
+	micros, rest, ok := strings.Cut(rest, ":")
 	if !ok {
 		return
 	}
-	n, err := strconv.ParseInt(micros, 10, 64)
-	if err != nil || n < 0 {
+	if n, err := strconv.ParseInt(micros, 10, 64); err != nil || n < 0 {
 		return
 	}
-	c.watching(key, func(w *Watcher) {
-		if event == "renewed" {
-			w.renewed(time.Duration(n) * time.Microsecond)
-		} else {
-			w.wake()
-		}
-	})
+	if event != "renewed" {
+		c.wakeWatchersOf(rest)
+		return
+	}
+	r, key, ok := parseRenewal(rest)
+	if !ok {
+		return
+	}
+	c.watching(key, func(w *Watcher) { w.renewed(r) })
+}
+
+// parseRenewal parses "<token>:<expiry µs>:<tag>:<key>".
+func parseRenewal(s string) (r renewal, key string, ok bool) {
+	token, s, ok1 := strings.Cut(s, ":")
+	expiry, s, ok2 := strings.Cut(s, ":")
+	tag, key, ok3 := strings.Cut(s, ":")
+	if !ok1 || !ok2 || !ok3 {
+		return r, "", false
+	}
+	var err error
+	if r.token, err = strconv.ParseInt(token, 10, 64); err != nil {
+		return r, "", false
+	}
+	if r.expiry, err = strconv.ParseInt(expiry, 10, 64); err != nil {
+		return r, "", false
+	}
+	if r.tag, err = hex.DecodeString(tag); err != nil {
+		return r, "", false
+	}
+	return r, key, true
 }

@@ -3,9 +3,12 @@ package leases_test
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
@@ -149,14 +152,14 @@ func waitListening(t *testing.T, c *leases.Client, pool *pgxpool.Pool) {
 	}
 }
 
-// A holder that announces its renewals keeps its watchers from reading: with
-// a poll of an hour they do not read again, however many times the lease is
-// renewed past the expiry they first read. Without announcements
-// they read again at every expiry they knew.
+// A holder that announces its renewals keeps its watchers from reading: they
+// do not read again, however many times the lease is renewed past the
+// expiry they first read, and a held key is not polled (the poll here is
+// 50 ms). Without announcements they read again at every expiry they knew.
 func TestWatchFollowsAnnouncedRenewals(t *testing.T) {
 	checkLeaks(t)
 	db := pgfencetest.NewDatabase(t)
-	watching := newClient(t, db.Pool, &leases.Config{PollInterval: time.Hour})
+	watching := newClient(t, db.Pool, &leases.Config{PollInterval: 50 * time.Millisecond})
 	holders := newClient(t, db.Pool, &leases.Config{DisableWakeups: true})
 	ctx := ctxTimeout(t, time.Minute)
 	warmUp(t, db.Pool)
@@ -201,6 +204,134 @@ func TestWatchFollowsAnnouncedRenewals(t *testing.T) {
 		case !announce && reads < 2:
 			t.Errorf("silent renewals: %d reads; the control case should read at each expiry it knew", reads)
 		}
+	}
+}
+
+// Any role may NOTIFY any channel, so a renewal announcement cannot make a
+// watcher miss a dead holder's expiry unless the database signed it. The
+// holder renews twice, announcing (the first announcement is kept to be
+// replayed), then dies. A forger then keeps sending, on the watchers'
+// channel: the unsigned form, a genuine tag with a later expiry, a tag made
+// with a guessed key, and the first genuine announcement again. The watcher
+// (which does not poll a held key) still reads the key at the last genuine
+// expiry and reports the grant expired.
+func TestWatchIgnoresForgedRenewals(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	watching := newClient(t, db.Pool, &leases.Config{PollInterval: time.Hour})
+	ctx := ctxTimeout(t, time.Minute)
+	warmUp(t, db.Pool)
+	spy, err := pgx.Connect(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer spy.Close(context.Background())
+	if _, err := spy.Exec(ctx, `LISTEN `+leases.ChangeNotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	const key, ttl = "forged", 1500 * time.Millisecond
+	var holder string
+	var token int64
+	if err := db.Pool.QueryRow(ctx, `SELECT holder::text, token FROM pgfence.try_acquire($1, $2::bigint * interval '1 microsecond')`,
+		key, ttl.Microseconds()).Scan(&holder, &token); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	w, err := watching.Watch(wctx, key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopWatch(cancel, w)
+	waitListening(t, watching, db.Pool)
+	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchAcquired {
+		t.Fatalf("first event %+v", e)
+	}
+	var genuine []string
+	var lastExpiry time.Time
+	for range 2 {
+		time.Sleep(ttl / 3)
+		if err := db.Pool.QueryRow(ctx, `SELECT r.expires_at FROM pgfence.renew($1, $2::uuid, $3, $4::bigint * interval '1 microsecond') AS r
+			CROSS JOIN LATERAL pgfence.announce_renewal($1, $2::uuid, r.token)`, key, holder, token, ttl.Microseconds()).Scan(&lastExpiry); err != nil {
+			t.Fatal(err)
+		}
+		nctx, ncancel := context.WithTimeout(ctx, 5*time.Second)
+		n, err := spy.WaitForNotification(nctx)
+		ncancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		genuine = append(genuine, n.Payload)
+	}
+	// The holder is dead now. The forgeries: none may move the expiry.
+	f := strings.SplitN(genuine[1], ":", 6) // renewed, remaining, token, expiry, tag, key
+	later := strconv.FormatInt(lastExpiry.Add(time.Hour).UnixMicro(), 10)
+	forgeries := []string{
+		"renewed:3600000000:" + key,
+		strings.Join([]string{"renewed", "3600000000", f[2], later, f[4], key}, ":"),
+		strings.Join([]string{"renewed", "3600000000", f[2], later, strings.Repeat("ab", 32), key}, ":"),
+		genuine[0],
+	}
+	forging := make(chan struct{})
+	forgerDone := make(chan error, 1)
+	go func() {
+		for {
+			for _, payload := range forgeries {
+				if _, err := db.Pool.Exec(ctx, `SELECT pg_notify($1, $2)`, leases.ChangeNotifyChannel, payload); err != nil {
+					forgerDone <- err
+					return
+				}
+			}
+			select {
+			case <-forging:
+				forgerDone <- nil
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	e := next(t, w, time.Until(lastExpiry)+10*time.Second)
+	close(forging)
+	if err := <-forgerDone; err != nil {
+		t.Fatal(err)
+	}
+	if e.Kind != leases.WatchExpired || e.Token != token {
+		t.Fatalf("after the forgeries: %+v, want the grant's expiry", e)
+	}
+	if late := time.Since(lastExpiry); late > 5*time.Second {
+		t.Errorf("expiry seen %s after the last genuine expiry", late)
+	}
+}
+
+// A client newer than the schema (migrations not yet run) keeps its lease
+// when its renewals cannot be announced: they go out unannounced, and its
+// watchers read the key at each expiry instead.
+func TestAnnouncedRenewalsOnAnOlderSchema(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	ctx := ctxTimeout(t, time.Minute)
+	if _, err := db.Pool.Exec(ctx, `DROP FUNCTION pgfence.announce_renewal(text, uuid, bigint)`); err != nil {
+		t.Fatal(err)
+	}
+	holders := newClient(t, db.Pool, &leases.Config{DisableWakeups: true})
+	const ttl = time.Second
+	l, err := holders.TryAcquire(ctx, "old-schema", ttl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kctx, stop := context.WithTimeout(ctx, 3*ttl)
+	defer stop()
+	if err := l.KeepAlive(kctx, &leases.KeepAliveOptions{Interval: ttl / 5, Announce: true}); err != nil {
+		t.Fatalf("KeepAlive: %v, want it to keep the lease until its context ended", err)
+	}
+	if err := l.Err(); err != nil {
+		t.Fatalf("lease: %v", err)
+	}
+	st, err := holders.Get(ctx, "old-schema")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Live || st.RenewedAt.IsZero() {
+		t.Fatalf("after 3 TTLs of keep-alive: %+v, want live and renewed", st)
 	}
 }
 

@@ -55,9 +55,9 @@
 --     holder_info they were given; set_holder_info records info_changed
 --     (one per grant: a newer change replaces the grant's previous one).
 --   * set_holder_info sends NOTIFY pgfence_lease_changed with the payload
---     'info_changed:<remaining µs>:<key>'. A client may announce its own
---     renewals on the same channel ('renewed:<remaining µs>:<key>') so that
---     followers move their timers to the new expiry instead of polling.
+--     'info_changed:<remaining µs>:<key>'. A holder may announce its renewals on
+--     the same channel with pgfence.announce_renewal, which signs them, so
+--     that followers move their timers to the new expiry instead of reading.
 --   * Functions that act for a grant without renewing or releasing it
 --     (set_holder_info, job_slot_*) take the lease row's lock and check holder,
 --     token and expiry by the database clock first (require_lease), like

@@ -433,6 +433,18 @@ func TestPrivilegeCatalog(t *testing.T) {
 		}
 	}
 
+	// The secret renewal announcements are signed with is nobody's to read:
+	// whoever reads it can sign any key's announcements.
+	for _, role := range []string{"pgfence_app", "pgfence_operator"} {
+		var readable bool
+		if err := pool.QueryRow(ctx, `SELECT has_table_privilege($1, 'pgfence.announce_secret', 'SELECT')`, role).Scan(&readable); err != nil {
+			t.Fatal(err)
+		}
+		if readable {
+			t.Errorf("%s may read pgfence.announce_secret", role)
+		}
+	}
+
 	// The application role has exactly the protocol, not the operations.
 	for _, fn := range []string{
 		"pgfence.force_release(text,text)", "pgfence.raise_token_floor(bigint,text)",
@@ -456,6 +468,8 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.abandon_fence(text,uuid)",
 		"pgfence.abandon_grant(text,uuid)",
 		"pgfence.acquire(text,interval,text,uuid,text)",
+		"pgfence.announce_key(text)",
+		"pgfence.announce_renewal(text,uuid,bigint)",
 		"pgfence.check_lease(text,uuid,bigint)",
 		"pgfence.current_trace_id()",
 		"pgfence.fence(text,bigint,uuid)",

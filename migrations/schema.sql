@@ -100,6 +100,59 @@ END;
 $$;
 
 --
+-- Name: announce_key(text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.announce_key(p_key text) RETURNS bytea
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    PERFORM pgfence.require_granted('lease', p_key);
+    RETURN sha256((SELECT s.secret FROM pgfence.announce_secret s) || sha256(convert_to(p_key, 'UTF8')));
+END;
+$$;
+
+--
+-- Name: announce_renewal(text, uuid, bigint); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.announce_renewal(p_key text, p_holder uuid, p_token bigint) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_expires timestamptz;
+    v_now     timestamptz;
+    v_micros  text;
+    v_msg     text;
+    v_tag     bytea;
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    PERFORM pgfence.require_granted('lease', p_key);
+    SELECT l.expires_at INTO v_expires FROM pgfence.leases l
+     WHERE l.key = p_key AND l.holder = p_holder AND l.token = p_token AND l.released_at IS NULL;
+    v_now := clock_timestamp();
+    IF v_expires IS NULL OR v_expires <= v_now THEN
+        RETURN false;
+    END IF;
+    v_micros := ((extract(epoch FROM v_expires) * 1000000)::bigint)::text;
+    v_msg := p_token::text || ':' || v_micros || ':' || p_key;
+    v_tag := sha256(sha256((SELECT s.secret FROM pgfence.announce_secret s) || sha256(convert_to(p_key, 'UTF8')))
+                    || sha256(convert_to(v_msg, 'UTF8')));
+    -- 'renewed:<remaining µs>:<token>:<expiry µs>:<tag>:<key>': the key last,
+    -- since it may hold colons.
+    PERFORM pg_notify('pgfence_lease_changed',
+        'renewed:' || ((extract(epoch FROM v_expires - v_now) * 1000000)::bigint)::text || ':'
+        || p_token::text || ':' || v_micros || ':' || encode(v_tag, 'hex') || ':' || p_key);
+    RETURN true;
+END;
+$$;
+
+--
 -- Name: check_lease(text, uuid, bigint); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -2328,6 +2381,17 @@ CREATE TABLE pgfence.abandoned_requests (
 );
 
 --
+-- Name: announce_secret; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.announce_secret (
+    only_row boolean DEFAULT true NOT NULL,
+    secret bytea NOT NULL,
+    CONSTRAINT announce_secret_only_row_check CHECK (only_row),
+    CONSTRAINT announce_secret_secret_check CHECK ((octet_length(secret) = 32))
+);
+
+--
 -- Name: fence_rejections; Type: TABLE; Schema: pgfence; Owner: -
 --
 
@@ -2579,6 +2643,13 @@ CREATE TABLE pgfence.token_floor (
 
 ALTER TABLE ONLY pgfence.abandoned_requests
     ADD CONSTRAINT abandoned_requests_pkey PRIMARY KEY (id);
+
+--
+-- Name: announce_secret announce_secret_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.announce_secret
+    ADD CONSTRAINT announce_secret_pkey PRIMARY KEY (only_row);
 
 --
 -- Name: fence_rejections fence_rejections_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
@@ -2953,6 +3024,22 @@ REVOKE ALL ON FUNCTION pgfence.abandon_request(p_kind text, p_name text, p_id uu
 REVOKE ALL ON FUNCTION pgfence.acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text) FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text) TO pgfence_app;
 GRANT ALL ON FUNCTION pgfence.acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION announce_key(p_key text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.announce_key(p_key text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.announce_key(p_key text) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.announce_key(p_key text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION announce_renewal(p_key text, p_holder uuid, p_token bigint); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.announce_renewal(p_key text, p_holder uuid, p_token bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.announce_renewal(p_key text, p_holder uuid, p_token bigint) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.announce_renewal(p_key text, p_holder uuid, p_token bigint) TO pgfence_operator;
 
 --
 -- Name: FUNCTION check_lease(key text, holder uuid, token bigint); Type: ACL; Schema: pgfence; Owner: -

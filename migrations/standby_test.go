@@ -59,6 +59,8 @@ func TestStandbyRefusesEveryProtocolFunction(t *testing.T) {
 		`SELECT pgfence.abandon_grant('held', '` + h + `')`:                                                              nil,
 		`SELECT * FROM pgfence.grant_probe('held', '` + h + `')`:                                                         nil,
 		`SELECT pgfence.set_holder_info('held', $1, $2, 'leader at 10.0.0.7')`:                                           {holder, token},
+		`SELECT pgfence.announce_renewal('held', $1, $2)`:                                                                {holder, token},
+		`SELECT pgfence.announce_key('held')`:                                                                            nil,
 		`SELECT * FROM pgfence.job_slot_begin('held', $1, $2, 'slot')`:                                                   {holder, token},
 		`SELECT pgfence.job_slot_save('held', $1, $2, 'slot', 'step 2')`:                                                 {holder, token},
 		`SELECT pgfence.job_slot_complete('held', $1, $2, 'slot')`:                                                       {holder, token},

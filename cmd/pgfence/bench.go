@@ -83,7 +83,7 @@ func benchCurves(fs *flag.FlagSet) runFunc {
 	failovers := fs.Int("failovers", 10, "leaders the failover curve kills, one after the other (1 to 1000)")
 	maxFollowers := countFlag(64)
 	fs.Var(&maxFollowers, "max-followers", "idle followers of one leader: 1, 4, 16 … this many (at most 256)")
-	idleWindow := fs.Duration("idle-window", 30*time.Second, "how long the followers curve counts each size's statements (1s to 10m; followers read every 30s)")
+	idleWindow := fs.Duration("idle-window", 30*time.Second, "how long the followers curve counts each size's statements (1s to 10m)")
 	only := fs.String("curves", "", "comma-separated subset of "+strings.Join(bench.CurveNames(), ", ")+" (default: all)")
 	return func(ctx context.Context, in *input) error {
 		timing, err := benchTiming(*duration, *warmup)

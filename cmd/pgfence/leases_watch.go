@@ -29,7 +29,7 @@ type watchEventJSON struct {
 func leasesWatch(fs *flag.FlagSet) runFunc {
 	history := fs.Int("history", 0, "replay this many of the key's newest events first (default: from the current grant)")
 	count := fs.Int("count", 0, "exit after this many events (default: until interrupted)")
-	poll := fs.Duration("poll", 0, "read the key at least this often while notifications arrive (default 5s)")
+	poll := fs.Duration("poll", 0, "while the key is free and notifications arrive, read it at least this often (a held key is read at its expiry) (default 5s)")
 	noWakeups := fs.Bool("no-wakeups", false, "do not LISTEN (behind PgBouncer in transaction mode): poll only, every second")
 	return func(ctx context.Context, in *input) error {
 		key := in.args[0]

@@ -51,13 +51,14 @@
 //     announced); a leader that dies is replaced right after its lease
 //     expires by the database clock: at most the TTL after its last renewal,
 //     plus one read and one grant.
-//   - Idle followers cost the database nothing but a read every
-//     [Config.PollInterval]: the leader announces its renewals, followers
-//     move their timers to the announced expiry, and read the election only
-//     when a term ends or begins. `pgfence bench curves --curves
-//     failover,followers` measures the time from a leader's death to the
-//     next leader and the followers' statements per second on a database
-//     of yours.
+//   - Idle followers of a leader send the database nothing, however many
+//     they are: the leader announces each renewal, signed by the database
+//     (pgfence.announce_renewal), followers move their timers to the
+//     announced expiry, and read the election only when a term ends or
+//     begins, or at the leader's expiry if its renewals stop. `pgfence bench
+//     curves --curves failover,followers` measures the time from a leader's
+//     death to the next leader and the followers' statements per second on
+//     a database of yours.
 //
 // # Failure handling
 //
@@ -75,15 +76,17 @@
 //     backoff; [Election.Health] reports the failing reads. A standby
 //     answers [leases.ErrNotPrimary]; Run keeps retrying.
 //   - A follower misses notifications (LISTEN connection down): it reads at
-//     the leader's last known expiry and every poll interval, and re-reads
-//     when the LISTEN connection is back. Behind PgBouncer in transaction
+//     the leader's last known expiry and every [leases.Config.BackoffMax],
+//     and re-reads when the LISTEN connection is back. Behind PgBouncer in transaction
 //     mode, disable wake-ups in the client ([leases.Config.DisableWakeups]):
 //     followers then read every [leases.Config.BackoffMax] and at the
 //     leader's expiry.
-//   - Notifications are hints: anyone who can connect can send one. A forged
-//     renewal announcement can delay a follower's read of the leader's
-//     expiry by at most [Config.PollInterval]; it never makes anyone a
-//     leader, which only the database's grant does.
+//   - Notifications are hints: anyone who can connect can send one. A
+//     renewal announcement is believed only with the database's tag for that
+//     key, grant and expiry, and only when it moves the expiry later: a
+//     forged, altered or replayed one cannot delay a follower's read of a
+//     dead leader's expiry. Other notifications only make followers read.
+//     None makes anyone a leader, which only the database's grant does.
 //   - OnStartedLeading must return when its context ends: Run releases the
 //     lease (and lets the next leader in) only after it returned, so a
 //     resigning leader hands over cleanly; a callback that does not return

@@ -17,10 +17,11 @@ const (
 	// replaced about this long after its last renewal. The same as
 	// client-go's LeaseDuration default.
 	TTLDefault = 15 * time.Second
-	// PollIntervalDefault is how often a follower reads the election while
-	// wake-ups work: only a safety net, since grants, resignations and
-	// published values are announced and a leader's expiry is moved by its
-	// announced renewals.
+	// PollIntervalDefault is how often a follower reads an election that
+	// has no leader while wake-ups work. A follower of a leader does not
+	// poll: grants, resignations and published values are announced, the
+	// leader's signed renewal announcements move its expiry, and the
+	// follower reads the election at that expiry.
 	PollIntervalDefault = 30 * time.Second
 )
 
@@ -56,9 +57,9 @@ type Config struct {
 	// MaxWait bounds its wait. Fair is refused: followers do not queue.
 	// Grants and renewals are always announced ([leases.HoldOptions.Announce]).
 	Hold leases.HoldOptions
-	// PollInterval is how often a follower reads the election while wake-ups
-	// work (see [leases.WatchOptions.PollInterval]). Default
-	// [PollIntervalDefault]. Without wake-ups followers read every
+	// PollInterval is how often a follower reads an election without a
+	// leader while wake-ups work (see [leases.WatchOptions.PollInterval]).
+	// Default [PollIntervalDefault]. Without wake-ups followers read every
 	// [leases.Config.BackoffMax] of the client, and at the leader's expiry.
 	PollInterval time.Duration
 
@@ -288,8 +289,9 @@ func (e *Election) Observe(ctx context.Context) (<-chan Leader, error) {
 // Health reports whether this replica takes part in the election as it
 // should, for a readiness probe: nil while [Election.Run] runs and either
 // leads with a trusted lease or, as a follower, its last read of the
-// election succeeded and is recent (within twice the poll interval plus the
-// TTL). Otherwise the error says why. It sends nothing to the database.
+// election succeeded and it heard from the election recently (a read or the
+// leader's signed renewal announcement, within twice the poll interval plus
+// the TTL). Otherwise the error says why. It sends nothing to the database.
 func (e *Election) Health() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -307,8 +309,8 @@ func (e *Election) Health() error {
 	if st.Err != nil {
 		return fmt.Errorf("election %q: the database cannot be read: %w", e.key, st.Err)
 	}
-	if limit := 2*e.cfg.PollInterval + e.cfg.TTL; st.ReadAt.IsZero() || time.Since(st.ReadAt) > limit {
-		return fmt.Errorf("election %q: no successful read of the election for %s (limit %s)", e.key, time.Since(st.ReadAt).Round(time.Millisecond), limit)
+	if limit := 2*e.cfg.PollInterval + e.cfg.TTL; st.HeardAt.IsZero() || time.Since(st.HeardAt) > limit {
+		return fmt.Errorf("election %q: nothing heard from the election for %s (limit %s)", e.key, time.Since(st.HeardAt).Round(time.Millisecond), limit)
 	}
 	return nil
 }
