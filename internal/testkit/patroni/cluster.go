@@ -494,13 +494,31 @@ func sweepStale() {
 			if filepath.Base(f) == "owner.pid" {
 				continue
 			}
-			if pid := readPID(f); pid > 0 {
+			if pid := readPID(f); pid > 0 && runsIn(pid, d) {
 				_ = syscall.Kill(pid, syscall.SIGCONT)
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
 		}
 		_ = os.RemoveAll(d)
 	}
+}
+
+// runsIn reports whether process pid belongs to the directory dir: its
+// command line names a path in dir (Patroni's configuration, etcd's and
+// PostgreSQL's data directories) or it runs in dir (PostgreSQL changes to its
+// data directory). A pid file outlives its process, and pids are reused
+// (pid_max may be as low as 32768): a stale file must not make us signal
+// somebody else's process.
+func runsIn(pid int, dir string) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	proc := "/proc/" + strconv.Itoa(pid)
+	if cwd, err := os.Readlink(proc + "/cwd"); err == nil && (cwd == dir || strings.HasPrefix(cwd, dir+"/")) {
+		return true
+	}
+	cmdline, err := os.ReadFile(proc + "/cmdline")
+	return err == nil && strings.Contains(string(cmdline), dir)
 }
 
 // readPID reads the pid on the first line of a pid file (0 if none).

@@ -158,8 +158,8 @@ func (n *Node) ConnString(database string) string {
 // postmaster.pid (0 when it is not running).
 func (n *Node) PostmasterPID() int {
 	pid := readPID(filepath.Join(n.DataDir(), "postmaster.pid"))
-	if pid <= 0 || syscall.Kill(pid, 0) != nil {
-		return 0
+	if pid <= 0 || !runsIn(pid, n.DataDir()) {
+		return 0 // not running; the file of a crashed postmaster is stale
 	}
 	return pid
 }
