@@ -114,7 +114,11 @@
 //
 // `pgfence bench compare --cases sql-raw-update,sql-fenced-update` measures
 // the fenced Exec on a *sql.DB of pgx's stdlib driver against the same
-// unfenced UPDATE through the same driver.
+// unfenced UPDATE through the same driver; `go test -bench
+// BenchmarkFencedVsUnfenced ./pgfence/sqlfence` compares the ratio on a pgx
+// pool, pgx's stdlib driver and lib/pq, one writer on one connection. With
+// lib/pq expect a ratio well above pgx's: four statements against one, each
+// of them with parameters two round trips unless binary_parameters=yes.
 //
 // Runnable examples with GORM, sqlc-style code and sqlx (each joining the
 // fenced write to the ORM's transaction and refusing a stale holder) are in
