@@ -324,12 +324,16 @@ func fnEndedTx(own bool) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, msg)
 }
 
+// rollbackTimeout bounds a ROLLBACK after a failure, whose context may have
+// ended.
+const rollbackTimeout = 5 * time.Second
+
 // rollback ends tx after a failure. A rollback error (other than the
 // transaction having ended already) is joined to cause; the rollback gets its
 // own short deadline so a cancelled ctx still releases the connection's
 // locks.
 func rollback[T any](ctx context.Context, tx txn[T], cause error) error {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
 	defer cancel()
 	if err := tx.rollback(rctx); err != nil {
 		return errors.Join(cause, fmt.Errorf("pgfence: rollback: %w", err))

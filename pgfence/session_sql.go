@@ -6,6 +6,8 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/sqlhandle"
@@ -83,11 +85,12 @@ func (s sqlSession) pipeline(ctx context.Context, first statement, traced bool, 
 		return nil, err
 	}
 	defer release()
-	pipelined := false
+	pipelined, several := false, false
 	var n int64
 	err = c.Raw(func(dc any) error {
 		pc := sqlhandle.PgxConn(dc)
 		if pc == nil {
+			several = sqlhandle.SeveralStatements(dc)
 			return nil
 		}
 		pipelined = true
@@ -103,6 +106,9 @@ func (s sqlSession) pipeline(ctx context.Context, first statement, traced bool, 
 	}
 	if err != nil { // Raw refused: the connection was closed; nothing was sent
 		return nil, mapError(err, false)
+	}
+	if head, ok := simpleHead(ctx, first, traced); ok && several {
+		return pipelineSimple(ctx, c, head, query, args)
 	}
 	tx, err := c.BeginTx(ctx, nil)
 	if err != nil {
@@ -120,6 +126,97 @@ func (s sqlSession) pipeline(ctx context.Context, first statement, traced bool, 
 		return nil, err
 	}
 	return r, nil
+}
+
+// simpleHead is BEGIN, the statement that names the trace (when traced and
+// ctx has one) and first, as one simple query: first's arguments written as
+// literals. ok is false when an argument has no literal form here.
+func simpleHead(ctx context.Context, first statement, traced bool) (string, bool) {
+	var b strings.Builder
+	b.WriteString("BEGIN; ")
+	if id := telemetry.TraceID(ctx); traced && id != "" {
+		if !writeWithLiterals(&b, tracesql.SetTraceIDSQL, []any{id}) {
+			return "", false
+		}
+		b.WriteString("; ")
+	}
+	if !writeWithLiterals(&b, first.sql, first.args) {
+		return "", false
+	}
+	return b.String(), true
+}
+
+// writeWithLiterals writes query to b with each $n replaced by the literal of
+// args[n-1], in one pass (a literal that contains "$1" is not replaced
+// again). Strings are written as escape-string constants (E'...'), which
+// mean the same whatever standard_conforming_strings says; integers in
+// decimal. Anything else, a string with a NUL byte (PostgreSQL's text cannot
+// hold one), or a $n without its argument: false.
+func writeWithLiterals(b *strings.Builder, query string, args []any) bool {
+	for i := 0; i < len(query); i++ {
+		if query[i] != '$' {
+			b.WriteByte(query[i])
+			continue
+		}
+		j := i + 1
+		for j < len(query) && query[j] >= '0' && query[j] <= '9' {
+			j++
+		}
+		n, err := strconv.Atoi(query[i+1 : j])
+		if err != nil || n < 1 || n > len(args) {
+			return false
+		}
+		switch v := args[n-1].(type) {
+		case string:
+			if strings.IndexByte(v, 0) >= 0 {
+				return false
+			}
+			b.WriteString("E'")
+			b.WriteString(strings.NewReplacer(`\`, `\\`, `'`, `''`).Replace(v))
+			b.WriteByte('\'')
+		case int64:
+			b.WriteString(strconv.FormatInt(v, 10))
+		case int:
+			b.WriteString(strconv.Itoa(v))
+		default:
+			return false
+		}
+		i = j - 1
+	}
+	return true
+}
+
+// pipelineSimple runs head (BEGIN and the check, see simpleHead), query and
+// COMMIT on c: three round trips where BEGIN, the check, the statement and
+// COMMIT would take four, or six for a driver that prepares each statement
+// with arguments in a round trip of its own. The transaction is not
+// database/sql's: every way out that did not commit ends it here, and a
+// connection whose transaction could not be ended is discarded, never
+// returned to the pool inside it.
+func pipelineSimple(ctx context.Context, c sqlhandle.Conn, head, query string, args []any) (sql.Result, error) {
+	if _, err := c.ExecContext(ctx, head); err != nil {
+		return nil, endSimple(ctx, c, mapError(err, false))
+	}
+	r, err := c.ExecContext(ctx, query, args...)
+	if err != nil {
+		return nil, endSimple(ctx, c, mapError(err, false))
+	}
+	if _, err := c.ExecContext(ctx, "COMMIT"); err != nil {
+		return nil, endSimple(ctx, c, mapError(err, true))
+	}
+	return r, nil
+}
+
+// endSimple rolls back pipelineSimple's transaction (a ROLLBACK outside a
+// transaction only warns) and returns err; when the ROLLBACK fails, the
+// connection is closed instead of returned to the pool.
+func endSimple(ctx context.Context, c sqlhandle.Conn, err error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	if _, rerr := c.ExecContext(ctx, "ROLLBACK"); rerr != nil {
+		_ = c.Raw(func(any) error { return driver.ErrBadConn })
+	}
+	return err
 }
 
 func (s sqlSession) conn(ctx context.Context) (stmtConn, func(), error) {

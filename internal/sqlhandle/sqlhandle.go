@@ -130,3 +130,12 @@ func PgxConn(driverConn any) *pgx.Conn {
 	}
 	return nil
 }
+
+// SeveralStatements reports whether a driver connection (as [sql.Conn.Raw]
+// gives it) sends a statement without arguments as one simple query, which
+// may hold several statements: lib/pq does. Such a driver cannot pipeline
+// statements with arguments, but it can send BEGIN with statements whose
+// arguments are written as literals in one round trip.
+func SeveralStatements(driverConn any) bool {
+	return fmt.Sprintf("%T", driverConn) == "*pq.conn"
+}

@@ -106,19 +106,23 @@
 //
 // [Write] on a pool costs BEGIN, the fence, fn's statements and COMMIT, as
 // [pgfence.Write] does. [Exec] with pgx's stdlib driver sends the fence and
-// the statement as one pipeline, one round trip (through [sql.Conn.Raw]);
-// with lib/pq, which cannot pipeline, it runs BEGIN, the fence, the
-// statement and COMMIT. When the context carries a trace, its id is set for
-// the transaction (stored with the accepted token) in a statement of its
-// own: one round trip more than with pgx, which pipelines it.
+// the statement as one pipeline, one round trip (through [sql.Conn.Raw]).
+// lib/pq cannot pipeline, but sends a statement without arguments as one
+// simple query: [Exec] and [ExecLeased] send BEGIN, the trace's statement and
+// the check as one (the check's arguments written as escape-string
+// literals), then the statement, then COMMIT — three round trips, the
+// statement's two by default (lib/pq prepares it first), one with
+// binary_parameters=yes. A connection whose transaction could not be rolled
+// back after a failure is closed, never returned to the pool. With other
+// drivers, and in [Write], the trace's id costs a statement of its own.
 //
 // `pgfence bench compare --cases sql-raw-update,sql-fenced-update` measures
 // the fenced Exec on a *sql.DB of pgx's stdlib driver against the same
 // unfenced UPDATE through the same driver; `go test -bench
 // BenchmarkFencedVsUnfenced ./pgfence/sqlfence` compares the ratio on a pgx
 // pool, pgx's stdlib driver and lib/pq, one writer on one connection. With
-// lib/pq expect a ratio well above pgx's: four statements against one, each
-// of them with parameters two round trips unless binary_parameters=yes.
+// lib/pq expect a ratio above pgx's: three round trips or four against one
+// or two.
 //
 // Runnable examples with GORM, sqlc-style code and sqlx (each joining the
 // fenced write to the ORM's transaction and refusing a stale holder) are in
