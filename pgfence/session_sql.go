@@ -56,12 +56,14 @@ func (s sqlSession) begin(ctx context.Context) (txn[*sql.Tx], func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	several := false
+	_ = c.Raw(func(dc any) error { several = sqlhandle.SeveralStatements(dc); return nil })
 	tx, err := c.BeginTx(ctx, nil)
 	if err != nil {
 		release()
 		return nil, nil, mapError(err, false)
 	}
-	return sqlTxn{tx: tx, conn: c}, release, nil
+	return sqlTxn{tx: tx, conn: c, several: several}, release, nil
 }
 
 // pipeline sends first and query as one pipeline, one round trip and one
@@ -107,8 +109,8 @@ func (s sqlSession) pipeline(ctx context.Context, first statement, traced bool, 
 	if err != nil { // Raw refused: the connection was closed; nothing was sent
 		return nil, mapError(err, false)
 	}
-	if head, ok := simpleHead(ctx, first, traced); ok && several {
-		return pipelineSimple(ctx, c, head, query, args)
+	if head, ok := literalStatements(ctx, traced, first); ok && several {
+		return pipelineSimple(ctx, c, "BEGIN; "+head, query, args)
 	}
 	tx, err := c.BeginTx(ctx, nil)
 	if err != nil {
@@ -128,19 +130,18 @@ func (s sqlSession) pipeline(ctx context.Context, first statement, traced bool, 
 	return r, nil
 }
 
-// simpleHead is BEGIN, the statement that names the trace (when traced and
-// ctx has one) and first, as one simple query: first's arguments written as
+// literalStatements is the statement that names the trace (when traced and
+// ctx has one) and st, as one simple query: st's arguments written as
 // literals. ok is false when an argument has no literal form here.
-func simpleHead(ctx context.Context, first statement, traced bool) (string, bool) {
+func literalStatements(ctx context.Context, traced bool, st statement) (string, bool) {
 	var b strings.Builder
-	b.WriteString("BEGIN; ")
 	if id := telemetry.TraceID(ctx); traced && id != "" {
 		if !writeWithLiterals(&b, tracesql.SetTraceIDSQL, []any{id}) {
 			return "", false
 		}
 		b.WriteString("; ")
 	}
-	if !writeWithLiterals(&b, first.sql, first.args) {
+	if !writeWithLiterals(&b, st.sql, st.args) {
 		return "", false
 	}
 	return b.String(), true
@@ -186,7 +187,7 @@ func writeWithLiterals(b *strings.Builder, query string, args []any) bool {
 	return true
 }
 
-// pipelineSimple runs head (BEGIN and the check, see simpleHead), query and
+// pipelineSimple runs head (BEGIN and the check, see literalStatements), query and
 // COMMIT on c: three round trips where BEGIN, the check, the statement and
 // COMMIT would take four, or six for a driver that prepares each statement
 // with arguments in a round trip of its own. The transaction is not
@@ -254,11 +255,14 @@ func (s sqlStmts) queryRow(ctx context.Context, query string, args ...any) rowSc
 }
 
 // sqlTxn is the transaction of a Write on database/sql: the helper's own on
-// conn, or (conn nil) savepoint in the caller's tx.
+// conn, or (conn nil) savepoint in the caller's tx. several: conn's driver
+// sends a statement without arguments as one simple query
+// ([sqlhandle.SeveralStatements]).
 type sqlTxn struct {
 	tx        *sql.Tx
 	conn      sqlhandle.Conn
 	savepoint sqlhandle.Savepoint
+	several   bool
 }
 
 func (t sqlTxn) handle() *sql.Tx { return t.tx }
@@ -266,8 +270,15 @@ func (t sqlTxn) handle() *sql.Tx { return t.tx }
 // exec runs query in the transaction. When traced and ctx carries a trace
 // id, the id is first set for the transaction (pgfence.fences stores it with
 // the accepted token): database/sql cannot pipeline, so tracing costs a
-// round trip here.
+// round trip here, except on a driver that sends several statements as one
+// simple query (lib/pq), which gets both at once, its arguments as literals.
 func (t sqlTxn) exec(ctx context.Context, traced bool, query string, args ...any) error {
+	if t.several {
+		if q, ok := literalStatements(ctx, traced, statement{query, args}); ok {
+			_, err := t.tx.ExecContext(ctx, q)
+			return err
+		}
+	}
 	if id := telemetry.TraceID(ctx); traced && id != "" {
 		if _, err := t.tx.ExecContext(ctx, tracesql.SetTraceIDSQL, id); err != nil {
 			return err

@@ -1,6 +1,8 @@
 package sqlfence_test
 
 import (
+	"context"
+	"database/sql"
 	"errors"
 	"testing"
 
@@ -10,7 +12,8 @@ import (
 )
 
 // On lib/pq, Exec and ExecLeased send BEGIN and the check as one simple query
-// with the check's arguments written as literals. A resource name that a
+// with the check's arguments written as literals, and Write sends the check
+// (with the trace's statement) as one inside its transaction. A resource name that a
 // careless literal would break (quotes, backslashes, "$1", non-ASCII) is
 // fenced as itself, also with standard_conforming_strings off; and a refused
 // or failed write never leaves its connection inside a transaction: the
@@ -43,6 +46,12 @@ func TestLibPQSimpleHead(t *testing.T) {
 			if _, err := sqlfence.ExecToken(ctx, sdb, resource, 7, `INSERT INTO notes VALUES ($1, $2)`, resource, conforming); err != nil {
 				t.Fatalf("fenced write of %q (standard_conforming_strings %s): %v", resource, conforming, err)
 			}
+			if _, err := sqlfence.WriteToken(ctx, sdb, resource, 7, func(ctx context.Context, tx *sql.Tx) error {
+				_, err := tx.ExecContext(ctx, `INSERT INTO notes VALUES ($1, $2)`, resource, "Write, "+conforming)
+				return err
+			}); err != nil {
+				t.Fatalf("fenced Write of %q (standard_conforming_strings %s): %v", resource, conforming, err)
+			}
 		}
 		var token int64
 		if err := db.Pool.QueryRow(ctx, `SELECT token FROM pgfence.fences WHERE resource = $1`, resource).Scan(&token); err != nil || token != 7 {
@@ -55,6 +64,11 @@ func TestLibPQSimpleHead(t *testing.T) {
 		t.Fatalf("stale token: %v, want ErrStaleToken", err)
 	}
 	committed("a refused check")
+	called := false
+	if _, err := sqlfence.WriteToken(ctx, sdb, `it's`, 6, func(context.Context, *sql.Tx) error { called = true; return nil }); !errors.Is(err, pgfence.ErrStaleToken) || called {
+		t.Fatalf("stale token through Write: %v (fn called: %v), want ErrStaleToken and fn not called", err, called)
+	}
+	committed("a check refused in Write")
 	// The statement fails after the check passed: rolled back, fence included.
 	if _, err := sqlfence.ExecToken(ctx, sdb, `it's`, 8, `INSERT INTO no_such_table VALUES (1)`); err == nil {
 		t.Fatal("a write into a missing table succeeded")
