@@ -113,8 +113,10 @@
 // literals), then the statement, then COMMIT — three round trips, the
 // statement's two by default (lib/pq prepares it first), one with
 // binary_parameters=yes. A connection whose transaction could not be rolled
-// back after a failure is closed, never returned to the pool. With other
-// drivers, and in [Write], the trace's id costs a statement of its own.
+// back after a failure is closed, never returned to the pool. [Write] on a
+// pool or connection of lib/pq sends the trace's statement and the check as
+// one simple query too. With other drivers, and in the caller's transaction,
+// the trace's id costs a statement of its own.
 //
 // `pgfence bench compare --cases sql-raw-update,sql-fenced-update` measures
 // the fenced Exec on a *sql.DB of pgx's stdlib driver against the same
