@@ -109,8 +109,10 @@ func (s sqlSession) pipeline(ctx context.Context, first statement, traced bool, 
 	if err != nil { // Raw refused: the connection was closed; nothing was sent
 		return nil, mapError(err, false)
 	}
-	if head, ok := literalStatements(ctx, traced, first); ok && several {
-		return pipelineSimple(ctx, c, "BEGIN; "+head, query, args)
+	if several {
+		if head, ok := literalStatements(ctx, traced, first); ok {
+			return pipelineSimple(ctx, c, "BEGIN; "+head, query, args)
+		}
 	}
 	tx, err := c.BeginTx(ctx, nil)
 	if err != nil {
@@ -147,6 +149,9 @@ func literalStatements(ctx context.Context, traced bool, st statement) (string, 
 	return b.String(), true
 }
 
+// escapeString escapes the body of an escape-string constant (E'...').
+var escapeString = strings.NewReplacer(`\`, `\\`, `'`, `''`)
+
 // writeWithLiterals writes query to b with each $n replaced by the literal of
 // args[n-1], in one pass (a literal that contains "$1" is not replaced
 // again). Strings are written as escape-string constants (E'...'), which
@@ -173,12 +178,10 @@ func writeWithLiterals(b *strings.Builder, query string, args []any) bool {
 				return false
 			}
 			b.WriteString("E'")
-			b.WriteString(strings.NewReplacer(`\`, `\\`, `'`, `''`).Replace(v))
+			b.WriteString(escapeString.Replace(v))
 			b.WriteByte('\'')
 		case int64:
 			b.WriteString(strconv.FormatInt(v, 10))
-		case int:
-			b.WriteString(strconv.Itoa(v))
 		default:
 			return false
 		}
