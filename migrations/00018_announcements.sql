@@ -68,11 +68,11 @@ DECLARE
     v_now     timestamptz;
     v_micros  text;
     v_msg     text;
+    v_key     bytea;
     v_tag     bytea;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
-    PERFORM pgfence.require_granted('lease', p_key);
+    -- announce_key checks the server, the key and the grant first.
+    v_key := pgfence.announce_key(p_key);
     SELECT l.expires_at INTO v_expires FROM pgfence.leases l
      WHERE l.key = p_key AND l.holder = p_holder AND l.token = p_token AND l.released_at IS NULL;
     v_now := clock_timestamp();
@@ -81,8 +81,7 @@ BEGIN
     END IF;
     v_micros := ((extract(epoch FROM v_expires) * 1000000)::bigint)::text;
     v_msg := p_token::text || ':' || v_micros || ':' || p_key;
-    v_tag := sha256(sha256((SELECT s.secret FROM pgfence.announce_secret s) || sha256(convert_to(p_key, 'UTF8')))
-                    || sha256(convert_to(v_msg, 'UTF8')));
+    v_tag := sha256(v_key || sha256(convert_to(v_msg, 'UTF8')));
     -- 'renewed:<remaining µs>:<token>:<expiry µs>:<tag>:<key>': the key last,
     -- since it may hold colons.
     PERFORM pg_notify('pgfence_lease_changed',
