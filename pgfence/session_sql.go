@@ -67,9 +67,11 @@ func (s sqlSession) begin(ctx context.Context) (txn[*sql.Tx], func(), error) {
 }
 
 // pipeline sends first and query as one pipeline, one round trip and one
-// implicit transaction, where the driver can (pgx's stdlib: through
-// [sql.Conn.Raw]); with other drivers (lib/pq) in a transaction of its own:
-// BEGIN, first, query, COMMIT. In the caller's transaction both join it.
+// implicit transaction, where the driver can: pgx's stdlib through
+// [sql.Conn.Raw]; lib/pq as one simple query with the arguments written as
+// constants, when they can be (see interpolate), else BEGIN with first, then
+// query, then COMMIT. With other drivers in a transaction of its own: BEGIN,
+// first, query, COMMIT. In the caller's transaction both join it.
 func (s sqlSession) pipeline(ctx context.Context, first statement, traced bool, query string, args []any) (sql.Result, error) {
 	if s.Tx != nil {
 		t := sqlTxn{tx: s.Tx}
@@ -111,6 +113,9 @@ func (s sqlSession) pipeline(ctx context.Context, first statement, traced bool, 
 	}
 	if several {
 		if head, ok := literalStatements(ctx, traced, first); ok {
+			if q, ok := interpolate(query, args); ok {
+				return oneSimpleQuery(ctx, c, head+"; "+q)
+			}
 			return pipelineSimple(ctx, c, "BEGIN; "+head, query, args)
 		}
 	}
@@ -188,6 +193,20 @@ func writeWithLiterals(b *strings.Builder, query string, args []any) bool {
 		i = j - 1
 	}
 	return true
+}
+
+// oneSimpleQuery runs the check and the statement (its arguments written as
+// constants, see interpolate) as one simple query: one round trip and one
+// implicit transaction, which commits both or neither, as pgx's pipeline
+// does. The result is the statement's, the query's last. A failure leaves no
+// transaction open; a connection lost once the query is sent leaves the
+// outcome unknown.
+func oneSimpleQuery(ctx context.Context, c sqlhandle.Conn, query string) (sql.Result, error) {
+	r, err := c.ExecContext(ctx, query)
+	if err != nil {
+		return nil, mapError(err, true)
+	}
+	return r, nil
 }
 
 // pipelineSimple runs head (BEGIN and the check, see literalStatements), query and

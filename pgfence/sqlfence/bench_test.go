@@ -59,9 +59,10 @@ func BenchmarkFencedVsUnfenced(b *testing.B) {
 			}
 		}},
 		{"pgx-stdlib", func() pair { return onSQL("pgx", db.URL) }},
-		// lib/pq cannot pipeline: the fenced write is BEGIN, the fence, the
-		// write and COMMIT, and by default each statement with parameters
-		// takes two round trips (binary_parameters=yes: one).
+		// lib/pq cannot pipeline: the fenced write is the fence and the
+		// write as one simple query, its arguments as constants (one round
+		// trip); the unfenced write, a statement with parameters, takes two
+		// by default (binary_parameters=yes: one).
 		{"lib-pq", func() pair { return onSQL("postgres", db.URL) }},
 		{"lib-pq-binary", func() pair { return onSQL("postgres", db.URL+"&binary_parameters=yes") }},
 	} {

@@ -30,7 +30,7 @@ type connector struct {
 	name     string
 	driver   string // pgx, pgx/stdlib, lib/pq
 	inTx     bool   // the helpers run inside a transaction the test commits
-	pipeline bool   // Exec sends the fence and the statement as one pipeline
+	pipeline bool   // Exec sends the fence and the statement in one round trip
 	open     func(t *testing.T, url string) fencer
 }
 
@@ -41,8 +41,8 @@ var connectors = []connector{
 	{name: "stdlib/db", driver: "pgx/stdlib", pipeline: true, open: openSQL("pgx", handleDB)},
 	{name: "stdlib/conn", driver: "pgx/stdlib", pipeline: true, open: openSQL("pgx", handleConn)},
 	{name: "stdlib/tx", driver: "pgx/stdlib", inTx: true, open: openSQL("pgx", handleTx)},
-	{name: "pq/db", driver: "lib/pq", open: openSQL("postgres", handleDB)},
-	{name: "pq/conn", driver: "lib/pq", open: openSQL("postgres", handleConn)},
+	{name: "pq/db", driver: "lib/pq", pipeline: true, open: openSQL("postgres", handleDB)},
+	{name: "pq/conn", driver: "lib/pq", pipeline: true, open: openSQL("postgres", handleConn)},
 	{name: "pq/tx", driver: "lib/pq", inTx: true, open: openSQL("postgres", handleTx)},
 }
 

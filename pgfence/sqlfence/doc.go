@@ -108,10 +108,16 @@
 // [pgfence.Write] does. [Exec] with pgx's stdlib driver sends the fence and
 // the statement as one pipeline, one round trip (through [sql.Conn.Raw]).
 // lib/pq cannot pipeline, but sends a statement without arguments as one
-// simple query: [Exec] and [ExecLeased] send BEGIN, the trace's statement and
-// the check as one (the check's arguments written as escape-string
-// literals), then the statement, then COMMIT — three round trips, the
-// statement's two by default (lib/pq prepares it first), one with
+// simple query, which may hold several statements and runs them as one
+// implicit transaction: [Exec] and [ExecLeased] send the trace's statement,
+// the check and the statement as one, one round trip, with every argument
+// written as a quoted constant — the text lib/pq would send for it, which the
+// server reads exactly as it reads lib/pq's untyped parameter. When that is
+// not certain (a []byte or a time.Time argument, a string with a backslash, a
+// placeholder used twice, dollar quoting, several statements; the full list
+// is in the source) the statement goes with its arguments as usual: BEGIN
+// with the check as one simple query, the statement, COMMIT — three round
+// trips, the statement's two by default (lib/pq prepares it first), one with
 // binary_parameters=yes. A connection whose transaction could not be rolled
 // back after a failure is closed, never returned to the pool. [Write] on a
 // pool or connection of lib/pq sends the trace's statement and the check as
@@ -123,8 +129,9 @@
 // unfenced UPDATE through the same driver; `go test -bench
 // BenchmarkFencedVsUnfenced ./pgfence/sqlfence` compares the ratio on a pgx
 // pool, pgx's stdlib driver and lib/pq, one writer on one connection. With
-// lib/pq expect a ratio above pgx's: three round trips or four against one
-// or two.
+// lib/pq the fenced Exec takes one round trip where the unfenced statement
+// takes two (one with binary_parameters=yes), so its ratio is below pgx's
+// unless the arguments cannot be constants.
 //
 // Runnable examples with GORM, sqlc-style code and sqlx (each joining the
 // fenced write to the ORM's transaction and refusing a stale holder) are in

@@ -261,8 +261,8 @@ func TestUnknownOutcomeResolved(t *testing.T) {
 				t.Fatalf("row %q after a lost COMMIT", v)
 			}
 
-			// Exec: one pipeline, committed at its Sync (pgx), or its own
-			// transaction's COMMIT (lib/pq).
+			// Exec: one round trip, committed at its Sync (pgx) or at the end
+			// of its one simple query (lib/pq).
 			match := faultproxy.IsCommit
 			if c.pipeline {
 				match = faultproxy.SQLContains("UPDATE kv")
