@@ -59,6 +59,8 @@ func TestBench(t *testing.T) {
 		"raw-http-insert":   3, // the handler's BEGIN, INSERT, COMMIT
 		"sql-raw-update":    1,
 		"sql-fenced-update": 2, // the same pipeline, through sql.Conn.Raw
+		"pq-raw-update":     1, // prepared and run: one Execute
+		"pq-fenced-update":  2, // the fence and the UPDATE in one simple query
 	}
 	for i, r := range res.Results {
 		if r.Case != want[i] || r.Workers != 2 || r.Group == "" || r.What == "" {

@@ -207,6 +207,7 @@ func compare(runs [][]benchrun.Result) []string {
 		pair("idempotent-tx", "raw-insert-tx", p50Ratio, times, "idempotency.Store.Do p50 %s the same insert in a bare transaction")
 		pair("idempotent-http", "raw-http-insert", p50Ratio, times, "an HTTP request behind idemhttp (atomic mode) p50 %s the same handler without it (goal ≤ 1.5×)")
 		pair("sql-fenced-update", "sql-raw-update", p50Ratio, times, "database/sql fenced write (sqlfence.Exec, pgx stdlib) p50 %s the same unfenced UPDATE on database/sql (goal: within 10%% of the pgx ratio)")
+		pair("pq-fenced-update", "pq-raw-update", p50Ratio, times, "database/sql fenced write (sqlfence.Exec, lib/pq) p50 %s the same unfenced UPDATE on lib/pq (goal: within 10%% of the pgx ratio)")
 		if h := medianOf(find("hot-key", n)); h != nil {
 			out = append(out, fmt.Sprintf("%3d workers: hot-key hand-off p50 %.2f ms (goal ≤ 5 ms)", n, ms(h.P50)))
 		}
