@@ -28,13 +28,18 @@ import (
 //   - anything the scan below does not follow with certainty: a backslash
 //     anywhere (escape strings, standard_conforming_strings off), a dollar
 //     sign that is not a placeholder (dollar quoting, identifiers), a
-//     placeholder next to a quote or an identifier, an unterminated quote
-//     or comment, or a second statement.
+//     placeholder next to a quote or an identifier or followed by a field
+//     selection or subscript ($1.f, $1[1]), an unterminated quote or
+//     comment, or a second statement.
 //
 // The scan skips quoted constants and identifiers ('...', "...", their
 // doubled quotes) and comments (--, nested /* */), so a "$1" inside them is
 // left alone. Each constant is written with a space on either side, so that
 // it cannot join a neighbouring token.
+//
+// pgfence's own statements take writeWithLiterals instead: their text holds
+// no quotes or comments to scan, and their parameters' types are known
+// (text, bigint), so any string can be an escape-string constant there.
 func interpolate(query string, args []any) (string, bool) {
 	if strings.ContainsAny(query, "\\\x00") {
 		return "", false
@@ -84,7 +89,7 @@ func interpolate(query string, args []any) (string, bool) {
 				j++
 			}
 			if j == i+1 || j-i > 6 || query[i+1] == '0' || (i > 0 && !placeholderNeighbour(query[i-1])) ||
-				(j < len(query) && !placeholderNeighbour(query[j])) {
+				(j < len(query) && (!placeholderNeighbour(query[j]) || query[j] == '.' || query[j] == '[')) {
 				return "", false
 			}
 			n, _ := strconv.Atoi(query[i+1 : j])

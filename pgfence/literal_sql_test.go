@@ -67,6 +67,8 @@ func TestInterpolate(t *testing.T) {
 		{`SELECT $$x$$, $1`, []any{1}, ""}, // dollar quoting
 		{`SELECT a$1`, []any{1}, ""},       // an identifier
 		{`SELECT $1a`, []any{1}, ""},
+		{`SELECT $1.f`, []any{1}, ""},
+		{`SELECT $1[1]`, []any{"{a}"}, ""},
 		{`SELECT 'a'$1`, []any{1}, ""},
 		{`SELECT $1'a'`, []any{1}, ""},
 		{`SELECT U&$1`, []any{"x"}, ""},
