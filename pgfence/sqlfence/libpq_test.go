@@ -133,14 +133,29 @@ func TestLibPQConstants(t *testing.T) {
 		if _, err := sqlfence.ExecToken(ctx, sdb, "vals", 3, insert, args...); err != nil {
 			t.Fatalf("row %d through ExecToken: %v", i, err)
 		}
-		if n := sent(); n != 1 {
-			t.Errorf("row %d: ExecToken sent %d requests, want one simple query", i, n)
+		if s, q := sent(); s != 0 || q != 1 {
+			t.Errorf("row %d: ExecToken sent %d Syncs and %d simple queries, want one simple query", i, s, q)
 		}
 		var same bool
 		if err := db.Pool.QueryRow(ctx, `SELECT (a.i4, a.i8, a.num, a.f8, a.f4, a.t, a.vc, a.b, a.j, a.u, a.ba, a.arr, a.iv, a.d)
 			IS NOT DISTINCT FROM (b.i4, b.i8, b.num, b.f8, b.f4, b.t, b.vc, b.b, b.j, b.u, b.ba, b.arr, b.iv, b.d)
 			FROM vals a, vals b WHERE a.id = $1 AND b.id = $1 + 1`, 2*i).Scan(&same); err != nil || !same {
 			t.Errorf("row %d: the row written by ExecToken differs from lib/pq's (%v)", i, err)
+		}
+	}
+
+	// The result is the statement's, not the check's (whose SELECT returns
+	// one row): an UPDATE of every row, and of none.
+	for _, c := range []struct {
+		where string
+		want  int64
+	}{{"id >= $1", int64(2 * len(rows))}, {"id < $1", 0}} {
+		r, err := sqlfence.ExecToken(ctx, sdb, "vals", 3, `UPDATE vals SET t = t WHERE `+c.where, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, err := r.RowsAffected(); err != nil || n != c.want {
+			t.Errorf("UPDATE … WHERE %s: %d rows affected (%v), want %d", c.where, n, err, c.want)
 		}
 	}
 
@@ -168,8 +183,8 @@ func TestLibPQConstants(t *testing.T) {
 	if _, err := sqlfence.ExecToken(ctx, sdb, "vals", 3, `INSERT INTO vals (id, ba, d) VALUES (-2, $1, $2)`, []byte{0, 1}, time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)); err != nil {
 		t.Fatal(err)
 	}
-	if n := sent(); n < 2 {
-		t.Errorf("bytes and a time went in %d requests; the count cannot tell one path from the other", n)
+	if s, q := sent(); s+q < 2 {
+		t.Errorf("bytes and a time went in %d requests; the count cannot tell one path from the other", s+q)
 	}
 	var n int
 	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM vals WHERE id = -2 AND ba = '\x0001' AND d = '2026-12-03'`).Scan(&n); err != nil || n != 1 {
@@ -181,18 +196,21 @@ func TestLibPQConstants(t *testing.T) {
 }
 
 // countRequests starts counting the requests that reach the server through
-// p (a simple query, or a Sync closing extended-protocol messages); the
-// function it returns stops and gives the count.
-func countRequests(p *faultproxy.Proxy) func() int {
-	var n atomic.Int64
+// p: simple queries and Syncs (each closing extended-protocol messages). The
+// function it returns stops and gives both counts.
+func countRequests(p *faultproxy.Proxy) func() (syncs, queries int) {
+	var s, q atomic.Int64
 	trigger := p.CutBefore(func(m faultproxy.Message) bool {
-		if m.Type == 'Q' || m.Type == 'S' {
-			n.Add(1)
+		switch m.Type {
+		case 'S':
+			s.Add(1)
+		case 'Q':
+			q.Add(1)
 		}
 		return false
 	})
-	return func() int {
+	return func() (int, int) {
 		trigger.Cancel()
-		return int(n.Load())
+		return int(s.Load()), int(q.Load())
 	}
 }
