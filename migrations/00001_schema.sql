@@ -436,7 +436,9 @@ $$;
 CREATE FUNCTION pgfence.token_epoch() RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    PERFORM pgfence.require_primary();
+    IF pg_catalog.pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
     RETURN ('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
 END;
 $$;
@@ -514,6 +516,19 @@ $$;
 
 -- require_granted raises PF014 unless the session's role may use p_name;
 -- p_what names the kind of name in the message.
+--
+-- The calls every client makes (grant, renew, release, fence, check_lease,
+-- the idempotency claims) test the cheap condition of each check inline and
+-- call the helper (require_primary, require_granted, check_token,
+-- raise_if_abandoned, the argument checks) only when it is about to refuse:
+-- a PL/pgSQL call with a pinned search_path costs microseconds before it does
+-- anything, and the helpers stay the one place of each message, code and
+-- hint. Their grant check starts with pg_has_role(session_user, current_user):
+-- inside those SECURITY DEFINER functions current_user is the function's
+-- owner, the role the migrations ran as, which owns the schema and may use
+-- every name. A member of it could replace the function itself, so passing
+-- it without reading prefix_grants grants nothing new; any other role goes
+-- through require_granted.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.require_granted(p_what text, p_name text) RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$

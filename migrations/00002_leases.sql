@@ -290,19 +290,32 @@ RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_c
 DECLARE
     n bigint;
 BEGIN
-    PERFORM pgfence.require_primary();
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
     IF p_keep IS NULL OR p_keep < 0 THEN
         RAISE EXCEPTION 'pgfence: prune_lease_events keep must be >= 0, got %', p_keep
             USING ERRCODE = 'PF008';
     END IF;
-    WITH ranked AS (
-        SELECT e.id, row_number() OVER (PARTITION BY e.key ORDER BY e.id DESC) AS rn
-        FROM pgfence.lease_events e
-        WHERE p_key IS NULL OR e.key = p_key
-    )
-    DELETE FROM pgfence.lease_events e
-    USING ranked r
-    WHERE e.id = r.id AND r.rn > p_keep;
+    IF p_key IS NULL THEN
+        WITH ranked AS (
+            SELECT e.id, row_number() OVER (PARTITION BY e.key ORDER BY e.id DESC) AS rn
+            FROM pgfence.lease_events e
+        )
+        DELETE FROM pgfence.lease_events e
+        USING ranked r
+        WHERE e.id = r.id AND r.rn > p_keep;
+    ELSIF p_keep = 0 THEN
+        DELETE FROM pgfence.lease_events e WHERE e.key = p_key;
+    ELSE
+        -- One key (every 32nd grant prunes its own key): the events older
+        -- than its p_keep-th newest, found from the newest end of the
+        -- (key, id) index, whatever the size of the table.
+        DELETE FROM pgfence.lease_events e
+         WHERE e.key = p_key
+           AND e.id < (SELECT x.id FROM pgfence.lease_events x WHERE x.key = p_key
+                        ORDER BY x.id DESC OFFSET p_keep - 1 LIMIT 1);
+    END IF;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END;
@@ -459,9 +472,17 @@ DECLARE
     v_lock   bigint := hashtextextended('pgfence.lease:' || p_key, 0);
     v_busy   boolean;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.lease_check_args(p_key, p_ttl, coalesce(p_holder_info, ''));
-    PERFORM pgfence.require_granted('lease', p_key);
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512
+       OR p_ttl < interval '1 millisecond' OR p_ttl > pgfence.lease_max_ttl()
+       OR octet_length(coalesce(p_holder_info, '')) > 1024 THEN
+        PERFORM pgfence.lease_check_args(p_key, p_ttl, coalesce(p_holder_info, ''));
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('lease', p_key);
+    END IF;
     IF p_ttl IS NULL THEN
         RAISE EXCEPTION 'pgfence: lease ttl must not be NULL' USING ERRCODE = 'PF008';
     END IF;
@@ -532,21 +553,42 @@ BEGIN
         PERFORM set_config('synchronous_commit', 'on', true);
     END IF;
 
-    -- The grant. ON CONFLICT's WHERE is evaluated on the locked, latest row.
-    INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, holder_info, client_version)
-    VALUES (p_key, v_holder, pgfence.next_token(NULL), clock_timestamp(), clock_timestamp() + p_ttl,
-            coalesce(p_holder_info, ''), p_client_version)
-    ON CONFLICT (key) DO UPDATE
-        SET holder         = EXCLUDED.holder,
-            token          = pgfence.next_token(l.token),
-            granted_at     = clock_timestamp(),
-            renewed_at     = NULL,
-            expires_at     = clock_timestamp() + p_ttl,
-            released_at    = NULL,
-            holder_info    = EXCLUDED.holder_info,
-            client_version = EXCLUDED.client_version
-        WHERE l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp()
-    RETURNING l.token, l.granted_at, l.expires_at INTO v_token, v_grant, v_exp;
+    -- The grant. A key granted before (the common case) is updated in place:
+    -- under READ COMMITTED an UPDATE that meets a row changed by a concurrent
+    -- grant waits for it and re-checks its WHERE on the newest version, as ON
+    -- CONFLICT DO UPDATE does, and it draws one token where the upsert drew
+    -- two (VALUES is evaluated before the conflict is found).
+    IF cur.key IS NOT NULL THEN
+        UPDATE pgfence.leases AS l
+           SET holder         = v_holder,
+               token          = pgfence.next_token(l.token),
+               granted_at     = clock_timestamp(),
+               renewed_at     = NULL,
+               expires_at     = clock_timestamp() + p_ttl,
+               released_at    = NULL,
+               holder_info    = coalesce(p_holder_info, ''),
+               client_version = p_client_version
+         WHERE l.key = p_key AND (l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp())
+        RETURNING l.token, l.granted_at, l.expires_at INTO v_token, v_grant, v_exp;
+    END IF;
+    -- A first grant, or a row pruned since the read: ON CONFLICT's WHERE is
+    -- evaluated on the locked, latest row.
+    IF v_token IS NULL THEN
+        INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, holder_info, client_version)
+        VALUES (p_key, v_holder, pgfence.next_token(NULL), clock_timestamp(), clock_timestamp() + p_ttl,
+                coalesce(p_holder_info, ''), p_client_version)
+        ON CONFLICT (key) DO UPDATE
+            SET holder         = EXCLUDED.holder,
+                token          = pgfence.next_token(l.token),
+                granted_at     = clock_timestamp(),
+                renewed_at     = NULL,
+                expires_at     = clock_timestamp() + p_ttl,
+                released_at    = NULL,
+                holder_info    = EXCLUDED.holder_info,
+                client_version = EXCLUDED.client_version
+            WHERE l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp()
+        RETURNING l.token, l.granted_at, l.expires_at INTO v_token, v_grant, v_exp;
+    END IF;
 
     IF v_token IS NULL THEN
         -- Someone else won between the read and the upsert.
@@ -562,7 +604,9 @@ BEGIN
     -- statement of its own (a snapshot taken after the lock): an abandonment
     -- committed before is seen here, one committed after waits for our
     -- commit in grant_probe and finds the grant.
-    PERFORM pgfence.raise_if_abandoned('grant', p_key, v_holder);
+    IF EXISTS (SELECT 1 FROM pgfence.abandoned_requests ab WHERE ab.id = v_holder) THEN
+        PERFORM pgfence.raise_if_abandoned('grant', p_key, v_holder);
+    END IF;
 
     -- The read above tells which grant we replaced (exact unless that grant
     -- changed between the read and the upsert, which only affects the label).
@@ -626,14 +670,23 @@ DECLARE
     cur   pgfence.leases%ROWTYPE;
     v_exp timestamptz;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.lease_check_args(p_key, p_ttl, NULL);
-    PERFORM pgfence.require_granted('lease', p_key);
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512
+       OR p_ttl < interval '1 millisecond' OR p_ttl > pgfence.lease_max_ttl() THEN
+        PERFORM pgfence.lease_check_args(p_key, p_ttl, NULL);
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('lease', p_key);
+    END IF;
     IF p_ttl IS NULL OR p_holder IS NULL OR p_token IS NULL THEN
         RAISE EXCEPTION 'pgfence: renew of lease % needs a holder, a token and a ttl', p_key
             USING ERRCODE = 'PF008';
     END IF;
-    PERFORM pgfence.check_token(p_token);
+    IF p_token IS NULL OR p_token <= 0 OR p_token > 6917529027641081856 THEN
+        PERFORM pgfence.check_token(p_token);
+    END IF;
 
     SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key FOR UPDATE;
     IF cur.key IS NULL OR cur.holder <> p_holder OR cur.token <> p_token THEN
@@ -685,14 +738,22 @@ DECLARE
     cur       pgfence.leases%ROWTYPE;
     v_expired boolean;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
-    PERFORM pgfence.require_granted('lease', p_key);
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
+        PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('lease', p_key);
+    END IF;
     IF p_holder IS NULL OR p_token IS NULL THEN
         RAISE EXCEPTION 'pgfence: release of lease % needs a holder and a token', p_key
             USING ERRCODE = 'PF008';
     END IF;
-    PERFORM pgfence.check_token(p_token);
+    IF p_token IS NULL OR p_token <= 0 OR p_token > 6917529027641081856 THEN
+        PERFORM pgfence.check_token(p_token);
+    END IF;
 
     IF p_durable IS NOT FALSE THEN
         IF current_setting('synchronous_commit') IN ('off', 'local') THEN

@@ -217,11 +217,23 @@ DECLARE
     v_claimed boolean;
     v_old     text;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.require_granted('idempotency scope', p_scope);
-    PERFORM pgfence.idempotency_durable();
-    PERFORM pgfence.idempotency_require_read_committed();
-    PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('idempotency scope', p_scope);
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM pgfence.idempotency_require_read_committed();
+    END IF;
+    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512
+       OR p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64
+       OR p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
+        PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
+    END IF;
     IF p_wait IS NULL OR p_wait < interval '1 millisecond' OR p_wait > interval '2147483647 milliseconds' THEN
         RAISE EXCEPTION 'pgfence: idempotency wait must be 1 ms to 2147483647 ms (lock_timeout''s largest value), got %', p_wait USING ERRCODE = 'PF008';
     END IF;
@@ -297,10 +309,18 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_expires timestamptz;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.require_granted('idempotency scope', p_scope);
-    PERFORM pgfence.idempotency_durable();
-    PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('idempotency scope', p_scope);
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    IF octet_length(p_result) > 16777216 OR octet_length(p_failure_code) NOT BETWEEN 1 AND 128 OR octet_length(p_failure_message) > 4096 THEN
+        PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
+    END IF;
     UPDATE pgfence.idempotency_keys k
        SET status = CASE WHEN p_failure_code IS NULL THEN 'succeeded' ELSE 'failed' END,
            result = CASE WHEN p_failure_code IS NULL THEN coalesce(p_result, '') ELSE p_result END,
@@ -378,11 +398,23 @@ DECLARE
     v_old     text;
     v_claimed boolean;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.require_granted('idempotency scope', p_scope);
-    PERFORM pgfence.idempotency_durable();
-    PERFORM pgfence.idempotency_require_read_committed();
-    PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('idempotency scope', p_scope);
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM pgfence.idempotency_require_read_committed();
+    END IF;
+    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512
+       OR p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64
+       OR p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
+        PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
+    END IF;
     IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
         RAISE EXCEPTION 'pgfence: idempotency lease must be 1 ms to 24 hours, got %', p_lease USING ERRCODE = 'PF008';
     END IF;
@@ -487,9 +519,15 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_expires timestamptz;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.require_granted('idempotency scope', p_scope);
-    PERFORM pgfence.idempotency_durable();
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('idempotency scope', p_scope);
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
     IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
         RAISE EXCEPTION 'pgfence: idempotency lease must be 1 ms to 24 hours, got %', p_lease USING ERRCODE = 'PF008';
     END IF;
@@ -556,10 +594,18 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_expires timestamptz;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.require_granted('idempotency scope', p_scope);
-    PERFORM pgfence.idempotency_durable();
-    PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('idempotency scope', p_scope);
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    IF octet_length(p_result) > 16777216 OR octet_length(p_failure_code) NOT BETWEEN 1 AND 128 OR octet_length(p_failure_message) > 4096 THEN
+        PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
+    END IF;
     UPDATE pgfence.idempotency_keys k
        SET status = CASE WHEN p_failure_code IS NULL THEN 'succeeded' ELSE 'failed' END,
            result = CASE WHEN p_failure_code IS NULL THEN coalesce(p_result, '') ELSE p_result END,

@@ -3,8 +3,11 @@ package migrations_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/leases"
@@ -81,5 +84,61 @@ func TestPruneRetired(t *testing.T) {
 	// Accepted tokens above the floor are still never deleted.
 	if _, err := pool.Exec(ctx, `DELETE FROM pgfence.fences WHERE resource = 'one-off/1'`); pgerr.Code(err) != pgerr.CodeStaleToken {
 		t.Fatalf("deleting a fence row above the floor: %v, want PF001", err)
+	}
+}
+
+// pgfence.prune_lease_events keeps the newest events of a key and leaves the
+// other keys' alone; with no key it prunes every key. Grants prune their own
+// key this way as they go.
+func TestPruneLeaseEvents(t *testing.T) {
+	pool := pgfencetest.NewPool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Events written directly (as the owner): ids ascend with insertion.
+	if _, err := pool.Exec(ctx, `INSERT INTO pgfence.lease_events (key, event, holder, token)
+		SELECT k, 'acquired', gen_random_uuid(), n FROM unnest(ARRAY['prune/a', 'prune/b', 'prune/c']) k, generate_series(1, 10) n
+		ORDER BY k, n`); err != nil {
+		t.Fatal(err)
+	}
+	tokens := func(key string) []int64 {
+		t.Helper()
+		rows, err := pool.Query(ctx, `SELECT token FROM pgfence.lease_events WHERE key = $1 ORDER BY id`, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	prune := func(key any, keep int) int64 {
+		t.Helper()
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT pgfence.prune_lease_events($1, $2)`, key, keep).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := prune("prune/a", 3); n != 7 {
+		t.Fatalf("pruned %d events of prune/a to keep 3, want 7", n)
+	}
+	if got := tokens("prune/a"); !slices.Equal(got, []int64{8, 9, 10}) {
+		t.Fatalf("prune/a kept %v, want its newest three [8 9 10]", got)
+	}
+	if got := tokens("prune/b"); len(got) != 10 {
+		t.Fatalf("pruning prune/a touched prune/b: %v", got)
+	}
+	if n := prune("prune/a", 5); n != 0 {
+		t.Fatalf("keeping more than there are deleted %d", n)
+	}
+	if n := prune("prune/c", 0); n != 10 || len(tokens("prune/c")) != 0 {
+		t.Fatalf("keep 0 deleted %d, left %v", n, tokens("prune/c"))
+	}
+	if n := prune(nil, 2); n != 1+8 {
+		t.Fatalf("pruning every key to 2 deleted %d, want 9", n)
+	}
+	if a, b := tokens("prune/a"), tokens("prune/b"); !slices.Equal(a, []int64{9, 10}) || !slices.Equal(b, []int64{9, 10}) {
+		t.Fatalf("every key pruned to 2: a %v b %v", a, b)
 	}
 }

@@ -163,12 +163,18 @@ CREATE FUNCTION pgfence.check_lease(key text, holder uuid, token bigint) RETURNS
 DECLARE
     l pgfence.leases%ROWTYPE;
 BEGIN
-    PERFORM pgfence.require_primary();
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
     IF check_lease.key IS NULL OR octet_length(check_lease.key) NOT BETWEEN 1 AND 512 OR check_lease.holder IS NULL THEN
         RAISE EXCEPTION 'pgfence: check_lease needs a key of 1 to 512 bytes and a holder' USING ERRCODE = 'PF008';
     END IF;
-    PERFORM pgfence.check_token(check_lease.token);
-    PERFORM pgfence.require_granted('lease', check_lease.key);
+    IF check_lease.token IS NULL OR check_lease.token <= 0 OR check_lease.token > 6917529027641081856 THEN
+        PERFORM pgfence.check_token(check_lease.token);
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('lease', check_lease.key);
+    END IF;
     SELECT * INTO l FROM pgfence.leases WHERE key = check_lease.key FOR SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgfence: lease % is not held: no such lease', quote_literal(check_lease.key)
@@ -232,12 +238,18 @@ DECLARE
     issued   bigint;
     retired  bigint;
 BEGIN
-    PERFORM pgfence.require_primary();
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
     IF fence.resource IS NULL OR octet_length(fence.resource) NOT BETWEEN 1 AND 512 THEN
         RAISE EXCEPTION 'pgfence: resource must be 1 to 512 bytes' USING ERRCODE = 'PF008';
     END IF;
-    PERFORM pgfence.check_token(fence.token);
-    PERFORM pgfence.require_granted('resource', fence.resource);
+    IF fence.token IS NULL OR fence.token <= 0 OR fence.token > 6917529027641081856 THEN
+        PERFORM pgfence.check_token(fence.token);
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('resource', fence.resource);
+    END IF;
     -- The token must come from the lease named by the resource, and its grant
     -- must have committed (or be this transaction's own): the lease row holds
     -- the newest token the key issued. A token above it is from a grant that
@@ -279,7 +291,9 @@ BEGIN
         -- commit (checked in a statement of its own: a snapshot taken after
         -- the lock). See pgfence.abandoned_requests.
         IF fence.op IS NOT NULL THEN
-            PERFORM pgfence.raise_if_abandoned('fence', fence.resource, fence.op);
+            IF EXISTS (SELECT 1 FROM pgfence.abandoned_requests ab WHERE ab.id = fence.op) THEN
+                PERFORM pgfence.raise_if_abandoned('fence', fence.resource, fence.op);
+            END IF;
         END IF;
         RETURN fence.token;
     END IF;
@@ -304,7 +318,9 @@ BEGIN
      WHERE f.token <= excluded.token;
     IF FOUND THEN
         IF fence.op IS NOT NULL THEN
-            PERFORM pgfence.raise_if_abandoned('fence', fence.resource, fence.op);
+            IF EXISTS (SELECT 1 FROM pgfence.abandoned_requests ab WHERE ab.id = fence.op) THEN
+                PERFORM pgfence.raise_if_abandoned('fence', fence.resource, fence.op);
+            END IF;
         END IF;
         RETURN fence.token;
     END IF;
@@ -677,11 +693,23 @@ DECLARE
     v_old     text;
     v_claimed boolean;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.require_granted('idempotency scope', p_scope);
-    PERFORM pgfence.idempotency_durable();
-    PERFORM pgfence.idempotency_require_read_committed();
-    PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('idempotency scope', p_scope);
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM pgfence.idempotency_require_read_committed();
+    END IF;
+    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512
+       OR p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64
+       OR p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
+        PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
+    END IF;
     IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
         RAISE EXCEPTION 'pgfence: idempotency lease must be 1 ms to 24 hours, got %', p_lease USING ERRCODE = 'PF008';
     END IF;
@@ -775,11 +803,23 @@ DECLARE
     v_claimed boolean;
     v_old     text;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.require_granted('idempotency scope', p_scope);
-    PERFORM pgfence.idempotency_durable();
-    PERFORM pgfence.idempotency_require_read_committed();
-    PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('idempotency scope', p_scope);
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM pgfence.idempotency_require_read_committed();
+    END IF;
+    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512
+       OR p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64
+       OR p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
+        PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
+    END IF;
     IF p_wait IS NULL OR p_wait < interval '1 millisecond' OR p_wait > interval '2147483647 milliseconds' THEN
         RAISE EXCEPTION 'pgfence: idempotency wait must be 1 ms to 2147483647 ms (lock_timeout''s largest value), got %', p_wait USING ERRCODE = 'PF008';
     END IF;
@@ -852,10 +892,18 @@ CREATE FUNCTION pgfence.idempotency_complete(p_scope text, p_key text, p_owner u
 DECLARE
     v_expires timestamptz;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.require_granted('idempotency scope', p_scope);
-    PERFORM pgfence.idempotency_durable();
-    PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('idempotency scope', p_scope);
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    IF octet_length(p_result) > 16777216 OR octet_length(p_failure_code) NOT BETWEEN 1 AND 128 OR octet_length(p_failure_message) > 4096 THEN
+        PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
+    END IF;
     UPDATE pgfence.idempotency_keys k
        SET status = CASE WHEN p_failure_code IS NULL THEN 'succeeded' ELSE 'failed' END,
            result = CASE WHEN p_failure_code IS NULL THEN coalesce(p_result, '') ELSE p_result END,
@@ -885,10 +933,18 @@ CREATE FUNCTION pgfence.idempotency_complete_atomic(p_scope text, p_key text, p_
 DECLARE
     v_expires timestamptz;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.require_granted('idempotency scope', p_scope);
-    PERFORM pgfence.idempotency_durable();
-    PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('idempotency scope', p_scope);
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    IF octet_length(p_result) > 16777216 OR octet_length(p_failure_code) NOT BETWEEN 1 AND 128 OR octet_length(p_failure_message) > 4096 THEN
+        PERFORM pgfence.idempotency_check_result(p_result, p_failure_code, p_failure_message);
+    END IF;
     UPDATE pgfence.idempotency_keys k
        SET status = CASE WHEN p_failure_code IS NULL THEN 'succeeded' ELSE 'failed' END,
            result = CASE WHEN p_failure_code IS NULL THEN coalesce(p_result, '') ELSE p_result END,
@@ -961,9 +1017,15 @@ CREATE FUNCTION pgfence.idempotency_heartbeat(p_scope text, p_key text, p_owner 
 DECLARE
     v_expires timestamptz;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.require_granted('idempotency scope', p_scope);
-    PERFORM pgfence.idempotency_durable();
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('idempotency scope', p_scope);
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
     IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
         RAISE EXCEPTION 'pgfence: idempotency lease must be 1 ms to 24 hours, got %', p_lease USING ERRCODE = 'PF008';
     END IF;
@@ -1641,19 +1703,32 @@ CREATE FUNCTION pgfence.prune_lease_events(p_key text DEFAULT NULL::text, p_keep
 DECLARE
     n bigint;
 BEGIN
-    PERFORM pgfence.require_primary();
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
     IF p_keep IS NULL OR p_keep < 0 THEN
         RAISE EXCEPTION 'pgfence: prune_lease_events keep must be >= 0, got %', p_keep
             USING ERRCODE = 'PF008';
     END IF;
-    WITH ranked AS (
-        SELECT e.id, row_number() OVER (PARTITION BY e.key ORDER BY e.id DESC) AS rn
-        FROM pgfence.lease_events e
-        WHERE p_key IS NULL OR e.key = p_key
-    )
-    DELETE FROM pgfence.lease_events e
-    USING ranked r
-    WHERE e.id = r.id AND r.rn > p_keep;
+    IF p_key IS NULL THEN
+        WITH ranked AS (
+            SELECT e.id, row_number() OVER (PARTITION BY e.key ORDER BY e.id DESC) AS rn
+            FROM pgfence.lease_events e
+        )
+        DELETE FROM pgfence.lease_events e
+        USING ranked r
+        WHERE e.id = r.id AND r.rn > p_keep;
+    ELSIF p_keep = 0 THEN
+        DELETE FROM pgfence.lease_events e WHERE e.key = p_key;
+    ELSE
+        -- One key (every 32nd grant prunes its own key): the events older
+        -- than its p_keep-th newest, found from the newest end of the
+        -- (key, id) index, whatever the size of the table.
+        DELETE FROM pgfence.lease_events e
+         WHERE e.key = p_key
+           AND e.id < (SELECT x.id FROM pgfence.lease_events x WHERE x.key = p_key
+                        ORDER BY x.id DESC OFFSET p_keep - 1 LIMIT 1);
+    END IF;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END;
@@ -1918,14 +1993,22 @@ DECLARE
     cur       pgfence.leases%ROWTYPE;
     v_expired boolean;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
-    PERFORM pgfence.require_granted('lease', p_key);
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
+        PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('lease', p_key);
+    END IF;
     IF p_holder IS NULL OR p_token IS NULL THEN
         RAISE EXCEPTION 'pgfence: release of lease % needs a holder and a token', p_key
             USING ERRCODE = 'PF008';
     END IF;
-    PERFORM pgfence.check_token(p_token);
+    IF p_token IS NULL OR p_token <= 0 OR p_token > 6917529027641081856 THEN
+        PERFORM pgfence.check_token(p_token);
+    END IF;
 
     IF p_durable IS NOT FALSE THEN
         IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -1973,14 +2056,23 @@ DECLARE
     cur   pgfence.leases%ROWTYPE;
     v_exp timestamptz;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.lease_check_args(p_key, p_ttl, NULL);
-    PERFORM pgfence.require_granted('lease', p_key);
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512
+       OR p_ttl < interval '1 millisecond' OR p_ttl > pgfence.lease_max_ttl() THEN
+        PERFORM pgfence.lease_check_args(p_key, p_ttl, NULL);
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('lease', p_key);
+    END IF;
     IF p_ttl IS NULL OR p_holder IS NULL OR p_token IS NULL THEN
         RAISE EXCEPTION 'pgfence: renew of lease % needs a holder, a token and a ttl', p_key
             USING ERRCODE = 'PF008';
     END IF;
-    PERFORM pgfence.check_token(p_token);
+    IF p_token IS NULL OR p_token <= 0 OR p_token > 6917529027641081856 THEN
+        PERFORM pgfence.check_token(p_token);
+    END IF;
 
     SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key FOR UPDATE;
     IF cur.key IS NULL OR cur.holder <> p_holder OR cur.token <> p_token THEN
@@ -2177,7 +2269,9 @@ CREATE FUNCTION pgfence.token_epoch() RETURNS bigint
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    PERFORM pgfence.require_primary();
+    IF pg_catalog.pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
     RETURN ('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
 END;
 $$;
@@ -2200,9 +2294,17 @@ DECLARE
     v_lock   bigint := hashtextextended('pgfence.lease:' || p_key, 0);
     v_busy   boolean;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.lease_check_args(p_key, p_ttl, coalesce(p_holder_info, ''));
-    PERFORM pgfence.require_granted('lease', p_key);
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512
+       OR p_ttl < interval '1 millisecond' OR p_ttl > pgfence.lease_max_ttl()
+       OR octet_length(coalesce(p_holder_info, '')) > 1024 THEN
+        PERFORM pgfence.lease_check_args(p_key, p_ttl, coalesce(p_holder_info, ''));
+    END IF;
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        PERFORM pgfence.require_granted('lease', p_key);
+    END IF;
     IF p_ttl IS NULL THEN
         RAISE EXCEPTION 'pgfence: lease ttl must not be NULL' USING ERRCODE = 'PF008';
     END IF;
@@ -2273,21 +2375,42 @@ BEGIN
         PERFORM set_config('synchronous_commit', 'on', true);
     END IF;
 
-    -- The grant. ON CONFLICT's WHERE is evaluated on the locked, latest row.
-    INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, holder_info, client_version)
-    VALUES (p_key, v_holder, pgfence.next_token(NULL), clock_timestamp(), clock_timestamp() + p_ttl,
-            coalesce(p_holder_info, ''), p_client_version)
-    ON CONFLICT (key) DO UPDATE
-        SET holder         = EXCLUDED.holder,
-            token          = pgfence.next_token(l.token),
-            granted_at     = clock_timestamp(),
-            renewed_at     = NULL,
-            expires_at     = clock_timestamp() + p_ttl,
-            released_at    = NULL,
-            holder_info    = EXCLUDED.holder_info,
-            client_version = EXCLUDED.client_version
-        WHERE l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp()
-    RETURNING l.token, l.granted_at, l.expires_at INTO v_token, v_grant, v_exp;
+    -- The grant. A key granted before (the common case) is updated in place:
+    -- under READ COMMITTED an UPDATE that meets a row changed by a concurrent
+    -- grant waits for it and re-checks its WHERE on the newest version, as ON
+    -- CONFLICT DO UPDATE does, and it draws one token where the upsert drew
+    -- two (VALUES is evaluated before the conflict is found).
+    IF cur.key IS NOT NULL THEN
+        UPDATE pgfence.leases AS l
+           SET holder         = v_holder,
+               token          = pgfence.next_token(l.token),
+               granted_at     = clock_timestamp(),
+               renewed_at     = NULL,
+               expires_at     = clock_timestamp() + p_ttl,
+               released_at    = NULL,
+               holder_info    = coalesce(p_holder_info, ''),
+               client_version = p_client_version
+         WHERE l.key = p_key AND (l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp())
+        RETURNING l.token, l.granted_at, l.expires_at INTO v_token, v_grant, v_exp;
+    END IF;
+    -- A first grant, or a row pruned since the read: ON CONFLICT's WHERE is
+    -- evaluated on the locked, latest row.
+    IF v_token IS NULL THEN
+        INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, holder_info, client_version)
+        VALUES (p_key, v_holder, pgfence.next_token(NULL), clock_timestamp(), clock_timestamp() + p_ttl,
+                coalesce(p_holder_info, ''), p_client_version)
+        ON CONFLICT (key) DO UPDATE
+            SET holder         = EXCLUDED.holder,
+                token          = pgfence.next_token(l.token),
+                granted_at     = clock_timestamp(),
+                renewed_at     = NULL,
+                expires_at     = clock_timestamp() + p_ttl,
+                released_at    = NULL,
+                holder_info    = EXCLUDED.holder_info,
+                client_version = EXCLUDED.client_version
+            WHERE l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp()
+        RETURNING l.token, l.granted_at, l.expires_at INTO v_token, v_grant, v_exp;
+    END IF;
 
     IF v_token IS NULL THEN
         -- Someone else won between the read and the upsert.
@@ -2303,7 +2426,9 @@ BEGIN
     -- statement of its own (a snapshot taken after the lock): an abandonment
     -- committed before is seen here, one committed after waits for our
     -- commit in grant_probe and finds the grant.
-    PERFORM pgfence.raise_if_abandoned('grant', p_key, v_holder);
+    IF EXISTS (SELECT 1 FROM pgfence.abandoned_requests ab WHERE ab.id = v_holder) THEN
+        PERFORM pgfence.raise_if_abandoned('grant', p_key, v_holder);
+    END IF;
 
     -- The read above tells which grant we replaced (exact unless that grant
     -- changed between the read and the upsert, which only affects the label).
