@@ -23,8 +23,14 @@ type Client struct {
 	log  *slog.Logger
 	tel  *instruments
 
-	closing chan struct{}  // closed by Close
+	closing chan struct{}   // closed by Close
+	life    context.Context // ends when Close is called
+	endLife context.CancelFunc
 	bg      sync.WaitGroup // background read-backs of lost grant replies
+
+	// grants and releases coalesce calls when Config.GroupCommit is set.
+	grants   *group[grantRequest, grantReply]
+	releases *group[releaseRequest, releaseReply]
 
 	// seenEpoch is the highest token epoch (timeline, token >> 40) of any
 	// grant this client received. A grant from a lower epoch comes from a
@@ -59,7 +65,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{
+	c := &Client{
 		pool:    pool,
 		cfg:     resolved,
 		log:     resolved.Logger,
@@ -67,7 +73,15 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		closing: make(chan struct{}),
 		queues:  make(map[string]*queue),
 		windows: make(map[string]time.Duration),
-	}, nil
+	}
+	c.life, c.endLife = context.WithCancel(context.Background())
+	if resolved.GroupCommit {
+		c.grants = &group[grantRequest, grantReply]{c: c, send: c.sendGrants,
+			key: func(r grantRequest) string { return r.key }}
+		c.releases = &group[releaseRequest, releaseReply]{c: c, send: c.sendReleases,
+			key: func(r releaseRequest) string { return r.key }}
+	}
+	return c, nil
 }
 
 // Close stops the client's LISTEN connection and makes waiting Acquire calls
@@ -82,6 +96,7 @@ func (c *Client) Close() error {
 	}
 	c.closed = true
 	close(c.closing)
+	c.endLife()
 	l := c.listener
 	c.mu.Unlock()
 	if l != nil {
