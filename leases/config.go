@@ -116,11 +116,10 @@ type Config struct {
 	// announce its grant (NOTIFY pgfence_lease_granted): waiters of other
 	// clients then skip their attempt and set their timers to the new lease's
 	// expiry. Off by default: a NOTIFY wakes every listening session of the
-	// database and serialises the commits that send one. On a 2-core machine
-	// with 64 clients waiting for one key, announcing saved 1.7 statements
-	// per hand-off but raised the hand-off p50 from 3.0 to 5.0 ms and cut
-	// hand-offs per second by 40%; with 8 to 16 it made no difference. Turn it
-	// on when statements, not database CPU, are what you need to save.
+	// database and serialises the commits that send one. With many clients
+	// waiting for one key it saves attempts but lengthens hand-offs, and with
+	// a few it makes no difference. Turn it on when statements, not database
+	// CPU, are what you need to save.
 	// Clients that do not announce still act on the announcements of those
 	// that do.
 	AnnounceGrants bool
