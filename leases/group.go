@@ -25,9 +25,10 @@ import (
 // the load.
 //
 // A statement of the batch runs each call's SQL function, in the order of
-// the keys (two batches lock their rows in one order). If the statement
-// fails with an error from the server, it rolled back and granted or
-// released nothing: each call is sent again alone, to get its own answer.
+// the keys (two batches lock their rows in one order); a batch of one call
+// sends the call's own statement. If a batch of several fails with an error
+// from the server, it rolled back and granted or released nothing: each call
+// is sent again alone, to get its own answer.
 // If the reply is lost, every call in it has an unknown outcome and is
 // settled alone by its holder id, as a single grant is.
 const (
@@ -227,6 +228,12 @@ func (c *Client) sendGrants(ctx context.Context, calls []*groupCall[grantRequest
 		return err
 	}
 	defer conn.Release()
+	if n == 1 {
+		// Alone: the single statement, which costs less than the arrays.
+		r := &calls[0].res
+		return conn.QueryRow(ctx, sqlTryAcquire, keys[0], ttls[0], infos[0], holders[0], ClientVersion(), announce[0]).
+			Scan(&r.acquired, &r.holder, &r.token, &r.granted, &r.expiresAt, &r.remainingMicros)
+	}
 	rows, err := conn.Query(ctx, sqlTryAcquireMany, keys, ttls, infos, holders, announce, ClientVersion())
 	if err != nil {
 		return batchError(err)
@@ -280,6 +287,10 @@ func (c *Client) sendReleases(ctx context.Context, calls []*groupCall[releaseReq
 		return err
 	}
 	defer conn.Release()
+	if n == 1 {
+		r := &calls[0].res
+		return conn.QueryRow(ctx, sqlRelease, keys[0], holders[0], tokens[0], c.cfg.DurableRelease).Scan(&r.changed, &r.status)
+	}
 	rows, err := conn.Query(ctx, sqlReleaseMany, keys, holders, tokens, c.cfg.DurableRelease)
 	if err != nil {
 		return batchError(err)
