@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/testkit/pgbouncer"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
@@ -285,5 +288,69 @@ func TestGroupCommitReleasesTogether(t *testing.T) {
 		if _, err := c.TryAcquire(ctx, l.Key(), time.Minute, nil); err != nil {
 			t.Errorf("%s after its release: %v", l.Key(), err)
 		}
+	}
+}
+
+// Behind PgBouncer in transaction mode (no named prepared statements), a
+// batch is one statement like any other: queued grants go together and each
+// gets its own answer, and queued releases likewise.
+func TestGroupCommitBehindPgBouncer(t *testing.T) {
+	cluster := pgfencetest.NewCluster(t, nil)
+	db := cluster.NewDatabase(t)
+	ctx := ctxTimeout(t, 2*time.Minute)
+	b, err := pgbouncer.Start(ctx, &pgbouncer.Config{Upstream: cluster.Addr(), Credential: cluster.Internal().Credential(), PoolSize: 4})
+	if err != nil {
+		if errors.Is(err, pgbouncer.ErrNotFound) && os.Getenv("CI") != "true" {
+			t.Skip(err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	cfg, err := pgxpool.ParseConfig(b.ConnString(db.Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true, GroupCommit: true})
+
+	var keys []string
+	for i := range 12 {
+		keys = append(keys, fmt.Sprintf("group/bouncer/%02d", i))
+	}
+	unblock, results := queueBehindBlockedBatch(t, ctx, db.Pool, c, keys)
+	unblock()
+	var ls []*leases.Lease
+	for _, a := range results() {
+		if a.err != nil {
+			t.Fatalf("%s behind PgBouncer: %v", a.key, a.err)
+		}
+		ls = append(ls, a.l)
+	}
+	var txs int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(DISTINCT xmin::text) FROM pgfence.leases WHERE key LIKE 'group/bouncer/%'`).Scan(&txs); err != nil {
+		t.Fatal(err)
+	}
+	if txs != 1 {
+		t.Errorf("the queued grants took %d transactions, want 1", txs)
+	}
+	var wg sync.WaitGroup
+	for _, l := range ls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := l.Release(ctx); err != nil {
+				t.Errorf("%s: %v", l.Key(), err)
+			}
+		}()
+	}
+	wg.Wait()
+	var live int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.lease_status WHERE key LIKE 'group/bouncer/%' AND live`).Scan(&live); err != nil || live != 0 {
+		t.Fatalf("live leases after the releases: %d %v", live, err)
 	}
 }
