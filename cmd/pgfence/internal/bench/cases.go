@@ -82,6 +82,40 @@ const (
 	sqlNextToken  = `SELECT pgfence.next_token(NULL)`
 )
 
+// firstWrites is how many never-written resources a first-write case
+// prepares per run: more than two cores write in one run.
+const firstWrites = 100000
+
+// sqlIssueFirst issues token $2 for $3 fresh lease keys named $1 || n (a
+// released grant each, as sqlIssueAll), so that their resources can be fenced.
+const sqlIssueFirst = `INSERT INTO pgfence.leases (key, holder, token, granted_at, expires_at, released_at)
+  SELECT $1 OPERATOR(pg_catalog.||) g, pg_catalog.gen_random_uuid(), $2, t, t, t
+    FROM pg_catalog.generate_series(0, $3::int - 1) g, (SELECT pg_catalog.clock_timestamp() AS t) c`
+
+// sqlFenceFirst is the hand-written floor of a resource's first fenced
+// write: the fence row's upsert, refusing a lower token.
+const sqlFenceFirst = `INSERT INTO pgfence_bench.fences AS f (resource, token, op) VALUES ($1, $2, $3)
+  ON CONFLICT (resource) DO UPDATE SET token = excluded.token, op = excluded.op
+  WHERE f.token OPERATOR(pg_catalog.<=) excluded.token`
+
+// firstRun numbers the runs of the first-write cases: each run writes
+// resources no run wrote before.
+var firstRun atomic.Int64
+
+// firstNames returns a prefix no earlier run used and a function handing out
+// its resources in turn, each once; it fails when firstWrites are used up.
+func firstNames(kind string) (string, func() (string, error)) {
+	prefix := fmt.Sprintf("first/%s/%d/", kind, firstRun.Add(1))
+	var next atomic.Int64
+	return prefix, func() (string, error) {
+		n := next.Add(1) - 1
+		if n >= firstWrites {
+			return "", fmt.Errorf("the run wrote all %d fresh resources it prepared", firstWrites)
+		}
+		return prefix + strconv.FormatInt(n, 10), nil
+	}
+}
+
 // prepareProtected protects pgfence_bench.guarded (resource "bench/" || sku)
 // and fences each write to it as fenced-update does; the cleanup removes the
 // guard and the table.
@@ -296,6 +330,47 @@ func baseCases() []*Case {
 				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
 					id := w.Key()
 					_, err := pgfence.ExecToken(ctx, lab.pool, "bench/"+strconv.Itoa(id), token, sqlUpdate, id)
+					return 0, err
+				}, func() {}, nil
+			}},
+		{Name: "raw-fence-first", Group: "first fenced write", What: "the floor of a resource's first fenced write: a hand-written fence row INSERT … ON CONFLICT plus the same UPDATE, in one batch",
+			prepare: func(ctx context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
+				_, next := firstNames("raw")
+				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+					resource, err := next()
+					if err != nil {
+						return 0, err
+					}
+					batch := &pgx.Batch{}
+					batch.Queue(sqlFenceFirst, resource, 2, randomUUID(w))
+					batch.Queue(sqlUpdate, w.Key())
+					br := lab.pool.SendBatch(ctx, batch)
+					tag, err := br.Exec()
+					if err == nil && tag.RowsAffected() != 1 {
+						err = fmt.Errorf("the first fence row of %s was refused", resource)
+					}
+					if cerr := br.Close(); err == nil {
+						err = cerr
+					}
+					return 0, err
+				}, func() {}, nil
+			}},
+		{Name: "fenced-first", Group: "first fenced write", What: "pgfence.Exec of the same UPDATE on a resource never fenced before: its fence row is inserted",
+			prepare: func(ctx context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
+				var token int64
+				if err := lab.pool.QueryRow(ctx, sqlNextToken).Scan(&token); err != nil {
+					return nil, nil, err
+				}
+				prefix, next := firstNames("pgfence")
+				if _, err := lab.pool.Exec(ctx, sqlIssueFirst, prefix, token, firstWrites); err != nil {
+					return nil, nil, err
+				}
+				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+					resource, err := next()
+					if err != nil {
+						return 0, err
+					}
+					_, err = pgfence.ExecToken(ctx, lab.pool, resource, token, sqlUpdate, w.Key())
 					return 0, err
 				}, func() {}, nil
 			}},

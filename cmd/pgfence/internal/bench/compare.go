@@ -204,6 +204,7 @@ func compare(runs [][]benchrun.Result) []string {
 		pair("leases-group", "leases", opsRatio, pct, "leases with GroupCommit at %s of leases without it (what coalescing saves or costs)")
 		pair("fenced-update", "raw-fence-row", p50Ratio, times, "fenced write (pgfence.Exec) p50 %s the hand-written fence row floor (goal ≤ 1.10×)")
 		pair("protected-update", "raw-fence-row", p50Ratio, times, "fenced write to a protected table p50 %s the hand-written fence row floor (goal ≤ 1.15×)")
+		pair("fenced-first", "raw-fence-first", p50Ratio, times, "a resource's first fenced write (pgfence.Exec) p50 %s the hand-written INSERT … ON CONFLICT floor (goal ≤ 1.2×)")
 		pair("raw-fence-row", "raw-update", p50Ratio, times, "the hand-written fence row floor: p50 %s the unfenced UPDATE (what recording each write costs)")
 		pair("fenced-update", "raw-update", p50Ratio, times, "fenced write (pgfence.Exec) p50 %s the unfenced UPDATE")
 		pair("versioned-update", "raw-update", p50Ratio, times, "versioned row write (pgfence.UpdateRow) p50 %s the unfenced UPDATE (no fence row: nothing recorded)")
