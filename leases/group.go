@@ -59,11 +59,12 @@ var errAlone = errors.New("leases: the batch was refused; each call goes alone")
 
 // A groupCall is one call waiting in a group: its request, then its reply.
 type groupCall[Req, Res any] struct {
-	ctx  context.Context
-	req  Req
-	res  Res
-	err  error
-	done chan struct{}
+	ctx     context.Context
+	req     Req
+	res     Res
+	err     error
+	dropped bool // its context ended before its batch was sent
+	done    chan struct{}
 }
 
 // group coalesces the calls of one kind (grants, or releases) of a client.
@@ -111,23 +112,21 @@ func (g *group[Req, Res]) do(ctx context.Context, req Req) (res Res, sent bool, 
 	}
 	select {
 	case <-call.done:
-		return call.res, true, call.err
 	case <-ctx.Done():
-	}
-	g.mu.Lock()
-	queued := slices.Contains(g.queue, call)
-	if queued {
-		g.queue = slices.DeleteFunc(g.queue, func(x *groupCall[Req, Res]) bool { return x == call })
-	}
-	g.mu.Unlock()
-	if !queued {
+		g.mu.Lock()
+		if i := slices.Index(g.queue, call); i >= 0 {
+			g.queue = slices.Delete(g.queue, i, i+1)
+			g.mu.Unlock()
+			return res, false, context.Cause(ctx)
+		}
+		g.mu.Unlock()
 		select {
-		case <-call.done: // answered meanwhile
-			return call.res, true, call.err
+		case <-call.done: // answered, or dropped, meanwhile
 		default:
+			return res, true, context.Cause(ctx) // its batch is on its way
 		}
 	}
-	return res, !queued, context.Cause(ctx)
+	return call.res, !call.dropped, call.err
 }
 
 // take removes the next batch from the queue: its first groupMaxCalls calls
@@ -136,7 +135,14 @@ func (g *group[Req, Res]) take() []*groupCall[Req, Res] {
 	n := min(len(g.queue), groupMaxCalls)
 	batch := slices.Clone(g.queue[:n])
 	g.queue = slices.Delete(g.queue, 0, n)
-	batch = slices.DeleteFunc(batch, func(c *groupCall[Req, Res]) bool { return c.ctx.Err() != nil })
+	batch = slices.DeleteFunc(batch, func(c *groupCall[Req, Res]) bool {
+		if c.ctx.Err() == nil {
+			return false
+		}
+		c.err, c.dropped = context.Cause(c.ctx), true
+		close(c.done)
+		return true
+	})
 	slices.SortStableFunc(batch, func(a, b *groupCall[Req, Res]) int { return strings.Compare(g.key(a.req), g.key(b.req)) })
 	return batch
 }
