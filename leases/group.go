@@ -17,20 +17,18 @@ import (
 // commit makes all of them durable. Each call keeps its own result: a key
 // held by someone else is a [HeldError] for that call only.
 //
-// A call never waits for a timer. When fewer than groupInFlight batches of
-// its kind are in flight it is sent at once, by its own goroutine, with
-// whatever queued; otherwise it waits for one of them to return and goes with
-// everything that queued meanwhile.
-// So one caller alone pays nothing, and under load the batches grow with
-// the load.
+// A call never waits for a timer. When no batch of its kind is in flight it
+// is sent at once, alone, by its own goroutine; otherwise it waits for that
+// batch to return and goes with everything that queued meanwhile. So one
+// caller alone pays nothing, and under load the batches grow with the load.
 //
 // A statement of the batch runs each call's SQL function, in the order of
 // the keys (two batches lock their rows in one order); a batch of one call
 // sends the call's own statement. If a batch of several fails with an error
 // from the server, it rolled back and granted or released nothing: each call
-// is sent again alone, to get its own answer.
-// If the reply is lost, every call in it has an unknown outcome and is
-// settled alone by its holder id, as a single grant is.
+// is sent again alone, to get its own answer. If the reply is lost, every
+// call in it has an unknown outcome and is settled alone by its holder id,
+// as a single grant is.
 const (
 	// groupInFlight is how many batches of one kind a client runs at once.
 	groupInFlight = 1
