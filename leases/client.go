@@ -23,9 +23,7 @@ type Client struct {
 	log  *slog.Logger
 	tel  *instruments
 
-	closing chan struct{}   // closed by Close
-	life    context.Context // ends when Close is called
-	endLife context.CancelFunc
+	closing chan struct{}  // closed by Close
 	bg      sync.WaitGroup // background read-backs of lost grant replies
 
 	// grants and releases coalesce calls when Config.GroupCommit is set.
@@ -74,7 +72,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		queues:  make(map[string]*queue),
 		windows: make(map[string]time.Duration),
 	}
-	c.life, c.endLife = context.WithCancel(context.Background())
 	if resolved.GroupCommit {
 		c.grants = &group[grantRequest, grantReply]{c: c, send: c.sendGrants,
 			key: func(r grantRequest) string { return r.key }}
@@ -96,7 +93,6 @@ func (c *Client) Close() error {
 	}
 	c.closed = true
 	close(c.closing)
-	c.endLife()
 	l := c.listener
 	c.mu.Unlock()
 	if l != nil {

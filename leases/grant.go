@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/telemetry"
 	"github.com/pgfence/pgfence/internal/tracesql"
 )
@@ -45,7 +44,7 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 		case err != nil:
 			c.tel.attempted(ctx, err, false, false)
 			classified := classify(err)
-			if pgerr.PgError(err) == nil && !errors.Is(classified, ErrUnavailable) {
+			if errors.Is(classified, ErrOutcomeUnknown) {
 				// The batch was sent and its reply lost, or this call
 				// stopped waiting for it: settled alone, by its holder id.
 				return c.resolveGrant(ctx, &orphan{key: key, holder: holder, ttl: ttl, margin: margin, start: start}, err)

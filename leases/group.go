@@ -164,8 +164,9 @@ func (g *group[Req, Res]) run(batch []*groupCall[Req, Res]) {
 }
 
 // sendBatch sends one batch and answers its calls. The batch's context ends
-// when every call's context has ended (nobody waits for it any more) or the
-// client closes.
+// when every call's context has ended: nobody waits for it any more. Close
+// does not end it: a lease may be released after Close, and the background
+// settlement of a lost grant releases what it finds.
 func (g *group[Req, Res]) sendBatch(batch []*groupCall[Req, Res]) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
@@ -181,8 +182,6 @@ func (g *group[Req, Res]) sendBatch(batch []*groupCall[Req, Res]) {
 		})
 		defer stop()
 	}
-	stopClose := context.AfterFunc(g.c.life, func() { cancel(ErrClosed) })
-	defer stopClose()
 	err := g.send(ctx, batch)
 	for _, call := range batch {
 		if err != nil {
