@@ -84,7 +84,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 // Close stops the client's LISTEN connection and makes waiting Acquire calls
 // return [ErrClosed]. Leases already granted stay valid: release them first.
 // It waits for the background read-backs of lost grant replies that started
-// before it was called, each bounded by [Config.ResolveTimeout].
+// before it was called, and for the release of a grant one of them finds
+// that nobody received, each bounded by [Config.ResolveTimeout].
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {

@@ -147,7 +147,9 @@ func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lea
 	select {
 	case r := <-o.result: // settled just now
 		if r.l != nil {
-			c.adoptOrRelease(ctx, r.l)
+			if !c.adopt(r.l) {
+				c.releaseInBackground(ctx, r.l)
+			}
 		}
 	default:
 		c.cfg.Logger.Debug("pgfence lease: a lost grant reply is settled in the background", "key", o.key, "holder", o.holder)
@@ -171,8 +173,10 @@ func (c *Client) settle(ctx context.Context, o *orphan) {
 				o.result <- r
 			}
 			o.mu.Unlock()
-			if !waiting && r.l != nil {
-				c.adoptOrRelease(bg, r.l)
+			if !waiting && r.l != nil && !c.adopt(r.l) {
+				// Released here, not in another goroutine: Close waits
+				// for this settlement, release included.
+				c.releaseNow(bg, r.l)
 			}
 			return
 		}
@@ -211,7 +215,7 @@ func (c *Client) settleOnce(ctx context.Context, o *orphan) (settlement, error) 
 		// Granted, but it has ended, or this client may no longer trust it.
 		if live {
 			l := c.newLease(o.key, o.holder, *token, o.ttl, o.margin, o.start, *grantedAt, *expires)
-			c.releaseInBackground(ctx, l)
+			c.releaseNow(ctx, l)
 		}
 		return settlement{granted: true}, nil
 	}
@@ -221,10 +225,10 @@ func (c *Client) settleOnce(ctx context.Context, o *orphan) (settlement, error) 
 	return settlement{granted: true, l: c.newLease(o.key, o.holder, *token, o.ttl, o.margin, o.start, *grantedAt, *expires)}, nil
 }
 
-// adoptOrRelease gives l, a lost grant reply's lease that its caller no
-// longer waits for, to an Acquire of the same key waiting in this client, or
-// else releases it.
-func (c *Client) adoptOrRelease(ctx context.Context, l *Lease) {
+// adopt gives l, a lost grant reply's lease that its caller no longer waits
+// for, to an Acquire of the same key waiting in this client, and reports
+// whether one took it.
+func (c *Client) adopt(l *Lease) bool {
 	taken := false
 	c.mu.Lock()
 	c.pollers(l.key, func(w *waiter) {
@@ -237,18 +241,20 @@ func (c *Client) adoptOrRelease(ctx context.Context, l *Lease) {
 		}
 	})
 	c.mu.Unlock()
-	if !taken {
-		c.releaseInBackground(ctx, l)
-	}
+	return taken
 }
 
-// releaseInBackground releases l, bounded by Config.ResolveTimeout.
+// releaseNow releases l, bounded by Config.ResolveTimeout.
+func (c *Client) releaseNow(ctx context.Context, l *Lease) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ResolveTimeout)
+	defer cancel()
+	_ = l.Release(rctx)
+}
+
+// releaseInBackground releases l in a goroutine of its own, bounded by
+// Config.ResolveTimeout.
 func (c *Client) releaseInBackground(ctx context.Context, l *Lease) {
-	c.background(func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ResolveTimeout)
-		defer cancel()
-		_ = l.Release(rctx)
-	})
+	c.background(func() { c.releaseNow(ctx, l) })
 }
 
 // sendGrant runs one grant attempt (pgfence.try_acquire) and scans its row
