@@ -354,3 +354,45 @@ func TestGroupCommitBehindPgBouncer(t *testing.T) {
 		t.Fatalf("live leases after the releases: %d %v", live, err)
 	}
 }
+
+// An attempt whose context ends after it was sent (alone, or in a batch)
+// has an unknown outcome: the caller hears ErrOutcomeUnknown at once, and
+// the settlement in the background leaves the key free (the statement was
+// canceled, or the grant it made is released) before Close returns, never
+// held by a grant nobody received.
+func TestCanceledAfterSentIsSettledBeforeClose(t *testing.T) {
+	for _, group := range []bool{false, true} {
+		t.Run(fmt.Sprintf("GroupCommit=%v", group), func(t *testing.T) { canceledAfterSentIsSettled(t, group) })
+	}
+}
+
+func canceledAfterSentIsSettled(t *testing.T, group bool) {
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true, GroupCommit: group})
+	unblock := blockKey(t, ctx, pool, c, "group/blocker")
+	actx, cancel := context.WithCancelCause(ctx)
+	got := make(chan error, 1)
+	go func() {
+		_, err := c.TryAcquire(actx, "group/blocker", time.Minute, nil)
+		got <- err
+	}()
+	waitUntil(t, "the batch to wait for the row lock", func() bool { return waitingOnLock(t, ctx, pool) })
+	cancel(errors.New("gave up while the batch ran"))
+	if err := <-got; !errors.Is(err, leases.ErrOutcomeUnknown) {
+		t.Fatalf("canceled after its batch was sent: %v, want ErrOutcomeUnknown", err)
+	}
+	unblock()
+	// Close waits for the settlement in the background.
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var live bool
+	if err := pool.QueryRow(ctx, `SELECT live FROM pgfence.lease_status WHERE key = 'group/blocker'`).Scan(&live); err != nil || live {
+		t.Fatalf("after the settlement the key is live=%v (%v): a grant nobody received holds it", live, err)
+	}
+	other := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	if _, err := other.TryAcquire(ctx, "group/blocker", time.Minute, nil); err != nil {
+		t.Fatalf("the key after the settlement: %v", err)
+	}
+}
