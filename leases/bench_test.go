@@ -71,17 +71,6 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			return l.Release(ctx)
 		})
 	})
-	b.Run("client-group-commit", func(b *testing.B) {
-		pool, _ := benchPool(b, 4)
-		c := newClient(b, pool, &leases.Config{GroupCommit: true})
-		run(b, func() error {
-			l, err := c.TryAcquire(ctx, key(), 30*time.Second, nil)
-			if err != nil {
-				return err
-			}
-			return l.Release(ctx)
-		})
-	})
 	b.Run("client-durable-release", func(b *testing.B) {
 		pool, _ := benchPool(b, 4)
 		c := newClient(b, pool, &leases.Config{DurableRelease: true})

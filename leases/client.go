@@ -26,10 +26,6 @@ type Client struct {
 	closing chan struct{}  // closed by Close
 	bg      sync.WaitGroup // background read-backs of lost grant replies
 
-	// grants and releases coalesce calls when Config.GroupCommit is set.
-	grants   *group[grantRequest, grantReply]
-	releases *group[releaseRequest, releaseReply]
-
 	// seenEpoch is the highest token epoch (timeline, token >> 40) of any
 	// grant this client received. A grant from a lower epoch comes from a
 	// server on an older timeline: a demoted primary that still accepts writes.
@@ -63,7 +59,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{
+	return &Client{
 		pool:    pool,
 		cfg:     resolved,
 		log:     resolved.Logger,
@@ -71,14 +67,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		closing: make(chan struct{}),
 		queues:  make(map[string]*queue),
 		windows: make(map[string]time.Duration),
-	}
-	if resolved.GroupCommit {
-		c.grants = &group[grantRequest, grantReply]{c: c, send: c.sendGrants,
-			key: func(r grantRequest) string { return r.key }}
-		c.releases = &group[releaseRequest, releaseReply]{c: c, send: c.sendReleases,
-			key: func(r releaseRequest) string { return r.key }}
-	}
-	return c, nil
+	}, nil
 }
 
 // Close stops the client's LISTEN connection and makes waiting Acquire calls

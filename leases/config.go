@@ -142,20 +142,6 @@ type Config struct {
 	// crash only makes the next holder wait for the lease to expire, and it
 	// saves a WAL flush per release.
 	DurableRelease bool
-	// GroupCommit coalesces the grant attempts of this client that run at
-	// the same time into one statement and one commit, and its releases
-	// likewise. Each call keeps its own result, and every grant is still
-	// durable before its token is returned. A call is never held back for
-	// others: with no batch in flight it goes at once, alone; under load,
-	// calls queue behind the batches in flight (at most two of each kind)
-	// and go together in the next one. It saves a commit and a round trip
-	// per call where many goroutines of one process take and release
-	// leases at once, at the cost of waiting for the batch ahead. A batch
-	// the server refuses (a paused prefix, a key outside the role's
-	// prefixes) rolled back and is sent again call by call. Calls whose
-	// context carries a trace id, and grants while takeovers are counted,
-	// go alone.
-	GroupCommit bool
 }
 
 func (c *Config) resolve() (Config, error) {

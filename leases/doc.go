@@ -86,12 +86,6 @@
 //     for this: when the context ends first, the call returns
 //     [ErrOutcomeUnknown] at once and the read-back finishes in the
 //     background, releasing a grant that nobody received.
-//   - With [Config.GroupCommit], attempts and releases that ran at the same
-//     time share one statement: a batch the server refuses rolled back and
-//     each call is sent again alone, for its own answer; a batch whose reply
-//     is lost leaves each of its grants to be read back alone by its holder
-//     id, as above. A call whose context ends while it is still queued was
-//     never sent and returns the context's error.
 //   - A grant whose token carries an older timeline than one this client
 //     already saw comes from a demoted primary (after a failover that did not
 //     stop it): it is refused with [ErrNotPrimary].
@@ -133,8 +127,6 @@
 //
 // A grant commits durably (one WAL flush); a release does not by default
 // ([Config.DurableRelease]), so a grant + release cycle waits for one flush.
-// [Config.GroupCommit] shares that flush, and the round trip, among the
-// grants (and releases) of one client that overlap in time.
 // pgfence.leases has fillfactor 80: grants and releases update the key's row
 // in place (HOT), so the table and its index do not grow under churn. The row
 // checks of leases and lease_events run as one plpgsql call per row, because

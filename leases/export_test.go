@@ -37,15 +37,3 @@ func StopTrustTimer(l *Lease) {
 
 // WatchReads is how many reads w has made.
 func WatchReads(w *Watcher) int64 { return w.reads.Load() }
-
-// GroupQueued is how many grant attempts and releases wait in c's group
-// commit queues (Config.GroupCommit) for the batch in flight to return.
-func GroupQueued(c *Client) (grants, releases int) {
-	c.grants.mu.Lock()
-	grants = len(c.grants.queue)
-	c.grants.mu.Unlock()
-	c.releases.mu.Lock()
-	releases = len(c.releases.queue)
-	c.releases.mu.Unlock()
-	return grants, releases
-}

@@ -157,18 +157,11 @@ func TestKilledWorkerTakenOverAfterTTL(t *testing.T) {
 // waits until it has finished), the client sees a broken connection, settles
 // the backend that ran it and reads the grant back by its holder id: it
 // returns the database's live grant, which only the read-back can have found.
-// With GroupCommit the grant goes in a batch statement; the same holds.
 func TestGrantReplyLostIsReadBack(t *testing.T) {
-	for _, group := range []bool{false, true} {
-		t.Run(fmt.Sprintf("GroupCommit=%v", group), func(t *testing.T) { grantReplyLostIsReadBack(t, group) })
-	}
-}
-
-func grantReplyLostIsReadBack(t *testing.T, group bool) {
 	checkLeaks(t)
 	db := pgfencetest.NewDatabase(t)
 	p := newProxy(t, db.URL)
-	c := newClient(t, proxiedPool(t, db.URL, p), &leases.Config{DisableWakeups: true, GroupCommit: group})
+	c := newClient(t, proxiedPool(t, db.URL, p), &leases.Config{DisableWakeups: true})
 	direct := leasesClient(t, db)
 	ctx := ctxTimeout(t, time.Minute)
 

@@ -31,45 +31,18 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 		granted, expiresAt *time.Time
 		remainingMicros    int64
 	)
-	alone := true
-	if c.grants != nil && telemetry.TraceID(ctx) == "" && !c.tel.takeovers.Enabled(ctx) {
-		r, sent, err := c.grants.do(ctx, grantRequest{key: key, holder: holder, info: info, ttl: ttl, announce: announce})
-		switch {
-		case errors.Is(err, errAlone):
-			// The batch rolled back: this attempt goes alone, same holder.
-		case err != nil && !sent:
-			// It gave up in the queue: nothing was sent.
-			c.tel.attempted(ctx, err, false, false)
-			return nil, fmt.Errorf("leases: acquire %q: %w", key, err)
-		case err != nil:
-			c.tel.attempted(ctx, err, false, false)
-			classified := classify(err)
-			if errors.Is(classified, ErrOutcomeUnknown) {
-				// The batch was sent and its reply lost, or this call
-				// stopped waiting for it: settled alone, by its holder id.
-				return c.resolveGrant(ctx, &orphan{key: key, holder: holder, ttl: ttl, margin: margin, start: start}, err)
-			}
-			return nil, fmt.Errorf("leases: acquire %q: %w", key, classified)
-		default:
-			alone = false
-			c.tel.attempted(ctx, nil, r.acquired, false)
-			acquired, gotHolder, token, granted, expiresAt, remainingMicros = r.acquired, r.holder, r.token, r.granted, r.expiresAt, r.remainingMicros
-		}
+	conn, err := c.conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("leases: acquire %q: %w", key, err)
 	}
-	if alone {
-		conn, err := c.conn(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("leases: acquire %q: %w", key, err)
+	err = c.sendGrant(ctx, conn, key, holder, ttl, info, announce, &acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)
+	conn.Release()
+	if err != nil {
+		classified := classify(err)
+		if errors.Is(classified, ErrOutcomeUnknown) {
+			return c.resolveGrant(ctx, &orphan{key: key, holder: holder, ttl: ttl, margin: margin, start: start}, err)
 		}
-		err = c.sendGrant(ctx, conn, key, holder, ttl, info, announce, &acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)
-		conn.Release()
-		if err != nil {
-			classified := classify(err)
-			if errors.Is(classified, ErrOutcomeUnknown) {
-				return c.resolveGrant(ctx, &orphan{key: key, holder: holder, ttl: ttl, margin: margin, start: start}, err)
-			}
-			return nil, fmt.Errorf("leases: acquire %q: %w", key, classified)
-		}
+		return nil, fmt.Errorf("leases: acquire %q: %w", key, classified)
 	}
 	if !acquired {
 		held := &HeldError{Key: key, Remaining: time.Duration(remainingMicros) * time.Microsecond}

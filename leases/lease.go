@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
-	"github.com/pgfence/pgfence/internal/telemetry"
 	"github.com/pgfence/pgfence/internal/tracesql"
 )
 
@@ -391,21 +390,6 @@ func (l *Lease) releasedBy(ctx context.Context, sent, regranted bool) error {
 
 // releaseOnce sends one release; its error is classified.
 func (l *Lease) releaseOnce(ctx context.Context) (changed bool, status string, err error) {
-	if l.c.releases != nil && telemetry.TraceID(ctx) == "" {
-		r, sent, err := l.c.releases.do(ctx, releaseRequest{key: l.key, holder: l.holder, token: l.token})
-		switch {
-		case errors.Is(err, errAlone):
-			// The batch rolled back: this release goes alone.
-		case err != nil && !sent:
-			// It gave up in the queue: nothing was sent.
-			return false, "", err
-		case err != nil:
-			// Sent: a lost reply, or this call stopped waiting for it.
-			return false, "", classify(err)
-		default:
-			return r.changed, r.status, nil
-		}
-	}
 	conn, err := l.c.conn(ctx) // fails only when nothing was sent
 	if err != nil {
 		return false, "", err

@@ -12,8 +12,7 @@ import (
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
-// 50 goroutines (of 5 clients, some with GroupCommit) and 4 OS processes race
-// for a new key: exactly one wins. Then
+// 50 goroutines and 4 OS processes race for a new key: exactly one wins. Then
 // they take the key from each other until 200 grants were made, a third of them
 // takeovers of a "crashed" holder: every grant's checked write succeeds, tokens
 // are unique and strictly increase in grant order.
@@ -45,10 +44,8 @@ CREATE TABLE race_attempts (at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 			envRacers+"="+strconv.Itoa(goroutines+processes))
 	}
 	var cs []*leases.Client
-	for i := range clients {
-		// Some clients coalesce their goroutines' grants and releases
-		// (GroupCommit): a batch may hold several attempts on the key.
-		cs = append(cs, newClient(t, db.Pool, &leases.Config{GroupCommit: i%2 == 0}))
+	for range clients {
+		cs = append(cs, newClient(t, db.Pool, nil))
 	}
 
 	var (
