@@ -28,7 +28,7 @@ func TestCanceledAfterSentIsSettledBeforeClose(t *testing.T) {
 		_, err := c.TryAcquire(actx, "blocked", time.Minute, nil)
 		got <- err
 	}()
-	waitUntil(t, "the grant to wait for the row lock", func() bool { return waitingOnLock(t, ctx, pool) })
+	waitLocked(t, pool)
 	cancel(errors.New("gave up while the grant ran"))
 	if err := <-got; !errors.Is(err, leases.ErrOutcomeUnknown) {
 		t.Fatalf("canceled after it was sent: %v, want ErrOutcomeUnknown", err)
@@ -77,26 +77,4 @@ func blockKey(t *testing.T, ctx context.Context, pool *pgxpool.Pool, c *leases.C
 	}
 	t.Cleanup(unblock)
 	return unblock
-}
-
-// waitUntil polls cond until it holds, or fails the test after 20 s.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// waitingOnLock reports whether some backend waits for a lock.
-func waitingOnLock(t *testing.T, ctx context.Context, pool *pgxpool.Pool) bool {
-	t.Helper()
-	var n int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'`).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n > 0
 }
