@@ -217,11 +217,16 @@ func (c *Client) adopt(l *Lease) bool {
 	return taken
 }
 
-// releaseNow releases l, bounded by Config.ResolveTimeout.
+// releaseNow releases l, bounded by Config.ResolveTimeout. A release that
+// fails is logged: the grant nobody received then holds its key until it
+// expires.
 func (c *Client) releaseNow(ctx context.Context, l *Lease) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ResolveTimeout)
 	defer cancel()
-	_ = l.Release(rctx)
+	if err := l.Release(rctx); err != nil && !errors.Is(err, ErrLeaseLost) {
+		c.cfg.Logger.Warn("pgfence lease: a grant nobody received could not be released; it holds the key until it expires",
+			"key", l.key, "holder", l.holder, "token", l.token, "expires_at", l.ExpiresAt(), "err", err)
+	}
 }
 
 // releaseInBackground releases l in a goroutine of its own, bounded by
