@@ -2,14 +2,18 @@ package idempotency
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/telemetry"
 	"github.com/pgfence/pgfence/internal/tracesql"
 )
 
@@ -47,10 +51,11 @@ const (
 // connection Do commits itself; a broken connection during that commit returns
 // [ErrOutcomeUnknown]: call Do again with the same request to learn the answer.
 //
-// On a pool or a connection a new key costs BEGIN, the claim, fn's
-// statements, and the result with COMMIT in one pipeline; a duplicate costs
-// BEGIN, the claim and ROLLBACK. [Store.Begin] is the same claim for a
-// caller that drives the work itself (a middleware, an interceptor).
+// On a pool or a connection a new key costs BEGIN with the claim in one
+// message, fn's statements, and the result with COMMIT in one pipeline; a
+// duplicate costs four round trips (see the package documentation).
+// [Store.Begin] is the same claim for a caller that drives the work itself (a
+// middleware, an interceptor).
 func (s *Store) Do(ctx context.Context, db DB, req Request, fn Func) (o *Outcome, err error) {
 	ctx, done := s.tel.start(ctx, modeAtomic, req)
 	defer func() { done(o, err) }()
@@ -69,8 +74,18 @@ type storeFailure struct{ *Failure }
 
 // opener opens the transaction of an atomic claim: on a pool or a
 // connection a READ COMMITTED transaction of its own, inside the caller's
-// transaction a savepoint. T is what the [Func] is given.
-type opener[T any] func(ctx context.Context) (claimTx[T], error)
+// transaction a savepoint. An opener that can send the claim in its BEGIN's
+// message does so and sets c.claimed. T is what the [Func] is given.
+type opener[T any] func(ctx context.Context, c *claimArgs) (claimTx[T], error)
+
+// claimArgs are the arguments of one atomic claim.
+type claimArgs struct {
+	scope, key      string
+	fingerprint     []byte
+	wait, retention time.Duration
+	// claimed: the opener claimed the key (outcome new) with its BEGIN.
+	claimed bool
+}
 
 // claimTx is the transaction of one atomic claim, whatever the driver.
 type claimTx[T any] interface {
@@ -152,9 +167,9 @@ func runAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request
 //     duplicate waits for it (see [Config.WaitTimeout]).
 //   - Replayed, InProgress, Mismatch: as for Do; no transaction stays open.
 //
-// A new key costs BEGIN and the claim, a duplicate BEGIN, the claim and
-// ROLLBACK. db may be a [pgx.Tx] (the work runs under a savepoint of it, as
-// with Do).
+// On a pool or a connection a new key costs one round trip (BEGIN and the
+// claim in one message), a duplicate four. db may be a [pgx.Tx] (the work
+// runs under a savepoint of it, as with Do).
 func (s *Store) Begin(ctx context.Context, db DB, req Request) (o *Outcome, err error) {
 	ctx, done := s.tel.start(ctx, modeAtomic, req)
 	defer func() { done(o, err) }()
@@ -172,14 +187,18 @@ func (s *Store) Begin(ctx context.Context, db DB, req Request) (o *Outcome, err 
 // beginAtomic opens a transaction and claims req's key in it. For a new key
 // it returns the open attempt; otherwise the transaction has ended.
 func beginAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request, fp []byte, retention time.Duration) (*Outcome, *attempt[T], error) {
-	tx, err := open(ctx)
+	c := &claimArgs{scope: req.Scope, key: req.Key, fingerprint: fp, wait: s.wait, retention: retention}
+	tx, err := open(ctx, c)
 	if err != nil {
 		return nil, nil, classify(err, false)
 	}
-	out, err := s.claimAtomic(ctx, tx.claim, req, fp, retention)
-	if err != nil || out.Status != New {
-		tx.end()
-		return out, nil, err
+	out := &Outcome{Status: New}
+	if !c.claimed {
+		out, err = s.claimAtomic(ctx, tx.claim, req, c)
+		if err != nil || out.Status != New {
+			tx.end()
+			return out, nil, err
+		}
 	}
 	return out, &attempt[T]{store: s, scope: req.Scope, key: req.Key, tx: tx}, nil
 }
@@ -301,8 +320,8 @@ type atomicTx struct {
 
 // pgxOpener opens atomic claims on db.
 func pgxOpener(db DB) opener[pgx.Tx] {
-	return func(ctx context.Context) (claimTx[pgx.Tx], error) {
-		tx, err := beginAtomicTx(ctx, db)
+	return func(ctx context.Context, c *claimArgs) (claimTx[pgx.Tx], error) {
+		tx, err := beginAtomicTx(ctx, db, c)
 		if err != nil {
 			return nil, err
 		}
@@ -310,22 +329,21 @@ func pgxOpener(db DB) opener[pgx.Tx] {
 	}
 }
 
-func beginAtomicTx(ctx context.Context, db DB) (*atomicTx, error) {
-	opts := pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+func beginAtomicTx(ctx context.Context, db DB, c *claimArgs) (*atomicTx, error) {
 	switch db := db.(type) {
 	case *pgxpool.Pool:
-		c, err := db.Acquire(ctx)
+		pc, err := db.Acquire(ctx)
 		if err != nil {
 			return nil, err
 		}
-		tx, err := c.Conn().BeginTx(ctx, opts)
+		tx, err := beginClaim(ctx, pc.Conn(), c)
 		if err != nil {
-			c.Release()
+			pc.Release()
 			return nil, err
 		}
-		return &atomicTx{Tx: tx, conn: c.Conn(), release: c.Release}, nil
+		return &atomicTx{Tx: tx, conn: pc.Conn(), release: pc.Release}, nil
 	case *pgx.Conn:
-		tx, err := db.BeginTx(ctx, opts)
+		tx, err := beginClaim(ctx, db, c)
 		if err != nil {
 			return nil, err
 		}
@@ -336,6 +354,81 @@ func beginAtomicTx(ctx context.Context, db DB) (*atomicTx, error) {
 		return nil, err
 	}
 	return &atomicTx{Tx: tx}, nil
+}
+
+// beginClaim begins a READ COMMITTED transaction on conn and claims c's key
+// in the same message (pgfence.idempotency_claim_atomic_new), so that a new
+// key costs one round trip instead of two. Any other outcome aborts that
+// transaction: it is rolled back and a fresh one begun in one more round
+// trip, without the claim, which the caller then sends alone to learn the
+// outcome. An in-progress key was waited for already: that claim waits the
+// least it can.
+func beginClaim(ctx context.Context, conn *pgx.Conn, c *claimArgs) (pgx.Tx, error) {
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: c.beginSQL(telemetry.TraceID(ctx))})
+	if err == nil {
+		c.claimed = true
+		return tx, nil
+	}
+	switch pgerr.Code(err) {
+	case pgerr.CodeKeyInProgress:
+		c.wait = minWait
+		fallthrough
+	case pgerr.CodeKeyDone, pgerr.CodeKeyMismatch:
+		return conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: "rollback; begin isolation level read committed"})
+	}
+	// Refused (a standby, a role not granted the scope, …) or the
+	// connection broke: leave no aborted transaction on a connection that
+	// goes back to its pool.
+	if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		defer cancel()
+		if _, rerr := conn.Exec(rctx, "rollback"); rerr != nil {
+			conn.Close(rctx)
+		}
+	}
+	return nil, err
+}
+
+// minWait is the shortest wait idempotency_claim_atomic accepts.
+const minWait = time.Millisecond
+
+// beginSQL is BEGIN and the claim as one simple-protocol message (pgx sends
+// a BeginQuery as is, without parameters). Every value is spelled in hex or
+// as an integer, so nothing in a key can change the statement.
+func (c *claimArgs) beginSQL(traceID string) string {
+	var b strings.Builder
+	b.WriteString("begin isolation level read committed; ")
+	if traceID != "" {
+		b.WriteString("select pg_catalog.set_config('pgfence.trace_id', ")
+		writeText(&b, traceID)
+		b.WriteString(", true); ")
+	}
+	b.WriteString("select pgfence.idempotency_claim_atomic_new(")
+	writeText(&b, c.scope)
+	b.WriteString(", ")
+	writeText(&b, c.key)
+	b.WriteString(", ")
+	writeBytea(&b, c.fingerprint)
+	fmt.Fprintf(&b, ", %d * interval '1 microsecond', %d * interval '1 microsecond')", micros(c.wait), micros(c.retention))
+	return b.String()
+}
+
+// writeBytea writes p as a bytea expression.
+func writeBytea(b *strings.Builder, p []byte) {
+	b.WriteString("pg_catalog.decode('")
+	b.WriteString(hex.EncodeToString(p))
+	b.WriteString("', 'hex')")
+}
+
+// writeText writes s (valid UTF-8, checked before) as a text expression of
+// the default collation. convert_from's result would otherwise take the
+// collation "C" of its encoding argument (type name), a PL/pgSQL function
+// given it compares with that collation, and the key's index (default
+// collation) cannot serve the lookup: every claim would scan the table.
+func writeText(b *strings.Builder, s string) {
+	b.WriteString("pg_catalog.convert_from(")
+	writeBytea(b, []byte(s))
+	b.WriteString(`, 'UTF8') COLLATE pg_catalog."default"`)
 }
 
 // completeAndCommit stores the attempt's result (or failure) and commits,
@@ -409,7 +502,7 @@ func (t *atomicTx) end() {
 
 // claimAtomic claims the key with claim (the transaction's) or reports what
 // holds it.
-func (s *Store) claimAtomic(ctx context.Context, claim func(ctx context.Context, sql string, args ...any) rowScanner, req Request, fp []byte, retention time.Duration) (*Outcome, error) {
+func (s *Store) claimAtomic(ctx context.Context, claim func(ctx context.Context, sql string, args ...any) rowScanner, req Request, c *claimArgs) (*Outcome, error) {
 	var (
 		outcome               string
 		status, code, message *string
@@ -417,7 +510,7 @@ func (s *Store) claimAtomic(ctx context.Context, claim func(ctx context.Context,
 		expiresAt             *time.Time
 		retryAfter            *int64
 	)
-	err := claim(ctx, claimAtomicSQL, req.Scope, req.Key, fp, micros(s.wait), micros(retention)).
+	err := claim(ctx, claimAtomicSQL, c.scope, c.key, c.fingerprint, micros(c.wait), micros(c.retention)).
 		Scan(&outcome, &status, &result, &code, &message, &expiresAt, &retryAfter)
 	if err != nil {
 		return nil, classify(err, false)

@@ -42,9 +42,11 @@
 // transaction, which [AtomicAttempt.Complete] or [AtomicAttempt.Fail] commit
 // with the stored answer.
 //
-// On a pool or a connection a new key costs BEGIN, the claim, the work's
-// statements, and the stored result sent with COMMIT in one pipeline; a
-// duplicate costs BEGIN, the claim and ROLLBACK.
+// On a pool or a connection a new key costs two round trips besides the
+// work's statements: BEGIN travels with the claim in one message, the stored
+// result with COMMIT in one pipeline. A duplicate costs four: that first
+// message (the claim refuses it and the transaction aborts), ROLLBACK with a
+// new BEGIN, the claim alone (which reads the stored answer), and ROLLBACK.
 //
 // [Store.DoSQL] is Do on database/sql (lib/pq, pgx's stdlib driver, and the
 // ORMs over them): on a *sql.DB or *sql.Conn it runs its own READ COMMITTED

@@ -71,7 +71,7 @@ func (s *Store) DoSQL(ctx context.Context, db SQLDB, req Request, fn SQLFunc) (o
 
 // sqlOpener opens atomic claims on the database/sql handle h.
 func sqlOpener(h sqlhandle.Handle) opener[*sql.Tx] {
-	return func(ctx context.Context) (claimTx[*sql.Tx], error) {
+	return func(ctx context.Context, _ *claimArgs) (claimTx[*sql.Tx], error) {
 		if h.Tx != nil {
 			sp := sqlhandle.NewSavepoint()
 			if _, err := h.Tx.ExecContext(ctx, sp.Create()); err != nil {

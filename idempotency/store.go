@@ -396,10 +396,13 @@ func begin(ctx context.Context, db DB) (pgx.Tx, error) {
 func rollback(tx pgx.Tx) {
 	// A rollback after a failed statement or a broken connection may fail too;
 	// the transaction is gone either way (a broken connection is discarded).
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
 	defer cancel()
 	_ = tx.Rollback(ctx)
 }
+
+// rollbackTimeout bounds a ROLLBACK sent after a failure.
+const rollbackTimeout = 5 * time.Second
 
 func micros(d time.Duration) int64 { return d.Microseconds() }
 

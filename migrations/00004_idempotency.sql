@@ -25,6 +25,7 @@
 --
 --   pgfence.idempotency_claim_atomic(scope, key, fingerprint, wait, retention)
 --       -> (outcome, status, result, failure_code, failure_message, expires_at, retry_after)
+--   pgfence.idempotency_claim_atomic_new(scope, key, fingerprint, wait, retention) -> void
 --   pgfence.idempotency_complete_atomic(scope, key, result, failure_code DEFAULT NULL,
 --       failure_message DEFAULT NULL) -> timestamptz
 --   pgfence.idempotency_claim(scope, key, fingerprint, lease, retention, wait DEFAULT '5 seconds')
@@ -39,7 +40,8 @@
 --
 -- SQLSTATEs: PF002 not the current owner, PF004 key reused with another payload,
 -- PF007 key in progress, PF008 invalid argument (or an atomic claim committed
--- without its result), PF010 transaction isolation is not READ COMMITTED.
+-- without its result), PF010 transaction isolation is not READ COMMITTED, PF015
+-- the key already has a stored answer (idempotency_claim_atomic_new only).
 
 -- +goose Up
 
@@ -292,6 +294,45 @@ BEGIN
     END LOOP;
     RETURN QUERY SELECT 'in_progress'::text, NULL::text, NULL::bytea, NULL::text, NULL::text,
                         NULL::timestamptz, NULL::interval;
+END;
+$$;
+-- +goose StatementEnd
+
+-- idempotency_claim_atomic_new is idempotency_claim_atomic for a client that
+-- sends it in one message with its BEGIN and reads no rows (the Go Store on a
+-- pool or a connection: one round trip instead of two). It returns nothing when
+-- this transaction claimed the key (outcome new) and raises for every other
+-- outcome, which aborts the transaction: PF004 mismatch, PF007 in progress,
+-- PF015 replayed (roll back and claim with idempotency_claim_atomic to read the
+-- stored answer). It checks nothing itself: it runs idempotency_claim_atomic,
+-- with the caller's rights.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.idempotency_claim_atomic_new(
+    p_scope text, p_key text, p_fingerprint bytea, p_wait interval, p_retention interval)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_outcome text;
+    v_retry   interval;
+BEGIN
+    SELECT c.outcome, c.retry_after INTO v_outcome, v_retry
+      FROM pgfence.idempotency_claim_atomic(p_scope, p_key, p_fingerprint, p_wait, p_retention) c;
+    IF v_outcome = 'new' THEN
+        RETURN;
+    ELSIF v_outcome = 'mismatch' THEN
+        RAISE EXCEPTION 'pgfence: idempotency key %/% was used with a different request', p_scope, p_key
+            USING ERRCODE = 'PF004',
+                  HINT = 'A key names one business intent; use a new key for a different request.';
+    ELSIF v_outcome = 'replayed' THEN
+        RAISE EXCEPTION 'pgfence: idempotency key %/% already has a stored answer', p_scope, p_key
+            USING ERRCODE = 'PF015',
+                  HINT = 'Roll back, and read the answer with pgfence.idempotency_claim_atomic (outcome replayed).';
+    END IF;
+    RAISE EXCEPTION 'pgfence: idempotency key %/% is in progress', p_scope, p_key
+        USING ERRCODE = 'PF007',
+              DETAIL = CASE WHEN v_retry IS NOT NULL THEN format('The lease expires in %s.', v_retry)
+                            ELSE format('Another transaction held the key for longer than %s.', p_wait) END,
+              HINT = 'Retry shortly.';
 END;
 $$;
 -- +goose StatementEnd
@@ -707,6 +748,7 @@ GRANT SELECT ON pgfence.idempotency_keys TO pgfence_app, pgfence_operator;
 -- The protocol: both roles.
 GRANT EXECUTE ON FUNCTION
     pgfence.idempotency_claim_atomic(text, text, bytea, interval, interval),
+    pgfence.idempotency_claim_atomic_new(text, text, bytea, interval, interval),
     pgfence.idempotency_complete_atomic(text, text, bytea, text, text),
     pgfence.idempotency_claim(text, text, bytea, interval, interval, interval),
     pgfence.idempotency_heartbeat(text, text, uuid, interval),
@@ -739,6 +781,7 @@ DROP FUNCTION pgfence.idempotency_claim(text, text, bytea, interval, interval, i
 DROP TRIGGER idempotency_atomic_completed ON pgfence.idempotency_keys;
 DROP FUNCTION pgfence.idempotency_atomic_completed();
 DROP FUNCTION pgfence.idempotency_complete_atomic(text, text, bytea, text, text);
+DROP FUNCTION pgfence.idempotency_claim_atomic_new(text, text, bytea, interval, interval);
 DROP FUNCTION pgfence.idempotency_claim_atomic(text, text, bytea, interval, interval);
 DROP FUNCTION pgfence.idempotency_check_result(bytea, text, text);
 DROP FUNCTION pgfence.idempotency_check_args(text, text, bytea, interval);

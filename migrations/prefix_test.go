@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/idempotency"
@@ -91,6 +92,21 @@ func TestPrefixGrantsIsolateServices(t *testing.T) {
 	notGranted("idempotency claim in orders' scope", err)
 	if !errors.Is(err, idempotency.ErrNotGranted) {
 		t.Errorf("Claim outside the prefix: %v, want idempotency.ErrNotGranted", err)
+	}
+	// The atomic claim travels with its BEGIN: the refusal aborts that
+	// transaction, which is rolled back before the connection goes back to
+	// the pool (a pool discards a connection left in a transaction).
+	conns := billing.Stat().NewConnsCount()
+	for range 3 {
+		_, err = billingKeys.Do(ctx, billing, idempotency.Request{Scope: "orders/api", Key: "k2", Payload: []byte("x")},
+			func(context.Context, pgx.Tx) ([]byte, error) { return nil, errors.New("ran outside its prefix") })
+		notGranted("atomic idempotency claim in orders' scope", err)
+		if !errors.Is(err, idempotency.ErrNotGranted) {
+			t.Errorf("Do outside the prefix: %v, want idempotency.ErrNotGranted", err)
+		}
+	}
+	if n := billing.Stat().NewConnsCount() - conns; n != 0 {
+		t.Errorf("refused atomic claims cost %d new connections, want 0 (the aborted transaction is rolled back)", n)
 	}
 
 	// Rows: billing sees none of orders'.

@@ -478,6 +478,7 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.idempotency_advance(text,text,uuid,text,bytea,interval)",
 		"pgfence.idempotency_claim(text,text,bytea,interval,interval,interval)",
 		"pgfence.idempotency_claim_atomic(text,text,bytea,interval,interval)",
+		"pgfence.idempotency_claim_atomic_new(text,text,bytea,interval,interval)",
 		"pgfence.idempotency_complete(text,text,uuid,bytea,text,text)",
 		"pgfence.idempotency_complete_atomic(text,text,bytea,text,text)",
 		"pgfence.idempotency_heartbeat(text,text,uuid,interval)",

@@ -882,6 +882,39 @@ END;
 $$;
 
 --
+-- Name: idempotency_claim_atomic_new(text, text, bytea, interval, interval); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_claim_atomic_new(p_scope text, p_key text, p_fingerprint bytea, p_wait interval, p_retention interval) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_outcome text;
+    v_retry   interval;
+BEGIN
+    SELECT c.outcome, c.retry_after INTO v_outcome, v_retry
+      FROM pgfence.idempotency_claim_atomic(p_scope, p_key, p_fingerprint, p_wait, p_retention) c;
+    IF v_outcome = 'new' THEN
+        RETURN;
+    ELSIF v_outcome = 'mismatch' THEN
+        RAISE EXCEPTION 'pgfence: idempotency key %/% was used with a different request', p_scope, p_key
+            USING ERRCODE = 'PF004',
+                  HINT = 'A key names one business intent; use a new key for a different request.';
+    ELSIF v_outcome = 'replayed' THEN
+        RAISE EXCEPTION 'pgfence: idempotency key %/% already has a stored answer', p_scope, p_key
+            USING ERRCODE = 'PF015',
+                  HINT = 'Roll back, and read the answer with pgfence.idempotency_claim_atomic (outcome replayed).';
+    END IF;
+    RAISE EXCEPTION 'pgfence: idempotency key %/% is in progress', p_scope, p_key
+        USING ERRCODE = 'PF007',
+              DETAIL = CASE WHEN v_retry IS NOT NULL THEN format('The lease expires in %s.', v_retry)
+                            ELSE format('Another transaction held the key for longer than %s.', p_wait) END,
+              HINT = 'Retry shortly.';
+END;
+$$;
+
+--
 -- Name: idempotency_complete(text, text, uuid, bytea, text, text); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -3292,6 +3325,14 @@ GRANT ALL ON FUNCTION pgfence.idempotency_claim(p_scope text, p_key text, p_fing
 REVOKE ALL ON FUNCTION pgfence.idempotency_claim_atomic(p_scope text, p_key text, p_fingerprint bytea, p_wait interval, p_retention interval) FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.idempotency_claim_atomic(p_scope text, p_key text, p_fingerprint bytea, p_wait interval, p_retention interval) TO pgfence_app;
 GRANT ALL ON FUNCTION pgfence.idempotency_claim_atomic(p_scope text, p_key text, p_fingerprint bytea, p_wait interval, p_retention interval) TO pgfence_operator;
+
+--
+-- Name: FUNCTION idempotency_claim_atomic_new(p_scope text, p_key text, p_fingerprint bytea, p_wait interval, p_retention interval); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_claim_atomic_new(p_scope text, p_key text, p_fingerprint bytea, p_wait interval, p_retention interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.idempotency_claim_atomic_new(p_scope text, p_key text, p_fingerprint bytea, p_wait interval, p_retention interval) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.idempotency_claim_atomic_new(p_scope text, p_key text, p_fingerprint bytea, p_wait interval, p_retention interval) TO pgfence_operator;
 
 --
 -- Name: FUNCTION idempotency_complete(p_scope text, p_key text, p_owner uuid, p_result bytea, p_failure_code text, p_failure_message text); Type: ACL; Schema: pgfence; Owner: -

@@ -43,6 +43,7 @@ const (
 	CodeTokenNotIssued = "PF012" // the resource's lease has not issued the presented token
 	CodeAbandoned      = "PF013" // the request was abandoned by its client after its reply was lost
 	CodeNotGranted     = "PF014" // the role may not use this key, resource or scope (pgfence.grant_prefix)
+	CodeKeyDone        = "PF015" // idempotency key already has a stored answer (idempotency_claim_atomic_new)
 )
 
 // PostgreSQL SQLSTATEs pgfence reacts to.
