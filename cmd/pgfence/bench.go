@@ -20,9 +20,13 @@ func benchCompare(fs *flag.FlagSet) runFunc {
 	casesFlag := fs.String("cases", "", "comma-separated case names (default: all)")
 	peersFlag := fs.String("peers", "redis", "peers measured in the same run: redis (a local redis-server through redsync, durable and in memory) or none")
 	rounds := fs.Int("rounds", 1, "run every case this many times, interleaved, and report each one's median run by ops/s (1 to 20)")
+	rtt := fs.Duration("rtt", 0, "add this much to every round trip to PostgreSQL, as a network would (a delaying proxy in the bench process; 0 to 100ms; needs --peers none)")
 	return func(ctx context.Context, in *input) error {
 		if *rounds < 1 || *rounds > 20 {
 			return usageError("--rounds must be between 1 and 20, got %d", *rounds)
+		}
+		if *rtt < 0 || *rtt > maxRTT {
+			return usageError("--rtt must be from 0 to %s, got %s", maxRTT, *rtt)
 		}
 		timing, err := benchTiming(*duration, *warmup)
 		if err != nil {
@@ -40,6 +44,9 @@ func benchCompare(fs *flag.FlagSet) runFunc {
 		default:
 			return usageError("--peers: %q is not redis or none", *peersFlag)
 		}
+		if *rtt > 0 && withRedis {
+			return usageError("--rtt delays PostgreSQL only, so the Redis peers would not be compared fairly: add --peers none")
+		}
 		all := bench.Cases()
 		cases := slices.DeleteFunc(slices.Clone(all), func(c *bench.Case) bool { return c.Peer() && !withRedis })
 		if *casesFlag != "" {
@@ -56,7 +63,7 @@ func benchCompare(fs *flag.FlagSet) runFunc {
 				cases = append(cases, all[i])
 			}
 		}
-		lab, err := openLab(ctx, in, slices.Max(workers))
+		lab, err := openLab(ctx, in, slices.Max(workers), *rtt)
 		if err != nil {
 			return err
 		}
@@ -127,7 +134,7 @@ func benchCurves(fs *flag.FlagSet) runFunc {
 			}
 		}
 		// Every follower has a pool connection and a LISTEN connection.
-		lab, err := openLab(ctx, in, max(*workers, int(maxWaiters), int(maxFollowers)))
+		lab, err := openLab(ctx, in, max(*workers, int(maxWaiters), int(maxFollowers)), 0)
 		if err != nil {
 			return err
 		}
@@ -145,7 +152,13 @@ func benchCurves(fs *flag.FlagSet) runFunc {
 // openLab opens the bench's database: the one of --database-url or
 // DATABASE_URL, checked like every command's first, or a throwaway local
 // cluster.
-func openLab(ctx context.Context, in *input, maxWorkers int) (*bench.Lab, error) {
+// maxRTT is the largest --rtt: more is no longer a network a database
+// client would be run across.
+const maxRTT = 100 * time.Millisecond
+
+// openLab opens the bench's database; rtt > 0 delays every round trip of
+// the cases by that much (bench.Open).
+func openLab(ctx context.Context, in *input, maxWorkers int, rtt time.Duration) (*bench.Lab, error) {
 	url := in.db.url
 	if url == "" {
 		url = in.getenv("DATABASE_URL")
@@ -171,7 +184,7 @@ func openLab(ctx context.Context, in *input, maxWorkers int) (*bench.Lab, error)
 			url = withExecMode(url)
 		}
 	}
-	lab, err := bench.Open(ctx, url, maxWorkers, in.stderr)
+	lab, err := bench.Open(ctx, url, maxWorkers, rtt, in.stderr)
 	if err != nil {
 		return nil, &cliError{msg: redact(err.Error()), hint: "omit --database-url to use a throwaway local PostgreSQL, or pass a reachable URL", code: exitUnavailable, err: err}
 	}

@@ -52,7 +52,7 @@ func benchContention(fs *flag.FlagSet) runFunc {
 		if (*pauseRate > 0 || *pauseFirst) && (*pause <= *ttl || *pause > bench.MaxDuration) {
 			return usageError("--pause must be longer than --ttl (%s), so that the paused holder is stale, and at most %s; got %s", *ttl, bench.MaxDuration, *pause)
 		}
-		lab, err := openLab(ctx, in, *workers)
+		lab, err := openLab(ctx, in, *workers, 0)
 		if err != nil {
 			return err
 		}

@@ -57,6 +57,8 @@ func TestBench(t *testing.T) {
 		"advisory-lock":     3, // BEGIN, SELECT pg_advisory_xact_lock, COMMIT
 		"raw-insert-tx":     3,
 		"raw-http-insert":   3, // the handler's BEGIN, INSERT, COMMIT
+		"idempotent-tx":     4, // BEGIN with the claim, INSERT, the answer + COMMIT (one batch)
+		"idempotent-http":   4, // the same, behind the middleware
 		"sql-raw-update":    1,
 		"sql-fenced-update": 2, // the same pipeline, through sql.Conn.Raw
 		"pq-raw-update":     1, // prepared and run: one Execute
@@ -112,6 +114,9 @@ func TestBench(t *testing.T) {
 		{"bench", "compare", "--rounds", "21"},
 		{"bench", "compare", "--warmup", "-1s"},
 		{"bench", "compare", "--warmup", "11m"},
+		{"bench", "compare", "--rtt", "-1ms", "--peers", "none"},
+		{"bench", "compare", "--rtt", "101ms", "--peers", "none"},
+		{"bench", "compare", "--rtt", "1ms"}, // the Redis peers would not be delayed
 		{"bench", "curves", "--warmup", "-1s"},
 		{"bench", "curves", "--curves", "nope"},
 		{"bench", "curves", "--max-rows", "lots"},
@@ -136,6 +141,30 @@ func TestBench(t *testing.T) {
 		args = append(args, "--database-url", "postgres://app@127.0.0.1:1/x", "--connect-timeout", "2s")
 		if code, _, errOut := cli(t, nil, args...); code != exitUnavailable || !strings.Contains(errOut, "cannot reach the database at 127.0.0.1:1") {
 			t.Errorf("%q: code %d, want unreachable\n%s", args, code, errOut)
+		}
+	}
+}
+
+// --rtt routes the cases through a proxy that delays every round trip by at
+// least that much, and the report says what a round trip took.
+func TestBenchRTT(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	code, out, errOut := cli(t, map[string]string{"DATABASE_URL": db.URL},
+		"bench", "compare", "--duration", "300ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,idempotent-tx", "--peers", "none", "--rtt", "20ms", "--json")
+	if code != exitOK {
+		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
+	}
+	res := benchJSON(t, out)
+	if !strings.Contains(res.Settings, "--rtt 20ms: a round trip (SELECT 1, p50) took") {
+		t.Errorf("settings %q do not say what a round trip took", res.Settings)
+	}
+	// raw-update is one round trip, idempotent-tx three (BEGIN with the
+	// claim, the insert, the answer with COMMIT): a delay is a minimum.
+	for i, trips := range []float64{1, 3} {
+		r := res.Results[i]
+		if r.Ops == 0 || r.Errors != 0 || float64(r.P50US) < trips*20_000 {
+			t.Errorf("case %s: %d ops, %d errors, p50 %d µs; want at least %v round trips of 20ms", r.Case, r.Ops, r.Errors, r.P50US, trips)
 		}
 	}
 }

@@ -126,7 +126,7 @@ func commands() []*command {
 		{noun: "demo", usage: "[--ttl 1s] [--keep]", database: true, setup: runDemo,
 			summary: "watch the database reject a paused lock holder's late write; without --database-url or DATABASE_URL it runs on a throwaway local PostgreSQL"},
 
-		{noun: "bench", verb: "compare", usage: "[--cases a,b] [--workers 1,8] [--duration 3s] [--rounds 1] [--peers redis|none]", database: true, setup: benchCompare,
+		{noun: "bench", verb: "compare", usage: "[--cases a,b] [--workers 1,8] [--duration 3s] [--rounds 1] [--peers redis|none] [--rtt 0]", database: true, setup: benchCompare,
 			summary: "measure leases, fenced writes and idempotency side by side with raw SQL, advisory locks and Redis"},
 		{noun: "bench", verb: "curves", usage: "[--curves rows,keys,resources,waiters,churn,failover,followers] [--workers 4] [--duration 2s] [--max-rows 1e5] ...", database: true, setup: benchCurves,
 			summary: "measure how the cost grows with lease rows, stored keys, resources and waiters, what churn leaves in the leases table, an election's failover time and its idle followers' load"},

@@ -432,7 +432,7 @@ func (lab *Lab) curveChurn(ctx context.Context, cycles int64) (*Churn, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			conn, err := pgx.Connect(ctx, lab.db.URL)
+			conn, err := pgx.Connect(ctx, lab.url)
 			if err != nil {
 				errs[i] = err
 				return

@@ -109,7 +109,7 @@ type electionConfig struct {
 
 // startReplica starts a replica campaigning in the election of cfg.key.
 func (lab *Lab) startReplica(ctx context.Context, name string, cfg electionConfig) (*replica, error) {
-	pcfg, err := pgxpool.ParseConfig(lab.db.URL)
+	pcfg, err := pgxpool.ParseConfig(lab.url)
 	if err != nil {
 		return nil, err
 	}

@@ -16,14 +16,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/benchrun"
+	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -60,7 +65,9 @@ func (e *DatabaseError) Unwrap() error { return e.Err }
 // counted.
 type Lab struct {
 	db       *pgfencetest.Database
-	pool     *pgxpool.Pool // traced: the cases run here
+	url      string            // what the cases connect to: db.URL, or the delaying proxy's
+	proxy    *faultproxy.Proxy // nil without a delay
+	pool     *pgxpool.Pool     // traced: the cases run here
 	stmts    *statementCounter
 	settings string // the durability settings, for the report
 	progress io.Writer
@@ -69,7 +76,12 @@ type Lab struct {
 // Open opens the database at url (or, when url is empty, a throwaway durable
 // local cluster) and a traced pool sized for maxWorkers, and creates the
 // bench tables. Progress messages go to progress.
-func Open(ctx context.Context, url string, maxWorkers int, progress io.Writer) (*Lab, error) {
+//
+// A positive rtt puts a TCP proxy, in this process, between the cases and
+// the server; it holds every byte for half of rtt in each direction, so that
+// each round trip costs what it costs across a network. The bench's own
+// setup and cleanup go around it.
+func Open(ctx context.Context, url string, maxWorkers int, rtt time.Duration, progress io.Writer) (*Lab, error) {
 	d, err := pgfencetest.Start(ctx, &pgfencetest.StartOptions{URL: url, Progress: progress, MaxConns: 8, Settings: map[string]string{
 		// hot-key: one LISTEN connection per waiter, besides the pool
 		"max_connections": strconv.Itoa(2*maxWorkers + 100),
@@ -78,15 +90,23 @@ func Open(ctx context.Context, url string, maxWorkers int, progress io.Writer) (
 	if err != nil {
 		return nil, &DatabaseError{Err: err}
 	}
-	lab := &Lab{db: d, stmts: &statementCounter{}, progress: progress}
-	cfg, err := pgxpool.ParseConfig(d.URL)
+	lab := &Lab{db: d, url: d.URL, stmts: &statementCounter{}, progress: progress}
+	if rtt > 0 {
+		if err := lab.delay(rtt); err != nil {
+			_ = d.Close()
+			return nil, err
+		}
+	}
+	cfg, err := pgxpool.ParseConfig(lab.url)
 	if err != nil {
+		lab.closeProxy()
 		_ = d.Close()
 		return nil, err
 	}
 	cfg.MaxConns = int32(maxWorkers + 8)
 	cfg.ConnConfig.Tracer = lab.stmts
 	if lab.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		lab.closeProxy()
 		_ = d.Close()
 		return nil, err
 	}
@@ -99,6 +119,21 @@ func Open(ctx context.Context, url string, maxWorkers int, progress io.Writer) (
 	lab.settings = fmt.Sprintf("PostgreSQL %s, fsync=%s synchronous_commit=%s autovacuum=%s", version, fsync, syncCommit, autovacuum)
 	if d.Throwaway() {
 		lab.settings += " (throwaway local cluster)"
+	}
+	if rtt > 0 {
+		// Timers wake late (by up to a millisecond on an idle Linux
+		// machine): say what a round trip took, not only what was asked.
+		through, err := pingP50(ctx, lab.pool)
+		if err != nil {
+			lab.Close()
+			return nil, err
+		}
+		direct, err := pingP50(ctx, d.Pool)
+		if err != nil {
+			lab.Close()
+			return nil, err
+		}
+		lab.settings += fmt.Sprintf("; --rtt %s: a round trip (SELECT 1, p50) took %.2f ms through the delaying proxy, %.2f ms without", rtt, ms(through), ms(direct))
 	}
 	if _, err := d.Pool.Exec(ctx, benchSchema); err != nil {
 		lab.Close()
@@ -113,10 +148,61 @@ func (lab *Lab) Close() {
 	if lab.pool != nil {
 		lab.pool.Close()
 	}
+	lab.closeProxy()
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	_, _ = lab.db.Pool.Exec(ctx, `DROP SCHEMA IF EXISTS pgfence_bench CASCADE`)
 	_ = lab.db.Close()
+}
+
+// delay routes the cases through a proxy that adds rtt to every round trip.
+func (lab *Lab) delay(rtt time.Duration) error {
+	cfg, err := pgx.ParseConfig(lab.db.URL)
+	if err != nil {
+		return err
+	}
+	if strings.HasPrefix(cfg.Host, "/") {
+		return fmt.Errorf("a delay needs the database at a TCP address, not the Unix socket in %s", cfg.Host)
+	}
+	p, err := faultproxy.Start(net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), nil)
+	if err != nil {
+		return err
+	}
+	url, err := p.ConnString(lab.db.URL)
+	if err != nil {
+		_ = p.Close()
+		return fmt.Errorf("a delay needs a postgres:// URL: %w", err)
+	}
+	p.SetDelay(faultproxy.ClientToServer, rtt/2)
+	p.SetDelay(faultproxy.ServerToClient, rtt-rtt/2)
+	lab.proxy, lab.url = p, url
+	return nil
+}
+
+// pingP50 is the median time of SELECT 1 on one of pool's connections.
+func pingP50(ctx context.Context, pool *pgxpool.Pool) (time.Duration, error) {
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Release()
+	times := make([]time.Duration, 21)
+	for i := range times {
+		start := time.Now()
+		if _, err := c.Exec(ctx, `SELECT 1`); err != nil {
+			return 0, err
+		}
+		times[i] = time.Since(start)
+	}
+	slices.Sort(times)
+	return times[len(times)/2], nil
+}
+
+func (lab *Lab) closeProxy() {
+	if lab.proxy != nil {
+		_ = lab.proxy.Close()
+		lab.proxy = nil
+	}
 }
 
 // Settings describes the server's durability settings.

@@ -42,7 +42,7 @@ func sqlCases() []*Case {
 // openStdlib opens a *sql.DB on the lab's database through pgx's stdlib
 // driver, its statements counted by the lab's tracer.
 func openStdlib(lab *Lab) (*sql.DB, error) {
-	cfg, err := pgx.ParseConfig(lab.db.URL)
+	cfg, err := pgx.ParseConfig(lab.url)
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +53,7 @@ func openStdlib(lab *Lab) (*sql.DB, error) {
 // openLibPQ opens a *sql.DB on the lab's database through lib/pq, its
 // statements counted by a dialer that reads what the connections send.
 func openLibPQ(lab *Lab) (*sql.DB, error) {
-	c, err := pq.NewConnector(lab.db.URL)
+	c, err := pq.NewConnector(lab.url)
 	if err != nil {
 		return nil, err
 	}
