@@ -283,6 +283,8 @@ func baseCases() []*Case {
 		{Name: "redis-memory", Group: "lock", peer: "memory", What: "Redis peer: redsync SET NX PX + compare-and-delete script, no persistence"},
 		{Name: "hot-key", Group: "hot key", What: "N waiters (one leases.Client each, wake-ups on) take turns on one key; latency = hand-off, from Release called to the next grant",
 			prepare: prepareHotKey},
+		{Name: "notify-floor", Group: "hot key", What: "the floor of any LISTEN wake-up: N idle sessions LISTEN (one per hot-key waiter) and one NOTIFY at a time goes to a channel none of them listens to; latency = that NOTIFY",
+			prepare: prepareNotifyFloor},
 		{Name: "raw-update", Group: "fenced write", What: "UPDATE of one row, unfenced (1 statement, 1 commit)",
 			prepare: simple(func(ctx context.Context, lab *Lab, w *benchrun.Worker) error {
 				_, err := lab.pool.Exec(ctx, sqlUpdate, w.Key())
@@ -492,6 +494,40 @@ func prepareLeased(write func(ctx context.Context, lab *Lab, l pgfence.Lease, id
 			return 0, write(ctx, lab, l, w.Key())
 		}, cleanup, nil
 	}
+}
+
+// prepareNotifyFloor opens n sessions that LISTEN, as the n clients of
+// hot-key do, on a channel nothing is sent to; the workers take turns
+// sending a NOTIFY on another channel, and each reports how long its NOTIFY
+// took. PostgreSQL up to version 18 signals every session that listens in
+// the database on every NOTIFY, whatever the channel: this is what one
+// wake-up costs the server before any waiter is told anything.
+func prepareNotifyFloor(ctx context.Context, lab *Lab, n int) (benchrun.Op, func(), error) {
+	conns := make([]*pgx.Conn, 0, n)
+	cleanup := func() {
+		for _, c := range conns {
+			_ = c.Close(context.Background())
+		}
+	}
+	for range n {
+		c, err := pgx.Connect(ctx, lab.url)
+		if err == nil {
+			conns = append(conns, c)
+			_, err = c.Exec(ctx, `LISTEN pgfence_bench_idle`)
+		}
+		if err != nil {
+			cleanup()
+			return nil, nil, err
+		}
+	}
+	var mu sync.Mutex
+	return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		start := time.Now()
+		_, err := lab.pool.Exec(ctx, `SELECT pg_catalog.pg_notify('pgfence_bench_wake', '')`)
+		return time.Since(start), err
+	}, cleanup, nil
 }
 
 // prepareHotKey gives each of the n waiters its own client (as n processes
