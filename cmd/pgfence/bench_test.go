@@ -57,6 +57,7 @@ func TestBench(t *testing.T) {
 		"advisory-lock":     3, // BEGIN, SELECT pg_advisory_xact_lock, COMMIT
 		"raw-insert-tx":     3,
 		"raw-http-insert":   3, // the handler's BEGIN, INSERT, COMMIT
+		"raw-idempotent-tx": 5, // BEGIN + the claim (one batch), INSERT, the completion + COMMIT (one batch)
 		"idempotent-tx":     4, // BEGIN with the claim, INSERT, the answer + COMMIT (one batch)
 		"idempotent-http":   4, // the same, behind the middleware
 		"sql-raw-update":    1,

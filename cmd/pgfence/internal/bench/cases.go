@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/benchrun"
 	"github.com/pgfence/pgfence/idempotency"
@@ -34,6 +36,9 @@ const benchSchema = `
 	CREATE TABLE pgfence_bench.locks (key pg_catalog.text PRIMARY KEY, holder pg_catalog.uuid NOT NULL, token bigint NOT NULL,
 	    expires_at timestamp with time zone NOT NULL);
 	CREATE TABLE pgfence_bench.fences (resource pg_catalog.text PRIMARY KEY, token bigint NOT NULL, op pg_catalog.uuid) WITH (fillfactor = 50);
+	CREATE TABLE pgfence_bench.keys (scope pg_catalog.text, key pg_catalog.text, fingerprint pg_catalog.bytea NOT NULL,
+	    status pg_catalog.text NOT NULL, result pg_catalog.bytea, expires_at timestamp with time zone, PRIMARY KEY (scope, key));
+	CREATE INDEX ON pgfence_bench.keys (expires_at);
 	INSERT INTO pgfence_bench.fences SELECT 'bench/' OPERATOR(pg_catalog.||) g, 1 FROM pg_catalog.generate_series(0, 99999) g;
 	ANALYZE pgfence_bench.stock;
 	ANALYZE pgfence_bench.fences`
@@ -97,6 +102,18 @@ const sqlIssueFirst = `INSERT INTO pgfence.leases (key, holder, token, granted_a
 const sqlFenceFirst = `INSERT INTO pgfence_bench.fences AS f (resource, token, op) VALUES ($1, $2, $3)
   ON CONFLICT (resource) DO UPDATE SET token = excluded.token, op = excluded.op
   WHERE f.token OPERATOR(pg_catalog.<=) excluded.token`
+
+// The hand-written floor of an atomic idempotency key: a key row claimed in
+// the message that begins the transaction (a duplicate waits on the
+// primary key, then finds the row), and completed with its result, an
+// expiry for retention, in the message that commits.
+const (
+	sqlKeyClaim = `INSERT INTO pgfence_bench.keys (scope, key, fingerprint, status) VALUES ('bench', $1, $2, 'in_progress')
+  ON CONFLICT DO NOTHING`
+	sqlKeyComplete = `UPDATE pgfence_bench.keys SET status = 'completed', result = $2,
+  expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) interval '1 day'
+  WHERE scope OPERATOR(pg_catalog.=) 'bench' AND key OPERATOR(pg_catalog.=) $1`
+)
 
 // firstRun numbers the runs of the first-write cases: each run writes
 // resources no run wrote before.
@@ -390,6 +407,14 @@ func baseCases() []*Case {
 					return err
 				})
 			})},
+		{Name: "raw-idempotent-tx", Group: "idempotency", What: "the same insert under a new key, hand-written: key row claimed with BEGIN, completed with COMMIT (3 round trips)",
+			prepare: func(_ context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
+				var seq atomic.Int64
+				run := strconv.FormatInt(time.Now().UnixNano(), 36)
+				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+					return 0, rawInsertOnce(ctx, lab, run+"/"+strconv.FormatInt(seq.Add(1), 10), w.Key())
+				}, func() {}, nil
+			}},
 		{Name: "idempotent-tx", Group: "idempotency", What: "idempotency.Store.Do: the same insert under a new key, result stored atomically",
 			prepare: func(_ context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
 				store, err := idempotency.NewStore(nil)
@@ -412,6 +437,50 @@ func insertOnce(ctx context.Context, lab *Lab, store *idempotency.Store, key str
 		_, err := tx.Exec(ctx, sqlInsert, item)
 		return []byte("ok"), err
 	})
+}
+
+// rawInsertOnce is insertOnce written by hand, in as few round trips as
+// the library takes: BEGIN with the claim, the insert, the completion with
+// COMMIT. A key someone else holds is an error here: every key is new.
+func rawInsertOnce(ctx context.Context, lab *Lab, key string, item int) (err error) {
+	conn, err := lab.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	committed := false
+	defer func() {
+		if !committed {
+			_, _ = conn.Exec(context.Background(), "rollback")
+		}
+	}()
+	fp := sha256.Sum256([]byte(key))
+	b := &pgx.Batch{}
+	b.Queue("begin")
+	claim := b.Queue(sqlKeyClaim, key, fp[:])
+	var claimed pgconn.CommandTag
+	claim.Exec(func(tag pgconn.CommandTag) error { claimed = tag; return nil })
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return err
+	}
+	if claimed.RowsAffected() != 1 {
+		return fmt.Errorf("bench: key %s already claimed", key)
+	}
+	if _, err := conn.Exec(ctx, sqlInsert, item); err != nil {
+		return err
+	}
+	b = &pgx.Batch{}
+	var done, tag pgconn.CommandTag
+	b.Queue(sqlKeyComplete, key, []byte("ok")).Exec(func(t pgconn.CommandTag) error { done = t; return nil })
+	b.Queue("commit").Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return err
+	}
+	if done.RowsAffected() != 1 || tag.String() != "COMMIT" {
+		return fmt.Errorf("bench: key %s: completion %q, %q", key, done, tag)
+	}
+	committed = true
+	return nil
 }
 
 // replayKeys is how many completed keys the replay case draws from.

@@ -206,6 +206,8 @@ func compare(runs [][]benchrun.Result) []string {
 		pair("fenced-update", "raw-update", p50Ratio, times, "fenced write (pgfence.Exec) p50 %s the unfenced UPDATE")
 		pair("versioned-update", "raw-update", p50Ratio, times, "versioned row write (pgfence.UpdateRow) p50 %s the unfenced UPDATE (no fence row: nothing recorded)")
 		pair("idempotent-tx", "raw-insert-tx", p50Ratio, times, "idempotency.Store.Do p50 %s the same insert in a bare transaction")
+		pair("idempotent-tx", "raw-idempotent-tx", p50Ratio, times, "idempotency.Store.Do p50 %s the hand-written key row of the same design (the library's tax)")
+		pair("raw-idempotent-tx", "raw-insert-tx", p50Ratio, times, "the hand-written key row p50 %s the same insert in a bare transaction (what recording a key costs)")
 		pair("idempotent-http", "raw-http-insert", p50Ratio, times, "an HTTP request behind idemhttp (atomic mode) p50 %s the same handler without it (goal ≤ 1.5×)")
 		pair("sql-fenced-update", "sql-raw-update", p50Ratio, times, "database/sql fenced write (sqlfence.Exec, pgx stdlib) p50 %s the same unfenced UPDATE on database/sql (goal: within 10%% of the pgx ratio)")
 		pair("pq-fenced-update", "pq-raw-update", p50Ratio, times, "database/sql fenced write (sqlfence.Exec, lib/pq) p50 %s the same unfenced UPDATE on lib/pq (goal: within 10%% of the pgx ratio)")
