@@ -286,11 +286,12 @@ func TestBenchCurves(t *testing.T) {
 			t.Errorf("point %s=%d: %+v", p.Curve, p.X, p.ResultJSON)
 		}
 	}
-	want := "acquire-vs-lease-rows=1000 claim-vs-keys=10000 fenced-write-vs-resources=1 fenced-write-vs-resources=10 hot-key-waiters=1 hot-key-waiters=2"
+	want := "floor-acquire-vs-lock-rows=1000 acquire-vs-lease-rows=1000 claim-vs-keys=10000 floor-write-vs-fence-rows=1 fenced-write-vs-resources=1 floor-write-vs-fence-rows=10 fenced-write-vs-resources=10 hot-key-waiters=1 hot-key-waiters=2"
 	if strings.Join(got, " ") != want {
 		t.Errorf("points %s\nwant   %s", strings.Join(got, " "), want)
 	}
-	if v := strings.Join(res.Comparisons, "\n"); !strings.Contains(v, "hand-off p50 by waiters") || !strings.Contains(v, "churn: pgfence.leases went from") {
+	if v := strings.Join(res.Comparisons, "\n"); !strings.Contains(v, "hand-off p50 by waiters") || !strings.Contains(v, "churn: pgfence.leases went from") ||
+		!strings.Contains(v, "hand-written fence row floor's ops/s over 10 fence rows") {
 		t.Errorf("comparisons:\n%s", v)
 	}
 	c := res.Churn

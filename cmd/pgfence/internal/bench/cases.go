@@ -40,6 +40,7 @@ const benchSchema = `
 	    status pg_catalog.text NOT NULL, result pg_catalog.bytea, expires_at timestamp with time zone, PRIMARY KEY (scope, key));
 	CREATE INDEX ON pgfence_bench.keys (expires_at);
 	INSERT INTO pgfence_bench.fences SELECT 'bench/' OPERATOR(pg_catalog.||) g, 1 FROM pg_catalog.generate_series(0, 99999) g;
+	CREATE TABLE pgfence_bench.curve_fences (LIKE pgfence_bench.fences INCLUDING ALL) WITH (fillfactor = 50);
 	ANALYZE pgfence_bench.stock;
 	ANALYZE pgfence_bench.fences`
 
@@ -59,6 +60,10 @@ const (
 	// The floor of a fence that records each write: a hand-written fence row
 	// update (token check, operation id), sent with sqlUpdate in one batch.
 	sqlFenceRow = `UPDATE pgfence_bench.fences SET token = $2, op = $3
+		WHERE resource OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.<=) $2`
+	// sqlCurveFenceRow is sqlFenceRow on the fence rows of the curves, which
+	// hold only the curve's resources.
+	sqlCurveFenceRow = `UPDATE pgfence_bench.curve_fences SET token = $2, op = $3
 		WHERE resource OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.<=) $2`
 	// The protected table of protected-update: the same rows as stock, keyed
 	// by the text of the resource's suffix.
@@ -240,20 +245,7 @@ func baseCases() []*Case {
 	return []*Case{
 		{Name: "raw-lock-upsert", Group: "lock", What: "the floor: a hand-written inline-upsert acquire + conditional release over pgx (2 durable commits)",
 			prepare: simple(func(ctx context.Context, lab *Lab, w *benchrun.Worker) error {
-				k, holder := benchKey(w), randomUUID(w)
-				var token int64
-				err := lab.pool.QueryRow(ctx, sqlFloorAcquire, k, holder).Scan(&token)
-				if errors.Is(err, pgx.ErrNoRows) {
-					return benchrun.ErrHeld
-				}
-				if err != nil {
-					return err
-				}
-				tag, err := lab.pool.Exec(ctx, sqlFloorRelease, k, holder, token)
-				if err == nil && tag.RowsAffected() != 1 {
-					err = fmt.Errorf("release of %s by its holder changed %d rows", k, tag.RowsAffected())
-				}
-				return err
+				return floorLockCycle(ctx, lab, benchKey(w), randomUUID(w))
 			})},
 		{Name: "raw-lease", Group: "lock", What: "pgfence.try_acquire + pgfence.release sent as raw SQL over pgx (the SQL API without the Go client)",
 			prepare: simple(func(ctx context.Context, lab *Lab, w *benchrun.Worker) error {
@@ -310,18 +302,7 @@ func baseCases() []*Case {
 		{Name: "raw-fence-row", Group: "fenced write", What: "the same UPDATE plus a hand-written fence row UPDATE (token check, operation id) in one batch: the floor of any fence that records its writes",
 			prepare: simple(func(ctx context.Context, lab *Lab, w *benchrun.Worker) error {
 				id := w.Key()
-				batch := &pgx.Batch{}
-				batch.Queue(sqlFenceRow, "bench/"+strconv.Itoa(id), 2, randomUUID(w))
-				batch.Queue(sqlUpdate, id)
-				br := lab.pool.SendBatch(ctx, batch)
-				tag, err := br.Exec()
-				if err == nil && tag.RowsAffected() != 1 {
-					err = fmt.Errorf("the fence row of bench/%d refused token 2", id)
-				}
-				if cerr := br.Close(); err == nil {
-					err = cerr
-				}
-				return err
+				return floorFencedWrite(ctx, lab, sqlFenceRow, "bench/"+strconv.Itoa(id), id, randomUUID(w))
 			})},
 		{Name: "fenced-update", Group: "fenced write", What: "pgfence.Exec: the same UPDATE fenced by a token, one round trip",
 			prepare: func(ctx context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
@@ -437,6 +418,42 @@ func insertOnce(ctx context.Context, lab *Lab, store *idempotency.Store, key str
 		_, err := tx.Exec(ctx, sqlInsert, item)
 		return []byte("ok"), err
 	})
+}
+
+// floorLockCycle takes and releases key's lock row the hand-written way (the
+// raw-lock-upsert floor): benchrun.ErrHeld when another holder has it.
+func floorLockCycle(ctx context.Context, lab *Lab, key, holder string) error {
+	var token int64
+	err := lab.pool.QueryRow(ctx, sqlFloorAcquire, key, holder).Scan(&token)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return benchrun.ErrHeld
+	}
+	if err != nil {
+		return err
+	}
+	tag, err := lab.pool.Exec(ctx, sqlFloorRelease, key, holder, token)
+	if err == nil && tag.RowsAffected() != 1 {
+		err = fmt.Errorf("release of %s by its holder changed %d rows", key, tag.RowsAffected())
+	}
+	return err
+}
+
+// floorFencedWrite is the raw-fence-row floor: resource's fence row takes
+// token 2 (refusing a higher one already there) with fenceRow, in one batch
+// with the UPDATE of stock row id.
+func floorFencedWrite(ctx context.Context, lab *Lab, fenceRow, resource string, id int, op string) error {
+	batch := &pgx.Batch{}
+	batch.Queue(fenceRow, resource, 2, op)
+	batch.Queue(sqlUpdate, id)
+	br := lab.pool.SendBatch(ctx, batch)
+	tag, err := br.Exec()
+	if err == nil && tag.RowsAffected() != 1 {
+		err = fmt.Errorf("the fence row of %s refused token 2", resource)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // rawInsertOnce is insertOnce written by hand, in as few round trips as

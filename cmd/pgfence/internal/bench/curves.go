@@ -209,11 +209,20 @@ type measureFunc func(curve string, x int64, workers int, op benchrun.Op)
 // write pgfence's tables directly on purpose: loading 10^6 rows through the
 // protocol would take longer than measuring them.
 const (
-	sqlAnalyze    = `ANALYZE pgfence.leases, pgfence.idempotency_keys, pgfence.fences`
+	sqlAnalyze    = `ANALYZE pgfence.leases, pgfence.idempotency_keys, pgfence.fences, pgfence_bench.locks, pgfence_bench.curve_fences`
 	sqlLoadLeases = `INSERT INTO pgfence.leases (key, holder, token, granted_at, expires_at, released_at)
 		SELECT $1 OPERATOR(pg_catalog.||) 'lease/' OPERATOR(pg_catalog.||) g, pg_catalog.gen_random_uuid(), 1, t, t, t
 		FROM pg_catalog.generate_series($2::bigint, $3::bigint OPERATOR(pg_catalog.-) 1) g,
 		     (SELECT pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 hour' AS t) c`
+	// The hand-written floors' rows, beside pgfence's: expired lock rows of
+	// the lock floor, and fence rows at token 1 of the fence-row floor.
+	sqlLoadFloorLocks = `INSERT INTO pgfence_bench.locks (key, holder, token, expires_at)
+		SELECT $1 OPERATOR(pg_catalog.||) 'lock/' OPERATOR(pg_catalog.||) g, pg_catalog.gen_random_uuid(), 1,
+		       pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 hour'
+		FROM pg_catalog.generate_series($2::bigint, $3::bigint OPERATOR(pg_catalog.-) 1) g`
+	sqlLoadFloorFences = `INSERT INTO pgfence_bench.curve_fences (resource, token)
+		SELECT $1 OPERATOR(pg_catalog.||) 'fence/' OPERATOR(pg_catalog.||) g, 1
+		FROM pg_catalog.generate_series($2::bigint, $3::bigint OPERATOR(pg_catalog.-) 1) g`
 	sqlLoadKeys = `INSERT INTO pgfence.idempotency_keys (scope, key, fingerprint, mode, status, result, retention, completed_at, expires_at)
 		SELECT $1, 'k' OPERATOR(pg_catalog.||) g, pg_catalog.sha256(g::pg_catalog.text::pg_catalog.bytea), 'atomic', 'succeeded', '\x6f6b',
 		       interval '1 day', t, t OPERATOR(pg_catalog.+) interval '1 day'
@@ -273,7 +282,13 @@ func (lab *Lab) curveRows(ctx context.Context, sizes []int64, n int, measure mea
 		if err := lab.bulk(ctx, fmt.Sprintf("lease rows %d…%d", loaded, size), sqlLoadLeases, curvePrefix, loaded, size); err != nil {
 			return err
 		}
+		if err := lab.bulk(ctx, fmt.Sprintf("floor lock rows %d…%d", loaded, size), sqlLoadFloorLocks, curvePrefix, loaded, size); err != nil {
+			return err
+		}
 		loaded = size
+		measure("floor-acquire-vs-lock-rows", size, n, func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+			return 0, floorLockCycle(ctx, lab, curvePrefix+"lock/"+strconv.FormatInt(w.Rand.Int64N(size), 10), randomUUID(w))
+		})
 		measure("acquire-vs-lease-rows", size, n, func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
 			l, err := client.TryAcquire(ctx, curvePrefix+"lease/"+strconv.FormatInt(w.Rand.Int64N(size), 10), 30*time.Second, nil)
 			if errors.Is(err, leases.ErrLeaseHeld) {
@@ -331,7 +346,14 @@ func (lab *Lab) curveResources(ctx context.Context, sizes []int64, n int, measur
 		if err := lab.bulk(ctx, fmt.Sprintf("fence rows %d…%d", loaded, size), sqlLoadFences, curvePrefix, token, loaded, size); err != nil {
 			return err
 		}
+		if err := lab.bulk(ctx, fmt.Sprintf("floor fence rows %d…%d", loaded, size), sqlLoadFloorFences, curvePrefix, loaded, size); err != nil {
+			return err
+		}
 		loaded = size
+		measure("floor-write-vs-fence-rows", size, n, func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+			i := w.Rand.Int64N(size)
+			return 0, floorFencedWrite(ctx, lab, sqlCurveFenceRow, curvePrefix+"fence/"+strconv.FormatInt(i, 10), int(i%benchrun.Keys), randomUUID(w))
+		})
 		measure("fenced-write-vs-resources", size, n, func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
 			i := w.Rand.Int64N(size)
 			_, err := pgfence.ExecToken(ctx, lab.pool, curvePrefix+"fence/"+strconv.FormatInt(i, 10), token, sqlUpdate, i%benchrun.Keys)
@@ -525,11 +547,17 @@ func curveVerdicts(points []Point, churn *Churn) []string {
 	if f, l := ends("acquire-vs-lease-rows"); f != nil && l != f {
 		out = append(out, fmt.Sprintf("acquire p50 with %d lease rows is %.2f× that with %d (goal ≤ 1.5× from 10^3 to 10^6)", l.X, float64(l.P50)/float64(f.P50), f.X))
 	}
+	if f, l := ends("floor-acquire-vs-lock-rows"); f != nil && l != f {
+		out = append(out, fmt.Sprintf("the hand-written lock floor's acquire p50 with %d lock rows is %.2f× that with %d (the same growth without pgfence)", l.X, float64(l.P50)/float64(f.P50), f.X))
+	}
 	if f, l := ends("claim-vs-keys"); f != nil && l != f {
 		out = append(out, fmt.Sprintf("idempotency claim p50 with %d keys is %.2f× that with %d", l.X, float64(l.P50)/float64(f.P50), f.X))
 	}
 	if f, l := ends("fenced-write-vs-resources"); f != nil && l != f {
 		out = append(out, fmt.Sprintf("fenced write ops/s over %d resources is %.2f× that over %d", l.X, l.OpsPerS/f.OpsPerS, f.X))
+	}
+	if f, l := ends("floor-write-vs-fence-rows"); f != nil && l != f {
+		out = append(out, fmt.Sprintf("the hand-written fence row floor's ops/s over %d fence rows is %.2f× that over %d (the same growth without pgfence)", l.X, l.OpsPerS/f.OpsPerS, f.X))
 	}
 	if f, l := ends("hot-key-waiters"); f != nil && l != f && f.StatementsPerS > 0 {
 		var ratios, handoffs []string
