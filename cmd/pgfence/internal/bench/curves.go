@@ -544,21 +544,33 @@ func curveVerdicts(points []Point, churn *Churn) []string {
 		}
 		return first, last
 	}
-	if f, l := ends("acquire-vs-lease-rows"); f != nil && l != f {
-		out = append(out, fmt.Sprintf("acquire p50 with %d lease rows is %.2f× that with %d (goal ≤ 1.5× from 10^3 to 10^6)", l.X, float64(l.P50)/float64(f.P50), f.X))
+	// The scale goal: p50 at the largest size against that at 10^3 (the
+	// resources curve starts at 1, where every worker writes the same row).
+	scale := func(curve, what string, floor bool) {
+		var first, last *Point
+		for i := range points {
+			if p := &points[i]; p.Curve == curve && p.Ops > 0 && p.X >= 1000 {
+				if first == nil {
+					first = p
+				}
+				last = p
+			}
+		}
+		if first == nil || last == first || first.P50 <= 0 {
+			return
+		}
+		r := float64(last.P50) / float64(first.P50)
+		note := "goal ≤ 1.5× from 10^3 to 10^7"
+		if floor {
+			note = "the same growth without pgfence"
+		}
+		out = append(out, fmt.Sprintf("%s p50 at %d rows is %.2f× that at %d (%s)", what, last.X, r, first.X, note))
 	}
-	if f, l := ends("floor-acquire-vs-lock-rows"); f != nil && l != f {
-		out = append(out, fmt.Sprintf("the hand-written lock floor's acquire p50 with %d lock rows is %.2f× that with %d (the same growth without pgfence)", l.X, float64(l.P50)/float64(f.P50), f.X))
-	}
-	if f, l := ends("claim-vs-keys"); f != nil && l != f {
-		out = append(out, fmt.Sprintf("idempotency claim p50 with %d keys is %.2f× that with %d", l.X, float64(l.P50)/float64(f.P50), f.X))
-	}
-	if f, l := ends("fenced-write-vs-resources"); f != nil && l != f {
-		out = append(out, fmt.Sprintf("fenced write ops/s over %d resources is %.2f× that over %d", l.X, l.OpsPerS/f.OpsPerS, f.X))
-	}
-	if f, l := ends("floor-write-vs-fence-rows"); f != nil && l != f {
-		out = append(out, fmt.Sprintf("the hand-written fence row floor's ops/s over %d fence rows is %.2f× that over %d (the same growth without pgfence)", l.X, l.OpsPerS/f.OpsPerS, f.X))
-	}
+	scale("acquire-vs-lease-rows", "acquire + release, by lease rows:", false)
+	scale("floor-acquire-vs-lock-rows", "the hand-written lock floor, by lock rows:", true)
+	scale("claim-vs-keys", "idempotency claim, by stored keys:", false)
+	scale("fenced-write-vs-resources", "fenced write, by fenced resources:", false)
+	scale("floor-write-vs-fence-rows", "the hand-written fence row floor, by fence rows:", true)
 	if f, l := ends("hot-key-waiters"); f != nil && l != f && f.StatementsPerS > 0 {
 		var ratios, handoffs []string
 		for _, p := range points {

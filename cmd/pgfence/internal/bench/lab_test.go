@@ -84,3 +84,29 @@ func TestCompareRoundByRound(t *testing.T) {
 		t.Errorf("compare:\n%s\nwant:\n%s", strings.Join(out, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// The scale verdicts compare the largest size with 10^3, not with the
+// resources curve's first point (one row every worker writes), and show each
+// floor beside pgfence's curve.
+func TestCurveVerdictsFromOneThousand(t *testing.T) {
+	point := func(curve string, x int64, p50ms float64) Point {
+		return Point{Curve: curve, X: x, Result: benchrun.Result{Ops: 100, P50: time.Duration(p50ms * float64(time.Millisecond))}}
+	}
+	out := curveVerdicts([]Point{
+		point("floor-acquire-vs-lock-rows", 1000, 1), point("acquire-vs-lease-rows", 1000, 1.2),
+		point("floor-acquire-vs-lock-rows", 10_000_000, 1.3), point("acquire-vs-lease-rows", 10_000_000, 1.8),
+		point("floor-write-vs-fence-rows", 1, 9), point("fenced-write-vs-resources", 1, 9),
+		point("floor-write-vs-fence-rows", 1000, 0.5), point("fenced-write-vs-resources", 1000, 0.8),
+		point("floor-write-vs-fence-rows", 10_000_000, 0.6), point("fenced-write-vs-resources", 10_000_000, 1.0),
+		point("claim-vs-keys", 10_000, 1.4),
+	}, nil)
+	want := []string{
+		"acquire + release, by lease rows: p50 at 10000000 rows is 1.50× that at 1000 (goal ≤ 1.5× from 10^3 to 10^7)",
+		"the hand-written lock floor, by lock rows: p50 at 10000000 rows is 1.30× that at 1000 (the same growth without pgfence)",
+		"fenced write, by fenced resources: p50 at 10000000 rows is 1.25× that at 1000 (goal ≤ 1.5× from 10^3 to 10^7)",
+		"the hand-written fence row floor, by fence rows: p50 at 10000000 rows is 1.20× that at 1000 (the same growth without pgfence)",
+	}
+	if !slices.Equal(out, want) {
+		t.Errorf("verdicts:\n%s\nwant:\n%s", strings.Join(out, "\n"), strings.Join(want, "\n"))
+	}
+}
