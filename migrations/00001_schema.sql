@@ -573,7 +573,7 @@ CREATE FUNCTION pgfence.revoke_prefix(p_role regrole, p_prefix text) RETURNS boo
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pgfence.require_primary();
-    DELETE FROM pgfence.prefix_grants g WHERE g.grantee = p_role AND g.prefix = p_prefix;
+    DELETE FROM pgfence.prefix_grants g WHERE g.grantee = p_role AND g.prefix = p_prefix COLLATE pg_catalog."default";
     RETURN FOUND;
 END;
 $$;

@@ -306,14 +306,14 @@ BEGIN
         USING ranked r
         WHERE e.id = r.id AND r.rn > p_keep;
     ELSIF p_keep = 0 THEN
-        DELETE FROM pgfence.lease_events e WHERE e.key = p_key;
+        DELETE FROM pgfence.lease_events e WHERE e.key = p_key COLLATE pg_catalog."default";
     ELSE
         -- One key (every 32nd grant prunes its own key): the events older
         -- than its p_keep-th newest, found from the newest end of the
         -- (key, id) index, whatever the size of the table.
         DELETE FROM pgfence.lease_events e
-         WHERE e.key = p_key
-           AND e.id < (SELECT x.id FROM pgfence.lease_events x WHERE x.key = p_key
+         WHERE e.key = p_key COLLATE pg_catalog."default"
+           AND e.id < (SELECT x.id FROM pgfence.lease_events x WHERE x.key = p_key COLLATE pg_catalog."default"
                         ORDER BY x.id DESC OFFSET p_keep - 1 LIMIT 1);
     END IF;
     GET DIAGNOSTICS n = ROW_COUNT;
@@ -364,7 +364,7 @@ BEGIN
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
         PERFORM set_config('synchronous_commit', 'on', true);
     END IF;
-    PERFORM 1 FROM pgfence.grant_pauses g WHERE g.prefix = p_prefix FOR UPDATE;
+    PERFORM 1 FROM pgfence.grant_pauses g WHERE g.prefix = p_prefix COLLATE pg_catalog."default" FOR UPDATE;
     v_was := FOUND;
     INSERT INTO pgfence.grant_pauses AS g (prefix, reason) VALUES (p_prefix, p_reason)
         ON CONFLICT (prefix) DO UPDATE SET reason = excluded.reason, paused_by = excluded.paused_by;
@@ -390,7 +390,7 @@ BEGIN
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
         PERFORM set_config('synchronous_commit', 'on', true);
     END IF;
-    DELETE FROM pgfence.grant_pauses g WHERE g.prefix = p_prefix;
+    DELETE FROM pgfence.grant_pauses g WHERE g.prefix = p_prefix COLLATE pg_catalog."default";
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -424,14 +424,14 @@ BEGIN
     -- Queue positions need no durability: losing them in a crash costs
     -- fairness only.
     PERFORM set_config('synchronous_commit', 'off', true);
-    DELETE FROM pgfence.lease_waiters w WHERE w.key = p_key AND w.expires_at <= clock_timestamp();
+    DELETE FROM pgfence.lease_waiters w WHERE w.key = p_key COLLATE pg_catalog."default" AND w.expires_at <= clock_timestamp();
     INSERT INTO pgfence.lease_waiters AS w (key, waiter, expires_at)
     VALUES (p_key, p_waiter, clock_timestamp() + p_patience)
     ON CONFLICT (key, waiter) DO UPDATE SET expires_at = clock_timestamp() + p_patience
     RETURNING w.enqueued_at INTO my_enqueued;
     SELECT count(*) INTO ahead
       FROM pgfence.lease_waiters w
-     WHERE w.key = p_key AND w.expires_at > clock_timestamp()
+     WHERE w.key = p_key COLLATE pg_catalog."default" AND w.expires_at > clock_timestamp()
        AND (w.enqueued_at, w.waiter) < (my_enqueued, p_waiter);
     RETURN ahead;
 END;
@@ -445,7 +445,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN
     PERFORM pgfence.require_primary();
     PERFORM pgfence.require_granted('lease', p_key);
-    DELETE FROM pgfence.lease_waiters w WHERE w.key = p_key AND w.waiter = p_waiter;
+    DELETE FROM pgfence.lease_waiters w WHERE w.key = p_key COLLATE pg_catalog."default" AND w.waiter = p_waiter;
     RETURN FOUND;
 END;
 $$;
@@ -498,7 +498,7 @@ BEGIN
     END IF;
 
     -- The cheap check: a plain read, no lock, no write.
-    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key;
+    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key COLLATE pg_catalog."default";
     IF cur.key IS NOT NULL AND cur.released_at IS NULL AND cur.expires_at > clock_timestamp() THEN
         RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, NULL::timestamptz, cur.expires_at,
                             greatest(cur.expires_at - clock_timestamp(), interval '0');
@@ -527,7 +527,7 @@ BEGIN
     -- advisory lock's holder is not granting and the upsert goes ahead.
     IF NOT pg_try_advisory_xact_lock(v_lock) THEN
         IF cur.key IS NOT NULL THEN
-            PERFORM 1 FROM pgfence.leases l WHERE l.key = p_key FOR UPDATE SKIP LOCKED;
+            PERFORM 1 FROM pgfence.leases l WHERE l.key = p_key COLLATE pg_catalog."default" FOR UPDATE SKIP LOCKED;
             v_busy := NOT FOUND;
         ELSE
             WITH locks AS MATERIALIZED (
@@ -568,7 +568,7 @@ BEGIN
                released_at    = NULL,
                holder_info    = coalesce(p_holder_info, ''),
                client_version = p_client_version
-         WHERE l.key = p_key AND (l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp())
+         WHERE l.key = p_key COLLATE pg_catalog."default" AND (l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp())
         RETURNING l.token, l.granted_at, l.expires_at INTO v_token, v_grant, v_exp;
     END IF;
     -- A first grant, or a row pruned since the read: ON CONFLICT's WHERE is
@@ -592,7 +592,7 @@ BEGIN
 
     IF v_token IS NULL THEN
         -- Someone else won between the read and the upsert.
-        SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key;
+        SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key COLLATE pg_catalog."default";
         RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, NULL::timestamptz, cur.expires_at,
                             greatest(cur.expires_at - clock_timestamp(), interval '0');
         RETURN;
@@ -688,7 +688,7 @@ BEGIN
         PERFORM pgfence.check_token(p_token);
     END IF;
 
-    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key FOR UPDATE;
+    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key COLLATE pg_catalog."default" FOR UPDATE;
     IF cur.key IS NULL OR cur.holder <> p_holder OR cur.token <> p_token THEN
         RAISE EXCEPTION 'pgfence: lease % is not held by holder % with token %', p_key, p_holder, p_token
             USING ERRCODE = 'PF002',
@@ -712,7 +712,7 @@ BEGIN
     UPDATE pgfence.leases l
        SET renewed_at = greatest(clock_timestamp(), l.granted_at),
            expires_at = clock_timestamp() + p_ttl
-     WHERE l.key = p_key
+     WHERE l.key = p_key COLLATE pg_catalog."default"
     RETURNING l.expires_at INTO v_exp;
 
     RETURN QUERY SELECT p_token, v_exp, greatest(v_exp - clock_timestamp(), interval '0');
@@ -767,7 +767,7 @@ BEGIN
     -- modified, and a modified row is re-checked after the lock wait.
     UPDATE pgfence.leases l
        SET released_at = greatest(clock_timestamp(), l.granted_at)
-     WHERE l.key = p_key AND l.holder = p_holder AND l.token = p_token AND l.released_at IS NULL
+     WHERE l.key = p_key COLLATE pg_catalog."default" AND l.holder = p_holder AND l.token = p_token AND l.released_at IS NULL
     RETURNING l.expires_at <= clock_timestamp() INTO v_expired;
 
     IF v_expired IS NOT NULL THEN
@@ -779,7 +779,7 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key;
+    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key COLLATE pg_catalog."default";
     IF cur.key IS NOT NULL AND cur.holder = p_holder AND cur.token = p_token THEN
         RETURN QUERY SELECT false, 'already_released'::text;
     ELSE
@@ -813,7 +813,7 @@ BEGIN
 
     UPDATE pgfence.leases l
        SET released_at = greatest(clock_timestamp(), l.granted_at)
-     WHERE l.key = p_key AND l.released_at IS NULL
+     WHERE l.key = p_key COLLATE pg_catalog."default" AND l.released_at IS NULL
     RETURNING l.holder, l.token, l.expires_at > clock_timestamp() INTO v_holder, v_token, v_live;
 
     IF v_holder IS NULL THEN
@@ -875,7 +875,7 @@ BEGIN
         NULL;
     END;
     -- A new snapshot: every grant that held the row has ended.
-    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key;
+    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key COLLATE pg_catalog."default";
     IF cur.key IS NULL OR cur.holder <> p_holder THEN
         RETURN QUERY SELECT false, NULL::bigint, NULL::timestamptz, NULL::timestamptz, false;
         RETURN;
@@ -899,9 +899,9 @@ DECLARE
     l pgfence.leases%ROWTYPE;
 BEGIN
     IF p_for_update THEN
-        SELECT * INTO l FROM pgfence.leases x WHERE x.key = p_key FOR UPDATE;
+        SELECT * INTO l FROM pgfence.leases x WHERE x.key = p_key COLLATE pg_catalog."default" FOR UPDATE;
     ELSE
-        SELECT * INTO l FROM pgfence.leases x WHERE x.key = p_key FOR SHARE;
+        SELECT * INTO l FROM pgfence.leases x WHERE x.key = p_key COLLATE pg_catalog."default" FOR SHARE;
     END IF;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgfence: lease % is not held: no such lease', pg_catalog.quote_literal(p_key)
@@ -955,9 +955,9 @@ BEGIN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     END IF;
     v_now := pg_catalog.clock_timestamp();
-    UPDATE pgfence.leases x SET holder_info = p_holder_info WHERE x.key = p_key;
+    UPDATE pgfence.leases x SET holder_info = p_holder_info WHERE x.key = p_key COLLATE pg_catalog."default";
     DELETE FROM pgfence.lease_events e
-     WHERE e.key = p_key AND e.event = 'info_changed' AND e.holder = p_holder AND e.token = p_token;
+     WHERE e.key = p_key COLLATE pg_catalog."default" AND e.event = 'info_changed' AND e.holder = p_holder AND e.token = p_token;
     INSERT INTO pgfence.lease_events (key, event, holder, token, at, holder_info)
     VALUES (p_key, 'info_changed', p_holder, p_token, v_now, p_holder_info);
     PERFORM pg_catalog.pg_notify('pgfence_lease_changed',
@@ -1019,14 +1019,14 @@ BEGIN
     RETURNING s.* INTO cur;
     IF FOUND THEN
         DELETE FROM pgfence.job_slots s
-         WHERE s.key = p_key
-           AND (s.started_at, s.slot) < (SELECT o.started_at, o.slot FROM pgfence.job_slots o WHERE o.key = p_key
+         WHERE s.key = p_key COLLATE pg_catalog."default"
+           AND (s.started_at, s.slot) < (SELECT o.started_at, o.slot FROM pgfence.job_slots o WHERE o.key = p_key COLLATE pg_catalog."default"
                                           ORDER BY o.started_at DESC, o.slot DESC OFFSET 999 LIMIT 1);
         RETURN QUERY SELECT false, 1, NULL::text, NULL::bigint, cur.started_at, NULL::timestamptz;
         RETURN;
     END IF;
 
-    SELECT s.* INTO cur FROM pgfence.job_slots s WHERE s.key = p_key AND s.slot = p_slot FOR UPDATE;
+    SELECT s.* INTO cur FROM pgfence.job_slots s WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot FOR UPDATE;
     IF cur.completed_at IS NOT NULL OR cur.token = p_token THEN
         RETURN QUERY SELECT cur.completed_at IS NOT NULL, cur.runs, cur.checkpoint,
                             CASE WHEN cur.completed_at IS NOT NULL THEN cur.token END, cur.started_at, cur.completed_at;
@@ -1037,7 +1037,7 @@ BEGIN
        SET holder = p_holder, token = p_token, runs = s.runs + 1, run_at = pg_catalog.clock_timestamp(),
            checkpoint = CASE WHEN p_restart THEN NULL ELSE s.checkpoint END,
            saved_at = CASE WHEN p_restart THEN NULL ELSE s.saved_at END
-     WHERE s.key = p_key AND s.slot = p_slot
+     WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot
     RETURNING s.* INTO cur;
     RETURN QUERY SELECT false, cur.runs, cur.checkpoint, prev, cur.started_at, NULL::timestamptz;
 END;
@@ -1067,7 +1067,7 @@ BEGIN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     END IF;
     UPDATE pgfence.job_slots s SET checkpoint = p_checkpoint, saved_at = pg_catalog.clock_timestamp()
-     WHERE s.key = p_key AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL
+     WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL
     RETURNING s.saved_at INTO v_at;
     IF v_at IS NULL THEN
         PERFORM pgfence.raise_not_slot_run(p_key, p_slot, p_token);
@@ -1101,11 +1101,11 @@ BEGIN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     END IF;
     UPDATE pgfence.job_slots s SET completed_at = pg_catalog.clock_timestamp()
-     WHERE s.key = p_key AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL
+     WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL
     RETURNING s.completed_at INTO v_at;
     IF v_at IS NULL THEN
         SELECT s.completed_at INTO v_at FROM pgfence.job_slots s
-         WHERE s.key = p_key AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NOT NULL;
+         WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NOT NULL;
         IF v_at IS NULL THEN
             PERFORM pgfence.raise_not_slot_run(p_key, p_slot, p_token);
         END IF;
@@ -1123,7 +1123,7 @@ LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     s pgfence.job_slots%ROWTYPE;
 BEGIN
-    SELECT x.* INTO s FROM pgfence.job_slots x WHERE x.key = p_key AND x.slot = p_slot;
+    SELECT x.* INTO s FROM pgfence.job_slots x WHERE x.key = p_key COLLATE pg_catalog."default" AND x.slot = p_slot;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgfence: slot % of job % was never begun', pg_catalog.quote_literal(p_slot), pg_catalog.quote_literal(p_key)
             USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=slot_not_begun key=%s', p_key);

@@ -195,7 +195,7 @@ BEGIN
     -- has not committed, that rolled back (its number is issued again), that
     -- a failover lost, or from another key's lease: counted per key, it says
     -- nothing about this resource.
-    SELECT l.token INTO issued FROM pgfence.leases l WHERE l.key = fence.resource;
+    SELECT l.token INTO issued FROM pgfence.leases l WHERE l.key = fence.resource COLLATE pg_catalog."default";
     IF issued IS NULL OR issued < fence.token THEN
         RAISE EXCEPTION 'pgfence: token % was not issued by lease %', fence.token, quote_literal(fence.resource)
             USING ERRCODE = 'PF012',
@@ -224,7 +224,7 @@ BEGIN
     UPDATE pgfence.fences AS f
        SET token = fence.token, accepted_at = clock_timestamp(), writes = f.writes + 1,
            op = fence.op, fenced_xid = pg_current_xact_id()
-     WHERE f.resource = fence.resource AND f.token <= fence.token;
+     WHERE f.resource = fence.resource COLLATE pg_catalog."default" AND f.token <= fence.token;
     IF FOUND THEN
         -- The row is ours now; a write whose client abandoned it must not
         -- commit (checked in a statement of its own: a snapshot taken after
@@ -239,7 +239,7 @@ BEGIN
     -- Stale, a first write, or a row our UPDATE could not see yet (a
     -- concurrent first writer). A committed higher token is final (tokens
     -- never decrease): reject it without waiting for anyone's row lock.
-    SELECT f.token INTO accepted FROM pgfence.fences f WHERE f.resource = fence.resource;
+    SELECT f.token INTO accepted FROM pgfence.fences f WHERE f.resource = fence.resource COLLATE pg_catalog."default";
     IF FOUND AND accepted > fence.token THEN
         RAISE EXCEPTION 'pgfence: stale token % for resource %: token % was accepted', fence.token, quote_literal(fence.resource), accepted
             USING ERRCODE = 'PF001',
@@ -265,7 +265,7 @@ BEGIN
     END IF;
     -- Stale: a higher token committed while we waited. The row is locked by
     -- us now and this read (a new snapshot) sees it.
-    SELECT f.token INTO accepted FROM pgfence.fences f WHERE f.resource = fence.resource;
+    SELECT f.token INTO accepted FROM pgfence.fences f WHERE f.resource = fence.resource COLLATE pg_catalog."default";
     RAISE EXCEPTION 'pgfence: stale token % for resource %: token % was accepted', fence.token, quote_literal(fence.resource), accepted
         USING ERRCODE = 'PF001',
               DETAIL = format('accepted=%s presented=%s resource=%s', accepted, fence.token, fence.resource),
@@ -331,7 +331,7 @@ BEGIN
     IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
         PERFORM pgfence.require_granted('lease', check_lease.key);
     END IF;
-    SELECT * INTO l FROM pgfence.leases WHERE key = check_lease.key FOR SHARE;
+    SELECT * INTO l FROM pgfence.leases WHERE key = check_lease.key COLLATE pg_catalog."default" FOR SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgfence: lease % is not held: no such lease', quote_literal(check_lease.key)
             USING ERRCODE = 'PF002', DETAIL = format('reason=missing key=%s', check_lease.key);
@@ -790,7 +790,7 @@ BEGIN
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
         PERFORM set_config('synchronous_commit', 'on', true);
     END IF;
-    SELECT f.token INTO v_old FROM pgfence.fences f WHERE f.resource = p_resource FOR UPDATE;
+    SELECT f.token INTO v_old FROM pgfence.fences f WHERE f.resource = p_resource COLLATE pg_catalog."default" FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgfence: no token was accepted for resource %', quote_literal(p_resource)
             USING ERRCODE = 'PF008';
@@ -800,7 +800,7 @@ BEGIN
             USING ERRCODE = 'PF008';
     END IF;
     INSERT INTO pgfence.fence_resets (resource, from_token, to_token, reason) VALUES (p_resource, v_old, p_token, p_reason);
-    UPDATE pgfence.fences f SET token = p_token WHERE f.resource = p_resource;
+    UPDATE pgfence.fences f SET token = p_token WHERE f.resource = p_resource COLLATE pg_catalog."default";
     RETURN v_old;
 END;
 $$;

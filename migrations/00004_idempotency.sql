@@ -241,7 +241,7 @@ BEGIN
     END IF;
     FOR i IN 1..5 LOOP
         -- Cheap read first: a replay or a refusal writes nothing.
-        SELECT * INTO r FROM pgfence.idempotency_keys k WHERE k.scope = p_scope AND k.key = p_key;
+        SELECT * INTO r FROM pgfence.idempotency_keys k WHERE k.scope = p_scope COLLATE pg_catalog."default" AND k.key = p_key COLLATE pg_catalog."default";
         IF FOUND AND NOT (r.status <> 'in_progress' AND r.expires_at <= clock_timestamp()) THEN
             IF r.fingerprint <> p_fingerprint THEN
                 RETURN QUERY SELECT 'mismatch'::text, NULL::text, NULL::bytea, NULL::text, NULL::text,
@@ -370,7 +370,7 @@ BEGIN
            completed_at = clock_timestamp(),
            updated_at = clock_timestamp(),
            expires_at = clock_timestamp() + k.retention
-     WHERE k.scope = p_scope AND k.key = p_key AND k.mode = 'atomic' AND k.status = 'in_progress'
+     WHERE k.scope = p_scope COLLATE pg_catalog."default" AND k.key = p_key COLLATE pg_catalog."default" AND k.mode = 'atomic' AND k.status = 'in_progress'
     RETURNING k.expires_at INTO v_expires;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgfence: this transaction holds no atomic claim on idempotency key %/%', p_scope, p_key
@@ -465,7 +465,7 @@ BEGIN
     END IF;
     FOR i IN 1..5 LOOP
         -- Cheap read first: a replay or a refusal writes nothing.
-        SELECT * INTO r FROM pgfence.idempotency_keys k WHERE k.scope = p_scope AND k.key = p_key;
+        SELECT * INTO r FROM pgfence.idempotency_keys k WHERE k.scope = p_scope COLLATE pg_catalog."default" AND k.key = p_key COLLATE pg_catalog."default";
         IF FOUND AND NOT (r.status <> 'in_progress' AND r.expires_at <= clock_timestamp()) THEN
             IF r.fingerprint <> p_fingerprint THEN
                 RAISE EXCEPTION 'pgfence: idempotency key %/% was used with a different request', p_scope, p_key
@@ -574,7 +574,7 @@ BEGIN
     END IF;
     UPDATE pgfence.idempotency_keys k
        SET lease_expires_at = clock_timestamp() + p_lease, updated_at = clock_timestamp()
-     WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner
+     WHERE k.scope = p_scope COLLATE pg_catalog."default" AND k.key = p_key COLLATE pg_catalog."default" AND k.owner = p_owner
        AND k.mode = 'leased' AND k.status = 'in_progress'
     RETURNING k.lease_expires_at INTO v_expires;
     IF NOT FOUND THEN
@@ -611,7 +611,7 @@ BEGIN
     UPDATE pgfence.idempotency_keys k
        SET recovery_point = p_recovery_point, recovery_data = p_recovery_data,
            lease_expires_at = clock_timestamp() + p_lease, updated_at = clock_timestamp()
-     WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner
+     WHERE k.scope = p_scope COLLATE pg_catalog."default" AND k.key = p_key COLLATE pg_catalog."default" AND k.owner = p_owner
        AND k.mode = 'leased' AND k.status = 'in_progress'
     RETURNING k.lease_expires_at INTO v_expires;
     IF NOT FOUND THEN
@@ -655,7 +655,7 @@ BEGIN
            owner = NULL, lease_expires_at = NULL,
            completed_at = clock_timestamp(), updated_at = clock_timestamp(),
            expires_at = clock_timestamp() + k.retention
-     WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner
+     WHERE k.scope = p_scope COLLATE pg_catalog."default" AND k.key = p_key COLLATE pg_catalog."default" AND k.owner = p_owner
        AND k.mode = 'leased' AND k.status = 'in_progress'
     RETURNING k.expires_at INTO v_expires;
     IF NOT FOUND THEN
@@ -679,7 +679,7 @@ BEGIN
     PERFORM pgfence.idempotency_durable();
     UPDATE pgfence.idempotency_keys k
        SET owner = NULL, lease_expires_at = clock_timestamp(), updated_at = clock_timestamp()
-     WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner
+     WHERE k.scope = p_scope COLLATE pg_catalog."default" AND k.key = p_key COLLATE pg_catalog."default" AND k.owner = p_owner
        AND k.mode = 'leased' AND k.status = 'in_progress';
     IF NOT FOUND THEN
         PERFORM pgfence.idempotency_not_owner(p_scope, p_key, p_owner);

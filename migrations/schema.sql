@@ -175,7 +175,7 @@ BEGIN
     IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
         PERFORM pgfence.require_granted('lease', check_lease.key);
     END IF;
-    SELECT * INTO l FROM pgfence.leases WHERE key = check_lease.key FOR SHARE;
+    SELECT * INTO l FROM pgfence.leases WHERE key = check_lease.key COLLATE pg_catalog."default" FOR SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgfence: lease % is not held: no such lease', quote_literal(check_lease.key)
             USING ERRCODE = 'PF002', DETAIL = format('reason=missing key=%s', check_lease.key);
@@ -256,7 +256,7 @@ BEGIN
     -- has not committed, that rolled back (its number is issued again), that
     -- a failover lost, or from another key's lease: counted per key, it says
     -- nothing about this resource.
-    SELECT l.token INTO issued FROM pgfence.leases l WHERE l.key = fence.resource;
+    SELECT l.token INTO issued FROM pgfence.leases l WHERE l.key = fence.resource COLLATE pg_catalog."default";
     IF issued IS NULL OR issued < fence.token THEN
         RAISE EXCEPTION 'pgfence: token % was not issued by lease %', fence.token, quote_literal(fence.resource)
             USING ERRCODE = 'PF012',
@@ -285,7 +285,7 @@ BEGIN
     UPDATE pgfence.fences AS f
        SET token = fence.token, accepted_at = clock_timestamp(), writes = f.writes + 1,
            op = fence.op, fenced_xid = pg_current_xact_id()
-     WHERE f.resource = fence.resource AND f.token <= fence.token;
+     WHERE f.resource = fence.resource COLLATE pg_catalog."default" AND f.token <= fence.token;
     IF FOUND THEN
         -- The row is ours now; a write whose client abandoned it must not
         -- commit (checked in a statement of its own: a snapshot taken after
@@ -300,7 +300,7 @@ BEGIN
     -- Stale, a first write, or a row our UPDATE could not see yet (a
     -- concurrent first writer). A committed higher token is final (tokens
     -- never decrease): reject it without waiting for anyone's row lock.
-    SELECT f.token INTO accepted FROM pgfence.fences f WHERE f.resource = fence.resource;
+    SELECT f.token INTO accepted FROM pgfence.fences f WHERE f.resource = fence.resource COLLATE pg_catalog."default";
     IF FOUND AND accepted > fence.token THEN
         RAISE EXCEPTION 'pgfence: stale token % for resource %: token % was accepted', fence.token, quote_literal(fence.resource), accepted
             USING ERRCODE = 'PF001',
@@ -326,7 +326,7 @@ BEGIN
     END IF;
     -- Stale: a higher token committed while we waited. The row is locked by
     -- us now and this read (a new snapshot) sees it.
-    SELECT f.token INTO accepted FROM pgfence.fences f WHERE f.resource = fence.resource;
+    SELECT f.token INTO accepted FROM pgfence.fences f WHERE f.resource = fence.resource COLLATE pg_catalog."default";
     RAISE EXCEPTION 'pgfence: stale token % for resource %: token % was accepted', fence.token, quote_literal(fence.resource), accepted
         USING ERRCODE = 'PF001',
               DETAIL = format('accepted=%s presented=%s resource=%s', accepted, fence.token, fence.resource),
@@ -450,7 +450,7 @@ BEGIN
 
     UPDATE pgfence.leases l
        SET released_at = greatest(clock_timestamp(), l.granted_at)
-     WHERE l.key = p_key AND l.released_at IS NULL
+     WHERE l.key = p_key COLLATE pg_catalog."default" AND l.released_at IS NULL
     RETURNING l.holder, l.token, l.expires_at > clock_timestamp() INTO v_holder, v_token, v_live;
 
     IF v_holder IS NULL THEN
@@ -514,7 +514,7 @@ BEGIN
         NULL;
     END;
     -- A new snapshot: every grant that held the row has ended.
-    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key;
+    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key COLLATE pg_catalog."default";
     IF cur.key IS NULL OR cur.holder <> p_holder THEN
         RETURN QUERY SELECT false, NULL::bigint, NULL::timestamptz, NULL::timestamptz, false;
         RETURN;
@@ -606,7 +606,7 @@ BEGIN
     UPDATE pgfence.idempotency_keys k
        SET recovery_point = p_recovery_point, recovery_data = p_recovery_data,
            lease_expires_at = clock_timestamp() + p_lease, updated_at = clock_timestamp()
-     WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner
+     WHERE k.scope = p_scope COLLATE pg_catalog."default" AND k.key = p_key COLLATE pg_catalog."default" AND k.owner = p_owner
        AND k.mode = 'leased' AND k.status = 'in_progress'
     RETURNING k.lease_expires_at INTO v_expires;
     IF NOT FOUND THEN
@@ -719,7 +719,7 @@ BEGIN
     END IF;
     FOR i IN 1..5 LOOP
         -- Cheap read first: a replay or a refusal writes nothing.
-        SELECT * INTO r FROM pgfence.idempotency_keys k WHERE k.scope = p_scope AND k.key = p_key;
+        SELECT * INTO r FROM pgfence.idempotency_keys k WHERE k.scope = p_scope COLLATE pg_catalog."default" AND k.key = p_key COLLATE pg_catalog."default";
         IF FOUND AND NOT (r.status <> 'in_progress' AND r.expires_at <= clock_timestamp()) THEN
             IF r.fingerprint <> p_fingerprint THEN
                 RAISE EXCEPTION 'pgfence: idempotency key %/% was used with a different request', p_scope, p_key
@@ -825,7 +825,7 @@ BEGIN
     END IF;
     FOR i IN 1..5 LOOP
         -- Cheap read first: a replay or a refusal writes nothing.
-        SELECT * INTO r FROM pgfence.idempotency_keys k WHERE k.scope = p_scope AND k.key = p_key;
+        SELECT * INTO r FROM pgfence.idempotency_keys k WHERE k.scope = p_scope COLLATE pg_catalog."default" AND k.key = p_key COLLATE pg_catalog."default";
         IF FOUND AND NOT (r.status <> 'in_progress' AND r.expires_at <= clock_timestamp()) THEN
             IF r.fingerprint <> p_fingerprint THEN
                 RETURN QUERY SELECT 'mismatch'::text, NULL::text, NULL::bytea, NULL::text, NULL::text,
@@ -945,7 +945,7 @@ BEGIN
            owner = NULL, lease_expires_at = NULL,
            completed_at = clock_timestamp(), updated_at = clock_timestamp(),
            expires_at = clock_timestamp() + k.retention
-     WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner
+     WHERE k.scope = p_scope COLLATE pg_catalog."default" AND k.key = p_key COLLATE pg_catalog."default" AND k.owner = p_owner
        AND k.mode = 'leased' AND k.status = 'in_progress'
     RETURNING k.expires_at INTO v_expires;
     IF NOT FOUND THEN
@@ -986,7 +986,7 @@ BEGIN
            completed_at = clock_timestamp(),
            updated_at = clock_timestamp(),
            expires_at = clock_timestamp() + k.retention
-     WHERE k.scope = p_scope AND k.key = p_key AND k.mode = 'atomic' AND k.status = 'in_progress'
+     WHERE k.scope = p_scope COLLATE pg_catalog."default" AND k.key = p_key COLLATE pg_catalog."default" AND k.mode = 'atomic' AND k.status = 'in_progress'
     RETURNING k.expires_at INTO v_expires;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgfence: this transaction holds no atomic claim on idempotency key %/%', p_scope, p_key
@@ -1064,7 +1064,7 @@ BEGIN
     END IF;
     UPDATE pgfence.idempotency_keys k
        SET lease_expires_at = clock_timestamp() + p_lease, updated_at = clock_timestamp()
-     WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner
+     WHERE k.scope = p_scope COLLATE pg_catalog."default" AND k.key = p_key COLLATE pg_catalog."default" AND k.owner = p_owner
        AND k.mode = 'leased' AND k.status = 'in_progress'
     RETURNING k.lease_expires_at INTO v_expires;
     IF NOT FOUND THEN
@@ -1165,7 +1165,7 @@ BEGIN
     PERFORM pgfence.idempotency_durable();
     UPDATE pgfence.idempotency_keys k
        SET owner = NULL, lease_expires_at = clock_timestamp(), updated_at = clock_timestamp()
-     WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner
+     WHERE k.scope = p_scope COLLATE pg_catalog."default" AND k.key = p_key COLLATE pg_catalog."default" AND k.owner = p_owner
        AND k.mode = 'leased' AND k.status = 'in_progress';
     IF NOT FOUND THEN
         PERFORM pgfence.idempotency_not_owner(p_scope, p_key, p_owner);
@@ -1239,14 +1239,14 @@ BEGIN
     RETURNING s.* INTO cur;
     IF FOUND THEN
         DELETE FROM pgfence.job_slots s
-         WHERE s.key = p_key
-           AND (s.started_at, s.slot) < (SELECT o.started_at, o.slot FROM pgfence.job_slots o WHERE o.key = p_key
+         WHERE s.key = p_key COLLATE pg_catalog."default"
+           AND (s.started_at, s.slot) < (SELECT o.started_at, o.slot FROM pgfence.job_slots o WHERE o.key = p_key COLLATE pg_catalog."default"
                                           ORDER BY o.started_at DESC, o.slot DESC OFFSET 999 LIMIT 1);
         RETURN QUERY SELECT false, 1, NULL::text, NULL::bigint, cur.started_at, NULL::timestamptz;
         RETURN;
     END IF;
 
-    SELECT s.* INTO cur FROM pgfence.job_slots s WHERE s.key = p_key AND s.slot = p_slot FOR UPDATE;
+    SELECT s.* INTO cur FROM pgfence.job_slots s WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot FOR UPDATE;
     IF cur.completed_at IS NOT NULL OR cur.token = p_token THEN
         RETURN QUERY SELECT cur.completed_at IS NOT NULL, cur.runs, cur.checkpoint,
                             CASE WHEN cur.completed_at IS NOT NULL THEN cur.token END, cur.started_at, cur.completed_at;
@@ -1257,7 +1257,7 @@ BEGIN
        SET holder = p_holder, token = p_token, runs = s.runs + 1, run_at = pg_catalog.clock_timestamp(),
            checkpoint = CASE WHEN p_restart THEN NULL ELSE s.checkpoint END,
            saved_at = CASE WHEN p_restart THEN NULL ELSE s.saved_at END
-     WHERE s.key = p_key AND s.slot = p_slot
+     WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot
     RETURNING s.* INTO cur;
     RETURN QUERY SELECT false, cur.runs, cur.checkpoint, prev, cur.started_at, NULL::timestamptz;
 END;
@@ -1282,11 +1282,11 @@ BEGIN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     END IF;
     UPDATE pgfence.job_slots s SET completed_at = pg_catalog.clock_timestamp()
-     WHERE s.key = p_key AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL
+     WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL
     RETURNING s.completed_at INTO v_at;
     IF v_at IS NULL THEN
         SELECT s.completed_at INTO v_at FROM pgfence.job_slots s
-         WHERE s.key = p_key AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NOT NULL;
+         WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NOT NULL;
         IF v_at IS NULL THEN
             PERFORM pgfence.raise_not_slot_run(p_key, p_slot, p_token);
         END IF;
@@ -1318,7 +1318,7 @@ BEGIN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     END IF;
     UPDATE pgfence.job_slots s SET checkpoint = p_checkpoint, saved_at = pg_catalog.clock_timestamp()
-     WHERE s.key = p_key AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL
+     WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL
     RETURNING s.saved_at INTO v_at;
     IF v_at IS NULL THEN
         PERFORM pgfence.raise_not_slot_run(p_key, p_slot, p_token);
@@ -1405,7 +1405,7 @@ CREATE FUNCTION pgfence.lease_queue_leave(p_key text, p_waiter uuid) RETURNS boo
 BEGIN
     PERFORM pgfence.require_primary();
     PERFORM pgfence.require_granted('lease', p_key);
-    DELETE FROM pgfence.lease_waiters w WHERE w.key = p_key AND w.waiter = p_waiter;
+    DELETE FROM pgfence.lease_waiters w WHERE w.key = p_key COLLATE pg_catalog."default" AND w.waiter = p_waiter;
     RETURN FOUND;
 END;
 $$;
@@ -1433,14 +1433,14 @@ BEGIN
     -- Queue positions need no durability: losing them in a crash costs
     -- fairness only.
     PERFORM set_config('synchronous_commit', 'off', true);
-    DELETE FROM pgfence.lease_waiters w WHERE w.key = p_key AND w.expires_at <= clock_timestamp();
+    DELETE FROM pgfence.lease_waiters w WHERE w.key = p_key COLLATE pg_catalog."default" AND w.expires_at <= clock_timestamp();
     INSERT INTO pgfence.lease_waiters AS w (key, waiter, expires_at)
     VALUES (p_key, p_waiter, clock_timestamp() + p_patience)
     ON CONFLICT (key, waiter) DO UPDATE SET expires_at = clock_timestamp() + p_patience
     RETURNING w.enqueued_at INTO my_enqueued;
     SELECT count(*) INTO ahead
       FROM pgfence.lease_waiters w
-     WHERE w.key = p_key AND w.expires_at > clock_timestamp()
+     WHERE w.key = p_key COLLATE pg_catalog."default" AND w.expires_at > clock_timestamp()
        AND (w.enqueued_at, w.waiter) < (my_enqueued, p_waiter);
     RETURN ahead;
 END;
@@ -1500,7 +1500,7 @@ BEGIN
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
         PERFORM set_config('synchronous_commit', 'on', true);
     END IF;
-    SELECT f.token INTO v_old FROM pgfence.fences f WHERE f.resource = p_resource FOR UPDATE;
+    SELECT f.token INTO v_old FROM pgfence.fences f WHERE f.resource = p_resource COLLATE pg_catalog."default" FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgfence: no token was accepted for resource %', quote_literal(p_resource)
             USING ERRCODE = 'PF008';
@@ -1510,7 +1510,7 @@ BEGIN
             USING ERRCODE = 'PF008';
     END IF;
     INSERT INTO pgfence.fence_resets (resource, from_token, to_token, reason) VALUES (p_resource, v_old, p_token, p_reason);
-    UPDATE pgfence.fences f SET token = p_token WHERE f.resource = p_resource;
+    UPDATE pgfence.fences f SET token = p_token WHERE f.resource = p_resource COLLATE pg_catalog."default";
     RETURN v_old;
 END;
 $$;
@@ -1598,7 +1598,7 @@ BEGIN
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
         PERFORM set_config('synchronous_commit', 'on', true);
     END IF;
-    PERFORM 1 FROM pgfence.grant_pauses g WHERE g.prefix = p_prefix FOR UPDATE;
+    PERFORM 1 FROM pgfence.grant_pauses g WHERE g.prefix = p_prefix COLLATE pg_catalog."default" FOR UPDATE;
     v_was := FOUND;
     INSERT INTO pgfence.grant_pauses AS g (prefix, reason) VALUES (p_prefix, p_reason)
         ON CONFLICT (prefix) DO UPDATE SET reason = excluded.reason, paused_by = excluded.paused_by;
@@ -1752,14 +1752,14 @@ BEGIN
         USING ranked r
         WHERE e.id = r.id AND r.rn > p_keep;
     ELSIF p_keep = 0 THEN
-        DELETE FROM pgfence.lease_events e WHERE e.key = p_key;
+        DELETE FROM pgfence.lease_events e WHERE e.key = p_key COLLATE pg_catalog."default";
     ELSE
         -- One key (every 32nd grant prunes its own key): the events older
         -- than its p_keep-th newest, found from the newest end of the
         -- (key, id) index, whatever the size of the table.
         DELETE FROM pgfence.lease_events e
-         WHERE e.key = p_key
-           AND e.id < (SELECT x.id FROM pgfence.lease_events x WHERE x.key = p_key
+         WHERE e.key = p_key COLLATE pg_catalog."default"
+           AND e.id < (SELECT x.id FROM pgfence.lease_events x WHERE x.key = p_key COLLATE pg_catalog."default"
                         ORDER BY x.id DESC OFFSET p_keep - 1 LIMIT 1);
     END IF;
     GET DIAGNOSTICS n = ROW_COUNT;
@@ -1874,7 +1874,7 @@ CREATE FUNCTION pgfence.raise_not_slot_run(p_key text, p_slot text, p_token bigi
 DECLARE
     s pgfence.job_slots%ROWTYPE;
 BEGIN
-    SELECT x.* INTO s FROM pgfence.job_slots x WHERE x.key = p_key AND x.slot = p_slot;
+    SELECT x.* INTO s FROM pgfence.job_slots x WHERE x.key = p_key COLLATE pg_catalog."default" AND x.slot = p_slot;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgfence: slot % of job % was never begun', pg_catalog.quote_literal(p_slot), pg_catalog.quote_literal(p_key)
             USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=slot_not_begun key=%s', p_key);
@@ -2055,7 +2055,7 @@ BEGIN
     -- modified, and a modified row is re-checked after the lock wait.
     UPDATE pgfence.leases l
        SET released_at = greatest(clock_timestamp(), l.granted_at)
-     WHERE l.key = p_key AND l.holder = p_holder AND l.token = p_token AND l.released_at IS NULL
+     WHERE l.key = p_key COLLATE pg_catalog."default" AND l.holder = p_holder AND l.token = p_token AND l.released_at IS NULL
     RETURNING l.expires_at <= clock_timestamp() INTO v_expired;
 
     IF v_expired IS NOT NULL THEN
@@ -2067,7 +2067,7 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key;
+    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key COLLATE pg_catalog."default";
     IF cur.key IS NOT NULL AND cur.holder = p_holder AND cur.token = p_token THEN
         RETURN QUERY SELECT false, 'already_released'::text;
     ELSE
@@ -2107,7 +2107,7 @@ BEGIN
         PERFORM pgfence.check_token(p_token);
     END IF;
 
-    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key FOR UPDATE;
+    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key COLLATE pg_catalog."default" FOR UPDATE;
     IF cur.key IS NULL OR cur.holder <> p_holder OR cur.token <> p_token THEN
         RAISE EXCEPTION 'pgfence: lease % is not held by holder % with token %', p_key, p_holder, p_token
             USING ERRCODE = 'PF002',
@@ -2131,7 +2131,7 @@ BEGIN
     UPDATE pgfence.leases l
        SET renewed_at = greatest(clock_timestamp(), l.granted_at),
            expires_at = clock_timestamp() + p_ttl
-     WHERE l.key = p_key
+     WHERE l.key = p_key COLLATE pg_catalog."default"
     RETURNING l.expires_at INTO v_exp;
 
     RETURN QUERY SELECT p_token, v_exp, greatest(v_exp - clock_timestamp(), interval '0');
@@ -2169,9 +2169,9 @@ DECLARE
     l pgfence.leases%ROWTYPE;
 BEGIN
     IF p_for_update THEN
-        SELECT * INTO l FROM pgfence.leases x WHERE x.key = p_key FOR UPDATE;
+        SELECT * INTO l FROM pgfence.leases x WHERE x.key = p_key COLLATE pg_catalog."default" FOR UPDATE;
     ELSE
-        SELECT * INTO l FROM pgfence.leases x WHERE x.key = p_key FOR SHARE;
+        SELECT * INTO l FROM pgfence.leases x WHERE x.key = p_key COLLATE pg_catalog."default" FOR SHARE;
     END IF;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgfence: lease % is not held: no such lease', pg_catalog.quote_literal(p_key)
@@ -2230,7 +2230,7 @@ BEGIN
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
         PERFORM set_config('synchronous_commit', 'on', true);
     END IF;
-    DELETE FROM pgfence.grant_pauses g WHERE g.prefix = p_prefix;
+    DELETE FROM pgfence.grant_pauses g WHERE g.prefix = p_prefix COLLATE pg_catalog."default";
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -2252,7 +2252,7 @@ CREATE FUNCTION pgfence.revoke_prefix(p_role regrole, p_prefix text) RETURNS boo
     AS $$
 BEGIN
     PERFORM pgfence.require_primary();
-    DELETE FROM pgfence.prefix_grants g WHERE g.grantee = p_role AND g.prefix = p_prefix;
+    DELETE FROM pgfence.prefix_grants g WHERE g.grantee = p_role AND g.prefix = p_prefix COLLATE pg_catalog."default";
     RETURN FOUND;
 END;
 $$;
@@ -2283,9 +2283,9 @@ BEGIN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     END IF;
     v_now := pg_catalog.clock_timestamp();
-    UPDATE pgfence.leases x SET holder_info = p_holder_info WHERE x.key = p_key;
+    UPDATE pgfence.leases x SET holder_info = p_holder_info WHERE x.key = p_key COLLATE pg_catalog."default";
     DELETE FROM pgfence.lease_events e
-     WHERE e.key = p_key AND e.event = 'info_changed' AND e.holder = p_holder AND e.token = p_token;
+     WHERE e.key = p_key COLLATE pg_catalog."default" AND e.event = 'info_changed' AND e.holder = p_holder AND e.token = p_token;
     INSERT INTO pgfence.lease_events (key, event, holder, token, at, holder_info)
     VALUES (p_key, 'info_changed', p_holder, p_token, v_now, p_holder_info);
     PERFORM pg_catalog.pg_notify('pgfence_lease_changed',
@@ -2353,7 +2353,7 @@ BEGIN
     END IF;
 
     -- The cheap check: a plain read, no lock, no write.
-    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key;
+    SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key COLLATE pg_catalog."default";
     IF cur.key IS NOT NULL AND cur.released_at IS NULL AND cur.expires_at > clock_timestamp() THEN
         RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, NULL::timestamptz, cur.expires_at,
                             greatest(cur.expires_at - clock_timestamp(), interval '0');
@@ -2382,7 +2382,7 @@ BEGIN
     -- advisory lock's holder is not granting and the upsert goes ahead.
     IF NOT pg_try_advisory_xact_lock(v_lock) THEN
         IF cur.key IS NOT NULL THEN
-            PERFORM 1 FROM pgfence.leases l WHERE l.key = p_key FOR UPDATE SKIP LOCKED;
+            PERFORM 1 FROM pgfence.leases l WHERE l.key = p_key COLLATE pg_catalog."default" FOR UPDATE SKIP LOCKED;
             v_busy := NOT FOUND;
         ELSE
             WITH locks AS MATERIALIZED (
@@ -2423,7 +2423,7 @@ BEGIN
                released_at    = NULL,
                holder_info    = coalesce(p_holder_info, ''),
                client_version = p_client_version
-         WHERE l.key = p_key AND (l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp())
+         WHERE l.key = p_key COLLATE pg_catalog."default" AND (l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp())
         RETURNING l.token, l.granted_at, l.expires_at INTO v_token, v_grant, v_exp;
     END IF;
     -- A first grant, or a row pruned since the read: ON CONFLICT's WHERE is
@@ -2447,7 +2447,7 @@ BEGIN
 
     IF v_token IS NULL THEN
         -- Someone else won between the read and the upsert.
-        SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key;
+        SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key COLLATE pg_catalog."default";
         RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, NULL::timestamptz, cur.expires_at,
                             greatest(cur.expires_at - clock_timestamp(), interval '0');
         RETURN;

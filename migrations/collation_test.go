@@ -1,0 +1,132 @@
+package migrations_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+)
+
+// A key that reaches the SQL functions with a collation other than the
+// database's default — a column declared COLLATE "C", a value of type name
+// such as current_user — still finds its row through the primary key. A
+// PL/pgSQL function compares its parameters in the collation they arrive
+// with, and an index of the default collation cannot answer a comparison in
+// another one: without the functions' explicit COLLATE, every such call read
+// the whole table.
+func TestKeysOfAnotherCollationUseTheIndex(t *testing.T) {
+	pool := pgfencetest.NewPool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Enough rows that the planner prefers the index for one key.
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO pgfence.leases (key, holder, token, granted_at, expires_at, released_at)
+		SELECT 'coll/' || g, gen_random_uuid(), 1, t, t, t
+		  FROM generate_series(1, 5000) g, (SELECT clock_timestamp() - interval '1 hour' AS t) c;
+		SELECT count(pgfence.fence('coll/' || g, 1)) FROM generate_series(1, 5000) g;
+		INSERT INTO pgfence.idempotency_keys (scope, key, fingerprint, mode, status, result, retention, completed_at, expires_at)
+		SELECT 'coll', 'k' || g, sha256(g::text::bytea), 'atomic', 'succeeded', '\x6f6b', interval '1 day', t, t + interval '1 day'
+		  FROM generate_series(1, 5000) g, (SELECT clock_timestamp() AS t) c;
+		ANALYZE pgfence.leases, pgfence.fences, pgfence.idempotency_keys`); err != nil {
+		t.Fatal(err)
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var holder string
+	var token int64
+	if err := tx.QueryRow(ctx, `SELECT holder::text, token FROM pgfence.try_acquire('coll/7' COLLATE "C", interval '1 minute')`).Scan(&holder, &token); err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		sql  string
+		args []any
+	}{
+		{`SELECT pgfence.renew('coll/7' COLLATE "C", $1::uuid, $2, interval '1 minute')`, []any{holder, token}},
+		{`SELECT pgfence.check_lease('coll/7' COLLATE "C", $1::uuid, $2)`, []any{holder, token}},
+		{`SELECT pgfence.fence('coll/7' COLLATE "C", $1)`, []any{token}},
+		{`SELECT pgfence.release('coll/7' COLLATE "C", $1::uuid, $2)`, []any{holder, token}},
+		{`SELECT pgfence.fence('coll/8' COLLATE "C", 1)`, nil},
+		// current_user is of type name, whose collation is "C".
+		{`SELECT acquired FROM pgfence.try_acquire(current_user, interval '1 minute')`, nil},
+		{`SELECT outcome FROM pgfence.idempotency_claim_atomic('coll' COLLATE "C", 'k9' COLLATE "C", sha256('9'::bytea), interval '1 second', interval '1 day')`, nil},
+		{`SELECT outcome FROM pgfence.idempotency_claim_atomic('coll' COLLATE "C", 'new' COLLATE "C", sha256('new'::bytea), interval '1 second', interval '1 day')`, nil},
+		{`SELECT pgfence.idempotency_complete_atomic('coll' COLLATE "C", 'new' COLLATE "C", 'ok'::bytea)`, nil},
+		{`SELECT outcome FROM pgfence.idempotency_claim('coll' COLLATE "C", 'leased' COLLATE "C", sha256('l'::bytea), interval '1 minute', interval '1 day')`, nil},
+	}
+	for _, s := range steps {
+		if _, err := tx.Exec(ctx, s.sql, s.args...); err != nil {
+			t.Fatalf("%s: %v", s.sql, err)
+		}
+	}
+	rows, err := tx.Query(ctx, `SELECT relname::text, seq_scan FROM pg_stat_xact_user_tables
+		WHERE schemaname = 'pgfence' AND relname IN ('leases', 'fences', 'idempotency_keys') ORDER BY relname`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scans, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
+		Table string
+		Scans int64
+	}])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(scans) != 3 {
+		t.Fatalf("statistics of %d tables, want 3: %+v", len(scans), scans)
+	}
+	for _, s := range scans {
+		if s.Scans != 0 {
+			t.Errorf("pgfence.%s: %d sequential scans for keys of collation \"C\", want none", s.Table, s.Scans)
+		}
+	}
+}
+
+// A key compared in a case-insensitive (nondeterministic) collation is still
+// its own key: 'CASE/1' is not the lease of 'case/1', and its grant does not
+// land in that row.
+func TestKeysOfACaseInsensitiveCollationStayExact(t *testing.T) {
+	pool := pgfencetest.NewPool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := pool.Exec(ctx, `CREATE COLLATION public.pgfence_test_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)`)
+	if pgerr.Code(err) == "0A000" {
+		t.Skipf("this server has no ICU: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lower, upper int64
+	var acquired bool
+	if err := pool.QueryRow(ctx, `SELECT acquired, token FROM pgfence.try_acquire('case/1', interval '1 minute')`).Scan(&acquired, &lower); err != nil || !acquired {
+		t.Fatalf("case/1: acquired %v, %v", acquired, err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT acquired, coalesce(token, 0) FROM pgfence.try_acquire('CASE/1' COLLATE public.pgfence_test_ci, interval '1 minute')`).Scan(&acquired, &upper); err != nil || !acquired {
+		t.Fatalf("CASE/1 in a case-insensitive collation: acquired %v, %v (held by case/1's grant?)", acquired, err)
+	}
+	var keys []string
+	rows, err := pool.Query(ctx, `SELECT key FROM pgfence.leases WHERE lower(key) = 'case/1' AND released_at IS NULL ORDER BY key COLLATE "C"`)
+	if err == nil {
+		keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil || len(keys) != 2 || keys[0] != "CASE/1" || keys[1] != "case/1" {
+		t.Errorf("live lease rows %q (%v), want CASE/1 and case/1", keys, err)
+	}
+	// Its fenced write records CASE/1's fence row, not case/1's.
+	if _, err := pool.Exec(ctx, `SELECT pgfence.fence('CASE/1' COLLATE public.pgfence_test_ci, $1)`, upper); err != nil {
+		t.Fatal(err)
+	}
+	rows, err = pool.Query(ctx, `SELECT resource FROM pgfence.fences WHERE lower(resource) = 'case/1'`)
+	if err == nil {
+		keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil || len(keys) != 1 || keys[0] != "CASE/1" {
+		t.Errorf("fence rows %q (%v), want CASE/1's only", keys, err)
+	}
+}
