@@ -509,7 +509,7 @@ BEGIN
         RETURN true;
     END IF;
     RETURN EXISTS (SELECT 1 FROM pgfence.prefix_grants g
-                    WHERE starts_with(p_name, g.prefix) AND pg_has_role(session_user, g.grantee, 'MEMBER'));
+                    WHERE starts_with(p_name COLLATE pg_catalog."default", g.prefix) AND pg_has_role(session_user, g.grantee, 'MEMBER'));
 END;
 $$;
 -- +goose StatementEnd

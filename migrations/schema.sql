@@ -1552,7 +1552,7 @@ BEGIN
         RETURN true;
     END IF;
     RETURN EXISTS (SELECT 1 FROM pgfence.prefix_grants g
-                    WHERE starts_with(p_name, g.prefix) AND pg_has_role(session_user, g.grantee, 'MEMBER'));
+                    WHERE starts_with(p_name COLLATE pg_catalog."default", g.prefix) AND pg_has_role(session_user, g.grantee, 'MEMBER'));
 END;
 $$;
 
@@ -1829,7 +1829,7 @@ DECLARE
     p pgfence.grant_pauses%ROWTYPE;
 BEGIN
     SELECT g.* INTO p FROM pgfence.grant_pauses g
-     WHERE starts_with(p_key, g.prefix)
+     WHERE starts_with(p_key COLLATE pg_catalog."default", g.prefix)
      ORDER BY octet_length(g.prefix) DESC LIMIT 1;
     IF NOT FOUND THEN
         RETURN;
@@ -2348,7 +2348,7 @@ BEGIN
 
     -- Kill switch: a paused prefix refuses new grants (PF011). An empty table
     -- costs one scan of an empty heap.
-    IF EXISTS (SELECT 1 FROM pgfence.grant_pauses g WHERE starts_with(p_key, g.prefix)) THEN
+    IF EXISTS (SELECT 1 FROM pgfence.grant_pauses g WHERE starts_with(p_key COLLATE pg_catalog."default", g.prefix)) THEN
         PERFORM pgfence.raise_grants_paused(p_key);
     END IF;
 
