@@ -2,12 +2,16 @@ package migrations_test
 
 import (
 	"context"
+	"io/fs"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -133,5 +137,43 @@ func TestKeysOfACaseInsensitiveCollationStayExact(t *testing.T) {
 	}
 	if err != nil || len(keys) != 1 || keys[0] != "CASE/1" {
 		t.Errorf("fence rows %q (%v), want CASE/1's only", keys, err)
+	}
+}
+
+// Every comparison of a table's key column with a function's parameter (p_…,
+// or the parameters of fence and check_lease, named after their columns),
+// and every starts_with on a parameter, names the default collation: a function
+// added without it passes every test that calls it with ordinary text, and
+// reads the whole table (or fails) for a caller whose key has another
+// collation.
+func TestKeyComparisonsNameTheirCollation(t *testing.T) {
+	compare := regexp.MustCompile(`\b\w+\.(?:key|resource|scope|prefix) = (?:p_\w+|fence\.resource|check_lease\.key)\b( COLLATE)?`)
+	prefix := regexp.MustCompile(`starts_with\(p_\w+( COLLATE)?`)
+	names, err := fs.Glob(migrations.FS, "*.sql")
+	if err != nil || len(names) == 0 {
+		t.Fatalf("migrations: %v %v", names, err)
+	}
+	checked := 0
+	for _, name := range names {
+		b, err := fs.ReadFile(migrations.FS, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(line), "--") {
+				continue
+			}
+			for _, re := range []*regexp.Regexp{compare, prefix} {
+				for _, m := range re.FindAllStringSubmatch(line, -1) {
+					checked++
+					if m[1] == "" {
+						t.Errorf("%s:%d: %q compares a parameter in the caller's collation; add COLLATE pg_catalog.\"default\"", name, i+1, m[0])
+					}
+				}
+			}
+		}
+	}
+	if checked < 50 {
+		t.Errorf("only %d comparisons found: the patterns no longer match the migrations", checked)
 	}
 }

@@ -134,7 +134,7 @@ BEGIN
     -- announce_key checks the server, the key and the grant first.
     v_key := pgfence.announce_key(p_key);
     SELECT l.expires_at INTO v_expires FROM pgfence.leases l
-     WHERE l.key = p_key AND l.holder = p_holder AND l.token = p_token AND l.released_at IS NULL;
+     WHERE l.key = p_key COLLATE pg_catalog."default" AND l.holder = p_holder AND l.token = p_token AND l.released_at IS NULL;
     v_now := clock_timestamp();
     IF v_expires IS NULL OR v_expires <= v_now THEN
         RETURN false;
