@@ -459,16 +459,18 @@ func floorFencedWrite(ctx context.Context, lab *Lab, fenceRow, resource string, 
 // rawInsertOnce is insertOnce written by hand, in as few round trips as
 // the library takes: BEGIN with the claim, the insert, the completion with
 // COMMIT. A key someone else holds is an error here: every key is new.
-func rawInsertOnce(ctx context.Context, lab *Lab, key string, item int) (err error) {
+func rawInsertOnce(ctx context.Context, lab *Lab, key string, item int) error {
 	conn, err := lab.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
-	defer conn.Release()
+	defer conn.Release() // the pool closes a connection left in a transaction
 	committed := false
 	defer func() {
 		if !committed {
-			_, _ = conn.Exec(context.Background(), "rollback")
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_, _ = conn.Exec(rctx, "rollback")
 		}
 	}()
 	fp := sha256.Sum256([]byte(key))
