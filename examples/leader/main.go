@@ -7,7 +7,8 @@
 // freezes (a GC pause, a frozen container) for longer than its lease: it
 // stops leading on its own, the database lets its lease expire, a follower
 // is elected and writes; when the frozen leader wakes up and writes with its
-// old term, PostgreSQL rejects the write. Finally the second leader shuts
+// old term, PostgreSQL rejects the write, and it exits (a process that finds
+// it was paused past its lease starts over). Finally the second leader shuts
 // down: it resigns, and the third replica is elected at once.
 //
 // Run it:
@@ -95,6 +96,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 		unfreeze   = sync.OnceFunc(func() { close(unfrozen) })
 		resignedAt time.Time
 		handedOver = make(chan struct{})
+		woke       = make(chan struct{}) // closed when the frozen leader's late write returned
 	)
 	number := func(term int64) int { // 1 for the first term, 2, ...
 		mu.Lock()
@@ -174,6 +176,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 						} else {
 							say("%s woke up and wrote with term %d: ACCEPTED (the fence did not hold!)", name, n)
 						}
+						close(woke)
 						return
 					}
 					select {
@@ -256,6 +259,23 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 		stopAll(rs)
 		return res, errors.New("the new leader is not leading")
 	}
+	// The woken leader exits: were it still a candidate, the resignation
+	// below could elect it again.
+	select {
+	case <-woke:
+	case <-time.After(10 * time.Second):
+		stopAll(rs)
+		return res, errors.New("the frozen leader did not wake up")
+	}
+	say("%s exits", first.name)
+	first.stop()
+	<-first.done
+	running := []*replica{}
+	for _, r := range rs[1:] {
+		if r != second {
+			running = append(running, r)
+		}
+	}
 	time.Sleep(200 * time.Millisecond) // a few ticks
 	mu.Lock()
 	resignedAt = time.Now()
@@ -266,7 +286,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	select {
 	case <-handedOver:
 	case <-time.After(10 * time.Second):
-		stopAll(rs)
+		stopAll(running)
 		return res, errors.New("nobody took over after the resignation")
 	}
 	say("handed over in %s", res.Handover.Round(time.Millisecond))
@@ -274,8 +294,8 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		mu.Lock()
 		caughtUp := true
-		for _, r := range rs {
-			if seen := res.Seen[r.name]; r != second && (len(seen) == 0 || seen[len(seen)-1] != len(terms)) {
+		for _, r := range running {
+			if seen := res.Seen[r.name]; len(seen) == 0 || seen[len(seen)-1] != len(terms) {
 				caughtUp = false
 			}
 		}
@@ -284,12 +304,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 			break
 		}
 	}
-	for _, r := range rs {
-		if r != second {
-			r.stop()
-			<-r.done
-		}
-	}
+	stopAll(running)
 
 	// Check the business state: ticks never went back to an earlier term.
 	rows, err := pool.Query(ctx, `SELECT term FROM example_leader_ticks ORDER BY id`)
