@@ -68,8 +68,11 @@ func TestDoMaxWaitBoundsOnlyTheWait(t *testing.T) {
 		t.Error("fn ran on a held key")
 		return nil
 	})
-	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, leases.ErrLeaseHeld) {
-		t.Fatalf("MaxWait on a held key: %v; want the wait's deadline and the last attempt's ErrLeaseHeld", err)
+	// The last attempt found the key held, or (on a loaded machine) was still
+	// in flight when the wait ended: its outcome is then unknown, and settled
+	// in the background.
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, leases.ErrLeaseHeld) && !errors.Is(err, leases.ErrOutcomeUnknown) {
+		t.Fatalf("MaxWait on a held key: %v; want the wait's deadline and the last attempt's ErrLeaseHeld (or ErrOutcomeUnknown)", err)
 	}
 	t.Logf("gave up after %s", time.Since(start))
 	if err := other.Release(ctx); err != nil {
