@@ -360,6 +360,20 @@ func (h *haEnv) fault(ctx context.Context, w *workload, round int, what string, 
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Patroni fails over only to a replica within maximum_lag_on_failover
+	// (1 MB) of the leader; one further behind (the schema just created, a
+	// checkpoint, a loaded machine) makes it restart a crashed primary in
+	// place instead, and the round would wait for a failover in vain.
+	if _, err := h.cluster.WaitFor(ctx, "every replica within 256 kB of the leader", func(ms []patroni.Member) bool {
+		for _, m := range ms {
+			if m.Role != patroni.RoleLeader && (m.Lag == nil || *m.Lag > 256<<10) {
+				return false
+			}
+		}
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("round %d: %s on %s (timeline %d)", round+1, what, old.Name, before.Timeline)
 	start := time.Now()
 	inject(old)
