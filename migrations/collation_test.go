@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/migrations"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -175,5 +176,37 @@ func TestKeyComparisonsNameTheirCollation(t *testing.T) {
 	}
 	if checked < 50 {
 		t.Errorf("only %d comparisons found: the patterns no longer match the migrations", checked)
+	}
+}
+
+// A service role granted the prefix "case/" is checked against the key's
+// exact text: 'case/9' from a case-insensitive column is its key, 'CASE/9'
+// is not (PF014), and neither check fails on the collation.
+func TestServiceRolePrefixWithACaseInsensitiveKey(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := pgfencetest.NewDatabase(t)
+	_, err := db.Pool.Exec(ctx, `CREATE COLLATION public.pgfence_test_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)`)
+	if pgerr.Code(err) == "0A000" {
+		t.Skipf("this server has no ICU: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, app := loginRole(t, db, "pgfence_app")
+	if _, err := pgfence.RevokePrefix(ctx, db.Pool, name, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgfence.GrantPrefix(ctx, db.Pool, name, "case/"); err != nil {
+		t.Fatal(err)
+	}
+	var acquired bool
+	if err := app.QueryRow(ctx, `SELECT acquired FROM pgfence.try_acquire('case/9' COLLATE public.pgfence_test_ci, interval '1 minute')`).Scan(&acquired); err != nil || !acquired {
+		t.Fatalf("case/9 under the granted prefix: acquired %v, %v", acquired, err)
+	}
+	err = app.QueryRow(ctx, `SELECT acquired FROM pgfence.try_acquire('CASE/9' COLLATE public.pgfence_test_ci, interval '1 minute')`).Scan(&acquired)
+	if pgerr.Code(err) != pgerr.CodeNotGranted {
+		t.Fatalf("CASE/9 outside the granted prefix: %v, want %s", err, pgerr.CodeNotGranted)
 	}
 }
