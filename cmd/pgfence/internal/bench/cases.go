@@ -593,8 +593,10 @@ func prepareLeased(write func(ctx context.Context, lab *Lab, l pgfence.Lease, id
 func prepareNotifyFloor(ctx context.Context, lab *Lab, n int) (benchrun.Op, func(), error) {
 	conns := make([]*pgx.Conn, 0, n)
 	cleanup := func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
 		for _, c := range conns {
-			_ = c.Close(context.Background())
+			_ = c.Close(cctx)
 		}
 	}
 	for range n {
