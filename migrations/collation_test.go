@@ -141,15 +141,15 @@ func TestKeysOfACaseInsensitiveCollationStayExact(t *testing.T) {
 	}
 }
 
-// Every comparison of a table's key column with a function's parameter (p_…,
-// or the parameters of fence and check_lease, named after their columns),
+// Every comparison of a table's key column with a function's parameter (p_…
+// or an element of one, p_…[i], or the parameters of fence and check_lease, named after their columns),
 // and every starts_with on a parameter, names the default collation: a function
 // added without it passes every test that calls it with ordinary text, and
 // reads the whole table (or fails) for a caller whose key has another
 // collation.
 func TestKeyComparisonsNameTheirCollation(t *testing.T) {
-	compare := regexp.MustCompile(`\b\w+\.(?:key|resource|scope|prefix) = (?:p_\w+|fence\.resource|check_lease\.key)\b( COLLATE)?`)
-	prefix := regexp.MustCompile(`starts_with\(p_\w+( COLLATE)?`)
+	compare := regexp.MustCompile(`\b\w+\.(?:key|resource|scope|prefix) = (?:p_\w+(?:\[\w+\])?|fence\.resource\b|check_lease\.key\b)( COLLATE)?`)
+	prefix := regexp.MustCompile(`starts_with\(p_\w+(?:\[\w+\])?( COLLATE)?`)
 	names, err := fs.Glob(migrations.FS, "*.sql")
 	if err != nil || len(names) == 0 {
 		t.Fatalf("migrations: %v %v", names, err)

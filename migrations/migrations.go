@@ -58,7 +58,7 @@ var ErrPreReleaseSchema = errors.New("migrations: the pgfence schema was install
 // Pre-release builds numbered their migrations 1 to 17. Versions 1 to 4 are
 // the current migrations' too; 5 to 17 are never used again (a test fails if
 // a migration does), so that a schema that records one of them is known to be
-// a pre-release schema. The next migration is 00018.
+// a pre-release schema; the migrations after them start at 00018.
 const (
 	preReleaseFirst = 5
 	preReleaseLast  = 17

@@ -1328,6 +1328,84 @@ END;
 $$;
 
 --
+-- Name: lease_batch(text[], text[], interval[], text[], uuid[], bigint[], boolean[], text[], text, boolean, boolean); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.lease_batch(p_ops text[], p_keys text[], p_ttls interval[], p_holder_infos text[], p_holders uuid[], p_tokens bigint[], p_announce boolean[], p_trace_ids text[], p_client_version text, p_durable_release boolean, p_read_takeover boolean) RETURNS TABLE(ord integer, ok boolean, holder uuid, token bigint, granted_at timestamp with time zone, expires_at timestamp with time zone, remaining interval, status text, taken_over boolean, sqlstate text, message text, detail text, hint text)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    n        integer := coalesce(cardinality(p_ops), 0);
+    v_trace  text := coalesce(current_setting('pgfence.trace_id', true), '');
+    v_ok     boolean;
+    v_holder uuid;
+    v_token  bigint;
+    v_grant  timestamptz;
+    v_exp    timestamptz;
+    v_rem    interval;
+    v_status text;
+    v_taken  boolean;
+    v_state  text;
+    v_msg    text;
+    v_detail text;
+    v_hint   text;
+BEGIN
+    IF n > 1000 THEN
+        RAISE EXCEPTION 'pgfence: a lease batch holds at most 1000 elements, got %', n
+            USING ERRCODE = 'PF008';
+    END IF;
+    IF coalesce(cardinality(p_keys), 0) <> n OR coalesce(cardinality(p_ttls), 0) <> n
+       OR coalesce(cardinality(p_holder_infos), 0) <> n OR coalesce(cardinality(p_holders), 0) <> n
+       OR coalesce(cardinality(p_tokens), 0) <> n OR coalesce(cardinality(p_announce), 0) <> n
+       OR coalesce(cardinality(p_trace_ids), 0) <> n THEN
+        RAISE EXCEPTION 'pgfence: the arrays of a lease batch must all have % elements', n
+            USING ERRCODE = 'PF008';
+    END IF;
+    FOR i IN 1..n LOOP
+        v_ok := NULL; v_holder := NULL; v_token := NULL; v_grant := NULL; v_exp := NULL;
+        v_rem := NULL; v_status := NULL; v_taken := NULL;
+        v_state := NULL; v_msg := NULL; v_detail := NULL; v_hint := NULL;
+        BEGIN
+            IF coalesce(p_trace_ids[i], '') <> v_trace THEN
+                v_trace := coalesce(p_trace_ids[i], '');
+                PERFORM set_config('pgfence.trace_id', v_trace, true);
+            END IF;
+            IF p_ops[i] = 'acquire' THEN
+                SELECT a.acquired, a.holder, a.token, a.granted_at, a.expires_at, a.remaining
+                  INTO v_ok, v_holder, v_token, v_grant, v_exp, v_rem
+                  FROM pgfence.try_acquire(p_keys[i], p_ttls[i], p_holder_infos[i], p_holders[i],
+                                           p_client_version, coalesce(p_announce[i], false)) AS a;
+                IF v_ok AND p_read_takeover THEN
+                    SELECT e.event = 'taken_over' INTO v_taken
+                      FROM pgfence.lease_events e
+                     WHERE e.key = p_keys[i] COLLATE pg_catalog."default" AND e.holder = p_holders[i]
+                     ORDER BY e.id DESC LIMIT 1;
+                END IF;
+            ELSIF p_ops[i] = 'release' THEN
+                SELECT r.released, r.status INTO v_ok, v_status
+                  FROM pgfence.release(p_keys[i], p_holders[i], p_tokens[i], p_durable_release) AS r;
+            ELSE
+                RAISE EXCEPTION 'pgfence: a lease batch element is ''acquire'' or ''release'', got %',
+                    coalesce(quote_literal(p_ops[i]), 'NULL')
+                    USING ERRCODE = 'PF008';
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT,
+                                    v_detail = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT;
+            -- The element's subtransaction took its settings with it.
+            v_trace := coalesce(current_setting('pgfence.trace_id', true), '');
+            v_ok := NULL; v_holder := NULL; v_token := NULL; v_grant := NULL; v_exp := NULL;
+            v_rem := NULL; v_status := NULL; v_taken := NULL;
+        END;
+        RETURN QUERY SELECT i, v_ok, v_holder, v_token, v_grant, v_exp, v_rem, v_status, v_taken,
+                            v_state, v_msg, nullif(v_detail, ''), nullif(v_hint, '');
+    END LOOP;
+END;
+$$;
+
+--
 -- Name: lease_check_args(text, interval, text); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -3439,6 +3517,14 @@ GRANT ALL ON FUNCTION pgfence.job_slot_complete(p_key text, p_holder uuid, p_tok
 REVOKE ALL ON FUNCTION pgfence.job_slot_save(p_key text, p_holder uuid, p_token bigint, p_slot text, p_checkpoint text) FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.job_slot_save(p_key text, p_holder uuid, p_token bigint, p_slot text, p_checkpoint text) TO pgfence_app;
 GRANT ALL ON FUNCTION pgfence.job_slot_save(p_key text, p_holder uuid, p_token bigint, p_slot text, p_checkpoint text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION lease_batch(p_ops text[], p_keys text[], p_ttls interval[], p_holder_infos text[], p_holders uuid[], p_tokens bigint[], p_announce boolean[], p_trace_ids text[], p_client_version text, p_durable_release boolean, p_read_takeover boolean); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.lease_batch(p_ops text[], p_keys text[], p_ttls interval[], p_holder_infos text[], p_holders uuid[], p_tokens bigint[], p_announce boolean[], p_trace_ids text[], p_client_version text, p_durable_release boolean, p_read_takeover boolean) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.lease_batch(p_ops text[], p_keys text[], p_ttls interval[], p_holder_infos text[], p_holders uuid[], p_tokens bigint[], p_announce boolean[], p_trace_ids text[], p_client_version text, p_durable_release boolean, p_read_takeover boolean) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.lease_batch(p_ops text[], p_keys text[], p_ttls interval[], p_holder_infos text[], p_holders uuid[], p_tokens bigint[], p_announce boolean[], p_trace_ids text[], p_client_version text, p_durable_release boolean, p_read_takeover boolean) TO pgfence_operator;
 
 --
 -- Name: FUNCTION lease_check_args(p_key text, p_ttl interval, p_holder_info text); Type: ACL; Schema: pgfence; Owner: -
