@@ -47,6 +47,8 @@ type Client struct {
 	windows  map[string]time.Duration // hold-back window after a wake-up, per contended key
 	listener *listener                // started by the first waiting Acquire or Watch
 	watchers map[string][]*Watcher    // running watches per key
+
+	group group // grants and releases waiting for a batch (Config.GroupCommit)
 }
 
 // New returns a client on pool. A nil cfg uses the defaults. The pool is the

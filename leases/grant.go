@@ -31,12 +31,24 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 		granted, expiresAt *time.Time
 		remainingMicros    int64
 	)
-	conn, err := c.conn(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("leases: acquire %q: %w", key, err)
+	var err error
+	if c.cfg.GroupCommit {
+		var sent bool
+		sent, err = c.groupGrant(ctx, key, holder, ttl, info, announce, &acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)
+		if err != nil && !sent {
+			return nil, fmt.Errorf("leases: acquire %q: %w", key, err)
+		}
+	} else {
+		conn, cerr := c.conn(ctx)
+		if cerr != nil {
+			return nil, fmt.Errorf("leases: acquire %q: %w", key, cerr)
+		}
+		var takenOver bool
+		takenOver, err = c.sendGrant(ctx, conn, key, holder, ttl, info, announce, c.tel.takeovers.Enabled(ctx),
+			&acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)
+		conn.Release()
+		c.tel.attempted(ctx, err, acquired, takenOver)
 	}
-	err = c.sendGrant(ctx, conn, key, holder, ttl, info, announce, &acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)
-	conn.Release()
 	if err != nil {
 		classified := classify(err)
 		if errors.Is(classified, ErrOutcomeUnknown) {
@@ -238,49 +250,43 @@ func (c *Client) releaseInBackground(ctx context.Context, l *Lease) {
 // sendGrant runs one grant attempt (pgfence.try_acquire) and scans its row
 // into acquired and rest. When ctx carries a trace id, the id is set for the
 // grant's transaction in the same pipeline (it is stored in the lease event);
-// when takeovers are counted, the event the grant recorded is read back in
-// the same pipeline too. Neither costs a round trip.
-func (c *Client) sendGrant(ctx context.Context, conn *pgxpool.Conn, key, holder string, ttl time.Duration, info string, announce bool, acquired *bool, rest ...any) error {
-	countTakeovers := c.tel.takeovers.Enabled(ctx)
+// with countTakeovers, the event the grant recorded is read back in the same
+// pipeline too (takenOver). Neither costs a round trip.
+func (c *Client) sendGrant(ctx context.Context, conn *pgxpool.Conn, key, holder string, ttl time.Duration, info string, announce, countTakeovers bool,
+	acquired *bool, rest ...any) (takenOver bool, err error) {
 	traceID := telemetry.TraceID(ctx)
 	dest := append([]any{acquired}, rest...)
-	var (
-		err       error
-		takenOver bool
-	)
 	if traceID == "" && !countTakeovers {
-		err = conn.QueryRow(ctx, sqlTryAcquire, key, ttl.Microseconds(), info, holder, ClientVersion(), announce).Scan(dest...)
-	} else {
-		b := &pgx.Batch{}
-		if traceID != "" {
-			b.Queue(tracesql.SetTraceIDSQL, traceID)
-		}
-		b.Queue(sqlTryAcquire, key, ttl.Microseconds(), info, holder, ClientVersion(), announce)
-		if countTakeovers {
-			b.Queue(sqlGrantEvent, key, holder)
-		}
-		br := conn.SendBatch(ctx, b)
-		if traceID != "" {
-			_, err = br.Exec()
-		}
-		if err == nil {
-			err = br.QueryRow().Scan(dest...)
-		}
-		if err == nil && countTakeovers {
-			// No row when nothing was granted. An error here aborts the
-			// implicit transaction, grant included: it is the attempt's error.
-			if err = br.QueryRow().Scan(&takenOver); errors.Is(err, pgx.ErrNoRows) {
-				err = nil
-			}
-		}
-		// The grant commits at the end of the pipeline: an error closing it
-		// (a lost reply) leaves the outcome unknown even after the row came.
-		if cerr := br.Close(); err == nil {
-			err = cerr
+		return false, conn.QueryRow(ctx, sqlTryAcquire, key, ttl.Microseconds(), info, holder, ClientVersion(), announce).Scan(dest...)
+	}
+	b := &pgx.Batch{}
+	if traceID != "" {
+		b.Queue(tracesql.SetTraceIDSQL, traceID)
+	}
+	b.Queue(sqlTryAcquire, key, ttl.Microseconds(), info, holder, ClientVersion(), announce)
+	if countTakeovers {
+		b.Queue(sqlGrantEvent, key, holder)
+	}
+	br := conn.SendBatch(ctx, b)
+	if traceID != "" {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		err = br.QueryRow().Scan(dest...)
+	}
+	if err == nil && countTakeovers {
+		// No row when nothing was granted. An error here aborts the
+		// implicit transaction, grant included: it is the attempt's error.
+		if err = br.QueryRow().Scan(&takenOver); errors.Is(err, pgx.ErrNoRows) {
+			err = nil
 		}
 	}
-	c.tel.attempted(ctx, err, *acquired, takenOver)
-	return err
+	// The grant commits at the end of the pipeline: an error closing it
+	// (a lost reply) leaves the outcome unknown even after the row came.
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return takenOver, err
 }
 
 // newHolderID returns a random (version 4) UUID in its text form.
