@@ -44,8 +44,15 @@ func TestScenarioPgBouncerTransactionMode(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	for _, mode := range []string{"exec", "simple_protocol"} {
-		t.Run(mode, func(t *testing.T) {
+	for _, v := range []struct {
+		mode  string
+		group bool // leases.Config.GroupCommit: grants and releases in batches
+	}{{"exec", false}, {"simple_protocol", false}, {"exec", true}, {"simple_protocol", true}} {
+		mode, sub := v.mode, v.mode
+		if v.group {
+			sub += "+group_commit"
+		}
+		t.Run(sub, func(t *testing.T) {
 			url := b.ConnString(direct.Name) + "&default_query_exec_mode=" + mode
 			assertPooled(t, ctx, url)
 			cfg, err := pgxpool.ParseConfig(url)
@@ -61,9 +68,9 @@ func TestScenarioPgBouncerTransactionMode(t *testing.T) {
 
 			// The lease's key is the resource its tokens fence: the row
 			// name of table counters under the guard's prefix.
-			name := "c-" + mode
+			name := "c-" + sub
 			resource := "counter/" + name
-			client, err := leases.New(pool, &leases.Config{DisableWakeups: true, BackoffMax: 50 * time.Millisecond})
+			client, err := leases.New(pool, &leases.Config{DisableWakeups: true, BackoffMax: 50 * time.Millisecond, GroupCommit: v.group})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -141,8 +148,8 @@ func TestScenarioPgBouncerTransactionMode(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					out, err := store.Do(ctx, pool, idempotency.Request{Scope: "pgbouncer", Key: "intent-" + mode}, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
-						_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2)`, "intent-"+mode, mode)
+					out, err := store.Do(ctx, pool, idempotency.Request{Scope: "pgbouncer", Key: "intent-" + sub}, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+						_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2)`, "intent-"+sub, mode)
 						return []byte(mode), err
 					})
 					if err != nil {
@@ -154,7 +161,7 @@ func TestScenarioPgBouncerTransactionMode(t *testing.T) {
 			}
 			wg.Wait()
 			var effects int
-			if err := direct.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE intent = $1`, "intent-"+mode).Scan(&effects); err != nil {
+			if err := direct.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE intent = $1`, "intent-"+sub).Scan(&effects); err != nil {
 				t.Fatal(err)
 			}
 			if effects != 1 {
