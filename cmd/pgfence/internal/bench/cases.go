@@ -279,6 +279,23 @@ func baseCases() []*Case {
 					return 0, l.Release(ctx)
 				}, func() { client.Close() }, nil
 			}},
+		{Name: "leases-group", Group: "lock", What: "the leases case with Config.GroupCommit: the workers' grants and releases that overlap go as one pgfence.lease_batch statement and one commit",
+			prepare: func(_ context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
+				client, err := leases.New(lab.pool, &leases.Config{DisableWakeups: true, GroupCommit: true})
+				if err != nil {
+					return nil, nil, err
+				}
+				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+					l, err := client.TryAcquire(ctx, benchKey(w), 30*time.Second, nil)
+					if errors.Is(err, leases.ErrLeaseHeld) {
+						return 0, benchrun.ErrHeld
+					}
+					if err != nil {
+						return 0, err
+					}
+					return 0, l.Release(ctx)
+				}, func() { client.Close() }, nil
+			}},
 		{Name: "leases-service", Group: "lock", What: "the leases case as a service role (pgfence_app, granted the prefix bench/): what checking the prefix grants costs",
 			prepare: prepareService},
 		{Name: "advisory-lock", Group: "lock", What: "pg_advisory_xact_lock in a transaction: what teams use today (not durable, no token, no expiry)",
