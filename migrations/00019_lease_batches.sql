@@ -3,7 +3,7 @@
 --
 --   pgfence.lease_batch(ops, keys, ttls, holder_infos, holders, tokens,
 --                       announce, trace_ids, client_version, durable_release,
---                       read_takeover)
+--                       read_takeover, lock_wait DEFAULT NULL)
 --     -> TABLE(ord, ok, holder, token, granted_at, expires_at, remaining,
 --              status, taken_over, sqlstate, message, detail, hint)
 --
@@ -35,6 +35,13 @@
 -- statement is cancelled, or whose connection is lost, fails as a whole: the
 -- client settles each of its grants as it settles one whose reply was lost.
 --
+-- Waiting. An element that waits for a row lock (a grant of an expired
+-- lease whose row a transaction still holds FOR SHARE, a release racing a
+-- takeover) makes the whole batch wait. lock_wait bounds each such wait for
+-- this statement (lock_timeout, restored at the end): an element that would
+-- wait longer fails alone with 55P03, and the client sends it again on its
+-- own, where it may wait as long as it needs without holding up the others.
+--
 -- Lock order. Each element locks at most its key's row. Clients send the
 -- elements sorted by key (a release before a grant of the same key), so two
 -- batches never wait for each other in opposite orders; a deadlock another
@@ -54,7 +61,8 @@ CREATE FUNCTION pgfence.lease_batch(
     p_trace_ids       text[],
     p_client_version  text,
     p_durable_release boolean,
-    p_read_takeover   boolean)
+    p_read_takeover   boolean,
+    p_lock_wait       interval DEFAULT NULL)
 RETURNS TABLE(ord integer, ok boolean, holder uuid, token bigint, granted_at timestamptz,
               expires_at timestamptz, remaining interval, status text, taken_over boolean,
               sqlstate text, message text, detail text, hint text)
@@ -65,6 +73,7 @@ AS $$
 DECLARE
     n        integer := coalesce(cardinality(p_ops), 0);
     v_trace  text := coalesce(current_setting('pgfence.trace_id', true), '');
+    v_lock   text := current_setting('lock_timeout');
     v_ok     boolean;
     v_holder uuid;
     v_token  bigint;
@@ -88,6 +97,13 @@ BEGIN
        OR coalesce(cardinality(p_trace_ids), 0) <> n THEN
         RAISE EXCEPTION 'pgfence: the arrays of a lease batch must all have % elements', n
             USING ERRCODE = 'PF008';
+    END IF;
+    IF p_lock_wait IS NOT NULL THEN
+        IF p_lock_wait < interval '1 millisecond' OR p_lock_wait > interval '2147483647 milliseconds' THEN
+            RAISE EXCEPTION 'pgfence: a lease batch''s lock wait must be 1 ms to 2147483647 ms (lock_timeout''s range), got %', p_lock_wait
+                USING ERRCODE = 'PF008';
+        END IF;
+        PERFORM set_config('lock_timeout', ceil(extract(epoch FROM p_lock_wait) * 1000)::bigint || 'ms', true);
     END IF;
     FOR i IN 1..n LOOP
         v_ok := NULL; v_holder := NULL; v_token := NULL; v_grant := NULL; v_exp := NULL;
@@ -128,12 +144,15 @@ BEGIN
         RETURN QUERY SELECT i, v_ok, v_holder, v_token, v_grant, v_exp, v_rem, v_status, v_taken,
                             v_state, v_msg, nullif(v_detail, ''), nullif(v_hint, '');
     END LOOP;
+    IF p_lock_wait IS NOT NULL THEN
+        PERFORM set_config('lock_timeout', v_lock, true);
+    END IF;
 END;
 $$;
 -- +goose StatementEnd
 
-REVOKE EXECUTE ON FUNCTION pgfence.lease_batch(text[], text[], interval[], text[], uuid[], bigint[], boolean[], text[], text, boolean, boolean) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.lease_batch(text[], text[], interval[], text[], uuid[], bigint[], boolean[], text[], text, boolean, boolean) TO pgfence_app, pgfence_operator;
+REVOKE EXECUTE ON FUNCTION pgfence.lease_batch(text[], text[], interval[], text[], uuid[], bigint[], boolean[], text[], text, boolean, boolean, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.lease_batch(text[], text[], interval[], text[], uuid[], bigint[], boolean[], text[], text, boolean, boolean, interval) TO pgfence_app, pgfence_operator;
 
 -- +goose Down
-DROP FUNCTION pgfence.lease_batch(text[], text[], interval[], text[], uuid[], bigint[], boolean[], text[], text, boolean, boolean);
+DROP FUNCTION pgfence.lease_batch(text[], text[], interval[], text[], uuid[], bigint[], boolean[], text[], text, boolean, boolean, interval);

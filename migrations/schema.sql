@@ -1328,10 +1328,10 @@ END;
 $$;
 
 --
--- Name: lease_batch(text[], text[], interval[], text[], uuid[], bigint[], boolean[], text[], text, boolean, boolean); Type: FUNCTION; Schema: pgfence; Owner: -
+-- Name: lease_batch(text[], text[], interval[], text[], uuid[], bigint[], boolean[], text[], text, boolean, boolean, interval); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
-CREATE FUNCTION pgfence.lease_batch(p_ops text[], p_keys text[], p_ttls interval[], p_holder_infos text[], p_holders uuid[], p_tokens bigint[], p_announce boolean[], p_trace_ids text[], p_client_version text, p_durable_release boolean, p_read_takeover boolean) RETURNS TABLE(ord integer, ok boolean, holder uuid, token bigint, granted_at timestamp with time zone, expires_at timestamp with time zone, remaining interval, status text, taken_over boolean, sqlstate text, message text, detail text, hint text)
+CREATE FUNCTION pgfence.lease_batch(p_ops text[], p_keys text[], p_ttls interval[], p_holder_infos text[], p_holders uuid[], p_tokens bigint[], p_announce boolean[], p_trace_ids text[], p_client_version text, p_durable_release boolean, p_read_takeover boolean, p_lock_wait interval DEFAULT NULL::interval) RETURNS TABLE(ord integer, ok boolean, holder uuid, token bigint, granted_at timestamp with time zone, expires_at timestamp with time zone, remaining interval, status text, taken_over boolean, sqlstate text, message text, detail text, hint text)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -1339,6 +1339,7 @@ CREATE FUNCTION pgfence.lease_batch(p_ops text[], p_keys text[], p_ttls interval
 DECLARE
     n        integer := coalesce(cardinality(p_ops), 0);
     v_trace  text := coalesce(current_setting('pgfence.trace_id', true), '');
+    v_lock   text := current_setting('lock_timeout');
     v_ok     boolean;
     v_holder uuid;
     v_token  bigint;
@@ -1362,6 +1363,13 @@ BEGIN
        OR coalesce(cardinality(p_trace_ids), 0) <> n THEN
         RAISE EXCEPTION 'pgfence: the arrays of a lease batch must all have % elements', n
             USING ERRCODE = 'PF008';
+    END IF;
+    IF p_lock_wait IS NOT NULL THEN
+        IF p_lock_wait < interval '1 millisecond' OR p_lock_wait > interval '2147483647 milliseconds' THEN
+            RAISE EXCEPTION 'pgfence: a lease batch''s lock wait must be 1 ms to 2147483647 ms (lock_timeout''s range), got %', p_lock_wait
+                USING ERRCODE = 'PF008';
+        END IF;
+        PERFORM set_config('lock_timeout', ceil(extract(epoch FROM p_lock_wait) * 1000)::bigint || 'ms', true);
     END IF;
     FOR i IN 1..n LOOP
         v_ok := NULL; v_holder := NULL; v_token := NULL; v_grant := NULL; v_exp := NULL;
@@ -1402,6 +1410,9 @@ BEGIN
         RETURN QUERY SELECT i, v_ok, v_holder, v_token, v_grant, v_exp, v_rem, v_status, v_taken,
                             v_state, v_msg, nullif(v_detail, ''), nullif(v_hint, '');
     END LOOP;
+    IF p_lock_wait IS NOT NULL THEN
+        PERFORM set_config('lock_timeout', v_lock, true);
+    END IF;
 END;
 $$;
 
@@ -3519,12 +3530,12 @@ GRANT ALL ON FUNCTION pgfence.job_slot_save(p_key text, p_holder uuid, p_token b
 GRANT ALL ON FUNCTION pgfence.job_slot_save(p_key text, p_holder uuid, p_token bigint, p_slot text, p_checkpoint text) TO pgfence_operator;
 
 --
--- Name: FUNCTION lease_batch(p_ops text[], p_keys text[], p_ttls interval[], p_holder_infos text[], p_holders uuid[], p_tokens bigint[], p_announce boolean[], p_trace_ids text[], p_client_version text, p_durable_release boolean, p_read_takeover boolean); Type: ACL; Schema: pgfence; Owner: -
+-- Name: FUNCTION lease_batch(p_ops text[], p_keys text[], p_ttls interval[], p_holder_infos text[], p_holders uuid[], p_tokens bigint[], p_announce boolean[], p_trace_ids text[], p_client_version text, p_durable_release boolean, p_read_takeover boolean, p_lock_wait interval); Type: ACL; Schema: pgfence; Owner: -
 --
 
-REVOKE ALL ON FUNCTION pgfence.lease_batch(p_ops text[], p_keys text[], p_ttls interval[], p_holder_infos text[], p_holders uuid[], p_tokens bigint[], p_announce boolean[], p_trace_ids text[], p_client_version text, p_durable_release boolean, p_read_takeover boolean) FROM PUBLIC;
-GRANT ALL ON FUNCTION pgfence.lease_batch(p_ops text[], p_keys text[], p_ttls interval[], p_holder_infos text[], p_holders uuid[], p_tokens bigint[], p_announce boolean[], p_trace_ids text[], p_client_version text, p_durable_release boolean, p_read_takeover boolean) TO pgfence_app;
-GRANT ALL ON FUNCTION pgfence.lease_batch(p_ops text[], p_keys text[], p_ttls interval[], p_holder_infos text[], p_holders uuid[], p_tokens bigint[], p_announce boolean[], p_trace_ids text[], p_client_version text, p_durable_release boolean, p_read_takeover boolean) TO pgfence_operator;
+REVOKE ALL ON FUNCTION pgfence.lease_batch(p_ops text[], p_keys text[], p_ttls interval[], p_holder_infos text[], p_holders uuid[], p_tokens bigint[], p_announce boolean[], p_trace_ids text[], p_client_version text, p_durable_release boolean, p_read_takeover boolean, p_lock_wait interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.lease_batch(p_ops text[], p_keys text[], p_ttls interval[], p_holder_infos text[], p_holders uuid[], p_tokens bigint[], p_announce boolean[], p_trace_ids text[], p_client_version text, p_durable_release boolean, p_read_takeover boolean, p_lock_wait interval) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.lease_batch(p_ops text[], p_keys text[], p_ttls interval[], p_holder_infos text[], p_holders uuid[], p_tokens bigint[], p_announce boolean[], p_trace_ids text[], p_client_version text, p_durable_release boolean, p_read_takeover boolean, p_lock_wait interval) TO pgfence_operator;
 
 --
 -- Name: FUNCTION lease_check_args(p_key text, p_ttl interval, p_holder_info text); Type: ACL; Schema: pgfence; Owner: -
