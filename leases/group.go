@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/telemetry"
 	"github.com/pgfence/pgfence/internal/tracesql"
 )
@@ -28,6 +30,10 @@ const (
 	groupFlushers = 2
 	// groupMaxBatch caps a batch: its rows stay locked until it commits.
 	groupMaxBatch = 64
+	// groupLockWait is the longest an element of a batch waits for a row
+	// lock; one that would wait longer is sent again on its own, so that it
+	// does not hold up the rest of its batch (and the calls queued behind).
+	groupLockWait = time.Millisecond
 )
 
 // sqlLeaseBatch runs a batch; holders travel as text (pgx has no uuid type
@@ -36,14 +42,30 @@ const sqlLeaseBatch = `SELECT ord, ok, holder::text, token, granted_at, expires_
        (extract(epoch FROM remaining) * 1000000)::bigint, status, taken_over,
        sqlstate, message, detail, hint
   FROM pgfence.lease_batch($1::text[], $2::text[], $3::interval[], $4::text[], $5::text[]::uuid[],
-                           $6::bigint[], $7::boolean[], $8::text[], $9, $10, $11)`
+                           $6::bigint[], $7::boolean[], $8::text[], $9, $10, $11, $12)`
 
 // The states of a groupOp.
 const (
 	opQueued    int32 = iota // waiting for a batch
-	opTaken                  // in a batch that is being sent
-	opAbandoned              // its caller stopped waiting before a batch took it
+	opTaken                  // in a batch that waits for a connection: not sent yet
+	opSending                // in a batch being sent: the batch answers it
+	opAbandoned              // its caller stopped waiting before it was sent
 )
+
+// A batchWait ties a batch's connection wait to its callers: when every
+// one of them has stopped waiting, the wait is cancelled.
+type batchWait struct {
+	cancel    context.CancelFunc
+	size      atomic.Int32
+	abandoned atomic.Int32
+}
+
+// abandon records that one more caller of the batch stopped waiting.
+func (w *batchWait) abandon() {
+	if w.abandoned.Add(1) == w.size.Load() {
+		w.cancel()
+	}
+}
 
 // A groupOp is one grant attempt or release waiting for, or in, a batch.
 type groupOp struct {
@@ -61,6 +83,7 @@ type groupOp struct {
 	hasDeadline bool
 
 	state atomic.Int32
+	wait  *batchWait       // set before the state becomes opTaken
 	done  chan groupResult // buffered (1)
 }
 
@@ -87,9 +110,9 @@ type group struct {
 	flushers int
 }
 
-// submitGroup queues op and waits for its result. If ctx ends first and no
-// batch has taken op, nothing was sent; if one has, the outcome is unknown
-// (the result is the context's error with sent set).
+// submitGroup queues op and waits for its result. If ctx ends before op is
+// sent, nothing was sent; after, the outcome is unknown (the result is the
+// context's error with sent set).
 func (c *Client) submitGroup(ctx context.Context, op *groupOp) groupResult {
 	op.done = make(chan groupResult, 1)
 	op.ctx = context.WithoutCancel(ctx)
@@ -111,6 +134,10 @@ func (c *Client) submitGroup(ctx context.Context, op *groupOp) groupResult {
 	if op.state.CompareAndSwap(opQueued, opAbandoned) {
 		return groupResult{err: context.Cause(ctx)}
 	}
+	if op.state.CompareAndSwap(opTaken, opAbandoned) {
+		op.wait.abandon()
+		return groupResult{err: context.Cause(ctx)}
+	}
 	select {
 	case r := <-op.done: // answered meanwhile
 		return r
@@ -124,12 +151,15 @@ func (c *Client) submitGroup(ctx context.Context, op *groupOp) groupResult {
 func (c *Client) flushGroup() {
 	g := &c.group
 	for {
+		ctx, cancel := context.WithCancel(context.Background())
+		w := &batchWait{cancel: cancel}
 		g.mu.Lock()
 		var batch []*groupOp
 		for len(g.pending) > 0 && len(batch) < groupMaxBatch {
 			op := g.pending[0]
 			g.pending[0] = nil
 			g.pending = g.pending[1:]
+			op.wait = w
 			if op.state.CompareAndSwap(opQueued, opTaken) {
 				batch = append(batch, op)
 			}
@@ -138,37 +168,26 @@ func (c *Client) flushGroup() {
 			g.pending = nil // lets go of the backing array
 			g.flushers--
 			g.mu.Unlock()
+			cancel()
 			return
 		}
 		g.mu.Unlock()
-		c.sendGroup(batch)
+		w.size.Store(int32(len(batch)))
+		if w.abandoned.Load() == int32(len(batch)) {
+			cancel()
+		}
+		c.sendGroup(ctx, batch)
+		cancel()
 	}
 }
 
 // sendGroup sends batch as one pgfence.lease_batch call and hands each
-// operation its row. The statement is bounded by the latest deadline of its
-// callers (none if one has none): a caller that stops waiting earlier is
-// told the outcome is unknown, and settles it as any lost reply.
-func (c *Client) sendGroup(batch []*groupOp) {
-	if len(batch) == 1 {
-		batch[0].done <- c.sendAlone(batch[0])
-		return
-	}
-	// A stable lock order between batches: by key, a release before a
-	// grant of the same key.
-	slices.SortStableFunc(batch, func(a, b *groupOp) int {
-		if n := strings.Compare(a.key, b.key); n != 0 {
-			return n
-		}
-		switch {
-		case a.release && !b.release:
-			return -1
-		case b.release && !a.release:
-			return 1
-		}
-		return 0
-	})
-	ctx := context.Background()
+// operation its row. ctx is cancelled when every caller stopped waiting
+// before the batch was sent. The statement is bounded by the latest
+// deadline of its callers (none if one has none): a caller that stops
+// waiting once it is sent is told the outcome is unknown, and settles it
+// as any lost reply.
+func (c *Client) sendGroup(ctx context.Context, batch []*groupOp) {
 	bounded := true
 	var latest time.Time
 	for _, op := range batch {
@@ -185,6 +204,41 @@ func (c *Client) sendGroup(batch []*groupOp) {
 		ctx, cancel = context.WithDeadline(ctx, latest)
 		defer cancel()
 	}
+	conn, err := c.conn(ctx) // fails only when nothing was sent
+	// From here on the batch answers each operation it still has; one whose
+	// caller stopped waiting is left out, unsent.
+	batch = slices.DeleteFunc(batch, func(op *groupOp) bool { return !op.state.CompareAndSwap(opTaken, opSending) })
+	if err != nil {
+		for _, op := range batch {
+			op.done <- groupResult{err: err}
+		}
+		return
+	}
+	defer conn.Release()
+	switch len(batch) {
+	case 0:
+		return
+	case 1:
+		// A batch of one would cost a subtransaction and the batch
+		// function's call for nothing: the statement a client without
+		// group commit sends.
+		batch[0].done <- c.sendOne(ctx, conn, batch[0])
+		return
+	}
+	// A stable lock order between batches: by key, a release before a
+	// grant of the same key.
+	slices.SortStableFunc(batch, func(a, b *groupOp) int {
+		if n := strings.Compare(a.key, b.key); n != 0 {
+			return n
+		}
+		switch {
+		case a.release && !b.release:
+			return -1
+		case b.release && !a.release:
+			return 1
+		}
+		return 0
+	})
 	n := len(batch)
 	var (
 		ops       = make([]string, n)
@@ -211,14 +265,8 @@ func (c *Client) sendGroup(batch []*groupOp) {
 			op.done <- r
 		}
 	}
-	conn, err := c.conn(ctx) // fails only when nothing was sent
-	if err != nil {
-		fail(groupResult{err: err})
-		return
-	}
-	defer conn.Release()
 	rows, err := conn.Query(ctx, sqlLeaseBatch, ops, keys, ttls, infos, holders, tokens, announce, traceIDs,
-		ClientVersion(), c.cfg.DurableRelease, readTaken)
+		ClientVersion(), c.cfg.DurableRelease, readTaken, groupLockWait)
 	if err != nil {
 		fail(groupResult{sent: true, err: err})
 		return
@@ -272,13 +320,18 @@ func (c *Client) sendGroup(batch []*groupOp) {
 		return
 	}
 	for i, op := range batch {
+		if pe, ok := results[i].err.(*pgconn.PgError); ok && pe.Code == pgerr.CodeLockNotAvailable {
+			// It waited for a row lock longer than groupLockWait and was
+			// rolled back alone: send it on its own, where it may wait.
+			go func() { op.done <- c.sendAlone(op) }()
+			continue
+		}
 		op.done <- results[i]
 	}
 }
 
-// sendAlone sends op, found alone in its batch, as the statement a client
-// without group commit sends: a batch of one would cost a subtransaction
-// and the batch function's call for nothing.
+// sendAlone sends op on its own, on a connection of its own: an element
+// that would have held up its batch waiting for a row lock.
 func (c *Client) sendAlone(op *groupOp) groupResult {
 	ctx := op.ctx
 	if op.hasDeadline {
@@ -286,11 +339,19 @@ func (c *Client) sendAlone(op *groupOp) groupResult {
 		ctx, cancel = context.WithDeadline(ctx, op.deadline)
 		defer cancel()
 	}
-	conn, err := c.conn(ctx) // fails only when nothing was sent
+	conn, err := c.conn(ctx)
 	if err != nil {
+		// Its batch was sent, and rolled it back: nothing of it stays.
 		return groupResult{err: err}
 	}
 	defer conn.Release()
+	return c.sendOne(ctx, conn, op)
+}
+
+// sendOne sends op as the statement a client without group commit sends,
+// on conn, with the values (trace id) of op's caller.
+func (c *Client) sendOne(ctx context.Context, conn *pgxpool.Conn, op *groupOp) groupResult {
+	ctx = mergeValues(ctx, op.ctx)
 	r := groupResult{sent: true}
 	if op.release {
 		var status string
@@ -307,6 +368,19 @@ func (c *Client) sendAlone(op *groupOp) groupResult {
 	r.takenOver, r.remainingµ = &takenOver, &remainingµ
 	return r
 }
+
+// mergeValues is ctx (its deadline and cancellation) with the values of
+// values.
+func mergeValues(ctx, values context.Context) context.Context {
+	return valuesContext{ctx, values}
+}
+
+type valuesContext struct {
+	context.Context // deadline, cancellation
+	values          context.Context
+}
+
+func (v valuesContext) Value(key any) any { return v.values.Value(key) }
 
 // groupGrant sends one grant attempt through the client's batches and scans
 // its answer like sendGrant. sent is false only when nothing reached the

@@ -369,3 +369,76 @@ func TestGroupCommitMutualExclusion(t *testing.T) {
 		t.Fatal("no grants")
 	}
 }
+
+// A grant whose key's row another transaction holds locked does not hold up
+// its batch: it waits only groupLockWait there, then is sent on its own and
+// waits as long as the lock is held, while the rest of its batch returns.
+func TestGroupCommitLockedRowWaitsAlone(t *testing.T) {
+	t.Parallel()
+	ctx := ctxTimeout(t, time.Minute)
+	db := pgfencetest.NewDatabase(t)
+	var seen batches
+	c := newClient(t, tracedPool(t, db.URL, &seen), &leases.Config{DisableWakeups: true, GroupCommit: true})
+	plain := newClient(t, db.Pool, &leases.Config{DisableWakeups: true})
+	l, err := plain.TryAcquire(ctx, "lk/slow", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	locker, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = locker.Rollback(context.Background()) }()
+	if _, err := locker.Exec(ctx, `SELECT 1 FROM pgfence.leases WHERE key = 'lk/slow' FOR SHARE`); err != nil {
+		t.Fatal(err)
+	}
+	tx, stalled := stall(t, ctx, db.Pool, c, [2]string{"lk/stall-1", "lk/stall-2"})
+
+	results := make(chan acquireResult, 3)
+	for _, k := range []string{"lk/slow", "lk/a", "lk/b"} {
+		go func() {
+			l, err := c.TryAcquire(ctx, k, time.Minute, nil)
+			results <- acquireResult{k, l, err}
+		}()
+	}
+	waitFor(t, ctx, "the calls to queue", func() bool { return leases.GroupPending(c) == 3 })
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if r := <-stalled; r.err != nil {
+			t.Errorf("stalled grant of %s: %v", r.key, r.err)
+		}
+	}
+	// lk/a and lk/b come back while lk/slow's row is still locked.
+	for range 2 {
+		select {
+		case r := <-results:
+			if r.key == "lk/slow" || r.err != nil {
+				t.Fatalf("while lk/slow's row is locked: %s returned %v", r.key, r.err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("the rest of the batch waited for the locked row")
+		}
+	}
+	waitFor(t, ctx, "lk/slow's grant to wait on its own", func() bool {
+		var n int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%try_acquire%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-results; r.key != "lk/slow" || r.err != nil {
+		t.Fatalf("after the lock went: %s %v, want lk/slow granted", r.key, r.err)
+	}
+	if got := seen.seen(); len(got) != 1 || got[0] != 3 {
+		t.Errorf("lease_batch statements by element count: %v, want one of 3", got)
+	}
+}
