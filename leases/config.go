@@ -150,13 +150,16 @@ type Config struct {
 	// every element of a batch runs in a subtransaction of its own, so one
 	// refused or failing call leaves the others as they would be alone, and
 	// nothing else changes (each grant is durable before its token is
-	// returned; a grant whose reply is lost is settled as any other). A call
-	// made while no batch is in flight is sent at once; calls made while two
-	// are in flight wait for the next one, up to 64 per batch. It pays when
-	// many goroutines of one process take and release leases at once (a
-	// worker pool): fewer commits and round trips for the same grants, at
-	// the cost of a wait for the batch ahead. Off by default. Renewals and
-	// fair waiters' turns are sent one by one.
+	// returned; a grant whose reply is lost is settled as any other; a call
+	// whose context ends before its batch is sent is not sent). A call made
+	// while no batch is in flight is sent at once; calls made while two are
+	// in flight wait for the next one, up to 64 per batch. A call that has to
+	// wait for a row lock is sent again on its own after a millisecond, so
+	// that it does not hold up its batch. It pays when many goroutines of one
+	// process take and release leases at once (a worker pool): fewer commits
+	// and round trips for the same grants, at the cost of a wait for the
+	// batch ahead. Off by default. Renewals and fair waiters' turns are sent
+	// one by one.
 	GroupCommit bool
 }
 
