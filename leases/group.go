@@ -20,10 +20,11 @@ import (
 
 // Group commit ([Config.GroupCommit]): grant attempts and releases that
 // overlap in time are sent together, as one call of pgfence.lease_batch (one
-// statement, one commit). A call that finds no batch in flight is sent at
-// once; calls that arrive while groupFlushers batches are in flight wait for
-// the next one. So a lone caller waits for nothing more than its own round
-// trip, and under load each caller waits at most for the batch ahead of it.
+// statement, one commit). A call that finds nothing in flight is sent at
+// once, by its own goroutine; calls that arrive while groupFlushers sends
+// are in flight wait for the next batch. So a lone caller waits for nothing
+// more than its own round trip, and under load each caller waits at most for
+// the batch ahead of it.
 const (
 	// groupFlushers is how many batches of one client may be in flight at
 	// once: two keep the server busy while a batch's reply travels back.
@@ -120,6 +121,22 @@ func (c *Client) submitGroup(ctx context.Context, op *groupOp) groupResult {
 	op.deadline, op.hasDeadline = ctx.Deadline()
 	g := &c.group
 	g.mu.Lock()
+	if g.flushers < groupFlushers && len(g.pending) == 0 {
+		// Nothing to batch with: sent at once, from this goroutine, as a
+		// client without group commit sends it. Calls made meanwhile queue;
+		// the send slot passes to a batch of them afterwards.
+		g.flushers++
+		g.mu.Unlock()
+		r := c.sendDirect(ctx, op)
+		g.mu.Lock()
+		if len(g.pending) > 0 {
+			go c.flushGroup()
+		} else {
+			g.flushers--
+		}
+		g.mu.Unlock()
+		return r
+	}
 	g.pending = append(g.pending, op)
 	if g.flushers < groupFlushers {
 		g.flushers++
@@ -328,6 +345,17 @@ func (c *Client) sendGroup(ctx context.Context, batch []*groupOp) {
 		}
 		op.done <- results[i]
 	}
+}
+
+// sendDirect sends op under its caller's context, as a client without
+// group commit does.
+func (c *Client) sendDirect(ctx context.Context, op *groupOp) groupResult {
+	conn, err := c.conn(ctx) // fails only when nothing was sent
+	if err != nil {
+		return groupResult{err: err}
+	}
+	defer conn.Release()
+	return c.sendOne(ctx, conn, op)
 }
 
 // sendAlone sends op on its own, on a connection of its own: an element
