@@ -87,6 +87,12 @@ DECLARE
     v_detail text;
     v_hint   text;
 BEGIN
+    -- On a standby the whole batch is refused, as each of its functions is.
+    IF pg_is_in_recovery() THEN
+        RAISE EXCEPTION 'pgfence: the server is in recovery (a standby); leases, tokens and fences are decided by the primary only'
+            USING ERRCODE = 'PF005',
+                  HINT = 'Connect to the current primary (target_session_attrs=read-write).';
+    END IF;
     IF n > 1000 THEN
         RAISE EXCEPTION 'pgfence: a lease batch holds at most 1000 elements, got %', n
             USING ERRCODE = 'PF008';

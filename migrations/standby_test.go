@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -76,6 +77,7 @@ func TestStandbyRefusesEveryProtocolFunction(t *testing.T) {
 		`SELECT * FROM pgfence.idempotency_claim_atomic('s', 'k', '\x00112233445566778899aabbccddeeff', '1 s', '1 day')`: nil,
 		`SELECT * FROM pgfence.idempotency_claim('s', 'k', '\x00112233445566778899aabbccddeeff', '1 s', '1 day')`:        nil,
 		`SELECT pgfence.idempotency_gc(10)`:                                                                              nil,
+		`SELECT * FROM pgfence.lease_batch(ARRAY['acquire'], ARRAY['free'], ARRAY[interval '1 minute'], ARRAY[''], ARRAY['` + h + `'::uuid], ARRAY[0::bigint], ARRAY[false], ARRAY[''], 'test', false, false)`: nil,
 	}
 	for q, args := range calls {
 		if _, err := replica.Exec(ctx, q, args...); pgerr.Code(err) != pgerr.CodeNotPrimary {
@@ -96,6 +98,24 @@ func TestStandbyRefusesEveryProtocolFunction(t *testing.T) {
 	}
 	if _, err := c.Acquire(ctx, "held", time.Minute, &leases.AcquireOptions{MaxWait: time.Minute}); !errors.Is(err, leases.ErrNotPrimary) || errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Acquire of a held key on a standby: %v, want ErrNotPrimary at once", err)
+	}
+	// The same with group commit, calls alone and in batches.
+	group, err := leases.New(pool, &leases.Config{DisableWakeups: true, GroupCommit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer group.Close()
+	errs := make(chan error, 16)
+	for i := range cap(errs) {
+		go func() {
+			_, err := group.TryAcquire(ctx, fmt.Sprintf("free/%d", i), time.Minute, nil)
+			errs <- err
+		}()
+	}
+	for range cap(errs) {
+		if err := <-errs; !errors.Is(err, leases.ErrNotPrimary) {
+			t.Errorf("TryAcquire with group commit on a standby: %v, want ErrNotPrimary", err)
+		}
 	}
 }
 
