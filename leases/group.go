@@ -239,7 +239,7 @@ func (c *Client) sendGroup(ctx context.Context, batch []*groupOp) {
 		// A batch of one would cost a subtransaction and the batch
 		// function's call for nothing: the statement a client without
 		// group commit sends.
-		batch[0].done <- c.sendOne(ctx, conn, batch[0])
+		batch[0].done <- c.sendOne(mergeValues(ctx, batch[0].ctx), conn, batch[0])
 		return
 	}
 	// A stable lock order between batches: by key, a release before a
@@ -355,7 +355,7 @@ func (c *Client) sendDirect(ctx context.Context, op *groupOp) groupResult {
 		return groupResult{err: err}
 	}
 	defer conn.Release()
-	return c.sendOne(ctx, conn, op)
+	return c.sendOne(ctx, conn, op) // ctx is the caller's: its values too
 }
 
 // sendAlone sends op on its own, on a connection of its own: an element
@@ -373,13 +373,12 @@ func (c *Client) sendAlone(op *groupOp) groupResult {
 		return groupResult{err: err}
 	}
 	defer conn.Release()
-	return c.sendOne(ctx, conn, op)
+	return c.sendOne(mergeValues(ctx, op.ctx), conn, op)
 }
 
 // sendOne sends op as the statement a client without group commit sends,
-// on conn, with the values (trace id) of op's caller.
+// on conn. ctx must carry the values (trace id) of op's caller.
 func (c *Client) sendOne(ctx context.Context, conn *pgxpool.Conn, op *groupOp) groupResult {
-	ctx = mergeValues(ctx, op.ctx)
 	r := groupResult{sent: true}
 	if op.release {
 		var status string
@@ -398,7 +397,7 @@ func (c *Client) sendOne(ctx context.Context, conn *pgxpool.Conn, op *groupOp) g
 }
 
 // mergeValues is ctx (its deadline and cancellation) with the values of
-// values.
+// values too.
 func mergeValues(ctx, values context.Context) context.Context {
 	return valuesContext{ctx, values}
 }
@@ -408,7 +407,15 @@ type valuesContext struct {
 	values          context.Context
 }
 
-func (v valuesContext) Value(key any) any { return v.values.Value(key) }
+// Value looks in the context that is cancelled first: the context package
+// finds its own cancellation there, so contexts derived from this one need
+// no goroutine to follow it.
+func (v valuesContext) Value(key any) any {
+	if x := v.Context.Value(key); x != nil {
+		return x
+	}
+	return v.values.Value(key)
+}
 
 // groupGrant sends one grant attempt through the client's batches and scans
 // its answer like sendGrant. sent is false only when nothing reached the
