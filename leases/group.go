@@ -21,8 +21,8 @@ import (
 // Group commit ([Config.GroupCommit]): grant attempts and releases that
 // overlap in time are sent together, as one call of pgfence.lease_batch (one
 // statement, one commit). A call that finds nothing in flight is sent at
-// once, by its own goroutine; calls that arrive while groupFlushers sends
-// are in flight wait for the next batch. So a lone caller waits for nothing
+// once, by its own goroutine; calls that arrive while a send is in flight
+// go in the next batch (up to groupFlushers in flight). So a lone caller waits for nothing
 // more than its own round trip, and under load each caller waits at most for
 // the batch ahead of it.
 const (
@@ -121,10 +121,12 @@ func (c *Client) submitGroup(ctx context.Context, op *groupOp) groupResult {
 	op.deadline, op.hasDeadline = ctx.Deadline()
 	g := &c.group
 	g.mu.Lock()
-	if g.flushers < groupFlushers && len(g.pending) == 0 {
-		// Nothing to batch with: sent at once, from this goroutine, as a
-		// client without group commit sends it. Calls made meanwhile queue;
-		// the send slot passes to a batch of them afterwards.
+	if g.flushers == 0 {
+		// Nothing in flight, nothing to batch with: sent at once, from this
+		// goroutine, as a client without group commit sends it. Calls made
+		// meanwhile queue; the send slot passes to a batch of them
+		// afterwards. (With one send in flight, a call queues instead: the
+		// next batch is where calls meet.)
 		g.flushers++
 		g.mu.Unlock()
 		r := c.sendDirect(ctx, op)
