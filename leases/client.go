@@ -35,6 +35,10 @@ type Client struct {
 	// (it was not migrated since): renewals are then sent unannounced.
 	unannounced atomic.Bool
 
+	// unbatched is set when the schema has no pgfence.lease_batch (it was
+	// not migrated since): group commit then sends every call on its own.
+	unbatched atomic.Bool
+
 	// clockOffset shifts the wall clock the client reads (now) against the
 	// database's. It is zero except in tests (SetClockOffset in
 	// export_test.go), which show that no trust window or hold time depends

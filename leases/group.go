@@ -119,6 +119,9 @@ func (c *Client) submitGroup(ctx context.Context, op *groupOp) groupResult {
 	op.ctx = context.WithoutCancel(ctx)
 	op.traceID = telemetry.TraceID(ctx)
 	op.deadline, op.hasDeadline = ctx.Deadline()
+	if c.unbatched.Load() {
+		return c.sendDirect(ctx, op)
+	}
 	g := &c.group
 	g.mu.Lock()
 	if g.flushers == 0 {
@@ -286,6 +289,10 @@ func (c *Client) sendGroup(ctx context.Context, batch []*groupOp) {
 	}
 	rows, err := conn.Query(ctx, sqlLeaseBatch, ops, keys, ttls, infos, holders, tokens, announce, traceIDs,
 		ClientVersion(), c.cfg.DurableRelease, readTaken, groupLockWait)
+	if pgerr.Code(err) == pgerr.CodeUndefinedFunction {
+		c.unbatch(batch, err)
+		return
+	}
 	if err != nil {
 		fail(groupResult{sent: true, err: err})
 		return
@@ -331,6 +338,10 @@ func (c *Client) sendGroup(ctx context.Context, batch []*groupOp) {
 	// The batch commits when the statement ends: until rows.Err says it
 	// did, no row is final (a lost reply here leaves every outcome unknown).
 	if err := rows.Err(); err != nil {
+		if seen == 0 && pgerr.Code(err) == pgerr.CodeUndefinedFunction {
+			c.unbatch(batch, err)
+			return
+		}
 		fail(groupResult{sent: true, err: err})
 		return
 	}
@@ -346,6 +357,18 @@ func (c *Client) sendGroup(ctx context.Context, batch []*groupOp) {
 			continue
 		}
 		op.done <- results[i]
+	}
+}
+
+// unbatch sends each operation of batch on its own, and every later call
+// too: the schema has no pgfence.lease_batch (it was not migrated since
+// batches came), so the batch's statement was refused before anything ran.
+func (c *Client) unbatch(batch []*groupOp, err error) {
+	if !c.unbatched.Swap(true) {
+		c.log.Warn("leases: group commit sends every call on its own: the pgfence schema has no lease_batch; run the migrations", "err", err)
+	}
+	for _, op := range batch {
+		go func() { op.done <- c.sendAlone(op) }()
 	}
 }
 

@@ -442,3 +442,70 @@ func TestGroupCommitLockedRowWaitsAlone(t *testing.T) {
 		t.Errorf("lease_batch statements by element count: %v, want one of 3", got)
 	}
 }
+
+// On a schema migrated before batches came (no pgfence.lease_batch), group
+// commit sends each call on its own: the calls of the refused batch and
+// every later one succeed, with prepared statements and with the simple
+// protocol (where the refusal arrives with the result, not at Prepare).
+func TestGroupCommitOnASchemaWithoutBatches(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"cache_statement", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			ctx := ctxTimeout(t, time.Minute)
+			db := pgfencetest.NewDatabase(t)
+			if _, err := db.Pool.Exec(ctx, `DROP FUNCTION pgfence.lease_batch`); err != nil {
+				t.Fatal(err)
+			}
+			sep := "?"
+			if strings.Contains(db.URL, "?") {
+				sep = "&"
+			}
+			var seen batches
+			c := newClient(t, tracedPool(t, db.URL+sep+"default_query_exec_mode="+mode, &seen), &leases.Config{DisableWakeups: true, GroupCommit: true})
+			tx, stalled := stall(t, ctx, db.Pool, c, [2]string{"old/stall-1", "old/stall-2"})
+			keys := []string{"old/a", "old/b", "old/c"}
+			results := make(chan acquireResult, len(keys))
+			for _, k := range keys {
+				go func() {
+					l, err := c.TryAcquire(ctx, k, time.Minute, nil)
+					results <- acquireResult{k, l, err}
+				}()
+			}
+			waitFor(t, ctx, "the calls to queue", func() bool { return leases.GroupPending(c) == len(keys) })
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for range 2 {
+				if r := <-stalled; r.err != nil {
+					t.Errorf("stalled grant of %s: %v", r.key, r.err)
+				}
+			}
+			var held []*leases.Lease
+			for range keys {
+				r := <-results
+				if r.err != nil {
+					t.Errorf("TryAcquire(%s) whose batch the schema refused: %v", r.key, r.err)
+					continue
+				}
+				held = append(held, r.l)
+			}
+			if got := seen.seen(); len(got) != 1 {
+				t.Errorf("lease_batch statements: %v, want the one refused", got)
+			}
+			// Later calls, concurrent ones included, go on their own.
+			errs := make(chan error, len(held))
+			for _, l := range held {
+				go func() { errs <- l.Release(ctx) }()
+			}
+			for range held {
+				if err := <-errs; err != nil {
+					t.Errorf("Release: %v", err)
+				}
+			}
+			if got := seen.seen(); len(got) != 1 {
+				t.Errorf("lease_batch statements after the refusal: %v, want none more", got)
+			}
+		})
+	}
+}
