@@ -458,7 +458,9 @@ func (c *Client) groupGrant(ctx context.Context, key, holder string, ttl time.Du
 			r.err = errors.New("pgfence.lease_batch granted a lease without its token or times")
 		}
 	}
-	c.tel.attempted(ctx, r.err, *acquired, r.takenOver != nil && *r.takenOver)
+	if r.sent { // as without group commit: an attempt that never left is not counted
+		c.tel.attempted(ctx, r.err, *acquired, r.takenOver != nil && *r.takenOver)
+	}
 	return r.sent, r.err
 }
 
