@@ -163,6 +163,7 @@ func openLab(ctx context.Context, in *input, maxWorkers int, rtt time.Duration) 
 	if url == "" {
 		url = in.getenv("DATABASE_URL")
 	}
+	pooled := false
 	if url != "" {
 		// Every command's check first: a bad or unreachable URL is explained
 		// as everywhere else, within --connect-timeout.
@@ -179,7 +180,8 @@ func openLab(ctx context.Context, in *input, maxWorkers int, rtt time.Duration) 
 		if err != nil {
 			return nil, dbError(err)
 		}
-		if probe.pooled() && !namesExecMode(url) {
+		pooled = probe.pooled()
+		if pooled && !namesExecMode(url) {
 			fmt.Fprintln(in.stderr, "a pooler answers at this URL: the bench sends its statements with default_query_exec_mode=exec, and its figures include the pooler's hop")
 			url = withExecMode(url)
 		}
@@ -188,6 +190,7 @@ func openLab(ctx context.Context, in *input, maxWorkers int, rtt time.Duration) 
 	if err != nil {
 		return nil, &cliError{msg: redact(err.Error()), hint: "omit --database-url to use a throwaway local PostgreSQL, or pass a reachable URL", code: exitUnavailable, err: err}
 	}
+	lab.SetPooled(pooled)
 	return lab, nil
 }
 

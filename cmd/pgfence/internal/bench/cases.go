@@ -608,6 +608,9 @@ func prepareLeased(write func(ctx context.Context, lab *Lab, l pgfence.Lease, id
 // the database on every NOTIFY, whatever the channel: this is what one
 // wake-up costs the server before any waiter is told anything.
 func prepareNotifyFloor(ctx context.Context, lab *Lab, n int) (benchrun.Op, func(), error) {
+	if lab.pooled {
+		return nil, nil, fmt.Errorf("%w: LISTEN does not work through a transaction pooler", errSkip)
+	}
 	conns := make([]*pgx.Conn, 0, n)
 	cleanup := func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -650,7 +653,7 @@ func prepareHotKey(_ context.Context, lab *Lab, n int) (benchrun.Op, func(), err
 		}
 	}
 	for i := range clients {
-		c, err := leases.New(lab.pool, nil)
+		c, err := leases.New(lab.pool, lab.leasesConfig(nil))
 		if err != nil {
 			cleanup()
 			return nil, nil, err

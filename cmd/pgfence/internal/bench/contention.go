@@ -221,11 +221,11 @@ func (lab *Lab) Contention(ctx context.Context, opts ContentionOptions) (*Conten
 		}
 	}()
 	for i := range clients {
-		c, err := leases.New(lab.pool, &leases.Config{OnEvent: func(e leases.Event) {
+		c, err := leases.New(lab.pool, lab.leasesConfig(&leases.Config{OnEvent: func(e leases.Event) {
 			if e.Kind == leases.EventRenewed {
 				run.renewals.Add(1)
 			}
-		}})
+		}}))
 		if err != nil {
 			return nil, err
 		}
@@ -236,8 +236,12 @@ func (lab *Lab) Contention(ctx context.Context, opts ContentionOptions) (*Conten
 	if opts.PauseFirst {
 		pauses += ", and the first grant of every key"
 	}
-	fmt.Fprintf(lab.progress, "bench contention: %d workers on %d keys for %s, TTL %s, max wait %s, hold %s, %s; %s\n",
-		opts.Workers, opts.Keys, opts.Duration, opts.TTL, opts.MaxWait, opts.Hold, pauses, lab.settings)
+	wakeups := "wake-ups on"
+	if lab.pooled {
+		wakeups = "wake-ups off (a pooler answers: waiters poll)"
+	}
+	fmt.Fprintf(lab.progress, "bench contention: %d workers on %d keys for %s, TTL %s, max wait %s, hold %s, %s, %s; %s\n",
+		opts.Workers, opts.Keys, opts.Duration, opts.TTL, opts.MaxWait, opts.Hold, pauses, wakeups, lab.settings)
 	done := startProgressStatus(lab.progress, "contention", opts.Duration, 0, func() string {
 		return fmt.Sprintf("%d grants, %d accepted, %d rejected", run.acquisitions.Load(), run.accepted.Load(), run.rejected.Load())
 	})

@@ -29,6 +29,7 @@ import (
 
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/benchrun"
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
+	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -71,6 +72,27 @@ type Lab struct {
 	stmts    *statementCounter
 	settings string // the durability settings, for the report
 	progress io.Writer
+	pooled   bool // a transaction pooler answers at the URL: no LISTEN (SetPooled)
+}
+
+// SetPooled tells the lab that a transaction pooler (PgBouncer) answers at
+// its URL. LISTEN does not work through one (the session that listens goes
+// back to the pool and serves other clients), so the cases and the
+// contention run then use leases clients with wake-ups off, as the leases
+// package says to behind such a pooler, and skip the LISTEN floor.
+func (lab *Lab) SetPooled(pooled bool) { lab.pooled = pooled }
+
+// leasesConfig is cfg (nil: the defaults) with wake-ups off behind a
+// transaction pooler.
+func (lab *Lab) leasesConfig(cfg *leases.Config) *leases.Config {
+	var c leases.Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if lab.pooled {
+		c.DisableWakeups = true
+	}
+	return &c
 }
 
 // Open opens the database at url (or, when url is empty, a throwaway durable
