@@ -122,6 +122,34 @@ func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
 	}
 }
 
+// tryAll starts a TryAcquire of each key on c; their results arrive on the
+// returned channel.
+func tryAll(ctx context.Context, c *leases.Client, keys ...string) <-chan acquireResult {
+	results := make(chan acquireResult, len(keys))
+	for _, k := range keys {
+		go func() {
+			l, err := c.TryAcquire(ctx, k, time.Minute, nil)
+			results <- acquireResult{k, l, err}
+		}()
+	}
+	return results
+}
+
+// unstall waits until n calls queue on c, then lets the two stalled grant
+// attempts through (rolling back tx) and checks they were granted.
+func unstall(t *testing.T, ctx context.Context, c *leases.Client, n int, tx pgx.Tx, stalled <-chan acquireResult) {
+	t.Helper()
+	waitFor(t, ctx, "the calls to queue", func() bool { return leases.GroupPending(c) == n })
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if r := <-stalled; r.err != nil {
+			t.Errorf("stalled grant of %s: %v", r.key, r.err)
+		}
+	}
+}
+
 // Calls that overlap go as one statement, and each keeps its own result: a
 // refused call (paused prefix) and a lost race (two callers, one key) do
 // not change the others'; releases ride in the same batch.
@@ -157,25 +185,10 @@ func testGroupCommitBatches(t *testing.T, db *pgfencetest.Database, url string) 
 	tx, stalled := stall(t, ctx, db.Pool, c, [2]string{"g/stall-1", "g/stall-2"})
 
 	keys := []string{"g/a", "g/b", "g/c", "g/same", "g/same", "g/paused/1"}
-	results := make(chan acquireResult, len(keys))
-	for _, k := range keys {
-		go func() {
-			l, err := c.TryAcquire(ctx, k, time.Minute, nil)
-			results <- acquireResult{k, l, err}
-		}()
-	}
+	results := tryAll(ctx, c, keys...)
 	released := make(chan error, 1)
 	go func() { released <- held.Release(ctx) }()
-	waitFor(t, ctx, "the calls to queue", func() bool { return leases.GroupPending(c) == len(keys)+1 })
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-
-	for range 2 {
-		if r := <-stalled; r.err != nil {
-			t.Errorf("stalled grant of %s: %v", r.key, r.err)
-		}
-	}
+	unstall(t, ctx, c, len(keys)+1, tx, stalled)
 	if err := <-released; err != nil {
 		t.Errorf("Release in the batch: %v", err)
 	}
@@ -234,22 +247,8 @@ func TestGroupCommitLostBatchReply(t *testing.T) {
 
 	cut := proxy.CutAfter(faultproxy.SQLContains("pgfence.lease_batch("))
 	keys := []string{"lost/a", "lost/b", "lost/c"}
-	results := make(chan acquireResult, len(keys))
-	for _, k := range keys {
-		go func() {
-			l, err := c.TryAcquire(ctx, k, time.Minute, nil)
-			results <- acquireResult{k, l, err}
-		}()
-	}
-	waitFor(t, ctx, "the calls to queue", func() bool { return leases.GroupPending(c) == len(keys) })
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		if r := <-stalled; r.err != nil {
-			t.Errorf("stalled grant of %s: %v", r.key, r.err)
-		}
-	}
+	results := tryAll(ctx, c, keys...)
+	unstall(t, ctx, c, len(keys), tx, stalled)
 	for range keys {
 		r := <-results
 		if r.err != nil {
@@ -397,22 +396,8 @@ func TestGroupCommitLockedRowWaitsAlone(t *testing.T) {
 	}
 	tx, stalled := stall(t, ctx, db.Pool, c, [2]string{"lk/stall-1", "lk/stall-2"})
 
-	results := make(chan acquireResult, 3)
-	for _, k := range []string{"lk/slow", "lk/a", "lk/b"} {
-		go func() {
-			l, err := c.TryAcquire(ctx, k, time.Minute, nil)
-			results <- acquireResult{k, l, err}
-		}()
-	}
-	waitFor(t, ctx, "the calls to queue", func() bool { return leases.GroupPending(c) == 3 })
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		if r := <-stalled; r.err != nil {
-			t.Errorf("stalled grant of %s: %v", r.key, r.err)
-		}
-	}
+	results := tryAll(ctx, c, "lk/slow", "lk/a", "lk/b")
+	unstall(t, ctx, c, 3, tx, stalled)
 	// lk/a and lk/b come back while lk/slow's row is still locked.
 	for range 2 {
 		select {
@@ -465,22 +450,8 @@ func TestGroupCommitOnASchemaWithoutBatches(t *testing.T) {
 			c := newClient(t, tracedPool(t, db.URL+sep+"default_query_exec_mode="+mode, &seen), &leases.Config{DisableWakeups: true, GroupCommit: true})
 			tx, stalled := stall(t, ctx, db.Pool, c, [2]string{"old/stall-1", "old/stall-2"})
 			keys := []string{"old/a", "old/b", "old/c"}
-			results := make(chan acquireResult, len(keys))
-			for _, k := range keys {
-				go func() {
-					l, err := c.TryAcquire(ctx, k, time.Minute, nil)
-					results <- acquireResult{k, l, err}
-				}()
-			}
-			waitFor(t, ctx, "the calls to queue", func() bool { return leases.GroupPending(c) == len(keys) })
-			if err := tx.Rollback(ctx); err != nil {
-				t.Fatal(err)
-			}
-			for range 2 {
-				if r := <-stalled; r.err != nil {
-					t.Errorf("stalled grant of %s: %v", r.key, r.err)
-				}
-			}
+			results := tryAll(ctx, c, keys...)
+			unstall(t, ctx, c, len(keys), tx, stalled)
 			var held []*leases.Lease
 			for range keys {
 				r := <-results
