@@ -263,39 +263,9 @@ func baseCases() []*Case {
 				return err
 			})},
 		{Name: "leases", Group: "lock", What: "leases.Client TryAcquire + Lease.Release (the library; the release commits with synchronous_commit=off by default)",
-			prepare: func(_ context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
-				client, err := leases.New(lab.pool, &leases.Config{DisableWakeups: true})
-				if err != nil {
-					return nil, nil, err
-				}
-				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
-					l, err := client.TryAcquire(ctx, benchKey(w), 30*time.Second, nil)
-					if errors.Is(err, leases.ErrLeaseHeld) {
-						return 0, benchrun.ErrHeld
-					}
-					if err != nil {
-						return 0, err
-					}
-					return 0, l.Release(ctx)
-				}, func() { client.Close() }, nil
-			}},
+			prepare: prepareLeases(leases.Config{DisableWakeups: true})},
 		{Name: "leases-group", Group: "lock", What: "the leases case with Config.GroupCommit: the workers' grants and releases that overlap go as one pgfence.lease_batch statement and one commit",
-			prepare: func(_ context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
-				client, err := leases.New(lab.pool, &leases.Config{DisableWakeups: true, GroupCommit: true})
-				if err != nil {
-					return nil, nil, err
-				}
-				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
-					l, err := client.TryAcquire(ctx, benchKey(w), 30*time.Second, nil)
-					if errors.Is(err, leases.ErrLeaseHeld) {
-						return 0, benchrun.ErrHeld
-					}
-					if err != nil {
-						return 0, err
-					}
-					return 0, l.Release(ctx)
-				}, func() { client.Close() }, nil
-			}},
+			prepare: prepareLeases(leases.Config{DisableWakeups: true, GroupCommit: true})},
 		{Name: "leases-service", Group: "lock", What: "the leases case as a service role (pgfence_app, granted the prefix bench/): what checking the prefix grants costs",
 			prepare: prepareService},
 		{Name: "advisory-lock", Group: "lock", What: "pg_advisory_xact_lock in a transaction: what teams use today (not durable, no token, no expiry)",
@@ -435,6 +405,27 @@ func insertOnce(ctx context.Context, lab *Lab, store *idempotency.Store, key str
 		_, err := tx.Exec(ctx, sqlInsert, item)
 		return []byte("ok"), err
 	})
+}
+
+// prepareLeases is the leases cases: a leases.Client with cfg, shared by the
+// workers, takes and releases each worker's key.
+func prepareLeases(cfg leases.Config) func(context.Context, *Lab, int) (benchrun.Op, func(), error) {
+	return func(_ context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
+		client, err := leases.New(lab.pool, &cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+			l, err := client.TryAcquire(ctx, benchKey(w), 30*time.Second, nil)
+			if errors.Is(err, leases.ErrLeaseHeld) {
+				return 0, benchrun.ErrHeld
+			}
+			if err != nil {
+				return 0, err
+			}
+			return 0, l.Release(ctx)
+		}, func() { client.Close() }, nil
+	}
 }
 
 // floorLockCycle takes and releases key's lock row the hand-written way (the
