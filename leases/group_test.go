@@ -150,6 +150,20 @@ func unstall(t *testing.T, ctx context.Context, c *leases.Client, n int, tx pgx.
 	}
 }
 
+// rowIsLease checks that r's key is held, in the database, by the lease r
+// got: its holder and token.
+func rowIsLease(t *testing.T, ctx context.Context, pool *pgxpool.Pool, r acquireResult) {
+	t.Helper()
+	var holder string
+	var token int64
+	if err := pool.QueryRow(ctx, `SELECT holder::text, token FROM pgfence.leases WHERE key = $1 AND released_at IS NULL`, r.key).Scan(&holder, &token); err != nil {
+		t.Fatalf("the row of %s: %v", r.key, err)
+	}
+	if holder != r.l.Holder() || token != r.l.Token() {
+		t.Errorf("%s: the lease says holder %s token %d, the row %s %d", r.key, r.l.Holder(), r.l.Token(), holder, token)
+	}
+}
+
 // Calls that overlap go as one statement, and each keeps its own result: a
 // refused call (paused prefix) and a lost race (two callers, one key) do
 // not change the others'; releases ride in the same batch.
@@ -205,14 +219,7 @@ func testGroupCommitBatches(t *testing.T, db *pgfencetest.Database, url string) 
 			t.Errorf("TryAcquire(%s) in a batch: %v", r.key, r.err)
 		default:
 			granted[r.key]++
-			var holder string
-			var token int64
-			if err := db.Pool.QueryRow(ctx, `SELECT holder::text, token FROM pgfence.leases WHERE key = $1 AND released_at IS NULL`, r.key).Scan(&holder, &token); err != nil {
-				t.Fatalf("the row of %s: %v", r.key, err)
-			}
-			if holder != r.l.Holder() || token != r.l.Token() {
-				t.Errorf("%s: the lease says holder %s token %d, the row %s %d", r.key, r.l.Holder(), r.l.Token(), holder, token)
-			}
+			rowIsLease(t, ctx, db.Pool, r)
 		}
 	}
 	for _, k := range []string{"g/a", "g/b", "g/c", "g/same"} {
@@ -255,14 +262,7 @@ func TestGroupCommitLostBatchReply(t *testing.T) {
 			t.Errorf("TryAcquire(%s), its batch's reply lost after the commit: %v, want the lease it was granted", r.key, r.err)
 			continue
 		}
-		var holder string
-		var token int64
-		if err := db.Pool.QueryRow(ctx, `SELECT holder::text, token FROM pgfence.leases WHERE key = $1 AND released_at IS NULL`, r.key).Scan(&holder, &token); err != nil {
-			t.Fatalf("the row of %s: %v", r.key, err)
-		}
-		if holder != r.l.Holder() || token != r.l.Token() {
-			t.Errorf("%s: the lease says holder %s token %d, the row %s %d", r.key, r.l.Holder(), r.l.Token(), holder, token)
-		}
+		rowIsLease(t, ctx, db.Pool, r)
 		if err := r.l.Release(ctx); err != nil {
 			t.Errorf("Release(%s): %v", r.key, err)
 		}
