@@ -415,16 +415,22 @@ func prepareLeases(cfg leases.Config) func(context.Context, *Lab, int) (benchrun
 		if err != nil {
 			return nil, nil, err
 		}
-		return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
-			l, err := client.TryAcquire(ctx, benchKey(w), 30*time.Second, nil)
-			if errors.Is(err, leases.ErrLeaseHeld) {
-				return 0, benchrun.ErrHeld
-			}
-			if err != nil {
-				return 0, err
-			}
-			return 0, l.Release(ctx)
-		}, func() { client.Close() }, nil
+		return leaseCycle(client), func() { client.Close() }, nil
+	}
+}
+
+// leaseCycle is one operation of the leases cases: client takes the
+// worker's key and releases it.
+func leaseCycle(client *leases.Client) benchrun.Op {
+	return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
+		l, err := client.TryAcquire(ctx, benchKey(w), 30*time.Second, nil)
+		if errors.Is(err, leases.ErrLeaseHeld) {
+			return 0, benchrun.ErrHeld
+		}
+		if err != nil {
+			return 0, err
+		}
+		return 0, l.Release(ctx)
 	}
 }
 

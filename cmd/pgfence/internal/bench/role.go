@@ -65,18 +65,9 @@ func prepareService(ctx context.Context, lab *Lab, _ int) (benchrun.Op, func(), 
 		drop()
 		return nil, nil, err
 	}
-	return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
-			l, err := client.TryAcquire(ctx, benchKey(w), 30*time.Second, nil)
-			if errors.Is(err, leases.ErrLeaseHeld) {
-				return 0, benchrun.ErrHeld
-			}
-			if err != nil {
-				return 0, err
-			}
-			return 0, l.Release(ctx)
-		}, func() {
-			client.Close()
-			pool.Close()
-			drop()
-		}, nil
+	return leaseCycle(client), func() {
+		client.Close()
+		pool.Close()
+		drop()
+	}, nil
 }
