@@ -290,12 +290,19 @@ $$;
 -- The token floor: tokens issued from now on are strictly greater than this
 -- value. An operator raises it after restoring or rebuilding the schema so that
 -- tokens never restart below tokens already stored in business tables.
+--
+-- retention is the retention floor (advance_retention): tokens issued from now
+-- on are greater than it too, and a token at or below it is refused unless it
+-- is the newest its key issued, so the rows of ended leases and their fence
+-- rows may go (prune_retired) without retiring a live holder's token.
 -- +goose StatementBegin
 CREATE TABLE pgfence.token_floor (
-    singleton  boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
-    floor      bigint      NOT NULL DEFAULT 0 CHECK (floor >= 0),
-    raised_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
-    reason     text        NOT NULL DEFAULT 'initial' CHECK (length(reason) BETWEEN 1 AND 1000)
+    singleton    boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+    floor        bigint      NOT NULL DEFAULT 0 CHECK (floor >= 0),
+    raised_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
+    reason       text        NOT NULL DEFAULT 'initial' CHECK (length(reason) BETWEEN 1 AND 1000),
+    retention    bigint      NOT NULL DEFAULT 0 CHECK (retention >= 0),
+    retention_at timestamptz
 );
 -- +goose StatementEnd
 
@@ -318,7 +325,7 @@ INSERT INTO pgfence.token_floor DEFAULT VALUES;
 -- only records that the rows already there were not scanned.
 -- +goose StatementBegin
 ALTER TABLE pgfence.token_floor
-    ADD CONSTRAINT floor_leaves_room CHECK (floor <= 4611686018427387904) NOT VALID;
+    ADD CONSTRAINT floor_leaves_room CHECK (floor <= 4611686018427387904 AND retention <= 4611686018427387904) NOT VALID;
 -- +goose StatementEnd
 
 -- require_primary raises PF005 on a server in recovery. Every function of the
@@ -445,8 +452,8 @@ $$;
 -- +goose StatementEnd
 
 -- next_token returns the token that follows previous (NULL for a resource that
--- never had one). A token is (timeline << 40) | counter, and never below the
--- floor: it strictly increases per resource, survives crashes (the caller stores
+-- never had one). A token is (timeline << 40) | counter, and above the floor
+-- and the retention floor: it strictly increases per resource, survives crashes (the caller stores
 -- it in the granting transaction, so a token that was not committed was never
 -- returned) and failovers (a promoted standby runs on a higher timeline, so it
 -- cannot reissue a number the old primary acknowledged but did not replicate).
@@ -463,7 +470,7 @@ DECLARE
     v_floor bigint;
     v_next  bigint;
 BEGIN
-    SELECT f.floor INTO v_floor FROM pgfence.token_floor f;
+    SELECT greatest(f.floor, f.retention) INTO v_floor FROM pgfence.token_floor f;
     v_next := greatest(coalesce(previous, 0) + 1, (pgfence.token_epoch() << 40) + 1, v_floor + 1);
     IF v_next > pgfence.max_token() THEN
         RAISE EXCEPTION 'pgfence: the next token % would exceed the largest token %', v_next, pgfence.max_token()

@@ -124,14 +124,15 @@ CREATE TRIGGER fences_before_update BEFORE UPDATE ON pgfence.fences
 
 -- reject_fence_change refuses DELETE and TRUNCATE on pgfence.fences: they
 -- would forget an accepted token and let a stale writer in. A row whose token
--- is at or below the floor carries nothing (fence() refuses every such
--- token), so it may go (prune_retired).
+-- is at or below the floor or the retention floor carries nothing a later
+-- write needs (fence() refuses every such token but its key's newest, which
+-- is never stale), so it may go (prune_retired).
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.reject_fence_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        IF OLD.token <= (SELECT f.floor FROM pgfence.token_floor f) THEN
+        IF OLD.token <= (SELECT greatest(f.floor, f.retention) FROM pgfence.token_floor f) THEN
             RETURN OLD;
         END IF;
     ELSIF TG_OP = 'UPDATE' THEN
@@ -173,9 +174,10 @@ CREATE FUNCTION pgfence.fence(resource text, token bigint, op uuid DEFAULT NULL)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    accepted bigint;
-    issued   bigint;
-    retired  bigint;
+    accepted  bigint;
+    issued    bigint;
+    retired   bigint;
+    retention bigint;
 BEGIN
     IF pg_is_in_recovery() THEN
         PERFORM pgfence.require_primary();
@@ -206,12 +208,22 @@ BEGIN
     END IF;
     -- Tokens at or below the floor are retired (raise_token_floor): their
     -- rows may have been pruned, so nothing else would remember them.
-    SELECT f.floor INTO retired FROM pgfence.token_floor f;
+    SELECT f.floor, f.retention INTO retired, retention FROM pgfence.token_floor f;
     IF fence.token <= retired THEN
         RAISE EXCEPTION 'pgfence: stale token % for resource %: tokens up to the floor % are retired', fence.token, quote_literal(fence.resource), retired
             USING ERRCODE = 'PF001',
                   DETAIL = format('accepted=%s presented=%s resource=%s', retired, fence.token, fence.resource),
                   HINT = 'The token floor was raised above this token: acquire the lease again.';
+    END IF;
+    -- At or below the retention floor only the newest token of its key is
+    -- taken: an older one was superseded by a later grant, and the fence row
+    -- that would have refused it may have been pruned (advance_retention).
+    -- The newest token is never stale: no later one exists to have written.
+    IF fence.token <= retention AND fence.token < issued THEN
+        RAISE EXCEPTION 'pgfence: stale token % for resource %: the lease has issued % since, and superseded tokens up to % are retired', fence.token, quote_literal(fence.resource), issued, retention
+            USING ERRCODE = 'PF001',
+                  DETAIL = format('accepted=%s presented=%s resource=%s', issued, fence.token, fence.resource),
+                  HINT = 'A later grant superseded this token: this holder lost its lease and must acquire it again.';
     END IF;
     -- An accepted token must survive a crash as long as the write it guards.
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -607,7 +619,7 @@ $$;
 -- +goose StatementEnd
 
 -- max_stored_token is the highest token pgfence itself has stored (fences,
--- leases, lease history, the floor): the least floor to restore after a rebuild.
+-- leases, lease history, the floors): the least floor to restore after a rebuild.
 -- Tokens in the application's own fence columns are added by the caller.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.max_stored_token() RETURNS bigint
@@ -615,7 +627,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT greatest((SELECT max(token) FROM pgfence.fences),
                     (SELECT max(token) FROM pgfence.leases),
                     (SELECT max(token) FROM pgfence.lease_events),
-                    (SELECT floor FROM pgfence.token_floor),
+                    (SELECT greatest(floor, retention) FROM pgfence.token_floor),
                     0);
 $$;
 -- +goose StatementEnd
@@ -807,19 +819,23 @@ $$;
 -- +goose StatementEnd
 
 -- prune_retired deletes, at most p_batch rows of each table at a time, what
--- the token floor has retired: lease rows whose token is at or below the
--- floor and that are not live (a later grant of the key starts above the
--- floor), their history, fence rows at or below the floor (fence() refuses
--- such tokens, so the rows remember nothing), and queue places that expired.
--- It is the retention of tables that otherwise keep a row per key ever
--- used: raise the floor (holders of older leases then acquire again before
--- they write), then prune. It returns what it deleted. Operator only.
+-- the token floors have retired: lease rows whose token is at or below a
+-- floor and that are not live (a later grant of the key starts above both
+-- floors), their history, fence rows at or below a floor (fence() refuses
+-- such tokens, but a key's newest, which no row is needed to accept), and
+-- queue places that expired. Rows retired by the retention floor only go an
+-- hour after their lease ended or their write was accepted, so a client that
+-- lost a reply still finds them when it settles. It is the retention of
+-- tables that otherwise keep a row per key ever used: advance_retention,
+-- then prune (or, after a restore, raise_token_floor, which retires live
+-- leases' tokens too). It returns what it deleted. Operator only.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.prune_retired(p_batch integer DEFAULT 1000)
 RETURNS TABLE (leases bigint, events bigint, fences bigint, waiters bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_floor   bigint;
+    v_retired bigint;
     v_leases  bigint;
     v_events  bigint;
     v_fences  bigint;
@@ -829,24 +845,28 @@ BEGIN
     IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 100000 THEN
         RAISE EXCEPTION 'pgfence: prune_retired batch must be 1 to 100000, got %', p_batch USING ERRCODE = 'PF008';
     END IF;
-    SELECT f.floor INTO v_floor FROM pgfence.token_floor f;
+    SELECT f.floor, greatest(f.floor, f.retention) INTO v_floor, v_retired FROM pgfence.token_floor f;
     WITH gone AS (
         DELETE FROM pgfence.leases l
          WHERE l.key IN (SELECT x.key FROM pgfence.leases x
-                          WHERE x.token <= v_floor AND (x.released_at IS NOT NULL OR x.expires_at <= clock_timestamp())
+                          WHERE x.token <= v_retired
+                            AND least(x.released_at, x.expires_at) <= clock_timestamp()
+                                - CASE WHEN x.token <= v_floor THEN interval '0' ELSE interval '1 hour' END
                           LIMIT p_batch FOR UPDATE SKIP LOCKED)
         RETURNING l.key)
     SELECT count(*) INTO v_leases FROM gone;
     WITH gone AS (
         DELETE FROM pgfence.lease_events e
          WHERE e.id IN (SELECT x.id FROM pgfence.lease_events x
-                         WHERE x.token <= v_floor AND NOT EXISTS (SELECT 1 FROM pgfence.leases l WHERE l.key = x.key)
+                         WHERE x.token <= v_retired AND NOT EXISTS (SELECT 1 FROM pgfence.leases l WHERE l.key = x.key)
                          LIMIT p_batch)
         RETURNING 1)
     SELECT count(*) INTO v_events FROM gone;
     WITH gone AS (
         DELETE FROM pgfence.fences f
-         WHERE f.resource IN (SELECT x.resource FROM pgfence.fences x WHERE x.token <= v_floor
+         WHERE f.resource IN (SELECT x.resource FROM pgfence.fences x
+                               WHERE x.token <= v_retired
+                                 AND (x.token <= v_floor OR x.accepted_at <= clock_timestamp() - interval '1 hour')
                                LIMIT p_batch FOR UPDATE SKIP LOCKED)
         RETURNING 1)
     SELECT count(*) INTO v_fences FROM gone;
@@ -857,6 +877,33 @@ BEGIN
         RETURNING 1)
     SELECT count(*) INTO v_waiters FROM gone;
     RETURN QUERY SELECT v_leases, v_events, v_fences, v_waiters;
+END;
+$$;
+-- +goose StatementEnd
+
+-- advance_retention raises the retention floor to the highest token granted
+-- so far, and returns it. From then on a token at or below it is refused once
+-- a later grant of its key superseded it (its holder lost the lease; the
+-- fence row that would refuse it may be pruned), while the newest token of
+-- every key keeps working, so no live holder has to acquire again (unlike
+-- raise_token_floor); every later grant is above it. prune_retired then
+-- deletes the rows of leases that ended over an hour ago and the fence rows
+-- written over an hour ago. Run on a schedule (pgfence maintenance schedule)
+-- with prune_retired, it keeps pgfence's tables to the keys and resources
+-- used recently, however many are used once and never again. It reads the
+-- highest token of the leases table (a scan of the rows kept). Operator only.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.advance_retention() RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_next bigint;
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM set_config('synchronous_commit', 'on', true);
+    SELECT greatest(f.retention, f.floor, (SELECT max(l.token) FROM pgfence.leases l)) INTO v_next
+      FROM pgfence.token_floor f FOR UPDATE;
+    UPDATE pgfence.token_floor SET retention = v_next, retention_at = clock_timestamp();
+    RETURN v_next;
 END;
 $$;
 -- +goose StatementEnd
@@ -887,6 +934,7 @@ GRANT EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION
     pgfence.prune_fence_rejections(interval),
     pgfence.prune_retired(integer),
+    pgfence.advance_retention(),
     pgfence.lower_fence(text, bigint, text),
     pgfence.max_stored_token(),
     pgfence.protect(regclass, text, text),
@@ -918,6 +966,7 @@ BEGIN
 END;
 $$;
 -- +goose StatementEnd
+DROP FUNCTION pgfence.advance_retention();
 DROP FUNCTION pgfence.prune_retired(integer);
 DROP FUNCTION pgfence.lower_fence(text, bigint, text);
 DROP TABLE pgfence.fence_resets;

@@ -500,6 +500,7 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.try_acquire(text,interval,text,uuid,text,boolean)",
 	}
 	operations := []string{
+		"pgfence.advance_retention()",
 		"pgfence.force_release(text,text)",
 		"pgfence.grant_prefix(regrole,text)",
 		"pgfence.guard()",

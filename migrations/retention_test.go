@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/leases"
@@ -140,5 +141,188 @@ func TestPruneLeaseEvents(t *testing.T) {
 	}
 	if a, b := tokens("prune/a"), tokens("prune/b"); !slices.Equal(a, []int64{9, 10}) || !slices.Equal(b, []int64{9, 10}) {
 		t.Fatalf("every key pruned to 2: a %v b %v", a, b)
+	}
+}
+
+// The retention floor prunes ended leases and old fence rows without
+// retiring a live holder's token: after AdvanceRetention the newest token of
+// every key keeps writing, a superseded one is refused even though its
+// successor has not written yet, the rows go an hour after their lease ended
+// or their write was accepted, and a key used again starts above the floor.
+func TestAdvanceRetention(t *testing.T) {
+	pool := pgfencetest.NewPool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := leases.New(pool, &leases.Config{DisableWakeups: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	acquireAndWrite := func(key string) *leases.Lease {
+		t.Helper()
+		l, err := c.TryAcquire(ctx, key, time.Minute, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pgfence.Exec(ctx, pool, l, `SELECT 1`); err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		return l
+	}
+	ended := []*leases.Lease{acquireAndWrite("once/1"), acquireAndWrite("once/2")}
+	live := acquireAndWrite("once/3")
+	for _, l := range ended {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A superseded holder: its successor holds the key but has not written,
+	// so the fence row alone still takes the old token.
+	first := acquireAndWrite("reused")
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second, err := c.TryAcquire(ctx, "reused", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgfence.Exec(ctx, pool, first, `SELECT 1`); err != nil {
+		t.Fatalf("a superseded token before the retention floor moved: %v, want accepted (no newer write)", err)
+	}
+
+	retention, err := pgfence.AdvanceRetention(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if retention < second.Token() {
+		t.Fatalf("retention floor %d is below the newest token granted, %d", retention, second.Token())
+	}
+	state, err := pgfence.TokenFloor(ctx, pool)
+	if err != nil || state.Retention != retention || state.RetentionAt.IsZero() || state.Floor != 0 {
+		t.Fatalf("token floor state %+v, %v; want retention %d, the floor untouched", state, err, retention)
+	}
+	// The newest tokens keep working; the superseded one is refused.
+	for _, l := range []*leases.Lease{live, second} {
+		if _, err := pgfence.Exec(ctx, pool, l, `SELECT 1`); err != nil {
+			t.Fatalf("the holder of %s after the retention floor moved: %v, want accepted", l.Key(), err)
+		}
+	}
+	if _, err := pgfence.Exec(ctx, pool, first, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("a superseded token at or below the retention floor: %v, want stale", err)
+	}
+
+	// Within the hour nothing goes.
+	if p, err := pgfence.PruneRetired(ctx, pool, 100); err != nil || p != (pgfence.Pruned{}) {
+		t.Fatalf("prune within the hour: %+v %v, want nothing", p, err)
+	}
+	backdate(t, pool, 2*time.Hour, "once/1", "once/2")
+	p, err := pgfence.PruneRetired(ctx, pool, 100)
+	// The ended leases once/1 and once/2 (reused and once/3 are live), every
+	// fence row (all written at or below the retention floor), the history of
+	// the pruned leases.
+	if err != nil || p.Leases != 2 || p.Fences != 4 || p.Events < 4 {
+		t.Fatalf("prune after the hour: %+v %v; want 2 leases, 4 fences, their events", p, err)
+	}
+	if p, err := pgfence.PruneRetired(ctx, pool, 100); err != nil || p != (pgfence.Pruned{}) {
+		t.Fatalf("second prune: %+v %v, want nothing left", p, err)
+	}
+	// A live holder whose fence row went writes on: its token is its key's
+	// newest. The superseded one stays refused without the row.
+	if _, err := pgfence.Exec(ctx, pool, live, `SELECT 1`); err != nil {
+		t.Fatalf("a live holder after its fence row was pruned: %v", err)
+	}
+	if _, err := pgfence.Exec(ctx, pool, first, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("a superseded token after its fence row was pruned: %v, want stale", err)
+	}
+	// A holder of a pruned lease is refused; the key's next grant starts
+	// above the retention floor, and then the old token is superseded.
+	if _, err := pgfence.Exec(ctx, pool, ended[0], `SELECT 1`); !errors.Is(err, pgfence.ErrTokenNotIssued) {
+		t.Fatalf("the token of a pruned lease: %v, want not issued", err)
+	}
+	again := acquireAndWrite("once/1")
+	if again.Token() <= retention {
+		t.Fatalf("grant of a pruned key: token %d, want above the retention floor %d", again.Token(), retention)
+	}
+	if _, err := pgfence.Exec(ctx, pool, ended[0], `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("the token of a pruned lease after the key's next grant: %v, want stale", err)
+	}
+	// A fence row above the retention floor is still never deleted.
+	if _, err := pool.Exec(ctx, `DELETE FROM pgfence.fences WHERE resource = 'once/1'`); pgerr.Code(err) != pgerr.CodeStaleToken {
+		t.Fatalf("deleting a fence row above the retention floor: %v, want PF001", err)
+	}
+	// Advancing again moves past the tokens granted since.
+	next, err := pgfence.AdvanceRetention(ctx, pool)
+	if err != nil || next < again.Token() {
+		t.Fatalf("second advance: %d %v, want at least %d", next, err, again.Token())
+	}
+}
+
+// One-off keys (a lease and a fenced write each, never used again, through
+// the SQL functions) keep the tables flat when the retention floor advances
+// and prune_retired runs on a schedule: an hour after each cycle none of its
+// rows are left, however many cycles ran before.
+func TestRetentionKeepsOneOffKeysFlat(t *testing.T) {
+	pool := pgfencetest.NewPool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const perCycle, cycles = 200, 6
+	count := func() (leaseRows, fenceRows int) {
+		t.Helper()
+		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM pgfence.leases), (SELECT count(*) FROM pgfence.fences)`).Scan(&leaseRows, &fenceRows); err != nil {
+			t.Fatal(err)
+		}
+		return leaseRows, fenceRows
+	}
+	for cycle := range cycles {
+		// perCycle one-off keys, each granted, fenced and released, as a
+		// client of the SQL functions would.
+		if _, err := pool.Exec(ctx, `
+			SELECT pgfence.fence(s.k, a.token), pgfence.release(s.k, a.holder, a.token)
+			  FROM (SELECT 'one-off/' || $1::int || '/' || n AS k FROM generate_series(1, $2::int) n) s,
+			       LATERAL pgfence.try_acquire(s.k, interval '1 minute') a`, cycle, perCycle); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pgfence.AdvanceRetention(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+		// An hour passes before the next cycle's maintenance.
+		backdate(t, pool, 61*time.Minute)
+		for {
+			p, err := pgfence.PruneRetired(ctx, pool, 1000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p == (pgfence.Pruned{}) {
+				break
+			}
+		}
+		leaseRows, fenceRows := count()
+		t.Logf("cycle %d: %d lease rows, %d fence rows", cycle, leaseRows, fenceRows)
+		if leaseRows != 0 || fenceRows != 0 {
+			t.Fatalf("cycle %d: %d lease rows and %d fence rows left after the prune, want none (every key of the cycle ended over an hour ago)", cycle, leaseRows, fenceRows)
+		}
+	}
+	var granted int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.lease_events WHERE event = 'acquired'`).Scan(&granted); err != nil {
+		t.Fatal(err)
+	}
+	if granted != 0 {
+		t.Fatalf("%d grant events of pruned keys left", granted)
+	}
+}
+
+// backdate moves every fence row, and the lease rows of keys (every lease
+// row when none is named), d into the past, as if that much time had passed
+// since they were written.
+func backdate(t *testing.T, pool *pgxpool.Pool, d time.Duration, keys ...string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `UPDATE pgfence.leases SET granted_at = granted_at - $1::interval, renewed_at = renewed_at - $1::interval,
+		        expires_at = expires_at - $1::interval, released_at = released_at - $1::interval
+		  WHERE coalesce(cardinality($2::text[]), 0) = 0 OR key = ANY ($2::text[])`, d, keys); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE pgfence.fences SET accepted_at = accepted_at - $1::interval`, d); err != nil {
+		t.Fatal(err)
 	}
 }

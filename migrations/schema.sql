@@ -100,6 +100,26 @@ END;
 $$;
 
 --
+-- Name: advance_retention(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.advance_retention() RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_next bigint;
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM set_config('synchronous_commit', 'on', true);
+    SELECT greatest(f.retention, f.floor, (SELECT max(l.token) FROM pgfence.leases l)) INTO v_next
+      FROM pgfence.token_floor f FOR UPDATE;
+    UPDATE pgfence.token_floor SET retention = v_next, retention_at = clock_timestamp();
+    RETURN v_next;
+END;
+$$;
+
+--
 -- Name: announce_key(text); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -234,9 +254,10 @@ CREATE FUNCTION pgfence.fence(resource text, token bigint, op uuid DEFAULT NULL:
     AS $$
 #variable_conflict use_column
 DECLARE
-    accepted bigint;
-    issued   bigint;
-    retired  bigint;
+    accepted  bigint;
+    issued    bigint;
+    retired   bigint;
+    retention bigint;
 BEGIN
     IF pg_is_in_recovery() THEN
         PERFORM pgfence.require_primary();
@@ -267,12 +288,22 @@ BEGIN
     END IF;
     -- Tokens at or below the floor are retired (raise_token_floor): their
     -- rows may have been pruned, so nothing else would remember them.
-    SELECT f.floor INTO retired FROM pgfence.token_floor f;
+    SELECT f.floor, f.retention INTO retired, retention FROM pgfence.token_floor f;
     IF fence.token <= retired THEN
         RAISE EXCEPTION 'pgfence: stale token % for resource %: tokens up to the floor % are retired', fence.token, quote_literal(fence.resource), retired
             USING ERRCODE = 'PF001',
                   DETAIL = format('accepted=%s presented=%s resource=%s', retired, fence.token, fence.resource),
                   HINT = 'The token floor was raised above this token: acquire the lease again.';
+    END IF;
+    -- At or below the retention floor only the newest token of its key is
+    -- taken: an older one was superseded by a later grant, and the fence row
+    -- that would have refused it may have been pruned (advance_retention).
+    -- The newest token is never stale: no later one exists to have written.
+    IF fence.token <= retention AND fence.token < issued THEN
+        RAISE EXCEPTION 'pgfence: stale token % for resource %: the lease has issued % since, and superseded tokens up to % are retired', fence.token, quote_literal(fence.resource), issued, retention
+            USING ERRCODE = 'PF001',
+                  DETAIL = format('accepted=%s presented=%s resource=%s', issued, fence.token, fence.resource),
+                  HINT = 'A later grant superseded this token: this holder lost its lease and must acquire it again.';
     END IF;
     -- An accepted token must survive a crash as long as the write it guards.
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -1621,7 +1652,7 @@ CREATE FUNCTION pgfence.max_stored_token() RETURNS bigint
     SELECT greatest((SELECT max(token) FROM pgfence.fences),
                     (SELECT max(token) FROM pgfence.leases),
                     (SELECT max(token) FROM pgfence.lease_events),
-                    (SELECT floor FROM pgfence.token_floor),
+                    (SELECT greatest(floor, retention) FROM pgfence.token_floor),
                     0);
 $$;
 
@@ -1662,7 +1693,7 @@ DECLARE
     v_floor bigint;
     v_next  bigint;
 BEGIN
-    SELECT f.floor INTO v_floor FROM pgfence.token_floor f;
+    SELECT greatest(f.floor, f.retention) INTO v_floor FROM pgfence.token_floor f;
     v_next := greatest(coalesce(previous, 0) + 1, (pgfence.token_epoch() << 40) + 1, v_floor + 1);
     IF v_next > pgfence.max_token() THEN
         RAISE EXCEPTION 'pgfence: the next token % would exceed the largest token %', v_next, pgfence.max_token()
@@ -1872,6 +1903,7 @@ CREATE FUNCTION pgfence.prune_retired(p_batch integer DEFAULT 1000) RETURNS TABL
     AS $$
 DECLARE
     v_floor   bigint;
+    v_retired bigint;
     v_leases  bigint;
     v_events  bigint;
     v_fences  bigint;
@@ -1881,24 +1913,28 @@ BEGIN
     IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 100000 THEN
         RAISE EXCEPTION 'pgfence: prune_retired batch must be 1 to 100000, got %', p_batch USING ERRCODE = 'PF008';
     END IF;
-    SELECT f.floor INTO v_floor FROM pgfence.token_floor f;
+    SELECT f.floor, greatest(f.floor, f.retention) INTO v_floor, v_retired FROM pgfence.token_floor f;
     WITH gone AS (
         DELETE FROM pgfence.leases l
          WHERE l.key IN (SELECT x.key FROM pgfence.leases x
-                          WHERE x.token <= v_floor AND (x.released_at IS NOT NULL OR x.expires_at <= clock_timestamp())
+                          WHERE x.token <= v_retired
+                            AND least(x.released_at, x.expires_at) <= clock_timestamp()
+                                - CASE WHEN x.token <= v_floor THEN interval '0' ELSE interval '1 hour' END
                           LIMIT p_batch FOR UPDATE SKIP LOCKED)
         RETURNING l.key)
     SELECT count(*) INTO v_leases FROM gone;
     WITH gone AS (
         DELETE FROM pgfence.lease_events e
          WHERE e.id IN (SELECT x.id FROM pgfence.lease_events x
-                         WHERE x.token <= v_floor AND NOT EXISTS (SELECT 1 FROM pgfence.leases l WHERE l.key = x.key)
+                         WHERE x.token <= v_retired AND NOT EXISTS (SELECT 1 FROM pgfence.leases l WHERE l.key = x.key)
                          LIMIT p_batch)
         RETURNING 1)
     SELECT count(*) INTO v_events FROM gone;
     WITH gone AS (
         DELETE FROM pgfence.fences f
-         WHERE f.resource IN (SELECT x.resource FROM pgfence.fences x WHERE x.token <= v_floor
+         WHERE f.resource IN (SELECT x.resource FROM pgfence.fences x
+                               WHERE x.token <= v_retired
+                                 AND (x.token <= v_floor OR x.accepted_at <= clock_timestamp() - interval '1 hour')
                                LIMIT p_batch FOR UPDATE SKIP LOCKED)
         RETURNING 1)
     SELECT count(*) INTO v_fences FROM gone;
@@ -2080,7 +2116,7 @@ CREATE FUNCTION pgfence.reject_fence_change() RETURNS trigger
     AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        IF OLD.token <= (SELECT f.floor FROM pgfence.token_floor f) THEN
+        IF OLD.token <= (SELECT greatest(f.floor, f.retention) FROM pgfence.token_floor f) THEN
             RETURN OLD;
         END IF;
     ELSIF TG_OP = 'UPDATE' THEN
@@ -2884,8 +2920,11 @@ CREATE TABLE pgfence.token_floor (
     floor bigint DEFAULT 0 NOT NULL,
     raised_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     reason text DEFAULT 'initial'::text NOT NULL,
+    retention bigint DEFAULT 0 NOT NULL,
+    retention_at timestamp with time zone,
     CONSTRAINT token_floor_floor_check CHECK ((floor >= 0)),
     CONSTRAINT token_floor_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
+    CONSTRAINT token_floor_retention_check CHECK ((retention >= 0)),
     CONSTRAINT token_floor_singleton_check CHECK (singleton)
 );
 
@@ -2929,7 +2968,7 @@ ALTER TABLE ONLY pgfence.fences
 --
 
 ALTER TABLE pgfence.token_floor
-    ADD CONSTRAINT floor_leaves_room CHECK ((floor <= '4611686018427387904'::bigint)) NOT VALID;
+    ADD CONSTRAINT floor_leaves_room CHECK (((floor <= '4611686018427387904'::bigint) AND (retention <= '4611686018427387904'::bigint))) NOT VALID;
 
 --
 -- Name: goose_db_version goose_db_version_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
@@ -3276,6 +3315,13 @@ REVOKE ALL ON FUNCTION pgfence.abandon_request(p_kind text, p_name text, p_id uu
 REVOKE ALL ON FUNCTION pgfence.acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text) FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text) TO pgfence_app;
 GRANT ALL ON FUNCTION pgfence.acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION advance_retention(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.advance_retention() FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.advance_retention() TO pgfence_operator;
 
 --
 -- Name: FUNCTION announce_key(p_key text); Type: ACL; Schema: pgfence; Owner: -

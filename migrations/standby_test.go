@@ -73,6 +73,8 @@ func TestStandbyRefusesEveryProtocolFunction(t *testing.T) {
 		`SELECT pgfence.record_fence_rejection('held', 1, 2, 'stale_token')`:                                             nil,
 		`SELECT pgfence.prune_fence_rejections()`:                                                                        nil,
 		`SELECT pgfence.raise_token_floor(1, 'test')`:                                                                    nil,
+		`SELECT pgfence.advance_retention()`:                                                                             nil,
+		`SELECT * FROM pgfence.prune_retired(10)`:                                                                        nil,
 		`SELECT pgfence.next_token(NULL)`:                                                                                nil,
 		`SELECT * FROM pgfence.idempotency_claim_atomic('s', 'k', '\x00112233445566778899aabbccddeeff', '1 s', '1 day')`: nil,
 		`SELECT * FROM pgfence.idempotency_claim('s', 'k', '\x00112233445566778899aabbccddeeff', '1 s', '1 day')`:        nil,

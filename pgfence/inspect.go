@@ -40,7 +40,7 @@ const (
  WHERE pg_catalog.starts_with(resource, $1) ORDER BY resource LIMIT $2`
 	sqlLookupFence = `SELECT resource, token, writes, accepted_at, op FROM pgfence.fences
  WHERE resource OPERATOR(pg_catalog.=) $1`
-	sqlTokenFloor   = `SELECT floor, raised_at, reason FROM pgfence.token_floor`
+	sqlTokenFloor   = `SELECT floor, raised_at, reason, retention, retention_at FROM pgfence.token_floor`
 	sqlProtectionOf = `SELECT relation::pg_catalog.text, resource_column, prefix FROM pgfence.protected_tables()
  WHERE relation OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1)`
 )
@@ -105,8 +105,8 @@ func scanFence(row pgx.Row) (FenceRecord, error) {
 	return f, err
 }
 
-// TokenFloorState is the token floor: every token issued is greater than
-// Floor.
+// TokenFloorState is the token floor and the retention floor: every token
+// issued is greater than both.
 type TokenFloorState struct {
 	// Floor is the floor itself; 0 until [RaiseTokenFloor] raised it.
 	Floor int64
@@ -114,6 +114,11 @@ type TokenFloorState struct {
 	RaisedAt time.Time
 	// Reason is why, as given to [RaiseTokenFloor] ("initial" at first).
 	Reason string
+	// Retention is the retention floor; 0 until [AdvanceRetention] first
+	// advanced it.
+	Retention int64
+	// RetentionAt is when it was last advanced; zero before.
+	RetentionAt time.Time
 }
 
 // TokenFloor returns the token floor. After a restore or a rebuild compare it
@@ -122,10 +127,16 @@ func TokenFloor(ctx context.Context, db DB) (TokenFloorState, error) {
 	if err := checkDB(db); err != nil {
 		return TokenFloorState{}, err
 	}
-	var f TokenFloorState
-	err := db.QueryRow(ctx, sqlTokenFloor).Scan(&f.Floor, &f.RaisedAt, &f.Reason)
+	var (
+		f           TokenFloorState
+		retentionAt *time.Time
+	)
+	err := db.QueryRow(ctx, sqlTokenFloor).Scan(&f.Floor, &f.RaisedAt, &f.Reason, &f.Retention, &retentionAt)
 	if err != nil {
 		return TokenFloorState{}, mapError(err, false)
+	}
+	if retentionAt != nil {
+		f.RetentionAt = *retentionAt
 	}
 	return f, nil
 }
