@@ -118,7 +118,7 @@ func commands() []*command {
 			summary: "take abandoned keys over and store a failure (code \"abandoned\") a retry replays; to resume them instead, use idempotency.Store.Recover"},
 
 		{noun: "maintenance", verb: "schedule", usage: "[--dry-run] [--target-database NAME] [--schedule CRON] [--batch-size N]", database: true, setup: maintenanceSchedule,
-			summary: "schedule prune_lease_events, prune_fence_rejections, prune_retired and idempotency_gc as pg_cron jobs (connect to cron.database_name); --dry-run prints the SQL"},
+			summary: "schedule prune_lease_events, prune_fence_rejections, advance_retention, prune_retired and idempotency_gc as pg_cron jobs (connect to cron.database_name); --dry-run prints the SQL"},
 
 		{noun: "doctor", database: true, setup: doctor,
 			summary: "check a database: role, schema and who owns it, pgfence roles, migration lock, durability, timeouts, pooler, leases, protected tables, pruning"},

@@ -21,6 +21,10 @@ type floorShowJSON struct {
 	Floor    int64     `json:"floor"` // every token issued is greater
 	RaisedAt time.Time `json:"raised_at"`
 	Reason   string    `json:"reason"`
+	// Retention is the retention floor (advance_retention): every token
+	// issued is greater, and one at or below it is taken only if it is its
+	// key's newest.
+	Retention int64 `json:"retention"`
 	// HighestStoredToken is the highest token in pgfence's tables and the
 	// --column columns: the least floor after a restore.
 	HighestStoredToken int64 `json:"highest_stored_token"`
@@ -68,9 +72,15 @@ func floorShow(fs *flag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		out := floorShowJSON{Floor: floor.Floor, RaisedAt: floor.RaisedAt.UTC(), Reason: floor.Reason, HighestStoredToken: stored}
+		out := floorShowJSON{Floor: floor.Floor, RaisedAt: floor.RaisedAt.UTC(), Reason: floor.Reason, Retention: floor.Retention, HighestStoredToken: stored}
 		return in.print(out, func(w io.Writer) {
-			fmt.Fprintf(w, "token floor: %d (set %s: %s)\nhighest stored token: %d\n", floor.Floor, stamp(floor.RaisedAt), cell(floor.Reason), stored)
+			fmt.Fprintf(w, "token floor: %d (set %s: %s)\n", floor.Floor, stamp(floor.RaisedAt), cell(floor.Reason))
+			if floor.RetentionAt.IsZero() {
+				fmt.Fprintln(w, "retention floor: 0 (never advanced)")
+			} else {
+				fmt.Fprintf(w, "retention floor: %d (advanced %s)\n", floor.Retention, stamp(floor.RetentionAt))
+			}
+			fmt.Fprintf(w, "highest stored token: %d\n", stored)
 			if stored > floor.Floor {
 				fmt.Fprintln(w, "(tokens already continue above the stored ones; raise the floor only after a restore or rebuild)")
 			}

@@ -47,7 +47,11 @@ func maintenanceJobs(batch int, schedule string) []cronJob {
 		{Name: "pgfence_prune_lease_events", Schedule: "*/15 * * * *", Command: "SELECT pgfence.prune_lease_events(NULL, 100)"},
 		// Older than 7 days, the oldest 1000 per call.
 		{Name: "pgfence_prune_fence_rejections", Schedule: "*/5 * * * *", Command: "SELECT pgfence.prune_fence_rejections(interval '7 days')"},
-		// Rows that remember only retired tokens (at or below the floor).
+		// The retention floor to the highest token granted, hourly: the
+		// rows of leases ended and fence rows written an hour before it
+		// may then go.
+		{Name: "pgfence_advance_retention", Schedule: "0 * * * *", Command: "SELECT pgfence.advance_retention()"},
+		// Rows that remember only retired tokens (at or below a floor).
 		{Name: "pgfence_prune_retired", Schedule: "*/5 * * * *", Command: fmt.Sprintf("SELECT * FROM pgfence.prune_retired(%d)", batch)},
 		// Completed idempotency keys past their retention.
 		{Name: "pgfence_idempotency_gc", Schedule: "* * * * *", Command: fmt.Sprintf("SELECT pgfence.idempotency_gc(%d)", batch)},
@@ -180,8 +184,10 @@ const (
   (SELECT pg_catalog.count(*) FROM (SELECT e.key FROM pgfence.lease_events e GROUP BY e.key
      HAVING pg_catalog.count(*) OPERATOR(pg_catalog.>) 132 LIMIT 10000) x),
   (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM pgfence.leases l, pgfence.token_floor f
-     WHERE l.token OPERATOR(pg_catalog.<=) f.floor
-       AND (l.released_at IS NOT NULL OR l.expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) LIMIT 10000) x)`
+     WHERE l.token OPERATOR(pg_catalog.<=) GREATEST(f.floor, f.retention)
+       AND LEAST(l.released_at, l.expires_at) OPERATOR(pg_catalog.<=) (pg_catalog.clock_timestamp()
+           OPERATOR(pg_catalog.-) CASE WHEN l.token OPERATOR(pg_catalog.<=) f.floor THEN interval '0' ELSE interval '1 hour' END)
+     LIMIT 10000) x)`
 	// sqlCronJobs lists the active pg_cron jobs this role can see that run
 	// in this database, when pg_cron is installed here.
 	sqlCronJobs = `SELECT j.jobname, j.command FROM cron.job j
