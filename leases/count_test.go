@@ -9,7 +9,6 @@ import (
 )
 
 func TestCount(t *testing.T) {
-	t.Parallel()
 	checkLeaks(t)
 	ctx := ctxTimeout(t, time.Minute)
 	pool := pgfencetest.NewPool(t)

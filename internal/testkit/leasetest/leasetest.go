@@ -16,7 +16,9 @@ import (
 )
 
 // CheckLeaks registers a goroutine leak check that runs after every cleanup
-// registered later (pools, clients, elections). Call it first in a test.
+// registered later (pools, clients, elections). Call it first in a test, and
+// never in a parallel one: the check sees every goroutine of the process, so
+// the pools of tests running beside it would count as its leaks.
 func CheckLeaks(t *testing.T) {
 	t.Helper()
 	ignore := goleak.IgnoreCurrent()
