@@ -86,6 +86,8 @@ func benchCurves(fs *flag.FlagSet) runFunc {
 	fs.Var(&maxResources, "max-resources", "fenced write over 1 … this many resources")
 	fs.Var(&maxWaiters, "max-waiters", "hot key with 1, 4, 16 … this many waiters (256: opt-in)")
 	fs.Var(&cycles, "cycles", "acquire/release cycles of the churn measurement (10^6: opt-in, many minutes with fsync on)")
+	oneOff := countFlag(100_000)
+	fs.Var(&oneOff, "one-off", "one-off resources the retention curve makes, in 10 cycles each followed by the maintenance (10^7: opt-in, an hour or more)")
 	electionTTL := fs.Duration("election-ttl", 2*time.Second, "the election's TTL in the failover and followers curves (1s to 1m)")
 	failovers := fs.Int("failovers", 10, "leaders the failover curve kills, one after the other (1 to 1000)")
 	maxFollowers := countFlag(64)
@@ -118,7 +120,7 @@ func benchCurves(fs *flag.FlagSet) runFunc {
 		for _, f := range []struct {
 			name     string
 			got, min countFlag
-		}{{"max-rows", maxRows, 1000}, {"max-keys", maxKeys, 10_000}, {"max-resources", maxResources, 1}, {"cycles", cycles, 1}} {
+		}{{"max-rows", maxRows, 1000}, {"max-keys", maxKeys, 10_000}, {"max-resources", maxResources, 1}, {"cycles", cycles, 1}, {"one-off", oneOff, 10}} {
 			if f.got < f.min {
 				return usageError("--%s: %d is below the curve's first point, %d", f.name, f.got, f.min)
 			}
@@ -140,7 +142,7 @@ func benchCurves(fs *flag.FlagSet) runFunc {
 		}
 		defer lab.Close()
 		rep, err := lab.Curves(ctx, bench.CurvesOptions{Curves: curves, Timing: timing, Workers: *workers,
-			MaxRows: int64(maxRows), MaxKeys: int64(maxKeys), MaxResources: int64(maxResources), MaxWaiters: int64(maxWaiters), Cycles: int64(cycles),
+			MaxRows: int64(maxRows), MaxKeys: int64(maxKeys), MaxResources: int64(maxResources), MaxWaiters: int64(maxWaiters), Cycles: int64(cycles), OneOff: int64(oneOff),
 			ElectionTTL: *electionTTL, Failovers: *failovers, MaxFollowers: int64(maxFollowers), IdleWindow: *idleWindow})
 		if err != nil {
 			return err

@@ -353,3 +353,40 @@ func TestBenchElectionCurves(t *testing.T) {
 		t.Errorf("%d election rows left behind (%v)", left, err)
 	}
 }
+
+// The retention curve on a throwaway cluster: one-off resources in ten
+// cycles, each followed by the maintenance, leave no rows behind and the
+// tables no larger; on a database of the caller's it refuses to run.
+func TestBenchRetentionCurve(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := cli(t, nil, "bench", "curves", "--curves", "retention", "--one-off", "2000", "--json")
+	if code != exitOK {
+		t.Fatalf("bench curves --curves retention: code %d\n%s%s", code, out, errOut)
+	}
+	var res bench.CurvesJSON
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("bench curves --json: %v\n%s", err, out)
+	}
+	r := res.Retention
+	if r == nil || r.Resources != 2000 || len(r.Cycles) != 10 {
+		t.Fatalf("retention %+v, want 2000 resources in 10 cycles", r)
+	}
+	for i, c := range r.Cycles {
+		// Each cycle's 200 keys: a lease row and a fence row each.
+		if c.Resources != int64(200*(i+1)) || c.Rows != 400 || c.RowsAfter != 0 || c.BytesAfter == 0 {
+			t.Errorf("cycle %d: %+v, want 400 rows before the maintenance and none after", i, c)
+		}
+	}
+	if first, last := r.Cycles[0], r.Cycles[len(r.Cycles)-1]; last.BytesAfter > 2*first.BytesAfter {
+		t.Errorf("tables grew from %d to %d bytes over the cycles", first.BytesAfter, last.BytesAfter)
+	}
+	if v := strings.Join(res.Comparisons, "\n"); !strings.Contains(v, "one-off resources: pgfence's tables") {
+		t.Errorf("comparisons:\n%s", v)
+	}
+
+	db := pgfencetest.NewDatabase(t)
+	code, _, errOut = cli(t, map[string]string{"DATABASE_URL": db.URL}, "bench", "curves", "--curves", "retention", "--one-off", "100")
+	if code == exitOK || !strings.Contains(errOut, "runs on the throwaway cluster only") {
+		t.Errorf("the retention curve on --database-url: code %d\n%s", code, errOut)
+	}
+}

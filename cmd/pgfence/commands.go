@@ -128,7 +128,7 @@ func commands() []*command {
 
 		{noun: "bench", verb: "compare", usage: "[--cases a,b] [--workers 1,8] [--duration 3s] [--rounds 1] [--peers redis|none] [--rtt 0]", database: true, setup: benchCompare,
 			summary: "measure leases, fenced writes and idempotency side by side with raw SQL, advisory locks and Redis"},
-		{noun: "bench", verb: "curves", usage: "[--curves rows,keys,resources,waiters,churn,failover,followers] [--workers 4] [--duration 2s] [--max-rows 1e5] ...", database: true, setup: benchCurves,
+		{noun: "bench", verb: "curves", usage: "[--curves retention,rows,keys,resources,waiters,churn,failover,followers] [--workers 4] [--duration 2s] [--max-rows 1e5] [--one-off 1e5] ...", database: true, setup: benchCurves,
 			summary: "measure how the cost grows with lease rows, stored keys, resources and waiters, what churn leaves in the leases table, an election's failover time and its idle followers' load"},
 		{noun: "bench", verb: "contention", usage: "[--workers 16] [--keys 4] [--duration 10s] [--ttl 500ms] [--pause-rate 0.05] [--pause 2s] [--max-wait 1s]", database: true, setup: benchContention,
 			summary: "capacity report: workers contend for hot keys, each grant a fenced business write; acquisitions, waits, give-ups, renewals, expiries and rejections beside the completions read back, reconciled (exit 1 if not)"},

@@ -34,7 +34,7 @@ const (
 // CurveNames are the curves [Lab.Curves] can measure, in the order it
 // measures them.
 func CurveNames() []string {
-	return []string{"rows", "keys", "resources", "waiters", "churn", "failover", "followers"}
+	return []string{"retention", "rows", "keys", "resources", "waiters", "churn", "failover", "followers"}
 }
 
 // CurvesOptions says what [Lab.Curves] measures. Each curve starts at its
@@ -50,6 +50,8 @@ type CurvesOptions struct {
 	// each curve; Cycles is the number of acquire/release cycles of the churn
 	// measurement.
 	MaxRows, MaxKeys, MaxResources, MaxWaiters, Cycles int64
+	// OneOff is how many one-off resources the retention curve makes.
+	OneOff int64
 	// ElectionTTL is the election's TTL in the failover and followers
 	// curves; Failovers the number of leaders the failover curve kills;
 	// MaxFollowers the largest election of the followers curve (1, 4, 16 …),
@@ -97,7 +99,9 @@ type CurvesReport struct {
 	Workers           int
 	Points            []Point
 	// Churn is nil unless the churn curve ran.
-	Churn       *Churn
+	Churn *Churn
+	// Retention is nil unless the retention curve ran.
+	Retention   *Retention
 	Comparisons []string
 	// FenceRowsKept is true on a database of the caller's: the fence rows
 	// the resources curve made stay (accepted tokens are never deleted).
@@ -140,6 +144,19 @@ func (lab *Lab) Curves(ctx context.Context, opts CurvesOptions) (*CurvesReport, 
 		name string
 		run  func() error
 	}{
+		// First, before the other curves load rows of their own into the
+		// tables it measures.
+		{"retention", func() (err error) {
+			if !lab.db.Throwaway() {
+				if len(opts.Curves) > 0 {
+					return errors.New("it advances the retention floor and moves rows back in time, so it runs on the throwaway cluster only (leave out --database-url)")
+				}
+				fmt.Fprintln(lab.progress, "  retention: skipped on --database-url (it advances the retention floor and moves rows back in time)")
+				return nil
+			}
+			rep.Retention, err = lab.curveRetention(ctx, opts.OneOff)
+			return err
+		}},
 		{"rows", func() error { return lab.curveRows(ctx, powers(1000, opts.MaxRows, 10), n, measure) }},
 		{"keys", func() error { return lab.curveKeys(ctx, powers(10_000, opts.MaxKeys, 10), n, measure) }},
 		{"resources", func() error { return lab.curveResources(ctx, powers(1, opts.MaxResources, 10), n, measure) }},
@@ -172,12 +189,16 @@ func (lab *Lab) Curves(ctx context.Context, opts CurvesOptions) (*CurvesReport, 
 		}
 	}
 	rep.Comparisons = append(curveVerdicts(rep.Points, rep.Churn), electionVerdicts(rep.Points)...)
+	rep.Comparisons = append(rep.Comparisons, retentionVerdict(rep.Retention)...)
 	return rep, nil
 }
 
 // WriteText prints the report as tables.
 func (r *CurvesReport) WriteText(w io.Writer) {
 	printCurves(w, r.Points, r.Churn)
+	if r.Retention != nil {
+		printRetention(w, r.Retention)
+	}
 	if len(r.Comparisons) > 0 {
 		fmt.Fprintln(w, "\nAgainst the goals:")
 		for _, v := range r.Comparisons {

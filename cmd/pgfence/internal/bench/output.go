@@ -110,9 +110,11 @@ type CurvesJSON struct {
 	Workers    int         `json:"workers"`
 	Points     []PointJSON `json:"points"`
 	// Churn is absent unless the churn curve ran.
-	Churn         *ChurnJSON `json:"churn,omitempty"`
-	Comparisons   []string   `json:"comparisons"`
-	FenceRowsKept bool       `json:"fence_rows_kept"`
+	Churn *ChurnJSON `json:"churn,omitempty"`
+	// Retention is absent unless the retention curve ran.
+	Retention     *RetentionJSON `json:"retention,omitempty"`
+	Comparisons   []string       `json:"comparisons"`
+	FenceRowsKept bool           `json:"fence_rows_kept"`
 }
 
 // JSON returns the report as `pgfence bench curves --json` prints it.
@@ -128,7 +130,30 @@ func (r *CurvesReport) JSON() CurvesJSON {
 		out.Churn = &ChurnJSON{Cycles: c.Cycles, Keys: c.Keys, ElapsedMS: c.Elapsed.Milliseconds(), CyclesPerS: c.CyclesPerS,
 			Before: tableStatsJSON(c.Before), After: tableStatsJSON(c.After), Settings: c.Settings}
 	}
+	if rt := r.Retention; rt != nil {
+		out.Retention = &RetentionJSON{Resources: rt.Resources, Cycles: make([]RetentionCycleJSON, 0, len(rt.Cycles))}
+		for _, c := range rt.Cycles {
+			out.Retention.Cycles = append(out.Retention.Cycles, RetentionCycleJSON(c))
+		}
+	}
 	return out
+}
+
+// RetentionJSON is the retention curve: one-off resources made in cycles,
+// pgfence's tables before and after each cycle's maintenance.
+type RetentionJSON struct {
+	Resources int64                `json:"resources"`
+	Cycles    []RetentionCycleJSON `json:"cycles"`
+}
+
+// RetentionCycleJSON is one cycle; bytes are the leases, fences and
+// lease_events tables with their indexes.
+type RetentionCycleJSON struct {
+	Resources  int64 `json:"resources"`
+	Rows       int64 `json:"rows_before"`
+	Bytes      int64 `json:"bytes_before"`
+	RowsAfter  int64 `json:"rows_after"`
+	BytesAfter int64 `json:"bytes_after"`
 }
 
 func nonNil(s []string) []string {
