@@ -255,6 +255,17 @@ func TestAdvanceRetention(t *testing.T) {
 	if err != nil || next < again.Token() {
 		t.Fatalf("second advance: %d %v, want at least %d", next, err, again.Token())
 	}
+	// It never passes 2^62, the largest floor: tokens above it are refused
+	// with a clear error, not a constraint violation.
+	if _, err := pgfence.RaiseTokenFloor(ctx, pool, pgfence.MaxTokenFloor, "the end of the range"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.TryAcquire(ctx, "past-the-floor", time.Minute, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgfence.AdvanceRetention(ctx, pool); !errors.Is(err, pgfence.ErrInvalid) || pgerr.Code(err) != pgerr.CodeInvalid {
+		t.Fatalf("advance past 2^62: %v, want PF008", err)
+	}
 }
 
 // One-off keys (a lease and a fenced write each, never used again, through

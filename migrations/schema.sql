@@ -114,6 +114,11 @@ BEGIN
     PERFORM set_config('synchronous_commit', 'on', true);
     SELECT greatest(f.retention, f.floor, (SELECT max(l.token) FROM pgfence.leases l)) INTO v_next
       FROM pgfence.token_floor f FOR UPDATE;
+    IF v_next > 4611686018427387904 THEN
+        RAISE EXCEPTION 'pgfence: the retention floor may not pass 4611686018427387904 (2^62), the highest token granted is %', v_next
+            USING ERRCODE = 'PF008',
+                  HINT = 'Tokens this high come from a floor raised near the end of the range; the retention floor cannot follow them.';
+    END IF;
     UPDATE pgfence.token_floor SET retention = v_next, retention_at = clock_timestamp();
     RETURN v_next;
 END;
