@@ -519,17 +519,19 @@ func (lab *Lab) cleanupCurves() {
 }
 
 func printCurves(w io.Writer, points []Point, churn *Churn) {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "CURVE\tX\tWORKERS\tOPS/S\tP50 MS\tP99 MS\tSTMTS/OP\tSTMTS/S\tERRORS\t")
-	for _, p := range points {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.0f\t%d\t\n", p.Curve, p.X, p.Workers, p.OpsPerS, ms(p.P50), ms(p.P99), p.StatementsPerOp, p.StatementsPerS, p.Errors)
+	if len(points) > 0 {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "CURVE\tX\tWORKERS\tOPS/S\tP50 MS\tP99 MS\tSTMTS/OP\tSTMTS/S\tERRORS\t")
+		for _, p := range points {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.0f\t%d\t\n", p.Curve, p.X, p.Workers, p.OpsPerS, ms(p.P50), ms(p.P99), p.StatementsPerOp, p.StatementsPerS, p.Errors)
+		}
+		tw.Flush()
 	}
-	tw.Flush()
 	if churn == nil {
 		return
 	}
 	fmt.Fprintf(w, "\nchurn: %d acquire/release cycles on %d keys in %.1fs (%.0f cycles/s); %s\n", churn.Cycles, churn.Keys, churn.Elapsed.Seconds(), churn.CyclesPerS, churn.Settings)
-	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "pgfence.leases\tLIVE\tDEAD\tUPDATES\tHOT UPDATES\tAUTOVACUUMS\tTOTAL SIZE\tEVENT ROWS\tEVENTS DEAD\tEVENTS AUTOVACUUMS\tEVENTS SIZE\t")
 	for _, r := range []struct {
 		name string
