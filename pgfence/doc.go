@@ -57,7 +57,12 @@
 //     per resource never decrease, in commit order.
 //   - The accepted token is never lowered or forgotten, even by direct DML:
 //     triggers on pgfence.fences reject UPDATEs that lower it, DELETE and
-//     TRUNCATE (PF001).
+//     TRUNCATE (PF001). Only a row at or below a floor may go
+//     ([PruneRetired]): the token floor ([RaiseTokenFloor]) refuses every
+//     token at or below it, and the retention floor ([AdvanceRetention])
+//     every one at or below it that a later grant of its key superseded, so
+//     the only token such a row could still refuse is one that is refused
+//     without it.
 //   - A lease-checked write commits only if its lease was live, held by the
 //     same holder with the same token, when the check ran, and no takeover can
 //     commit before the write's transaction ends.
