@@ -175,7 +175,9 @@ const (
 	// rejections older than 7 days (pruned oldest first, by id), expired
 	// idempotency keys (indexed by expires_at), keys with more lease events
 	// than a grant's own pruning leaves (100, plus 32 grants between two
-	// prunings), and released or expired lease rows whose token is retired.
+	// prunings), released or expired lease rows whose token is retired, and
+	// lease rows that ended over a day ago that no retention floor retired
+	// yet (advance_retention has not run since).
 	sqlBacklog = `SELECT
   (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM pgfence.fence_rejections r
      WHERE r.at OPERATOR(pg_catalog.<) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '7 days') LIMIT 10000) x),
@@ -187,6 +189,10 @@ const (
      WHERE l.token OPERATOR(pg_catalog.<=) GREATEST(f.floor, f.retention)
        AND LEAST(l.released_at, l.expires_at) OPERATOR(pg_catalog.<=) (pg_catalog.clock_timestamp()
            OPERATOR(pg_catalog.-) CASE WHEN l.token OPERATOR(pg_catalog.<=) f.floor THEN interval '0' ELSE interval '1 hour' END)
+     LIMIT 10000) x),
+  (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM pgfence.leases l, pgfence.token_floor f
+     WHERE l.token OPERATOR(pg_catalog.>) GREATEST(f.floor, f.retention)
+       AND LEAST(l.released_at, l.expires_at) OPERATOR(pg_catalog.<=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 day')
      LIMIT 10000) x)`
 	// sqlCronJobs lists the active pg_cron jobs this role can see that run
 	// in this database, when pg_cron is installed here.
@@ -205,8 +211,8 @@ type backlogItem struct {
 // prunes.
 func maintenanceCheck(ctx context.Context, pool *pgxpool.Pool) check {
 	const name = "maintenance"
-	var rejections, keys, eventKeys, retired int64
-	if err := pool.QueryRow(ctx, sqlBacklog).Scan(&rejections, &keys, &eventKeys, &retired); err != nil {
+	var rejections, keys, eventKeys, retired, unretired int64
+	if err := pool.QueryRow(ctx, sqlBacklog).Scan(&rejections, &keys, &eventKeys, &retired, &unretired); err != nil {
 		return check{Name: name, Status: statusFail, Detail: fmt.Sprintf("cannot count the rows past their retention: %v", err)}
 	}
 	items := []backlogItem{
@@ -214,6 +220,7 @@ func maintenanceCheck(ctx context.Context, pool *pgxpool.Pool) check {
 		{"expired idempotency key(s)", "idempotency_gc", keys},
 		{"lease key(s) with more than 132 events", "prune_lease_events", eventKeys},
 		{"released or expired lease row(s) whose token is retired", "prune_retired", retired},
+		{"lease row(s) ended over a day ago above the retention floor", "advance_retention", unretired},
 	}
 	var installed bool
 	var cronDB, current string
@@ -236,7 +243,7 @@ func maintenanceCheck(ctx context.Context, pool *pgxpool.Pool) check {
 			})
 		}
 		if err == nil {
-			where = fmt.Sprintf("%d of the 4 pruning functions have a pg_cron job here", len(scheduled))
+			where = fmt.Sprintf("%d of the %d pruning functions have a pg_cron job here", len(scheduled), len(items))
 		} else {
 			where = fmt.Sprintf("cannot read cron.job: %v", err)
 		}
