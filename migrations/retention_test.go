@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/testkit/pyclient"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
@@ -335,5 +337,43 @@ func backdate(t *testing.T, pool *pgxpool.Pool, d time.Duration, keys ...string)
 	}
 	if _, err := pool.Exec(ctx, `UPDATE pgfence.fences SET accepted_at = accepted_at - $1::interval`, d); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A Python client (psycopg2, every statement in a transaction it opened)
+// meets the retention floor as the Go packages do: once it advanced, a
+// superseded token is refused with PF001 inside the client's transaction,
+// which it rolls back, and the key's newest token writes.
+func TestRetentionFromPsycopg2(t *testing.T) {
+	db := pgfencetest.NewDatabase(t)
+	script := `
+import sys, psycopg2
+conn = psycopg2.connect(sys.argv[1])
+cur = conn.cursor()
+cur.execute("SELECT holder, token FROM pgfence.try_acquire('py/r', interval '1 minute')")
+h1, t1 = cur.fetchone()
+cur.execute("SELECT pgfence.fence('py/r', %s)", (t1,))
+cur.execute("SELECT released FROM pgfence.release('py/r', %s, %s)", (h1, t1))
+conn.commit()
+cur.execute("SELECT token FROM pgfence.try_acquire('py/r', interval '1 minute')")
+t2 = cur.fetchone()[0]
+conn.commit()
+cur.execute("SELECT pgfence.advance_retention() >= %s", (t2,))
+print("advanced", cur.fetchone()[0])
+conn.commit()
+try:
+    cur.execute("SELECT pgfence.fence('py/r', %s)", (t1,))
+    print("superseded accepted")
+except psycopg2.Error as e:
+    print("superseded", e.pgcode)
+    conn.rollback()
+cur.execute("SELECT pgfence.fence('py/r', %s) = %s", (t2, t2))
+print("newest", cur.fetchone()[0])
+conn.commit()
+`
+	lines := pyclient.Run(t, db.URL, script)
+	want := []string{"advanced True", "superseded PF001", "newest True"}
+	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("psycopg2 printed\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
 	}
 }
