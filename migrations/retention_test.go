@@ -24,24 +24,11 @@ import (
 // later starts above the floor, and a holder of a retired token is refused
 // whether or not its rows are gone.
 func TestPruneRetired(t *testing.T) {
-	pool := pgfencetest.NewPool(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := leases.New(pool, &leases.Config{DisableWakeups: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	r := newRetentionRig(t)
+	ctx, pool, c := r.ctx, r.pool, r.client
 	var old []*leases.Lease
 	for _, key := range []string{"one-off/1", "one-off/2", "one-off/3"} {
-		l, err := c.TryAcquire(ctx, key, time.Minute, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pgfence.Exec(ctx, pool, l, `SELECT 1`); err != nil {
-			t.Fatal(err)
-		}
-		old = append(old, l)
+		old = append(old, r.acquireAndWrite(key))
 	}
 	live := old[2]
 	for _, l := range old[:2] {
@@ -152,27 +139,10 @@ func TestPruneLeaseEvents(t *testing.T) {
 // successor has not written yet, the rows go an hour after their lease ended
 // or their write was accepted, and a key used again starts above the floor.
 func TestAdvanceRetention(t *testing.T) {
-	pool := pgfencetest.NewPool(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := leases.New(pool, &leases.Config{DisableWakeups: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	acquireAndWrite := func(key string) *leases.Lease {
-		t.Helper()
-		l, err := c.TryAcquire(ctx, key, time.Minute, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pgfence.Exec(ctx, pool, l, `SELECT 1`); err != nil {
-			t.Fatalf("%s: %v", key, err)
-		}
-		return l
-	}
-	ended := []*leases.Lease{acquireAndWrite("once/1"), acquireAndWrite("once/2")}
-	live := acquireAndWrite("once/3")
+	r := newRetentionRig(t)
+	ctx, pool, c := r.ctx, r.pool, r.client
+	ended := []*leases.Lease{r.acquireAndWrite("once/1"), r.acquireAndWrite("once/2")}
+	live := r.acquireAndWrite("once/3")
 	for _, l := range ended {
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
@@ -180,7 +150,7 @@ func TestAdvanceRetention(t *testing.T) {
 	}
 	// A superseded holder: its successor holds the key but has not written,
 	// so the fence row alone still takes the old token.
-	first := acquireAndWrite("reused")
+	first := r.acquireAndWrite("reused")
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +211,7 @@ func TestAdvanceRetention(t *testing.T) {
 	if _, err := pgfence.Exec(ctx, pool, ended[0], `SELECT 1`); !errors.Is(err, pgfence.ErrTokenNotIssued) {
 		t.Fatalf("the token of a pruned lease: %v, want not issued", err)
 	}
-	again := acquireAndWrite("once/1")
+	again := r.acquireAndWrite("once/1")
 	if again.Token() <= retention {
 		t.Fatalf("grant of a pruned key: token %d, want above the retention floor %d", again.Token(), retention)
 	}
@@ -376,4 +346,38 @@ conn.commit()
 	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("psycopg2 printed\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
 	}
+}
+
+// retentionRig is a database with a leases client, for the retention tests.
+type retentionRig struct {
+	t      *testing.T
+	ctx    context.Context
+	pool   *pgxpool.Pool
+	client *leases.Client
+}
+
+func newRetentionRig(t *testing.T) *retentionRig {
+	t.Helper()
+	pool := pgfencetest.NewPool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	c, err := leases.New(pool, &leases.Config{DisableWakeups: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return &retentionRig{t: t, ctx: ctx, pool: pool, client: c}
+}
+
+// acquireAndWrite grants key and makes one fenced write with its token.
+func (r *retentionRig) acquireAndWrite(key string) *leases.Lease {
+	r.t.Helper()
+	l, err := r.client.TryAcquire(r.ctx, key, time.Minute, nil)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if _, err := pgfence.Exec(r.ctx, r.pool, l, `SELECT 1`); err != nil {
+		r.t.Fatalf("%s: %v", key, err)
+	}
+	return l
 }
