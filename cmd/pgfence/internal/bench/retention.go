@@ -75,60 +75,55 @@ END $$`
 func (lab *Lab) curveRetention(ctx context.Context, resources int64) (*Retention, error) {
 	res := &Retention{Resources: resources}
 	per := max(resources/retentionCycles, 1)
-	size := func() (rows, bytes int64, err error) {
-		err = lab.db.Pool.QueryRow(ctx, sqlRetentionSize).Scan(&rows, &bytes)
-		return rows, bytes, err
-	}
-	var made int64
-	for made < resources {
+	for made := int64(0); made < resources; {
 		n := min(per, resources-made)
 		start := time.Now()
 		done := startProgress(lab.progress, fmt.Sprintf("retention: one-off resources %d…%d", made, made+n), 0, 0)
-		for off := int64(0); off < n; off += retentionChunk {
-			if _, err := lab.db.Pool.Exec(ctx, fmt.Sprintf(sqlOneOff, curvePrefix, min(retentionChunk, n-off), made+off)); err != nil {
-				done()
-				return nil, fmt.Errorf("one-off resources: %w", err)
-			}
-		}
-		made += n
-		c := RetentionCycle{Resources: made}
-		var err error
-		if c.Rows, c.Bytes, err = size(); err != nil {
-			done()
-			return nil, err
-		}
-		if _, err := pgfence.AdvanceRetention(ctx, lab.db.Pool); err != nil {
-			done()
-			return nil, err
-		}
-		if _, err := lab.db.Pool.Exec(ctx, sqlPassHour, curvePrefix+"one-off/"); err != nil {
-			done()
-			return nil, err
-		}
-		for {
-			p, err := pgfence.PruneRetired(ctx, lab.db.Pool, 100_000)
-			if err != nil {
-				done()
-				return nil, err
-			}
-			if p == (pgfence.Pruned{}) {
-				break
-			}
-		}
-		if _, err := lab.db.Pool.Exec(ctx, sqlRetentionVacuum); err != nil {
-			done()
-			return nil, err
-		}
-		c.RowsAfter, c.BytesAfter, err = size()
+		c, err := lab.retentionCycle(ctx, made, n)
 		done()
 		if err != nil {
 			return nil, err
 		}
+		made += n
 		fmt.Fprintf(lab.progress, "  retention: %d one-off resources in %s: %d rows, %s before maintenance; %d rows, %s after\n",
 			made, time.Since(start).Round(time.Millisecond), c.Rows, bytesString(c.Bytes), c.RowsAfter, bytesString(c.BytesAfter))
 		res.Cycles = append(res.Cycles, c)
 	}
 	return res, nil
+}
+
+// retentionCycle makes n one-off keys numbered from made, measures the
+// tables, runs the maintenance an hour later and measures them again.
+func (lab *Lab) retentionCycle(ctx context.Context, made, n int64) (RetentionCycle, error) {
+	c := RetentionCycle{Resources: made + n}
+	for off := int64(0); off < n; off += retentionChunk {
+		if _, err := lab.db.Pool.Exec(ctx, fmt.Sprintf(sqlOneOff, curvePrefix, min(retentionChunk, n-off), made+off)); err != nil {
+			return c, fmt.Errorf("one-off resources: %w", err)
+		}
+	}
+	if err := lab.db.Pool.QueryRow(ctx, sqlRetentionSize).Scan(&c.Rows, &c.Bytes); err != nil {
+		return c, err
+	}
+	if _, err := pgfence.AdvanceRetention(ctx, lab.db.Pool); err != nil {
+		return c, err
+	}
+	if _, err := lab.db.Pool.Exec(ctx, sqlPassHour, curvePrefix+"one-off/"); err != nil {
+		return c, err
+	}
+	for {
+		p, err := pgfence.PruneRetired(ctx, lab.db.Pool, 100_000)
+		if err != nil {
+			return c, err
+		}
+		if p == (pgfence.Pruned{}) {
+			break
+		}
+	}
+	if _, err := lab.db.Pool.Exec(ctx, sqlRetentionVacuum); err != nil {
+		return c, err
+	}
+	err := lab.db.Pool.QueryRow(ctx, sqlRetentionSize).Scan(&c.RowsAfter, &c.BytesAfter)
+	return c, err
 }
 
 func printRetention(w io.Writer, r *Retention) {
