@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -109,25 +108,62 @@ func TestDoMaxWaitBoundsOnlyTheWait(t *testing.T) {
 
 // MaxHold ends the work with ErrMaxHold, and the error names the option and
 // the default; HolderInfo and RenewInterval reach the lease.
+//
+// Nothing here depends on how fast the machine is: the renewals are awaited
+// (with a bound far below the default interval's first renewal), and MaxHold
+// is checked on work that blocks until it ends.
 func TestDoHoldOptions(t *testing.T) {
 	checkLeaks(t)
 	pool := pgfencetest.NewPool(t)
-	var renewals atomic.Int64
+	renewed := make(chan struct{}, 64)
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true, OnEvent: func(e leases.Event) {
 		if e.Kind == leases.EventRenewed {
-			renewals.Add(1)
+			select {
+			case renewed <- struct{}{}:
+			default:
+			}
 		}
 	}})
-	ctx := ctxTimeout(t, 30*time.Second)
+	ctx := ctxTimeout(t, time.Minute)
 
+	// HolderInfo and RenewInterval. With a 90 s TTL the default interval
+	// (TTL / RenewFractionDefault) renews first after 30 s; the option's
+	// 50 ms renews twice well within the 15 s allowed.
+	const ttl = 90 * time.Second
+	if d := ttl / leases.RenewFractionDefault; d < 20*time.Second {
+		t.Fatalf("default renew interval %s: the test needs it above its 15 s bound", d)
+	}
 	var info string
-	err := c.Do(ctx, "job", 3*time.Second, &leases.HoldOptions{MaxHold: 400 * time.Millisecond, RenewInterval: 50 * time.Millisecond, HolderInfo: "nightly on host-7"},
+	err := c.Do(ctx, "job", ttl, &leases.HoldOptions{RenewInterval: 50 * time.Millisecond, HolderInfo: "nightly on host-7"},
 		func(ctx context.Context, l *leases.Lease) error {
 			st, err := c.Get(ctx, "job")
 			if err != nil {
 				return err
 			}
 			info = st.HolderInfo
+			bound := time.NewTimer(15 * time.Second)
+			defer bound.Stop()
+			for range 2 {
+				select {
+				case <-renewed:
+				case <-bound.C:
+					return errors.New("fewer than 2 renewals in 15 s with RenewInterval 50ms")
+				case <-ctx.Done():
+					return context.Cause(ctx)
+				}
+			}
+			return nil
+		})
+	if err != nil {
+		t.Fatalf("Do with RenewInterval and HolderInfo: %v", err)
+	}
+	if info != "nightly on host-7" {
+		t.Errorf("holder info %q, want the option's", info)
+	}
+
+	// MaxHold: work that runs until its context ends is ended by it.
+	err = c.Do(ctx, "job", 3*time.Second, &leases.HoldOptions{MaxHold: 400 * time.Millisecond},
+		func(ctx context.Context, l *leases.Lease) error {
 			<-ctx.Done()
 			return nil
 		})
@@ -138,13 +174,6 @@ func TestDoHoldOptions(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("ErrMaxHold message %q does not name %q", err, want)
 		}
-	}
-	if info != "nightly on host-7" {
-		t.Errorf("holder info %q, want the option's", info)
-	}
-	// Renewals every 50 ms for 400 ms; at the default interval (1 s) none.
-	if n := renewals.Load(); n < 2 {
-		t.Errorf("%d renewals with RenewInterval 50ms over 400ms, want several", n)
 	}
 }
 
