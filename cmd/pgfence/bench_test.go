@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -171,12 +173,14 @@ func TestBenchRTT(t *testing.T) {
 }
 
 // --rounds runs every case that many times, interleaved, and reports one
-// result per case: the median run.
+// result per case and concurrency: the median run. Within a round the cases
+// run next to each other at one concurrency, in reverse order every other
+// round.
 func TestBenchRounds(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
 	code, out, errOut := cli(t, map[string]string{"DATABASE_URL": db.URL},
-		"bench", "compare", "--duration", "100ms", "--warmup", "0s", "--workers", "1", "--cases", "raw-update,replay", "--rounds", "3", "--peers", "none", "--json")
+		"bench", "compare", "--duration", "100ms", "--warmup", "0s", "--workers", "1,2", "--cases", "raw-update,replay", "--rounds", "3", "--peers", "none", "--json")
 	if code != exitOK {
 		t.Fatalf("bench: code %d\n%s%s", code, out, errOut)
 	}
@@ -184,14 +188,23 @@ func TestBenchRounds(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatal(err)
 	}
-	if res.Rounds != 3 || len(res.Results) != 2 || res.Results[0].Case != "raw-update" || res.Results[1].Case != "replay" {
-		t.Fatalf("rounds %d, results %+v; want 3 rounds and one result per case", res.Rounds, res.Results)
+	if res.Rounds != 3 || len(res.Results) != 4 || res.Results[0].Case != "raw-update" || res.Results[2].Case != "replay" {
+		t.Fatalf("rounds %d, results %+v; want 3 rounds and one result per case and concurrency", res.Rounds, res.Results)
 	}
-	// Interleaved: the second case's first round comes before the first
-	// case's second round.
-	first, second := strings.Index(errOut, "replay, 1 workers, round 1/3"), strings.Index(errOut, "raw-update, 1 workers, round 2/3")
-	if first < 0 || second < 0 || first > second || !strings.Contains(errOut, "[6/6]") {
-		t.Errorf("rounds not interleaved on stderr:\n%s", errOut)
+	var order []string
+	label := regexp.MustCompile(`\[(\d+)/12\] (\S+), (\d+) workers, round (\d+)/3`)
+	for _, m := range label.FindAllStringSubmatch(errOut, -1) {
+		if step, _ := strconv.Atoi(m[1]); step == len(order)+1 {
+			order = append(order, m[2]+"@"+m[3]+"#"+m[4])
+		}
+	}
+	want := []string{
+		"raw-update@1#1", "replay@1#1", "raw-update@2#1", "replay@2#1",
+		"replay@1#2", "raw-update@1#2", "replay@2#2", "raw-update@2#2",
+		"raw-update@1#3", "replay@1#3", "raw-update@2#3", "replay@2#3",
+	}
+	if !slices.Equal(order, want) {
+		t.Errorf("runs in the order %v, want %v\n%s", order, want, errOut)
 	}
 }
 

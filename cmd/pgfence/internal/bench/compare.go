@@ -52,12 +52,17 @@ func (lab *Lab) Compare(ctx context.Context, opts CompareOptions) (*Report, erro
 
 	fmt.Fprintf(lab.progress, "bench: %d case(s) × workers %v × %s (after %s of warm-up) × %d round(s); %s\n", len(opts.Cases), opts.Workers, t.Duration, t.Warmup, rounds, lab.settings)
 	// Rounds interleave: a drift of the machine (a checkpoint, autovacuum,
-	// another process) spreads over every case instead of hitting one.
+	// another process, the host's other guests) spreads over every case
+	// instead of hitting one. Within a round every case runs at one
+	// concurrency before the next, so the two cases of a ratio listed next to
+	// each other also run next to each other; every other round runs them in
+	// reverse order, so neither is always the one measured first.
 	samples := make([][]benchrun.Result, len(opts.Cases)*len(opts.Workers))
 	total, step := len(samples)*rounds, 0
 	for round := 1; round <= rounds; round++ {
-		for ci, c := range opts.Cases {
-			for wi, n := range opts.Workers {
+		for wi, n := range opts.Workers {
+			for _, ci := range roundOrder(len(opts.Cases), round) {
+				c := opts.Cases[ci]
 				if ctx.Err() != nil {
 					return nil, ctx.Err()
 				}
@@ -92,6 +97,19 @@ func (lab *Lab) Compare(ctx context.Context, opts CompareOptions) (*Report, erro
 		rep.Results[i] = medianRun(runs)
 	}
 	return rep, nil
+}
+
+// roundOrder is the order of n cases in a round: as given in odd rounds,
+// reversed in even ones.
+func roundOrder(n, round int) []int {
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+		if round%2 == 0 {
+			order[i] = n - 1 - i
+		}
+	}
+	return order
 }
 
 // WriteText prints the report as tables.
