@@ -25,6 +25,9 @@ type floorShowJSON struct {
 	// issued is greater, and one at or below it is taken only if it is its
 	// key's newest.
 	Retention int64 `json:"retention"`
+	// RetentionAt is when the retention floor was last advanced; null
+	// before the first time.
+	RetentionAt *time.Time `json:"retention_at"`
 	// HighestStoredToken is the highest token in pgfence's tables and the
 	// --column columns: the least floor after a restore.
 	HighestStoredToken int64 `json:"highest_stored_token"`
@@ -73,6 +76,10 @@ func floorShow(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		out := floorShowJSON{Floor: floor.Floor, RaisedAt: floor.RaisedAt.UTC(), Reason: floor.Reason, Retention: floor.Retention, HighestStoredToken: stored}
+		if !floor.RetentionAt.IsZero() {
+			at := floor.RetentionAt.UTC()
+			out.RetentionAt = &at
+		}
 		return in.print(out, func(w io.Writer) {
 			fmt.Fprintf(w, "token floor: %d (set %s: %s)\n", floor.Floor, stamp(floor.RaisedAt), cell(floor.Reason))
 			if floor.RetentionAt.IsZero() {

@@ -147,8 +147,36 @@ func TestFloorCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, _ := cli(t, environ, "floor", "show", "--column", "public.reports.fence")
-	if code != exitOK || !strings.Contains(out, "highest stored token: 1125899906842624") {
+	if code != exitOK || !strings.Contains(out, "highest stored token: 1125899906842624") || !strings.Contains(out, "retention floor: 0 (never advanced)") {
 		t.Fatalf("floor show: code %d\n%s", code, out)
+	}
+	// The retention floor and when it last advanced, null before the first
+	// time.
+	retention := func() (n int64, at *time.Time) {
+		t.Helper()
+		code, out, errOut := cli(t, environ, "floor", "show", "--json")
+		var v floorShowJSON
+		if err := json.Unmarshal([]byte(out), &v); code != exitOK || err != nil {
+			t.Fatalf("floor show --json: code %d, %v\n%s%s", code, err, out, errOut)
+		}
+		if !strings.Contains(out, `"retention_at"`) {
+			t.Fatalf("floor show --json has no retention_at:\n%s", out)
+		}
+		return v.Retention, v.RetentionAt
+	}
+	if n, at := retention(); n != 0 || at != nil {
+		t.Fatalf("floor show --json before any advance: retention %d at %v, want 0 at null", n, at)
+	}
+	var advanced int64
+	var advancedAt time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT pgfence.advance_retention()`).Scan(&advanced); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Pool.QueryRow(ctx, `SELECT retention_at FROM pgfence.token_floor`).Scan(&advancedAt); err != nil {
+		t.Fatal(err)
+	}
+	if n, at := retention(); n != advanced || at == nil || !at.Equal(advancedAt) {
+		t.Fatalf("floor show --json after advance_retention: retention %d at %v, want %d at %v", n, at, advanced, advancedAt)
 	}
 	if code, _, errOut := cli(t, environ, "floor", "raise", "--column", "public.reports.fence"); code != exitUsage || !strings.Contains(errOut, "--reason") {
 		t.Fatalf("raise without reason: code %d, %s", code, errOut)
