@@ -381,3 +381,88 @@ func (r *retentionRig) acquireAndWrite(key string) *leases.Lease {
 	}
 	return l
 }
+
+// The retention floor is durable before advance_retention returns, on a
+// server whose default is synchronous_commit = off and whose WAL writer
+// waits 10 s: every server process SIGKILLed right after it leaves the floor
+// in place, so a superseded token whose fence row still takes it stays
+// refused. After prune_retired and a second crash (whether or not the
+// prune's own commit survived), the pruned key's old tokens stay refused
+// and its next grant starts above the floor.
+func TestRetentionSurvivesACrash(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cluster := pgfencetest.NewCluster(t, &pgfencetest.ClusterOptions{
+		Settings: map[string]string{"synchronous_commit": "off", "wal_writer_delay": "10s"}})
+	db := cluster.NewDatabase(t)
+	pool := db.Pool
+	crash := func() {
+		t.Helper()
+		if err := cluster.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cluster.Start(ctx); err != nil {
+			t.Fatalf("start after the crash: %v; log: %s", err, cluster.LogTail(10))
+		}
+		pool.Reset()
+	}
+	c, err := leases.New(pool, &leases.Config{DisableWakeups: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// The first holder writes and releases; the second holds the key but
+	// has not written, so the fence row alone would still take the first
+	// holder's token.
+	first, err := c.TryAcquire(ctx, "crash/1", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgfence.Exec(ctx, pool, first, `SELECT 1`); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second, err := c.TryAcquire(ctx, "crash/1", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	retention, err := pgfence.AdvanceRetention(ctx, pool)
+	if err != nil || retention < second.Token() {
+		t.Fatalf("advance: %d %v, want at least %d", retention, err, second.Token())
+	}
+	crash()
+	state, err := pgfence.TokenFloor(ctx, pool)
+	if err != nil || state.Retention != retention || state.RetentionAt.IsZero() {
+		t.Fatalf("after a crash right after advance_retention: %+v %v, want retention %d (its commit must be durable)", state, err, retention)
+	}
+	if _, err := pgfence.Exec(ctx, pool, first, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("the superseded token after the crash: %v, want stale", err)
+	}
+
+	// Prune the ended lease and the fence row, then crash again.
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	backdate(t, pool, 2*time.Hour)
+	if p, err := pgfence.PruneRetired(ctx, pool, 100); err != nil || p.Leases != 1 || p.Fences != 1 {
+		t.Fatalf("prune: %+v %v, want the lease row and the fence row of crash/1", p, err)
+	}
+	crash()
+	if _, err := pgfence.Exec(ctx, pool, first, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) && !errors.Is(err, pgfence.ErrTokenNotIssued) {
+		t.Fatalf("the first holder's token after the prune and a crash: %v, want refused", err)
+	}
+	third, err := c.TryAcquire(ctx, "crash/1", time.Minute, nil)
+	if err != nil || third.Token() <= retention {
+		t.Fatalf("grant after the prune and a crash: %v %v, want a token above the retention floor %d", third, err, retention)
+	}
+	if _, err := pgfence.Exec(ctx, pool, third, `SELECT 1`); err != nil {
+		t.Fatalf("the new holder: %v", err)
+	}
+	for _, l := range []*leases.Lease{first, second} {
+		if _, err := pgfence.Exec(ctx, pool, l, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) {
+			t.Fatalf("token %d after the key's next grant: %v, want stale", l.Token(), err)
+		}
+	}
+}
