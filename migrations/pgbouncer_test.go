@@ -12,7 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/testkit/pgbouncer"
+	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/migrations"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -144,5 +146,70 @@ func TestPgBouncerHeldLock(t *testing.T) {
 	}
 	if n := lockRows(t, db.Pool); n != 0 {
 		t.Fatalf("%d lock rows left", n)
+	}
+}
+
+// The retention floor through a transaction-mode PgBouncer: advancing it,
+// reading it, refusing a superseded token and pruning, each a statement of
+// its own on whichever server connection the pooler picks.
+func TestRetentionThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	db, open := behindPgBouncer(t, 2)
+	pooled := open()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := leases.New(pooled, &leases.Config{DisableWakeups: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	grantAndWrite := func(key string) *leases.Lease {
+		t.Helper()
+		l, err := c.TryAcquire(ctx, key, time.Minute, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pgfence.Exec(ctx, pooled, l, `SELECT 1`); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	ended := grantAndWrite("bouncer/ended")
+	if err := ended.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := grantAndWrite("bouncer/reused")
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second, err := c.TryAcquire(ctx, "bouncer/reused", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	retention, err := pgfence.AdvanceRetention(ctx, pooled)
+	if err != nil || retention < second.Token() {
+		t.Fatalf("advance through PgBouncer: %d %v, want at least %d", retention, err, second.Token())
+	}
+	if state, err := pgfence.TokenFloor(ctx, pooled); err != nil || state.Retention != retention {
+		t.Fatalf("token floor through PgBouncer: %+v %v, want retention %d", state, err, retention)
+	}
+	if _, err := pgfence.Exec(ctx, pooled, first, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("a superseded token through PgBouncer: %v, want stale", err)
+	}
+	// An hour later (rows moved back, directly) the ended lease and both
+	// fence rows go; the live lease stays.
+	if _, err := db.Pool.Exec(ctx, `UPDATE pgfence.leases SET granted_at = granted_at - interval '2 hours',
+		expires_at = expires_at - interval '2 hours', released_at = released_at - interval '2 hours' WHERE key = 'bouncer/ended';
+		UPDATE pgfence.fences SET accepted_at = accepted_at - interval '2 hours'`); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := pgfence.PruneRetired(ctx, pooled, 100); err != nil || p.Leases != 1 || p.Fences != 2 {
+		t.Fatalf("prune through PgBouncer: %+v %v, want 1 lease, 2 fence rows", p, err)
+	}
+	if _, err := pgfence.Exec(ctx, pooled, second, `SELECT 1`); err != nil {
+		t.Fatalf("the live holder after the prune, through PgBouncer: %v", err)
+	}
+	if _, err := pgfence.Exec(ctx, pooled, ended, `SELECT 1`); !errors.Is(err, pgfence.ErrTokenNotIssued) {
+		t.Fatalf("the pruned lease's token through PgBouncer: %v, want not issued", err)
 	}
 }
