@@ -75,12 +75,14 @@
 //     [ErrOutcomeUnknown]: a connection that breaks after they were sent is
 //     [ErrUnavailable] as well, and a deadline that passes meanwhile the
 //     context's error.
-//   - The connection breaks after a grant was sent: the client stops the
-//     backend that ran it (pg_terminate_backend on its own, already abandoned
-//     session) and waits until it has exited, then reads the row
-//     back by the attempt's holder id (all within [Config.ResolveTimeout]) and
-//     either returns the lease or reports that nothing was granted
-//     ([ErrUnavailable]); if it cannot tell, the error wraps
+//   - The connection breaks after a grant was sent: the client settles the
+//     attempt by its holder id, which is unique to it. It records that the
+//     attempt is abandoned (from then on the grant is refused if it still
+//     arrives), waits for any transaction still holding the key's row, and
+//     reads whether the attempt got there first (all within
+//     [Config.ResolveTimeout]); no backend is stopped, so this holds behind a
+//     transaction pooler too. It either returns the lease or reports that
+//     nothing was granted ([ErrUnavailable]); if it cannot tell, the error wraps
 //     [ErrOutcomeUnknown] and names the holder id (an unclaimed grant simply
 //     expires; nobody acts on it). The caller never waits past its context
 //     for this: when the context ends first, the call returns
