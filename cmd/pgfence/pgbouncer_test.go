@@ -66,7 +66,8 @@ func TestEveryCommandThroughPgBouncer(t *testing.T) {
 			environ := map[string]string{"DATABASE_URL": b.ConnString(db.Name)}
 			code, out, errOut := cli(t, environ, append(slices.Clone(c.args), "--json")...)
 			if code != c.code {
-				t.Fatalf("%q --json through PgBouncer: code %d, want %d\n%s%s", c.args, code, c.code, out, errOut)
+				t.Fatalf("%q --json through PgBouncer: code %d, want %d\n%s%s\nPgBouncer's log:\n%s\nthe server's log:\n%s",
+					c.args, code, c.code, out, errOut, b.LogTail(20), cluster.LogTail(20))
 			}
 			if c.name == "bench_contention" && !strings.Contains(errOut, "wake-ups off") {
 				// LISTEN does not work through a transaction pooler: the
