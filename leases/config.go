@@ -20,8 +20,8 @@ const (
 	// MaxTTLLimit is the largest TTL the database accepts
 	// (pgfence.lease_max_ttl()); [Config.MaxTTL] may lower it per client.
 	MaxTTLLimit = 24 * time.Hour
-	// MinTTL is the shortest TTL the client accepts (the database accepts any
-	// positive TTL).
+	// MinTTL is the shortest TTL, for the client and the database alike
+	// (pgfence.try_acquire and pgfence.renew refuse a shorter one with PF008).
 	MinTTL = time.Millisecond
 	// MaxKeyBytes is the longest key, in bytes (not characters).
 	MaxKeyBytes = 512
@@ -61,8 +61,8 @@ const (
 	// notify, with the key as payload.
 	NotifyChannel = "pgfence_lease_released"
 	// GrantNotifyChannel is the channel a grant notifies when the waiter that
-	// won it had already lost a race for the key, or asked to announce it
-	// ([AcquireOptions.Announce]), with the payload "<lease length in
+	// won it had already lost a race for the key and [Config.AnnounceGrants]
+	// is on, or when it was asked to ([AcquireOptions.Announce]), with the payload "<lease length in
 	// microseconds>:<key>". Other clients' waiters woken by the same release
 	// hear it and skip their attempt; watchers read the grant.
 	GrantNotifyChannel = "pgfence_lease_granted"
@@ -86,8 +86,8 @@ type Config struct {
 	// OnEvent, if set, is called synchronously for every [Event] (after the
 	// transition); it must return quickly. Use it to attach metrics.
 	OnEvent func(Event)
-	// MeterProvider receives the client's metrics (see the README's
-	// Observability section). Default: the global otel.GetMeterProvider(),
+	// MeterProvider receives the client's metrics (see the Observability
+	// section of the pgfence package's README). Default: the global otel.GetMeterProvider(),
 	// a no-op until the application sets one.
 	MeterProvider metric.MeterProvider
 	// TracerProvider receives spans around acquire, renew and release. Default:

@@ -15,15 +15,17 @@
 // Privileges: the application's database role needs membership in
 // pgfence_app (the protocol functions and reads); ForceRelease, PauseGrants
 // and ResumeGrants need pgfence_operator. Neither role may write the lease
-// tables directly (see the package README, "Roles").
+// tables directly (see "Roles and the threat model" in the pgfence package's
+// README).
 //
 // The protocol lives in SQL functions installed by the migrations
 // (pgfence.try_acquire, pgfence.acquire, pgfence.renew, pgfence.release,
 // pgfence.force_release, the view pgfence.lease_status); this package calls
 // them, and workers in other languages may call them directly and take part in
 // the same protocol. Releases send NOTIFY pgfence_lease_released with the key
-// as payload; a grant won by a waiter that had lost the key before sends
-// NOTIFY pgfence_lease_granted (see [GrantNotifyChannel]).
+// as payload; with [Config.AnnounceGrants], a grant won by a waiter that had
+// lost the key before sends NOTIFY pgfence_lease_granted, as does any grant
+// asked to ([AcquireOptions.Announce]; see [GrantNotifyChannel]).
 //
 // # Guarantees
 //
@@ -83,8 +85,10 @@
 //     [Config.ResolveTimeout]); no backend is stopped, so this holds behind a
 //     transaction pooler too. It either returns the lease or reports that
 //     nothing was granted ([ErrUnavailable]); if it cannot tell, the error wraps
-//     [ErrOutcomeUnknown] and names the holder id (an unclaimed grant simply
-//     expires; nobody acts on it). The caller never waits past its context
+//     [ErrOutcomeUnknown] and names the holder id; the settlement goes on in
+//     the background, and a grant it finds goes to a waiting Acquire of the
+//     key in this client or is released (it is left to expire only when the
+//     client is closed first). The caller never waits past its context
 //     for this: when the context ends first, the call returns
 //     [ErrOutcomeUnknown] at once and the read-back finishes in the
 //     background, releasing a grant that nobody received.
@@ -153,5 +157,6 @@
 // pipeline as the statement.
 // [Config.Logger] gets one event per transition, and one when a KeepAlive loop
 // stops, naming the reason.
-// The README's Observability section lists every metric.
+// The Observability section of the pgfence package's README lists every
+// metric.
 package leases

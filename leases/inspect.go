@@ -38,7 +38,7 @@ type Status struct {
 	Remaining time.Duration
 	// ClientVersion is the client library that made the grant
 	// ([ClientVersion] for this package); empty for clients that do not pass
-	// one (plain SQL, or pgfence before schema version 9).
+	// one (plain SQL).
 	ClientVersion string
 }
 
@@ -49,7 +49,8 @@ type HistoryEntry struct {
 	// Key is the lease key.
 	Key string
 	// Event is acquired, taken_over (granted after the previous grant
-	// expired unreleased), released or force_released.
+	// expired unreleased), released, force_released or info_changed
+	// ([Lease.SetHolderInfo]).
 	Event string
 	// Holder and Token identify the grant the event is about.
 	Holder string
@@ -57,7 +58,8 @@ type HistoryEntry struct {
 	// At is the database time of the event.
 	At time.Time
 	// Reason says more: the expired grant for taken_over, the operator's
-	// reason for force_released.
+	// reason for force_released, "released after expiry" for a release that
+	// came after the grant had expired.
 	Reason string
 	// ClientVersion is the granting client's library version on acquired and
 	// taken_over entries (see [Status.ClientVersion]); empty otherwise.

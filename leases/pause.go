@@ -19,8 +19,9 @@ type Pause struct {
 	PausedBy string
 	// Reason is the operator's reason.
 	Reason string
-	// PausedAt is the database time of the pause (of the latest, when the
-	// prefix was paused again).
+	// PausedAt is the database time the prefix was first paused: pausing it
+	// again replaces Reason and PausedBy only (every pause is recorded in
+	// pgfence.grant_pause_events).
 	PausedAt time.Time
 }
 
@@ -59,7 +60,8 @@ func (c *Client) PauseGrants(ctx context.Context, prefix, reason string) (bool, 
 // ResumeGrants lifts the pause of exactly prefix (a pause of a shorter prefix
 // stays) and reports whether there was one. reason is optional ("" for none)
 // and recorded with the role in pgfence.grant_pause_events. Waiting
-// [Client.Acquire] calls notice within their poll interval. It needs the
+// [Client.Acquire] calls of every client are woken at once (within their
+// poll interval when wake-ups are off or missed). It needs the
 // pgfence_operator role.
 func (c *Client) ResumeGrants(ctx context.Context, prefix, reason string) (bool, error) {
 	if err := validText("prefix", prefix); err != nil {

@@ -157,8 +157,8 @@ type Watcher struct {
 // reports them in [Watcher.State].
 //
 // A watcher that idles costs nothing while wake-ups work and the holder
-// announces its renewals, except a read every [WatchOptions.PollInterval];
-// it reads the key when a grant, release or change is announced, and when
+// announces its renewals (a free key is read every
+// [WatchOptions.PollInterval]); it reads the key when a grant, release or change is announced, and when
 // the holder's lease runs out. The events of a key are consecutive, none
 // missing, unless the database pruned them first ([WatchGap]).
 //

@@ -18,8 +18,9 @@ type Leader struct {
 	// Value is what the leader published: its HolderInfo when elected, or
 	// its latest [Term.Proclaim].
 	Value string
-	// Since is when the term began (for Term 0: when the last one ended), by
-	// the database clock.
+	// Since is when the term began, by the database clock. For Term 0 it is
+	// when the last term ended as [Election.Observe] and [Config.OnLeader]
+	// saw it, and zero from [Election.Leader].
 	Since time.Time
 }
 

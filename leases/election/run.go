@@ -157,8 +157,8 @@ func (e *Election) waitVacancy(ctx context.Context, w *leases.Watcher) error {
 // earlier only for an error no retry can fix ([leases.ErrNotGranted],
 // [leases.ErrInvalid], [leases.ErrClosed]).
 //
-// Followers send nothing while the leader is healthy and wake-ups work
-// (besides a read every [Config.PollInterval]): they read the election when
+// Followers send nothing while the leader is healthy and wake-ups work (an
+// election without a leader is read every [Config.PollInterval]): they read the election when
 // a term ends or a new one is announced, and when the leader's lease runs
 // out by the expiry its announced renewals gave. A leader that dies is
 // replaced right after its lease expires by the database clock; one that
