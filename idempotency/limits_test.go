@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -58,6 +59,22 @@ func TestLimitsMatchSQL(t *testing.T) {
 		`SELECT pgfence.idempotency_advance('s', 'rp', '`+owner+`', $1, NULL, '1 minute')`, text)
 	accepts("recovery data", idempotency.MaxRecoveryDataBytes,
 		`SELECT pgfence.idempotency_advance('s', 'rp', '`+owner+`', 'p', $1, '1 minute')`, blob)
+
+	// The longest retention and lease, as the Go client sends durations:
+	// the limit is accepted, a microsecond more is refused.
+	durations := func(what string, limit time.Duration, sql string) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql, limit); err != nil {
+			t.Errorf("%s of %v (the Go limit): %v, want accepted by SQL", what, limit, err)
+		}
+		if _, err := pool.Exec(ctx, sql, limit+time.Microsecond); pgerr.Code(err) != pgerr.CodeInvalid {
+			t.Errorf("%s of %v: %v, want PF008 from SQL", what, limit+time.Microsecond, err)
+		}
+	}
+	durations("retention", idempotency.MaxRetention,
+		`SELECT pgfence.idempotency_check_args('s', 'k', `+fp+`, $1)`)
+	durations("lease", idempotency.MaxLease,
+		`SELECT pgfence.idempotency_heartbeat('s', 'rp', '`+owner+`', $1)`)
 }
 
 // TestLimitsCheckedBeforeRoundTrip: every over-limit argument is refused
@@ -85,6 +102,7 @@ func TestLimitsCheckedBeforeRoundTrip(t *testing.T) {
 		{idempotency.Request{Scope: "\xff", Key: "k"}, "Request.Scope must be valid UTF-8 without NUL bytes"},
 		{idempotency.Request{Scope: "s", Key: "k\x00"}, "Request.Key must be valid UTF-8 without NUL bytes"},
 		{idempotency.Request{Scope: "s", Key: "\xc3"}, "Request.Key must be valid UTF-8 without NUL bytes"},
+		{idempotency.Request{Scope: "s", Key: "k", Retention: idempotency.MaxRetention + time.Microsecond}, "Request.Retention must be at most 8784h0m0s (366 days)"},
 	} {
 		for name, call := range map[string]func() error{
 			"Do":    func() error { _, err := store.Do(ctx, pool, c.req, noop); return err },
@@ -229,5 +247,39 @@ func TestTextCheckedBeforeRoundTrip(t *testing.T) {
 		if _, err := a.Complete(ctx, []byte("ok")); err != nil {
 			t.Errorf("the owner completes after the refused Advance: %v", err)
 		}
+	}
+}
+
+// TestStoreDurationsWithinSQL: a Store whose Retention or Lease the SQL
+// functions would refuse is refused by NewStore, naming the field and the
+// limit, instead of failing every claim with ErrInvalid; at the limits the
+// store works against the server.
+func TestStoreDurationsWithinSQL(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		cfg  idempotency.Config
+		want string
+	}{
+		{idempotency.Config{Retention: idempotency.MaxRetention + time.Microsecond}, "Config.Retention must be at most 8784h0m0s"},
+		{idempotency.Config{Retention: 10 * 365 * 24 * time.Hour}, "Config.Retention must be at most 8784h0m0s"},
+		{idempotency.Config{Lease: idempotency.MaxLease + time.Millisecond}, "Config.Lease must be at most 24h0m0s"},
+	} {
+		if _, err := idempotency.NewStore(&c.cfg); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("NewStore(%+v): %v, want ErrInvalid with %q", c.cfg, err, c.want)
+		}
+	}
+	pool := pgfencetest.NewPool(t)
+	ctx := context.Background()
+	store := newStore(t, &idempotency.Config{Retention: idempotency.MaxRetention, Lease: idempotency.MaxLease})
+	noop := func(context.Context, pgx.Tx) ([]byte, error) { return []byte("ok"), nil }
+	if out, err := store.Do(ctx, pool, idempotency.Request{Scope: "limits", Key: "atomic"}, noop); err != nil || out.Status != idempotency.New {
+		t.Fatalf("Do at the longest retention: %+v, %v", out, err)
+	}
+	out, err := store.Claim(ctx, pool, idempotency.Request{Scope: "limits", Key: "leased"})
+	if err != nil || out.Status != idempotency.New {
+		t.Fatalf("Claim at the longest retention and lease: %+v, %v", out, err)
+	}
+	if _, err := out.Attempt.Complete(ctx, []byte("ok")); err != nil {
+		t.Fatalf("Complete: %v", err)
 	}
 }

@@ -77,6 +77,11 @@ const (
 	MaxRecoveryPointBytes = 256
 	// MaxRecoveryDataBytes is the largest recovery point data.
 	MaxRecoveryDataBytes = 1 << 20
+	// MaxRetention is the longest [Config.Retention] and
+	// [Request.Retention].
+	MaxRetention = 366 * 24 * time.Hour
+	// MaxLease is the longest [Config.Lease].
+	MaxLease = 24 * time.Hour
 )
 
 // Config configures a [Store]. A nil *Config and the zero value use the
@@ -85,7 +90,7 @@ type Config struct {
 	// Retention is how long a completed key answers duplicates with its stored
 	// result; afterwards it is forgotten (the same key starts a new intent) and
 	// [GC] deletes it. A [Request] may override it. Default [RetentionDefault];
-	// at least 1µs.
+	// 1µs to [MaxRetention].
 	Retention time.Duration
 	// WaitTimeout bounds how long an atomic duplicate waits for an uncommitted
 	// first attempt, and how long a leased claim waits for a key row that
@@ -96,7 +101,7 @@ type Config struct {
 	WaitTimeout time.Duration
 	// Lease is how long a leased claim (and each heartbeat or recovery point)
 	// holds the key before another attempt may take it over. Default
-	// [LeaseDefault].
+	// [LeaseDefault]; 1ms to [MaxLease].
 	Lease time.Duration
 	// RetryAfter is the retry hint of an [InProgress] outcome when the database
 	// has no lease to go by. Default [RetryAfterDefault].
@@ -145,6 +150,8 @@ func NewStore(cfg *Config) (*Store, error) {
 		s.retention = RetentionDefault
 	case s.retention < time.Microsecond:
 		return nil, fmt.Errorf("%w: Config.Retention must be at least 1µs (the database's precision), got %v", ErrInvalid, s.retention)
+	case s.retention > MaxRetention:
+		return nil, fmt.Errorf("%w: Config.Retention must be at most %v (366 days), got %v", ErrInvalid, MaxRetention, s.retention)
 	}
 	switch {
 	case s.wait < 0:
@@ -163,6 +170,8 @@ func NewStore(cfg *Config) (*Store, error) {
 		s.lease = LeaseDefault
 	case s.lease < time.Millisecond:
 		return nil, fmt.Errorf("%w: Config.Lease must be at least 1ms, got %v", ErrInvalid, s.lease)
+	case s.lease > MaxLease:
+		return nil, fmt.Errorf("%w: Config.Lease must be at most %v, got %v", ErrInvalid, MaxLease, s.lease)
 	}
 	switch {
 	case s.retryAfter < 0:
@@ -213,6 +222,8 @@ func (s *Store) check(req Request) (fingerprint []byte, retention time.Duration,
 		return nil, 0, fmt.Errorf("%w: Request.Retention must not be negative, got %v", ErrInvalid, req.Retention)
 	case req.Retention > 0 && req.Retention < time.Microsecond:
 		return nil, 0, fmt.Errorf("%w: Request.Retention must be at least 1µs (the database's precision), got %v", ErrInvalid, req.Retention)
+	case req.Retention > MaxRetention:
+		return nil, 0, fmt.Errorf("%w: Request.Retention must be at most %v (366 days), got %v", ErrInvalid, MaxRetention, req.Retention)
 	}
 	retention = req.Retention
 	if retention == 0 {
