@@ -186,5 +186,5 @@
 // (no extra round trip), and pgfence.idempotency_keys.trace_id keeps the
 // trace of the claim that created the key or last took it over (a retry or
 // Store.Recover); heartbeats, recovery points and completions leave it as
-// it is. `pgfence keys show SCOPE [KEY]` prints it.
+// it is. `pgfence keys show SCOPE KEY` prints it.
 package idempotency

@@ -22,8 +22,9 @@ type KeyState struct {
 	Mode string
 	// Status is "in_progress", "succeeded" or "failed".
 	Status string
-	// Epoch counts the leased attempts that owned the key (a takeover adds
-	// one); 1 for an atomic key.
+	// Epoch counts the claims that owned the key: a takeover adds one, and
+	// so does a new intent once the key's retention ended (also for an
+	// atomic key).
 	Epoch int64
 	// RecoveryPoint is the last point an attempt recorded ([Attempt.Advance]);
 	// empty if none.

@@ -155,12 +155,15 @@ func (a *Attempt) Key() string { return a.key }
 func (a *Attempt) Owner() string { return a.owner }
 
 // Epoch returns the key's ownership counter: 1 for the first claim, one more
-// for every takeover. A downstream system that accepts a fencing token can be
+// for every later one, a takeover or a new intent on the key after its
+// retention ended. A downstream system that accepts a fencing token can be
 // given it.
 func (a *Attempt) Epoch() int64 { return a.epoch }
 
-// TakenOver reports whether an earlier attempt held the key (this claim took
-// it over after that attempt's lease expired or it released the key).
+// TakenOver reports whether the key had an owner before this claim: an
+// earlier attempt whose lease expired or that released the key (then
+// [Attempt.RecoveryPoint] says where it got to), or an earlier intent whose
+// retention ended (then there is no recovery point). It is Epoch() > 1.
 func (a *Attempt) TakenOver() bool { return a.epoch > 1 }
 
 // RecoveryPoint returns the last recovery point recorded for the key, by this

@@ -109,8 +109,8 @@ type Config struct {
 	// Logger receives debug events (claims, takeovers, releases). Default:
 	// discard.
 	Logger *slog.Logger
-	// MeterProvider receives the store's metrics (see the README's
-	// Observability section). Default: the global otel.GetMeterProvider(), a
+	// MeterProvider receives the store's metrics (see the package
+	// documentation's Observability section). Default: the global otel.GetMeterProvider(), a
 	// no-op until the application sets one.
 	MeterProvider metric.MeterProvider
 	// TracerProvider receives spans around Do, Claim and an attempt's
@@ -242,8 +242,10 @@ func validText(s string) bool {
 type Status int
 
 const (
-	// New: this call owns the key and runs the intent (atomic mode: it ran and
-	// its result is stored; leased mode: [Outcome.Attempt] is the work to do).
+	// New: this call owns the key and runs the intent ([Store.Do] and
+	// [Store.DoSQL]: it ran and its result is stored; [Store.Begin]:
+	// [Outcome.Atomic] holds the open claim; leased mode: [Outcome.Attempt] is
+	// the work to do).
 	New Status = iota + 1
 	// Replayed: the intent already completed; [Outcome.Result] or
 	// [Outcome.Failure] is the stored answer. Nothing was executed.

@@ -99,7 +99,8 @@
 //
 // # Failure handling
 //
-// Errors name the database's host:port when the server never answered. A
+// Errors of a Migrator from [New] name the database's host:port when the
+// server never answered. A
 // broken connection during Up leaves the schema at the last committed
 // migration; run Up again. [Migrator.Up] returns the migrations it applied
 // before the error. A run that cannot take the migration lock in time

@@ -9,7 +9,7 @@
 //	mw, err := idemhttp.New(store, pool, &idemhttp.Config{
 //		Principal: func(r *http.Request) string { return userID(r) }, // set by your auth middleware
 //	})
-//	mux.Handle("POST /orders", mw.Wrap(createOrder))
+//	mux.Handle("POST /orders", mw.Wrap(http.HandlerFunc(createOrder)))
 //
 //	func createOrder(w http.ResponseWriter, r *http.Request) {
 //		tx := idemhttp.Tx(r.Context()) // the transaction that holds the key
@@ -70,7 +70,9 @@
 //	body refused by Config.CanonicalBody         400 problem
 //	same key, another request                    422 problem; stored response not shown
 //	same key, first request still running        atomic: waits up to the store's
-//	                                             WaitTimeout, then its response or 409;
+//	                                             WaitTimeout (at most 10 s, then 503
+//	                                             with Retry-After: 1), then its
+//	                                             response or 409;
 //	                                             leased: 409; both with Retry-After
 //	same key, first request done                 its stored status, allow-listed headers
 //	                                             and body, Idempotent-Replayed: true
