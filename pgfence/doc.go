@@ -7,8 +7,10 @@
 //
 //   - Fenced writes ([Write], [Exec]): the writer presents its lease's token
 //     for the resource the lease's key names; pgfence.fence(resource, token)
-//     accepts it iff no higher token was accepted for that resource (equal
-//     tokens pass), records it and keeps the resource's fence row locked until
+//     accepts it iff the lease whose key is the resource issued it, it is
+//     above the token floor (and at or below the retention floor only if it
+//     is its key's newest), and no higher token was accepted for that
+//     resource (equal tokens pass), records it and keeps the resource's fence row locked until
 //     the transaction ends. The business write runs in the same transaction.
 //     [Exec] sends the fence and one statement as one pipeline: one round
 //     trip, one implicit transaction. [WriteToken] and [ExecToken] take a bare
@@ -21,8 +23,9 @@
 //     the database clock; a takeover waits until the write's transaction ends.
 //
 // [Protect] closes the other doors: a trigger on a protected table rejects any
-// INSERT, UPDATE or DELETE (and TRUNCATE) unless the same transaction had a
-// token accepted by pgfence.fence() for the resource of every row it touches,
+// INSERT, UPDATE or DELETE unless the same transaction had a token accepted
+// by pgfence.fence() for the resource of every row it touches, and refuses
+// TRUNCATE outright,
 // so psql, another service or an old binary cannot write around the fence.
 //
 // Every helper takes a [DB]: a *pgxpool.Pool, a *pgx.Conn, or a pgx.Tx to work
@@ -55,7 +58,8 @@
 //     goes through INSERT … ON CONFLICT DO UPDATE … WHERE token <= $t, whose
 //     WHERE runs on the newest version after the row lock). Accepted tokens
 //     per resource never decrease, in commit order.
-//   - The accepted token is never lowered or forgotten, even by direct DML:
+//   - The accepted token is never lowered or forgotten by direct DML (only an
+//     operator's [LowerFence], recorded in pgfence.fence_resets, lowers it):
 //     triggers on pgfence.fences reject UPDATEs that lower it, DELETE and
 //     TRUNCATE (PF001). Only a row at or below a floor may go
 //     ([PruneRetired]): the token floor ([RaiseTokenFloor]) refuses every
@@ -131,14 +135,15 @@
 // its [Config]; the package-level functions use one with the defaults (no
 // logs; the global OpenTelemetry providers, no-ops until the application sets
 // them). Metrics: pgfence.fence.writes and pgfence.fence.duration by
-// operation and outcome (accepted, stale_token, lease_not_held, unfenced,
-// unknown, error); a span per write with resource, token and operation id (a
-// rejection adds a pgfence.rejected event). When the context carries a valid
+// operation and outcome (accepted, stale_token, lease_not_held,
+// token_not_issued, unfenced, unknown, error); a span per write with
+// resource, token and operation id (a stale token or a lost lease adds a
+// pgfence.rejected event). When the context carries a valid
 // span context, the trace id is stored with the accepted token
 // (pgfence.fences.trace_id), so one query joins a write to the lease grant of
 // the same trace.
 //
-// A rejected write (stale token or lease not held) on a pool or connection is
+// A rejected write (stale token, lease not held or token not issued) on a pool or connection is
 // recorded afterwards in pgfence.fence_rejections with its trace id, best
 // effort: one extra statement, only on a rejection, committed with
 // synchronous_commit off and bounded by one second; a failure to record is

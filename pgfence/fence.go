@@ -121,8 +121,9 @@ func validateToken(token int64) error {
 }
 
 // WriteToken runs fn in a transaction that first presents token for
-// resource: pgfence.fence() accepts it iff no higher token was accepted for
-// resource (equal tokens pass), records it, and keeps the fence row locked
+// resource: pgfence.fence() accepts it iff resource's lease issued it, no
+// floor retired it, and no higher token was accepted for resource (equal
+// tokens pass), records it, and keeps the fence row locked
 // until the transaction ends, so fn's writes commit only together with the
 // acceptance.
 //
@@ -137,8 +138,9 @@ func validateToken(token int64) error {
 // error is returned unchanged (pgfence SQLSTATEs raised inside fn are mapped);
 // if fn panics, the transaction rolls back and the panic goes on. fn must not
 // commit or roll back tx itself (tx.Commit, tx.Rollback, or COMMIT or
-// ROLLBACK sent as SQL): WriteToken then cannot know the outcome and returns
-// an error that wraps both [ErrInvalid] and [ErrOutcomeUnknown].
+// ROLLBACK sent as SQL): WriteToken then returns an error wrapping
+// [ErrInvalid], and also [ErrOutcomeUnknown] when the transaction it opened
+// itself (or a caller's transaction ended by SQL) may have committed.
 // A COMMIT whose answer is lost returns an *[OutcomeUnknownError]; pass it to
 // [Resolve].
 //

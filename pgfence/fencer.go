@@ -39,7 +39,8 @@ type Config struct {
 //
 //   - "pgfence: write accepted" at [slog.LevelDebug];
 //   - "pgfence: write rejected" at [slog.LevelInfo]: a stale token, a lost
-//     lease or an unfenced write to a protected table. A rejection is the
+//     lease, a token the lease has not issued, or an unfenced write to a
+//     protected table. A rejection is the
 //     fence doing its job, not a fault of this process, hence Info, not Warn;
 //   - "pgfence: write outcome unknown" at [slog.LevelWarn]: resolve it with
 //     [Resolve];

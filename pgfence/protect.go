@@ -15,13 +15,16 @@ import (
 // prefix || the text of resourceColumn, for both the old and the new row.
 // Other writes fail with [ErrUnfencedWrite] (SQLSTATE PF006), whatever client
 // sends them; TRUNCATE is refused. The partitions and inheritance children
-// table has when Protect runs are guarded too (one attached or created later
-// is not: protect again). Protecting a table again replaces its settings. It
+// table has when Protect runs are guarded too. A partition attached or
+// created later gets the row guard from its parent but not its own TRUNCATE
+// guard, and a later inheritance child gets neither: protect again (pgfence
+// doctor reports them). Protecting a table again replaces its settings. It
 // runs pgfence.protect(table, resourceColumn, prefix).
 //
-// resourceColumn must be text, varchar, char, smallint, integer, bigint,
-// numeric or uuid (or a domain over one), whose text is the same in every
-// session; other types ([ErrInvalid], PF008) print differently under the
+// resourceColumn must be text, varchar, smallint, integer, bigint or uuid (or
+// a domain over one), whose text is the same in every session and unique per
+// value; other types are refused ([ErrInvalid], PF008): char(n) and numeric
+// have several texts for one value, and others print differently under the
 // writer's TimeZone, extra_float_digits or IntervalStyle. The row guard is an
 // AFTER trigger: it checks each row as stored, after the table's own BEFORE
 // triggers and generated columns.
@@ -30,7 +33,7 @@ import (
 // exist fails (SQLSTATE 42P01 or PF008) and changes nothing.
 //
 // Cost: one plpgsql call and one primary-key lookup in pgfence.fences per row
-// written (see BenchmarkProtectedRow).
+// written (see BenchmarkProtectedRows).
 func Protect(ctx context.Context, db DB, table pgx.Identifier, resourceColumn, prefix string) error {
 	if err := checkDB(db); err != nil {
 		return err

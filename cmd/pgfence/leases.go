@@ -237,7 +237,7 @@ func leasesRelease(fs *flag.FlagSet) runFunc {
 			case !res.Released:
 				fmt.Fprintf(w, "nothing to release: key %q has no current grant\n", key)
 			case res.WasLive:
-				fmt.Fprintf(w, "released the live grant of %q (token %d, holder %s); its holder finds out at its next renewal, and its token is refused wherever writes are fenced\n", key, res.Token, res.Holder)
+				fmt.Fprintf(w, "released the live grant of %q (token %d, holder %s); its holder finds out at its next renewal; its lease-checked writes are refused from now on, its fenced writes once the key's next holder has written\n", key, res.Token, res.Holder)
 			default:
 				fmt.Fprintf(w, "released the expired grant of %q (token %d, holder %s)\n", key, res.Token, res.Holder)
 			}

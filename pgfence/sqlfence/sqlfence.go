@@ -62,7 +62,8 @@ func (f *Fencer) fencer() *pgfence.Fencer {
 
 // Write runs fn in a transaction that first presents the lease's token for
 // the resource named by the lease's key, as [pgfence.Fencer.Write] does:
-// pgfence.fence() accepts it iff no higher token was accepted for the
+// pgfence.fence() accepts it iff the lease named by the resource issued it,
+// it is not retired by a floor, and no higher token was accepted for the
 // resource, records it and keeps the fence row locked until the transaction
 // ends, so fn's writes commit only together with the acceptance. fn must do
 // its writes through tx and read the rows it changes after the fence, that
