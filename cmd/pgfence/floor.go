@@ -25,9 +25,9 @@ type floorShowJSON struct {
 	// issued is greater, and one at or below it is taken only if it is its
 	// key's newest.
 	Retention int64 `json:"retention"`
-	// RetentionAt is when the retention floor was last advanced; null
+	// RetentionAt is when the retention floor was last advanced; absent
 	// before the first time.
-	RetentionAt *time.Time `json:"retention_at"`
+	RetentionAt *time.Time `json:"retention_at,omitempty"`
 	// HighestStoredToken is the highest token in pgfence's tables and the
 	// --column columns: the least floor after a restore.
 	HighestStoredToken int64 `json:"highest_stored_token"`

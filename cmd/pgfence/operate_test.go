@@ -150,8 +150,8 @@ func TestFloorCommands(t *testing.T) {
 	if code != exitOK || !strings.Contains(out, "highest stored token: 1125899906842624") || !strings.Contains(out, "retention floor: 0 (never advanced)") {
 		t.Fatalf("floor show: code %d\n%s", code, out)
 	}
-	// The retention floor and when it last advanced, null before the first
-	// time.
+	// The retention floor and when it last advanced, absent before the
+	// first time (a value never recorded is left out).
 	retention := func() (n int64, at *time.Time) {
 		t.Helper()
 		code, out, errOut := cli(t, environ, "floor", "show", "--json")
@@ -159,13 +159,13 @@ func TestFloorCommands(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &v); code != exitOK || err != nil {
 			t.Fatalf("floor show --json: code %d, %v\n%s%s", code, err, out, errOut)
 		}
-		if !strings.Contains(out, `"retention_at"`) {
-			t.Fatalf("floor show --json has no retention_at:\n%s", out)
+		if (v.RetentionAt != nil) != strings.Contains(out, `"retention_at"`) {
+			t.Fatalf("floor show --json: retention_at %v, printed as\n%s", v.RetentionAt, out)
 		}
 		return v.Retention, v.RetentionAt
 	}
 	if n, at := retention(); n != 0 || at != nil {
-		t.Fatalf("floor show --json before any advance: retention %d at %v, want 0 at null", n, at)
+		t.Fatalf("floor show --json before any advance: retention %d at %v, want 0 and no retention_at", n, at)
 	}
 	var advanced int64
 	var advancedAt time.Time
