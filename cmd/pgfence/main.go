@@ -77,7 +77,7 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "--connect-timeout bounds the wait for it (default 10s).")
 	fmt.Fprintln(w, "\nExit codes:")
 	fmt.Fprintln(w, "  0  success")
-	fmt.Fprintln(w, "  1  the command failed (demo, doctor: a check did not hold; bench contention: the business table did not reconcile)")
+	fmt.Fprintln(w, "  1  the command failed (demo, doctor: a check did not hold; bench contention: the business table did not reconcile, or an operation failed)")
 	fmt.Fprintln(w, "  2  bad flags or arguments")
 	fmt.Fprintln(w, "  3  the database could not be reached")
 	fmt.Fprintln(w, "  4  the pgfence schema is missing, outdated, or newer than this binary")
