@@ -648,7 +648,13 @@ DECLARE
     r record;
 BEGIN
     SELECT * INTO r FROM pgfence.try_acquire(p_key, p_ttl, p_holder_info, p_holder, p_client_version);
-    IF NOT r.acquired THEN
+    IF NOT r.acquired AND r.expires_at IS NULL THEN
+        -- try_acquire's contention filter: another transaction is granting
+        -- the key right now (it may still roll back).
+        RAISE EXCEPTION 'pgfence: lease % is being granted to another holder right now', p_key
+            USING ERRCODE = 'PF003',
+                  HINT = 'Retry shortly, or LISTEN pgfence_lease_released.';
+    ELSIF NOT r.acquired THEN
         RAISE EXCEPTION 'pgfence: lease % is held by another holder for another %', p_key, r.remaining
             USING ERRCODE = 'PF003',
                   HINT = 'Retry after the remaining time, or LISTEN pgfence_lease_released.';

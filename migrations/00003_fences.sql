@@ -203,7 +203,7 @@ BEGIN
             USING ERRCODE = 'PF012',
                   DETAIL = format('issued=%s presented=%s resource=%s', coalesce(issued, 0), fence.token, fence.resource),
                   HINT = CASE WHEN issued IS NULL
-                              THEN 'No lease of that key was ever granted: fence a resource with a token of the lease whose key is the resource.'
+                              THEN 'The key has no lease row: no lease of it was granted, or its ended lease was pruned (prune_retired). Fence a resource with a token of the lease whose key is the resource, acquired anew.'
                               ELSE 'Use the token after its grant committed, of the lease whose key is the resource.' END;
     END IF;
     -- Tokens at or below the floor are retired (raise_token_floor): their

@@ -2,8 +2,12 @@ package migrations_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
@@ -86,5 +90,11 @@ func TestContentionFilter(t *testing.T) {
 	}
 	if acquired {
 		t.Fatal("try_acquire granted a key whose grant another transaction holds locked")
+	}
+	// pgfence.acquire says so, rather than "held for another 00:00:00".
+	_, err = app.Exec(ctx, `SELECT * FROM pgfence.acquire('busy', interval '1 minute')`)
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "PF003" || !strings.Contains(pe.Message, "is being granted to another holder right now") {
+		t.Fatalf("acquire during another grant: %v, want PF003 saying the key is being granted", err)
 	}
 }

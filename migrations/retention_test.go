@@ -48,8 +48,9 @@ func TestPruneRetired(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The live lease's token is retired too: its holder must acquire again.
-	if _, err := pgfence.Exec(ctx, pool, live, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) {
-		t.Fatalf("a retired token of a live lease: %v, want stale", err)
+	if _, err := pgfence.Exec(ctx, pool, live, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) ||
+		!strings.Contains(err.Error(), "are retired") {
+		t.Fatalf("a retired token of a live lease: %v, want stale, saying the floor retired it", err)
 	}
 	p, err := pgfence.PruneRetired(ctx, pool, 100)
 	if err != nil || p.Leases != 2 || p.Fences != 3 || p.Events < 2 {
@@ -179,8 +180,9 @@ func TestAdvanceRetention(t *testing.T) {
 			t.Fatalf("the holder of %s after the retention floor moved: %v, want accepted", l.Key(), err)
 		}
 	}
-	if _, err := pgfence.Exec(ctx, pool, first, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) {
-		t.Fatalf("a superseded token at or below the retention floor: %v, want stale", err)
+	if _, err := pgfence.Exec(ctx, pool, first, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) ||
+		!strings.Contains(err.Error(), "superseded tokens up to") {
+		t.Fatalf("a superseded token at or below the retention floor: %v, want stale, saying the retention floor retired it", err)
 	}
 
 	// Within the hour nothing goes.

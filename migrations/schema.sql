@@ -90,7 +90,13 @@ DECLARE
     r record;
 BEGIN
     SELECT * INTO r FROM pgfence.try_acquire(p_key, p_ttl, p_holder_info, p_holder, p_client_version);
-    IF NOT r.acquired THEN
+    IF NOT r.acquired AND r.expires_at IS NULL THEN
+        -- try_acquire's contention filter: another transaction is granting
+        -- the key right now (it may still roll back).
+        RAISE EXCEPTION 'pgfence: lease % is being granted to another holder right now', p_key
+            USING ERRCODE = 'PF003',
+                  HINT = 'Retry shortly, or LISTEN pgfence_lease_released.';
+    ELSIF NOT r.acquired THEN
         RAISE EXCEPTION 'pgfence: lease % is held by another holder for another %', p_key, r.remaining
             USING ERRCODE = 'PF003',
                   HINT = 'Retry after the remaining time, or LISTEN pgfence_lease_released.';
@@ -288,7 +294,7 @@ BEGIN
             USING ERRCODE = 'PF012',
                   DETAIL = format('issued=%s presented=%s resource=%s', coalesce(issued, 0), fence.token, fence.resource),
                   HINT = CASE WHEN issued IS NULL
-                              THEN 'No lease of that key was ever granted: fence a resource with a token of the lease whose key is the resource.'
+                              THEN 'The key has no lease row: no lease of it was granted, or its ended lease was pruned (prune_retired). Fence a resource with a token of the lease whose key is the resource, acquired anew.'
                               ELSE 'Use the token after its grant committed, of the lease whose key is the resource.' END;
     END IF;
     -- Tokens at or below the floor are retired (raise_token_floor): their

@@ -78,13 +78,20 @@ type StaleTokenError struct {
 	Resource string
 	// Presented is the writer's token.
 	Presented int64
-	// Accepted is the newer token already accepted (0 if unknown).
+	// Accepted is the newer token already accepted (0 if unknown). For a
+	// token retired by a floor it is the token floor, or, for a superseded
+	// token at or below the retention floor, the newest token the lease has
+	// issued since (which may not have written yet).
 	Accepted int64
 
-	err error // the database error, if any
+	err error  // the database error, if any
+	msg string // the database's message, which names the case exactly
 }
 
 func (e *StaleTokenError) Error() string {
+	if e.msg != "" {
+		return e.msg
+	}
 	return fmt.Sprintf("pgfence: stale token %d for resource %q: token %d was accepted", e.Presented, e.Resource, e.Accepted)
 }
 
@@ -204,7 +211,7 @@ func mapError(err error, sent bool) error {
 		switch se.Code {
 		case pgerr.CodeStaleToken:
 			d := details(se.Detail)
-			e := &StaleTokenError{Resource: d["resource"], err: err}
+			e := &StaleTokenError{Resource: d["resource"], err: err, msg: se.Message}
 			e.Accepted, _ = strconv.ParseInt(d["accepted"], 10, 64)
 			e.Presented, _ = strconv.ParseInt(d["presented"], 10, 64)
 			return e
