@@ -655,12 +655,16 @@ BEGIN
     SELECT coalesce(max(version_id), 0) INTO v_current FROM %[2]s;
     IF v_current <> %[1]d THEN
         RAISE EXCEPTION 'pgfence: the schema is at version %%, this script starts from version %[1]d', v_current
-            USING HINT = 'Generate a script from that version: pgfence migrate sql --direction %[3]s --from ' || v_current || '.';
+            USING HINT = CASE WHEN v_current = %[6]d
+                              THEN 'The schema is already at version %[6]d, where this script ends: there is nothing to run.'
+                              ELSE 'Generate a script from that version: pgfence migrate sql --direction '
+                                   || CASE WHEN v_current > %[6]d THEN 'down' ELSE 'up' END
+                                   || ' --from ' || v_current || ' --to %[6]d.' END;
     END IF;
 END
 $pgfence$;
 
-`, from, VersionTable, direction, preReleaseSQL, Schema)
+`, from, VersionTable, direction, preReleaseSQL, Schema, to)
 	for _, n := range ns {
 		raw, err := fs.ReadFile(files, n)
 		if err != nil {

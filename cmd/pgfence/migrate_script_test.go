@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -212,7 +213,33 @@ func TestMigrateSQLWithPsql(t *testing.T) {
 		t.Fatalf("after psql: version %d, want %d", v, migrations.Latest())
 	}
 	out, err = exec.Command(psql, "--no-psqlrc", "--quiet", "--single-transaction", "-v", "ON_ERROR_STOP=1", "-f", file, db.URL).CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "the schema is at version") {
+	if err == nil || !strings.Contains(string(out), "the schema is at version") || !strings.Contains(string(out), "there is nothing to run") {
 		t.Fatalf("psql on an installed schema: %v\n%s", err, out)
+	}
+	// A script that starts elsewhere names the one to generate, with both
+	// ends: without --to, a down script would go all the way to 0.
+	latest := migrations.Latest()
+	versions := migrations.Versions()
+	prev := versions[len(versions)-2]
+	for _, c := range []struct {
+		direction string
+		from, to  int64
+		want      string
+	}{
+		{"up", prev, latest, "there is nothing to run"},
+		{"up", 0, prev, fmt.Sprintf("--direction down --from %d --to %d", latest, prev)},
+		{"down", prev, 1, fmt.Sprintf("--direction down --from %d --to 1", latest)},
+	} {
+		code, script, errOut := cli(t, nil, "migrate", "sql", "--direction", c.direction, "--from", fmt.Sprint(c.from), "--to", fmt.Sprint(c.to))
+		if code != exitOK {
+			t.Fatalf("migrate sql --from %d --to %d: code %d %s", c.from, c.to, code, errOut)
+		}
+		if err := os.WriteFile(file, []byte(script), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(psql, "--no-psqlrc", "--quiet", "--single-transaction", "-v", "ON_ERROR_STOP=1", "-f", file, db.URL).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), c.want) {
+			t.Fatalf("psql with the script from %d to %d on a schema at %d: %v, want a hint with %q\n%s", c.from, c.to, latest, err, c.want, out)
+		}
 	}
 }
