@@ -125,7 +125,7 @@ func migrateDown(fs *flag.FlagSet) runFunc {
 		rs, err := m.DownTo(ctx, target)
 		if err != nil {
 			printResults(ctx, in, m, "down", rs, false)
-			return migrateError(err)
+			return migrateDownError(err, target)
 		}
 		return printResults(ctx, in, m, "down", rs, true)
 	}
@@ -254,6 +254,19 @@ func migrateSQL(fs *flag.FlagSet) runFunc {
 // error quotes the whole failing statement; the server's message and the
 // migration's name say what went wrong.
 func migrateError(err error) error {
+	return migrateErrorHint(err, "run `pgfence migrate up` again")
+}
+
+// migrateDownError is migrateError for a rollback to target: a rollback cut
+// short is finished by rolling back again, never by migrate up, which would
+// re-apply what it was removing.
+func migrateDownError(err error, target int64) error {
+	return migrateErrorHint(err, fmt.Sprintf("run `pgfence migrate down --to %d` again", target))
+}
+
+// migrateErrorHint is migrateError with again as the way to finish a run whose
+// lock was taken over.
+func migrateErrorHint(err error, again string) error {
 	var ce *cliError
 	if errors.As(schemaError(err), &ce) {
 		return ce
@@ -271,7 +284,7 @@ func migrateError(err error) error {
 		return &cliError{msg: redact(locked.Error()), hint: "`pgfence doctor` shows the lock; retry once the other migration has finished", code: exitFailure, err: err}
 	}
 	if errors.Is(err, migrations.ErrLockLost) {
-		return &cliError{msg: redact(err.Error()), hint: "another migrator took the lock over after this one was paused past its lease; what this run applied is recorded: run `pgfence migrate up` again", code: exitFailure, err: err}
+		return &cliError{msg: redact(err.Error()), hint: "another migrator took the lock over (or an operator cleared it) after this one was paused past its lease; what this run did is recorded: " + again, code: exitFailure, err: err}
 	}
 	msg := err.Error()
 	var pe *goose.PartialError

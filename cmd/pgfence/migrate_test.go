@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -217,5 +219,24 @@ func TestMigrateReadOnlyCreatesNothing(t *testing.T) {
 	}
 	if c := doctorCheck(t, environ, "schema"); c.Status != statusFail || !strings.Contains(c.Detail, "not installed") {
 		t.Fatalf("doctor's schema check on a blank database: %+v", c)
+	}
+}
+
+// A run whose migration lock was taken over is finished by running the same
+// direction again: after a rollback, migrate up would re-apply what it was
+// removing.
+func TestMigrateLockLostHint(t *testing.T) {
+	lost := fmt.Errorf("migrations: down: %w", migrations.ErrLockLost)
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{migrateError(lost), "run `pgfence migrate up` again"},
+		{migrateDownError(lost, 7), "run `pgfence migrate down --to 7` again"},
+	} {
+		var ce *cliError
+		if !errors.As(c.err, &ce) || ce.code != exitFailure || !strings.Contains(ce.hint, c.want) || !errors.Is(c.err, migrations.ErrLockLost) {
+			t.Errorf("lock lost: %+v, want exit 1 with hint %q", c.err, c.want)
+		}
 	}
 }
