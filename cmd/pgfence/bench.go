@@ -190,7 +190,7 @@ func openLab(ctx context.Context, in *input, maxWorkers int, rtt time.Duration) 
 	}
 	lab, err := bench.Open(ctx, url, maxWorkers, rtt, in.stderr)
 	if err != nil {
-		return nil, &cliError{msg: redact(err.Error()), hint: "omit --database-url to use a throwaway local PostgreSQL, or pass a reachable URL", code: exitUnavailable, err: err}
+		return nil, &cliError{msg: redact(err.Error()), hint: "omit --database-url and unset DATABASE_URL to use a throwaway local PostgreSQL, or pass a reachable URL", code: exitUnavailable, err: err}
 	}
 	lab.SetPooled(pooled)
 	return lab, nil

@@ -41,7 +41,7 @@ func runDemo(fs *flag.FlagSet) runFunc {
 			if errors.Is(err, pgerr.ErrUnavailable) || pgerr.IsConnectionError(err) {
 				return &cliError{msg: "cannot reach the database: " + redact(err.Error()), hint: "check --database-url / DATABASE_URL, or omit both to use a throwaway local PostgreSQL", code: exitUnavailable, err: err}
 			}
-			return &cliError{msg: redact(err.Error()), hint: "omit --database-url to use a throwaway local PostgreSQL (needs the server binaries), or pass a reachable URL", code: exitUnavailable, err: err}
+			return &cliError{msg: redact(err.Error()), hint: "omit --database-url and unset DATABASE_URL to use a throwaway local PostgreSQL (needs the server binaries), or pass a reachable URL", code: exitUnavailable, err: err}
 		}
 		defer d.Close()
 		rep, err := demo.Run(ctx, d, demo.Options{TTL: *ttl, Keep: *keep, Progress: in.stderr})

@@ -271,7 +271,7 @@ func schemaCheck(ctx context.Context, pool *pgxpool.Pool) check {
 	case err != nil:
 		return check{Name: name, Status: statusFail, Detail: err.Error()}
 	case current == 0 && unrecordedObjects(ctx, pool):
-		return check{Name: name, Status: statusFail, Detail: fmt.Sprintf("pgfence objects exist but %s records no migration (installed by a script from an older `pgfence migrate sql`?), so `pgfence migrate up` would fail on them; record the installed versions (README, \"Install the schema\")", migrations.VersionTable)}
+		return check{Name: name, Status: statusFail, Detail: fmt.Sprintf("pgfence objects exist but %s records no migration (installed by a script from an older `pgfence migrate sql`?), so `pgfence migrate up` would fail on them; record each version that script installed (INSERT INTO %s (version_id, is_applied) VALUES (N, true)), then run `pgfence migrate up`", migrations.VersionTable, migrations.VersionTable)}
 	case current == 0:
 		return check{Name: name, Status: statusFail, Detail: "the pgfence schema is not installed; run `pgfence migrate up`"}
 	case current < latest:
@@ -355,7 +355,7 @@ func unprotectedTables(ctx context.Context, pool *pgxpool.Pool) check {
 	}
 	if len(names) > 0 {
 		return check{Name: name, Status: statusWarn, Detail: fmt.Sprintf(
-			"%s look fenced (a fence column) but have no pgfence trigger: any other write path can bypass the fence; run `pgfence tables protect TABLE`", strings.Join(names, ", "))}
+			"%s look fenced (a fence column) but have no pgfence trigger: any other write path can bypass the fence; run `pgfence tables protect TABLE --resource-column COLUMN`", strings.Join(names, ", "))}
 	}
 	return check{Name: name, Status: statusOK, Detail: "every table with a fence column has a pgfence trigger"}
 }

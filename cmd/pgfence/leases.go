@@ -269,7 +269,7 @@ func leasesPause(fs *flag.FlagSet) runFunc {
 			if !added {
 				state = "still paused (reason replaced)"
 			}
-			fmt.Fprintf(w, "new grants of keys starting with %q are %s; current holders keep their leases (`pgfence leases release KEY --force` ends one)\n", prefix, state)
+			fmt.Fprintf(w, "new grants of keys starting with %q are %s; current holders keep their leases (`pgfence leases release KEY --force --reason TEXT` ends one)\n", prefix, state)
 		})
 	}
 }
@@ -330,5 +330,5 @@ func remaining(l leases.Status) string {
 // leaseArgError explains a key, prefix or reason the leases package refused;
 // its message names which and why.
 func leaseArgError(err error) error {
-	return &cliError{msg: err.Error(), hint: "a key or prefix is 1 to 512 bytes of UTF-8 without NUL; a reason 1 to 1000 characters", code: exitUsage, err: err}
+	return &cliError{msg: err.Error(), hint: "a key is 1 to 512 bytes and a prefix at most 512, of UTF-8 without NUL; a reason 1 to 1000 characters", code: exitUsage, err: err}
 }

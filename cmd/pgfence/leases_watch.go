@@ -38,8 +38,8 @@ func leasesWatch(fs *flag.FlagSet) runFunc {
 			return usageError("--history must be >= 0, got %d", *history)
 		case *count < 0:
 			return usageError("--count must be >= 0, got %d", *count)
-		case *poll < 0:
-			return usageError("--poll must be >= 0, got %s", *poll)
+		case *poll < 0 || *poll > leases.MaxTTLLimit:
+			return usageError("--poll must be 0 (the default) to %s, got %s", leases.MaxTTLLimit, *poll)
 		}
 		pool, err := in.connect(ctx)
 		if err != nil {

@@ -113,6 +113,10 @@ func TestLeasesWatchRefuses(t *testing.T) {
 	if code, _, errOut := cli(t, environ, "leases", "watch", strings.Repeat("k", 513)); code != exitUsage {
 		t.Errorf("a 513-byte key: code %d\n%s", code, errOut)
 	}
+	// The flag is named, not the library's option.
+	if code, _, errOut := cli(t, environ, "leases", "watch", "k", "--poll", "25h"); code != exitUsage || !strings.Contains(errOut, "--poll must be 0 (the default) to 24h0m0s") {
+		t.Errorf("--poll 25h: code %d\n%s", code, errOut)
+	}
 	if _, err := db.Pool.Exec(context.Background(), `DROP SCHEMA pgfence CASCADE`); err != nil {
 		t.Fatal(err)
 	}

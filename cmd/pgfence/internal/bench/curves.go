@@ -149,7 +149,7 @@ func (lab *Lab) Curves(ctx context.Context, opts CurvesOptions) (*CurvesReport, 
 		{"retention", func() (err error) {
 			if !lab.db.Throwaway() {
 				if len(opts.Curves) > 0 {
-					return errors.New("it advances the retention floor and moves rows back in time, so it runs on the throwaway cluster only (leave out --database-url)")
+					return errors.New("it advances the retention floor and moves rows back in time, so it runs on the throwaway cluster only (leave out --database-url and unset DATABASE_URL)")
 				}
 				fmt.Fprintln(lab.progress, "  retention: skipped on --database-url (it advances the retention floor and moves rows back in time)")
 				return nil
