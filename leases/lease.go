@@ -150,14 +150,16 @@ func (l *Lease) trustDeadline() time.Time {
 }
 
 // Renew extends the lease to the database's clock_timestamp() + TTL, if this
-// grant still holds it and it has not expired. When the database refuses, the
-// lease is lost: its context ends and the error wraps [ErrLeaseLost]; but
+// grant still holds it and it has not expired. When the database refuses
+// because the grant no longer holds the key (PF002), the lease is lost: its
+// context ends and the error wraps [ErrLeaseLost]; but
 // once [Lease.Release] has been called, a refusal because the grant was
 // released with its holder id and token (by that Release, running meanwhile)
 // ends the lease as released and returns [ErrReleased]. Other
-// failures ([ErrUnavailable], [ErrOutcomeUnknown], or the context's error when
-// ctx ended before the renewal was sent) leave the lease as it was; its trust
-// window still runs from the last confirmed renewal.
+// failures ([ErrUnavailable], [ErrOutcomeUnknown], [ErrNotGranted] after the
+// role's prefix was revoked, [ErrNotPrimary] on a standby, or the context's
+// error when ctx ended before the renewal was sent) leave the lease as it
+// was; its trust window still runs from the last confirmed renewal.
 func (l *Lease) Renew(ctx context.Context) (err error) {
 	return l.renew(ctx, false)
 }
@@ -491,8 +493,8 @@ func (l *Lease) keepAlive(ctx context.Context, o KeepAliveOptions) (string, erro
 			}
 		}
 		if limited && !l.c.now().Before(holdUntil) {
-			err := fmt.Errorf("%w: lease %q (holder %s, token %d) kept for %s, its maximum hold (KeepAliveOptions.MaxHold, HoldOptions.MaxHold; default %s): raise it for work that runs longer",
-				ErrMaxHold, l.key, l.holder, l.token, o.MaxHold, MaxHoldDefault)
+			err := fmt.Errorf("%w: lease %q (holder %s, token %d) kept for %s, its maximum hold (KeepAliveOptions.MaxHold, HoldOptions.MaxHold): raise it for work that runs longer",
+				ErrMaxHold, l.key, l.holder, l.token, o.MaxHold)
 			l.end(err)
 			return outcomeMaxHold, err
 		}
