@@ -2020,14 +2020,22 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgfence: slot % of job % was never begun', pg_catalog.quote_literal(p_slot), pg_catalog.quote_literal(p_key)
             USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=slot_not_begun key=%s', p_key);
+    ELSIF s.completed_at IS NOT NULL AND s.token = p_token THEN
+        RAISE EXCEPTION 'pgfence: slot % of job % was already completed at % by this run (token %)',
+                pg_catalog.quote_literal(p_slot), pg_catalog.quote_literal(p_key), s.completed_at, p_token
+            USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=slot_completed token=%s key=%s', s.token, p_key),
+                  HINT = 'A completed slot takes no more checkpoints.';
     ELSIF s.completed_at IS NOT NULL THEN
         RAISE EXCEPTION 'pgfence: slot % of job % was completed at % by the run of token %, not %',
                 pg_catalog.quote_literal(p_slot), pg_catalog.quote_literal(p_key), s.completed_at, s.token, p_token
             USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=slot_completed token=%s key=%s', s.token, p_key);
     ELSE
-        RAISE EXCEPTION 'pgfence: slot % of job % is run by token %, not %',
+        -- The lease's current token (the callers checked it) is newer than the
+        -- slot's: an earlier grant's run was left unfinished.
+        RAISE EXCEPTION 'pgfence: slot % of job % was begun by the run of token %, not by this one (token %)',
                 pg_catalog.quote_literal(p_slot), pg_catalog.quote_literal(p_key), s.token, p_token
-            USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=slot_taken_over token=%s key=%s', s.token, p_key);
+            USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=slot_taken_over token=%s key=%s', s.token, p_key),
+                  HINT = 'Call pgfence.job_slot_begin to take the unfinished run over.';
     END IF;
 END;
 $$;

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
@@ -329,4 +330,33 @@ func TestSlotFunctionsRefuse(t *testing.T) {
 			t.Errorf("%s: %v, want %s", q, err, code)
 		}
 	}
+
+	// A refused checkpoint says why: the slot was completed by this very run,
+	// or begun by an earlier grant's run that this one has not taken over.
+	refused := func(l *leases.Lease, slot, want string) {
+		t.Helper()
+		_, err := pool.Exec(ctx, `SELECT pgfence.job_slot_save($1, $2, $3, $4, 'cp')`, l.Key(), l.Holder(), l.Token(), slot)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != pgerr.CodeLeaseNotHeld || !strings.Contains(pe.Message, want) {
+			t.Errorf("save of slot %s by token %d: %v, want PF002 with %q", slot, l.Token(), err, want)
+		}
+	}
+	for _, q := range []string{
+		`SELECT * FROM pgfence.job_slot_begin($1, $2, $3, 'done')`,
+		`SELECT pgfence.job_slot_complete($1, $2, $3, 'done')`,
+		`SELECT * FROM pgfence.job_slot_begin($1, $2, $3, 'left')`,
+	} {
+		if _, err := pool.Exec(ctx, q, "jobs/x", l.Holder(), l.Token()); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	refused(l, "done", "was already completed")
+	if _, err := pool.Exec(ctx, `UPDATE pgfence.leases SET expires_at = granted_at WHERE key = 'jobs/x'`); err != nil {
+		t.Fatal(err)
+	}
+	next, err := c.TryAcquire(ctx, "jobs/x", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused(next, "left", "was begun by the run of token")
 }
