@@ -91,7 +91,9 @@ func quickstart(ctx context.Context, url string, out io.Writer) error {
 	order := idempotency.Request{Scope: "shop/orders", Key: "order-1001", Payload: []byte(`{"sku":"sku-42"}`)}
 	for range 2 {
 		o, err := store.Do(ctx, pool, order, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
-			_, err := tx.Exec(ctx, `INSERT INTO orders VALUES ('order-1001', 'sku-42')`)
+			// The key is kept for a day (its retention); after that a resend
+			// is a new intent, and the order row, already there, stays one.
+			_, err := tx.Exec(ctx, `INSERT INTO orders VALUES ('order-1001', 'sku-42') ON CONFLICT (id) DO NOTHING`)
 			return []byte(`{"order":"order-1001"}`), err
 		})
 		if err != nil {

@@ -42,6 +42,24 @@ func TestQuickstart(t *testing.T) {
 	if qty != 8 || orders != 1 {
 		t.Fatalf("after two runs: qty %d, %d orders; want 8 and 1", qty, orders)
 	}
+
+	// A day later the key's retention has ended: the resend is a new intent,
+	// and the order, already placed, stays one row.
+	if _, err := db.Pool.Exec(ctx, `UPDATE pgfence.idempotency_keys SET created_at = created_at - interval '2 days',
+		updated_at = updated_at - interval '2 days', completed_at = completed_at - interval '2 days',
+		expires_at = expires_at - interval '2 days'`); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := quickstart(ctx, db.URL, &out); err != nil {
+		t.Fatalf("run after the key's retention: %v\n%s", err, out.String())
+	}
+	if want := "order order-1001: new {\"order\":\"order-1001\"}\norder order-1001: replayed {\"order\":\"order-1001\"}\n"; out.String() != want {
+		t.Errorf("run after the key's retention printed:\n%s\nwant:\n%s", out.String(), want)
+	}
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&orders); err != nil || orders != 1 {
+		t.Fatalf("after the run a day later: %d orders, %v; want 1", orders, err)
+	}
 }
 
 // The README quotes the quickstart verbatim: what a reader copies is what
