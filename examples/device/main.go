@@ -149,9 +149,14 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	// ctl-2 and ctl-3 take over in turn and command the device.
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)
+	var grantedMu sync.Mutex
+	var highestGranted int64 // of ctl-2 and ctl-3's leases
 	for i, ctl := range []string{"ctl-2", "ctl-3"} {
 		wg.Go(func() {
 			err := client.Do(ctx, key, ttl, nil, func(ctx context.Context, l *leases.Lease) error {
+				grantedMu.Lock()
+				highestGranted = max(highestGranted, l.Token())
+				grantedMu.Unlock()
 				status, msg, err := send(command{Controller: ctl, Token: l.Token(), SetPoint: 21 - i})
 				if err == nil && status != http.StatusOK {
 					err = fmt.Errorf("gateway answered %d: %s", status, msg)
@@ -181,16 +186,19 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	say("ctl-1 woke up and sent \"set 30°C\" with token %d: %d %s", late.Token, status, msg)
 	_ = frozen.Release(ctx) // ErrLeaseLost: it expired while ctl-1 was frozen
 
-	// Check the device's state: tokens never went backwards, and the device
-	// obeys the command with the highest token.
+	// Check the device's state: it never obeyed ctl-1, and it obeys the
+	// command of the newest lease, the highest token the database granted.
 	gw.mu.Lock()
 	res.Applied = append([]command(nil), gw.applied...)
 	gw.mu.Unlock()
-	for i, c := range res.Applied {
-		if i > 0 && c.Token < res.Applied[i-1].Token {
-			return res, fmt.Errorf("device applied token %d after %d", c.Token, res.Applied[i-1].Token)
+	for _, c := range res.Applied {
+		if c.Controller == "ctl-1" {
+			return res, fmt.Errorf("the device obeyed the frozen controller's command (token %d)", c.Token)
 		}
 		res.Final = c
+	}
+	if res.Final.Token != highestGranted {
+		return res, fmt.Errorf("the device ends with token %d's command, not the newest lease's (token %d)", res.Final.Token, highestGranted)
 	}
 	fmt.Fprintf(out, "result: %s applied %d commands; it is set to %d°C by %s (token %d); late command rejected: %t\n",
 		device, len(res.Applied), res.Final.SetPoint, res.Final.Controller, res.Final.Token, res.StaleRejected)
