@@ -3,10 +3,10 @@
 //
 // The task "refund order 42" has two external steps: refund the payment, then
 // e-mail the customer. The task is a leased idempotency key: one agent owns it
-// at a time, records a recovery point after each step, and hands each tool a
+// at a time, records a recovery point after the refund, and hands each tool a
 // key derived from the task key (Attempt.DerivedKey), which the tools use to
 // deduplicate. agent-a refunds, records the point, sends the e-mail and crashes
-// before recording the second point. agent-b and agent-c both retry the task:
+// before completing the task. agent-b and agent-c both retry the task:
 // once agent-a's lease has expired one of them takes it over, skips the refund
 // (the recovery point says it is done), sends the e-mail again with the same
 // derived key, which the mail tool recognises, and completes the task; the
@@ -18,7 +18,7 @@
 //	DATABASE_URL=postgres://… go run ./examples/agent
 //
 // It exits non-zero unless the customer was refunded once and e-mailed once,
-// and every agent ends with the same result.
+// and agent-b and agent-c end with the same result.
 package main
 
 import (

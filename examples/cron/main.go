@@ -63,7 +63,6 @@ type result struct {
 	Executions    int            // job bodies that ran to the end (the frozen one included)
 	Skipped       int            // Run found the slot completed
 	StaleRejected int            // late results refused by the fence
-	Dropped       int            // late results of a slot completed meanwhile (none: a slot completes once)
 	TakenOver     bool           // the frozen slot was completed by another instance, in run 2
 }
 
@@ -220,8 +219,8 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	if err := rows.Err(); err != nil {
 		return res, err
 	}
-	fmt.Fprintf(out, "result: runs per slot %v; %d job executions, %d late result(s) rejected, %d dropped, %d skips of finished slots\n",
-		res.RunsPerSlot, res.Executions, res.StaleRejected, res.Dropped, res.Skipped)
+	fmt.Fprintf(out, "result: runs per slot %v; %d job executions, %d late result(s) rejected, %d skips of finished slots\n",
+		res.RunsPerSlot, res.Executions, res.StaleRejected, res.Skipped)
 	for _, slot := range slots {
 		if res.RunsPerSlot[slot] != 1 {
 			return res, fmt.Errorf("slot %s recorded %d times, want exactly once", slot, res.RunsPerSlot[slot])

@@ -8,7 +8,7 @@
 // program prints the metrics, as an OpenTelemetry exporter would see them
 // (an SDK MeterProvider with a manual reader, printed in a compact text form).
 // Then one worker freezes past its lease: it is taken over, its late write is
-// rejected and its late release finds the key held by another: the
+// rejected and its late release finds the key granted to another since: the
 // takeovers, stale_token and not_held series move.
 //
 // Run it:
@@ -17,7 +17,9 @@
 //	DATABASE_URL=postgres://… go run ./examples/metrics
 //
 // It exits non-zero if the counter differs from the number of accepted
-// writes, or if the metrics disagree with what happened.
+// writes, if the late write or release was not refused, or if the last write
+// cannot be joined to its grant; its test also checks every metric series
+// against what happened.
 package main
 
 import (

@@ -27,8 +27,8 @@
 //	go run ./examples/payment                      # throwaway local PostgreSQL
 //	DATABASE_URL=postgres://… go run ./examples/payment
 //
-// It exits non-zero unless every order was charged once, recorded once, and
-// answered with the same result every time.
+// It exits non-zero unless every order was charged once and recorded once,
+// and a retry of each got the stored answer (replayed).
 package main
 
 import (
