@@ -451,7 +451,11 @@ BEGIN
                     WHERE r.resource = OLD.resource AND r.xid = pg_current_xact_id() AND r.to_token = NEW.token) THEN
         RETURN NEW;
     END IF;
-    IF NEW.token < OLD.token OR NEW.resource <> OLD.resource THEN
+    IF NEW.resource <> OLD.resource THEN
+        RAISE EXCEPTION 'pgfence: the fence of resource % may not be moved to resource %', OLD.resource, NEW.resource
+            USING ERRCODE = 'PF001',
+                  DETAIL = format('accepted=%s presented=%s resource=%s', OLD.token, NEW.token, OLD.resource);
+    ELSIF NEW.token < OLD.token THEN
         RAISE EXCEPTION 'pgfence: token for resource % may not be lowered from % to %', OLD.resource, OLD.token, NEW.token
             USING ERRCODE = 'PF001',
                   DETAIL = format('accepted=%s presented=%s resource=%s', OLD.token, NEW.token, OLD.resource);

@@ -3,6 +3,7 @@ package pgfence_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -48,14 +49,15 @@ func TestFenceSQL(t *testing.T) {
 	}
 	// The accepted token can never be lowered or forgotten, not even by DML
 	// that bypasses pgfence.fence().
-	for _, q := range []string{
-		`UPDATE pgfence.fences SET token = 1 WHERE resource = 'r'`,
-		`DELETE FROM pgfence.fences WHERE resource = 'r'`,
-		`TRUNCATE pgfence.fences`,
-		`UPDATE pgfence.fences SET resource = 'other' WHERE resource = 'r'`,
+	for q, says := range map[string]string{
+		`UPDATE pgfence.fences SET token = 1 WHERE resource = 'r'`:                     "may not be lowered",
+		`DELETE FROM pgfence.fences WHERE resource = 'r'`:                              "may not be deleted",
+		`TRUNCATE pgfence.fences`:                                                      "may not be deleted",
+		`UPDATE pgfence.fences SET resource = 'other' WHERE resource = 'r'`:            "may not be moved to resource other",
+		`UPDATE pgfence.fences SET resource = 'other', token = 1 WHERE resource = 'r'`: "may not be moved to resource other",
 	} {
-		if _, err := pool.Exec(ctx, q); sqlstate(err) != "PF001" {
-			t.Errorf("%s: want PF001, got %v", q, err)
+		if _, err := pool.Exec(ctx, q); sqlstate(err) != "PF001" || !strings.Contains(err.Error(), says) {
+			t.Errorf("%s: want PF001 saying %q, got %v", q, says, err)
 		}
 	}
 }
