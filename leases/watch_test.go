@@ -517,10 +517,27 @@ func TestWatchUnderNotificationStorm(t *testing.T) {
 			t.Fatalf("first event %+v", e)
 		}
 	}
+	heard := make([]time.Time, len(ws))
+	for i, w := range ws {
+		heard[i] = w.State().HeardAt
+	}
+	// Renewals, each signed and announced as KeepAlive's Announce sends them
+	// (every payload differs: each carries a later expiry, so none is folded
+	// away, and each moves the watchers' timers).
 	for range 5 {
-		if _, err := db.Pool.Exec(ctx, `SELECT pg_notify($1, 'renewed:' || g || ':k') FROM generate_series(1000000, 1010000) AS g`,
-			leases.ChangeNotifyChannel); err != nil {
+		if _, err := db.Pool.Exec(ctx, `SELECT pgfence.renew('k', $1, $2, interval '1 minute'), pgfence.announce_renewal('k', $1, $2)
+			FROM generate_series(1, 2000)`, l.Holder(), l.Token()); err != nil {
 			t.Fatal(err)
+		}
+	}
+	// The storm reached every watcher: each believed an announcement.
+	deadline := time.Now().Add(20 * time.Second)
+	for i, w := range ws {
+		for !w.State().HeardAt.After(heard[i]) {
+			if time.Now().After(deadline) {
+				t.Fatalf("watcher %d heard none of the announced renewals", i)
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 	}
 	if err := l.Release(ctx); err != nil {
