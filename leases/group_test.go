@@ -353,6 +353,9 @@ func TestGroupCommitMutualExclusion(t *testing.T) {
 				holding[key], last[key] = true, l.Token()
 				grants++
 				mu.Unlock()
+				// Hold it for a while: a second grant of the key meanwhile
+				// finds holding set.
+				time.Sleep(time.Millisecond)
 				mu.Lock()
 				holding[key] = false
 				mu.Unlock()
