@@ -102,7 +102,22 @@ func testCrash(t *testing.T, mode idemhttp.Mode, point string) {
 		t.Fatalf("the client of the killed server got an answer")
 	}
 	proxy.Heal()
-	t.Logf("after the crash: %d orders, key %q", countOrders(t, db.Pool), statusOf(t, db.Pool, "order-9"))
+	// The kill came where it was meant to: before the order committed, or
+	// after (atomic: with its stored response; leased: with the key still
+	// in progress, its response not stored yet).
+	orders, status := countOrders(t, db.Pool), statusOf(t, db.Pool, "order-9")
+	wantOrders, wantStatus := 1, "in_progress"
+	switch {
+	case point == "before-commit" && mode == idemhttp.ModeAtomic:
+		wantOrders, wantStatus = 0, ""
+	case point == "before-commit":
+		wantOrders = 0
+	case mode == idemhttp.ModeAtomic:
+		wantStatus = "succeeded"
+	}
+	if orders != wantOrders || status != wantStatus {
+		t.Fatalf("after the crash: %d orders, key %q; want %d, %q", orders, status, wantOrders, wantStatus)
+	}
 
 	retries := workerproc.Start(t, crashWorkerKind, nil)
 	raddr := startOrderServer(ctx, t, retries, db.URL, mode)
