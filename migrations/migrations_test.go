@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
 
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
@@ -238,17 +240,50 @@ func TestHostGooseUntouched(t *testing.T) {
 		t.Fatalf("host version = %d, %v; want 2", v, err)
 	}
 
-	// While another process holds our migration lock, the host's goose (with its
-	// own default session lock) still runs.
-	holdLock(t, db.Pool, "paused-migrator", time.Hour)
-	locker, err := goose.NewProvider(goose.DialectPostgres, sqlDB, hostFS, goose.WithDisableGlobalRegistry(true))
+	// While our migrator runs, paused right after it took its lock, the
+	// host's goose with goose's own session lock (an advisory lock) still
+	// runs; then ours finishes.
+	vs := migrations.Versions()
+	if _, err := m.DownTo(ctx, vs[len(vs)-2]); err != nil {
+		t.Fatal(err)
+	}
+	paused := &pauseHandler{at: "took the migration lock", reached: make(chan struct{}), resume: make(chan struct{})}
+	running, err := migrations.New(db.Pool, &migrations.Config{Logger: slog.New(paused)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer running.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := running.Up(ctx)
+		done <- err
+	}()
+	select {
+	case <-paused.reached:
+	case err := <-done:
+		t.Fatalf("our Up returned before it took its lock: %v", err)
+	}
+	sessionLocker, err := lock.NewPostgresSessionLocker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	locked, err := goose.NewProvider(goose.DialectPostgres, sqlDB, hostFS, goose.WithDisableGlobalRegistry(true),
+		goose.WithSessionLocker(sessionLocker))
 	if err != nil {
 		t.Fatal(err)
 	}
 	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := locker.DownTo(hctx, 1); err != nil {
-		t.Fatalf("host migration blocked or failed while pgfence's lock was held: %v", err)
+	_, herr := locked.DownTo(hctx, 1)
+	close(paused.resume)
+	if herr != nil {
+		t.Fatalf("host migration blocked or failed while pgfence's migrator held its lock: %v", herr)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("our Up after the host's migration: %v", err)
+	}
+	if v, err := locked.GetDBVersion(ctx); err != nil || v != 1 {
+		t.Fatalf("host version = %d, %v; want 1", v, err)
 	}
 }
 
