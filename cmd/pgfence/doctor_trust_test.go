@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -281,6 +282,9 @@ func TestDoctorRefusedResourceColumns(t *testing.T) {
 	// ICU's nondeterministic collations exist only where PostgreSQL was
 	// built with ICU.
 	if _, err := db.Pool.Exec(context.Background(), `CREATE COLLATION public.nocase (provider = icu, locale = 'und-u-ks-level2', deterministic = false)`); err != nil {
+		if pgerr.Code(err) != "0A000" { // feature_not_supported: a server built without ICU
+			t.Fatal(err)
+		}
 		t.Logf("no nondeterministic collation on this server (%v): that case is not checked", err)
 	} else {
 		mustExec(t, db, `CREATE TABLE public.folded (k text COLLATE public.nocase PRIMARY KEY)`)
