@@ -92,7 +92,10 @@ func Example() {
 }
 
 // A write whose COMMIT was sent but whose answer was lost is resolved by its
-// operation id: NotApplied is final, Applied means it committed.
+// operation id: NotApplied is final, Applied means it committed. Here the
+// answer arrives, so the example prints the write's result; the branch that
+// resolves is what a caller writes for the lost answer (the fault tests
+// exercise it).
 func ExampleResolve() {
 	ctx := context.Background()
 	db, err := pgfencetest.Open()
