@@ -1,0 +1,4 @@
+package migrations
+
+// SearchPathPin is searchPathPin, for the external tests.
+const SearchPathPin = searchPathPin
