@@ -986,8 +986,12 @@ func TestRepeatableReadDefault(t *testing.T) {
 		}
 		t.Cleanup(pool.Close)
 		mw := newMiddleware(t, newStore(t, nil), pool, &idemhttp.Config{Mode: mode, Principal: byUser})
-		h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
-		for range 2 {
+		var runs atomic.Int32
+		h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			w.WriteHeader(http.StatusCreated)
+		}))
+		for i := range 2 {
 			rec := httptest.NewRecorder()
 			hreq := httptest.NewRequest("POST", "/pay", strings.NewReader("{}"))
 			hreq.Header.Set(idemhttp.HeaderKey, `"rr"`)
@@ -996,6 +1000,13 @@ func TestRepeatableReadDefault(t *testing.T) {
 			if rec.Code != http.StatusCreated {
 				t.Fatalf("middleware: %d %s, want the handler's 201", rec.Code, rec.Body)
 			}
+			// The second is the first's stored answer: still idempotent.
+			if replayed := rec.Header().Get(idemhttp.HeaderReplayed) == "true"; replayed != (i == 1) {
+				t.Fatalf("request %d: replayed %v", i+1, replayed)
+			}
+		}
+		if n := runs.Load(); n != 1 {
+			t.Fatalf("the handler ran %d times, want once", n)
 		}
 	})
 }
