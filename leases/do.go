@@ -42,7 +42,7 @@ func (c *Client) Do(ctx context.Context, key string, ttl time.Duration, opts *Ho
 	if fn == nil {
 		return invalid("fn", "must not be nil")
 	}
-	if err := c.checkHold(key, ttl, opts); err != nil {
+	if err := c.CheckHold(key, ttl, opts); err != nil {
 		return err
 	}
 	var (
@@ -60,10 +60,14 @@ func (c *Client) Do(ctx context.Context, key string, ttl time.Duration, opts *Ho
 	return c.run(ctx, l, opts, fn)
 }
 
-// checkHold refuses what the grant or the keep-alive would refuse only after
-// the lease was granted: the options, and a renewal interval that the TTL
-// leaves no room for.
-func (c *Client) checkHold(key string, ttl time.Duration, opts *HoldOptions) error {
+// CheckHold reports what [Client.Do] would refuse for key, ttl and opts
+// before anything is sent, including what the grant or the keep-alive would
+// refuse only after the lease was granted: the key, the TTL against this
+// client's [Config], the options, and a renewal interval that the TTL leaves
+// no room for. The error wraps [ErrInvalid] and names the argument. Helpers
+// that hold a lease later (an election, a job runner) call it when they are
+// built.
+func (c *Client) CheckHold(key string, ttl time.Duration, opts *HoldOptions) error {
 	if err := validateKey(key); err != nil {
 		return err
 	}

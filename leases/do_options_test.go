@@ -229,6 +229,7 @@ func TestDoRefusesOptionsBeforeTheGrant(t *testing.T) {
 		"HoldOptions.MaxHold":       {MaxHold: -1},
 		"HoldOptions.MaxFailures":   {MaxFailures: -1},
 		"HoldOptions.Fair":          {TryOnce: true, Fair: true},
+		"HoldOptions.HolderInfo":    {HolderInfo: strings.Repeat("x", leases.MaxHolderInfoBytes+1)},
 	} {
 		err := c.Do(ctx, "job", time.Second, opts, fn)
 		if !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), field) {

@@ -92,8 +92,10 @@ func (o *HoldOptions) validate() error {
 		return invalid("HoldOptions.MaxWait", "has no effect with TryOnce (which never waits), got %s", o.MaxWait)
 	case o.TryOnce && o.Fair:
 		return invalid("HoldOptions.Fair", "has no effect with TryOnce (which never waits in the queue)")
+	case len(o.HolderInfo) > MaxHolderInfoBytes:
+		return invalid("HoldOptions.HolderInfo", "must be at most %d bytes, got %d", MaxHolderInfoBytes, len(o.HolderInfo))
 	}
-	return nil
+	return validText("HoldOptions.HolderInfo", o.HolderInfo)
 }
 
 // Validate checks o as a helper would before sending anything: the error

@@ -64,6 +64,9 @@ func (c *Client) PauseGrants(ctx context.Context, prefix, reason string) (bool, 
 // poll interval when wake-ups are off or missed). It needs the
 // pgfence_operator role.
 func (c *Client) ResumeGrants(ctx context.Context, prefix, reason string) (bool, error) {
+	if len(prefix) > MaxKeyBytes {
+		return false, invalid("prefix", "must be at most %d bytes, got %d", MaxKeyBytes, len(prefix))
+	}
 	if err := validText("prefix", prefix); err != nil {
 		return false, err
 	}

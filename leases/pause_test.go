@@ -3,6 +3,7 @@ package leases_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -126,6 +127,15 @@ func TestPauseGrants(t *testing.T) {
 		if got[i] != want[i] {
 			t.Errorf("pause history[%d] = %+v, want %+v", i, got[i], want[i])
 		}
+	}
+
+	// A prefix no key can have is refused by both, naming the limit.
+	long := strings.Repeat("p", leases.MaxKeyBytes+1)
+	if _, err := c.PauseGrants(ctx, long, "r"); !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), "at most 512 bytes") {
+		t.Errorf("PauseGrants of a 513-byte prefix: %v", err)
+	}
+	if _, err := c.ResumeGrants(ctx, long, ""); !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), "at most 512 bytes") {
+		t.Errorf("ResumeGrants of a 513-byte prefix: %v, want ErrInvalid (not 'no pause')", err)
 	}
 }
 

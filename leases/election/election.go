@@ -149,6 +149,11 @@ func New(client *leases.Client, key string, cfg *Config) (*Election, error) {
 	if resolved.Hold.RenewInterval == 0 {
 		resolved.Hold.RenewInterval = resolved.TTL / 3
 	}
+	// What each term's grant and keep-alive would refuse, refused now: a
+	// keep-alive refused later would leave every term to lapse unrenewed.
+	if err := client.CheckHold(key, resolved.TTL, &resolved.Hold); err != nil {
+		return nil, fmt.Errorf("election: Config.TTL %s with Config.Hold: %w", resolved.TTL, err)
+	}
 	return &Election{client: client, key: key, cfg: resolved, resign: make(chan struct{}, 1)}, nil
 }
 

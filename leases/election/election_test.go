@@ -508,13 +508,20 @@ func TestNewRefuses(t *testing.T) {
 		"Config.PollInterval": {PollInterval: -1},
 		"Config.Hold.Fair":    {Hold: leases.HoldOptions{Fair: true}},
 		"HoldOptions.MaxWait": {Hold: leases.HoldOptions{MaxWait: -1}},
+		// Renewals the TTL leaves no room for: every term would lapse
+		// unrenewed (the keep-alive refuses them only once a term began).
+		"HoldOptions.RenewInterval": {Hold: leases.HoldOptions{RenewInterval: 20 * time.Second}},
+		"HoldOptions.HolderInfo":    {Hold: leases.HoldOptions{HolderInfo: strings.Repeat("x", leases.MaxHolderInfoBytes+1)}},
+		"(Config.MaxTTL)":           {TTL: 25 * time.Hour}, // the client's limit
 	} {
 		if _, err := election.New(c, "k", cfg); !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), field) {
 			t.Errorf("%+v: %v, want ErrInvalid naming %s", cfg, err, field)
 		}
 	}
-	if _, err := election.New(c, "", nil); !errors.Is(err, leases.ErrInvalid) {
-		t.Errorf("empty key: %v", err)
+	for _, key := range []string{"", "k\x00", "\xff"} {
+		if _, err := election.New(c, key, nil); !errors.Is(err, leases.ErrInvalid) {
+			t.Errorf("key %q: %v", key, err)
+		}
 	}
 }
 

@@ -128,6 +128,9 @@ func New(client *leases.Client, pool *pgxpool.Pool, key string, cfg *Config) (*R
 	if c.TTL == 0 {
 		c.TTL = TTLDefault
 	}
+	if err := client.CheckHold(key, c.TTL, &c.Hold); err != nil {
+		return nil, fmt.Errorf("job: Config.TTL %s with Config.Hold: %w", c.TTL, err)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -354,6 +357,9 @@ func (s *Slot) Save(ctx context.Context, checkpoint string) error {
 // refused with [pgfence.ErrLeaseNotHeld] and tx must roll back. Fence the
 // writes of tx with [Slot.Lease] (or use [Slot.Finish], which does both).
 func (s *Slot) Complete(ctx context.Context, tx pgx.Tx) error {
+	if tx == nil {
+		return fmt.Errorf("%w: tx: must not be nil (the transaction of the run's last write)", leases.ErrInvalid)
+	}
 	var at time.Time
 	if err := tx.QueryRow(ctx, sqlComplete, s.r.key, s.lease.Holder(), s.lease.Token(), s.name).Scan(&at); err != nil {
 		return fmt.Errorf("complete: %w", pgfence.MapError(err))

@@ -331,6 +331,40 @@ func TestSlotFunctionsRefuse(t *testing.T) {
 		}
 	}
 
+	// Complete needs the transaction of the run's last write.
+	begun, err := job.New(c, pool, "jobs/nil-tx", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	if _, err := begun.Run(ctx, "s", func(ctx context.Context, s *job.Slot) error {
+		ran = true
+		if err := s.Complete(ctx, nil); !errors.Is(err, leases.ErrInvalid) {
+			t.Errorf("Complete(nil): %v, want ErrInvalid", err)
+		}
+		return errors.New("left unfinished")
+	}); err == nil || !ran {
+		t.Errorf("Run: ran %v, %v; want fn run and its error", ran, err)
+	}
+
+	// New refuses what every Run would: the key's text, a renewal interval
+	// the TTL leaves no room for, a holder description over the limit.
+	for name, bad := range map[string]func() error{
+		"key": func() error { _, err := job.New(c, pool, "jobs/\x00", nil); return err },
+		"HoldOptions.RenewInterval": func() error {
+			_, err := job.New(c, pool, "jobs/y", &job.Config{TTL: time.Second, Hold: leases.HoldOptions{RenewInterval: time.Second}})
+			return err
+		},
+		"HoldOptions.HolderInfo": func() error {
+			_, err := job.New(c, pool, "jobs/y", &job.Config{Hold: leases.HoldOptions{HolderInfo: strings.Repeat("x", leases.MaxHolderInfoBytes+1)}})
+			return err
+		},
+	} {
+		if err := bad(); !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), name) {
+			t.Errorf("job.New with a bad %s: %v, want ErrInvalid naming it", name, err)
+		}
+	}
+
 	// A refused checkpoint says why: the slot was completed by this very run,
 	// or begun by an earlier grant's run that this one has not taken over.
 	refused := func(l *leases.Lease, slot, want string) {
