@@ -66,6 +66,9 @@ func (s *Store) Do(ctx context.Context, db DB, req Request, fn Func) (o *Outcome
 	if fn == nil {
 		return nil, fmt.Errorf("%w: fn is nil", ErrInvalid)
 	}
+	if err := pgerr.NilHandle(db); err != nil {
+		return nil, err
+	}
 	return doAtomic(ctx, s, pgxOpener(db), req, fp, retention, fn)
 }
 
@@ -175,6 +178,9 @@ func (s *Store) Begin(ctx context.Context, db DB, req Request) (o *Outcome, err 
 	defer func() { done(o, err) }()
 	fp, retention, err := s.check(req)
 	if err != nil {
+		return nil, err
+	}
+	if err := pgerr.NilHandle(db); err != nil {
 		return nil, err
 	}
 	out, a, err := beginAtomic(ctx, s, pgxOpener(db), req, fp, retention)

@@ -8,6 +8,8 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // GCBatchSizeDefault is [GCOptions.BatchSize]'s default, and
@@ -64,6 +66,9 @@ func GC(ctx context.Context, db DB, opts *GCOptions) (res GCResult, err error) {
 	}
 	ctx, done := newGCTelemetry(opts).start(ctx)
 	defer func() { done(&res, err) }()
+	if err := pgerr.NilHandle(db); err != nil {
+		return GCResult{}, err
+	}
 	size := opts.BatchSize
 	switch {
 	case size < 0:

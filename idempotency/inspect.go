@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // Reads for operators and tools: the state of stored keys, never their
@@ -101,6 +103,9 @@ func LookupKey(ctx context.Context, db DB, scope, key string) (KeyState, bool, e
 	if len(key) == 0 || len(key) > MaxKeyBytes || !validText(key) {
 		return KeyState{}, false, fmt.Errorf("%w: key must be 1 to %d bytes of UTF-8 without NUL, got %d bytes", ErrInvalid, MaxKeyBytes, len(key))
 	}
+	if err := pgerr.NilHandle(db); err != nil {
+		return KeyState{}, false, err
+	}
 	k, err := scanKey(db.QueryRow(ctx, sqlLookupKey, scope, key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return KeyState{}, false, nil
@@ -147,8 +152,8 @@ type rowsQuerier interface {
 // type the package documents does), else a read-only transaction on it;
 // done ends that transaction.
 func querier(ctx context.Context, db DB) (rowsQuerier, func(), error) {
-	if db == nil {
-		return nil, nil, fmt.Errorf("%w: db is nil", ErrInvalid)
+	if err := pgerr.NilHandle(db); err != nil {
+		return nil, nil, err
 	}
 	if q, ok := db.(rowsQuerier); ok {
 		return q, func() {}, nil

@@ -52,6 +52,9 @@ func (s *Store) Claim(ctx context.Context, db DB, req Request) (o *Outcome, err 
 	if err != nil {
 		return nil, err
 	}
+	if err := pgerr.NilHandle(db); err != nil {
+		return nil, err
+	}
 	return s.claim(ctx, db, req.Scope, req.Key, fp, retention)
 }
 
@@ -258,8 +261,8 @@ func (a *Attempt) Advance(ctx context.Context, point string, data []byte) (err e
 func (a *Attempt) AdvanceTx(ctx context.Context, db DB, point string, data []byte) (err error) {
 	ctx, done := a.store.tel.extend(ctx, "advance", a)
 	defer func() { done(err) }()
-	if db == nil {
-		return fmt.Errorf("%w: db is nil", ErrInvalid)
+	if err := pgerr.NilHandle(db); err != nil {
+		return err
 	}
 	return a.advance(ctx, db, point, data)
 }
@@ -297,6 +300,9 @@ func (a *Attempt) CompleteTx(ctx context.Context, db DB, result []byte) (_ time.
 	defer func() { done(err) }()
 	if len(result) > MaxResultBytes {
 		return time.Time{}, fmt.Errorf("%w: result must be at most %d bytes, got %d", ErrInvalid, MaxResultBytes, len(result))
+	}
+	if err := pgerr.NilHandle(db); err != nil {
+		return time.Time{}, err
 	}
 	if result == nil {
 		result = []byte{}

@@ -283,3 +283,32 @@ func TestStoreDurationsWithinSQL(t *testing.T) {
 		t.Fatalf("Complete: %v", err)
 	}
 }
+
+// Every entry point that takes a DB refuses a nil one, or a nil pool in the
+// interface, with ErrInvalid instead of a nil dereference.
+func TestNilDBRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t, nil)
+	req := idempotency.Request{Scope: "s", Key: "k"}
+	noop := func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }
+	for _, db := range []idempotency.DB{nil, (*pgxpool.Pool)(nil)} {
+		for name, call := range map[string]func() error{
+			"Do":        func() error { _, err := store.Do(ctx, db, req, noop); return err },
+			"Begin":     func() error { _, err := store.Begin(ctx, db, req); return err },
+			"Claim":     func() error { _, err := store.Claim(ctx, db, req); return err },
+			"LookupKey": func() error { _, _, err := idempotency.LookupKey(ctx, db, "s", "k"); return err },
+			"Keys":      func() error { _, err := idempotency.Keys(ctx, db, "s", 0); return err },
+			"GC":        func() error { _, err := idempotency.GC(ctx, db, nil); return err },
+			"Abandoned": func() error { _, err := store.Abandoned(ctx, db, nil); return err },
+			"Recover": func() error {
+				_, err := store.Recover(ctx, db, nil, func(context.Context, *idempotency.Attempt) error { return nil })
+				return err
+			},
+		} {
+			if err := call(); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), "db is") {
+				t.Errorf("%s with db %#v: %v, want ErrInvalid naming db", name, db, err)
+			}
+		}
+	}
+}

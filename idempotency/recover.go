@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // Defaults for [RecoverOptions].
@@ -111,6 +113,9 @@ func (s *Store) Abandoned(ctx context.Context, db DB, opts *RecoverOptions) ([]A
 }
 
 func (s *Store) abandoned(ctx context.Context, db DB, o RecoverOptions) ([]AbandonedKey, error) {
+	if err := pgerr.NilHandle(db); err != nil {
+		return nil, err
+	}
 	q, ok := db.(interface {
 		Query(context.Context, string, ...any) (pgx.Rows, error)
 	})

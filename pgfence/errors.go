@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -293,15 +292,7 @@ func details(detail string) map[string]string {
 
 // checkDB refuses a nil db (or a nil pointer in it) with ErrInvalid instead
 // of a nil dereference somewhere inside.
-func checkDB(db DB) error {
-	if db == nil {
-		return fmt.Errorf("%w: db is nil", ErrInvalid)
-	}
-	if v := reflect.ValueOf(db); v.Kind() == reflect.Pointer && v.IsNil() {
-		return fmt.Errorf("%w: db is a nil %T", ErrInvalid, db)
-	}
-	return nil
-}
+func checkDB(db DB) error { return pgerr.NilHandle(db) }
 
 // endOnPanic is deferred by a helper right after it begins tx, with returned
 // set once the caller's fn has returned. If fn panics (returned is still

@@ -320,3 +320,16 @@ func Classify(err error, sent bool) error {
 	}
 	return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
 }
+
+// NilHandle returns an ErrInvalid error when db, a database handle, is nil
+// or holds a nil pointer (a typed nil), so that a call refuses it instead of
+// dereferencing it somewhere inside; nil otherwise.
+func NilHandle(db any) error {
+	if db == nil {
+		return fmt.Errorf("%w: db is nil", ErrInvalid)
+	}
+	if v := reflect.ValueOf(db); v.Kind() == reflect.Pointer && v.IsNil() {
+		return fmt.Errorf("%w: db is a nil %T", ErrInvalid, db)
+	}
+	return nil
+}
