@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -313,6 +314,33 @@ func TestConfigValidation(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	if _, err := migrations.New(pool, &migrations.Config{LockTimeout: -time.Second}); err == nil || !strings.Contains(err.Error(), "LockTimeout") {
 		t.Fatalf("New with a negative LockTimeout: %v, want an error naming the field", err)
+	}
+	// lock_timeout's largest value works; beyond it every run would fail.
+	longest := math.MaxInt32 * time.Millisecond
+	m, err := migrations.New(pool, &migrations.Config{LockTimeout: longest})
+	if err != nil {
+		t.Fatalf("New with LockTimeout %s: %v", longest, err)
+	}
+	if _, err := m.Up(context.Background()); err != nil {
+		t.Fatalf("Up with LockTimeout %s: %v", longest, err)
+	}
+	m.Close()
+	if _, err := migrations.New(pool, &migrations.Config{LockTimeout: longest + time.Millisecond}); err == nil || !strings.Contains(err.Error(), "Config.LockTimeout: must be at most") {
+		t.Fatalf("New with LockTimeout beyond lock_timeout's range: %v, want an error naming the field", err)
+	}
+	// DownTo a version that is not a migration is refused before anything runs.
+	m, err = migrations.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for _, v := range []int64{5, migrations.Latest() + 1} {
+		if _, err := m.DownTo(context.Background(), v); err == nil || !strings.Contains(err.Error(), "not a pgfence migration") {
+			t.Errorf("DownTo(%d): %v, want refused", v, err)
+		}
+	}
+	if cur, _, err := m.Version(context.Background()); err != nil || cur != migrations.Latest() {
+		t.Fatalf("after the refused DownTo: version %d, %v; want %d", cur, err, migrations.Latest())
 	}
 	cfg := pool.Config()
 	cfg.MaxConns = 1

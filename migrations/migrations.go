@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -157,6 +159,11 @@ func newMigrator(db *sql.DB, cfg *Config, addr, application string) (*Migrator, 
 	if cfg.LockTimeout < 0 {
 		return nil, fmt.Errorf("migrations: Config.LockTimeout: must be >= 0 (0 means LockTimeoutDefault, %s), got %s", LockTimeoutDefault, cfg.LockTimeout)
 	}
+	if maxLock := math.MaxInt32 * time.Millisecond; cfg.LockTimeout > maxLock {
+		// Up and DownTo set it as lock_timeout, whose largest value this is:
+		// PostgreSQL would refuse every run.
+		return nil, fmt.Errorf("migrations: Config.LockTimeout: must be at most %s (lock_timeout's largest value), got %s", maxLock, cfg.LockTimeout)
+	}
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -258,6 +265,9 @@ func (m *Migrator) Up(ctx context.Context) ([]Result, error) {
 func (m *Migrator) DownTo(ctx context.Context, version int64) ([]Result, error) {
 	if version < 0 {
 		return nil, fmt.Errorf("migrations: version %d: must be >= 0", version)
+	}
+	if version != 0 && !slices.Contains(Versions(), version) {
+		return nil, fmt.Errorf("migrations: version %d: not a pgfence migration (want 0 or one of %v)", version, Versions())
 	}
 	return m.migrate(ctx, false, func(ctx context.Context) ([]*goose.MigrationResult, error) {
 		return m.provider.DownTo(ctx, version)
