@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgfence/pgfence/idempotency"
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // HeaderKey is the request header that carries the key (IETF
@@ -144,7 +145,8 @@ type Config struct {
 	ReplayHeaders []string
 	// Heartbeat is how often [ModeLeased] extends the lease while the
 	// handler runs. Default a third of the store's [idempotency.Config.Lease];
-	// shorter than the lease.
+	// 1 ms to half the lease (a heartbeat nearer the lease could arrive after
+	// it lapsed, and a retry take the key over from a running handler).
 	Heartbeat time.Duration
 	// Logger receives a debug event per covered request, and warnings when a
 	// key cannot be settled. Default: discard.
@@ -187,11 +189,18 @@ type Middleware struct {
 // on its own before the handler runs.
 //
 // New refuses (with [idempotency.ErrInvalid], naming the field) a nil store
-// or db, a configuration without [Config.Principal] unless
+// or db (also a nil pool in the interface), a store not made by
+// [idempotency.NewStore], a configuration without [Config.Principal] unless
 // [Config.KeysSharedByAllCallers] is set, and out-of-range sizes.
 func New(store *idempotency.Store, db idempotency.DB, cfg *Config) (*Middleware, error) {
 	if store == nil || db == nil {
 		return nil, fmt.Errorf("%w: idemhttp.New needs a store and a db", idempotency.ErrInvalid)
+	}
+	if err := pgerr.NilHandle(db); err != nil {
+		return nil, err
+	}
+	if store.Lease() == 0 { // NewStore always sets one
+		return nil, fmt.Errorf("%w: store: make it with idempotency.NewStore (a zero Store has no configuration)", idempotency.ErrInvalid)
 	}
 	if cfg == nil {
 		cfg = &Config{}
@@ -259,8 +268,8 @@ func New(store *idempotency.Store, db idempotency.DB, cfg *Config) (*Middleware,
 		return nil, fmt.Errorf("%w: Config.Heartbeat must not be negative, got %v", idempotency.ErrInvalid, m.heartbeat)
 	case m.heartbeat == 0:
 		m.heartbeat = lease / 3
-	case m.heartbeat >= lease:
-		return nil, fmt.Errorf("%w: Config.Heartbeat (%v) must be shorter than the store's lease (%v)", idempotency.ErrInvalid, m.heartbeat, lease)
+	case m.heartbeat < time.Millisecond || m.heartbeat > lease/2:
+		return nil, fmt.Errorf("%w: Config.Heartbeat must be 1ms to half the store's lease (%v), got %v", idempotency.ErrInvalid, lease/2, m.heartbeat)
 	}
 	if m.logger == nil {
 		m.logger = slog.New(slog.DiscardHandler)

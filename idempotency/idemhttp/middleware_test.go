@@ -235,11 +235,13 @@ func TestPrincipalRequired(t *testing.T) {
 		}
 	}
 	for name, cfg := range map[string]*idemhttp.Config{
-		"mode":          {Principal: byUser, Mode: 7},
-		"body":          {Principal: byUser, MaxBodyBytes: -1},
-		"response":      {Principal: byUser, MaxResponseBytes: idempotency.MaxResultBytes},
-		"heartbeat":     {Principal: byUser, Heartbeat: -time.Second},
-		"heartbeat max": {Principal: byUser, Heartbeat: idempotency.LeaseDefault},
+		"mode":                     {Principal: byUser, Mode: 7},
+		"body":                     {Principal: byUser, MaxBodyBytes: -1},
+		"response":                 {Principal: byUser, MaxResponseBytes: idempotency.MaxResultBytes},
+		"heartbeat":                {Principal: byUser, Heartbeat: -time.Second},
+		"heartbeat max":            {Principal: byUser, Heartbeat: idempotency.LeaseDefault},
+		"heartbeat near the lease": {Principal: byUser, Heartbeat: idempotency.LeaseDefault/2 + time.Millisecond},
+		"heartbeat tiny":           {Principal: byUser, Heartbeat: time.Microsecond},
 	} {
 		if _, err := idemhttp.New(store, pool, cfg); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), "Config.") {
 			t.Errorf("%s: %v; want ErrInvalid naming the field", name, err)
@@ -247,6 +249,14 @@ func TestPrincipalRequired(t *testing.T) {
 	}
 	if _, err := idemhttp.New(store, pool, &idemhttp.Config{KeysSharedByAllCallers: true}); err != nil {
 		t.Errorf("shared keys, explicitly: %v", err)
+	}
+	// Handles that would fail every covered request later.
+	ok := &idemhttp.Config{Principal: byUser}
+	if _, err := idemhttp.New(store, (*pgxpool.Pool)(nil), ok); !errors.Is(err, idempotency.ErrInvalid) {
+		t.Errorf("a nil *pgxpool.Pool: %v, want ErrInvalid", err)
+	}
+	if _, err := idemhttp.New(&idempotency.Store{}, pool, ok); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), "NewStore") {
+		t.Errorf("a zero Store: %v, want ErrInvalid naming NewStore", err)
 	}
 }
 
