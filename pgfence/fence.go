@@ -206,6 +206,9 @@ func Accepted(ctx context.Context, db DB, resource string) (FenceState, error) {
 	if err := checkDB(db); err != nil {
 		return FenceState{}, err
 	}
+	if err := validateResource(resource); err != nil {
+		return FenceState{}, err
+	}
 	var a FenceState
 	var op *[16]byte
 	err := db.QueryRow(ctx, sqlAccepted, resource).Scan(&a.Token, &a.Writes, &op)

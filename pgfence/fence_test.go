@@ -310,3 +310,30 @@ func TestFenceForcesSynchronousCommit(t *testing.T) {
 		}
 	}
 }
+
+// A nil or zero Fencer is the default one: its writes work, as sqlfence's
+// do, instead of panicking on its missing telemetry.
+func TestNilAndZeroFencer(t *testing.T) {
+	ctx := testContext(t)
+	pool := pgfencetest.NewPool(t)
+	setupKV(t, pool)
+	update := `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`
+	var nilFencer *pgfence.Fencer
+	if _, err := nilFencer.ExecToken(ctx, pool, "kv:a", 5, update, "by nil", 5); err != nil {
+		t.Fatalf("a nil Fencer: %v", err)
+	}
+	var zero pgfence.Fencer
+	if _, err := zero.ExecToken(ctx, pool, "kv:a", 4, update, "by zero", 4); !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("a zero Fencer with a stale token: %v, want ErrStaleToken", err)
+	}
+	// Reads and grants refuse bad names before the round trip.
+	if _, err := pgfence.Accepted(ctx, pool, ""); !errors.Is(err, pgfence.ErrInvalid) {
+		t.Errorf("Accepted(\"\"): %v, want ErrInvalid", err)
+	}
+	if _, err := pgfence.Accepted(ctx, pool, "kv:\xff"); !errors.Is(err, pgfence.ErrInvalid) {
+		t.Errorf("Accepted of invalid UTF-8: %v, want ErrInvalid", err)
+	}
+	if _, err := pgfence.GrantPrefix(ctx, pool, "someone", "kv:\x00"); !errors.Is(err, pgfence.ErrInvalid) {
+		t.Errorf("GrantPrefix with a NUL in the prefix: %v, want ErrInvalid", err)
+	}
+}

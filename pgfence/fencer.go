@@ -56,7 +56,8 @@ type Fencer struct {
 	tel *instruments
 }
 
-// New returns a Fencer configured by cfg (nil for the defaults).
+// New returns a Fencer configured by cfg (nil for the defaults). A nil or
+// zero *Fencer works as the default one (no logs, the global providers).
 func New(cfg *Config) *Fencer {
 	if cfg == nil {
 		cfg = &Config{}
@@ -121,6 +122,9 @@ func UpdateRow(ctx context.Context, db DB, t Table, id any, token int64, set map
 // of it in pgfence.fence_rejections (a write of its own on db, see
 // [Rejections]).
 func (f *Fencer) observed(ctx context.Context, db recorder, w *write, body func(ctx context.Context) error) error {
+	if f == nil || f.tel == nil { // a nil or zero Fencer is the default one, as in sqlfence
+		f = defaultFencer()
+	}
 	ctx, done := f.tel.start(ctx, f.log, w)
 	returned := false
 	defer func() {

@@ -3,6 +3,7 @@ package pgfence
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -50,8 +51,11 @@ func checkGrantArgs(role, prefix string) error {
 	if role == "" {
 		return fmt.Errorf("%w: role must not be empty", ErrInvalid)
 	}
-	if len(prefix) > MaxResourceLen || !utf8.ValidString(prefix) {
-		return fmt.Errorf("%w: prefix must be at most %d bytes of UTF-8", ErrInvalid, MaxResourceLen)
+	if len(prefix) > MaxResourceLen || !utf8.ValidString(prefix) || strings.IndexByte(prefix, 0) >= 0 {
+		return fmt.Errorf("%w: prefix must be at most %d bytes of UTF-8 without NUL", ErrInvalid, MaxResourceLen)
+	}
+	if !utf8.ValidString(role) || strings.IndexByte(role, 0) >= 0 {
+		return fmt.Errorf("%w: role must be UTF-8 without NUL", ErrInvalid)
 	}
 	return nil
 }
