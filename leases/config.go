@@ -20,6 +20,9 @@ const (
 	// MaxTTLLimit is the largest TTL the database accepts
 	// (pgfence.lease_max_ttl()); [Config.MaxTTL] may lower it per client.
 	MaxTTLLimit = 24 * time.Hour
+	// MinInterval is the shortest poll, backoff, renewal and resolve interval
+	// a client accepts: a shorter one would send statements back to back.
+	MinInterval = time.Millisecond
 	// MinTTL is the shortest TTL, for the client and the database alike
 	// (pgfence.try_acquire and pgfence.renew refuse a shorter one with PF008).
 	MinTTL = time.Millisecond
@@ -202,6 +205,10 @@ func (c *Config) resolve() (Config, error) {
 		if *d.v == 0 {
 			*d.v = d.def
 		}
+		// Shorter would poll or retry the database back to back.
+		if *d.v < MinInterval {
+			return cfg, invalid(d.name, "must be at least %s (0 for the default), got %s", MinInterval, *d.v)
+		}
 	}
 	if cfg.SafetyMargin < 0 {
 		return cfg, invalid("Config.SafetyMargin", "must not be negative, got %s", cfg.SafetyMargin)
@@ -216,6 +223,10 @@ func (c *Config) resolve() (Config, error) {
 	}
 	if cfg.PollInterval > MaxTTLLimit {
 		return cfg, invalid("Config.PollInterval", "must be at most %s, got %s", MaxTTLLimit, cfg.PollInterval)
+	}
+	// Close waits for settlements, each bounded by it.
+	if cfg.ResolveTimeout > MaxTTLLimit {
+		return cfg, invalid("Config.ResolveTimeout", "must be at most %s, got %s", MaxTTLLimit, cfg.ResolveTimeout)
 	}
 	if cfg.SafetyMargin > (cfg.MaxTTL-1)/2 {
 		// No TTL up to MaxTTL would exceed twice the margin (and twice a huge

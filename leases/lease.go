@@ -424,6 +424,8 @@ func (l *Lease) KeepAlive(ctx context.Context, opts *KeepAliveOptions) error {
 	switch {
 	case o.Interval < 0:
 		return invalid("KeepAliveOptions.Interval", "must not be negative, got %s", o.Interval)
+	case o.Interval > 0 && o.Interval < MinInterval:
+		return invalid("KeepAliveOptions.Interval", "must be at least %s (0 for the default), got %s", MinInterval, o.Interval)
 	case o.Interval >= l.ttl-l.margin:
 		return invalid("KeepAliveOptions.Interval", "must be below the TTL minus the safety margin (%s), got %s", l.ttl-l.margin, o.Interval)
 	case o.MaxHold < 0:

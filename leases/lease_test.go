@@ -335,6 +335,23 @@ func TestInvalidInput(t *testing.T) {
 			return err
 		}},
 		{"nil pool", "pool", func() error { _, err := leases.New(nil, nil); return err }},
+		// Shorter than a millisecond would poll, retry or renew back to back.
+		{"PollInterval 1µs", "Config.PollInterval", func() error { _, err := leases.New(pool, &leases.Config{PollInterval: time.Microsecond}); return err }},
+		{"BackoffMax 1µs", "Config.BackoffM", func() error {
+			_, err := leases.New(pool, &leases.Config{BackoffMin: time.Microsecond, BackoffMax: time.Microsecond})
+			return err
+		}},
+		{"ResolveTimeout above limit", "Config.ResolveTimeout", func() error {
+			_, err := leases.New(pool, &leases.Config{ResolveTimeout: leases.MaxTTLLimit + time.Second})
+			return err
+		}},
+		{"watch poll 1µs", "WatchOptions.PollInterval", func() error {
+			_, err := c.Watch(ctx, "k", &leases.WatchOptions{PollInterval: time.Microsecond})
+			return err
+		}},
+		{"renew interval 1µs", "HoldOptions.RenewInterval", func() error {
+			return c.Do(ctx, "k", time.Second, &leases.HoldOptions{RenewInterval: time.Microsecond}, func(context.Context, *leases.Lease) error { return nil })
+		}},
 		// 2 × these overflowed, and a TTL passed the check with a trust window
 		// that had run out at the grant.
 		{"SafetyMargin 1<<62", "Config.SafetyMargin", func() error {
@@ -360,7 +377,7 @@ func TestInvalidInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, o := range []*leases.KeepAliveOptions{{Interval: -1}, {Interval: 3 * time.Second}, {MaxHold: -1}, {MaxFailures: -1}} {
+	for _, o := range []*leases.KeepAliveOptions{{Interval: -1}, {Interval: time.Microsecond}, {Interval: 3 * time.Second}, {MaxHold: -1}, {MaxFailures: -1}} {
 		if err := l.KeepAlive(ctx, o); !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), "KeepAliveOptions.") {
 			t.Errorf("KeepAlive(%+v): %v", o, err)
 		}

@@ -84,6 +84,8 @@ func (o *HoldOptions) validate() error {
 		return invalid("HoldOptions.MaxWait", "must not be negative, got %s", o.MaxWait)
 	case o.RenewInterval < 0:
 		return invalid("HoldOptions.RenewInterval", "must not be negative, got %s", o.RenewInterval)
+	case o.RenewInterval > 0 && o.RenewInterval < MinInterval:
+		return invalid("HoldOptions.RenewInterval", "must be at least %s (0 for the default), got %s", MinInterval, o.RenewInterval)
 	case o.MaxHold < 0:
 		return invalid("HoldOptions.MaxHold", "must not be negative, got %s", o.MaxHold)
 	case o.MaxFailures < 0:

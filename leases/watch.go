@@ -179,6 +179,8 @@ func (c *Client) Watch(ctx context.Context, key string, opts *WatchOptions) (*Wa
 		return nil, invalid("WatchOptions.History", "must not be negative, got %d", o.History)
 	case o.PollInterval < 0:
 		return nil, invalid("WatchOptions.PollInterval", "must not be negative, got %s", o.PollInterval)
+	case o.PollInterval > 0 && o.PollInterval < MinInterval:
+		return nil, invalid("WatchOptions.PollInterval", "must be at least %s (0 for the default), got %s", MinInterval, o.PollInterval)
 	case o.PollInterval > MaxTTLLimit:
 		return nil, invalid("WatchOptions.PollInterval", "must be at most %s, got %s", MaxTTLLimit, o.PollInterval)
 	}

@@ -94,6 +94,10 @@ func (c *Config) resolve() (Config, error) {
 		return cfg, fmt.Errorf("%w: Config.TTL: must not be negative, got %s", leases.ErrInvalid, cfg.TTL)
 	case cfg.PollInterval < 0:
 		return cfg, fmt.Errorf("%w: Config.PollInterval: must not be negative, got %s", leases.ErrInvalid, cfg.PollInterval)
+	case cfg.PollInterval > leases.MaxTTLLimit:
+		return cfg, fmt.Errorf("%w: Config.PollInterval: must be at most %s, got %s", leases.ErrInvalid, leases.MaxTTLLimit, cfg.PollInterval)
+	case cfg.PollInterval > 0 && cfg.PollInterval < leases.MinInterval:
+		return cfg, fmt.Errorf("%w: Config.PollInterval: must be at least %s (0 for the default), got %s", leases.ErrInvalid, leases.MinInterval, cfg.PollInterval)
 	case cfg.Hold.Fair:
 		return cfg, fmt.Errorf("%w: Config.Hold.Fair: elections do not queue (followers wait for the leader's end and race once)", leases.ErrInvalid)
 	}
