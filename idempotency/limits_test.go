@@ -312,3 +312,27 @@ func TestNilDBRefused(t *testing.T) {
 		}
 	}
 }
+
+// An attempt claimed on a transaction cannot outlive it: after the caller's
+// COMMIT its methods say so (ErrInvalid), not that an outcome is unknown,
+// since nothing was sent.
+func TestAttemptOnEndedTx(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	ctx := context.Background()
+	store := newStore(t, nil)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := store.Claim(ctx, tx, idempotency.Request{Scope: "tx", Key: "k"})
+	if err != nil || out.Status != idempotency.New {
+		t.Fatalf("Claim in a transaction: %+v, %v", out, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := out.Attempt.Complete(ctx, []byte("ok")); !errors.Is(err, idempotency.ErrInvalid) || errors.Is(err, idempotency.ErrOutcomeUnknown) {
+		t.Fatalf("Complete after the claim's transaction ended: %v, want ErrInvalid, not an unknown outcome", err)
+	}
+}

@@ -384,6 +384,11 @@ func classify(err error, sent bool) error {
 	if !sent && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
 		return err // the caller's own deadline, not an outage
 	}
+	if errors.Is(err, pgx.ErrTxClosed) {
+		// Nothing was sent: the db given (a transaction) had ended. An
+		// attempt claimed on a transaction cannot outlive it.
+		return fmt.Errorf("%w: the transaction given as db has ended (claim on a pool or a connection): %w", ErrInvalid, err)
+	}
 	switch pgerr.Code(err) {
 	case pgerr.CodeKeyMismatch:
 		return fmt.Errorf("%w: %w", ErrMismatch, err)
