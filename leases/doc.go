@@ -127,7 +127,10 @@
 //     every other client (PF008): a key is 1 to [MaxKeyBytes] bytes of UTF-8
 //     without NUL, a TTL [MinTTL] to [MaxTTLLimit] (and at most
 //     [Config.MaxTTL]), a holder description at most [MaxHolderInfoBytes]. A
-//     refused call writes nothing.
+//     refused call writes nothing. Poll, backoff, renewal and watch intervals
+//     are at least [MinInterval]; helpers that hold a lease later (an
+//     election, a job runner) check their options when built
+//     ([Client.CheckHold]).
 //
 // # Cost
 //
