@@ -38,11 +38,10 @@ func TestSQLAndGoAgree(t *testing.T) {
 	checkLeaks(t)
 	db := pgfencetest.NewDatabase(t)
 	conn := sqlConn(t, db.URL)
-	// Waiters poll once a minute: only the SQL release's notification can
-	// wake the Go waiter below within its deadline.
-	up, onEvent := events(leases.EventListenerUp)
-	c := newClient(t, db.Pool, &leases.Config{OnEvent: onEvent, PollInterval: time.Minute, BackoffMax: time.Minute})
 	ctx := ctxTimeout(t, 30*time.Second)
+	// Listening, and waiters poll once a minute: only the SQL release's
+	// notification can wake the Go waiter below within its deadline.
+	c := listeningClient(t, ctx, db.Pool, leases.Config{PollInterval: time.Minute, BackoffMax: time.Minute})
 
 	var (
 		holder string
@@ -75,15 +74,6 @@ func TestSQLAndGoAgree(t *testing.T) {
 
 	// A Go waiter is woken by the SQL release's notification (the key would
 	// otherwise stay held for half a minute, and the waiter not poll for one).
-	// The first Acquire starts the listener.
-	warm, err := c.Acquire(ctx, "warm-up", time.Second, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := warm.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	waitEvent(t, up, leases.EventListenerUp, 10*time.Second)
 	got := make(chan *leases.Lease, 1)
 	errc := make(chan error, 1)
 	go func() {
