@@ -163,22 +163,12 @@ func TestRetentionThroughPgBouncer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	grantAndWrite := func(key string) *leases.Lease {
-		t.Helper()
-		l, err := c.TryAcquire(ctx, key, time.Minute, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pgfence.Exec(ctx, pooled, l, `SELECT 1`); err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
-	ended := grantAndWrite("bouncer/ended")
+	r := &retentionRig{t: t, ctx: ctx, pool: pooled, client: c}
+	ended := r.acquireAndWrite("bouncer/ended")
 	if err := ended.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	first := grantAndWrite("bouncer/reused")
+	first := r.acquireAndWrite("bouncer/reused")
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -198,11 +188,7 @@ func TestRetentionThroughPgBouncer(t *testing.T) {
 	}
 	// An hour later (rows moved back, directly) the ended lease and both
 	// fence rows go; the live lease stays.
-	if _, err := db.Pool.Exec(ctx, `UPDATE pgfence.leases SET granted_at = granted_at - interval '2 hours',
-		expires_at = expires_at - interval '2 hours', released_at = released_at - interval '2 hours' WHERE key = 'bouncer/ended';
-		UPDATE pgfence.fences SET accepted_at = accepted_at - interval '2 hours'`); err != nil {
-		t.Fatal(err)
-	}
+	backdate(t, db.Pool, 2*time.Hour, "bouncer/ended")
 	if p, err := pgfence.PruneRetired(ctx, pooled, 100); err != nil || p.Leases != 1 || p.Fences != 2 {
 		t.Fatalf("prune through PgBouncer: %+v %v, want 1 lease, 2 fence rows", p, err)
 	}
