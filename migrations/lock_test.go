@@ -252,28 +252,13 @@ func TestLockLostRollsBack(t *testing.T) {
 	before := appliedVersions(t, db.Pool)
 
 	// Pause the run right after it took the lock.
-	paused := &pauseHandler{at: "took the migration lock", reached: make(chan struct{}), resume: make(chan struct{})}
-	m, err := migrations.New(db.Pool, &migrations.Config{Logger: slog.New(paused)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	done := make(chan error, 1)
-	go func() {
-		_, err := m.Up(ctx)
-		done <- err
-	}()
-	select {
-	case <-paused.reached:
-	case err := <-done:
-		t.Fatalf("Up returned before it took the lock: %v", err)
-	}
+	resume, done := pausedUp(t, ctx, db.Pool)
 	// Meanwhile its lease lapsed and another migrator took the lock over.
 	if _, err := db.Pool.Exec(ctx, `UPDATE pgfence.migration_lock SET holder = gen_random_uuid(), application = 'usurper'`); err != nil {
 		t.Fatal(err)
 	}
-	close(paused.resume)
-	err = <-done
+	resume()
+	err := <-done
 	if !errors.Is(err, migrations.ErrLockLost) {
 		t.Fatalf("Up after losing the lock: %v, want ErrLockLost", err)
 	}
@@ -285,6 +270,33 @@ func TestLockLostRollsBack(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT application FROM pgfence.migration_lock`).Scan(&app); err != nil || app != "usurper" {
 		t.Fatalf("lock row after the lost run: %q, %v; want the usurper's", app, err)
 	}
+}
+
+// pausedUp starts a Migrator's Up on pool and returns once it has taken the
+// migration lock and stopped there; resume lets it go on, done gets Up's
+// error.
+func pausedUp(t *testing.T, ctx context.Context, pool *pgxpool.Pool) (resume func(), done <-chan error) {
+	t.Helper()
+	paused := &pauseHandler{at: "took the migration lock", reached: make(chan struct{}), resume: make(chan struct{})}
+	m, err := migrations.New(pool, &migrations.Config{Logger: slog.New(paused)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	errc := make(chan error, 1)
+	go func() {
+		_, err := m.Up(ctx)
+		errc <- err
+	}()
+	select {
+	case <-paused.reached:
+	case err := <-errc:
+		t.Fatalf("Up returned before it took the lock: %v", err)
+	}
+	var once sync.Once
+	resume = func() { once.Do(func() { close(paused.resume) }) }
+	t.Cleanup(resume) // a test that fails before resuming does not leave Up blocked (runs before Close)
+	return resume, errc
 }
 
 // pauseHandler blocks the first log record whose message is at until

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -247,22 +246,7 @@ func TestHostGooseUntouched(t *testing.T) {
 	if _, err := m.DownTo(ctx, vs[len(vs)-2]); err != nil {
 		t.Fatal(err)
 	}
-	paused := &pauseHandler{at: "took the migration lock", reached: make(chan struct{}), resume: make(chan struct{})}
-	running, err := migrations.New(db.Pool, &migrations.Config{Logger: slog.New(paused)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer running.Close()
-	done := make(chan error, 1)
-	go func() {
-		_, err := running.Up(ctx)
-		done <- err
-	}()
-	select {
-	case <-paused.reached:
-	case err := <-done:
-		t.Fatalf("our Up returned before it took its lock: %v", err)
-	}
+	resume, done := pausedUp(t, ctx, db.Pool)
 	sessionLocker, err := lock.NewPostgresSessionLocker()
 	if err != nil {
 		t.Fatal(err)
@@ -275,7 +259,7 @@ func TestHostGooseUntouched(t *testing.T) {
 	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	_, herr := locked.DownTo(hctx, 1)
-	close(paused.resume)
+	resume()
 	if herr != nil {
 		t.Fatalf("host migration blocked or failed while pgfence's migrator held its lock: %v", herr)
 	}
