@@ -292,6 +292,8 @@ func pausedUp(t *testing.T, ctx context.Context, pool *pgxpool.Pool) (resume fun
 	case <-paused.reached:
 	case err := <-errc:
 		t.Fatalf("Up returned before it took the lock: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("Up did not take the migration lock within a minute")
 	}
 	var once sync.Once
 	resume = func() { once.Do(func() { close(paused.resume) }) }
