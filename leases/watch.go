@@ -86,11 +86,14 @@ func (e WatchEvent) Ended() bool {
 // WatchOptions tunes [Client.Watch]. A nil *WatchOptions uses the defaults.
 type WatchOptions struct {
 	// After resumes after the event with this ID (a [WatchEvent.ID] seen
-	// before): every later event still in the history comes first. Zero:
-	// see History.
+	// before): every later event still in the history comes first. If the
+	// key's history no longer holds that event (pruned), the watch starts
+	// with one [WatchGap], then the key's events after it. Zero: see
+	// History.
 	After int64
 	// History replays up to this many of the key's newest events first (the
-	// database keeps about 100). Zero (and no After): the watch starts with
+	// database keeps about 100); it cannot be combined with After. Zero (and
+	// no After): the watch starts with
 	// the events of the key's current (or last) grant, so the first event
 	// says who holds it.
 	History int
@@ -177,6 +180,8 @@ func (c *Client) Watch(ctx context.Context, key string, opts *WatchOptions) (*Wa
 		return nil, invalid("WatchOptions.After", "must not be negative, got %d", o.After)
 	case o.History < 0:
 		return nil, invalid("WatchOptions.History", "must not be negative, got %d", o.History)
+	case o.After > 0 && o.History > 0:
+		return nil, invalid("WatchOptions.History", "cannot be combined with After (%d): After already says where the watch starts", o.After)
 	case o.PollInterval < 0:
 		return nil, invalid("WatchOptions.PollInterval", "must not be negative, got %s", o.PollInterval)
 	case o.PollInterval > 0 && o.PollInterval < MinInterval:
@@ -409,6 +414,11 @@ func (w *Watcher) run(ctx context.Context) {
 				if !send(WatchEvent{Kind: WatchGap, Key: w.key}) {
 					return
 				}
+				// Said once: from here on the watch goes on after the lost
+				// event (the events read above all follow it) without
+				// checking for it again, or a key whose history has nothing
+				// up to it would report the gap at every read.
+				from, last = last+1, 0
 			}
 		}
 		if w.tagKey == nil {

@@ -447,6 +447,70 @@ func TestWatchReplay(t *testing.T) {
 	}
 }
 
+// A watch resumed after an event the key's history no longer holds reports
+// the gap once, then goes on with the key's events: it does not report the
+// gap again at every read. After and History together are refused.
+func TestWatchReportsAGapOnce(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	ctx := ctxTimeout(t, time.Minute)
+	l, err := c.TryAcquire(ctx, "gap", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hist, err := c.History(ctx, "gap", 10)
+	if err != nil || len(hist) != 2 {
+		t.Fatalf("history %+v %v", hist, err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT pgfence.prune_lease_events('gap', 0)`); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := c.Watch(ctx, "gap", &leases.WatchOptions{After: hist[0].ID, History: 5}); !errors.Is(err, leases.ErrInvalid) {
+		t.Fatalf("After with History: %v, want ErrInvalid", err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	w, err := c.Watch(wctx, "gap", &leases.WatchOptions{After: hist[0].ID, PollInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopWatch(cancel, w)
+	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchGap {
+		t.Fatalf("first event %+v, want a gap", e)
+	}
+	// Events is unbuffered: a second gap would stop the reads until taken.
+	reads := leases.WatchReads(w)
+	deadline := time.Now().Add(10 * time.Second)
+	for leases.WatchReads(w) < reads+5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the watcher stopped reading after %d reads: it is sending again", leases.WatchReads(w)-reads)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	select {
+	case e := <-w.Events():
+		t.Fatalf("after the gap and no new event: %+v", e)
+	default:
+	}
+	l, err = c.TryAcquire(ctx, "gap", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchAcquired || e.Token != l.Token() {
+		t.Fatalf("after the gap: %+v, want the grant of token %d", e, l.Token())
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchReleased {
+		t.Fatalf("after the grant: %+v, want its release", e)
+	}
+}
+
 // SetHolderInfo changes the live grant's holder info and records one
 // info_changed event per grant; a lost grant is refused and ends the lease.
 func TestSetHolderInfo(t *testing.T) {
