@@ -77,7 +77,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 }
 
 // Close stops the client's LISTEN connection and makes waiting Acquire calls
-// return [ErrClosed]. Leases already granted stay valid: release them first.
+// and watches end with [ErrClosed]; every later call of the client's methods
+// returns [ErrClosed] without sending anything. Leases already granted stay
+// valid, and their own methods ([Lease.Renew], [Lease.Release],
+// [Lease.SetHolderInfo]) keep working, so that a lease can still be
+// released; release them first.
 // It waits for the background read-backs of lost grant replies that started
 // before it was called, and for the release of a grant one of them finds
 // that nobody received, each bounded by [Config.ResolveTimeout].

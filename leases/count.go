@@ -29,6 +29,9 @@ const sqlCount = `SELECT pg_catalog.count(*),
 // Count counts the lease rows by state in one statement, without reading
 // them: for health checks on a table too large for [Client.List].
 func (c *Client) Count(ctx context.Context) (Counts, error) {
+	if c.isClosed() {
+		return Counts{}, fmt.Errorf("leases: count: %w", ErrClosed)
+	}
 	conn, err := c.conn(ctx) // fails only when nothing was sent
 	if err != nil {
 		return Counts{}, fmt.Errorf("leases: count: %w", err)

@@ -131,6 +131,9 @@
 //     are at least [MinInterval]; helpers that hold a lease later (an
 //     election, a job runner) check their options when built
 //     ([Client.CheckHold]).
+//   - The client was closed ([Client.Close]): its methods return [ErrClosed]
+//     without sending anything (waiting calls and watches end with it); the
+//     leases it granted can still be renewed and released.
 //
 // # Cost
 //

@@ -97,6 +97,9 @@ func scanStatus(row pgx.Row) (Status, error) {
 
 // List returns every lease row (one per key ever leased), ordered by key.
 func (c *Client) List(ctx context.Context) ([]Status, error) {
+	if c.isClosed() {
+		return nil, fmt.Errorf("leases: list: %w", ErrClosed)
+	}
 	conn, err := c.conn(ctx) // fails only when nothing was sent
 	if err != nil {
 		return nil, fmt.Errorf("leases: list: %w", err)
@@ -117,6 +120,9 @@ func (c *Client) List(ctx context.Context) ([]Status, error) {
 func (c *Client) Get(ctx context.Context, key string) (Status, error) {
 	if err := validateKey(key); err != nil {
 		return Status{}, err
+	}
+	if c.isClosed() {
+		return Status{}, fmt.Errorf("leases: get %q: %w", key, ErrClosed)
 	}
 	conn, err := c.conn(ctx) // fails only when nothing was sent
 	if err != nil {
@@ -141,6 +147,9 @@ func (c *Client) History(ctx context.Context, key string, limit int) ([]HistoryE
 	}
 	if limit <= 0 {
 		return nil, invalid("limit", "must be positive, got %d", limit)
+	}
+	if c.isClosed() {
+		return nil, fmt.Errorf("leases: history %q: %w", key, ErrClosed)
 	}
 	conn, err := c.conn(ctx) // fails only when nothing was sent
 	if err != nil {
@@ -178,6 +187,9 @@ func (c *Client) ForceRelease(ctx context.Context, key, reason string) (ForceRel
 		holder *string
 		token  *int64
 	)
+	if c.isClosed() {
+		return ForceReleased{}, fmt.Errorf("leases: force release %q: %w", key, ErrClosed)
+	}
 	conn, err := c.conn(ctx) // fails only when nothing was sent: nothing was released
 	if err != nil {
 		return ForceReleased{}, fmt.Errorf("leases: force release %q: %w", key, err)

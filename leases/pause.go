@@ -45,6 +45,9 @@ func (c *Client) PauseGrants(ctx context.Context, prefix, reason string) (bool, 
 	if err := validateReason(reason, true); err != nil {
 		return false, err
 	}
+	if c.isClosed() {
+		return false, fmt.Errorf("leases: pause grants %q: %w", prefix, ErrClosed)
+	}
 	conn, err := c.conn(ctx) // fails only when nothing was sent: nothing was paused
 	if err != nil {
 		return false, fmt.Errorf("leases: pause grants %q: %w", prefix, err)
@@ -77,6 +80,9 @@ func (c *Client) ResumeGrants(ctx context.Context, prefix, reason string) (bool,
 	if reason != "" {
 		r = &reason
 	}
+	if c.isClosed() {
+		return false, fmt.Errorf("leases: resume grants %q: %w", prefix, ErrClosed)
+	}
 	conn, err := c.conn(ctx) // fails only when nothing was sent: nothing was resumed
 	if err != nil {
 		return false, fmt.Errorf("leases: resume grants %q: %w", prefix, err)
@@ -95,6 +101,9 @@ func (c *Client) ResumeGrants(ctx context.Context, prefix, reason string) (bool,
 
 // Pauses returns the paused prefixes, ordered by prefix.
 func (c *Client) Pauses(ctx context.Context) ([]Pause, error) {
+	if c.isClosed() {
+		return nil, fmt.Errorf("leases: pauses: %w", ErrClosed)
+	}
 	conn, err := c.conn(ctx) // fails only when nothing was sent
 	if err != nil {
 		return nil, fmt.Errorf("leases: pauses: %w", err)

@@ -182,3 +182,64 @@ func TestCloseEndsWaiters(t *testing.T) {
 	}
 	_ = l.Release(ctx)
 }
+
+// After Close every method of the client returns ErrClosed and sends
+// nothing, while a lease granted before can still be renewed, changed and
+// released.
+func TestCloseRefusesLaterCalls(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	other := newClient(t, pool, nil)
+	c, err := leases.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxTimeout(t, 30*time.Second)
+	l, err := c.TryAcquire(ctx, "closed/k", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]func() error{
+		"TryAcquire": func() error { _, err := c.TryAcquire(ctx, "closed/j", time.Second, nil); return err },
+		"Acquire":    func() error { _, err := c.Acquire(ctx, "closed/j", time.Second, nil); return err },
+		"Do": func() error {
+			return c.Do(ctx, "closed/j", time.Second, nil, func(context.Context, *leases.Lease) error { return nil })
+		},
+		"Watch":        func() error { _, err := c.Watch(ctx, "closed/k", nil); return err },
+		"List":         func() error { _, err := c.List(ctx); return err },
+		"Get":          func() error { _, err := c.Get(ctx, "closed/k"); return err },
+		"History":      func() error { _, err := c.History(ctx, "closed/k", 10); return err },
+		"Count":        func() error { _, err := c.Count(ctx); return err },
+		"Pauses":       func() error { _, err := c.Pauses(ctx); return err },
+		"PauseGrants":  func() error { _, err := c.PauseGrants(ctx, "closed/", "after close"); return err },
+		"ResumeGrants": func() error { _, err := c.ResumeGrants(ctx, "closed/", ""); return err },
+		"ForceRelease": func() error { _, err := c.ForceRelease(ctx, "closed/k", "after close"); return err },
+	}
+	for name, call := range calls {
+		if err := call(); !errors.Is(err, leases.ErrClosed) {
+			t.Errorf("%s after Close: %v, want ErrClosed", name, err)
+		}
+	}
+	// Nothing was sent: no pause, no grant, the lease still held.
+	if pauses, err := other.Pauses(ctx); err != nil || len(pauses) != 0 {
+		t.Errorf("pauses after the refused PauseGrants: %+v %v", pauses, err)
+	}
+	if _, err := other.Get(ctx, "closed/j"); !errors.Is(err, leases.ErrNotFound) {
+		t.Errorf("closed/j after the refused grants: %v, want ErrNotFound", err)
+	}
+	if err := l.Renew(ctx); err != nil {
+		t.Fatalf("Renew of a lease granted before Close: %v", err)
+	}
+	if _, err := l.SetHolderInfo(ctx, "closing down"); err != nil {
+		t.Fatalf("SetHolderInfo of a lease granted before Close: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release of a lease granted before Close: %v", err)
+	}
+	if s, err := other.Get(ctx, "closed/k"); err != nil || s.Live {
+		t.Fatalf("closed/k after its release: %+v %v", s, err)
+	}
+}
