@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
@@ -189,7 +191,9 @@ type Middleware struct {
 // on its own before the handler runs.
 //
 // New refuses (with [idempotency.ErrInvalid], naming the field) a nil store
-// or db (also a nil pool in the interface), a store not made by
+// or db (also a nil pool in the interface), a db that is one connection
+// (*pgx.Conn, *pgxpool.Conn) or a transaction (pgx.Tx), which concurrent requests cannot
+// share, a store not made by
 // [idempotency.NewStore], a configuration without [Config.Principal] unless
 // [Config.KeysSharedByAllCallers] is set, and out-of-range sizes.
 func New(store *idempotency.Store, db idempotency.DB, cfg *Config) (*Middleware, error) {
@@ -198,6 +202,12 @@ func New(store *idempotency.Store, db idempotency.DB, cfg *Config) (*Middleware,
 	}
 	if err := pgerr.NilHandle(db); err != nil {
 		return nil, err
+	}
+	switch db.(type) {
+	case *pgx.Conn, *pgxpool.Conn:
+		return nil, fmt.Errorf("%w: db is one connection (%T), which cannot serve concurrent requests: pass a *pgxpool.Pool", idempotency.ErrInvalid, db)
+	case pgx.Tx:
+		return nil, fmt.Errorf("%w: db is a transaction (pgx.Tx), which every request would share: pass a *pgxpool.Pool", idempotency.ErrInvalid)
 	}
 	if store.Lease() == 0 { // NewStore always sets one
 		return nil, fmt.Errorf("%w: store: make it with idempotency.NewStore (a zero Store has no configuration)", idempotency.ErrInvalid)

@@ -258,6 +258,26 @@ func TestPrincipalRequired(t *testing.T) {
 	if _, err := idemhttp.New(&idempotency.Store{}, pool, ok); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), "NewStore") {
 		t.Errorf("a zero Store: %v, want ErrInvalid naming NewStore", err)
 	}
+	// One connection or one transaction cannot serve concurrent requests.
+	conn, err := pool.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := idemhttp.New(store, conn.Conn(), ok); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), "*pgxpool.Pool") {
+		t.Errorf("a *pgx.Conn: %v, want ErrInvalid asking for a pool", err)
+	}
+	if _, err := idemhttp.New(store, conn, ok); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), "*pgxpool.Conn") {
+		t.Errorf("a *pgxpool.Conn: %v, want ErrInvalid naming it", err)
+	}
+	tx, err := conn.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := idemhttp.New(store, tx, ok); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), "*pgxpool.Pool") {
+		t.Errorf("a pgx.Tx: %v, want ErrInvalid asking for a pool", err)
+	}
 }
 
 // TestPrincipalsNeverShareResponses: two callers sending the same key and
