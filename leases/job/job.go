@@ -58,7 +58,9 @@ const (
 
 // Result reports one [Runner.Run].
 type Result struct {
-	// Slot is the slot's name.
+	// Slot is the slot's name; also when Run fails, except for a
+	// [Runner.RunPeriod] that failed before its lease was granted (its slot
+	// is decided by the grant), where it is "".
 	Slot string
 	// Outcome says whether this call completed it or found it completed.
 	Outcome Outcome
@@ -171,7 +173,7 @@ func (r *Runner) Run(ctx context.Context, slot string, fn func(ctx context.Conte
 	if err := validSlot(slot); err != nil {
 		return Result{}, err
 	}
-	return r.run(ctx, func(context.Context, *leases.Lease) (string, error) { return slot, nil }, fn)
+	return r.run(ctx, slot, func(context.Context, *leases.Lease) (string, error) { return slot, nil }, fn)
 }
 
 // RunPeriod is [Runner.Run] for the slot of the period that contains the
@@ -186,7 +188,7 @@ func (r *Runner) RunPeriod(ctx context.Context, period time.Duration, fn func(ct
 	if period < time.Second {
 		return Result{}, fmt.Errorf("%w: period: must be at least 1s, got %s", leases.ErrInvalid, period)
 	}
-	return r.run(ctx, func(ctx context.Context, l *leases.Lease) (string, error) {
+	return r.run(ctx, "", func(ctx context.Context, l *leases.Lease) (string, error) {
 		var now time.Time
 		if err := r.pool.QueryRow(ctx, sqlNow).Scan(&now); err != nil {
 			return "", fmt.Errorf("job %q: read the database clock: %w", r.key, pgfence.MapError(err))
@@ -205,11 +207,14 @@ const (
 	sqlUnfinished = `SELECT slot FROM pgfence.job_slots WHERE key = $1 AND completed_at IS NULL ORDER BY started_at, slot`
 )
 
-func (r *Runner) run(ctx context.Context, name func(context.Context, *leases.Lease) (string, error), fn func(ctx context.Context, s *Slot) error) (Result, error) {
+// run runs fn for the slot name gives once the job's lease is granted; slot
+// is that name when it is known before (Run), "" when the grant decides it
+// (RunPeriod).
+func (r *Runner) run(ctx context.Context, slot string, name func(context.Context, *leases.Lease) (string, error), fn func(ctx context.Context, s *Slot) error) (Result, error) {
 	if fn == nil {
 		return Result{}, fmt.Errorf("%w: fn: must not be nil", leases.ErrInvalid)
 	}
-	var res Result
+	res := Result{Slot: slot}
 	err := r.client.Do(ctx, r.key, r.cfg.TTL, &r.cfg.Hold, func(ctx context.Context, l *leases.Lease) error {
 		slot, err := name(ctx, l)
 		if err != nil {
@@ -243,10 +248,13 @@ func (r *Runner) run(ctx context.Context, name func(context.Context, *leases.Lea
 		res.Outcome, res.Runs, res.CompletedAt, res.Token = Completed, s.runs, s.completedAt, l.Token()
 		return nil
 	})
-	if err != nil {
-		return res, fmt.Errorf("job %q, slot %q: %w", r.key, res.Slot, err)
+	switch {
+	case err == nil:
+		return res, nil
+	case res.Slot == "":
+		return res, fmt.Errorf("job %q: %w", r.key, err) // RunPeriod before its slot was known
 	}
-	return res, nil
+	return res, fmt.Errorf("job %q, slot %q: %w", r.key, res.Slot, err)
 }
 
 // begin begins (or takes over, or finds completed) the slot, in a

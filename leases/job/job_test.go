@@ -300,8 +300,18 @@ func TestTryOnceSkipsWhileRunning(t *testing.T) {
 		done <- err
 	}()
 	<-running
-	if _, err := b.Run(ctx, "s", func(context.Context, *job.Slot) error { t.Error("ran"); return nil }); !errors.Is(err, leases.ErrLeaseHeld) {
+	res, err := b.Run(ctx, "s", func(context.Context, *job.Slot) error { t.Error("ran"); return nil })
+	if !errors.Is(err, leases.ErrLeaseHeld) {
 		t.Fatalf("TryOnce while running: %v", err)
+	}
+	// The result and the error still name the slot that was skipped.
+	if res.Slot != "s" || !strings.Contains(err.Error(), `slot "s"`) {
+		t.Errorf("TryOnce while running: %+v, %q; want slot s named in both", res, err)
+	}
+	// A RunPeriod's slot is decided by its grant: none here.
+	res, err = b.RunPeriod(ctx, time.Hour, func(context.Context, *job.Slot) error { t.Error("ran"); return nil })
+	if !errors.Is(err, leases.ErrLeaseHeld) || res.Slot != "" || strings.Contains(err.Error(), "slot") {
+		t.Errorf("RunPeriod while running: %+v, %q; want ErrLeaseHeld without a slot", res, err)
 	}
 	close(release)
 	if err := <-done; err != nil {
@@ -394,3 +404,4 @@ func TestSlotFunctionsRefuse(t *testing.T) {
 	}
 	refused(next, "left", "was begun by the run of token")
 }
+
