@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -234,18 +235,23 @@ func (r *Runner) run(ctx context.Context, slot string, name func(context.Context
 		if err := fn(ctx, s); err != nil {
 			return err
 		}
+		s.mu.Lock()
+		finished, inTx := s.finished, s.inTx
+		s.mu.Unlock()
 		switch {
-		case !s.finished:
+		case !finished:
 			if err := s.Finish(ctx, nil); err != nil {
 				return err
 			}
-		case s.inTx:
+		case inTx:
 			// Complete ran in fn's transaction: see that it committed.
 			if err := s.committed(ctx); err != nil {
 				return err
 			}
 		}
+		s.mu.Lock()
 		res.Outcome, res.Runs, res.CompletedAt, res.Token = Completed, s.runs, s.completedAt, l.Token()
+		s.mu.Unlock()
 		return nil
 	})
 	switch {
@@ -307,14 +313,18 @@ func (r *Runner) Unfinished(ctx context.Context) ([]string, error) {
 	return slots, nil
 }
 
-// Slot is one run of a slot, given to the function [Runner.Run] runs.
+// Slot is one run of a slot, given to the function [Runner.Run] runs. Its
+// methods are safe for concurrent use by the goroutines of that function;
+// concurrent calls of [Slot.Save] are made one at a time.
 type Slot struct {
-	r          *Runner
-	lease      *leases.Lease
-	name       string
-	runs       int
+	r        *Runner
+	lease    *leases.Lease
+	name     string
+	runs     int
+	previous int64 // the token of the run taken over, 0 if none
+
+	mu         sync.Mutex // guards what follows, and serialises Save
 	checkpoint string
-	previous   int64 // the token of the run taken over, 0 if none
 
 	done        bool  // begin found it completed
 	doneBy      int64 // ... by this token
@@ -341,16 +351,24 @@ func (s *Slot) TakenOverFrom() int64 { return s.previous }
 
 // Checkpoint is the last checkpoint saved for the slot ([Slot.Save]): by an
 // earlier run it took over (with [Resume]) or by this run; "" when none.
-func (s *Slot) Checkpoint() string { return s.checkpoint }
+func (s *Slot) Checkpoint() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.checkpoint
+}
 
 // Save records checkpoint (at most [MaxCheckpointBytes]) for the slot,
 // durably, while this run holds the job's lease: a run that takes the slot
 // over later starts from it. It fails with [pgfence.ErrLeaseNotHeld] when
-// the lease was lost or the slot taken over.
+// the lease was lost or the slot taken over. Saves made at the same time
+// are sent one at a time: the slot keeps the checkpoint of the one that
+// returned last.
 func (s *Slot) Save(ctx context.Context, checkpoint string) error {
 	if len(checkpoint) > MaxCheckpointBytes || !utf8.ValidString(checkpoint) || strings.IndexByte(checkpoint, 0) >= 0 {
 		return fmt.Errorf("%w: checkpoint: must be UTF-8 without NUL, at most %d bytes", leases.ErrInvalid, MaxCheckpointBytes)
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if _, err := s.r.pool.Exec(ctx, sqlSave, s.r.key, s.lease.Holder(), s.lease.Token(), s.name, checkpoint); err != nil {
 		return fmt.Errorf("save checkpoint: %w", pgfence.MapError(err))
 	}
@@ -372,7 +390,9 @@ func (s *Slot) Complete(ctx context.Context, tx pgx.Tx) error {
 	if err := tx.QueryRow(ctx, sqlComplete, s.r.key, s.lease.Holder(), s.lease.Token(), s.name).Scan(&at); err != nil {
 		return fmt.Errorf("complete: %w", pgfence.MapError(err))
 	}
+	s.mu.Lock()
 	s.completedAt, s.finished, s.inTx = at, true, true
+	s.mu.Unlock()
 	return nil
 }
 
@@ -396,7 +416,9 @@ func (s *Slot) Finish(ctx context.Context, fn func(ctx context.Context, tx pgx.T
 	if err != nil {
 		return fmt.Errorf("finish: %w", err)
 	}
+	s.mu.Lock()
 	s.completedAt, s.finished = at, true
+	s.mu.Unlock()
 	return nil
 }
 
@@ -415,6 +437,8 @@ func (s *Slot) committed(ctx context.Context) error {
 	if at == nil || token != s.lease.Token() {
 		return errors.New("fn returned nil, but the transaction in which it completed the slot did not commit")
 	}
+	s.mu.Lock()
 	s.completedAt = *at
+	s.mu.Unlock()
 	return nil
 }

@@ -3,6 +3,7 @@ package job_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -405,3 +406,40 @@ func TestSlotFunctionsRefuse(t *testing.T) {
 	refused(next, "left", "was begun by the run of token")
 }
 
+// A slot's checkpoint may be saved from several goroutines of the run at
+// once: the saves are made one at a time, and the slot's Checkpoint is the
+// one the database kept.
+func TestConcurrentSaves(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	r := newRunner(t, pool, nil)
+	_, err := r.Run(ctx, "s", func(ctx context.Context, s *job.Slot) error {
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for i := range 8 {
+			wg.Go(func() {
+				errs <- s.Save(ctx, fmt.Sprintf("part %d", i))
+				_ = s.Checkpoint()
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				return err
+			}
+		}
+		var stored string
+		if err := pool.QueryRow(ctx, `SELECT checkpoint FROM pgfence.job_slots WHERE key = 'jobs/nightly' AND slot = 's'`).Scan(&stored); err != nil {
+			return err
+		}
+		if got := s.Checkpoint(); got != stored {
+			t.Errorf("Checkpoint %q, the database kept %q", got, stored)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
