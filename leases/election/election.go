@@ -199,10 +199,15 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 // OnStartedLeading), the lease is released so that another replica is
 // elected at once. Under Run it returns once Run has stepped down
 // (OnStartedLeading returned, the lease was released, OnStoppedLeading
-// returned), so it must not be called from those callbacks or OnLeader,
-// which Run waits for; and this replica campaigns again, but not before the
-// TTL has passed or another leader has been elected. It returns the
-// release's error, or nil when this replica does not lead.
+// returned), and this replica campaigns again, but not before the TTL has
+// passed or another leader has been elected. It returns the release's
+// error, or nil when this replica does not lead.
+//
+// From OnStartedLeading, which Run waits for, pass the callback's context
+// (or call [Term.Resign]): Resign then returns nil as soon as the term has
+// ended, and Run releases the lease when the callback returns. With another
+// context it would wait for the callback, until that context ends. Do not
+// call it from OnStoppedLeading or OnLeader, which Run also waits for.
 func (e *Election) Resign(ctx context.Context) error {
 	e.mu.Lock()
 	t, running := e.term, e.running
@@ -219,6 +224,9 @@ func (e *Election) Resign(ctx context.Context) error {
 		case <-t.stepped:
 			return t.releaseErr
 		case <-ctx.Done():
+			if errors.Is(context.Cause(ctx), ErrResigned) && errors.Is(context.Cause(t.ctx), ErrResigned) {
+				return nil // called with the term's own context: it ended by this resignation
+			}
 			return context.Cause(ctx)
 		}
 	}

@@ -3,6 +3,7 @@ package election_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"slices"
@@ -586,4 +587,79 @@ func TestRunEndsWhenItsWatchEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	ended("client closed", done, termEnded)
+}
+
+// A leader under Run may resign from OnStartedLeading: Term.Resign (with
+// any context) and Election.Resign (with the callback's context) end the
+// term and return at once, and the lease stays granted until the callback
+// returns, so the leader's work stops before another replica may begin.
+func TestResignFromOnStartedLeading(t *testing.T) {
+	for _, via := range []string{"Term.Resign", "Election.Resign"} {
+		t.Run(via, func(t *testing.T) {
+			checkLeaks(t)
+			pool := pgfencetest.NewPool(t)
+			client := newClient(t, pool, nil)
+			ctx := ctxTimeout(t, time.Minute)
+			var (
+				e       *election.Election
+				inside  = make(chan error, 1) // what the callback saw
+				stopped = make(chan error, 1)
+			)
+			cfg := election.Config{
+				TTL: 10 * time.Second,
+				OnStartedLeading: func(cbctx context.Context, term *election.Term) {
+					var err error
+					if via == "Term.Resign" {
+						err = term.Resign(context.Background())
+					} else {
+						err = e.Resign(cbctx)
+					}
+					if err != nil {
+						inside <- fmt.Errorf("%s from the callback: %w", via, err)
+						return
+					}
+					if cbctx.Err() == nil {
+						inside <- errors.New("the term's context has not ended after the resignation")
+						return
+					}
+					// Still granted while the leader's work runs.
+					s, err := client.Get(ctx, "solo")
+					switch {
+					case err != nil:
+						inside <- err
+					case !s.Live || s.Token != term.Token():
+						inside <- fmt.Errorf("lease %+v while the callback runs, want term %d live", s, term.Token())
+					default:
+						inside <- nil
+					}
+				},
+				OnStoppedLeading: func(_ *election.Term, cause error) { stopped <- cause },
+			}
+			var err error
+			if e, err = election.New(client, "solo", &cfg); err != nil {
+				t.Fatal(err)
+			}
+			rctx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- e.Run(rctx) }()
+			defer func() {
+				cancel()
+				<-done
+			}()
+			select {
+			case err := <-inside:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-ctx.Done():
+				t.Fatal("the callback did not finish: the resignation blocks it")
+			}
+			if cause := <-stopped; !errors.Is(cause, election.ErrResigned) {
+				t.Fatalf("OnStoppedLeading: %v, want ErrResigned", cause)
+			}
+			if s, err := client.Get(ctx, "solo"); err != nil || s.Live || s.ReleasedAt.IsZero() {
+				t.Fatalf("after the callback returned: %+v %v, want released", s, err)
+			}
+		})
+	}
 }

@@ -111,10 +111,22 @@ func (t *Term) Proclaim(ctx context.Context, value string) error {
 // Resign ends the term: its context ends with [ErrResigned], its keep-alive
 // stops and its lease is released, so that another replica can be elected
 // at once. It returns the release's error; resigning again returns the same.
-// A term of [Election.Run] is resigned through Run ([Election.Resign]),
-// which waits for OnStartedLeading to return before it releases.
+//
+// A term of [Election.Run] is released by Run, once OnStartedLeading has
+// returned (the leader's work must stop before another replica may begin):
+// Resign ends the term's context and returns nil at once, also when called
+// from OnStartedLeading, and the release's outcome reaches OnStoppedLeading.
+// To wait for the release, call [Election.Resign] (not from the callbacks).
 func (t *Term) Resign(ctx context.Context) error {
 	t.cancel(fmt.Errorf("%w (term %d)", ErrResigned, t.Token()))
+	if t.run {
+		select {
+		case <-t.stepped:
+			return t.releaseErr
+		default:
+			return nil // Run releases it when OnStartedLeading returns
+		}
+	}
 	return t.release(ctx)
 }
 
