@@ -235,23 +235,31 @@ func (a *AtomicAttempt) Tx() pgx.Tx { return a.a.tx.handle() }
 // as the key's answer and commits it together with the writes made through
 // Tx. It returns when the stored result expires. A broken connection while
 // the COMMIT was on its way returns [ErrOutcomeUnknown]: claim the same
-// request again to learn whether it committed. Any other error means nothing
-// was stored and the key is free. The attempt has ended either way.
+// request again to learn whether it committed. A result over the limit is
+// refused with [ErrInvalid] before anything is sent, and the attempt stays
+// open, its writes kept: complete it with a result that fits, Fail or
+// Rollback. Any other error means nothing was stored and the key is free;
+// the attempt has ended.
 func (a *AtomicAttempt) Complete(ctx context.Context, result []byte) (time.Time, error) {
+	if err := checkResult(result); err != nil && !a.a.ended {
+		return time.Time{}, err
+	}
 	return a.a.complete(ctx, result)
 }
 
 // Fail stores f as the key's permanent answer, replayed to every duplicate,
 // and commits it together with the writes made through Tx (unlike a
 // [*Failure] returned from a [Func], which rolls them back). Errors as for
-// [AtomicAttempt.Complete].
+// [AtomicAttempt.Complete]: a nil or invalid f is refused with [ErrInvalid]
+// and the attempt stays open.
 func (a *AtomicAttempt) Fail(ctx context.Context, f *Failure) (time.Time, error) {
+	if a.a.ended {
+		return a.a.settle(ctx, nil, f) // reports that it ended
+	}
 	if f == nil {
-		a.a.end()
 		return time.Time{}, fmt.Errorf("%w: failure is nil", ErrInvalid)
 	}
 	if err := f.check(); err != nil {
-		a.a.end()
 		return time.Time{}, err
 	}
 	return a.a.settle(ctx, f.Data, f)
@@ -279,14 +287,22 @@ type attempt[T any] struct {
 
 // complete stores result and commits (see [AtomicAttempt.Complete]).
 func (a *attempt[T]) complete(ctx context.Context, result []byte) (time.Time, error) {
-	if len(result) > MaxResultBytes {
+	if err := checkResult(result); err != nil {
 		a.end()
-		return time.Time{}, fmt.Errorf("%w: result must be at most %d bytes, got %d", ErrInvalid, MaxResultBytes, len(result))
+		return time.Time{}, err
 	}
 	if result == nil {
 		result = []byte{}
 	}
 	return a.settle(ctx, result, nil)
+}
+
+// checkResult refuses a result the database would not store.
+func checkResult(result []byte) error {
+	if len(result) > MaxResultBytes {
+		return fmt.Errorf("%w: result must be at most %d bytes, got %d", ErrInvalid, MaxResultBytes, len(result))
+	}
+	return nil
 }
 
 func (a *attempt[T]) settle(ctx context.Context, result []byte, f *Failure) (time.Time, error) {

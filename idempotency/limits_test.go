@@ -116,8 +116,8 @@ func TestLimitsCheckedBeforeRoundTrip(t *testing.T) {
 }
 
 // TestOversizedResultWritesNothing: a result over the limit is refused and
-// leaves the key exactly as it was: atomic mode rolls the claim back (the
-// key is free for the next attempt); leased mode keeps the claim with the
+// leaves the key exactly as it was: Do rolls the claim back (the key is free
+// for the next attempt); an attempt of Begin or Claim stays open with the
 // same owner, who can still complete it; and the SQL function refuses it for
 // any client without touching the row.
 func TestOversizedResultWritesNothing(t *testing.T) {
@@ -145,6 +145,38 @@ func TestOversizedResultWritesNothing(t *testing.T) {
 	out, err := store.Do(ctx, pool, req, charge("big-1", 5))
 	if err != nil || out.Status != idempotency.New || countCharges(t, pool, "big-1") != 1 {
 		t.Fatalf("retry after the refused result: %+v, %v; want New and one charge", out, err)
+	}
+
+	// Begin: bad input to Complete or Fail is refused before anything is
+	// sent, and the attempt stays open with its writes: completing it with
+	// a result that fits commits them.
+	breq := idempotency.Request{Scope: "orders", Key: "big-3", Payload: []byte("p")}
+	begun, err := store.Begin(ctx, pool, breq)
+	if err != nil || begun.Status != idempotency.New {
+		t.Fatalf("Begin: %+v, %v", begun, err)
+	}
+	aa := begun.Atomic
+	defer func() { _ = aa.Rollback(ctx) }()
+	if _, err := charge("big-3", 5)(ctx, aa.Tx()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := aa.Complete(ctx, big); !errors.Is(err, idempotency.ErrInvalid) {
+		t.Fatalf("AtomicAttempt.Complete with an oversized result: %v, want ErrInvalid", err)
+	}
+	if _, err := aa.Fail(ctx, nil); !errors.Is(err, idempotency.ErrInvalid) {
+		t.Fatalf("AtomicAttempt.Fail(nil): %v, want ErrInvalid", err)
+	}
+	if _, err := aa.Fail(ctx, &idempotency.Failure{Code: strings.Repeat("c", idempotency.MaxFailureCodeBytes+1)}); !errors.Is(err, idempotency.ErrInvalid) {
+		t.Fatalf("AtomicAttempt.Fail with an oversized code: %v, want ErrInvalid", err)
+	}
+	if _, err := aa.Complete(ctx, []byte("ok")); err != nil {
+		t.Fatalf("completing the attempt after the refusals: %v", err)
+	}
+	if n := countCharges(t, pool, "big-3"); n != 1 {
+		t.Fatalf("the attempt's write after its completion: %d charges, want 1", n)
+	}
+	if replay, err := store.Claim(ctx, pool, breq); err != nil || replay.Status != idempotency.Replayed || string(replay.Result) != "ok" {
+		t.Fatalf("replay of big-3: %+v, %v", replay, err)
 	}
 
 	// Leased: refused before the round trip; the owner still holds the key.
