@@ -211,15 +211,20 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 func (e *Election) Resign(ctx context.Context) error {
 	e.mu.Lock()
 	t, running := e.term, e.running
+	if t != nil && running && t.run {
+		// Signalled under the lock: stepDown clears the term and drains the
+		// signal under it too, so a signal meant for a term that ended by
+		// itself never ends the next one.
+		select {
+		case e.resign <- struct{}{}:
+		default:
+		}
+	}
 	e.mu.Unlock()
 	if t == nil {
 		return nil
 	}
 	if running && t.run {
-		select {
-		case e.resign <- struct{}{}:
-		default:
-		}
 		select {
 		case <-t.stepped:
 			return t.releaseErr

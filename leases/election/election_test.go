@@ -663,3 +663,74 @@ func TestResignFromOnStartedLeading(t *testing.T) {
 		})
 	}
 }
+
+// A resignation that arrives while Run steps down from a term it lost is
+// for that term: it does not end the next term this replica wins.
+func TestResignOfALostTermSparesTheNext(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	client := newClient(t, pool, nil)
+	operator := newClient(t, pool, nil)
+	ctx := ctxTimeout(t, time.Minute)
+	var (
+		mu      sync.Mutex
+		started []*election.Term
+		proceed = make(chan struct{})
+		first   = true
+	)
+	terms := make(chan *election.Term, 4)
+	cfg := election.Config{
+		TTL:          3 * time.Second,
+		PollInterval: 100 * time.Millisecond,
+		Hold:         leases.HoldOptions{RenewInterval: 100 * time.Millisecond},
+		OnStartedLeading: func(cbctx context.Context, term *election.Term) {
+			mu.Lock()
+			started = append(started, term)
+			hold := first
+			first = false
+			mu.Unlock()
+			terms <- term
+			<-cbctx.Done()
+			if hold {
+				<-proceed // the first term's work takes a while to stop
+			}
+		},
+	}
+	e, err := election.New(client, "resign-lost", &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- e.Run(rctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	t1 := <-terms
+	if _, err := operator.ForceRelease(ctx, "resign-lost", "test: the first term is lost"); err != nil {
+		t.Fatal(err)
+	}
+	<-t1.Done() // lost at its next renewal; Run waits for its callback
+	if !errors.Is(context.Cause(t1.Context()), election.ErrLost) {
+		t.Fatalf("the first term ended with %v, want ErrLost", context.Cause(t1.Context()))
+	}
+	resigned := make(chan error, 1)
+	go func() { resigned <- e.Resign(ctx) }()
+	eventually(t, 10*time.Second, "Resign's signal to Run", func() bool { return election.ResignPending(e) == 1 })
+	close(proceed)
+	if err := <-resigned; err != nil && !errors.Is(err, leases.ErrLeaseLost) {
+		t.Fatalf("Resign of the lost term: %v", err)
+	}
+	// Had the signal been kept, Run would end the next term with it.
+	if n := election.ResignPending(e); n != 0 {
+		t.Fatalf("%d resignations still wait for Run after the term they were for ended", n)
+	}
+	t2 := <-terms
+	if t2.Token() <= t1.Token() {
+		t.Fatalf("term %d after term %d", t2.Token(), t1.Token())
+	}
+	if err := t2.Err(); err != nil {
+		t.Fatalf("the next term ended: %v", err)
+	}
+}

@@ -349,6 +349,10 @@ func (r *runner) stepDown(ctx context.Context, cause error) {
 	if e.term == t {
 		e.term = nil
 	}
+	select {
+	case <-e.resign: // a resignation of the term that has just ended
+	default:
+	}
 	e.mu.Unlock()
 	r.term, r.cbDone = nil, nil
 	if e.cfg.OnStoppedLeading != nil {
