@@ -315,19 +315,23 @@ func (e *Election) Observe(ctx context.Context) (<-chan Leader, error) {
 // leader's signed renewal announcement, within twice the poll interval plus
 // the TTL). Otherwise the error says why. It sends nothing to the database.
 func (e *Election) Health() error {
+	// Read under the lock, ask outside it: Term.Err may end a lease whose
+	// trust window has run out, which calls the client's OnEvent, and that
+	// may call back into the election.
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	running, term, health, watch := e.running, e.term, e.health, e.watch
+	e.mu.Unlock()
 	switch {
-	case !e.running:
+	case !running:
 		return fmt.Errorf("election %q: not campaigning (Run is not running)", e.key)
-	case e.term != nil && e.term.Err() == nil:
+	case term != nil && term.Err() == nil:
 		return nil
-	case e.health != nil:
-		return e.health
-	case e.watch == nil:
+	case health != nil:
+		return health
+	case watch == nil:
 		return fmt.Errorf("election %q: starting", e.key)
 	}
-	st := e.watch.State()
+	st := watch.State()
 	if st.Err != nil {
 		return fmt.Errorf("election %q: the database cannot be read: %w", e.key, st.Err)
 	}
