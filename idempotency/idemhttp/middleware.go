@@ -247,6 +247,9 @@ func (m *Middleware) serveAtomic(w http.ResponseWriter, r *http.Request, next ht
 			"The connection to the idempotency store broke while the request was committed; retry with the same Idempotency-Key to learn its result.")
 		return outcomeUnknown, http.StatusServiceUnavailable
 	case err != nil:
+		// A refused answer (too large to store) leaves the attempt open:
+		// roll it back, or the key and its connection stay held.
+		_ = a.Rollback(sctx)
 		m.logger.ErrorContext(r.Context(), "idempotency: commit failed", "scope", req.Scope, "key", req.Key, "error", err)
 		problem(w, http.StatusInternalServerError, "Request not committed", "The request was not processed; retry later.")
 		return outcomeError, http.StatusInternalServerError

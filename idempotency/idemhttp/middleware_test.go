@@ -1,6 +1,7 @@
 package idemhttp_test
 
 import (
+	"bytes"
 	"compress/gzip"
 	"context"
 	"errors"
@@ -1085,4 +1086,54 @@ func TestContextAccessors(t *testing.T) {
 			t.Errorf("without a key: %q", r.body)
 		}
 	})
+}
+
+// A response the store refuses to keep (its stored form over
+// idempotency.MaxResultBytes, here through a replayed header) is answered
+// 500 and rolls the handler's writes back: the key is free at once, and the
+// retry runs the handler.
+func TestUnstorableResponseRollsBack(t *testing.T) {
+	pool := pgfencetest.NewPool(t)
+	createOrders(t, pool)
+	store := newStore(t, &idempotency.Config{WaitTimeout: 200 * time.Millisecond})
+	mw := newMiddleware(t, store, pool, &idemhttp.Config{Principal: byUser, ReplayHeaders: []string{"X-Big"},
+		MaxResponseBytes: idempotency.MaxResultBytes / 2})
+	var big atomic.Bool
+	big.Store(true)
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := idemhttp.Tx(r.Context()).Exec(r.Context(), `INSERT INTO orders (body) VALUES ('x')`); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if big.Load() {
+			w.Header().Set("X-Big", strings.Repeat("h", 6<<20))
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write(bytes.Repeat([]byte{'b'}, 8<<20))
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	serve := func() *httptest.ResponseRecorder {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/orders", strings.NewReader(`{}`))
+		r.Header.Set("X-User", "alice")
+		r.Header.Set(idemhttp.HeaderKey, `"unstorable"`)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		return rec
+	}
+	if rec := serve(); rec.Code != http.StatusInternalServerError {
+		t.Fatalf("an answer too large to store: %d, want 500", rec.Code)
+	}
+	if n := countOrders(t, pool); n != 0 {
+		t.Fatalf("%d orders after the refused answer, want 0", n)
+	}
+	big.Store(false)
+	if rec := serve(); rec.Code != http.StatusCreated || rec.Header().Get(idemhttp.HeaderReplayed) != "" {
+		t.Fatalf("the retry: %d %v, want the handler run again (201)", rec.Code, rec.Header())
+	}
+	if n := countOrders(t, pool); n != 1 {
+		t.Fatalf("%d orders after the retry, want 1", n)
+	}
 }
