@@ -228,7 +228,9 @@ func (a *AtomicAttempt) Key() string { return a.a.key }
 // it. Do not commit or roll it back yourself: a COMMIT without the stored
 // answer is refused by the database (the claim must be completed in its
 // transaction), and either leaves the attempt unable to complete. A
-// [pgx.Tx.Begin] on it is a savepoint, as usual.
+// [pgx.Tx.Begin] on it is a savepoint, as usual. Once the attempt has ended
+// (Complete, Fail, Rollback), every call on it answers [pgx.ErrTxClosed]
+// and sends nothing, so a deferred Rollback is harmless.
 func (a *AtomicAttempt) Tx() pgx.Tx { return a.a.tx.handle() }
 
 // Complete stores result (at most [MaxResultBytes]; nil is stored as empty)
@@ -335,8 +337,9 @@ func (a *attempt[T]) end() {
 // caller's transaction it is a savepoint, released the ordinary way.
 type atomicTx struct {
 	pgx.Tx
-	conn      *pgx.Conn // nil: commit through Tx
-	release   func()    // returns a connection acquired from a pool
+	guard     *guardedTx // what the caller gets: closed when the attempt ends
+	conn      *pgx.Conn  // nil: commit through Tx
+	release   func()     // returns a connection acquired from a pool
 	committed bool
 }
 
@@ -363,19 +366,19 @@ func beginAtomicTx(ctx context.Context, db DB, c *claimArgs) (*atomicTx, error) 
 			pc.Release()
 			return nil, err
 		}
-		return &atomicTx{Tx: tx, conn: pc.Conn(), release: pc.Release}, nil
+		return &atomicTx{Tx: tx, guard: newGuardedTx(tx), conn: pc.Conn(), release: pc.Release}, nil
 	case *pgx.Conn:
 		tx, err := beginClaim(ctx, db, c)
 		if err != nil {
 			return nil, err
 		}
-		return &atomicTx{Tx: tx, conn: db}, nil
+		return &atomicTx{Tx: tx, guard: newGuardedTx(tx), conn: db}, nil
 	}
 	tx, err := begin(ctx, db)
 	if err != nil {
 		return nil, err
 	}
-	return &atomicTx{Tx: tx}, nil
+	return &atomicTx{Tx: tx, guard: newGuardedTx(tx)}, nil
 }
 
 // beginClaim begins a READ COMMITTED transaction on conn and claims c's key
@@ -457,6 +460,7 @@ func writeText(b *strings.Builder, s string) {
 // returning when the stored result expires.
 func (t *atomicTx) completeAndCommit(ctx context.Context, scope, key string, result []byte, code, message *string) (time.Time, error) {
 	var expiresAt time.Time
+	t.guard.close() // the attempt ends here, whatever the outcome
 	if t.conn == nil {
 		if err := t.QueryRow(ctx, completeAtomicSQL, scope, key, result, code, message).Scan(&expiresAt); err != nil {
 			return time.Time{}, classify(err, false)
@@ -492,7 +496,7 @@ func (t *atomicTx) completeAndCommit(ctx context.Context, scope, key string, res
 	return expiresAt, nil
 }
 
-func (t *atomicTx) handle() pgx.Tx { return t.Tx }
+func (t *atomicTx) handle() pgx.Tx { return t.guard }
 
 // claim sends the claim with the statement that names the trace in one
 // pipeline, so tracing adds no round trip.
@@ -501,6 +505,7 @@ func (t *atomicTx) claim(ctx context.Context, sql string, args ...any) rowScanne
 }
 
 func (t *atomicTx) rollback(ctx context.Context) error {
+	t.guard.close()
 	err := t.Rollback(ctx)
 	if t.release != nil {
 		t.release()
@@ -514,6 +519,7 @@ func (t *atomicTx) rollback(ctx context.Context) error {
 // end rolls back an attempt that did not commit and returns a pooled
 // connection.
 func (t *atomicTx) end() {
+	t.guard.close()
 	if !t.committed {
 		rollback(t.Tx)
 	}
