@@ -303,16 +303,19 @@ func (m *Middleware) runLeased(w http.ResponseWriter, r *http.Request, next http
 	finished = true
 }
 
-// keepAlive extends the lease until stop is called, which waits for a
-// heartbeat in flight; it cancels the handler's context if the key is lost
-// (taken over) or can no longer be trusted. A lease that can no longer be
-// trusted is still extended: the handler may run on (inside a call that
-// ignores its context), and once the store answers again a heartbeat keeps
-// the key for it unless another attempt took it over. ctx must not be the
-// request's context, which ends when the client goes away while the handler
-// may still run.
+// keepAlive extends the lease until stop is called, which cuts a heartbeat
+// in flight and waits for it; it cancels the handler's context if the key is
+// lost (taken over) or can no longer be trusted, at the latest when the
+// trust window of the last extension runs out, also while a heartbeat
+// hangs (a pool with no free connection, a network that drops packets). A
+// lease that can no longer be trusted is still extended: the handler may
+// run on (inside a call that ignores its context), and once the store
+// answers again a heartbeat keeps the key for it unless another attempt
+// took it over. ctx must not be the request's context, which ends when the
+// client goes away while the handler may still run.
 func (m *Middleware) keepAlive(ctx context.Context, a *idempotency.Attempt, cancel context.CancelCauseFunc) (stop func()) {
 	done := make(chan struct{})
+	ctx, stopBeats := context.WithCancel(ctx)
 	lease := m.store.Lease()
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -324,8 +327,14 @@ func (m *Middleware) keepAlive(ctx context.Context, a *idempotency.Attempt, canc
 				return
 			case <-t.C:
 			}
-			// A heartbeat answered after a whole lease extends nothing.
-			hctx, hcancel := context.WithTimeout(ctx, lease)
+			// A heartbeat answered after a whole lease extends nothing; one
+			// still out when the trust window ends leaves the handler
+			// without a lease, so it is cut there and the handler stopped.
+			deadline := time.Now().Add(lease)
+			if until := a.TrustedUntil(); time.Now().Before(until) && until.Before(deadline) {
+				deadline = until
+			}
+			hctx, hcancel := context.WithDeadline(ctx, deadline)
 			err := a.Heartbeat(hctx)
 			hcancel()
 			switch {
@@ -337,7 +346,7 @@ func (m *Middleware) keepAlive(ctx context.Context, a *idempotency.Attempt, canc
 			}
 		}
 	})
-	return func() { close(done); wg.Wait() }
+	return func() { close(done); stopBeats(); wg.Wait() }
 }
 
 // settle stores a final response, or releases the key for a retry. Storing

@@ -1137,3 +1137,72 @@ func TestUnstorableResponseRollsBack(t *testing.T) {
 		t.Fatalf("%d orders after the retry, want 1", n)
 	}
 }
+
+// A leased handler whose heartbeat hangs (the store stops answering, the
+// connection stays open) is stopped when the trust window of its last
+// extension ends: before its lease runs out in the database, so before
+// another instance can take the key over and run the handler again.
+func TestLeasedHandlerStoppedBeforeTakeover(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	p, proxied := throughProxy(t, db)
+	const lease = time.Second
+	cfg := &idemhttp.Config{Mode: idemhttp.ModeLeased, Principal: byUser, Heartbeat: lease / 4}
+	handlerCtx := make(chan context.Context, 1)
+	gate := make(chan struct{})
+	mw := newMiddleware(t, newStore(t, &idempotency.Config{Lease: lease}), proxied, cfg)
+	srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handlerCtx <- r.Context()
+		<-gate // a downstream call that ignores the context
+		fmt.Fprint(w, "first")
+	})))
+	t.Cleanup(srv.Close)
+	var firstCtx atomic.Pointer[context.Context]
+	sawFirst := make(chan error, 1) // the first handler's context's error when the second ran
+	other := newMiddleware(t, newStore(t, &idempotency.Config{Lease: lease}), db.Pool, cfg)
+	srv2 := httptest.NewServer(other.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sawFirst <- (*firstCtx.Load()).Err()
+		fmt.Fprint(w, "second")
+	})))
+	t.Cleanup(srv2.Close)
+
+	first := make(chan response, 1)
+	go func() { first <- send(t, srv, "POST", "/pay", `"hang"`, "{}") }()
+	var hctx context.Context
+	select {
+	case hctx = <-handlerCtx:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler did not run")
+	}
+	defer func() {
+		p.SetBlackhole(faultproxy.ClientToServer, false)
+		p.CutAll() // the connection whose request was swallowed would hold up the pool's Close
+		close(gate)
+		<-first
+	}()
+	p.SetBlackhole(faultproxy.ClientToServer, true)
+
+	// The other instance retries until the key is free to take over; when it
+	// runs the handler, the first one's context must have ended.
+	firstCtx.Store(&hctx)
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if time.Now().After(deadline) {
+			t.Fatal("the key was never taken over")
+		}
+		r := send(t, srv2, "POST", "/pay", `"hang"`, "{}")
+		if r.status == http.StatusConflict {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		if r.status != http.StatusOK || r.body != "second" {
+			t.Fatalf("the takeover: %+v", r)
+		}
+		break
+	}
+	if err := <-sawFirst; err == nil {
+		t.Fatal("the key was taken over while the first handler's context was still live")
+	}
+	if cause := context.Cause(hctx); !strings.Contains(fmt.Sprint(cause), "lease may have expired") {
+		t.Errorf("the first handler's context ended with %v", cause)
+	}
+}
