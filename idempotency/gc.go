@@ -85,8 +85,14 @@ func GC(ctx context.Context, db DB, opts *GCOptions) (res GCResult, err error) {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
+		conn, release, err := acquire(ctx, db)
+		if err != nil {
+			return res, fmt.Errorf("idempotency: gc: %w", err)
+		}
 		var deleted int64
-		if err := db.QueryRow(ctx, gcSQL, size).Scan(&deleted); err != nil {
+		err = conn.QueryRow(ctx, gcSQL, size).Scan(&deleted)
+		release()
+		if err != nil {
 			return res, fmt.Errorf("idempotency: gc: %w", classify(err, true))
 		}
 		res.Batches++

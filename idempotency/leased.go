@@ -68,17 +68,22 @@ func (s *Store) claim(ctx context.Context, db DB, scope, key string, fp []byte, 
 		recoveryData, result           []byte
 		expiresAt                      *time.Time
 	)
+	conn, release, err := acquire(ctx, db) // db stays the attempt's
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	start := time.Now()
 	claim := func(db DB) error {
 		return tracesql.QueryRow(ctx, db, claimSQL, scope, key, fp, micros(s.lease), micros(retention), micros(s.wait)).
 			Scan(&outcome, &owner, &epoch, &recoveryPoint, &recoveryData, &status, &result, &code, &message, &expiresAt)
 	}
-	err := claim(db)
+	err = claim(conn)
 	if _, inTx := db.(pgx.Tx); !inTx && pgerr.Code(err) == pgerr.CodeIsolation {
 		// The session's default isolation is not READ COMMITTED, and the
 		// caller has no transaction of its own (PF010 is raised before
 		// anything is written): claim in a READ COMMITTED transaction.
-		err = inReadCommitted(ctx, db, claim)
+		err = inReadCommitted(ctx, conn, claim)
 	}
 	if err != nil {
 		err = classify(err, true)
@@ -87,7 +92,7 @@ func (s *Store) claim(ctx context.Context, db DB, scope, key string, fp []byte, 
 			return &Outcome{Status: Mismatch}, err
 		case errors.Is(err, ErrInProgress):
 			var us *int64
-			if rerr := db.QueryRow(ctx, retryAfterSQL, scope, key).Scan(&us); rerr != nil {
+			if rerr := conn.QueryRow(ctx, retryAfterSQL, scope, key).Scan(&us); rerr != nil {
 				us = nil // the hint is best effort; the default applies
 			}
 			if us != nil && *us <= 0 {
@@ -217,8 +222,13 @@ func (a *Attempt) Heartbeat(ctx context.Context) (err error) {
 	ctx, done := a.store.tel.extend(ctx, "heartbeat", a)
 	defer func() { done(err) }()
 	start := time.Now()
+	db, release, err := acquire(ctx, a.db)
+	if err != nil {
+		return a.notSent("heartbeat", err)
+	}
+	defer release()
 	var until time.Time
-	if err := a.db.QueryRow(ctx, heartbeatSQL, a.scope, a.key, a.owner, micros(a.store.lease)).Scan(&until); err != nil {
+	if err := db.QueryRow(ctx, heartbeatSQL, a.scope, a.key, a.owner, micros(a.store.lease)).Scan(&until); err != nil {
 		return a.fail("heartbeat", err)
 	}
 	a.extended(start)
@@ -276,6 +286,11 @@ func (a *Attempt) advance(ctx context.Context, db DB, point string, data []byte)
 	case !validText(point):
 		return fmt.Errorf("%w: recovery point must be valid UTF-8 without NUL bytes", ErrInvalid)
 	}
+	db, release, err := acquire(ctx, db)
+	if err != nil {
+		return a.notSent("advance", err)
+	}
+	defer release()
 	var until time.Time
 	if err := db.QueryRow(ctx, advanceSQL, a.scope, a.key, a.owner, point, data, micros(a.store.lease)).Scan(&until); err != nil {
 		return a.fail("advance", err)
@@ -307,6 +322,11 @@ func (a *Attempt) CompleteTx(ctx context.Context, db DB, result []byte) (_ time.
 	if result == nil {
 		result = []byte{}
 	}
+	db, release, err := acquire(ctx, db)
+	if err != nil {
+		return time.Time{}, a.notSent("complete", err)
+	}
+	defer release()
 	var expires time.Time
 	if err := db.QueryRow(ctx, completeSQL, a.scope, a.key, a.owner, result, nil, nil).Scan(&expires); err != nil {
 		return time.Time{}, a.fail("complete", err)
@@ -325,8 +345,13 @@ func (a *Attempt) Fail(ctx context.Context, f *Failure) (_ time.Time, err error)
 	if err := f.check(); err != nil {
 		return time.Time{}, err
 	}
+	db, release, err := acquire(ctx, a.db)
+	if err != nil {
+		return time.Time{}, a.notSent("fail", err)
+	}
+	defer release()
 	var expires time.Time
-	if err := a.db.QueryRow(ctx, completeSQL, a.scope, a.key, a.owner, f.Data, f.Code, f.Message).Scan(&expires); err != nil {
+	if err := db.QueryRow(ctx, completeSQL, a.scope, a.key, a.owner, f.Data, f.Code, f.Message).Scan(&expires); err != nil {
 		return time.Time{}, a.fail("fail", err)
 	}
 	return expires, nil
@@ -338,7 +363,12 @@ func (a *Attempt) Fail(ctx context.Context, f *Failure) (_ time.Time, err error)
 func (a *Attempt) Release(ctx context.Context) (err error) {
 	ctx, done := a.store.tel.settle(ctx, "release", a)
 	defer func() { done(err) }()
-	if _, err := a.db.Exec(ctx, releaseSQL, a.scope, a.key, a.owner); err != nil {
+	db, release, err := acquire(ctx, a.db)
+	if err != nil {
+		return a.notSent("release", err)
+	}
+	defer release()
+	if _, err := db.Exec(ctx, releaseSQL, a.scope, a.key, a.owner); err != nil {
 		return a.fail("release", err)
 	}
 	a.store.logger.DebugContext(ctx, "idempotency: leased key released", "scope", a.scope, "key", a.key, "epoch", a.epoch)
@@ -355,4 +385,9 @@ func (a *Attempt) extended(start time.Time) {
 
 func (a *Attempt) fail(op string, err error) error {
 	return fmt.Errorf("idempotency: %s %s/%s (epoch %d): %w", op, a.scope, a.key, a.epoch, classify(err, true))
+}
+
+// notSent wraps err, already classified, of an op that sent nothing.
+func (a *Attempt) notSent(op string, err error) error {
+	return fmt.Errorf("idempotency: %s %s/%s (epoch %d): %w", op, a.scope, a.key, a.epoch, err)
 }

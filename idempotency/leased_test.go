@@ -570,3 +570,48 @@ func TestAdvanceTxFencedByOwner(t *testing.T) {
 		t.Fatalf("%d charges from the replaced owner's phase", n)
 	}
 }
+
+// A leased call that the pool gives no connection sent nothing: with the
+// context already ended it reports the context's error, on a closed pool
+// ErrUnavailable, never ErrOutcomeUnknown (which says a change may have
+// been made).
+func TestLeasedCallsThatSendNothing(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	pool, err := pgxpool.New(context.Background(), db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ctx := context.Background()
+	store := newStore(t, nil)
+	req := idempotency.Request{Scope: "orders", Key: "nothing-sent"}
+	out, err := store.Claim(ctx, pool, req)
+	if err != nil || out.Attempt == nil {
+		t.Fatalf("Claim: %+v, %v", out, err)
+	}
+	a := out.Attempt
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	calls := func(ctx context.Context) map[string]error {
+		_, complete := a.Complete(ctx, []byte("r"))
+		_, fail := a.Fail(ctx, &idempotency.Failure{Code: "c"})
+		_, claim := store.Claim(ctx, pool, idempotency.Request{Scope: "orders", Key: "nothing-sent-2"})
+		_, gc := idempotency.GC(ctx, pool, nil)
+		return map[string]error{
+			"Claim": claim, "Heartbeat": a.Heartbeat(ctx), "Advance": a.Advance(ctx, "p", nil),
+			"Complete": complete, "Fail": fail, "Release": a.Release(ctx), "GC": gc,
+		}
+	}
+	for name, err := range calls(ended) {
+		if !errors.Is(err, context.Canceled) || errors.Is(err, idempotency.ErrOutcomeUnknown) {
+			t.Errorf("%s with an ended context: %v, want context.Canceled and not ErrOutcomeUnknown", name, err)
+		}
+	}
+	pool.Close()
+	for name, err := range calls(ctx) {
+		if !errors.Is(err, idempotency.ErrUnavailable) || errors.Is(err, idempotency.ErrOutcomeUnknown) {
+			t.Errorf("%s on a closed pool: %v, want ErrUnavailable and not ErrOutcomeUnknown", name, err)
+		}
+	}
+}

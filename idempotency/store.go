@@ -400,6 +400,28 @@ func classify(err error, sent bool) error {
 	return pgerr.Classify(err, sent)
 }
 
+// acquire returns what a statement that commits on its own runs on: db
+// itself, or for a pool one of its connections, with the function that gives
+// it back. A pool that gives no connection (the context ended while it was
+// exhausted, or before the call; the pool is closed) has sent nothing, so
+// that error is never an unknown outcome, which it would be if the pool's
+// own QueryRow reported it after the statement was handed over.
+func acquire(ctx context.Context, db DB) (DB, func(), error) {
+	p, ok := db.(*pgxpool.Pool)
+	if !ok {
+		return db, func() {}, nil
+	}
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		classified := classify(err, false)
+		if errors.Is(classified, ErrUnavailable) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return nil, nil, classified
+		}
+		return nil, nil, fmt.Errorf("%w: %w", ErrUnavailable, err) // the pool is closed
+	}
+	return c, c.Release, nil
+}
+
 // begin starts a READ COMMITTED transaction on db, or a savepoint when db is a
 // transaction (whose isolation the claim checks).
 func begin(ctx context.Context, db DB) (pgx.Tx, error) {
