@@ -76,7 +76,11 @@
 //	                                             leased: 409; both with Retry-After
 //	same key, first request done                 its stored status, allow-listed headers
 //	                                             and body, Idempotent-Replayed: true
-//	key store unreachable or too slow to claim   503 problem with Retry-After: 1
+//	key store unreachable or too slow to claim,  503 problem with Retry-After: 1
+//	  or a standby (failover under way)
+//	claim's outcome unknown (connection broke)   503 problem; Retry-After: 1 (atomic),
+//	                                             the lease (leased: the claim may hold
+//	                                             the key until it ends)
 //	atomic: COMMIT's outcome unknown             503 problem with Retry-After: 1; retry
 //	                                             with the same key to learn the result
 //	key store failing otherwise                  500 problem

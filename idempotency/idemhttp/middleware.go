@@ -161,8 +161,22 @@ func (m *Middleware) answerClaim(w http.ResponseWriter, r *http.Request, req ide
 		problem(w, http.StatusConflict, "Request in progress",
 			"A request with this Idempotency-Key is still being processed; retry later.")
 		return true, outcomeInProgress, http.StatusConflict
-	case errors.Is(err, idempotency.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
-		// Unreachable, or no connection free within the claim's timeout.
+	case errors.Is(err, idempotency.ErrOutcomeUnknown):
+		// The claim may have committed. Atomic: not with the handler's
+		// writes (none ran), so the key is free. Leased: it may hold the key
+		// with an owner nobody knows until its lease ends.
+		retry := time.Second
+		if m.mode == ModeLeased {
+			retry = m.store.Lease()
+		}
+		m.logger.WarnContext(r.Context(), "idempotency: claim outcome unknown", "scope", req.Scope, "key", req.Key, "error", err)
+		w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Max(1, math.Ceil(retry.Seconds()))), 10))
+		problem(w, http.StatusServiceUnavailable, "Idempotency store unavailable",
+			"The connection to the idempotency store broke while the key was claimed; the request was not processed. Retry with the same Idempotency-Key.")
+		return true, outcomeUnavailable, http.StatusServiceUnavailable
+	case errors.Is(err, idempotency.ErrUnavailable), errors.Is(err, idempotency.ErrNotPrimary), errors.Is(err, context.DeadlineExceeded):
+		// Unreachable, a standby (a failover under way), or no connection
+		// free within the claim's timeout.
 		w.Header().Set("Retry-After", "1")
 		problem(w, http.StatusServiceUnavailable, "Idempotency store unavailable", "The request was not processed; retry later.")
 		return true, outcomeUnavailable, http.StatusServiceUnavailable

@@ -1206,3 +1206,38 @@ func TestLeasedHandlerStoppedBeforeTakeover(t *testing.T) {
 		t.Errorf("the first handler's context ended with %v", cause)
 	}
 }
+
+// TestLeasedClaimReplyLost: the connection breaks after a leased claim was
+// sent. The claim may hold the key with an owner nobody knows until its lease
+// ends: the client gets 503 with Retry-After covering the lease (not a 500
+// saying nothing will help), and a retry after the lease runs the handler.
+func TestLeasedClaimReplyLost(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	createOrders(t, db.Pool)
+	p, pool := throughProxy(t, db)
+	api := &orderAPI{pool: pool}
+	const lease = 3 * time.Second
+	srv := httptest.NewServer(newMiddleware(t, newStore(t, &idempotency.Config{Lease: lease}), pool,
+		&idemhttp.Config{Mode: idemhttp.ModeLeased, Principal: byUser}).Wrap(api))
+	t.Cleanup(srv.Close)
+	trig := p.CutAfter(faultproxy.SQLContains("idempotency_claim("))
+	first := send(t, srv, "POST", "/o", `"claim-lost"`, "{}")
+	if !trig.Fired() {
+		t.Fatalf("the proxy did not cut the claim; first request: %+v", first)
+	}
+	if first.status != http.StatusServiceUnavailable || first.header.Get("Retry-After") != "3" {
+		t.Fatalf("first: %+v, want 503 with Retry-After: 3 (the lease)", first)
+	}
+	if api.calls.Load() != 0 {
+		t.Fatalf("the handler ran %d times after a claim whose outcome is unknown", api.calls.Load())
+	}
+	// The claim committed: its lease ends by the database clock; end it now.
+	if _, err := db.Pool.Exec(context.Background(),
+		`UPDATE pgfence.idempotency_keys SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE key = 'claim-lost'`); err != nil {
+		t.Fatal(err)
+	}
+	if again := send(t, srv, "POST", "/o", `"claim-lost"`, "{}"); again.status != http.StatusCreated || api.calls.Load() != 1 {
+		t.Fatalf("retry after the lease: %+v, %d calls; want the handler run once", again, api.calls.Load())
+	}
+}
