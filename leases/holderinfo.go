@@ -17,8 +17,10 @@ import (
 // clock. info is at most [MaxHolderInfoBytes] of UTF-8 without NUL.
 //
 // When the database refuses because the grant is no longer live (it
-// expired, was taken over or released), the lease is lost: its context ends
-// and the error wraps [ErrLeaseLost]. Other failures ([ErrUnavailable],
+// expired, was taken over or force-released), the lease is lost: its context
+// ends and the error wraps [ErrLeaseLost]. When the holder's own Release,
+// running at the same time, ended it first, the error is [ErrReleased] and
+// the lease is released, not lost. Other failures ([ErrUnavailable],
 // [ErrOutcomeUnknown], the context's error) leave the lease as it was.
 func (l *Lease) SetHolderInfo(ctx context.Context, info string) (time.Time, error) {
 	if len(info) > MaxHolderInfoBytes {
@@ -38,6 +40,12 @@ func (l *Lease) SetHolderInfo(ctx context.Context, info string) (time.Time, erro
 	err = conn.QueryRow(ctx, sqlSetHolderInfo, l.key, l.holder, l.token, info).Scan(&at)
 	conn.Release()
 	if pgerr.Code(err) == pgerr.CodeLeaseNotHeld {
+		if l.releaseRequested() && l.releasedBy(ctx, false, false) == nil {
+			// The holder's own Release, running meanwhile, ended the
+			// grant first: it was released, not lost.
+			l.end(ErrReleased)
+			return time.Time{}, l.Err()
+		}
 		lost := l.lostError("the database refused to change the holder info", err)
 		l.end(lost)
 		return time.Time{}, lost

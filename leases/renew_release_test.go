@@ -40,11 +40,24 @@ func (h *holdReleaseReply) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx
 	}
 }
 
-// A renewal (KeepAlive's, or the holder's own) that runs while Release is in
-// flight can reach the database right after the release committed and be
-// refused. The lease was released by its holder, not lost: its context ends
-// with ErrReleased and no lost event is emitted.
+// A renewal (KeepAlive's, or the holder's own) or a holder info change that
+// runs while Release is in flight can reach the database right after the
+// release committed and be refused. The lease was released by its holder,
+// not lost: its context ends with ErrReleased and no lost event is emitted.
 func TestRenewDuringReleaseIsNotLost(t *testing.T) {
+	calls := map[string]func(context.Context, *leases.Lease) error{
+		"Renew": func(ctx context.Context, l *leases.Lease) error { return l.Renew(ctx) },
+		"SetHolderInfo": func(ctx context.Context, l *leases.Lease) error {
+			_, err := l.SetHolderInfo(ctx, "changed")
+			return err
+		},
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) { duringRelease(t, call) })
+	}
+}
+
+func duringRelease(t *testing.T, call func(context.Context, *leases.Lease) error) {
 	checkLeaks(t)
 	db := pgfencetest.NewDatabase(t)
 	hold := &holdReleaseReply{reached: make(chan struct{}), unblock: make(chan struct{})}
@@ -79,13 +92,16 @@ func TestRenewDuringReleaseIsNotLost(t *testing.T) {
 	released := make(chan error, 1)
 	go func() { released <- l.Release(ctx) }()
 	<-hold.reached // the release committed; Release has not seen its reply yet
-	renewErr := l.Renew(ctx)
+	renewErr := call(ctx, l)
 	close(hold.unblock)
 	if err := <-released; err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	if renewErr == nil {
-		t.Fatal("a renewal after the release committed succeeded")
+		t.Fatal("a call after the release committed succeeded")
+	}
+	if errors.Is(renewErr, leases.ErrLeaseLost) {
+		t.Errorf("the call after the release: %v, want no ErrLeaseLost", renewErr)
 	}
 	if !errors.Is(l.Err(), leases.ErrReleased) {
 		t.Errorf("lease after a confirmed release: %v, want ErrReleased", l.Err())
