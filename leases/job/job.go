@@ -166,7 +166,9 @@ func validSlot(slot string) error {
 // When fn fails (or the lease is lost), the slot stays unfinished and Run
 // returns the error; the next Run of the slot, here or on any replica, takes
 // it over: it resumes from the last checkpoint ([Slot.Save]) or restarts
-// ([Config.Takeover]), and [Slot.Runs] counts the runs.
+// ([Config.Takeover]), and [Slot.Runs] counts the runs. Once the slot's
+// completion has committed, Run reports it (Outcome [Completed], nil error)
+// even if the lease is lost or its release fails afterwards (logged).
 //
 // ctx bounds the wait for the lease and the run, as for [leases.Client.Do]:
 // use [leases.HoldOptions.MaxWait] to bound only the wait.
@@ -256,6 +258,13 @@ func (r *Runner) run(ctx context.Context, slot string, name func(context.Context
 	})
 	switch {
 	case err == nil:
+		return res, nil
+	case res.Outcome != "":
+		// The slot was settled (its completion committed, or it had been
+		// completed before); the lease was lost or its release failed only
+		// afterwards, which changes nothing for the slot.
+		r.cfg.Logger.Warn("pgfence job: the lease ended badly after the slot was settled", "key", r.key, "slot", res.Slot,
+			"outcome", res.Outcome, "err", err)
 		return res, nil
 	case res.Slot == "":
 		return res, fmt.Errorf("job %q: %w", r.key, err) // RunPeriod before its slot was known

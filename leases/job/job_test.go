@@ -443,3 +443,27 @@ func TestConcurrentSaves(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A run whose completion committed is reported completed, also when its
+// lease is lost before Run releases it (an operator force-released it).
+func TestCompletedRunSurvivesALaterLoss(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	r := newRunner(t, pool, nil)
+	operator := newClient(t, pool, nil)
+	res, err := r.Run(ctx, "s", func(ctx context.Context, s *job.Slot) error {
+		if err := s.Finish(ctx, nil); err != nil {
+			return err
+		}
+		_, err := operator.ForceRelease(ctx, "jobs/nightly", "test: lost after the completion")
+		return err
+	})
+	if err != nil || res.Outcome != job.Completed || res.Slot != "s" {
+		t.Fatalf("Run: %+v, %v; want Completed without an error", res, err)
+	}
+	again, err := r.Run(ctx, "s", func(context.Context, *job.Slot) error { t.Error("ran again"); return nil })
+	if err != nil || again.Outcome != job.AlreadyCompleted {
+		t.Fatalf("the next Run: %+v, %v; want AlreadyCompleted", again, err)
+	}
+}
