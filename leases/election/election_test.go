@@ -734,3 +734,50 @@ func TestResignOfALostTermSparesTheNext(t *testing.T) {
 		t.Fatalf("the next term ended: %v", err)
 	}
 }
+
+// A second Resign of a term whose release is under way waits for it only as
+// long as its own context allows.
+func TestSecondResignKeepsItsDeadline(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	ctx := ctxTimeout(t, time.Minute)
+	p := newProxy(t, serverAddr(t, db.URL))
+	url, err := p.ConnString(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	e, err := election.New(newClient(t, pool, &leases.Config{DisableWakeups: true}), "second-resign", &election.Config{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	term, err := e.Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetHold(faultproxy.ServerToClient, true) // the release's reply waits
+	first := make(chan error, 1)
+	go func() { first <- term.Resign(ctx) }()
+	eventually(t, 10*time.Second, "the first resignation under way", func() bool { return term.Err() != nil })
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	second := make(chan error, 1)
+	go func() { second <- term.Resign(short) }()
+	select {
+	case err := <-second:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("the second Resign: %v, want its context's deadline", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the second Resign waited for the first past its own deadline")
+		defer func() { <-second }()
+	}
+	p.SetHold(faultproxy.ServerToClient, false)
+	if err := <-first; err != nil {
+		t.Fatalf("the first Resign: %v", err)
+	}
+}

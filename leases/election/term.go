@@ -27,9 +27,10 @@ type Term struct {
 	stopKeepAlive context.CancelFunc
 	keepAlive     chan struct{} // closed when the keep-alive returned
 
-	releaseOnce sync.Once
-	released    chan struct{} // closed once the release was done (or tried)
-	releaseErr  error
+	releaseMu  sync.Mutex
+	releasing  bool          // a release began (guarded by releaseMu)
+	released   chan struct{} // closed once the release was done (or tried)
+	releaseErr error
 	// stepped is closed once Run has stepped down from a term of its own
 	// (released it and called OnStoppedLeading).
 	stepped chan struct{}
@@ -130,18 +131,28 @@ func (t *Term) Resign(ctx context.Context) error {
 	return t.release(ctx)
 }
 
-// release stops the keep-alive and releases the lease, once.
+// release stops the keep-alive and releases the lease, once; a call while
+// another one releases waits for it, or for its own ctx.
 func (t *Term) release(ctx context.Context) error {
-	t.releaseOnce.Do(func() {
-		t.stopKeepAlive()
-		<-t.keepAlive
-		err := t.lease.Release(ctx)
-		if errors.Is(err, leases.ErrLeaseLost) && t.ctx.Err() != nil && !errors.Is(context.Cause(t.ctx), ErrResigned) {
-			err = nil // lost before: the term already says so
+	t.releaseMu.Lock()
+	first := !t.releasing
+	t.releasing = true
+	t.releaseMu.Unlock()
+	if !first {
+		select {
+		case <-t.released:
+			return t.releaseErr
+		case <-ctx.Done():
+			return context.Cause(ctx)
 		}
-		t.releaseErr = err
-		close(t.released)
-	})
-	<-t.released
-	return t.releaseErr
+	}
+	t.stopKeepAlive()
+	<-t.keepAlive
+	err := t.lease.Release(ctx)
+	if errors.Is(err, leases.ErrLeaseLost) && t.ctx.Err() != nil && !errors.Is(context.Cause(t.ctx), ErrResigned) {
+		err = nil // lost before: the term already says so
+	}
+	t.releaseErr = err
+	close(t.released)
+	return err
 }
