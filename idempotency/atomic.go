@@ -487,6 +487,13 @@ func (t *atomicTx) completeAndCommit(ctx context.Context, scope, key string, res
 		err = cerr
 	}
 	if err != nil {
+		// pgx prepares statements new to the connection in a round trip of
+		// their own before it sends the batch (and a Sync): a failure there
+		// sent neither the completion nor the COMMIT.
+		var pre pgx.ErrPreprocessingBatch
+		if errors.As(err, &pre) {
+			return time.Time{}, classify(pre.Unwrap(), false)
+		}
 		return time.Time{}, classify(err, true)
 	}
 	if tag.String() != "COMMIT" {

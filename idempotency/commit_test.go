@@ -278,3 +278,38 @@ INSERT INTO ledger VALUES (1)`); err != nil {
 		t.Fatalf("retry: %+v, %v; want New", out, err)
 	}
 }
+
+// TestAtomicCompletionNotPrepared: on a connection new to the completion,
+// pgx prepares it in a round trip of its own before it sends the completion
+// and the COMMIT. The caller's deadline passes while that round trip waits
+// for its reply: nothing was executed, so Do reports the deadline (not
+// ErrOutcomeUnknown), and the key is free.
+func TestAtomicCompletionNotPrepared(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	createCharges(t, db.Pool)
+	store := newStore(t, nil)
+	p, dbs := throughProxy(t, db) // new connections: nothing prepared yet
+	for name, via := range dbs {
+		req := idempotency.Request{Scope: "orders", Key: "unprepared-" + name, Payload: []byte("p")}
+		out, err := store.Begin(context.Background(), via, req)
+		if err != nil || out.Atomic == nil {
+			t.Fatalf("%s: Begin: %+v, %v", name, out, err)
+		}
+		if _, err := charge(req.Key, 5)(context.Background(), out.Atomic.Tx()); err != nil {
+			t.Fatal(err)
+		}
+		p.SetHold(faultproxy.ServerToClient, true)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		_, err = out.Atomic.Complete(ctx, []byte("r"))
+		cancel()
+		p.SetHold(faultproxy.ServerToClient, false)
+		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, idempotency.ErrOutcomeUnknown) {
+			t.Fatalf("%s: Complete whose deadline passed in the completion's preparation: %v, want context.DeadlineExceeded and not ErrOutcomeUnknown", name, err)
+		}
+		again, err := store.Do(context.Background(), db.Pool, req, charge(req.Key, 5))
+		if err != nil || again.Status != idempotency.New || countCharges(t, db.Pool, req.Key) != 1 {
+			t.Fatalf("%s: the same request again: %+v, %v, %d charges; want New and one charge", name, again, err, countCharges(t, db.Pool, req.Key))
+		}
+	}
+}
