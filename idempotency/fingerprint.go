@@ -42,12 +42,16 @@ const maxJSONDepth = 10000
 //
 // A document whose value is not one JSON value (trailing data), that has an
 // object with the same member name twice (parsers disagree which one
-// counts), is nested deeper than 10000 levels, or is not valid UTF-8 (a
-// decoder would replace each bad byte with U+FFFD, so two different requests
-// would share a fingerprint) is refused with [ErrInvalid].
+// counts), is nested deeper than 10000 levels, is not valid UTF-8, or has a
+// \u escape of half a surrogate pair (a decoder replaces each bad byte, and
+// each lone surrogate, with U+FFFD, so two different requests would share a
+// fingerprint) is refused with [ErrInvalid].
 func CanonicalJSON(data []byte) ([]byte, error) {
 	if !utf8.Valid(data) {
 		return nil, fmt.Errorf("%w: canonical JSON: not valid UTF-8", ErrInvalid)
+	}
+	if loneSurrogate(data) {
+		return nil, fmt.Errorf("%w: canonical JSON: a \\u escape of half a surrogate pair", ErrInvalid)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
@@ -61,6 +65,64 @@ func CanonicalJSON(data []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: canonical JSON: data after the value", ErrInvalid)
 	}
 	return out.Bytes(), nil
+}
+
+// loneSurrogate reports whether a string of data has a \u escape of a high
+// surrogate not followed by one of a low surrogate, or of a low surrogate
+// alone. Malformed escapes are left to the decoder, which refuses them.
+func loneSurrogate(data []byte) bool {
+	inString := false
+	for i := 0; i < len(data); i++ {
+		c := data[i]
+		switch {
+		case !inString:
+			inString = c == '"'
+		case c == '"':
+			inString = false
+		case c == '\\' && i+1 < len(data) && data[i+1] != 'u':
+			i++ // a one-character escape, \" included
+		case c == '\\':
+			r, ok := hex4(data, i+2)
+			if !ok {
+				return false
+			}
+			i += 5 // the escape's last digit
+			switch {
+			case r >= 0xDC00 && r <= 0xDFFF:
+				return true
+			case r >= 0xD800 && r <= 0xDBFF:
+				if i+6 >= len(data) || data[i+1] != '\\' || data[i+2] != 'u' {
+					return true
+				}
+				if low, ok := hex4(data, i+3); !ok || low < 0xDC00 || low > 0xDFFF {
+					return true
+				}
+				i += 6
+			}
+		}
+	}
+	return false
+}
+
+// hex4 reads the four hex digits of a \u escape at data[at:].
+func hex4(data []byte, at int) (rune, bool) {
+	if at+4 > len(data) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range data[at : at+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }
 
 // canonicalValue reads one value from dec and writes its canonical form.

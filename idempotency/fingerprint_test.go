@@ -29,6 +29,31 @@ func TestCanonicalJSONRefusesInvalidUTF8(t *testing.T) {
 	}
 }
 
+// TestCanonicalJSONRefusesLoneSurrogates: the decoder turns a \u escape of
+// half a surrogate pair into U+FFFD, so {"a":"\ud800"}, {"a":"\udfff"} and
+// {"a":"\ufffd"} would share a fingerprint. Half pairs are refused; whole
+// pairs, and U+FFFD itself, are accepted.
+func TestCanonicalJSONRefusesLoneSurrogates(t *testing.T) {
+	for _, in := range []string{`{"a":"\ud800"}`, `{"a":"\udfff"}`, `"\uD83D"`, `"\ud83d\u0041"`, `"x\ud83dy"`,
+		`{"\udc00":1}`, `"\ude00\ud83d"`, `["\\", "\ud800"]`} {
+		if out, err := idempotency.CanonicalJSON([]byte(in)); !errors.Is(err, idempotency.ErrInvalid) {
+			t.Errorf("CanonicalJSON(%s) = %q, %v; want ErrInvalid", in, out, err)
+		}
+	}
+	for in, want := range map[string]string{
+		`"\ud83d\ude00"`:         "\"\U0001F600\"",
+		`"\uD83D\uDE00"`:         "\"\U0001F600\"",
+		`"\ufffd"`:               "\"\uFFFD\"",
+		`"\\ud800"`:              `"\\ud800"`, // an escaped backslash, then text
+		`{"a":"\"\ud83d\ude00"}`: "{\"a\":\"\\\"\U0001F600\"}",
+	} {
+		out, err := idempotency.CanonicalJSON([]byte(in))
+		if err != nil || string(out) != want {
+			t.Errorf("CanonicalJSON(%s) = %q, %v; want %q", in, out, err, want)
+		}
+	}
+}
+
 // TestCanonicalJSONRefusesTrailingData: a document with anything but white
 // space after its value is not JSON. Accepting a stray closing bracket
 // would give {"a":1}] the fingerprint of {"a":1}: a corrected retry under

@@ -14,7 +14,7 @@ import (
 // same value, canonicalizing it again changes nothing, and re-indenting the
 // input does not change its fingerprint.
 func FuzzCanonicalJSON(f *testing.F) {
-	for _, s := range []string{`{"b":1,"a":[true,null,"x"]}`, ` { "a" : 1.50 , "b" : {"d":{},"c":[]} } `, `"\u00e9\ud83d\ude00"`, `1e400`, `{"a":1,"a":2}`, `[1,2] [3]`, "\"\xff\"", `{"<>&":"\u2028"}`} {
+	for _, s := range []string{`{"b":1,"a":[true,null,"x"]}`, ` { "a" : 1.50 , "b" : {"d":{},"c":[]} } `, `"\u00e9\ud83d\ude00"`, `"\ud800"`, `"\\\ud800"`, `"\uFFFD"`, `1e400`, `{"a":1,"a":2}`, `[1,2] [3]`, "\"\xff\"", `{"<>&":"\u2028"}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -27,6 +27,13 @@ func FuzzCanonicalJSON(f *testing.F) {
 		}
 		if !json.Valid(out) {
 			t.Fatalf("CanonicalJSON(%q) = %q: not JSON", data, out)
+		}
+		// U+FFFD in the canonical form must come from the document: a
+		// decoder's replacement (of a bad byte or a lone surrogate) would
+		// give two documents one fingerprint.
+		if bytes.ContainsRune(out, utf8.RuneError) && !bytes.ContainsRune(data, utf8.RuneError) &&
+			!bytes.Contains(bytes.ToLower(data), []byte(`\ufffd`)) {
+			t.Fatalf("CanonicalJSON(%q) = %q: a U+FFFD the document does not have", data, out)
 		}
 		again, err := CanonicalJSON(out)
 		if err != nil || !bytes.Equal(again, out) {
