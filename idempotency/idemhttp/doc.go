@@ -34,8 +34,9 @@
 // [idempotency.Attempt] with [Attempt] to derive downstream keys and to
 // record each phase's recovery point with [idempotency.Attempt.AdvanceTx]
 // in that phase's transaction; the response is stored when the handler
-// returns. A key whose process crashed is taken over after its lease by the
-// client's retry (the handler runs again and resumes from the recovery point)
+// returns. Its writer streams (http.Flusher) but cannot be hijacked
+// either: a hijacked answer would bypass what the key stores. A key whose
+// process crashed is taken over after its lease by the client's retry (the handler runs again and resumes from the recovery point)
 // or by [idempotency.Store.Recover] (a completer; [EncodeResponse] stores a
 // response for it).
 //

@@ -1241,3 +1241,31 @@ func TestLeasedClaimReplyLost(t *testing.T) {
 		t.Fatalf("retry after the lease: %+v, %d calls; want the handler run once", again, api.calls.Load())
 	}
 }
+
+// A handler behind the middleware cannot hijack the connection (its answer
+// would bypass what the key stores, and every duplicate would get an empty
+// 200): Hijack reports http.ErrNotSupported in both modes, and the
+// handler's own answer to that is what the client gets.
+func TestHijackRefused(t *testing.T) {
+	forModes(t, func(t *testing.T, mode idemhttp.Mode) {
+		pool := pgfencetest.NewPool(t)
+		mw := newMiddleware(t, newStore(t, nil), pool, &idemhttp.Config{Mode: mode, Principal: byUser})
+		srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				_, _ = conn.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nhijacked"))
+				_ = conn.Close()
+				return
+			}
+			if !errors.Is(err, http.ErrNotSupported) {
+				http.Error(w, "unexpected: "+err.Error(), http.StatusInternalServerError)
+				return
+			}
+			http.Error(w, "no hijacking here", http.StatusNotImplemented)
+		})))
+		t.Cleanup(srv.Close)
+		if r := send(t, srv, "POST", "/attach", `"hijack"`, "{}"); r.status != http.StatusNotImplemented {
+			t.Fatalf("%+v, want the handler's 501 after a refused Hijack", r)
+		}
+	})
+}

@@ -1,10 +1,12 @@
 package idemhttp
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 
@@ -210,6 +212,14 @@ func (w *recorder) Flush() {
 // Unwrap lets http.ResponseController reach the underlying writer
 // (deadlines, full duplex).
 func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Hijack refuses: a hijacked connection's answer bypasses the recorder, and
+// the key would store an empty 200 that every duplicate then gets. (Without
+// this method, http.ResponseController would reach the underlying writer's
+// Hijack through Unwrap.)
+func (w *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return nil, nil, fmt.Errorf("idemhttp: a response kept for an Idempotency-Key cannot be hijacked (leave this route out of the middleware): %w", http.ErrNotSupported)
+}
 
 // problem writes an RFC 9457 problem document.
 func problem(w http.ResponseWriter, status int, title, detail string) {
