@@ -250,7 +250,16 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 	// atHead: this fair waiter's last turn found nobody ahead of it.
 	atHead := false
 	if fair {
-		defer func() { c.leaveQueue(ctx, key, waiter, l == nil && atHead) }()
+		defer func() {
+			if l != nil {
+				c.leaveQueue(ctx, key, waiter, false)
+				return
+			}
+			// Given up: the caller's context bounds the wait, so the queue
+			// row goes in the background (Close waits for it).
+			gaveUpAtHead := atHead
+			c.background(func() { c.leaveQueue(ctx, key, waiter, gaveUpAtHead) })
+		}()
 	}
 
 	var last error

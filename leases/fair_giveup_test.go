@@ -2,9 +2,11 @@ package leases_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
@@ -70,5 +72,35 @@ func TestFairWaiterGivingUpWakesTheNext(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("the next fair waiter still sleeps with the key free after the head gave up")
+	}
+}
+
+// A fair waiter that gives up returns when its context ends, also when the
+// statement that takes it out of the queue cannot get through: that
+// statement goes on in the background (Close waits for it).
+func TestFairGiveUpKeepsItsDeadline(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	ctx := ctxTimeout(t, time.Minute)
+	holder := newClient(t, db.Pool, &leases.Config{DisableWakeups: true})
+	if _, err := holder.TryAcquire(ctx, "q", time.Hour, nil); err != nil {
+		t.Fatal(err)
+	}
+	p := newProxy(t, db.URL)
+	c := newClient(t, proxiedPool(t, db.URL, p), &leases.Config{DisableWakeups: true})
+	if _, err := c.TryAcquire(ctx, "warm", time.Second, nil); err != nil { // a connection in the pool
+		t.Fatal(err)
+	}
+	p.SetHold(faultproxy.ClientToServer, true) // from now on nothing gets through
+	defer p.SetHold(faultproxy.ClientToServer, false)
+	start := time.Now()
+	_, err := c.Acquire(ctx, "q", time.Minute, &leases.AcquireOptions{Fair: true, MaxWait: 300 * time.Millisecond})
+	elapsed := time.Since(start)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire: %v, want its deadline", err)
+	}
+	// The queue statement alone may take 2 s; the wait is bounded by 300 ms.
+	if elapsed > 1500*time.Millisecond {
+		t.Fatalf("Acquire with MaxWait 300ms returned after %s", elapsed)
 	}
 }
