@@ -87,7 +87,10 @@ type Config struct {
 	// lease is lost. Default: discard.
 	Logger *slog.Logger
 	// OnEvent, if set, is called synchronously for every [Event] (after the
-	// transition); it must return quickly. Use it to attach metrics.
+	// transition); it must return quickly. Use it to attach metrics. It may
+	// call the client's and its leases' methods (a Release of the lease the
+	// event is about returns that release's result), but not [Client.Close],
+	// which waits for the goroutines that report some of the events.
 	OnEvent func(Event)
 	// MeterProvider receives the client's metrics (see the Observability
 	// section of the pgfence package's README). Default: the global otel.GetMeterProvider(),

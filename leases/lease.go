@@ -262,7 +262,10 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 		}
 		return fmt.Errorf("leases: release %q (holder %s, token %d): %w", l.key, l.holder, l.token, context.Cause(ctx))
 	}
-	defer func() { <-l.relSem }()
+	// Let go of it before the lease's end and the events reach the
+	// client's OnEvent, which may call Release again.
+	unlock := sync.OnceFunc(func() { <-l.relSem })
+	defer unlock()
 	if released, result := l.releaseResult(); released {
 		return result
 	}
@@ -307,6 +310,7 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	case "already_released":
 		if result = l.releasedBy(ctx, sent, false); errors.Is(result, ErrOutcomeUnknown) {
 			// The grant is not held any more, whoever ended it.
+			unlock()
 			l.end(result)
 			return result
 		}
@@ -321,6 +325,7 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 		// grant, and a waiter taken the key before this attempt: the
 		// history says whether this grant was released, and how.
 		if result = l.releasedBy(ctx, sent, true); errors.Is(result, ErrOutcomeUnknown) {
+			unlock()
 			l.end(result)
 			return result
 		}
@@ -330,14 +335,15 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 		// reply was lost: count it as what it was.
 		status = outcomeReleased
 	}
+	l.mu.Lock()
+	l.released, l.releaseErr = true, result
+	l.mu.Unlock()
+	unlock()
 	if result == nil {
 		l.end(ErrReleased)
 	} else {
 		l.end(result)
 	}
-	l.mu.Lock()
-	l.released, l.releaseErr = true, result
-	l.mu.Unlock()
 	if changed {
 		l.c.wake(l.key) // local waiters need not wait for the notification
 	}

@@ -112,3 +112,51 @@ func duringRelease(t *testing.T, call func(context.Context, *leases.Lease) error
 		t.Errorf("lost events for a released lease: %v", lost)
 	}
 }
+
+// The client's OnEvent may call back into a lease whose Release emitted the
+// event: a registry that releases what it hears was lost must not deadlock
+// on the Release that is reporting it.
+func TestOnEventMayReleaseAgain(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	var (
+		mu      sync.Mutex
+		leaseOf = map[string]*leases.Lease{}
+		inner   = make(chan error, 1)
+	)
+	c := newClient(t, pool, &leases.Config{
+		DisableWakeups: true,
+		OnEvent: func(e leases.Event) {
+			if e.Kind != leases.EventLost {
+				return
+			}
+			mu.Lock()
+			l := leaseOf[e.Key]
+			mu.Unlock()
+			if l == nil {
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			inner <- l.Release(ctx)
+		},
+	})
+	operator := newClient(t, pool, nil)
+	ctx := ctxTimeout(t, 30*time.Second)
+	l, err := c.TryAcquire(ctx, "k", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	leaseOf["k"] = l
+	mu.Unlock()
+	if _, err := operator.ForceRelease(ctx, "k", "test: lost"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+		t.Fatalf("Release of a force-released lease: %v, want ErrLeaseLost", err)
+	}
+	if err := <-inner; !errors.Is(err, leases.ErrLeaseLost) {
+		t.Fatalf("Release from OnEvent: %v, want the same ErrLeaseLost (not a deadline)", err)
+	}
+}
