@@ -232,7 +232,7 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 	fair := opts != nil && opts.Fair
 	announce := opts != nil && opts.Announce
 	c.startListener()
-	w := c.enqueue(key, fair)
+	w := c.enqueue(key, fair, grantTerms{ttl: ttl, margin: margin, info: info})
 	defer func() {
 		c.dequeue(key, w)
 		// A lost grant of this client's that was settled too late for this

@@ -52,7 +52,7 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 	if err != nil {
 		classified := classify(err)
 		if errors.Is(classified, ErrOutcomeUnknown) {
-			return c.resolveGrant(ctx, &orphan{key: key, holder: holder, ttl: ttl, margin: margin, start: start}, err)
+			return c.resolveGrant(ctx, &orphan{key: key, holder: holder, ttl: ttl, margin: margin, info: info, start: start}, err)
 		}
 		return nil, fmt.Errorf("leases: acquire %q: %w", key, classified)
 	}
@@ -76,6 +76,7 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 type orphan struct {
 	key, holder string
 	ttl, margin time.Duration
+	info        string    // the holder info the attempt sent
 	start       time.Time // when the attempt was sent, by the client's clock
 
 	mu      sync.Mutex
@@ -132,7 +133,7 @@ func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lea
 	select {
 	case r := <-o.result: // settled just now
 		if r.l != nil {
-			if !c.adopt(r.l) {
+			if !c.adopt(r.l, o.terms()) {
 				c.releaseInBackground(ctx, r.l)
 			}
 		}
@@ -158,7 +159,7 @@ func (c *Client) settle(ctx context.Context, o *orphan) {
 				o.result <- r
 			}
 			o.mu.Unlock()
-			if !waiting && r.l != nil && !c.adopt(r.l) {
+			if !waiting && r.l != nil && !c.adopt(r.l, o.terms()) {
 				// Released here, not in another goroutine: Close waits
 				// for this settlement, release included.
 				c.releaseNow(bg, r.l)
@@ -210,14 +211,18 @@ func (c *Client) settleOnce(ctx context.Context, o *orphan) (settlement, error) 
 	return settlement{granted: true, l: c.newLease(o.key, o.holder, *token, o.ttl, o.margin, o.start, *grantedAt, *expires)}, nil
 }
 
+// terms are what o's attempt asked for.
+func (o *orphan) terms() grantTerms { return grantTerms{ttl: o.ttl, margin: o.margin, info: o.info} }
+
 // adopt gives l, a lost grant reply's lease that its caller no longer waits
-// for, to an Acquire of the same key waiting in this client, and reports
-// whether one took it.
-func (c *Client) adopt(l *Lease) bool {
+// for, to an Acquire of the same key waiting in this client that asked for
+// the same terms (a lease of another TTL, safety margin or holder info would
+// not be what that call asked for), and reports whether one took it.
+func (c *Client) adopt(l *Lease, terms grantTerms) bool {
 	taken := false
 	c.mu.Lock()
 	c.pollers(l.key, func(w *waiter) {
-		if !taken {
+		if !taken && w.grant == terms {
 			select {
 			case w.orphan <- l:
 				taken = true

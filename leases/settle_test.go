@@ -234,3 +234,58 @@ func blockKey(t *testing.T, ctx context.Context, pool *pgxpool.Pool, c *leases.C
 	t.Cleanup(unblock)
 	return unblock
 }
+
+// A lost grant settled late goes only to a waiting Acquire that asked for
+// the same terms: a waiter asking for a 1-minute lease must not be handed
+// another call's 2-second one, whose renewals it could not plan (nor, the
+// other way round, a short-lease caller a grant that would hold the key
+// long after a crash). The grant is released and the waiter gets its own.
+func TestLostGrantGoesOnlyToTheSameTerms(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	p := newProxy(t, db.URL)
+	pool := proxiedPool(t, db.URL, p)
+	logs := &logBuffer{}
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true, ResolveTimeout: 200 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	ctx := ctxTimeout(t, 2*time.Minute)
+	if l, err := c.TryAcquire(ctx, "warm", time.Second, nil); err != nil {
+		t.Fatal(err)
+	} else if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	trig := p.CutAfter(faultproxy.SQLContains("pgfence.try_acquire"))
+	p.SetRefuse(true)
+	if _, err := c.TryAcquire(ctx, "k", 2*time.Second, &leases.AcquireOptions{HolderInfo: "short"}); !errors.Is(err, leases.ErrOutcomeUnknown) {
+		t.Fatalf("TryAcquire with its reply lost: %v, want ErrOutcomeUnknown", err)
+	}
+	if !trig.Fired() || !trig.Replied() {
+		t.Fatalf("the proxy did not forward the grant and drop its answer (fired %v, replied %v)", trig.Fired(), trig.Replied())
+	}
+	type result struct {
+		l   *leases.Lease
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		l, err := c.Acquire(ctx, "k", time.Minute, &leases.AcquireOptions{MaxWait: 30 * time.Second, HolderInfo: "long"})
+		done <- result{l, err}
+	}()
+	for !strings.Contains(logs.String(), "a lost grant reply is settled in the background") {
+		time.Sleep(10 * time.Millisecond)
+	}
+	p.SetRefuse(false)
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.l.Release(context.Background())
+	if r.l.TTL() != time.Minute {
+		t.Fatalf("the waiting Acquire got a lease of %s, want its own minute", r.l.TTL())
+	}
+	var info string
+	if err := db.Pool.QueryRow(ctx, `SELECT holder_info FROM pgfence.leases WHERE key = 'k'`).Scan(&info); err != nil || info != "long" {
+		t.Fatalf("holder info %q %v, want the waiter's", info, err)
+	}
+}

@@ -32,11 +32,19 @@ type waiter struct {
 	orphan  chan *Lease        // this client's lost grant of the key, settled late (buffered, 1)
 	fair    bool               // polls from its arrival (AcquireOptions.Fair)
 	polling bool               // turn is closed; c.mu guards it
+	grant   grantTerms         // what it asks for: only a lost grant of the same terms is handed to it
 }
 
-func (c *Client) enqueue(key string, fair bool) *waiter {
+// grantTerms are what an Acquire asks for beside the key: a lost grant
+// settled late goes only to a waiter that asked for the same.
+type grantTerms struct {
+	ttl, margin time.Duration
+	info        string
+}
+
+func (c *Client) enqueue(key string, fair bool, terms grantTerms) *waiter {
 	w := &waiter{turn: make(chan struct{}), wake: make(chan struct{}, 1), granted: make(chan time.Duration, 1),
-		orphan: make(chan *Lease, 1), fair: fair}
+		orphan: make(chan *Lease, 1), fair: fair, grant: terms}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	q := c.queues[key]
