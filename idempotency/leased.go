@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/tracesql"
@@ -115,6 +116,7 @@ func (s *Store) claim(ctx context.Context, db DB, scope, key string, fp []byte, 
 		key:           key,
 		owner:         *owner,
 		epoch:         epoch,
+		turn:          make(chan struct{}, 1),
 		recoveryPoint: recoveryPoint,
 		recoveryData:  recoveryData,
 		trustedUntil:  start.Add(s.lease),
@@ -139,13 +141,16 @@ func inReadCommitted(ctx context.Context, db DB, fn func(DB) error) error {
 
 // Attempt is one owner's claim on a leased key. Its methods are accepted only
 // while it is the key's current owner; afterwards they return [ErrNotOwner].
-// It is safe for concurrent use (a heartbeat goroutine next to the work).
+// It is safe for concurrent use (a heartbeat goroutine next to the work);
+// claimed on one connection (*pgx.Conn) rather than a pool, its statements
+// take turns on it.
 type Attempt struct {
 	store      *Store
 	db         DB
 	scope, key string
 	owner      string
 	epoch      int64
+	turn       chan struct{} // held while a statement runs on a db that is not a pool
 
 	mu            sync.Mutex
 	recoveryPoint string
@@ -222,7 +227,7 @@ func (a *Attempt) Heartbeat(ctx context.Context) (err error) {
 	ctx, done := a.store.tel.extend(ctx, "heartbeat", a)
 	defer func() { done(err) }()
 	start := time.Now()
-	db, release, err := acquire(ctx, a.db)
+	db, release, err := a.use(ctx, a.db)
 	if err != nil {
 		return a.notSent("heartbeat", err)
 	}
@@ -286,7 +291,7 @@ func (a *Attempt) advance(ctx context.Context, db DB, point string, data []byte)
 	case !validText(point):
 		return fmt.Errorf("%w: recovery point must be valid UTF-8 without NUL bytes", ErrInvalid)
 	}
-	db, release, err := acquire(ctx, db)
+	db, release, err := a.use(ctx, db)
 	if err != nil {
 		return a.notSent("advance", err)
 	}
@@ -322,7 +327,7 @@ func (a *Attempt) CompleteTx(ctx context.Context, db DB, result []byte) (_ time.
 	if result == nil {
 		result = []byte{}
 	}
-	db, release, err := acquire(ctx, db)
+	db, release, err := a.use(ctx, db)
 	if err != nil {
 		return time.Time{}, a.notSent("complete", err)
 	}
@@ -345,7 +350,7 @@ func (a *Attempt) Fail(ctx context.Context, f *Failure) (_ time.Time, err error)
 	if err := f.check(); err != nil {
 		return time.Time{}, err
 	}
-	db, release, err := acquire(ctx, a.db)
+	db, release, err := a.use(ctx, a.db)
 	if err != nil {
 		return time.Time{}, a.notSent("fail", err)
 	}
@@ -363,7 +368,7 @@ func (a *Attempt) Fail(ctx context.Context, f *Failure) (_ time.Time, err error)
 func (a *Attempt) Release(ctx context.Context) (err error) {
 	ctx, done := a.store.tel.settle(ctx, "release", a)
 	defer func() { done(err) }()
-	db, release, err := acquire(ctx, a.db)
+	db, release, err := a.use(ctx, a.db)
 	if err != nil {
 		return a.notSent("release", err)
 	}
@@ -373,6 +378,22 @@ func (a *Attempt) Release(ctx context.Context) (err error) {
 	}
 	a.store.logger.DebugContext(ctx, "idempotency: leased key released", "scope", a.scope, "key", a.key, "epoch", a.epoch)
 	return nil
+}
+
+// use returns what one of the attempt's statements runs on: for a pool one
+// of its connections (see acquire); for one connection, or a transaction,
+// db itself once the attempt's other statements on it are done, as pgx's
+// connections are not safe for concurrent use.
+func (a *Attempt) use(ctx context.Context, db DB) (DB, func(), error) {
+	if _, pool := db.(*pgxpool.Pool); pool {
+		return acquire(ctx, db)
+	}
+	select {
+	case a.turn <- struct{}{}:
+		return db, func() { <-a.turn }, nil
+	case <-ctx.Done():
+		return nil, nil, context.Cause(ctx)
+	}
 }
 
 func (a *Attempt) extended(start time.Time) {

@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"testing"
@@ -613,5 +614,47 @@ func TestLeasedCallsThatSendNothing(t *testing.T) {
 		if !errors.Is(err, idempotency.ErrUnavailable) || errors.Is(err, idempotency.ErrOutcomeUnknown) {
 			t.Errorf("%s on a closed pool: %v, want ErrUnavailable and not ErrOutcomeUnknown", name, err)
 		}
+	}
+}
+
+// An attempt claimed on one connection is safe for concurrent use, as
+// documented: a heartbeat goroutine next to the work's Advance calls takes
+// turns on the connection instead of sending on it at the same time.
+func TestAttemptOnOneConnectionTakesTurns(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	store := newStore(t, nil)
+	out, err := store.Claim(ctx, conn, idempotency.Request{Scope: "orders", Key: "one-conn"})
+	if err != nil || out.Attempt == nil {
+		t.Fatalf("Claim: %+v, %v", out, err)
+	}
+	a := out.Attempt
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	wg.Go(func() {
+		for range 50 {
+			errs <- a.Heartbeat(ctx)
+		}
+	})
+	wg.Go(func() {
+		for i := range 50 {
+			errs <- a.Advance(ctx, fmt.Sprintf("step %d", i), nil)
+		}
+	})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent calls on one connection: %v", err)
+		}
+	}
+	if _, err := a.Complete(ctx, []byte("done")); err != nil {
+		t.Fatal(err)
 	}
 }
