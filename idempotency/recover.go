@@ -164,7 +164,9 @@ type RecoverResult struct {
 	// again, with their recovery point, for a later retry or completer.
 	Released int
 	// Skipped counts keys somebody else got first: a retry of the request or
-	// another completer took them over, or they were completed meanwhile.
+	// another completer took them over (before the claim, or while the
+	// RecoverFunc ran and its lease ran out), or they were completed
+	// meanwhile.
 	Skipped int
 }
 
@@ -220,6 +222,7 @@ func (s *Store) Recover(ctx context.Context, db DB, opts *RecoverOptions, fn Rec
 				res.Skipped++ // its lease ran out under us and somebody took it
 				continue
 			} else if err != nil {
+				releaseDetached(ctx, a) // do not hold the key for a lease
 				return res, err
 			}
 			s.tel.log.InfoContext(ctx, "idempotency: abandoned key marked failed", "scope", k.Scope, "key", k.Key,
@@ -233,6 +236,8 @@ func (s *Store) Recover(ctx context.Context, db DB, opts *RecoverOptions, fn Rec
 			res.Resumed++
 		case recoverReleased:
 			res.Released++
+		case recoverLost:
+			res.Skipped++
 		}
 		if err != nil {
 			return res, err
@@ -246,11 +251,23 @@ type recoverOutcome int
 const (
 	recoverResumed recoverOutcome = iota + 1
 	recoverReleased
+	recoverLost // taken over (or completed) by somebody else meanwhile
 )
 
-// ownedSQL tells whether an attempt still owns its key in progress.
-const ownedSQL = `SELECT EXISTS (SELECT FROM pgfence.idempotency_keys
-                WHERE scope = $1 AND key = $2 AND owner = $3::uuid AND status = 'in_progress')`
+// settledSQL reads whether an attempt still owns its key in progress, and
+// whether the key was settled by the attempt's own epoch (a takeover raises
+// the epoch; a completion clears the owner but keeps it).
+const settledSQL = `SELECT coalesce(bool_or(owner = $3::uuid AND status = 'in_progress'), false),
+       coalesce(bool_or(epoch = $4 AND status <> 'in_progress'), false)
+  FROM pgfence.idempotency_keys WHERE scope = $1 AND key = $2`
+
+// releaseDetached releases a's key after a call failed, with a context of
+// its own (the caller's may have ended), so that it is not held for a lease.
+func releaseDetached(ctx context.Context, a *Attempt) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	_ = a.Release(rctx)
+}
 
 // resume runs fn on a and settles what fn left: a stored failure, or a
 // release. It returns an error only when the database failed. A panic in fn
@@ -259,9 +276,7 @@ func (s *Store) resume(ctx context.Context, a *Attempt, fn RecoverFunc) (_ recov
 	panicked := true
 	defer func() {
 		if panicked {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-			defer cancel()
-			_ = a.Release(rctx)
+			releaseDetached(ctx, a)
 		}
 	}()
 	err = fn(ctx, a)
@@ -280,6 +295,7 @@ func (s *Store) resume(ctx context.Context, a *Attempt, fn RecoverFunc) (_ recov
 				"scope", a.scope, "key", a.key, "error", ferr)
 			return s.release(ctx, a)
 		}
+		releaseDetached(ctx, a)
 		return 0, ferr
 	case err != nil:
 		s.tel.log.WarnContext(ctx, "idempotency: recover: resuming failed; key released", "scope", a.scope, "key", a.key,
@@ -287,13 +303,19 @@ func (s *Store) resume(ctx context.Context, a *Attempt, fn RecoverFunc) (_ recov
 		return s.release(ctx, a)
 	}
 	// fn returned nil: it completed the key (perhaps in a transaction of its
-	// own, which the attempt cannot see), or it forgot to.
-	var owned bool
-	if err := a.db.QueryRow(ctx, ownedSQL, a.scope, a.key, a.owner).Scan(&owned); err != nil {
+	// own, which the attempt cannot see), or it forgot to, or the key was
+	// taken from it meanwhile (its lease ran out).
+	var owned, settled bool
+	if err := a.db.QueryRow(ctx, settledSQL, a.scope, a.key, a.owner, a.epoch).Scan(&owned, &settled); err != nil {
 		return 0, fmt.Errorf("idempotency: recover %s/%s: %w", a.scope, a.key, classify(err, false))
 	}
-	if !owned {
+	switch {
+	case settled:
 		return recoverResumed, nil
+	case !owned:
+		s.tel.log.WarnContext(ctx, "idempotency: recover: the key was taken over while the RecoverFunc ran",
+			"scope", a.scope, "key", a.key, "epoch", a.epoch)
+		return recoverLost, nil
 	}
 	s.tel.log.WarnContext(ctx, "idempotency: recover: RecoverFunc returned without completing the key; released",
 		"scope", a.scope, "key", a.key)

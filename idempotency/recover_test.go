@@ -319,6 +319,46 @@ func TestRecoverFuncErrors(t *testing.T) {
 	}
 }
 
+// A key taken over while the RecoverFunc ran (its lease ran out, a retry
+// of the request claimed it) is counted skipped, not resumed, though fn
+// returned nil; and a key whose failure cannot be stored (the completer's
+// context ended) is released, not held for a lease.
+func TestRecoverCountsWhatItDid(t *testing.T) {
+	t.Parallel()
+	pool := pgfencetest.NewPool(t)
+	createEffects(t, pool)
+	ctx := context.Background()
+	store := newStore(t, nil)
+	abandon(t, store, pool, "payments", "taken", 1)
+	res, err := store.Recover(ctx, pool, nil, func(ctx context.Context, a *idempotency.Attempt) error {
+		// Somebody else's takeover, as the database records one.
+		_, err := pool.Exec(ctx, `UPDATE pgfence.idempotency_keys SET owner = gen_random_uuid(), epoch = epoch + 1,
+       lease_expires_at = clock_timestamp() + interval '1 minute' WHERE key = 'taken'`)
+		return err
+	})
+	if err != nil || res.Resumed != 0 || res.Skipped != 1 {
+		t.Errorf("Recover of a key taken over meanwhile: %+v, %v; want skipped, not resumed", res, err)
+	}
+
+	abandon(t, store, pool, "payments", "held", 1)
+	ended, cancel := context.WithCancel(ctx)
+	res, err = store.Recover(ended, pool, nil, func(context.Context, *idempotency.Attempt) error {
+		cancel() // the failure below is stored with this context
+		return &idempotency.Failure{Code: "declined"}
+	})
+	if err == nil {
+		t.Fatalf("Recover whose failure could not be stored: %+v, want its error", res)
+	}
+	var inProgress, owned bool
+	if err := pool.QueryRow(ctx, `SELECT status = 'in_progress', owner IS NOT NULL FROM pgfence.idempotency_keys WHERE key = 'held'`).
+		Scan(&inProgress, &owned); err != nil {
+		t.Fatal(err)
+	}
+	if !inProgress || owned {
+		t.Fatalf("the key after a failure that could not be stored: in progress %v, owned %v; want released (in progress, no owner)", inProgress, owned)
+	}
+}
+
 // expireLeases moves every leased key's lease into the past.
 func expireLeases(t testing.TB, pool *pgxpool.Pool) {
 	t.Helper()
