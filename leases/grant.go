@@ -126,6 +126,7 @@ func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lea
 		}
 	case <-ctx.Done():
 	case <-timer.C:
+	case <-c.closing:
 	}
 	o.mu.Lock()
 	o.waiting = false
@@ -140,8 +141,13 @@ func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lea
 	default:
 		c.cfg.Logger.Debug("pgfence lease: a lost grant reply is settled in the background", "key", o.key, "holder", o.holder)
 	}
-	return nil, fmt.Errorf("leases: acquire %q: the reply was lost and the grant to holder %s could not be settled yet (it is settled in the background: a lease it finds goes to a waiting Acquire of this client, or is released): %w: %w",
+	err := fmt.Errorf("leases: acquire %q: the reply was lost and the grant to holder %s could not be settled yet (it is settled in the background: a lease it finds goes to a waiting Acquire of this client, or is released): %w: %w",
 		o.key, o.holder, ErrOutcomeUnknown, cause)
+	if c.isClosed() {
+		// Close waits for the settlement, which releases a grant it finds.
+		err = fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	return nil, err
 }
 
 // settle settles o (see resolveGrant), retrying with capped backoff until

@@ -289,3 +289,43 @@ func TestLostGrantGoesOnlyToTheSameTerms(t *testing.T) {
 		t.Fatalf("holder info %q %v, want the waiter's", info, err)
 	}
 }
+
+// Close ends a call that waits for the settlement of its lost grant reply at
+// once (the error says the client closed and the outcome is unknown), and
+// Close itself returns once the settlement gave up.
+func TestCloseEndsAWaitForASettlement(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	p := newProxy(t, db.URL)
+	pool := proxiedPool(t, db.URL, p)
+	c, err := leases.New(pool, &leases.Config{DisableWakeups: true, ResolveTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxTimeout(t, 2*time.Minute)
+	if l, err := c.TryAcquire(ctx, "warm", time.Second, nil); err != nil {
+		t.Fatal(err)
+	} else if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	trig := p.CutAfter(faultproxy.SQLContains("pgfence.try_acquire"))
+	p.SetRefuse(true) // the settlement cannot connect
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.TryAcquire(ctx, "k", time.Minute, nil)
+		done <- err
+	}()
+	<-trig.Done()
+	closed := make(chan struct{})
+	go func() { _ = c.Close(); close(closed) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, leases.ErrClosed) || !errors.Is(err, leases.ErrOutcomeUnknown) {
+			t.Fatalf("TryAcquire ended by Close: %v, want ErrClosed and ErrOutcomeUnknown", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close did not end the wait for the settlement (ResolveTimeout is a minute)")
+	}
+	<-closed
+	p.SetRefuse(false)
+}
