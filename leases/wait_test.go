@@ -199,8 +199,17 @@ func TestCloseRefusesLaterCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	w, err := c.Watch(ctx, "closed/k", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
+	}
+	for range w.Events() {
+	}
+	if err := w.State().Err; !errors.Is(err, leases.ErrClosed) {
+		t.Errorf("a watch ended by Close: State().Err = %v, want ErrClosed", err)
 	}
 	calls := map[string]func() error{
 		"TryAcquire": func() error { _, err := c.TryAcquire(ctx, "closed/j", time.Second, nil); return err },

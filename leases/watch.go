@@ -123,7 +123,8 @@ type WatchState struct {
 	// clock: ReadAt, or a later signed renewal announcement it believed
 	// (zero before the first read).
 	HeardAt time.Time
-	// Err is the last read's error, nil when it succeeded.
+	// Err is the last read's error, nil when it succeeded; after the
+	// client was closed ([Client.Close]) it wraps [ErrClosed].
 	Err error
 }
 
@@ -352,6 +353,14 @@ func (w *Watcher) start(ctx context.Context) (int64, error) {
 func (w *Watcher) run(ctx context.Context) {
 	defer close(w.events)
 	defer w.c.removeWatcher(w)
+	defer func() {
+		// Ended by Close, not by its context: State says so.
+		if ctx.Err() == nil && w.c.isClosed() {
+			w.mu.Lock()
+			w.state.Err = fmt.Errorf("leases: watch %q: %w", w.key, ErrClosed)
+			w.mu.Unlock()
+		}
+	}()
 	var (
 		started   bool
 		from      int64      // events from this id on are new, until one is delivered
