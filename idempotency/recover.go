@@ -257,8 +257,8 @@ const (
 // settledSQL reads whether an attempt still owns its key in progress, and
 // whether the key was settled by the attempt's own epoch (a takeover raises
 // the epoch; a completion clears the owner but keeps it).
-const settledSQL = `SELECT coalesce(bool_or(owner = $3::uuid AND status = 'in_progress'), false),
-       coalesce(bool_or(epoch = $4 AND status <> 'in_progress'), false)
+const settledSQL = `SELECT coalesce(pg_catalog.bool_or(owner = $3::uuid AND status = 'in_progress'), false),
+       coalesce(pg_catalog.bool_or(epoch = $4 AND status <> 'in_progress'), false)
   FROM pgfence.idempotency_keys WHERE scope = $1 AND key = $2`
 
 // releaseDetached releases a's key after a call failed, with a context of
