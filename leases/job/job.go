@@ -332,7 +332,8 @@ type Slot struct {
 	runs     int
 	previous int64 // the token of the run taken over, 0 if none
 
-	mu         sync.Mutex // guards what follows, and serialises Save
+	saveMu     sync.Mutex // serialises Save (never held by the other methods)
+	mu         sync.Mutex // guards what follows; never held across a statement
 	checkpoint string
 
 	done        bool  // begin found it completed
@@ -376,12 +377,18 @@ func (s *Slot) Save(ctx context.Context, checkpoint string) error {
 	if len(checkpoint) > MaxCheckpointBytes || !utf8.ValidString(checkpoint) || strings.IndexByte(checkpoint, 0) >= 0 {
 		return fmt.Errorf("%w: checkpoint: must be UTF-8 without NUL, at most %d bytes", leases.ErrInvalid, MaxCheckpointBytes)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	// Saves take turns so that the slot keeps the checkpoint of the last one;
+	// the field lock is taken only to record it: Complete, in a transaction
+	// that holds the slot's row, may wait for it while a Save waits for the
+	// row.
+	s.saveMu.Lock()
+	defer s.saveMu.Unlock()
 	if _, err := s.r.pool.Exec(ctx, sqlSave, s.r.key, s.lease.Holder(), s.lease.Token(), s.name, checkpoint); err != nil {
 		return fmt.Errorf("save checkpoint: %w", pgfence.MapError(err))
 	}
+	s.mu.Lock()
 	s.checkpoint = checkpoint
+	s.mu.Unlock()
 	return nil
 }
 

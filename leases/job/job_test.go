@@ -467,3 +467,51 @@ func TestCompletedRunSurvivesALaterLoss(t *testing.T) {
 		t.Fatalf("the next Run: %+v, %v; want AlreadyCompleted", again, err)
 	}
 }
+
+// A Save waiting for the slot's row while Complete's transaction holds it
+// does not block Complete: the transaction commits, the slot completes,
+// and the Save then finds the slot completed.
+func TestSaveWaitingForCompleteDoesNotBlockIt(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	r := newRunner(t, pool, nil)
+	saved := make(chan error, 1)
+	res, err := r.Run(ctx, "s", func(ctx context.Context, s *job.Slot) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+		if err := s.Complete(ctx, tx); err != nil {
+			return err
+		}
+		go func() { saved <- s.Save(ctx, "late") }()
+		// The Save waits for the slot's row, which tx holds.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var waiting bool
+			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+  WHERE wait_event_type = 'Lock' AND query LIKE '%job_slot_save%')`).Scan(&waiting); err != nil {
+				return err
+			}
+			if waiting {
+				break
+			}
+			if time.Now().After(deadline) {
+				return errors.New("the Save never waited for the slot's row")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if got := s.Checkpoint(); got != "" {
+			t.Errorf("Checkpoint while a Save waits: %q", got)
+		}
+		return tx.Commit(ctx)
+	})
+	if err != nil || res.Outcome != job.Completed {
+		t.Fatalf("Run: %+v, %v", res, err)
+	}
+	if err := <-saved; err == nil {
+		t.Error("a Save after the slot completed succeeded")
+	}
+}
