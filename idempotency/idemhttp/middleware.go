@@ -318,19 +318,32 @@ func (m *Middleware) runLeased(w http.ResponseWriter, r *http.Request, next http
 }
 
 // keepAlive extends the lease until stop is called, which cuts a heartbeat
-// in flight and waits for it; it cancels the handler's context if the key is
-// lost (taken over) or can no longer be trusted, at the latest when the
-// trust window of the last extension runs out, also while a heartbeat
-// hangs (a pool with no free connection, a network that drops packets). A
-// lease that can no longer be trusted is still extended: the handler may
-// run on (inside a call that ignores its context), and once the store
-// answers again a heartbeat keeps the key for it unless another attempt
-// took it over. ctx must not be the request's context, which ends when the
-// client goes away while the handler may still run.
+// in flight and waits for it. It cancels the handler's context if the key
+// is lost (taken over), and when the trust window of the last extension is
+// about to run out (half a heartbeat interval before it), whether the
+// heartbeats fail fast or hang (a pool with no free connection, a network
+// that drops packets): so the handler is stopped before its lease can
+// expire in the database and a retry take the key over. A lease that can no
+// longer be trusted is still extended: the handler may run on (inside a
+// call that ignores its context), and once the store answers again a
+// heartbeat keeps the key for it unless another attempt took it over. ctx
+// must not be the request's context, which ends when the client goes away
+// while the handler may still run.
 func (m *Middleware) keepAlive(ctx context.Context, a *idempotency.Attempt, cancel context.CancelCauseFunc) (stop func()) {
 	done := make(chan struct{})
 	ctx, stopBeats := context.WithCancel(ctx)
-	lease := m.store.Lease()
+	lease, margin := m.store.Lease(), m.heartbeat/2
+	stopAt := func() time.Time { return a.TrustedUntil().Add(-margin) }
+	// The trust timer runs apart from the heartbeats, which may block.
+	var trust *time.Timer
+	trust = time.AfterFunc(time.Duration(math.MaxInt64), func() {
+		if d := time.Until(stopAt()); d > 0 {
+			trust.Reset(d) // extended meanwhile
+			return
+		}
+		cancel(errors.New("idempotency: lease may have expired: not extended in time"))
+	})
+	trust.Reset(time.Until(stopAt())) // trust is set before it can fire
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		t := time.NewTicker(m.heartbeat)
@@ -342,8 +355,7 @@ func (m *Middleware) keepAlive(ctx context.Context, a *idempotency.Attempt, canc
 			case <-t.C:
 			}
 			// A heartbeat answered after a whole lease extends nothing; one
-			// still out when the trust window ends leaves the handler
-			// without a lease, so it is cut there and the handler stopped.
+			// still out when the trust window ends is cut there.
 			deadline := time.Now().Add(lease)
 			if until := a.TrustedUntil(); time.Now().Before(until) && until.Before(deadline) {
 				deadline = until
@@ -351,16 +363,13 @@ func (m *Middleware) keepAlive(ctx context.Context, a *idempotency.Attempt, canc
 			hctx, hcancel := context.WithDeadline(ctx, deadline)
 			err := a.Heartbeat(hctx)
 			hcancel()
-			switch {
-			case errors.Is(err, idempotency.ErrNotOwner):
+			if errors.Is(err, idempotency.ErrNotOwner) {
 				cancel(err)
 				return
-			case err != nil && time.Now().After(a.TrustedUntil()):
-				cancel(fmt.Errorf("idempotency: lease may have expired: %w", err))
 			}
 		}
 	})
-	return func() { close(done); stopBeats(); wg.Wait() }
+	return func() { close(done); trust.Stop(); stopBeats(); wg.Wait() }
 }
 
 // settle stores a final response, or releases the key for a retry. Storing

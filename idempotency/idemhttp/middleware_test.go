@@ -1138,11 +1138,18 @@ func TestUnstorableResponseRollsBack(t *testing.T) {
 	}
 }
 
-// A leased handler whose heartbeat hangs (the store stops answering, the
-// connection stays open) is stopped when the trust window of its last
-// extension ends: before its lease runs out in the database, so before
-// another instance can take the key over and run the handler again.
+// A leased handler whose heartbeats hang (the store stops answering, the
+// connection stays open) or fail fast (connections refused) is stopped when
+// the trust window of its last extension is about to end: before its lease
+// runs out in the database, so before another instance can take the key
+// over and run the handler again.
 func TestLeasedHandlerStoppedBeforeTakeover(t *testing.T) {
+	for _, fault := range []string{"hang", "refuse"} {
+		t.Run(fault, func(t *testing.T) { stoppedBeforeTakeover(t, fault) })
+	}
+}
+
+func stoppedBeforeTakeover(t *testing.T, fault string) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
 	p, proxied := throughProxy(t, db)
@@ -1176,11 +1183,17 @@ func TestLeasedHandlerStoppedBeforeTakeover(t *testing.T) {
 	}
 	defer func() {
 		p.SetBlackhole(faultproxy.ClientToServer, false)
+		p.SetRefuse(false)
 		p.CutAll() // the connection whose request was swallowed would hold up the pool's Close
 		close(gate)
 		<-first
 	}()
-	p.SetBlackhole(faultproxy.ClientToServer, true)
+	if fault == "hang" {
+		p.SetBlackhole(faultproxy.ClientToServer, true)
+	} else {
+		p.SetRefuse(true)
+		p.CutAll()
+	}
 
 	// The other instance retries until the key is free to take over; when it
 	// runs the handler, the first one's context must have ended.
