@@ -133,10 +133,14 @@ func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lea
 	o.mu.Unlock()
 	select {
 	case r := <-o.result: // settled just now
-		if r.l != nil {
-			if !c.adopt(r.l, o.terms()) {
-				c.releaseInBackground(ctx, r.l)
-			}
+		switch {
+		case r.l == nil:
+		case c.isClosed():
+			// Close may have stopped waiting for background work: release
+			// it here, before this call returns.
+			c.releaseNow(ctx, r.l)
+		case !c.adopt(r.l, o.terms()):
+			c.releaseInBackground(ctx, r.l)
 		}
 	default:
 		c.cfg.Logger.Debug("pgfence lease: a lost grant reply is settled in the background", "key", o.key, "holder", o.holder)
