@@ -126,17 +126,30 @@ func (l *Lease) releaseRequested() bool {
 	return l.releaseAsked
 }
 
-// end ends the lease's context with cause (once).
+// end ends the lease's context with cause (once), and reports it.
 func (l *Lease) end(cause error) {
+	if l.endQuietly(cause) {
+		l.reportEnd(cause)
+	}
+}
+
+// endQuietly ends the lease's context with cause, and reports whether this
+// call ended it; reportEnd must follow when it did.
+func (l *Lease) endQuietly(cause error) bool {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.ended {
-		l.mu.Unlock()
-		return
+		return false
 	}
 	l.ended = true
 	l.timer.Stop()
 	l.cancel(cause)
-	l.mu.Unlock()
+	return true
+}
+
+// reportEnd records the lease's end in the metrics and, unless it was
+// released, emits EventLost (through the client's OnEvent).
+func (l *Lease) reportEnd(cause error) {
 	l.c.tel.ended(l, cause)
 	if !errors.Is(cause, ErrReleased) {
 		l.c.emit(Event{Kind: EventLost, Key: l.key, Holder: l.holder, Token: l.token, Err: cause})
@@ -310,8 +323,11 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	case "already_released":
 		if result = l.releasedBy(ctx, sent, false); errors.Is(result, ErrOutcomeUnknown) {
 			// The grant is not held any more, whoever ended it.
+			ended := l.endQuietly(result)
 			unlock()
-			l.end(result)
+			if ended {
+				l.reportEnd(result)
+			}
 			return result
 		}
 	case "expired":
@@ -325,8 +341,11 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 		// grant, and a waiter taken the key before this attempt: the
 		// history says whether this grant was released, and how.
 		if result = l.releasedBy(ctx, sent, true); errors.Is(result, ErrOutcomeUnknown) {
+			ended := l.endQuietly(result)
 			unlock()
-			l.end(result)
+			if ended {
+				l.reportEnd(result)
+			}
 			return result
 		}
 	}
@@ -335,14 +354,19 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 		// reply was lost: count it as what it was.
 		status = outcomeReleased
 	}
+	cause := result
+	if cause == nil {
+		cause = ErrReleased
+	}
+	// The lease ends before a second Release waiting for the lock returns
+	// this result; the events go out after the lock is given up.
+	ended := l.endQuietly(cause)
 	l.mu.Lock()
 	l.released, l.releaseErr = true, result
 	l.mu.Unlock()
 	unlock()
-	if result == nil {
-		l.end(ErrReleased)
-	} else {
-		l.end(result)
+	if ended {
+		l.reportEnd(cause)
 	}
 	if changed {
 		l.c.wake(l.key) // local waiters need not wait for the notification
