@@ -40,10 +40,7 @@ func (l *Lease) SetHolderInfo(ctx context.Context, info string) (time.Time, erro
 	err = conn.QueryRow(ctx, sqlSetHolderInfo, l.key, l.holder, l.token, info).Scan(&at)
 	conn.Release()
 	if pgerr.Code(err) == pgerr.CodeLeaseNotHeld {
-		if l.releaseRequested() && l.releasedBy(ctx, false, false) == nil {
-			// The holder's own Release, running meanwhile, ended the
-			// grant first: it was released, not lost.
-			l.end(ErrReleased)
+		if l.releasedMeanwhile(ctx) {
 			return time.Time{}, l.Err()
 		}
 		lost := l.lostError("the database refused to change the holder info", err)

@@ -156,6 +156,18 @@ func (l *Lease) reportEnd(cause error) {
 	}
 }
 
+// releasedMeanwhile reports, after the database refused a call of the lease
+// because the grant had ended, whether the holder's own Release (running
+// meanwhile, say, with KeepAlive's renewal sent just after it committed)
+// ended it; then the lease ends as released, not lost.
+func (l *Lease) releasedMeanwhile(ctx context.Context) bool {
+	if !l.releaseRequested() || l.releasedBy(ctx, false, false) != nil {
+		return false
+	}
+	l.end(ErrReleased)
+	return true
+}
+
 func (l *Lease) trustDeadline() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -206,11 +218,7 @@ func (l *Lease) renew(ctx context.Context, announce bool) (err error) {
 		}
 		conn.Release()
 		if pgerr.Code(err) == pgerr.CodeLeaseNotHeld {
-			if l.releaseRequested() && l.releasedBy(ctx, false, false) == nil {
-				// The holder's release (a Release running meanwhile, say,
-				// with KeepAlive's renewal sent just after it committed)
-				// ended the grant: it was released, not lost.
-				l.end(ErrReleased)
+			if l.releasedMeanwhile(ctx) {
 				return l.Err()
 			}
 			lost := l.lostError("the database refused the renewal", err)
