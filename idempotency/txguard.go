@@ -94,7 +94,7 @@ func (g *guardedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Row
 
 func (g *guardedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if g.closed.Load() {
-		return errRowTx{pgx.ErrTxClosed}
+		return errRow{pgx.ErrTxClosed}
 	}
 	return g.Tx.QueryRow(ctx, sql, args...)
 }
@@ -107,10 +107,6 @@ func (g *guardedTx) Conn() *pgx.Conn {
 	}
 	return g.Tx.Conn()
 }
-
-type errRowTx struct{ err error }
-
-func (r errRowTx) Scan(...any) error { return r.err }
 
 // closedRows are the rows of a query on an ended attempt: none, and the
 // error. The embedded (nil) interface only keeps it a pgx.Rows if pgx adds
@@ -133,7 +129,7 @@ type closedBatch struct{ pgx.BatchResults }
 
 func (closedBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, pgx.ErrTxClosed }
 func (closedBatch) Query() (pgx.Rows, error)         { return closedRows{}, pgx.ErrTxClosed }
-func (closedBatch) QueryRow() pgx.Row                { return errRowTx{pgx.ErrTxClosed} }
+func (closedBatch) QueryRow() pgx.Row                { return errRow{pgx.ErrTxClosed} }
 func (closedBatch) Close() error                     { return pgx.ErrTxClosed }
 func (closedBatch) Tx() pgx.Tx                       { return nil }
 
