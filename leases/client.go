@@ -84,7 +84,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 // released; release them first.
 // It waits for the background read-backs of lost grant replies that started
 // before it was called, and for the release of a grant one of them finds
-// that nobody received, each bounded by [Config.ResolveTimeout].
+// that nobody received, each bounded by [Config.ResolveTimeout], and for
+// fair waiters that gave up to leave the database queue (2 s at most).
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {

@@ -44,3 +44,13 @@ func GroupPending(c *Client) int {
 	defer c.group.mu.Unlock()
 	return len(c.group.pending)
 }
+
+// Waiters is how many Acquire calls of c wait for key.
+func Waiters(c *Client, key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if q := c.queues[key]; q != nil {
+		return len(q.waiters)
+	}
+	return 0
+}

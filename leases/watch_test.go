@@ -453,7 +453,8 @@ func TestWatchReplay(t *testing.T) {
 func TestWatchReportsAGapOnce(t *testing.T) {
 	checkLeaks(t)
 	pool := pgfencetest.NewPool(t)
-	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	// Without wake-ups a watcher reads every BackoffMax.
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond})
 	ctx := ctxTimeout(t, time.Minute)
 	l, err := c.TryAcquire(ctx, "gap", time.Minute, nil)
 	if err != nil {

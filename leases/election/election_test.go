@@ -707,6 +707,8 @@ func TestResignOfALostTermSparesTheNext(t *testing.T) {
 		cancel()
 		<-done
 	}()
+	release := sync.OnceFunc(func() { close(proceed) })
+	defer release() // before Run is stopped: its step-down waits for the callback
 	t1 := <-terms
 	if _, err := operator.ForceRelease(ctx, "resign-lost", "test: the first term is lost"); err != nil {
 		t.Fatal(err)
@@ -718,7 +720,7 @@ func TestResignOfALostTermSparesTheNext(t *testing.T) {
 	resigned := make(chan error, 1)
 	go func() { resigned <- e.Resign(ctx) }()
 	eventually(t, 10*time.Second, "Resign's signal to Run", func() bool { return election.ResignPending(e) == 1 })
-	close(proceed)
+	release()
 	if err := <-resigned; err != nil && !errors.Is(err, leases.ErrLeaseLost) {
 		t.Fatalf("Resign of the lost term: %v", err)
 	}
