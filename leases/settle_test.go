@@ -242,19 +242,8 @@ func blockKey(t *testing.T, ctx context.Context, pool *pgxpool.Pool, c *leases.C
 // long after a crash). The grant is released and the waiter gets its own.
 func TestLostGrantGoesOnlyToTheSameTerms(t *testing.T) {
 	checkLeaks(t)
-	db := pgfencetest.NewDatabase(t)
-	p := newProxy(t, db.URL)
-	pool := proxiedPool(t, db.URL, p)
-	logs := &logBuffer{}
-	c := newClient(t, pool, &leases.Config{DisableWakeups: true, ResolveTimeout: 200 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	db, p, c := lostReplyRig(t, &leases.Config{DisableWakeups: true, ResolveTimeout: 200 * time.Millisecond})
 	ctx := ctxTimeout(t, 2*time.Minute)
-	if l, err := c.TryAcquire(ctx, "warm", time.Second, nil); err != nil {
-		t.Fatal(err)
-	} else if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-
 	trig := p.CutAfter(faultproxy.SQLContains("pgfence.try_acquire"))
 	p.SetRefuse(true)
 	if _, err := c.TryAcquire(ctx, "k", 2*time.Second, &leases.AcquireOptions{HolderInfo: "short"}); !errors.Is(err, leases.ErrOutcomeUnknown) {
@@ -296,19 +285,8 @@ func TestLostGrantGoesOnlyToTheSameTerms(t *testing.T) {
 // Close itself returns once the settlement gave up.
 func TestCloseEndsAWaitForASettlement(t *testing.T) {
 	checkLeaks(t)
-	db := pgfencetest.NewDatabase(t)
-	p := newProxy(t, db.URL)
-	pool := proxiedPool(t, db.URL, p)
-	c, err := leases.New(pool, &leases.Config{DisableWakeups: true, ResolveTimeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, p, c := lostReplyRig(t, &leases.Config{DisableWakeups: true, ResolveTimeout: time.Minute})
 	ctx := ctxTimeout(t, 2*time.Minute)
-	if l, err := c.TryAcquire(ctx, "warm", time.Second, nil); err != nil {
-		t.Fatal(err)
-	} else if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
 	trig := p.CutAfter(faultproxy.SQLContains("pgfence.try_acquire"))
 	p.SetRefuse(true) // the settlement cannot connect
 	done := make(chan error, 1)
@@ -329,4 +307,21 @@ func TestCloseEndsAWaitForASettlement(t *testing.T) {
 	}
 	<-closed
 	p.SetRefuse(false)
+}
+
+// lostReplyRig returns a database, a proxy in front of it and a client of
+// cfg through the proxy whose pool holds an open connection, for tests
+// that drop a grant's reply.
+func lostReplyRig(t *testing.T, cfg *leases.Config) (*pgfencetest.Database, *faultproxy.Proxy, *leases.Client) {
+	t.Helper()
+	db := pgfencetest.NewDatabase(t)
+	p := newProxy(t, db.URL)
+	c := newClient(t, proxiedPool(t, db.URL, p), cfg)
+	ctx := ctxTimeout(t, time.Minute)
+	if l, err := c.TryAcquire(ctx, "warm", time.Second, nil); err != nil {
+		t.Fatal(err)
+	} else if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return db, p, c
 }
