@@ -339,6 +339,7 @@ type atomicTx struct {
 	pgx.Tx
 	guard     *guardedTx // what the caller gets: closed when the attempt ends
 	conn      *pgx.Conn  // nil: commit through Tx
+	savepoint bool       // Tx is a savepoint of the caller's transaction
 	release   func()     // returns a connection acquired from a pool
 	committed bool
 }
@@ -378,7 +379,8 @@ func beginAtomicTx(ctx context.Context, db DB, c *claimArgs) (*atomicTx, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &atomicTx{Tx: tx, guard: newGuardedTx(tx)}, nil
+	_, savepoint := db.(pgx.Tx)
+	return &atomicTx{Tx: tx, guard: newGuardedTx(tx), savepoint: savepoint}, nil
 }
 
 // beginClaim begins a READ COMMITTED transaction on conn and claims c's key
@@ -466,7 +468,9 @@ func (t *atomicTx) completeAndCommit(ctx context.Context, scope, key string, res
 			return time.Time{}, classify(err, false)
 		}
 		if err := t.Commit(ctx); err != nil {
-			return time.Time{}, classify(err, true)
+			// A savepoint that cannot be released leaves the caller's
+			// transaction unable to commit: nothing can have been stored.
+			return time.Time{}, classify(err, !t.savepoint)
 		}
 		t.committed = true
 		return expiresAt, nil

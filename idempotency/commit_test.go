@@ -313,3 +313,42 @@ func TestAtomicCompletionNotPrepared(t *testing.T) {
 		}
 	}
 }
+
+// TestAtomicSavepointReleaseLost: in the caller's transaction the attempt is
+// a savepoint, released by Complete. The connection breaks before the
+// RELEASE reaches the server: the caller's transaction can no longer commit,
+// so nothing was stored and the error is not an unknown outcome.
+func TestAtomicSavepointReleaseLost(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	createCharges(t, db.Pool)
+	store := newStore(t, nil)
+	ctx := context.Background()
+	p, dbs := throughProxy(t, db)
+	tx, err := dbs["pool"].Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	req := idempotency.Request{Scope: "orders", Key: "savepoint-lost", Payload: []byte("p")}
+	out, err := store.Begin(ctx, tx, req)
+	if err != nil || out.Atomic == nil {
+		t.Fatalf("Begin in the caller's transaction: %+v, %v", out, err)
+	}
+	if _, err := charge(req.Key, 5)(ctx, out.Atomic.Tx()); err != nil {
+		t.Fatal(err)
+	}
+	trig := p.CutBefore(faultproxy.SQLContains("release savepoint"))
+	_, err = out.Atomic.Complete(ctx, []byte("r"))
+	<-trig.Done()
+	if !trig.Fired() {
+		t.Fatal("the proxy did not cut before the savepoint's release")
+	}
+	if err == nil || errors.Is(err, idempotency.ErrOutcomeUnknown) {
+		t.Fatalf("Complete whose savepoint release was lost: %v, want an error that is not ErrOutcomeUnknown", err)
+	}
+	again, err := store.Do(ctx, db.Pool, req, charge(req.Key, 5))
+	if err != nil || again.Status != idempotency.New || countCharges(t, db.Pool, req.Key) != 1 {
+		t.Fatalf("the same request again: %+v, %v, %d charges; want New and one charge", again, err, countCharges(t, db.Pool, req.Key))
+	}
+}

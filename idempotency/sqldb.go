@@ -127,7 +127,8 @@ func (t *sqlClaimTx) completeAndCommit(ctx context.Context, scope, key string, r
 	}
 	if t.savepoint != "" {
 		if _, err := t.tx.ExecContext(ctx, t.savepoint.Release()); err != nil {
-			return time.Time{}, classify(err, true)
+			// The caller's transaction cannot commit: nothing was stored.
+			return time.Time{}, classify(err, false)
 		}
 		t.committed = true
 		return expiresAt, nil

@@ -505,3 +505,45 @@ func (f fakeSQLDB) ExecContext(ctx context.Context, query string, args ...any) (
 func (f fakeSQLDB) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	return f.db.QueryRowContext(ctx, query, args...)
 }
+
+// In the caller's *sql.Tx the attempt is a savepoint; a connection that
+// breaks before its RELEASE leaves the caller's transaction unable to
+// commit: nothing was stored, and the error is not an unknown outcome.
+func TestDoSQLSavepointReleaseLost(t *testing.T) {
+	for _, driverName := range sqlDrivers {
+		t.Run(driverName, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgfencetest.NewDatabase(t)
+			createCharges(t, db.Pool)
+			store := newStore(t, nil)
+			p, _ := throughProxy(t, db)
+			url, err := p.ConnString(db.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sdb := openSQLDB(t, driverName, url)
+			tx, err := sdb.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback() }()
+			req := idempotency.Request{Scope: "orders", Key: "sp-lost"}
+			trig := p.CutBefore(faultproxy.SQLContains("release savepoint"))
+			_, err = store.DoSQL(ctx, tx, req, func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+				_, err := tx.ExecContext(ctx, `INSERT INTO charges (order_id, amount) VALUES ('sp-lost', 5)`)
+				return []byte("ok"), err
+			})
+			<-trig.Done()
+			if !trig.Fired() {
+				t.Fatal("the proxy did not cut before the savepoint's release")
+			}
+			if err == nil || errors.Is(err, idempotency.ErrOutcomeUnknown) {
+				t.Fatalf("DoSQL whose savepoint release was lost: %v, want an error that is not ErrOutcomeUnknown", err)
+			}
+			if got := countCharges(t, db.Pool, "sp-lost"); got != 0 {
+				t.Fatalf("%d charges, want 0", got)
+			}
+		})
+	}
+}
