@@ -49,7 +49,13 @@ func NewCluster(t testing.TB, opts *ClusterOptions) *Cluster {
 	if err != nil {
 		unavailable(t, err)
 	}
-	t.Cleanup(func() { _ = c.Close() })
+	t.Cleanup(func() {
+		if t.Failed() {
+			// A test that lost its server says why, in the server's words.
+			t.Logf("pgfencetest: the cluster's server log, last lines:\n%s", c.LogTail(40))
+		}
+		_ = c.Close()
+	})
 	return &Cluster{c: c, srv: &server{adminURL: c.ConnString("postgres")}}
 }
 
