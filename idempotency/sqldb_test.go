@@ -304,15 +304,8 @@ func TestDoSQLCommitLost(t *testing.T) {
 		t.Run(driverName, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			db := pgfencetest.NewDatabase(t)
-			createCharges(t, db.Pool)
+			db, p, sdb := proxiedSQLDB(t, driverName)
 			store := newStore(t, nil)
-			p, _ := throughProxy(t, db)
-			url, err := p.ConnString(db.URL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sdb := openSQLDB(t, driverName, url)
 			for _, c := range []struct {
 				cut     func(func(faultproxy.Message) bool) *faultproxy.Trigger
 				replay  bool
@@ -514,15 +507,8 @@ func TestDoSQLSavepointReleaseLost(t *testing.T) {
 		t.Run(driverName, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			db := pgfencetest.NewDatabase(t)
-			createCharges(t, db.Pool)
+			db, p, sdb := proxiedSQLDB(t, driverName)
 			store := newStore(t, nil)
-			p, _ := throughProxy(t, db)
-			url, err := p.ConnString(db.URL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sdb := openSQLDB(t, driverName, url)
 			tx, err := sdb.BeginTx(ctx, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -546,4 +532,18 @@ func TestDoSQLSavepointReleaseLost(t *testing.T) {
 			}
 		})
 	}
+}
+
+// proxiedSQLDB returns a database with the charges table, a fault proxy in
+// front of it and a database/sql handle of driverName through the proxy.
+func proxiedSQLDB(t *testing.T, driverName string) (*pgfencetest.Database, *faultproxy.Proxy, *sql.DB) {
+	t.Helper()
+	db := pgfencetest.NewDatabase(t)
+	createCharges(t, db.Pool)
+	p, _ := throughProxy(t, db)
+	url, err := p.ConnString(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db, p, openSQLDB(t, driverName, url)
 }
