@@ -64,16 +64,24 @@ func counted(runs *atomic.Int32, orderID string) idempotency.Func {
 
 // TestAtomicCommitReplyLost: the connection breaks right after the result
 // and COMMIT were sent, dropping the server's answer (the proxy waits until
-// the server has finished the COMMIT). Do says the outcome is unknown; the
-// same request again resolves it: it replays the committed result without
-// running fn, and there is exactly one charge.
+// the server has finished the COMMIT); or a pooler answers the COMMIT it
+// forwarded with its FATAL 08P01, as PgBouncer does when its server
+// connection breaks. Do says the outcome is unknown; the same request again
+// resolves it: it replays the committed result without running fn, and there
+// is exactly one charge.
 func TestAtomicCommitReplyLost(t *testing.T) {
+	t.Run("closed", func(t *testing.T) { atomicCommitReplyLost(t, false) })
+	t.Run("pooler-fatal", func(t *testing.T) { atomicCommitReplyLost(t, true) })
+}
+
+func atomicCommitReplyLost(t *testing.T, fatal bool) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
 	createCharges(t, db.Pool)
 	store := newStore(t, nil)
 	ctx := context.Background()
 	p, dbs := throughProxy(t, db)
+	p.SetPoolerFatal(fatal)
 	for name, via := range dbs {
 		var runs atomic.Int32
 		req := idempotency.Request{Scope: "orders", Key: "reply-lost-" + name, Payload: []byte("p")}
@@ -95,6 +103,34 @@ func TestAtomicCommitReplyLost(t *testing.T) {
 		}
 		if n := countCharges(t, db.Pool, req.Key); n != 1 {
 			t.Fatalf("%s: %d charges, want exactly 1", name, n)
+		}
+	}
+}
+
+// TestPoolerFatalBeforeCommit: a pooler's FATAL 08P01 in answer to the
+// claim (BEGIN travels with it), before anything that could commit was sent,
+// means nothing happened: ErrUnavailable, never an unknown outcome, fn did
+// not run and the key is free.
+func TestPoolerFatalBeforeCommit(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	createCharges(t, db.Pool)
+	store := newStore(t, nil)
+	ctx := context.Background()
+	p, dbs := throughProxy(t, db)
+	p.SetPoolerFatal(true)
+	for name, via := range dbs {
+		var runs atomic.Int32
+		req := idempotency.Request{Scope: "orders", Key: "claim-refused-" + name, Payload: []byte("p")}
+		trig := p.CutBefore(faultproxy.SQLContains("idempotency_claim_atomic"))
+		_, err := store.Do(ctx, via, req, counted(&runs, req.Key))
+		<-trig.Done()
+		if !trig.Fired() || !errors.Is(err, idempotency.ErrUnavailable) || errors.Is(err, idempotency.ErrOutcomeUnknown) {
+			t.Fatalf("%s: Do whose claim the pooler refused (cut %v): %v, want ErrUnavailable", name, trig.Fired(), err)
+		}
+		out, err := store.Do(ctx, db.Pool, req, counted(&runs, req.Key))
+		if err != nil || out.Status != idempotency.New || runs.Load() != 1 || countCharges(t, db.Pool, req.Key) != 1 {
+			t.Fatalf("%s: the same request again: %+v, %v after %d runs; want New, run once", name, out, err, runs.Load())
 		}
 	}
 }

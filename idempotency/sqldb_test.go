@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -296,47 +297,55 @@ func TestDoSQLInCallerTransaction(t *testing.T) {
 }
 
 // A COMMIT whose answer is lost is an unknown outcome whichever driver sent
-// it (lib/pq's driver.ErrBadConn included), and the same request again
+// it (lib/pq's driver.ErrBadConn included) and however the connection failed
+// (closed, or answered by a pooler's FATAL 08P01), and the same request again
 // resolves it: the committed result is replayed without running fn; a lost
 // COMMIT leaves the key free and fn runs once more. One charge either way.
 func TestDoSQLCommitLost(t *testing.T) {
 	for _, driverName := range sqlDrivers {
-		t.Run(driverName, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			db, p, sdb := proxiedSQLDB(t, driverName)
-			store := newStore(t, nil)
-			for _, c := range []struct {
-				cut     func(func(faultproxy.Message) bool) *faultproxy.Trigger
-				replay  bool
-				orderID string
-			}{{p.CutAfter, true, "reply-lost"}, {p.CutBefore, false, "commit-lost"}} {
-				var runs atomic.Int32
-				fn := func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
-					runs.Add(1)
-					_, err := tx.ExecContext(ctx, `INSERT INTO charges (order_id, amount) VALUES ($1, 5)`, c.orderID)
-					return []byte("ok"), err
-				}
-				req := idempotency.Request{Scope: "orders", Key: c.orderID}
-				trig := c.cut(faultproxy.IsCommit)
-				_, err := store.DoSQL(ctx, sdb, req, fn)
-				<-trig.Done()
-				if !errors.Is(err, idempotency.ErrOutcomeUnknown) || errors.Is(err, idempotency.ErrUnavailable) {
-					t.Fatalf("%s: %v, want ErrOutcomeUnknown", c.orderID, err)
-				}
-				out, err := store.DoSQL(ctx, sdb, req, fn)
-				want := idempotency.New
-				if c.replay {
-					want = idempotency.Replayed
-				}
-				if err != nil || out.Status != want || string(out.Result) != "ok" {
-					t.Fatalf("%s, the same request again: %+v, %v; want %v", c.orderID, out, err, want)
-				}
-				if got := countCharges(t, db.Pool, c.orderID); got != 1 {
-					t.Fatalf("%s: %d charges, want 1", c.orderID, got)
-				}
-			}
-		})
+		for _, fatal := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/pooler-fatal=%v", driverName, fatal), func(t *testing.T) {
+				t.Parallel()
+				doSQLCommitLost(t, driverName, fatal)
+			})
+		}
+	}
+}
+
+func doSQLCommitLost(t *testing.T, driverName string, fatal bool) {
+	ctx := context.Background()
+	db, p, sdb := proxiedSQLDB(t, driverName)
+	p.SetPoolerFatal(fatal)
+	store := newStore(t, nil)
+	for _, c := range []struct {
+		cut     func(func(faultproxy.Message) bool) *faultproxy.Trigger
+		replay  bool
+		orderID string
+	}{{p.CutAfter, true, "reply-lost"}, {p.CutBefore, false, "commit-lost"}} {
+		var runs atomic.Int32
+		fn := func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+			runs.Add(1)
+			_, err := tx.ExecContext(ctx, `INSERT INTO charges (order_id, amount) VALUES ($1, 5)`, c.orderID)
+			return []byte("ok"), err
+		}
+		req := idempotency.Request{Scope: "orders", Key: c.orderID}
+		trig := c.cut(faultproxy.IsCommit)
+		_, err := store.DoSQL(ctx, sdb, req, fn)
+		<-trig.Done()
+		if !errors.Is(err, idempotency.ErrOutcomeUnknown) || errors.Is(err, idempotency.ErrUnavailable) {
+			t.Fatalf("%s: %v, want ErrOutcomeUnknown", c.orderID, err)
+		}
+		out, err := store.DoSQL(ctx, sdb, req, fn)
+		want := idempotency.New
+		if c.replay {
+			want = idempotency.Replayed
+		}
+		if err != nil || out.Status != want || string(out.Result) != "ok" {
+			t.Fatalf("%s, the same request again: %+v, %v; want %v", c.orderID, out, err, want)
+		}
+		if got := countCharges(t, db.Pool, c.orderID); got != 1 {
+			t.Fatalf("%s: %d charges, want 1", c.orderID, got)
+		}
 	}
 }
 

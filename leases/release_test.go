@@ -149,6 +149,35 @@ func TestReleaseRetryAfterLostReply(t *testing.T) {
 		t.Fatalf("cut fired %v, lease %v", trig.Fired(), l.Err())
 	}
 
+	// A pooler answers the release it forwarded with its FATAL 08P01
+	// (PgBouncer's "server conn crashed?") and refuses the retries: an
+	// unknown outcome, like a closed connection, never "not sent". Another
+	// holder takes the key meanwhile; the next retry learns from the history
+	// that the release by this grant's holder id committed.
+	l, err = c.TryAcquire(ctx, "pooled", 10*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.SetPoolerFatal(true)
+	trig = proxy.CutAfter(faultproxy.SQLContains("pgfence.release"))
+	proxy.SetRefuse(true) // the pool's one connection is open: only retries need a new one
+	if err := l.Release(ctx); !errors.Is(err, leases.ErrOutcomeUnknown) {
+		t.Fatalf("release answered by the pooler's FATAL after it committed, retries refused: %v, want ErrOutcomeUnknown", err)
+	}
+	proxy.SetPoolerFatal(false)
+	if !trig.Replied() {
+		t.Fatal("the server did not finish the forwarded release")
+	}
+	next, err := leasesClient(t, db).TryAcquire(ctx, "pooled", 10*time.Second, nil)
+	if err != nil {
+		t.Fatalf("the key after the release committed: %v", err)
+	}
+	defer next.Release(ctx)
+	proxy.SetRefuse(false)
+	if err := l.Release(ctx); err != nil || !errors.Is(l.Err(), leases.ErrReleased) {
+		t.Fatalf("retried release after the key's next grant: %v (lease %v), want it confirmed from the history", err, l.Err())
+	}
+
 	// The lost release never arrived and an operator ended the grant before
 	// the retry: the retry says the lease was lost.
 	l, err = c.TryAcquire(ctx, "forced", 10*time.Second, nil)

@@ -250,10 +250,12 @@ func Classified(err error) bool {
 }
 
 // Classify maps a database error to pgfence's shared sentinels, keeping the
-// original in the chain. sent reports whether the statement may have reached
-// the server: a broken connection after sending is an unknown outcome, before
-// sending it is "unavailable". Errors it does not know are returned unchanged,
-// and so are errors already classified: classifying twice changes nothing.
+// original in the chain. sent reports whether a statement that could commit
+// (a COMMIT, or a statement that commits on its own) was handed to the
+// connection: a connection failure then is an unknown outcome, whoever
+// reports it and whatever its SQLSTATE; before such a statement it is
+// "unavailable". Errors it does not know are returned unchanged, and so are
+// errors already classified: classifying twice changes nothing.
 func Classify(err error, sent bool) error {
 	if err == nil || Classified(err) {
 		return err
@@ -288,12 +290,11 @@ func Classify(err error, sent bool) error {
 		}
 		return err // the server answered: the statement failed, nothing committed
 	}
-	// A server (or a pooler in front of it) that answers with a connection
-	// exception refused the request: PgBouncer's "server login has been
-	// failing" (08P01) comes before anything reached PostgreSQL.
-	if answered && len(se.Code) == 5 && se.Code[:2] == "08" {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
+	// A connection exception in an answer (08xxx, 57P0x) says nothing of what
+	// reached PostgreSQL: PgBouncer answers 08P01 both when it never
+	// forwarded the request ("server login has been failing") and when it
+	// forwarded a COMMIT and lost the server's reply ("server conn
+	// crashed?"). So only sent decides, as for a connection that broke.
 	// A connection that could not be established sent nothing, whatever the
 	// caller was about to send.
 	var connectErr *pgconn.ConnectError

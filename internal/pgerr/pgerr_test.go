@@ -73,14 +73,23 @@ func TestClassifyIdempotent(t *testing.T) {
 	}
 }
 
-// A connection exception the server or a pooler sent (PgBouncer's "server
-// login has been failing", 08P01) means the request was refused: nothing
-// reached PostgreSQL, so it is unavailable, never an unknown outcome.
+// A connection exception the server or a pooler sent is unavailable before a
+// statement that could commit was sent and an unknown outcome after it:
+// PgBouncer answers 08P01 both before it forwarded anything and after it
+// forwarded a COMMIT whose reply it lost: the SQLSTATE cannot tell them
+// apart, only whether a statement that could commit was sent can.
 func TestClassifyPoolerRefusal(t *testing.T) {
-	refused := &pgconn.PgError{Severity: "ERROR", Code: "08P01", Message: "server login has been failing, try again later (server_login_retry)"}
-	err := pgerr.Classify(refused, true)
-	if !errors.Is(err, pgerr.ErrUnavailable) || errors.Is(err, pgerr.ErrOutcomeUnknown) || pgerr.Code(err) != "08P01" {
-		t.Fatalf("Classify(08P01) = %v, want ErrUnavailable keeping the server error", err)
+	for _, pe := range []*pgconn.PgError{
+		{Severity: "ERROR", Code: "08P01", Message: "server login has been failing, try again later (server_login_retry)"},
+		{Severity: "FATAL", Code: "08P01", Message: "server conn crashed?"},
+		{Severity: "FATAL", Code: pgerr.CodeAdminShutdown, Message: "terminating connection due to administrator command"},
+	} {
+		if err := pgerr.Classify(pe, false); !errors.Is(err, pgerr.ErrUnavailable) || errors.Is(err, pgerr.ErrOutcomeUnknown) || pgerr.Code(err) != pe.Code {
+			t.Errorf("Classify(%s %q, not sent) = %v, want ErrUnavailable keeping the server error", pe.Code, pe.Message, err)
+		}
+		if err := pgerr.Classify(pe, true); !errors.Is(err, pgerr.ErrOutcomeUnknown) || errors.Is(err, pgerr.ErrUnavailable) || pgerr.Code(err) != pe.Code {
+			t.Errorf("Classify(%s %q, a commit sent) = %v, want ErrOutcomeUnknown keeping the server error", pe.Code, pe.Message, err)
+		}
 	}
 }
 

@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
+	"github.com/pgfence/pgfence/internal/testkit/leasetest"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/leases/job"
 	"github.com/pgfence/pgfence/pgfence"
@@ -513,5 +515,39 @@ func TestSaveWaitingForCompleteDoesNotBlockIt(t *testing.T) {
 	}
 	if err := <-saved; err == nil {
 		t.Error("a Save after the slot completed succeeded")
+	}
+}
+
+// A run's completion whose COMMIT a pooler forwarded and then answered with
+// its FATAL 08P01 (PgBouncer's "server conn crashed?") is an unknown outcome,
+// never "not sent": the slot did complete, and the next Run of the slot
+// reports it completed by that run's token instead of running it again.
+func TestCompletionAnsweredByPoolerFatal(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	ctx := ctxTimeout(t, time.Minute)
+	if _, err := db.Pool.Exec(ctx, effects); err != nil {
+		t.Fatal(err)
+	}
+	proxy := leasetest.NewProxy(t, db.URL)
+	proxy.SetPoolerFatal(true)
+	r := newRunner(t, leasetest.ProxiedPool(t, db.URL, proxy), nil)
+	var (
+		token int64
+		trig  *faultproxy.Trigger
+	)
+	_, err := r.Run(ctx, "2026-12-07", func(ctx context.Context, s *job.Slot) error {
+		token = s.Lease().Token()
+		trig = proxy.CutAfter(faultproxy.IsCommit) // the completion's, not the slot's begin
+		return effect(s, "a")
+	})
+	<-trig.Done()
+	if !trig.Replied() || !errors.Is(err, pgfence.ErrOutcomeUnknown) || errors.Is(err, pgfence.ErrUnavailable) {
+		t.Fatalf("completion answered by the pooler's FATAL (server finished %v): %v, want ErrOutcomeUnknown", trig.Replied(), err)
+	}
+	res, err := newRunner(t, db.Pool, nil).Run(ctx, "2026-12-07", func(ctx context.Context, s *job.Slot) error { return effect(s, "b") })
+	if err != nil || res.Outcome != job.AlreadyCompleted || res.Token != token || countEffects(t, db.Pool, "2026-12-07") != 1 {
+		t.Fatalf("the slot after its completion's reply was lost: %+v, %v, %d effects; want completed by token %d, one effect",
+			res, err, countEffects(t, db.Pool, "2026-12-07"), token)
 	}
 }

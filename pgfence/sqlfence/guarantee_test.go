@@ -3,6 +3,7 @@ package sqlfence_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
@@ -214,67 +215,88 @@ func TestUpdateRowRefusesStaleToken(t *testing.T) {
 }
 
 // A COMMIT whose answer is lost is an unknown outcome, never "unavailable",
-// whichever driver sent it (lib/pq reports driver.ErrBadConn then), and
-// Resolve settles it: applied when the server committed, not applied when
-// the COMMIT never arrived.
+// whichever driver sent it (lib/pq reports driver.ErrBadConn then) and
+// however the connection failed: closed, or answered by a pooler's FATAL
+// 08P01 (PgBouncer's "server conn crashed?"); Resolve settles it: applied
+// when the server committed, not applied when the COMMIT never arrived. The
+// same FATAL before anything that could commit was sent is "unavailable".
 func TestUnknownOutcomeResolved(t *testing.T) {
 	for _, c := range connectors {
 		if c.inTx {
 			continue // the COMMIT is the caller's
 		}
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			ctx := testContext(t)
-			db := pgfencetest.NewDatabase(t)
-			setupKV(t, db.Pool)
-			pgfencetest.IssueToken(t, db.Pool, "kv:a", 100)
-			url, p := proxiedURL(t, db)
-			f := c.open(t, url)
-			resolve := func(what string, err error, want pgfence.Outcome) {
-				t.Helper()
-				var unknown *pgfence.OutcomeUnknownError
-				if !errors.As(err, &unknown) || !errors.Is(err, pgfence.ErrOutcomeUnknown) || errors.Is(err, pgfence.ErrUnavailable) {
-					t.Fatalf("%s: %v, want an *OutcomeUnknownError", what, err)
-				}
-				o, err := f.resolve(ctx, unknown)
-				if err != nil || o != want {
-					t.Fatalf("%s: resolved %v, %v; want %v", what, o, err, want)
-				}
-			}
+		for _, fatal := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/pooler-fatal=%v", c.name, fatal), func(t *testing.T) {
+				t.Parallel()
+				unknownOutcomeResolved(t, c, fatal)
+			})
+		}
+	}
+}
 
-			trig := p.CutAfter(faultproxy.IsCommit)
-			_, err := f.writeToken(ctx, "kv:a", 10, set("lost reply", 10))
-			<-trig.Done()
-			if !trig.Fired() || !trig.Replied() {
-				t.Fatalf("the proxy did not forward COMMIT and drop its answer (fired %v, replied %v)", trig.Fired(), trig.Replied())
-			}
-			resolve("write, reply to COMMIT lost", err, pgfence.Applied)
-			if v, _ := kv(t, db.Pool); v != "lost reply" {
-				t.Fatalf("row %q, want the committed write", v)
-			}
+func unknownOutcomeResolved(t *testing.T, c connector, fatal bool) {
+	ctx := testContext(t)
+	db := pgfencetest.NewDatabase(t)
+	setupKV(t, db.Pool)
+	pgfencetest.IssueToken(t, db.Pool, "kv:a", 100)
+	url, p := proxiedURL(t, db)
+	p.SetPoolerFatal(fatal)
+	f := c.open(t, url)
+	resolve := func(what string, err error, want pgfence.Outcome) {
+		t.Helper()
+		var unknown *pgfence.OutcomeUnknownError
+		if !errors.As(err, &unknown) || !errors.Is(err, pgfence.ErrOutcomeUnknown) || errors.Is(err, pgfence.ErrUnavailable) {
+			t.Fatalf("%s: %v, want an *OutcomeUnknownError", what, err)
+		}
+		o, err := f.resolve(ctx, unknown)
+		if err != nil || o != want {
+			t.Fatalf("%s: resolved %v, %v; want %v", what, o, err, want)
+		}
+	}
 
-			trig = p.CutBefore(faultproxy.IsCommit)
-			_, err = f.writeToken(ctx, "kv:a", 11, set("lost commit", 11))
-			<-trig.Done()
-			resolve("write, COMMIT lost", err, pgfence.NotApplied)
-			if v, _ := kv(t, db.Pool); v != "lost reply" {
-				t.Fatalf("row %q after a lost COMMIT", v)
-			}
+	trig := p.CutAfter(faultproxy.IsCommit)
+	_, err := f.writeToken(ctx, "kv:a", 10, set("lost reply", 10))
+	<-trig.Done()
+	if !trig.Fired() || !trig.Replied() {
+		t.Fatalf("the proxy did not forward COMMIT and drop its answer (fired %v, replied %v)", trig.Fired(), trig.Replied())
+	}
+	resolve("write, reply to COMMIT lost", err, pgfence.Applied)
+	if v, _ := kv(t, db.Pool); v != "lost reply" {
+		t.Fatalf("row %q, want the committed write", v)
+	}
 
-			// Exec: one round trip, committed at its Sync (pgx) or at the end
-			// of its one simple query (lib/pq).
-			match := faultproxy.IsCommit
-			if c.pipeline {
-				match = faultproxy.SQLContains("UPDATE kv")
-			}
-			trig = p.CutAfter(match)
-			_, err = f.execToken(ctx, "kv:a", 12, `UPDATE kv SET v = 'exec', token = 12 WHERE k = 'a'`)
-			<-trig.Done()
-			resolve("exec, reply lost", err, pgfence.Applied)
-			if v, token := kv(t, db.Pool); v != "exec" || token != 12 {
-				t.Fatalf("row %q token %d, want the committed exec", v, token)
-			}
-		})
+	trig = p.CutBefore(faultproxy.IsCommit)
+	_, err = f.writeToken(ctx, "kv:a", 11, set("lost commit", 11))
+	<-trig.Done()
+	resolve("write, COMMIT lost", err, pgfence.NotApplied)
+	if v, _ := kv(t, db.Pool); v != "lost reply" {
+		t.Fatalf("row %q after a lost COMMIT", v)
+	}
+
+	// Exec: one round trip, committed at its Sync (pgx) or at the end
+	// of its one simple query (lib/pq).
+	match := faultproxy.IsCommit
+	if c.pipeline {
+		match = faultproxy.SQLContains("UPDATE kv")
+	}
+	trig = p.CutAfter(match)
+	_, err = f.execToken(ctx, "kv:a", 12, `UPDATE kv SET v = 'exec', token = 12 WHERE k = 'a'`)
+	<-trig.Done()
+	resolve("exec, reply lost", err, pgfence.Applied)
+	if v, token := kv(t, db.Pool); v != "exec" || token != 12 {
+		t.Fatalf("row %q token %d, want the committed exec", v, token)
+	}
+
+	// The fence statement lost inside the write's transaction:
+	// nothing could commit.
+	trig = p.CutBefore(faultproxy.SQLContains("pgfence.fence"))
+	_, err = f.writeToken(ctx, "kv:a", 13, set("lost fence", 13))
+	<-trig.Done()
+	if !trig.Fired() || !errors.Is(err, pgfence.ErrUnavailable) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
+		t.Fatalf("write whose fence was lost (cut %v): %v, want ErrUnavailable", trig.Fired(), err)
+	}
+	if v, token := kv(t, db.Pool); v != "exec" || token != 12 {
+		t.Fatalf("row %q token %d after a write whose fence was lost", v, token)
 	}
 }
 

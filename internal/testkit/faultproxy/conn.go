@@ -367,7 +367,12 @@ func (c *conn) write(dir Direction, dst net.Conn, q <-chan chunk) {
 func (c *conn) cut(ch chunk, blackhole bool) {
 	t := ch.cut
 	c.p.cuts.Add(1)
+	fatal := c.p.poolerFatal() && !blackhole
 	if !t.forward || blackhole {
+		if fatal {
+			c.dropReplies.Store(true)
+			_, _ = c.client.Write(poolerFatalMessage)
+		}
 		c.close()
 		t.finish(false)
 		return
@@ -398,6 +403,25 @@ func (c *conn) cut(ch chunk, blackhole bool) {
 	case <-timer.C:
 	case <-c.done:
 	}
+	if fatal {
+		_, _ = c.client.Write(poolerFatalMessage)
+	}
 	c.close()
 	t.finish(replied)
 }
+
+// poolerFatalMessage is PgBouncer's answer to a client whose server
+// connection broke, sent whether or not the request had reached the server.
+var poolerFatalMessage = func() []byte {
+	var body []byte
+	for _, f := range []struct {
+		code byte
+		text string
+	}{{'S', "FATAL"}, {'V', "FATAL"}, {'C', "08P01"}, {'M', "server conn crashed?"}} {
+		body = append(append(append(body, f.code), f.text...), 0)
+	}
+	body = append(body, 0)
+	msg := []byte{'E', 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(msg[1:], uint32(4+len(body)))
+	return append(msg, body...)
+}()

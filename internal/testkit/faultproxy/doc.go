@@ -18,7 +18,10 @@
 //     request);
 //   - [Proxy.CutAfter]: forward a matching message, drop the server's reply and
 //     close the connection once the server has finished (a lost reply: the
-//     server commits, the client sees a broken connection).
+//     server commits, the client sees a broken connection);
+//   - [Proxy.SetPoolerFatal]: make the cuts answer as PgBouncer does when
+//     its server connection breaks (FATAL, SQLSTATE 08P01), whether or not
+//     the request reached the server.
 //
 // The client→server stream is parsed as the PostgreSQL frontend protocol
 // (startup packet, then 1-byte type + int32 length messages), so predicates see

@@ -61,6 +61,7 @@ type Proxy struct {
 	delay     [2]time.Duration
 	blackhole [2]bool
 	hold      [2]chan struct{} // open while a direction is held; closed to release it
+	fatal     bool             // cuts answer the client with a pooler's FATAL
 	closed    bool
 	cutKeys   map[[8]byte]struct{} // sessions cut after forwarding: process id, secret key
 
@@ -162,6 +163,26 @@ func (p *Proxy) held(dir Direction) <-chan struct{} {
 	return p.hold[dir]
 }
 
+// SetPoolerFatal makes every cut from now on (while on is true) answer the
+// client as PgBouncer does when its server connection breaks: an
+// ErrorResponse with severity FATAL and SQLSTATE 08P01 ("server conn
+// crashed?"), then the close. For [Proxy.CutAfter] the server has run the
+// message first, so the client hears a connection exception about a request
+// that committed; for [Proxy.CutBefore] it hears the same about one that
+// never reached the server.
+func (p *Proxy) SetPoolerFatal(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.fatal = on
+}
+
+// poolerFatal reports whether cuts answer with a pooler's FATAL.
+func (p *Proxy) poolerFatal() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.fatal
+}
+
 // SetRefuse makes the proxy reset every new connection while on is true (the
 // client's connect fails); open connections are not affected.
 func (p *Proxy) SetRefuse(on bool) {
@@ -176,6 +197,7 @@ func (p *Proxy) Heal() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.refuse = false
+	p.fatal = false
 	p.delay = [2]time.Duration{}
 	p.blackhole = [2]bool{}
 	for dir, ch := range p.hold {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/goleak"
 
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
@@ -344,6 +345,31 @@ func TestCutAfterCommitLosesTheReply(t *testing.T) {
 	// Only the first COMMIT is cut: the trigger is one-shot.
 	if err := commitThroughProxy(t, e, 2); err != nil || !e.rowExists(t, 2) {
 		t.Fatalf("second commit: %v", err)
+	}
+}
+
+// With SetPoolerFatal the client hears what PgBouncer says when its server
+// connection breaks, a FATAL 08P01, both for a COMMIT the server ran and for
+// one it never received.
+func TestPoolerFatal(t *testing.T) {
+	e := setup(t)
+	e.proxy.SetPoolerFatal(true)
+	for _, c := range []struct {
+		cut       func(func(faultproxy.Message) bool) *faultproxy.Trigger
+		id        int
+		committed bool
+	}{{e.proxy.CutAfter, 1, true}, {e.proxy.CutBefore, 2, false}} {
+		trig := c.cut(faultproxy.IsCommit)
+		err := commitThroughProxy(t, e, c.id)
+		<-trig.Done()
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "08P01" || pgErr.Severity != "FATAL" {
+			t.Fatalf("COMMIT of row %d: %v, want the pooler's FATAL 08P01", c.id, err)
+		}
+		waitNoBackend(t, e)
+		if got := e.rowExists(t, c.id); got != c.committed {
+			t.Fatalf("row %d exists = %v, want %v", c.id, got, c.committed)
+		}
 	}
 }
 

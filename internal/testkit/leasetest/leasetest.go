@@ -1,17 +1,20 @@
 // Package leasetest holds the helpers the tests of package leases and of the
 // packages built on it (election, job) share: a goroutine leak check, a client
-// closed with the test, a context bounded by the test, and moving a grant's
-// expiry by the database clock.
+// closed with the test, a context bounded by the test, moving a grant's
+// expiry by the database clock, and pools behind a fault proxy.
 package leasetest
 
 import (
 	"context"
+	"net"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
+	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/leases"
 )
 
@@ -72,4 +75,44 @@ func BackdateAndWake(t testing.TB, pool *pgxpool.Pool, key string, d time.Durati
 	if _, err := pool.Exec(context.Background(), `SELECT pg_notify($1, $2)`, leases.NotifyChannel, key); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// NewProxy starts a fault proxy in front of the server behind dbURL, closed
+// when t ends.
+func NewProxy(t testing.TB, dbURL string) *faultproxy.Proxy {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.Start(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// ProxiedPool returns a pool on dbURL whose connections go through p, closed
+// when t ends; configure, if any, adjusts its configuration first.
+func ProxiedPool(t testing.TB, dbURL string, p *faultproxy.Proxy, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	url, err := p.ConnString(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	for _, f := range configure {
+		f(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
