@@ -257,7 +257,10 @@ func TestElectionUnderFaults(t *testing.T) {
 func checkHistory(t *testing.T, f *faultEnv) {
 	t.Helper()
 	grants := terms(t, f.db.Pool, f.key)
-	if len(grants) < 5 {
+	// The pause, the kill and the cut each end a term; the restart ends one
+	// only when the leader's renewals could not get through within its TTL
+	// (a leader that renews across a quick restart keeps its term).
+	if len(grants) < 4 {
 		t.Fatalf("only %d terms: %+v", len(grants), grants)
 	}
 	byTerm := map[int64]grantInterval{}

@@ -2,6 +2,7 @@ package pgfencetest
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +28,9 @@ const (
 type Cluster struct {
 	c   *pgcluster.Cluster
 	srv *server
+
+	mu    sync.Mutex
+	pools []*pgxpool.Pool // of the databases NewDatabase made
 }
 
 // ClusterOptions configures [NewCluster]. A nil *ClusterOptions uses defaults.
@@ -63,7 +67,23 @@ func NewCluster(t testing.TB, opts *ClusterOptions) *Cluster {
 // ends (if the server is running then).
 func (c *Cluster) NewDatabase(t testing.TB) *Database {
 	t.Helper()
-	return newDatabase(t, c.srv)
+	db := newDatabase(t, c.srv)
+	c.mu.Lock()
+	c.pools = append(c.pools, db.Pool)
+	c.mu.Unlock()
+	return db
+}
+
+// resetPools closes the connections of the pools of this cluster's databases:
+// after a restart they lead to a server process that is gone, and the next
+// query on one (a pool does not check a connection idle for less than a
+// second) would fail with the shutdown's FATAL.
+func (c *Cluster) resetPools() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range c.pools {
+		p.Reset()
+	}
 }
 
 // NewPool is NewDatabase(t).Pool.
@@ -81,11 +101,17 @@ func (c *Cluster) URL(database string) string { return c.c.ConnString(database) 
 // Stop shuts the server down in mode and waits until it has exited.
 func (c *Cluster) Stop(mode ShutdownMode) error { return c.c.Stop(mode) }
 
-// Start starts a stopped server on the same port and waits until it is ready.
-func (c *Cluster) Start(ctx context.Context) error { return c.c.Start(ctx) }
+// Start starts a stopped server on the same port and waits until it is
+// ready. The pools of the cluster's databases then open new connections.
+func (c *Cluster) Start(ctx context.Context) error {
+	defer c.resetPools()
+	return c.c.Start(ctx)
+}
 
-// Restart stops in mode and starts again on the same port.
+// Restart stops in mode and starts again on the same port, and resets the
+// pools of the cluster's databases as Start does.
 func (c *Cluster) Restart(ctx context.Context, mode ShutdownMode) error {
+	defer c.resetPools()
 	return c.c.Restart(ctx, mode)
 }
 
