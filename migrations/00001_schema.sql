@@ -580,6 +580,9 @@ CREATE FUNCTION pgfence.revoke_prefix(p_role regrole, p_prefix text) RETURNS boo
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pgfence.require_primary();
+    IF p_role IS NULL OR p_prefix IS NULL OR octet_length(p_prefix) > 512 THEN
+        RAISE EXCEPTION 'pgfence: revoke_prefix needs a role and a prefix of at most 512 bytes' USING ERRCODE = 'PF008';
+    END IF;
     DELETE FROM pgfence.prefix_grants g WHERE g.grantee = p_role AND g.prefix = p_prefix COLLATE pg_catalog."default";
     RETURN FOUND;
 END;

@@ -297,6 +297,9 @@ BEGIN
         RAISE EXCEPTION 'pgfence: prune_lease_events keep must be >= 0, got %', p_keep
             USING ERRCODE = 'PF008';
     END IF;
+    IF p_key IS NOT NULL THEN
+        PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
+    END IF;
     IF p_key IS NULL THEN
         WITH ranked AS (
             SELECT e.id, row_number() OVER (PARTITION BY e.key ORDER BY e.id DESC) AS rn
@@ -381,8 +384,8 @@ CREATE FUNCTION pgfence.resume_grants(p_prefix text, p_reason text DEFAULT NULL)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pgfence.require_primary();
-    IF p_prefix IS NULL THEN
-        RAISE EXCEPTION 'pgfence: resume_grants needs a prefix' USING ERRCODE = 'PF008';
+    IF p_prefix IS NULL OR octet_length(p_prefix) > 512 THEN
+        RAISE EXCEPTION 'pgfence: resume_grants needs a prefix of 0 to 512 bytes' USING ERRCODE = 'PF008';
     END IF;
     IF p_reason IS NOT NULL AND length(p_reason) NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'pgfence: resume_grants reason must be 1 to 1000 characters' USING ERRCODE = 'PF008';
@@ -444,6 +447,9 @@ CREATE FUNCTION pgfence.lease_queue_leave(p_key text, p_waiter uuid) RETURNS boo
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pgfence.require_primary();
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 OR p_waiter IS NULL THEN
+        RAISE EXCEPTION 'pgfence: lease_queue_leave needs a key (1 to 512 bytes) and a waiter id' USING ERRCODE = 'PF008';
+    END IF;
     PERFORM pgfence.require_granted('lease', p_key);
     DELETE FROM pgfence.lease_waiters w WHERE w.key = p_key COLLATE pg_catalog."default" AND w.waiter = p_waiter;
     RETURN FOUND;

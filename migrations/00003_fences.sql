@@ -506,8 +506,8 @@ LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     child regclass;
 BEGIN
-    IF relation IS NULL OR resource_column IS NULL OR prefix IS NULL THEN
-        RAISE EXCEPTION 'pgfence: protect: relation, resource_column and prefix must not be NULL' USING ERRCODE = 'PF008';
+    IF relation IS NULL OR resource_column IS NULL OR prefix IS NULL OR octet_length(prefix) > 512 THEN
+        RAISE EXCEPTION 'pgfence: protect: relation, resource_column and a prefix of at most 512 bytes are required' USING ERRCODE = 'PF008';
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_attribute a
                     WHERE a.attrelid = relation AND a.attname = resource_column AND a.attnum > 0 AND NOT a.attisdropped) THEN
@@ -724,7 +724,7 @@ DECLARE
     v_id bigint;
 BEGIN
     PERFORM pgfence.require_primary();
-    IF p_resource IS NULL OR length(p_resource) = 0 OR p_presented_token IS NULL
+    IF p_resource IS NULL OR octet_length(p_resource) NOT BETWEEN 1 AND 512 OR p_presented_token IS NULL
        OR p_reason IS NULL OR p_reason NOT IN ('stale_token', 'lease_not_held', 'token_not_issued') THEN
         RAISE EXCEPTION 'pgfence: record_fence_rejection needs a resource, the presented token and a reason (stale_token, lease_not_held or token_not_issued)'
             USING ERRCODE = 'PF008';

@@ -161,8 +161,11 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- idempotency_check_name raises PF008 for a scope or key out of bounds. Every
+-- function that takes them checks them before the role's grants (a bad name
+-- is an argument error, never "not granted").
 -- +goose StatementBegin
-CREATE FUNCTION pgfence.idempotency_check_args(p_scope text, p_key text, p_fingerprint bytea, p_retention interval)
+CREATE FUNCTION pgfence.idempotency_check_name(p_scope text, p_key text)
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 THEN
@@ -171,6 +174,15 @@ BEGIN
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
         RAISE EXCEPTION 'pgfence: idempotency key must be 1 to 512 bytes' USING ERRCODE = 'PF008';
     END IF;
+END;
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.idempotency_check_args(p_scope text, p_key text, p_fingerprint bytea, p_retention interval)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    PERFORM pgfence.idempotency_check_name(p_scope, p_key);
     IF p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64 THEN
         RAISE EXCEPTION 'pgfence: idempotency fingerprint must be 16 to 64 bytes (a hash of the request)' USING ERRCODE = 'PF008';
     END IF;
@@ -222,6 +234,11 @@ BEGIN
     IF pg_is_in_recovery() THEN
         PERFORM pgfence.require_primary();
     END IF;
+    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512
+       OR p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64
+       OR p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
+        PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
+    END IF;
     IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
@@ -230,11 +247,6 @@ BEGIN
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM pgfence.idempotency_require_read_committed();
-    END IF;
-    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512
-       OR p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64
-       OR p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
-        PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
     END IF;
     IF p_wait IS NULL OR p_wait < interval '1 millisecond' OR p_wait > interval '2147483647 milliseconds' THEN
         RAISE EXCEPTION 'pgfence: idempotency wait must be 1 ms to 2147483647 ms (lock_timeout''s largest value), got %', p_wait USING ERRCODE = 'PF008';
@@ -353,6 +365,9 @@ BEGIN
     IF pg_is_in_recovery() THEN
         PERFORM pgfence.require_primary();
     END IF;
+    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
+        PERFORM pgfence.idempotency_check_name(p_scope, p_key);
+    END IF;
     IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
@@ -442,6 +457,11 @@ BEGIN
     IF pg_is_in_recovery() THEN
         PERFORM pgfence.require_primary();
     END IF;
+    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512
+       OR p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64
+       OR p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
+        PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
+    END IF;
     IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
@@ -450,11 +470,6 @@ BEGIN
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM pgfence.idempotency_require_read_committed();
-    END IF;
-    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512
-       OR p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64
-       OR p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
-        PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
     END IF;
     IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
         RAISE EXCEPTION 'pgfence: idempotency lease must be 1 ms to 24 hours, got %', p_lease USING ERRCODE = 'PF008';
@@ -563,6 +578,9 @@ BEGIN
     IF pg_is_in_recovery() THEN
         PERFORM pgfence.require_primary();
     END IF;
+    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
+        PERFORM pgfence.idempotency_check_name(p_scope, p_key);
+    END IF;
     IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
@@ -597,6 +615,7 @@ DECLARE
     v_expires timestamptz;
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.idempotency_check_name(p_scope, p_key);
     PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
@@ -638,6 +657,9 @@ BEGIN
     IF pg_is_in_recovery() THEN
         PERFORM pgfence.require_primary();
     END IF;
+    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
+        PERFORM pgfence.idempotency_check_name(p_scope, p_key);
+    END IF;
     IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
@@ -675,6 +697,7 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.idempotency_check_name(p_scope, p_key);
     PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     UPDATE pgfence.idempotency_keys k
@@ -785,6 +808,7 @@ DROP FUNCTION pgfence.idempotency_claim_atomic_new(text, text, bytea, interval, 
 DROP FUNCTION pgfence.idempotency_claim_atomic(text, text, bytea, interval, interval);
 DROP FUNCTION pgfence.idempotency_check_result(bytea, text, text);
 DROP FUNCTION pgfence.idempotency_check_args(text, text, bytea, interval);
+DROP FUNCTION pgfence.idempotency_check_name(text, text);
 DROP FUNCTION pgfence.idempotency_require_read_committed();
 DROP FUNCTION pgfence.idempotency_durable();
 -- A row check's function takes the table's row type: it goes before the table.

@@ -638,6 +638,7 @@ DECLARE
     v_expires timestamptz;
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.idempotency_check_name(p_scope, p_key);
     PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
@@ -690,17 +691,29 @@ CREATE FUNCTION pgfence.idempotency_check_args(p_scope text, p_key text, p_finge
     LANGUAGE plpgsql IMMUTABLE
     AS $$
 BEGIN
-    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 THEN
-        RAISE EXCEPTION 'pgfence: idempotency scope must be 1 to 512 bytes' USING ERRCODE = 'PF008';
-    END IF;
-    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
-        RAISE EXCEPTION 'pgfence: idempotency key must be 1 to 512 bytes' USING ERRCODE = 'PF008';
-    END IF;
+    PERFORM pgfence.idempotency_check_name(p_scope, p_key);
     IF p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64 THEN
         RAISE EXCEPTION 'pgfence: idempotency fingerprint must be 16 to 64 bytes (a hash of the request)' USING ERRCODE = 'PF008';
     END IF;
     IF p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
         RAISE EXCEPTION 'pgfence: idempotency retention must be above 0 and at most 366 days, got %', p_retention USING ERRCODE = 'PF008';
+    END IF;
+END;
+$$;
+
+--
+-- Name: idempotency_check_name(text, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.idempotency_check_name(p_scope text, p_key text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence: idempotency scope must be 1 to 512 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence: idempotency key must be 1 to 512 bytes' USING ERRCODE = 'PF008';
     END IF;
 END;
 $$;
@@ -742,6 +755,11 @@ BEGIN
     IF pg_is_in_recovery() THEN
         PERFORM pgfence.require_primary();
     END IF;
+    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512
+       OR p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64
+       OR p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
+        PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
+    END IF;
     IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
@@ -750,11 +768,6 @@ BEGIN
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM pgfence.idempotency_require_read_committed();
-    END IF;
-    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512
-       OR p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64
-       OR p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
-        PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
     END IF;
     IF p_lease IS NULL OR p_lease < interval '1 millisecond' OR p_lease > interval '24 hours' THEN
         RAISE EXCEPTION 'pgfence: idempotency lease must be 1 ms to 24 hours, got %', p_lease USING ERRCODE = 'PF008';
@@ -852,6 +865,11 @@ BEGIN
     IF pg_is_in_recovery() THEN
         PERFORM pgfence.require_primary();
     END IF;
+    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512
+       OR p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64
+       OR p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
+        PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
+    END IF;
     IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
@@ -860,11 +878,6 @@ BEGIN
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM pgfence.idempotency_require_read_committed();
-    END IF;
-    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512
-       OR p_fingerprint IS NULL OR octet_length(p_fingerprint) NOT BETWEEN 16 AND 64
-       OR p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
-        PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
     END IF;
     IF p_wait IS NULL OR p_wait < interval '1 millisecond' OR p_wait > interval '2147483647 milliseconds' THEN
         RAISE EXCEPTION 'pgfence: idempotency wait must be 1 ms to 2147483647 ms (lock_timeout''s largest value), got %', p_wait USING ERRCODE = 'PF008';
@@ -974,6 +987,9 @@ BEGIN
     IF pg_is_in_recovery() THEN
         PERFORM pgfence.require_primary();
     END IF;
+    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
+        PERFORM pgfence.idempotency_check_name(p_scope, p_key);
+    END IF;
     IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
@@ -1014,6 +1030,9 @@ DECLARE
 BEGIN
     IF pg_is_in_recovery() THEN
         PERFORM pgfence.require_primary();
+    END IF;
+    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
+        PERFORM pgfence.idempotency_check_name(p_scope, p_key);
     END IF;
     IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
@@ -1098,6 +1117,9 @@ DECLARE
 BEGIN
     IF pg_is_in_recovery() THEN
         PERFORM pgfence.require_primary();
+    END IF;
+    IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
+        PERFORM pgfence.idempotency_check_name(p_scope, p_key);
     END IF;
     IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
@@ -1207,6 +1229,7 @@ CREATE FUNCTION pgfence.idempotency_release(p_scope text, p_key text, p_owner uu
     AS $$
 BEGIN
     PERFORM pgfence.require_primary();
+    PERFORM pgfence.idempotency_check_name(p_scope, p_key);
     PERFORM pgfence.require_granted('idempotency scope', p_scope);
     PERFORM pgfence.idempotency_durable();
     UPDATE pgfence.idempotency_keys k
@@ -1545,6 +1568,9 @@ CREATE FUNCTION pgfence.lease_queue_leave(p_key text, p_waiter uuid) RETURNS boo
     AS $$
 BEGIN
     PERFORM pgfence.require_primary();
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 OR p_waiter IS NULL THEN
+        RAISE EXCEPTION 'pgfence: lease_queue_leave needs a key (1 to 512 bytes) and a waiter id' USING ERRCODE = 'PF008';
+    END IF;
     PERFORM pgfence.require_granted('lease', p_key);
     DELETE FROM pgfence.lease_waiters w WHERE w.key = p_key COLLATE pg_catalog."default" AND w.waiter = p_waiter;
     RETURN FOUND;
@@ -1759,8 +1785,8 @@ CREATE FUNCTION pgfence.protect(relation regclass, resource_column text, prefix 
 DECLARE
     child regclass;
 BEGIN
-    IF relation IS NULL OR resource_column IS NULL OR prefix IS NULL THEN
-        RAISE EXCEPTION 'pgfence: protect: relation, resource_column and prefix must not be NULL' USING ERRCODE = 'PF008';
+    IF relation IS NULL OR resource_column IS NULL OR prefix IS NULL OR octet_length(prefix) > 512 THEN
+        RAISE EXCEPTION 'pgfence: protect: relation, resource_column and a prefix of at most 512 bytes are required' USING ERRCODE = 'PF008';
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_attribute a
                     WHERE a.attrelid = relation AND a.attname = resource_column AND a.attnum > 0 AND NOT a.attisdropped) THEN
@@ -1883,6 +1909,9 @@ BEGIN
     IF p_keep IS NULL OR p_keep < 0 THEN
         RAISE EXCEPTION 'pgfence: prune_lease_events keep must be >= 0, got %', p_keep
             USING ERRCODE = 'PF008';
+    END IF;
+    IF p_key IS NOT NULL THEN
+        PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
     END IF;
     IF p_key IS NULL THEN
         WITH ranked AS (
@@ -2107,7 +2136,7 @@ DECLARE
     v_id bigint;
 BEGIN
     PERFORM pgfence.require_primary();
-    IF p_resource IS NULL OR length(p_resource) = 0 OR p_presented_token IS NULL
+    IF p_resource IS NULL OR octet_length(p_resource) NOT BETWEEN 1 AND 512 OR p_presented_token IS NULL
        OR p_reason IS NULL OR p_reason NOT IN ('stale_token', 'lease_not_held', 'token_not_issued') THEN
         RAISE EXCEPTION 'pgfence: record_fence_rejection needs a resource, the presented token and a reason (stale_token, lease_not_held or token_not_issued)'
             USING ERRCODE = 'PF008';
@@ -2375,8 +2404,8 @@ CREATE FUNCTION pgfence.resume_grants(p_prefix text, p_reason text DEFAULT NULL:
     AS $$
 BEGIN
     PERFORM pgfence.require_primary();
-    IF p_prefix IS NULL THEN
-        RAISE EXCEPTION 'pgfence: resume_grants needs a prefix' USING ERRCODE = 'PF008';
+    IF p_prefix IS NULL OR octet_length(p_prefix) > 512 THEN
+        RAISE EXCEPTION 'pgfence: resume_grants needs a prefix of 0 to 512 bytes' USING ERRCODE = 'PF008';
     END IF;
     IF p_reason IS NOT NULL AND length(p_reason) NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'pgfence: resume_grants reason must be 1 to 1000 characters' USING ERRCODE = 'PF008';
@@ -2406,6 +2435,9 @@ CREATE FUNCTION pgfence.revoke_prefix(p_role regrole, p_prefix text) RETURNS boo
     AS $$
 BEGIN
     PERFORM pgfence.require_primary();
+    IF p_role IS NULL OR p_prefix IS NULL OR octet_length(p_prefix) > 512 THEN
+        RAISE EXCEPTION 'pgfence: revoke_prefix needs a role and a prefix of at most 512 bytes' USING ERRCODE = 'PF008';
+    END IF;
     DELETE FROM pgfence.prefix_grants g WHERE g.grantee = p_role AND g.prefix = p_prefix COLLATE pg_catalog."default";
     RETURN FOUND;
 END;
@@ -3467,6 +3499,12 @@ REVOKE ALL ON FUNCTION pgfence.idempotency_atomic_completed() FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION pgfence.idempotency_check_args(p_scope text, p_key text, p_fingerprint bytea, p_retention interval) FROM PUBLIC;
+
+--
+-- Name: FUNCTION idempotency_check_name(p_scope text, p_key text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.idempotency_check_name(p_scope text, p_key text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION idempotency_check_result(p_result bytea, p_failure_code text, p_failure_message text); Type: ACL; Schema: pgfence; Owner: -
