@@ -398,6 +398,20 @@ DECLARE
     res          text;
     fenced       boolean;
 BEGIN
+    -- A table that came below a protected one after protect (a partition
+    -- has this trigger as a clone of its parent's) has no TRUNCATE guard
+    -- unless pgfence_guard_new_tables gave it one: every write into it is
+    -- refused until it has, so no fenced row lands where TRUNCATE could
+    -- remove it without a token. TG_ARGV[2] lists the tables protect
+    -- guarded; only another one costs a look at the catalog.
+    IF TG_NARGS < 3 OR position(',' || TG_RELID::oid::text || ',' IN TG_ARGV[2]) = 0 THEN
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger x
+                        WHERE x.tgrelid = TG_RELID AND x.tgname = 'pgfence_guard_truncate' AND x.tgenabled <> 'D') THEN
+            RAISE EXCEPTION 'pgfence: % came below a protected table after it was protected, and TRUNCATE of it is not refused: no write to it is accepted', TG_RELID::regclass
+                USING ERRCODE = 'PF006',
+                      HINT = 'Protect the table it belongs to again (pgfence.protect); with the event trigger pgfence_guard_new_tables, which the migrations install when run as a superuser, new partitions and children are guarded when created.';
+        END IF;
+    END IF;
     -- Checked one after the other: naming pgfence.fences needs USAGE first.
     IF has_schema_privilege('pgfence', 'USAGE') THEN
         may_read := has_table_privilege('pgfence.fences', 'SELECT');
@@ -497,14 +511,19 @@ $$;
 -- guard from its parent (PostgreSQL clones row triggers), but TRUNCATE of a
 -- partition skips the parent's statement trigger, so every partition gets the
 -- TRUNCATE guard; an inheritance child gets no trigger from its parent, so it
--- gets both. A partition attached or a child created later gets only what
--- PostgreSQL clones: `pgfence doctor` (check "protected table guards") lists
--- it, and protecting the parent again covers it.
+-- gets both. Tables that come below it later (a partition created or
+-- attached, an inheritance child) are guarded when they come by the event
+-- trigger pgfence_guard_new_tables, which protects the table again; where it
+-- is missing (the migrations ran as a role that may not create event
+-- triggers), a new partition refuses every write until the table is
+-- protected again, and a new inheritance child is not guarded:
+-- `pgfence doctor` (check "protected table guards") lists both.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.protect(relation regclass, resource_column text, prefix text DEFAULT '') RETURNS void
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    child regclass;
+    child   regclass;
+    guarded text;
 BEGIN
     IF relation IS NULL OR resource_column IS NULL OR prefix IS NULL OR octet_length(prefix) > 512 THEN
         RAISE EXCEPTION 'pgfence: protect: relation, resource_column and a prefix of at most 512 bytes are required' USING ERRCODE = 'PF008';
@@ -533,6 +552,15 @@ BEGIN
             USING ERRCODE = 'PF008',
                   HINT = 'Equal keys of such a collation have several texts (''ALICE'' and ''Alice''), so one row would be several resources. Use a deterministic collation, or fence a normalised key column.';
     END IF;
+    -- The tables it guards: relation and every table below it, listed in
+    -- the row guard's arguments (see guard).
+    WITH RECURSIVE tree(relid) AS (
+        SELECT relation::oid
+        UNION
+        SELECT i.inhrelid FROM tree t JOIN pg_inherits i ON i.inhparent = t.relid
+    )
+    SELECT ',' || string_agg(t.relid::text, ',') || ',' INTO guarded
+      FROM tree t JOIN pg_class c ON c.oid = t.relid WHERE c.relkind IN ('r', 'p');
     -- The row guard runs AFTER the row is written, at the end of the
     -- statement, on the row as stored: after every BEFORE trigger (one that
     -- changed the resource column ran after a BEFORE guard, and moved the
@@ -540,8 +568,8 @@ BEGIN
     -- guard saw NULL in them). Raising there undoes the statement.
     EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard ON %s', relation);
     EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard_truncate ON %s', relation);
-    EXECUTE format('CREATE TRIGGER pgfence_guard AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION pgfence.guard(%L, %L)',
-                   relation, resource_column, prefix);
+    EXECUTE format('CREATE TRIGGER pgfence_guard AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION pgfence.guard(%L, %L, %L)',
+                   relation, resource_column, prefix, guarded);
     EXECUTE format('CREATE TRIGGER pgfence_guard_truncate BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION pgfence.reject_truncate()',
                    relation);
     -- Every table below it. A partition gets the row guard from its parent
@@ -559,8 +587,8 @@ BEGIN
         IF NOT EXISTS (SELECT 1 FROM pg_trigger x
                         WHERE x.tgrelid = child AND x.tgname = 'pgfence_guard' AND x.tgparentid <> 0) THEN
             EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard ON %s', child);
-            EXECUTE format('CREATE TRIGGER pgfence_guard AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION pgfence.guard(%L, %L)',
-                           child, resource_column, prefix);
+            EXECUTE format('CREATE TRIGGER pgfence_guard AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION pgfence.guard(%L, %L, %L)',
+                           child, resource_column, prefix, guarded);
         END IF;
         EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard_truncate ON %s', child);
         EXECUTE format('CREATE TRIGGER pgfence_guard_truncate BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION pgfence.reject_truncate()',
@@ -596,6 +624,67 @@ BEGIN
         EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard_truncate ON %s', child);
     END LOOP;
     RETURN had;
+END;
+$$;
+-- +goose StatementEnd
+
+-- guard_new_tables is the function of the event trigger
+-- pgfence_guard_new_tables: after a CREATE TABLE or ALTER TABLE that puts a
+-- table below a protected one (a partition created or attached, an
+-- inheritance child created or added) without a TRUNCATE guard, it protects
+-- the protected table above it again, which guards every table below that.
+-- It reads only the catalog otherwise, so the statements of roles that do
+-- not use pgfence are not affected. It runs as the role that ran the
+-- statement, which owns the protected table (PostgreSQL requires that for a
+-- new partition or child); a role that may not protect (not a member of
+-- pgfence_operator) has its statement refused: nothing comes below a
+-- protected table unguarded.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.guard_new_tables() RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    anc regclass;
+    col text;
+    pre text;
+BEGIN
+    FOR anc IN
+        WITH RECURSIVE touched(relid) AS (
+            SELECT c.objid FROM pg_event_trigger_ddl_commands() c WHERE c.classid = 'pg_class'::regclass
+            UNION
+            SELECT i.inhrelid FROM touched t JOIN pg_inherits i ON i.inhparent = t.relid
+        ), above(relid, anc) AS (
+            SELECT t.relid, i.inhparent FROM touched t JOIN pg_inherits i ON i.inhrelid = t.relid
+            UNION
+            SELECT a.relid, i.inhparent FROM above a JOIN pg_inherits i ON i.inhrelid = a.anc
+        )
+        SELECT DISTINCT a.anc::regclass
+          FROM above a JOIN pg_class c ON c.oid = a.relid
+         WHERE c.relkind IN ('r', 'p')
+           AND NOT EXISTS (SELECT 1 FROM pg_trigger x WHERE x.tgrelid = a.relid AND x.tgname = 'pgfence_guard_truncate')
+           AND EXISTS (SELECT 1 FROM pg_trigger x WHERE x.tgrelid = a.anc AND x.tgname = 'pgfence_guard' AND x.tgparentid = 0)
+           AND EXISTS (SELECT 1 FROM pg_trigger x WHERE x.tgrelid = a.anc AND x.tgname = 'pgfence_guard_truncate')
+    LOOP
+        SELECT p.resource_column, p.prefix INTO col, pre FROM pgfence.protected_tables() p WHERE p.relation = anc;
+        PERFORM pgfence.protect(anc, col, pre);
+    END LOOP;
+END;
+$$;
+-- +goose StatementEnd
+
+-- The event trigger needs a superuser to create it: a migration run by
+-- another role goes without, and new tables below a protected one are then
+-- refused writes (partitions) or left unguarded (inheritance children) until
+-- the table is protected again.
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) THEN
+        CREATE EVENT TRIGGER pgfence_guard_new_tables ON ddl_command_end
+            WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE')
+            EXECUTE FUNCTION pgfence.guard_new_tables();
+    ELSE
+        RAISE NOTICE 'pgfence: not a superuser: the event trigger pgfence_guard_new_tables is not installed; protect a table again after adding a partition or child to it';
+    END IF;
 END;
 $$;
 -- +goose StatementEnd
@@ -963,6 +1052,8 @@ CREATE POLICY operators ON pgfence.fences FOR SELECT TO pgfence_operator USING (
 CREATE POLICY operators ON pgfence.fence_rejections FOR SELECT TO pgfence_operator USING (true);
 
 -- +goose Down
+DROP EVENT TRIGGER IF EXISTS pgfence_guard_new_tables;
+DROP FUNCTION pgfence.guard_new_tables();
 -- The guards go first: their triggers depend on guard and reject_truncate.
 -- +goose StatementBegin
 DO $$

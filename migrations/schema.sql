@@ -585,6 +585,20 @@ DECLARE
     res          text;
     fenced       boolean;
 BEGIN
+    -- A table that came below a protected one after protect (a partition
+    -- has this trigger as a clone of its parent's) has no TRUNCATE guard
+    -- unless pgfence_guard_new_tables gave it one: every write into it is
+    -- refused until it has, so no fenced row lands where TRUNCATE could
+    -- remove it without a token. TG_ARGV[2] lists the tables protect
+    -- guarded; only another one costs a look at the catalog.
+    IF TG_NARGS < 3 OR position(',' || TG_RELID::oid::text || ',' IN TG_ARGV[2]) = 0 THEN
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger x
+                        WHERE x.tgrelid = TG_RELID AND x.tgname = 'pgfence_guard_truncate' AND x.tgenabled <> 'D') THEN
+            RAISE EXCEPTION 'pgfence: % came below a protected table after it was protected, and TRUNCATE of it is not refused: no write to it is accepted', TG_RELID::regclass
+                USING ERRCODE = 'PF006',
+                      HINT = 'Protect the table it belongs to again (pgfence.protect); with the event trigger pgfence_guard_new_tables, which the migrations install when run as a superuser, new partitions and children are guarded when created.';
+        END IF;
+    END IF;
     -- Checked one after the other: naming pgfence.fences needs USAGE first.
     IF has_schema_privilege('pgfence', 'USAGE') THEN
         may_read := has_table_privilege('pgfence.fences', 'SELECT');
@@ -623,6 +637,42 @@ BEGIN
         RETURN OLD;
     END IF;
     RETURN NEW;
+END;
+$$;
+
+--
+-- Name: guard_new_tables(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.guard_new_tables() RETURNS event_trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    anc regclass;
+    col text;
+    pre text;
+BEGIN
+    FOR anc IN
+        WITH RECURSIVE touched(relid) AS (
+            SELECT c.objid FROM pg_event_trigger_ddl_commands() c WHERE c.classid = 'pg_class'::regclass
+            UNION
+            SELECT i.inhrelid FROM touched t JOIN pg_inherits i ON i.inhparent = t.relid
+        ), above(relid, anc) AS (
+            SELECT t.relid, i.inhparent FROM touched t JOIN pg_inherits i ON i.inhrelid = t.relid
+            UNION
+            SELECT a.relid, i.inhparent FROM above a JOIN pg_inherits i ON i.inhrelid = a.anc
+        )
+        SELECT DISTINCT a.anc::regclass
+          FROM above a JOIN pg_class c ON c.oid = a.relid
+         WHERE c.relkind IN ('r', 'p')
+           AND NOT EXISTS (SELECT 1 FROM pg_trigger x WHERE x.tgrelid = a.relid AND x.tgname = 'pgfence_guard_truncate')
+           AND EXISTS (SELECT 1 FROM pg_trigger x WHERE x.tgrelid = a.anc AND x.tgname = 'pgfence_guard' AND x.tgparentid = 0)
+           AND EXISTS (SELECT 1 FROM pg_trigger x WHERE x.tgrelid = a.anc AND x.tgname = 'pgfence_guard_truncate')
+    LOOP
+        SELECT p.resource_column, p.prefix INTO col, pre FROM pgfence.protected_tables() p WHERE p.relation = anc;
+        PERFORM pgfence.protect(anc, col, pre);
+    END LOOP;
 END;
 $$;
 
@@ -1783,7 +1833,8 @@ CREATE FUNCTION pgfence.protect(relation regclass, resource_column text, prefix 
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    child regclass;
+    child   regclass;
+    guarded text;
 BEGIN
     IF relation IS NULL OR resource_column IS NULL OR prefix IS NULL OR octet_length(prefix) > 512 THEN
         RAISE EXCEPTION 'pgfence: protect: relation, resource_column and a prefix of at most 512 bytes are required' USING ERRCODE = 'PF008';
@@ -1812,6 +1863,15 @@ BEGIN
             USING ERRCODE = 'PF008',
                   HINT = 'Equal keys of such a collation have several texts (''ALICE'' and ''Alice''), so one row would be several resources. Use a deterministic collation, or fence a normalised key column.';
     END IF;
+    -- The tables it guards: relation and every table below it, listed in
+    -- the row guard's arguments (see guard).
+    WITH RECURSIVE tree(relid) AS (
+        SELECT relation::oid
+        UNION
+        SELECT i.inhrelid FROM tree t JOIN pg_inherits i ON i.inhparent = t.relid
+    )
+    SELECT ',' || string_agg(t.relid::text, ',') || ',' INTO guarded
+      FROM tree t JOIN pg_class c ON c.oid = t.relid WHERE c.relkind IN ('r', 'p');
     -- The row guard runs AFTER the row is written, at the end of the
     -- statement, on the row as stored: after every BEFORE trigger (one that
     -- changed the resource column ran after a BEFORE guard, and moved the
@@ -1819,8 +1879,8 @@ BEGIN
     -- guard saw NULL in them). Raising there undoes the statement.
     EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard ON %s', relation);
     EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard_truncate ON %s', relation);
-    EXECUTE format('CREATE TRIGGER pgfence_guard AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION pgfence.guard(%L, %L)',
-                   relation, resource_column, prefix);
+    EXECUTE format('CREATE TRIGGER pgfence_guard AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION pgfence.guard(%L, %L, %L)',
+                   relation, resource_column, prefix, guarded);
     EXECUTE format('CREATE TRIGGER pgfence_guard_truncate BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION pgfence.reject_truncate()',
                    relation);
     -- Every table below it. A partition gets the row guard from its parent
@@ -1838,8 +1898,8 @@ BEGIN
         IF NOT EXISTS (SELECT 1 FROM pg_trigger x
                         WHERE x.tgrelid = child AND x.tgname = 'pgfence_guard' AND x.tgparentid <> 0) THEN
             EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard ON %s', child);
-            EXECUTE format('CREATE TRIGGER pgfence_guard AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION pgfence.guard(%L, %L)',
-                           child, resource_column, prefix);
+            EXECUTE format('CREATE TRIGGER pgfence_guard AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION pgfence.guard(%L, %L, %L)',
+                           child, resource_column, prefix, guarded);
         END IF;
         EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard_truncate ON %s', child);
         EXECUTE format('CREATE TRIGGER pgfence_guard_truncate BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION pgfence.reject_truncate()',
@@ -3479,6 +3539,12 @@ GRANT ALL ON FUNCTION pgfence.grant_probe(p_key text, p_holder uuid) TO pgfence_
 
 REVOKE ALL ON FUNCTION pgfence.guard() FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.guard() TO pgfence_operator;
+
+--
+-- Name: FUNCTION guard_new_tables(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.guard_new_tables() FROM PUBLIC;
 
 --
 -- Name: FUNCTION idempotency_advance(p_scope text, p_key text, p_owner uuid, p_recovery_point text, p_recovery_data bytea, p_lease interval); Type: ACL; Schema: pgfence; Owner: -

@@ -15,10 +15,12 @@ import (
 // prefix || the text of resourceColumn, for both the old and the new row.
 // Other writes fail with [ErrUnfencedWrite] (SQLSTATE PF006), whatever client
 // sends them; TRUNCATE is refused. The partitions and inheritance children
-// table has when Protect runs are guarded too. A partition attached or
-// created later gets the row guard from its parent but not its own TRUNCATE
-// guard, and a later inheritance child gets neither: protect again (pgfence
-// doctor reports them). Protecting a table again replaces its settings. It
+// table has when Protect runs are guarded too, and so are those added later
+// (created or attached), when they are added, by the event trigger
+// pgfence_guard_new_tables that the migrations install when a superuser runs
+// them. Without it a later partition refuses every write until table is
+// protected again, and a later inheritance child is not guarded (pgfence
+// doctor reports both). Protecting a table again replaces its settings. It
 // runs pgfence.protect(table, resourceColumn, prefix).
 //
 // resourceColumn must be text, varchar, smallint, integer, bigint or uuid (or

@@ -162,6 +162,12 @@ SELECT pg_catalog.format('%s: %s', t.relid::pg_catalog.regclass, g.problem)
                       AND (g.tgtype OPERATOR(pg_catalog.&) 2) OPERATOR(pg_catalog.=) 2)
  ) g
  WHERE c.relkind OPERATOR(pg_catalog.=) ANY ('{r,p}'::pg_catalog."char"[])
+UNION ALL
+SELECT 'the event trigger pgfence_guard_new_tables is missing or disabled, so a partition or child added to a protected table later is not guarded when it is created (migrate as a superuser to install it, or protect the table again after adding one)'
+ WHERE EXISTS (SELECT 1 FROM pgfence.protected_tables())
+   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger e
+                    WHERE e.evtname OPERATOR(pg_catalog.=) 'pgfence_guard_new_tables'
+                      AND e.evtenabled OPERATOR(pg_catalog.<>) 'D')
  ORDER BY 1`
 )
 
@@ -384,8 +390,10 @@ func unstableResourceColumns(ctx context.Context, pool *pgxpool.Pool) check {
 // its guard, which pgfence.protected_tables() alone does not show: a guard
 // disabled (or set to fire for replicas only), a partition or inheritance
 // child without the guard or without the TRUNCATE guard (protect() covers
-// those that exist when it runs; one attached or created later gets only the
-// row guard PostgreSQL clones to a partition), and, where the guard is a
+// those that exist when it runs, the event trigger pgfence_guard_new_tables
+// those added later; without it, one attached or created later gets only the
+// row guard PostgreSQL clones to a partition), the event trigger missing or
+// disabled, and, where the guard is a
 // BEFORE trigger (tables protected before the guard became an AFTER
 // trigger), a BEFORE row trigger that fires after it (triggers fire in name
 // order) and so can change the row, and its resource, after the check.
