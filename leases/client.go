@@ -35,10 +35,6 @@ type Client struct {
 	// (it was not migrated since): renewals are then sent unannounced.
 	unannounced atomic.Bool
 
-	// unbatched is set when the schema has no pgfence.lease_batch (it was
-	// not migrated since): group commit then sends every call on its own.
-	unbatched atomic.Bool
-
 	// clockOffset shifts the wall clock the client reads (now) against the
 	// database's. It is zero except in tests (SetClockOffset in
 	// export_test.go), which show that no trust window or hold time depends
@@ -51,8 +47,6 @@ type Client struct {
 	windows  map[string]time.Duration // hold-back window after a wake-up, per contended key
 	listener *listener                // started by the first waiting Acquire or Watch
 	watchers map[string][]*Watcher    // running watches per key
-
-	group group // grants and releases waiting for a batch (Config.GroupCommit)
 }
 
 // New returns a client on pool. A nil cfg uses the defaults. The pool is the

@@ -148,25 +148,6 @@ type Config struct {
 	// crash only makes the next holder wait for the lease to expire, and it
 	// saves a WAL flush per release.
 	DurableRelease bool
-	// GroupCommit sends grant attempts ([Client.TryAcquire], the attempts of
-	// [Client.Acquire] and [Client.Do]) and releases ([Lease.Release]) of
-	// this client that overlap in time together: one statement
-	// (pgfence.lease_batch) and one commit for all of them, as a database's
-	// group commit does for transactions. Each call keeps its own result:
-	// every element of a batch runs in a subtransaction of its own, so one
-	// refused or failing call leaves the others as they would be alone, and
-	// nothing else changes (each grant is durable before its token is
-	// returned; a grant whose reply is lost is settled as any other; a call
-	// whose context ends before its batch is sent is not sent). A call made
-	// while no batch is in flight is sent at once; calls made while two are
-	// in flight wait for the next one, up to 64 per batch. A call that has to
-	// wait for a row lock is sent again on its own after a millisecond, so
-	// that it does not hold up its batch. It pays when many goroutines of one
-	// process take and release leases at once (a worker pool): fewer commits
-	// and round trips for the same grants, at the cost of a wait for the
-	// batch ahead. Off by default. Renewals and fair waiters' turns are sent
-	// one by one.
-	GroupCommit bool
 }
 
 func (c *Config) resolve() (Config, error) {

@@ -144,12 +144,6 @@
 // checks of leases and lease_events run as one plpgsql call per row, because
 // PostgreSQL plans CHECK expressions again for every statement.
 //
-// With [Config.GroupCommit], the grant attempts and releases of one client
-// that overlap in time share one statement and one commit
-// (pgfence.lease_batch), each in a subtransaction of its own: the guarantees
-// above hold for each call as if it had been sent alone, and a call waits at
-// most for the batch ahead of it.
-//
 // # Observability
 //
 // [Config.MeterProvider] and [Config.TracerProvider] (default: the global

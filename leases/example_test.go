@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/pgfence/pgfence/leases"
@@ -97,45 +96,4 @@ func ExampleClient_Do() {
 	// done: <nil>
 	// released
 	// acquired
-}
-
-// A worker pool with group commit: the grants and releases its goroutines
-// make at the same moment share one statement and one commit, and each
-// goroutine still gets its own lease or its own error.
-func ExampleConfig_groupCommit() {
-	db, err := pgfencetest.Open() // a fresh migrated database; use your own pool
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer db.Close()
-	ctx := context.Background()
-
-	c, err := leases.New(db.Pool, &leases.Config{GroupCommit: true})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer c.Close()
-
-	var wg sync.WaitGroup
-	results := make([]error, 8)
-	for i := range results {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l, err := c.TryAcquire(ctx, fmt.Sprintf("shard/%d", i), 30*time.Second, nil)
-			if err != nil {
-				results[i] = err
-				return
-			}
-			// ... the shard's work, fenced with l.Token() ...
-			results[i] = l.Release(ctx)
-		}()
-	}
-	wg.Wait()
-	fmt.Println("errors:", errors.Join(results...))
-
-	// Output:
-	// errors: <nil>
 }

@@ -38,13 +38,6 @@ func StopTrustTimer(l *Lease) {
 // WatchReads is how many reads w has made.
 func WatchReads(w *Watcher) int64 { return w.reads.Load() }
 
-// GroupPending is how many of c's calls wait for a batch (Config.GroupCommit).
-func GroupPending(c *Client) int {
-	c.group.mu.Lock()
-	defer c.group.mu.Unlock()
-	return len(c.group.pending)
-}
-
 // Waiters is how many Acquire calls of c wait for key.
 func Waiters(c *Client, key string) int {
 	c.mu.Lock()

@@ -31,24 +31,14 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 		granted, expiresAt *time.Time
 		remainingMicros    int64
 	)
-	var err error
-	if c.cfg.GroupCommit {
-		var sent bool
-		sent, err = c.groupGrant(ctx, key, holder, ttl, info, announce, &acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)
-		if err != nil && !sent {
-			return nil, fmt.Errorf("leases: acquire %q: %w", key, err)
-		}
-	} else {
-		conn, cerr := c.conn(ctx)
-		if cerr != nil {
-			return nil, fmt.Errorf("leases: acquire %q: %w", key, cerr)
-		}
-		var takenOver bool
-		takenOver, err = c.sendGrant(ctx, conn, key, holder, ttl, info, announce, c.tel.takeovers.Enabled(ctx),
-			&acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)
-		conn.Release()
-		c.tel.attempted(ctx, err, acquired, takenOver)
+	conn, err := c.conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("leases: acquire %q: %w", key, err)
 	}
+	takenOver, err := c.sendGrant(ctx, conn, key, holder, ttl, info, announce, c.tel.takeovers.Enabled(ctx),
+		&acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)
+	conn.Release()
+	c.tel.attempted(ctx, err, acquired, takenOver)
 	if err != nil {
 		classified := classify(err)
 		if errors.Is(classified, ErrOutcomeUnknown) {

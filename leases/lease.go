@@ -430,9 +430,6 @@ func (l *Lease) releasedBy(ctx context.Context, sent, regranted bool) error {
 
 // releaseOnce sends one release; its error is classified.
 func (l *Lease) releaseOnce(ctx context.Context) (changed bool, status string, err error) {
-	if l.c.cfg.GroupCommit {
-		return l.c.groupRelease(ctx, l)
-	}
 	conn, err := l.c.conn(ctx) // fails only when nothing was sent
 	if err != nil {
 		return false, "", err

@@ -76,10 +76,8 @@ func TestNameErrorsBeforeGrants(t *testing.T) {
 		"try_acquire":                  {`SELECT * FROM pgfence.try_acquire($N, interval '1 minute')`, false, true},
 	}
 	// Not in the list: may_use (it answers a question: false for any name the
-	// role may not use, a bad one included) and lease_batch (one result row
-	// per call in the batch, each with its own SQLSTATE; its calls go through
-	// try_acquire and release).
-	skipped := map[string]bool{"may_use": true, "lease_batch": true}
+	// role may not use, a bad one included).
+	skipped := map[string]bool{"may_use": true}
 
 	rows, err := db.Pool.Query(ctx, `
 SELECT DISTINCT p.proname

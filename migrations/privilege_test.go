@@ -486,7 +486,6 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.job_slot_begin(text,uuid,bigint,text,boolean)",
 		"pgfence.job_slot_complete(text,uuid,bigint,text)",
 		"pgfence.job_slot_save(text,uuid,bigint,text,text)",
-		"pgfence.lease_batch(text[],text[],interval[],text[],uuid[],bigint[],boolean[],text[],text,boolean,boolean,interval)",
 		"pgfence.lease_max_ttl()",
 		"pgfence.lease_queue_leave(text,uuid)",
 		"pgfence.lease_queue_turn(text,uuid,interval)",

@@ -3,7 +3,6 @@ package migrations_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -79,7 +78,6 @@ func TestStandbyRefusesEveryProtocolFunction(t *testing.T) {
 		`SELECT * FROM pgfence.idempotency_claim_atomic('s', 'k', '\x00112233445566778899aabbccddeeff', '1 s', '1 day')`: nil,
 		`SELECT * FROM pgfence.idempotency_claim('s', 'k', '\x00112233445566778899aabbccddeeff', '1 s', '1 day')`:        nil,
 		`SELECT pgfence.idempotency_gc(10)`:                                                                              nil,
-		`SELECT * FROM pgfence.lease_batch(ARRAY['acquire'], ARRAY['free'], ARRAY[interval '1 minute'], ARRAY[''], ARRAY['` + h + `'::uuid], ARRAY[0::bigint], ARRAY[false], ARRAY[''], 'test', false, false)`: nil,
 	}
 	for q, args := range calls {
 		if _, err := replica.Exec(ctx, q, args...); pgerr.Code(err) != pgerr.CodeNotPrimary {
@@ -105,24 +103,6 @@ func TestStandbyRefusesEveryProtocolFunction(t *testing.T) {
 	acancel()
 	if !errors.Is(err, leases.ErrNotPrimary) || errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Acquire of a held key on a standby: %v, want ErrNotPrimary at once", err)
-	}
-	// The same with group commit, calls alone and in batches.
-	group, err := leases.New(pool, &leases.Config{DisableWakeups: true, GroupCommit: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer group.Close()
-	errs := make(chan error, 16)
-	for i := range cap(errs) {
-		go func() {
-			_, err := group.TryAcquire(ctx, fmt.Sprintf("free/%d", i), time.Minute, nil)
-			errs <- err
-		}()
-	}
-	for range cap(errs) {
-		if err := <-errs; !errors.Is(err, leases.ErrNotPrimary) {
-			t.Errorf("TryAcquire with group commit on a standby: %v, want ErrNotPrimary", err)
-		}
 	}
 }
 

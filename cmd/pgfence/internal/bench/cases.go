@@ -264,8 +264,6 @@ func baseCases() []*Case {
 			})},
 		{Name: "leases", Group: "lock", What: "leases.Client TryAcquire + Lease.Release (the library; the release commits with synchronous_commit=off by default)",
 			prepare: prepareLeases(leases.Config{DisableWakeups: true})},
-		{Name: "leases-group", Group: "lock", What: "the leases case with Config.GroupCommit: the workers' grants and releases that overlap go as one pgfence.lease_batch statement and one commit",
-			prepare: prepareLeases(leases.Config{DisableWakeups: true, GroupCommit: true})},
 		{Name: "leases-service", Group: "lock", What: "the leases case as a service role (pgfence_app, granted the prefix bench/): what checking the prefix grants costs",
 			prepare: prepareService},
 		{Name: "advisory-lock", Group: "lock", What: "pg_advisory_xact_lock in a transaction: what teams use today (not durable, no token, no expiry)",

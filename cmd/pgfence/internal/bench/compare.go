@@ -217,8 +217,6 @@ func compare(runs [][]benchrun.Result) []string {
 		pair("leases", "raw-lock-upsert", opsRatio, pct, "leases acquire+release at %s of the raw inline-upsert floor's ops/s (goal ≥ 90%%)")
 		pair("leases-service", "leases", opsRatio, pct, "leases as a service role checking its prefix grants at %s of the owner's ops/s (what the check costs)")
 		pair("leases", "redis-durable", opsRatio, pct, "leases acquire+release at %s of durable Redis (redsync) ops/s (goal at 8 workers: ≥ 100%%)")
-		pair("leases-group", "leases", opsRatio, pct, "leases with Config.GroupCommit at %s of the leases case's ops/s (what batching the workers' calls gains)")
-		pair("leases-group", "redis-durable", opsRatio, pct, "leases with Config.GroupCommit at %s of durable Redis (redsync) ops/s (goal at 8 workers: ≥ 100%%)")
 		pair("fenced-update", "raw-fence-row", p50Ratio, times, "fenced write (pgfence.Exec) p50 %s the hand-written fence row floor (goal ≤ 1.10×)")
 		pair("protected-update", "raw-fence-row", p50Ratio, times, "fenced write to a protected table p50 %s the hand-written fence row floor (goal ≤ 1.15×)")
 		pair("fenced-first", "raw-fence-first", p50Ratio, times, "a resource's first fenced write (pgfence.Exec) p50 %s the hand-written INSERT … ON CONFLICT floor (goal ≤ 1.2×)")
