@@ -9,20 +9,20 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/driver"
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/telemetry"
-	"github.com/pgfence/pgfence/internal/tracesql"
 )
 
 // Func does the business work of an atomic intent inside tx, the transaction
 // that holds the claim. It returns the result to store and replay (nil is
 // stored as empty), a [*Failure] to store a permanent failure (its writes are
 // rolled back), or any other error for a transient failure (nothing is stored,
-// the key stays free). It must do all its writes through tx; it may run again
-// after a rolled-back attempt, never after a committed one.
+// the key stays free; Do returns it, an error of the Func's own statements
+// mapped to pgfence's sentinels as pgfence.MapError maps it). It must do all
+// its writes through tx; it may run again after a rolled-back attempt, never
+// after a committed one.
 type Func func(ctx context.Context, tx pgx.Tx) ([]byte, error)
 
 const (
@@ -66,10 +66,11 @@ func (s *Store) Do(ctx context.Context, db DB, req Request, fn Func) (o *Outcome
 	if fn == nil {
 		return nil, fmt.Errorf("%w: fn is nil", ErrInvalid)
 	}
-	if err := pgerr.NilHandle(db); err != nil {
+	open, err := pgxOpener(db)
+	if err != nil {
 		return nil, err
 	}
-	return doAtomic(ctx, s, pgxOpener(db), req, fp, retention, fn)
+	return doAtomic(ctx, s, open, req, fp, retention, fn)
 }
 
 // storeFailure asks runAtomic to store a failure instead of a result.
@@ -79,7 +80,7 @@ type storeFailure struct{ *Failure }
 // connection a READ COMMITTED transaction of its own, inside the caller's
 // transaction a savepoint. An opener that can send the claim in its BEGIN's
 // message does so and sets c.claimed. T is what the [Func] is given.
-type opener[T any] func(ctx context.Context, c *claimArgs) (claimTx[T], error)
+type opener[T any] func(ctx context.Context, c *claimArgs) (driver.Tx[T], error)
 
 // claimArgs are the arguments of one atomic claim.
 type claimArgs struct {
@@ -89,26 +90,6 @@ type claimArgs struct {
 	// claimed: the opener claimed the key (outcome new) with its BEGIN.
 	claimed bool
 }
-
-// claimTx is the transaction of one atomic claim, whatever the driver.
-type claimTx[T any] interface {
-	// handle is what the Func is given.
-	handle() T
-	// claim runs the claim statement, preceded by the statement that names
-	// the context's trace for the transaction, and returns its row.
-	claim(ctx context.Context, sql string, args ...any) rowScanner
-	// completeAndCommit stores the result (or failure) and commits,
-	// returning when the stored result expires.
-	completeAndCommit(ctx context.Context, scope, key string, result []byte, code, message *string) (time.Time, error)
-	// end rolls back a transaction that did not commit and gives back its
-	// connection.
-	end()
-	// rollback rolls back and gives back the connection, returning the
-	// rollback's error (none for a transaction that ended already).
-	rollback(ctx context.Context) error
-}
-
-type rowScanner interface{ Scan(dest ...any) error }
 
 // doAtomic is Do on the transactions open opens: fn's writes, the claim and
 // the result commit together; a [*Failure] from fn is stored in a
@@ -136,7 +117,7 @@ func runAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request
 	}
 	defer a.end() // rolls back unless committed
 
-	result, err := fn(ctx, a.tx.handle())
+	result, err := fn(ctx, a.tx.Handle())
 	var stored *storeFailure
 	switch {
 	case errors.As(err, &stored):
@@ -146,7 +127,7 @@ func runAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request
 		}
 		return &Outcome{Status: New, Failure: stored.Failure, ExpiresAt: expiresAt}, nil
 	case err != nil:
-		return nil, err // transient, or a *Failure for Do to store
+		return nil, a.tx.Classify(err) // transient (its own statements' errors mapped), or a *Failure for Do to store
 	}
 	expiresAt, err := a.complete(ctx, result)
 	if err != nil {
@@ -180,10 +161,11 @@ func (s *Store) Begin(ctx context.Context, db DB, req Request) (o *Outcome, err 
 	if err != nil {
 		return nil, err
 	}
-	if err := pgerr.NilHandle(db); err != nil {
+	open, err := pgxOpener(db)
+	if err != nil {
 		return nil, err
 	}
-	out, a, err := beginAtomic(ctx, s, pgxOpener(db), req, fp, retention)
+	out, a, err := beginAtomic(ctx, s, open, req, fp, retention)
 	if a != nil {
 		out.Atomic = &AtomicAttempt{a: a}
 	}
@@ -196,13 +178,13 @@ func beginAtomic[T any](ctx context.Context, s *Store, open opener[T], req Reque
 	c := &claimArgs{scope: req.Scope, key: req.Key, fingerprint: fp, wait: s.wait, retention: retention}
 	tx, err := open(ctx, c)
 	if err != nil {
-		return nil, nil, classify(err, false)
+		return nil, nil, err
 	}
 	out := &Outcome{Status: New}
 	if !c.claimed {
-		out, err = s.claimAtomic(ctx, tx.claim, req, c)
+		out, err = claimAtomic(ctx, s, tx, req, c)
 		if err != nil || out.Status != New {
-			tx.end()
+			_ = driver.Abort(ctx, tx, nil)
 			return out, nil, err
 		}
 	}
@@ -231,7 +213,7 @@ func (a *AtomicAttempt) Key() string { return a.a.key }
 // [pgx.Tx.Begin] on it is a savepoint, as usual. Once the attempt has ended
 // (Complete, Fail, Rollback), every call on it answers [pgx.ErrTxClosed]
 // and sends nothing, so a deferred Rollback is harmless.
-func (a *AtomicAttempt) Tx() pgx.Tx { return a.a.tx.handle() }
+func (a *AtomicAttempt) Tx() pgx.Tx { return a.a.tx.Handle() }
 
 // Complete stores result (at most [MaxResultBytes]; nil is stored as empty)
 // as the key's answer and commits it together with the writes made through
@@ -276,14 +258,14 @@ func (a *AtomicAttempt) Rollback(ctx context.Context) error {
 		return nil
 	}
 	a.a.ended = true
-	return a.a.tx.rollback(ctx)
+	return a.a.tx.Rollback(ctx)
 }
 
 // attempt is an open atomic claim on a transaction of any driver.
 type attempt[T any] struct {
 	store      *Store
 	scope, key string
-	tx         claimTx[T]
+	tx         driver.Tx[T]
 	ended      bool
 }
 
@@ -316,8 +298,8 @@ func (a *attempt[T]) settle(ctx context.Context, result []byte, f *Failure) (tim
 	if f != nil {
 		code, message = &f.Code, &f.Message
 	}
-	expiresAt, err := a.tx.completeAndCommit(ctx, a.scope, a.key, result, code, message)
-	if err != nil {
+	var expiresAt time.Time
+	if err := a.tx.Commit(ctx, &driver.Stmt{SQL: completeAtomicSQL, Args: []any{a.scope, a.key, result, code, message}}, &expiresAt); err != nil {
 		return time.Time{}, err
 	}
 	a.store.logger.DebugContext(ctx, "idempotency: atomic key applied", "scope", a.scope, "key", a.key, "failed", f != nil)
@@ -327,60 +309,32 @@ func (a *attempt[T]) settle(ctx context.Context, result []byte, f *Failure) (tim
 func (a *attempt[T]) end() {
 	if !a.ended {
 		a.ended = true
-		a.tx.end()
+		_ = driver.Abort(context.Background(), a.tx, nil)
 	}
 }
 
-// atomicTx is the transaction of one atomic attempt. On a pool or a
-// connection it holds the connection itself, so that the stored result and
-// the COMMIT travel in one pipeline (one round trip instead of two); in a
-// caller's transaction it is a savepoint, released the ordinary way.
-type atomicTx struct {
-	pgx.Tx
-	guard     *guardedTx // what the caller gets: closed when the attempt ends
-	conn      *pgx.Conn  // nil: commit through Tx
-	savepoint bool       // Tx is a savepoint of the caller's transaction
-	release   func()     // returns a connection acquired from a pool
-	committed bool
-}
-
-// pgxOpener opens atomic claims on db.
-func pgxOpener(db DB) opener[pgx.Tx] {
-	return func(ctx context.Context, c *claimArgs) (claimTx[pgx.Tx], error) {
-		tx, err := beginAtomicTx(ctx, db, c)
-		if err != nil {
-			return nil, err
-		}
-		return tx, nil
-	}
-}
-
-func beginAtomicTx(ctx context.Context, db DB, c *claimArgs) (*atomicTx, error) {
-	switch db := db.(type) {
-	case *pgxpool.Pool:
-		pc, err := db.Acquire(ctx)
-		if err != nil {
-			return nil, err
-		}
-		tx, err := beginClaim(ctx, pc.Conn(), c)
-		if err != nil {
-			pc.Release()
-			return nil, err
-		}
-		return &atomicTx{Tx: tx, guard: newGuardedTx(tx), conn: pc.Conn(), release: pc.Release}, nil
-	case *pgx.Conn:
-		tx, err := beginClaim(ctx, db, c)
-		if err != nil {
-			return nil, err
-		}
-		return &atomicTx{Tx: tx, guard: newGuardedTx(tx), conn: db}, nil
-	}
-	tx, err := begin(ctx, db)
+// pgxOpener opens atomic claims on db: on a pool or a connection with the
+// claim in BEGIN's message (see beginClaim), in a transaction a savepoint.
+func pgxOpener(db DB) (opener[pgx.Tx], error) {
+	h, err := driver.Pgx(db)
 	if err != nil {
 		return nil, err
 	}
-	_, savepoint := db.(pgx.Tx)
-	return &atomicTx{Tx: tx, guard: newGuardedTx(tx), savepoint: savepoint}, nil
+	return func(ctx context.Context, c *claimArgs) (driver.Tx[pgx.Tx], error) {
+		conn, release, err := driver.Conn(ctx, db)
+		if err != nil {
+			return nil, err
+		}
+		if conn == nil { // the caller's transaction
+			return h.Begin(ctx, true)
+		}
+		tx, err := beginClaim(ctx, conn, c)
+		if err != nil {
+			release()
+			return nil, pgerr.Classify(err, false)
+		}
+		return driver.BeginPgx(tx, true, release), nil
+	}, nil
 }
 
 // beginClaim begins a READ COMMITTED transaction on conn and claims c's key
@@ -407,7 +361,7 @@ func beginClaim(ctx context.Context, conn *pgx.Conn, c *claimArgs) (pgx.Tx, erro
 	// connection broke: leave no aborted transaction on a connection that
 	// goes back to its pool.
 	if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), driver.RollbackTimeout)
 		defer cancel()
 		if _, rerr := conn.Exec(rctx, "rollback"); rerr != nil {
 			conn.Close(rctx)
@@ -458,90 +412,10 @@ func writeText(b *strings.Builder, s string) {
 	b.WriteString(`, 'UTF8') COLLATE pg_catalog."default"`)
 }
 
-// completeAndCommit stores the attempt's result (or failure) and commits,
-// returning when the stored result expires.
-func (t *atomicTx) completeAndCommit(ctx context.Context, scope, key string, result []byte, code, message *string) (time.Time, error) {
-	var expiresAt time.Time
-	t.guard.close() // the attempt ends here, whatever the outcome
-	if t.conn == nil {
-		if err := t.QueryRow(ctx, completeAtomicSQL, scope, key, result, code, message).Scan(&expiresAt); err != nil {
-			return time.Time{}, classify(err, false)
-		}
-		if err := t.Commit(ctx); err != nil {
-			// A savepoint that cannot be released leaves the caller's
-			// transaction unable to commit: nothing can have been stored.
-			return time.Time{}, classify(err, !t.savepoint)
-		}
-		t.committed = true
-		return expiresAt, nil
-	}
-	// One pipeline: if the completion fails, the server skips the COMMIT and
-	// the transaction is rolled back by end. Once the batch is sent, a lost
-	// connection leaves the outcome unknown: the COMMIT may have run.
-	b := &pgx.Batch{}
-	b.Queue(completeAtomicSQL, scope, key, result, code, message)
-	b.Queue("commit")
-	br := t.conn.SendBatch(ctx, b)
-	err := br.QueryRow().Scan(&expiresAt)
-	var tag pgconn.CommandTag
-	if err == nil {
-		tag, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		// pgx prepares statements new to the connection in a round trip of
-		// their own before it sends the batch (and a Sync): a failure there
-		// sent neither the completion nor the COMMIT.
-		var pre pgx.ErrPreprocessingBatch
-		if errors.As(err, &pre) {
-			return time.Time{}, classify(pre.Unwrap(), false)
-		}
-		return time.Time{}, classify(err, true)
-	}
-	if tag.String() != "COMMIT" {
-		return time.Time{}, pgx.ErrTxCommitRollback // the server answered ROLLBACK: nothing committed
-	}
-	t.committed = true
-	return expiresAt, nil
-}
-
-func (t *atomicTx) handle() pgx.Tx { return t.guard }
-
-// claim sends the claim with the statement that names the trace in one
-// pipeline, so tracing adds no round trip.
-func (t *atomicTx) claim(ctx context.Context, sql string, args ...any) rowScanner {
-	return tracesql.QueryRow(ctx, t.Tx, sql, args...)
-}
-
-func (t *atomicTx) rollback(ctx context.Context) error {
-	t.guard.close()
-	err := t.Rollback(ctx)
-	if t.release != nil {
-		t.release()
-	}
-	if errors.Is(err, pgx.ErrTxClosed) {
-		return nil
-	}
-	return err
-}
-
-// end rolls back an attempt that did not commit and returns a pooled
-// connection.
-func (t *atomicTx) end() {
-	t.guard.close()
-	if !t.committed {
-		rollback(t.Tx)
-	}
-	if t.release != nil {
-		t.release()
-	}
-}
-
-// claimAtomic claims the key with claim (the transaction's) or reports what
-// holds it.
-func (s *Store) claimAtomic(ctx context.Context, claim func(ctx context.Context, sql string, args ...any) rowScanner, req Request, c *claimArgs) (*Outcome, error) {
+// claimAtomic claims the key in tx or reports what holds it. The claim
+// travels with the statement that names the context's trace, in one round
+// trip where the driver pipelines.
+func claimAtomic[T any](ctx context.Context, s *Store, tx driver.Tx[T], req Request, c *claimArgs) (*Outcome, error) {
 	var (
 		outcome               string
 		status, code, message *string
@@ -549,10 +423,10 @@ func (s *Store) claimAtomic(ctx context.Context, claim func(ctx context.Context,
 		expiresAt             *time.Time
 		retryAfter            *int64
 	)
-	err := claim(ctx, claimAtomicSQL, c.scope, c.key, c.fingerprint, micros(c.wait), micros(c.retention)).
-		Scan(&outcome, &status, &result, &code, &message, &expiresAt, &retryAfter)
+	err := tx.Query(ctx, []any{&outcome, &status, &result, &code, &message, &expiresAt, &retryAfter},
+		driver.Traced(ctx, driver.Stmt{SQL: claimAtomicSQL, Args: []any{c.scope, c.key, c.fingerprint, micros(c.wait), micros(c.retention)}})...)
 	if err != nil {
-		return nil, classify(err, false)
+		return nil, classify(tx.Classify(err), false)
 	}
 	switch outcome {
 	case "new":

@@ -53,7 +53,7 @@
 // transaction; on the caller's *sql.Tx the claim, the [SQLFunc]'s writes and
 // the result join that transaction under a savepoint, so they commit with
 // the caller's other writes (a fenced write of package
-// [github.com/pgfence/pgfence/pgfence/sqlfence], say) or not at all. It runs
+// [github.com/pgfence/pgfence/pgfence.WriteSQL], say) or not at all. It runs
 // the same code as Do and gives the same outcomes and errors; a lost COMMIT
 // is [ErrOutcomeUnknown] with lib/pq too. The stored result and COMMIT are
 // two round trips there, not one pipeline.
@@ -92,7 +92,7 @@
 //   - A duplicate of a key in flight gets [InProgress] with a retry hint (or,
 //     in atomic mode, waits up to [Config.WaitTimeout] and gets the result).
 //   - Only the current owner of a leased key can heartbeat, advance, complete,
-//     fail or release it; a replaced owner's late write returns [ErrNotOwner]
+//     fail or release it; a replaced owner's late write returns [ErrLeaseLost]
 //     and changes nothing. [Attempt.AdvanceTx] and [Attempt.CompleteTx] fence
 //     the caller's transaction the same way: a replaced owner's phase cannot
 //     commit.
@@ -134,7 +134,7 @@
 //     usable (the wait is a lock_timeout inside a subtransaction).
 //   - A leased owner stops heartbeating (crash, pause, partition): after its
 //     lease the key is taken over, by a retry or by [Store.Recover]; if it
-//     wakes up, its writes get [ErrNotOwner]. Use [Attempt.TrustedUntil] to
+//     wakes up, its writes get [ErrLeaseLost]. Use [Attempt.TrustedUntil] to
 //     stop starting external calls before the lease can have expired.
 //   - A crash between an external call and the AdvanceTx of its phase: the
 //     next owner repeats the call with the same [Attempt.DerivedKey], which

@@ -3,21 +3,13 @@ package idempotency
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"math"
 
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
-
-	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/driver"
 )
 
-// GCBatchSizeDefault is [GCOptions.BatchSize]'s default, and
-// MaxGCBatchSize its largest value.
-const (
-	GCBatchSizeDefault = 1000
-	MaxGCBatchSize     = math.MaxInt32
-)
+// GCBatchSizeDefault is [GCOptions.BatchSize]'s default.
+const GCBatchSizeDefault = 1000
 
 // GCOptions configures [GC]. A nil *GCOptions and the zero value use the
 // defaults.
@@ -29,15 +21,6 @@ type GCOptions struct {
 	// MaxBatches stops after this many batches. Default 0: until no expired
 	// key is left (or ctx ends).
 	MaxBatches int
-	// MeterProvider receives pgfence.idempotency.gc.deleted. Default: the
-	// global otel.GetMeterProvider().
-	MeterProvider metric.MeterProvider
-	// TracerProvider receives a pgfence.idempotency.gc span per call.
-	// Default: the global otel.GetTracerProvider().
-	TracerProvider trace.TracerProvider
-	// Logger receives one debug event per call (keys deleted, batches).
-	// Default: discard.
-	Logger *slog.Logger
 }
 
 // GCResult counts what [GC] did.
@@ -60,13 +43,19 @@ const gcSQL = `SELECT pgfence.idempotency_gc($1)`
 // never deleted. It returns what it deleted so far even when it stops on an
 // error. It calls pgfence.idempotency_gc, which members of pgfence_app may
 // not run: connect as a member of pgfence_operator (or the schema owner).
-func GC(ctx context.Context, db DB, opts *GCOptions) (res GCResult, err error) {
+// It is recorded as the operation gc (and the keys as gc_deleted) and
+// logged at debug level.
+func (s *Store) GC(ctx context.Context, db DB, opts *GCOptions) (res GCResult, err error) {
 	if opts == nil {
 		opts = &GCOptions{}
 	}
-	ctx, done := newGCTelemetry(opts).start(ctx)
-	defer func() { done(&res, err) }()
-	if err := pgerr.NilHandle(db); err != nil {
+	ctx, done := s.tel.Start(ctx, "gc")
+	defer func() {
+		s.tel.Count(ctx, "gc_deleted", outcomeOK, res.Deleted)
+		s.logger.DebugContext(ctx, "idempotency: gc", "deleted", res.Deleted, "batches", res.Batches, "error", err)
+		done(outcomeOf(err), err)
+	}()
+	if err := driver.NilHandle(db); err != nil {
 		return GCResult{}, err
 	}
 	size := opts.BatchSize
@@ -74,7 +63,7 @@ func GC(ctx context.Context, db DB, opts *GCOptions) (res GCResult, err error) {
 	case size < 0:
 		return GCResult{}, fmt.Errorf("%w: GCOptions.BatchSize must not be negative, got %d", ErrInvalid, size)
 	case size > math.MaxInt32:
-		return GCResult{}, fmt.Errorf("%w: GCOptions.BatchSize must be at most %d, got %d", ErrInvalid, MaxGCBatchSize, size)
+		return GCResult{}, fmt.Errorf("%w: GCOptions.BatchSize must be at most %d, got %d", ErrInvalid, math.MaxInt32, size)
 	case size == 0:
 		size = GCBatchSizeDefault
 	}

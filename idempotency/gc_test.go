@@ -61,7 +61,7 @@ SELECT 'gc', 'expired-' || i, sha256(''), CASE WHEN i % 2 = 0 THEN 'atomic' ELSE
 		t.Fatal(err)
 	}
 
-	res, err := idempotency.GC(ctx, pool, &idempotency.GCOptions{BatchSize: 10})
+	res, err := gcStore.GC(ctx, pool, &idempotency.GCOptions{BatchSize: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,17 +82,17 @@ SELECT 'gc', 'expired-' || i, sha256(''), CASE WHEN i % 2 = 0 THEN 'atomic' ELSE
 
 	// Once unlocked the last expired key goes; MaxBatches bounds a run.
 	_ = locker.Rollback(ctx)
-	res, err = idempotency.GC(ctx, pool, &idempotency.GCOptions{MaxBatches: 1})
+	res, err = gcStore.GC(ctx, pool, &idempotency.GCOptions{MaxBatches: 1})
 	if err != nil || res.Deleted != 1 || res.Batches != 1 {
 		t.Fatalf("second GC = %+v, %v", res, err)
 	}
-	if _, err := idempotency.GC(ctx, pool, &idempotency.GCOptions{BatchSize: -1}); !errors.Is(err, idempotency.ErrInvalid) {
+	if _, err := gcStore.GC(ctx, pool, &idempotency.GCOptions{BatchSize: -1}); !errors.Is(err, idempotency.ErrInvalid) {
 		t.Fatalf("negative batch: %v", err)
 	}
 	// The SQL function takes an integer: a larger batch is refused by name,
 	// not sent (pgx would fail to encode it, reported as an unknown outcome).
 	if over := int64(math.MaxInt32) + 1; int64(int(over)) == over { // 64-bit int
-		if _, err := idempotency.GC(ctx, pool, &idempotency.GCOptions{BatchSize: int(over)}); !errors.Is(err, idempotency.ErrInvalid) ||
+		if _, err := gcStore.GC(ctx, pool, &idempotency.GCOptions{BatchSize: int(over)}); !errors.Is(err, idempotency.ErrInvalid) ||
 			!strings.Contains(err.Error(), "GCOptions.BatchSize must be at most 2147483647") {
 			t.Fatalf("batch over int32: %v, want ErrInvalid naming GCOptions.BatchSize", err)
 		}
@@ -170,3 +170,12 @@ func TestSchemaRefusesNonsenseRows(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// gcStore runs GC with the defaults.
+var gcStore = func() *idempotency.Store {
+	s, err := idempotency.NewStore(nil)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}()

@@ -65,7 +65,7 @@ func TestTelemetry(t *testing.T) {
 	if err != nil || second.Status != idempotency.New || !second.Attempt.TakenOver() {
 		t.Fatalf("takeover claim: %v %v", second, err)
 	}
-	if _, err := first.Attempt.Complete(ctx, []byte("late")); !errors.Is(err, idempotency.ErrNotOwner) {
+	if _, err := first.Attempt.Complete(ctx, []byte("late")); !errors.Is(err, idempotency.ErrLeaseLost) {
 		t.Fatalf("late completion: %v", err)
 	}
 	if _, err := second.Attempt.Complete(ctx, []byte("sent")); err != nil {
@@ -77,31 +77,26 @@ func TestTelemetry(t *testing.T) {
 	root.End()
 
 	m := p.Metrics(t)
-	attrs := func(mode, outcome string) []attribute.KeyValue {
-		return []attribute.KeyValue{attribute.String("pgfence.idempotency.mode", mode), attribute.String("pgfence.outcome", outcome)}
+	attrs := func(op, outcome string) []attribute.KeyValue {
+		return []attribute.KeyValue{attribute.String("pgfence.operation", op), attribute.String("pgfence.outcome", outcome)}
 	}
 	for _, want := range []struct {
-		mode, outcome string
-		n             int64
+		op, outcome string
+		n           int64
 	}{
 		{"atomic", "new", 1}, {"atomic", "replayed", 1}, {"atomic", "mismatch", 1},
-		{"leased", "new", 2}, {"leased", "in_progress", 1}, {"leased", "replayed", 1},
+		{"leased", "new", 1}, {"leased", "taken_over", 1}, {"leased", "in_progress", 1}, {"leased", "replayed", 1},
+		{"complete", "ok", 1}, {"complete", "not_owner", 1},
 	} {
-		if n := m.Sum("pgfence.idempotency.requests", attrs(want.mode, want.outcome)...); n != want.n {
-			t.Errorf("requests{%s,%s} = %d, want %d", want.mode, want.outcome, n, want.n)
+		if n := m.Sum("pgfence.idempotency.operations", attrs(want.op, want.outcome)...); n != want.n {
+			t.Errorf("operations{%s,%s} = %d, want %d", want.op, want.outcome, n, want.n)
 		}
 	}
-	if n, _, _ := m.Histogram("pgfence.idempotency.duration"); n != 7 {
-		t.Errorf("duration count %d, want 7", n)
+	if n, _, _ := m.Histogram("pgfence.idempotency.duration", attribute.String("pgfence.operation", "atomic")); n != 3 {
+		t.Errorf("atomic duration count %d, want 3", n)
 	}
-	if n := m.Sum("pgfence.idempotency.takeovers"); n != 1 {
-		t.Errorf("takeovers = %d, want 1", n)
-	}
-	settle := func(outcome string) int64 {
-		return m.Sum("pgfence.idempotency.settlements", attribute.String("pgfence.operation", "complete"), attribute.String("pgfence.outcome", outcome))
-	}
-	if settle("ok") != 1 || settle("not_owner") != 1 {
-		t.Errorf("settlements: ok %d, not_owner %d, want 1 and 1", settle("ok"), settle("not_owner"))
+	if n, _, _ := m.Histogram("pgfence.idempotency.duration", attribute.String("pgfence.operation", "leased")); n != 4 {
+		t.Errorf("leased duration count %d, want 4", n)
 	}
 
 	// Spans: the Func runs inside Do's span; refusals are answers, not errors.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/driver"
 )
 
 // Reads for operators and tools: the state of stored keys, never their
@@ -103,7 +103,7 @@ func LookupKey(ctx context.Context, db DB, scope, key string) (KeyState, bool, e
 	if len(key) == 0 || len(key) > MaxKeyBytes || !validText(key) {
 		return KeyState{}, false, fmt.Errorf("%w: key must be 1 to %d bytes of UTF-8 without NUL, got %d bytes", ErrInvalid, MaxKeyBytes, len(key))
 	}
-	if err := pgerr.NilHandle(db); err != nil {
+	if err := driver.NilHandle(db); err != nil {
 		return KeyState{}, false, err
 	}
 	k, err := scanKey(db.QueryRow(ctx, sqlLookupKey, scope, key))
@@ -142,25 +142,10 @@ func orZero(t *time.Time) time.Time {
 	return *t
 }
 
-// rowsQuerier runs a statement that returns rows. *pgxpool.Pool, *pgx.Conn
-// and pgx.Tx are one.
-type rowsQuerier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
-// querier returns db itself when it runs queries that return rows (every
-// type the package documents does), else a read-only transaction on it;
-// done ends that transaction.
-func querier(ctx context.Context, db DB) (rowsQuerier, func(), error) {
-	if err := pgerr.NilHandle(db); err != nil {
+// querier returns db, refusing a nil one.
+func querier(_ context.Context, db DB) (DB, func(), error) {
+	if err := driver.NilHandle(db); err != nil {
 		return nil, nil, err
 	}
-	if q, ok := db.(rowsQuerier); ok {
-		return q, func() {}, nil
-	}
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return nil, nil, classify(err, false)
-	}
-	return tx, func() { rollback(tx) }, nil
+	return db, func() {}, nil
 }

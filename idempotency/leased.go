@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/driver"
 	"github.com/pgfence/pgfence/internal/pgerr"
-	"github.com/pgfence/pgfence/internal/tracesql"
 )
 
 const (
@@ -53,7 +53,7 @@ func (s *Store) Claim(ctx context.Context, db DB, req Request) (o *Outcome, err 
 	if err != nil {
 		return nil, err
 	}
-	if err := pgerr.NilHandle(db); err != nil {
+	if err := driver.NilHandle(db); err != nil {
 		return nil, err
 	}
 	return s.claim(ctx, db, req.Scope, req.Key, fp, retention)
@@ -76,8 +76,8 @@ func (s *Store) claim(ctx context.Context, db DB, scope, key string, fp []byte, 
 	defer release()
 	start := time.Now()
 	claim := func(db DB) error {
-		return tracesql.QueryRow(ctx, db, claimSQL, scope, key, fp, micros(s.lease), micros(retention), micros(s.wait)).
-			Scan(&outcome, &owner, &epoch, &recoveryPoint, &recoveryData, &status, &result, &code, &message, &expiresAt)
+		return driver.QueryRow(ctx, db, driver.Traced(ctx, driver.Stmt{SQL: claimSQL, Args: []any{scope, key, fp, micros(s.lease), micros(retention), micros(s.wait)}}),
+			&outcome, &owner, &epoch, &recoveryPoint, &recoveryData, &status, &result, &code, &message, &expiresAt)
 	}
 	err = claim(conn)
 	if _, inTx := db.(pgx.Tx); !inTx && pgerr.Code(err) == pgerr.CodeIsolation {
@@ -128,19 +128,22 @@ func (s *Store) claim(ctx context.Context, db DB, scope, key string, fp []byte, 
 
 // inReadCommitted runs fn in a READ COMMITTED transaction on db and commits.
 func inReadCommitted(ctx context.Context, db DB, fn func(DB) error) error {
-	tx, err := begin(ctx, db)
+	h, err := driver.Pgx(db)
 	if err != nil {
 		return err
 	}
-	if err := fn(tx); err != nil {
-		rollback(tx)
+	tx, err := h.Begin(ctx, true)
+	if err != nil {
 		return err
 	}
-	return tx.Commit(ctx)
+	if err := fn(tx.Handle()); err != nil {
+		return driver.Abort(ctx, tx, err)
+	}
+	return tx.Commit(ctx, nil)
 }
 
 // Attempt is one owner's claim on a leased key. Its methods are accepted only
-// while it is the key's current owner; afterwards they return [ErrNotOwner].
+// while it is the key's current owner; afterwards they return [ErrLeaseLost].
 // It is safe for concurrent use (a heartbeat goroutine next to the work);
 // claimed on one connection (*pgx.Conn) rather than a pool, its statements
 // take turns on it.
@@ -224,7 +227,7 @@ func (a *Attempt) DerivedKey(step string) string {
 
 // Heartbeat extends the lease to now + [Config.Lease] (database clock).
 func (a *Attempt) Heartbeat(ctx context.Context) (err error) {
-	ctx, done := a.store.tel.extend(ctx, "heartbeat", a)
+	ctx, done := a.store.tel.owned(ctx, "heartbeat", a)
 	defer func() { done(err) }()
 	start := time.Now()
 	db, release, err := a.use(ctx, a.db)
@@ -251,7 +254,7 @@ func (a *Attempt) Heartbeat(ctx context.Context) (err error) {
 // recovery point (and the next owner would do the phase again) or the point
 // without the writes.
 func (a *Attempt) Advance(ctx context.Context, point string, data []byte) (err error) {
-	ctx, done := a.store.tel.extend(ctx, "advance", a)
+	ctx, done := a.store.tel.owned(ctx, "advance", a)
 	defer func() { done(err) }()
 	start := time.Now()
 	if err := a.advance(ctx, a.db, point, data); err != nil {
@@ -265,7 +268,7 @@ func (a *Attempt) Advance(ctx context.Context, point string, data []byte) (err e
 // also holds the phase's business writes: the recovery point, the lease
 // extension and those writes commit together or not at all. Only the
 // current owner can advance: if the lease expired and another attempt took
-// the key over, AdvanceTx returns [ErrNotOwner] and db's transaction is
+// the key over, AdvanceTx returns [ErrLeaseLost] and db's transaction is
 // aborted, so the phase's writes cannot commit either. The row lock taken by
 // AdvanceTx holds any takeover back until db's transaction ends.
 //
@@ -274,9 +277,9 @@ func (a *Attempt) Advance(ctx context.Context, point string, data []byte) (err e
 // Call [Attempt.Heartbeat] after the commit when the next phase needs the
 // longer window.
 func (a *Attempt) AdvanceTx(ctx context.Context, db DB, point string, data []byte) (err error) {
-	ctx, done := a.store.tel.extend(ctx, "advance", a)
+	ctx, done := a.store.tel.owned(ctx, "advance", a)
 	defer func() { done(err) }()
-	if err := pgerr.NilHandle(db); err != nil {
+	if err := driver.NilHandle(db); err != nil {
 		return err
 	}
 	return a.advance(ctx, db, point, data)
@@ -307,7 +310,7 @@ func (a *Attempt) advance(ctx context.Context, db DB, point string, data []byte)
 }
 
 // Complete stores result as the key's answer and ends the claim. A replaced
-// owner's late completion returns [ErrNotOwner] and stores nothing.
+// owner's late completion returns [ErrLeaseLost] and stores nothing.
 func (a *Attempt) Complete(ctx context.Context, result []byte) (time.Time, error) {
 	return a.CompleteTx(ctx, a.db, result)
 }
@@ -316,12 +319,12 @@ func (a *Attempt) Complete(ctx context.Context, result []byte) (time.Time, error
 // that also records the effect in business tables: the result is stored only
 // if that transaction commits.
 func (a *Attempt) CompleteTx(ctx context.Context, db DB, result []byte) (_ time.Time, err error) {
-	ctx, done := a.store.tel.settle(ctx, "complete", a)
+	ctx, done := a.store.tel.owned(ctx, "complete", a)
 	defer func() { done(err) }()
 	if len(result) > MaxResultBytes {
 		return time.Time{}, fmt.Errorf("%w: result must be at most %d bytes, got %d", ErrInvalid, MaxResultBytes, len(result))
 	}
-	if err := pgerr.NilHandle(db); err != nil {
+	if err := driver.NilHandle(db); err != nil {
 		return time.Time{}, err
 	}
 	if result == nil {
@@ -342,7 +345,7 @@ func (a *Attempt) CompleteTx(ctx context.Context, db DB, result []byte) (_ time.
 // Fail stores a permanent failure as the key's answer and ends the claim.
 // Transient errors are not failures: [Attempt.Release] the key instead.
 func (a *Attempt) Fail(ctx context.Context, f *Failure) (_ time.Time, err error) {
-	ctx, done := a.store.tel.settle(ctx, "fail", a)
+	ctx, done := a.store.tel.owned(ctx, "fail", a)
 	defer func() { done(err) }()
 	if f == nil {
 		return time.Time{}, fmt.Errorf("%w: failure is nil", ErrInvalid)
@@ -366,7 +369,7 @@ func (a *Attempt) Fail(ctx context.Context, f *Failure) (_ time.Time, err error)
 // The recovery point stays, and the next claim takes the key over at once and
 // resumes from it.
 func (a *Attempt) Release(ctx context.Context) (err error) {
-	ctx, done := a.store.tel.settle(ctx, "release", a)
+	ctx, done := a.store.tel.owned(ctx, "release", a)
 	defer func() { done(err) }()
 	db, release, err := a.use(ctx, a.db)
 	if err != nil {

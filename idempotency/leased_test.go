@@ -84,20 +84,20 @@ func TestLeasedCrashedOwnerTakenOverResumes(t *testing.T) {
 	}
 
 	// The crashed owner wakes up: every write of it is refused.
-	if _, err := crashed.Complete(ctx, []byte("late")); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Fatalf("late complete: %v, want ErrNotOwner", err)
+	if _, err := crashed.Complete(ctx, []byte("late")); !errors.Is(err, idempotency.ErrLeaseLost) {
+		t.Fatalf("late complete: %v, want ErrLeaseLost", err)
 	}
-	if err := crashed.Heartbeat(ctx); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Fatalf("late heartbeat: %v, want ErrNotOwner", err)
+	if err := crashed.Heartbeat(ctx); !errors.Is(err, idempotency.ErrLeaseLost) {
+		t.Fatalf("late heartbeat: %v, want ErrLeaseLost", err)
 	}
-	if err := crashed.Advance(ctx, "other", nil); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Fatalf("late advance: %v, want ErrNotOwner", err)
+	if err := crashed.Advance(ctx, "other", nil); !errors.Is(err, idempotency.ErrLeaseLost) {
+		t.Fatalf("late advance: %v, want ErrLeaseLost", err)
 	}
-	if _, err := crashed.Fail(ctx, &idempotency.Failure{Code: "x"}); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Fatalf("late fail: %v, want ErrNotOwner", err)
+	if _, err := crashed.Fail(ctx, &idempotency.Failure{Code: "x"}); !errors.Is(err, idempotency.ErrLeaseLost) {
+		t.Fatalf("late fail: %v, want ErrLeaseLost", err)
 	}
-	if err := crashed.Release(ctx); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Fatalf("late release: %v, want ErrNotOwner", err)
+	if err := crashed.Release(ctx); !errors.Is(err, idempotency.ErrLeaseLost) {
+		t.Fatalf("late release: %v, want ErrLeaseLost", err)
 	}
 
 	if err := next.Heartbeat(ctx); err != nil {
@@ -106,16 +106,16 @@ func TestLeasedCrashedOwnerTakenOverResumes(t *testing.T) {
 	if _, err := next.Complete(ctx, []byte("receipt-1")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := crashed.Complete(ctx, []byte("late")); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Fatalf("late complete after completion: %v, want ErrNotOwner", err)
+	if _, err := crashed.Complete(ctx, []byte("late")); !errors.Is(err, idempotency.ErrLeaseLost) {
+		t.Fatalf("late complete after completion: %v, want ErrLeaseLost", err)
 	}
 	out, err = store.Claim(ctx, pool, req)
 	if err != nil || out.Status != idempotency.Replayed || string(out.Result) != "receipt-1" || out.ExpiresAt.IsZero() {
 		t.Fatalf("replay: %+v, %v", out, err)
 	}
 	// Completing twice is refused too: the key has no owner any more.
-	if _, err := next.Complete(ctx, []byte("again")); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Fatalf("second complete: %v, want ErrNotOwner", err)
+	if _, err := next.Complete(ctx, []byte("again")); !errors.Is(err, idempotency.ErrLeaseLost) {
+		t.Fatalf("second complete: %v, want ErrLeaseLost", err)
 	}
 }
 
@@ -176,8 +176,8 @@ func TestLeasedReleaseKeepsRecoveryPoint(t *testing.T) {
 	if b.RecoveryPoint() != "rendered" || string(b.RecoveryData()) != "<html>" || b.Epoch() != 2 {
 		t.Fatalf("after release: point %q data %q epoch %d", b.RecoveryPoint(), b.RecoveryData(), b.Epoch())
 	}
-	if err := a.Heartbeat(ctx); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Fatalf("released owner's heartbeat: %v, want ErrNotOwner", err)
+	if err := a.Heartbeat(ctx); !errors.Is(err, idempotency.ErrLeaseLost) {
+		t.Fatalf("released owner's heartbeat: %v, want ErrLeaseLost", err)
 	}
 }
 
@@ -518,7 +518,7 @@ func TestAdvanceTxCommitsWithThePhase(t *testing.T) {
 }
 
 // TestAdvanceTxFencedByOwner: only the current owner can advance. After a
-// takeover the replaced owner's AdvanceTx returns ErrNotOwner and its
+// takeover the replaced owner's AdvanceTx returns ErrLeaseLost and its
 // transaction cannot commit the phase's write. While an owner's AdvanceTx
 // is uncommitted, its row lock holds a takeover back, and the commit
 // extends the lease, so the takeover finds the key in progress.
@@ -561,8 +561,8 @@ func TestAdvanceTxFencedByOwner(t *testing.T) {
 	if _, err := charge("order-6", 6)(ctx, tx); err != nil {
 		t.Fatal(err)
 	}
-	if err := old.AdvanceTx(ctx, tx, "recorded", nil); !errors.Is(err, idempotency.ErrNotOwner) {
-		t.Fatalf("the replaced owner's AdvanceTx: %v, want ErrNotOwner", err)
+	if err := old.AdvanceTx(ctx, tx, "recorded", nil); !errors.Is(err, idempotency.ErrLeaseLost) {
+		t.Fatalf("the replaced owner's AdvanceTx: %v, want ErrLeaseLost", err)
 	}
 	if err := tx.Commit(ctx); !errors.Is(err, pgx.ErrTxCommitRollback) {
 		t.Fatalf("commit after the refused advance: %v, want a rollback", err)
@@ -598,7 +598,7 @@ func TestLeasedCallsThatSendNothing(t *testing.T) {
 		_, complete := a.Complete(ctx, []byte("r"))
 		_, fail := a.Fail(ctx, &idempotency.Failure{Code: "c"})
 		_, claim := store.Claim(ctx, pool, idempotency.Request{Scope: "orders", Key: "nothing-sent-2"})
-		_, gc := idempotency.GC(ctx, pool, nil)
+		_, gc := gcStore.GC(ctx, pool, nil)
 		return map[string]error{
 			"Claim": claim, "Heartbeat": a.Heartbeat(ctx), "Advance": a.Advance(ctx, "p", nil),
 			"Complete": complete, "Fail": fail, "Release": a.Release(ctx), "GC": gc,

@@ -331,7 +331,7 @@ func TestNilDBRefused(t *testing.T) {
 			"Claim":     func() error { _, err := store.Claim(ctx, db, req); return err },
 			"LookupKey": func() error { _, _, err := idempotency.LookupKey(ctx, db, "s", "k"); return err },
 			"Keys":      func() error { _, err := idempotency.Keys(ctx, db, "s", 0); return err },
-			"GC":        func() error { _, err := idempotency.GC(ctx, db, nil); return err },
+			"GC":        func() error { _, err := gcStore.GC(ctx, db, nil); return err },
 			"Abandoned": func() error { _, err := store.Abandoned(ctx, db, nil); return err },
 			"Recover": func() error {
 				_, err := store.Recover(ctx, db, nil, func(context.Context, *idempotency.Attempt) error { return nil })

@@ -121,26 +121,22 @@ func TestGCTelemetry(t *testing.T) {
 	expireKeys(t, pool)
 	p := telemetrytest.New(t)
 	var logs bytes.Buffer
-	opts := &idempotency.GCOptions{BatchSize: 2, MeterProvider: p.Meter, TracerProvider: p.Tracer,
-		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	gcStore := newStore(t, &idempotency.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	for range 2 { // the second run finds nothing
-		if _, err := idempotency.GC(context.Background(), pool, opts); err != nil {
+		if _, err := gcStore.GC(context.Background(), pool, &idempotency.GCOptions{BatchSize: 2}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	m := p.Metrics(t)
-	if n := m.Sum("pgfence.idempotency.gc.deleted"); n != 3 || m.Unit("pgfence.idempotency.gc.deleted") != "{key}" {
-		t.Errorf("gc.deleted = %d (unit %q), want 3", n, m.Unit("pgfence.idempotency.gc.deleted"))
+	if n := m.Sum("pgfence.idempotency.operations", attribute.String("pgfence.operation", "gc_deleted")); n != 3 {
+		t.Errorf("gc_deleted = %d, want 3", n)
 	}
-	spans := p.Ended("pgfence.idempotency.gc")
-	if len(spans) != 2 {
+	if n := m.Sum("pgfence.idempotency.operations", attribute.String("pgfence.operation", "gc"), attribute.String("pgfence.outcome", "ok")); n != 2 {
+		t.Errorf("gc operations = %d, want 2", n)
+	}
+	if spans := p.Ended("pgfence.idempotency.gc"); len(spans) != 2 {
 		t.Fatalf("%d gc spans, want 2", len(spans))
-	}
-	if v, _ := telemetrytest.Attr(spans[0], "pgfence.idempotency.gc.deleted"); v.AsInt64() != 3 {
-		t.Errorf("first gc span deleted %d, want 3", v.AsInt64())
-	}
-	if v, _ := telemetrytest.Attr(spans[0], "pgfence.idempotency.gc.batches"); v.AsInt64() != 2 {
-		t.Errorf("first gc span batches %d, want 2", v.AsInt64())
 	}
 	if !strings.Contains(logs.String(), "deleted=3 batches=2") || !strings.Contains(logs.String(), "deleted=0 batches=1") {
 		t.Errorf("gc log:\n%s", logs.String())
@@ -165,14 +161,14 @@ func TestLeaseExtensionTelemetry(t *testing.T) {
 	}
 	expireLease(t, pool, "k")
 	claimNew(t, store, pool, req) // takes the key over
-	if err := a.Heartbeat(ctx); !errors.Is(err, idempotency.ErrNotOwner) {
+	if err := a.Heartbeat(ctx); !errors.Is(err, idempotency.ErrLeaseLost) {
 		t.Fatalf("late heartbeat: %v", err)
 	}
 	m := p.Metrics(t)
 	for _, want := range []struct{ op, outcome string }{{"heartbeat", "ok"}, {"advance", "ok"}, {"heartbeat", "not_owner"}} {
-		if n := m.Sum("pgfence.idempotency.lease_extensions", attribute.String("pgfence.operation", want.op),
+		if n := m.Sum("pgfence.idempotency.operations", attribute.String("pgfence.operation", want.op),
 			attribute.String("pgfence.outcome", want.outcome)); n != 1 {
-			t.Errorf("lease_extensions{%s,%s} = %d, want 1", want.op, want.outcome, n)
+			t.Errorf("operations{%s,%s} = %d, want 1", want.op, want.outcome, n)
 		}
 	}
 	beats := p.Ended("pgfence.idempotency.heartbeat")

@@ -8,8 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/driver"
 )
 
 // Defaults for [RecoverOptions].
@@ -113,7 +112,7 @@ func (s *Store) Abandoned(ctx context.Context, db DB, opts *RecoverOptions) ([]A
 }
 
 func (s *Store) abandoned(ctx context.Context, db DB, o RecoverOptions) ([]AbandonedKey, error) {
-	if err := pgerr.NilHandle(db); err != nil {
+	if err := driver.NilHandle(db); err != nil {
 		return nil, err
 	}
 	q, ok := db.(interface {
@@ -194,7 +193,7 @@ func (s *Store) Recover(ctx context.Context, db DB, opts *RecoverOptions, fn Rec
 	if err != nil {
 		return res, err
 	}
-	ctx, done := s.tel.recoverSpan(ctx)
+	ctx, done := s.tel.recovered(ctx)
 	defer func() { done(&res, err) }()
 	keys, err := s.abandoned(ctx, db, o)
 	if err != nil {
@@ -218,7 +217,7 @@ func (s *Store) Recover(ctx context.Context, db DB, opts *RecoverOptions, fn Rec
 			"epoch", a.epoch, "recovery_point", a.RecoveryPoint())
 		if fn == nil {
 			f := &Failure{Code: CodeAbandoned, Message: abandonedMessage(a.RecoveryPoint())}
-			if _, err := a.Fail(ctx, f); errors.Is(err, ErrNotOwner) {
+			if _, err := a.Fail(ctx, f); errors.Is(err, ErrLeaseLost) {
 				res.Skipped++ // its lease ran out under us and somebody took it
 				continue
 			} else if err != nil {
@@ -288,7 +287,7 @@ func (s *Store) resume(ctx context.Context, a *Attempt, fn RecoverFunc) (_ recov
 		switch {
 		case ferr == nil:
 			return recoverResumed, nil
-		case errors.Is(ferr, ErrNotOwner):
+		case errors.Is(ferr, ErrLeaseLost):
 			return 0, nil // fn completed the key after all, or lost it
 		case errors.Is(ferr, ErrInvalid):
 			s.tel.log.WarnContext(ctx, "idempotency: recover: the failure could not be stored; key released",
@@ -323,7 +322,7 @@ func (s *Store) resume(ctx context.Context, a *Attempt, fn RecoverFunc) (_ recov
 }
 
 func (s *Store) release(ctx context.Context, a *Attempt) (recoverOutcome, error) {
-	if err := a.Release(ctx); err != nil && !errors.Is(err, ErrNotOwner) {
+	if err := a.Release(ctx); err != nil && !errors.Is(err, ErrLeaseLost) {
 		return 0, err
 	}
 	return recoverReleased, nil

@@ -21,7 +21,6 @@ import (
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
-	"github.com/pgfence/pgfence/pgfence/sqlfence"
 )
 
 // An atomicConnector runs Store.Do (pgx) or Store.DoSQL (database/sql, over
@@ -375,7 +374,7 @@ func TestDoSQLWithFencedWriteInCallerTransaction(t *testing.T) {
 				}
 				defer tx.Rollback()
 				_, err = store.DoSQL(ctx, tx, req, func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
-					_, err := sqlfence.WriteToken(ctx, tx, "orders/order-1", token, func(ctx context.Context, tx *sql.Tx) error {
+					_, err := pgfence.WriteSQL(ctx, tx, pgfence.LeaseOf("orders/order-1", "", token), func(ctx context.Context, tx *sql.Tx) error {
 						_, err := tx.ExecContext(ctx, `INSERT INTO charges (order_id, amount) VALUES ('order-1', 5)`)
 						return err
 					})

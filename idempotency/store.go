@@ -11,28 +11,17 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pgfence/pgfence/internal/driver"
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
-// DB is what the package needs from a connection. *pgxpool.Pool, *pgx.Conn and
-// [pgx.Tx] satisfy it; with a pgx.Tx the work runs inside the caller's
-// transaction (under a savepoint).
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-var (
-	_ DB = (*pgxpool.Pool)(nil)
-	_ DB = (*pgx.Conn)(nil)
-	_ DB = pgx.Tx(nil)
-)
+// DB is what the package runs on: a *pgxpool.Pool, a *pgx.Conn, or the
+// caller's [pgx.Tx] (the work then runs inside the caller's transaction,
+// under a savepoint).
+type DB = driver.PgxDB
 
 // Defaults for [Config].
 const (
@@ -329,20 +318,21 @@ func (f *Failure) check() error {
 	return nil
 }
 
-// Errors. The shared sentinels are the same values as in the other pgfence
-// packages, so errors.Is works with either name.
+// Errors. ErrMismatch and ErrInProgress are this package's failures; the
+// others are the same values as package pgfence's sentinels of the same
+// names (github.com/pgfence/pgfence/pgfence), repeated here so that a caller
+// of this package needs no second import: errors.Is works with either name.
 var (
 	// ErrMismatch: the key was used before with a different payload. The stored
 	// result is not shown. PF004 from SQL.
-	ErrMismatch = errors.New("idempotency: key reused with a different request")
+	ErrMismatch = pgerr.ErrMismatch
 	// ErrInProgress: another attempt holds the key. Errors carrying it are
 	// [*InProgressError]s with a retry hint. PF007 from SQL.
-	ErrInProgress = errors.New("idempotency: key in progress")
-	// ErrNotOwner: a leased call from an attempt that no longer owns the key
+	ErrInProgress = pgerr.ErrInProgress
+	// ErrLeaseLost: a leased call from an attempt that no longer owns the key
 	// (its lease expired and another attempt took over, it released the key, or
 	// the key is completed). PF002 from SQL.
-	ErrNotOwner = errors.New("idempotency: not the current owner of the key")
-
+	ErrLeaseLost = pgerr.ErrLeaseLost
 	// ErrIsolation: the transaction is not READ COMMITTED (PF010, 40001).
 	ErrIsolation = pgerr.ErrIsolation
 	// ErrOutcomeUnknown: the connection broke after a commit was sent; retry the
@@ -389,60 +379,19 @@ func classify(err error, sent bool) error {
 		// attempt claimed on a transaction cannot outlive it.
 		return fmt.Errorf("%w: the transaction given as db has ended (claim on a pool or a connection): %w", ErrInvalid, err)
 	}
-	switch pgerr.Code(err) {
-	case pgerr.CodeKeyMismatch:
-		return fmt.Errorf("%w: %w", ErrMismatch, err)
-	case pgerr.CodeKeyInProgress:
-		return fmt.Errorf("%w: %w", ErrInProgress, err)
-	case pgerr.CodeLeaseNotHeld:
-		return fmt.Errorf("%w: %w", ErrNotOwner, err)
-	}
 	return pgerr.Classify(err, sent)
 }
 
 // acquire returns what a statement that commits on its own runs on: db
 // itself, or for a pool one of its connections, with the function that gives
-// it back. A pool that gives no connection (the context ended while it was
-// exhausted, or before the call; the pool is closed) has sent nothing, so
-// that error is never an unknown outcome, which it would be if the pool's
-// own QueryRow reported it after the statement was handed over.
+// it back; a pool that gives none sent nothing.
 func acquire(ctx context.Context, db DB) (DB, func(), error) {
-	p, ok := db.(*pgxpool.Pool)
-	if !ok {
-		return db, func() {}, nil
+	c, release, err := driver.Conn(ctx, db)
+	if err != nil || c == nil {
+		return db, release, err
 	}
-	c, err := p.Acquire(ctx)
-	if err != nil {
-		classified := classify(err, false)
-		if errors.Is(classified, ErrUnavailable) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			return nil, nil, classified
-		}
-		return nil, nil, fmt.Errorf("%w: %w", ErrUnavailable, err) // the pool is closed
-	}
-	return c, c.Release, nil
+	return c, release, nil
 }
-
-// begin starts a READ COMMITTED transaction on db, or a savepoint when db is a
-// transaction (whose isolation the claim checks).
-func begin(ctx context.Context, db DB) (pgx.Tx, error) {
-	if b, ok := db.(interface {
-		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
-	}); ok {
-		return b.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	}
-	return db.Begin(ctx)
-}
-
-func rollback(tx pgx.Tx) {
-	// A rollback after a failed statement or a broken connection may fail too;
-	// the transaction is gone either way (a broken connection is discarded).
-	ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
-	defer cancel()
-	_ = tx.Rollback(ctx)
-}
-
-// rollbackTimeout bounds a ROLLBACK sent after a failure.
-const rollbackTimeout = 5 * time.Second
 
 func micros(d time.Duration) int64 { return d.Microseconds() }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/pgfence"
 )
 
 // Client grants, renews and releases leases on one database. It is safe for
@@ -24,7 +25,11 @@ type Client struct {
 	tel  *instruments
 
 	closing chan struct{}  // closed by Close
-	bg      sync.WaitGroup // background read-backs of lost grant replies
+	bg      sync.WaitGroup // keep-alives, background read-backs of lost grant replies
+
+	// lifetime ends when the client is closed: the keep-alives stop.
+	lifetime context.Context
+	stop     context.CancelFunc
 
 	// seenEpoch is the highest token epoch (timeline, token >> 40) of any
 	// grant this client received. A grant from a lower epoch comes from a
@@ -47,6 +52,8 @@ type Client struct {
 	windows  map[string]time.Duration // hold-back window after a wake-up, per contended key
 	listener *listener                // started by the first waiting Acquire or Watch
 	watchers map[string][]*Watcher    // running watches per key
+
+	onEvent func(event) // tests observe transitions (export_test.go)
 }
 
 // New returns a client on pool. A nil cfg uses the defaults. The pool is the
@@ -59,23 +66,30 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	lifetime, stop := context.WithCancel(context.Background())
 	return &Client{
-		pool:    pool,
-		cfg:     resolved,
-		log:     resolved.Logger,
-		tel:     newTelemetry(&resolved),
-		closing: make(chan struct{}),
-		queues:  make(map[string]*queue),
-		windows: make(map[string]time.Duration),
+		pool:     pool,
+		cfg:      resolved,
+		log:      resolved.Logger,
+		tel:      newTelemetry(&resolved),
+		closing:  make(chan struct{}),
+		lifetime: lifetime,
+		stop:     stop,
+		queues:   make(map[string]*queue),
+		windows:  make(map[string]time.Duration),
 	}, nil
 }
 
+// Pool is the pool the client was made with.
+func (c *Client) Pool() *pgxpool.Pool { return c.pool }
+
 // Close stops the client's LISTEN connection and makes waiting Acquire calls
 // and watches end with [ErrClosed]; every later call of the client's methods
-// returns [ErrClosed] without sending anything. Leases already granted stay
-// valid, and their own methods ([Lease.Renew], [Lease.Release],
-// [Lease.SetHolderInfo]) keep working, so that a lease can still be
-// released; release them first.
+// returns [ErrClosed] without sending anything. It stops the keep-alives of
+// the leases the client granted (and waits for them): a lease not released
+// first then expires after its TTL. Those leases' own methods
+// ([Lease.Renew], [Lease.Release], [Lease.SetHolderInfo]) keep working, so
+// that a lease can still be released; release them first.
 // It waits for the background read-backs of lost grant replies that started
 // before it was called, and for the release of a grant one of them finds
 // that nobody received, each bounded by [Config.ResolveTimeout], and for
@@ -88,6 +102,7 @@ func (c *Client) Close() error {
 	}
 	c.closed = true
 	close(c.closing)
+	c.stop() // the keep-alives
 	l := c.listener
 	c.mu.Unlock()
 	if l != nil {
@@ -100,7 +115,7 @@ func (c *Client) Close() error {
 // conn takes a connection from the pool for one statement. When it fails,
 // nothing was sent, for certain: the error is the context's cause when ctx
 // ended (the caller's deadline, not an outage), else it wraps
-// [ErrUnavailable] (the database could not be reached, or the pool is closed).
+// [pgfence.ErrUnavailable] (the database could not be reached, or the pool is closed).
 func (c *Client) conn(ctx context.Context) (*pgxpool.Conn, error) {
 	conn, err := c.pool.Acquire(ctx)
 	switch {
@@ -109,10 +124,10 @@ func (c *Client) conn(ctx context.Context) (*pgxpool.Conn, error) {
 	case ctx.Err() != nil:
 		return nil, context.Cause(ctx)
 	}
-	if classified := pgerr.Classify(err, false); errors.Is(classified, ErrUnavailable) {
+	if classified := pgerr.Classify(err, false); errors.Is(classified, pgfence.ErrUnavailable) {
 		return nil, classified
 	}
-	return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	return nil, fmt.Errorf("%w: %w", pgfence.ErrUnavailable, err)
 }
 
 // now reads the client's clock: time.Now (shifted by clockOffset in tests).
@@ -133,45 +148,57 @@ func (c *Client) isClosed() bool {
 	return c.closed
 }
 
-func (c *Client) acquireArgs(key string, ttl time.Duration, opts *AcquireOptions) (margin time.Duration, info string, err error) {
-	if err := validateKey(key); err != nil {
-		return 0, "", err
+// Check reports what [Client.Acquire] (or [Client.Do]) would refuse for
+// key, ttl and opts before anything is sent, including what only the
+// keep-alive would meet after the grant (a renewal interval the TTL leaves no
+// room for): the error wraps [pgfence.ErrInvalid] and names the argument.
+// Helpers that take a lease later (an election, a job runner) call it when
+// they are built.
+func (c *Client) Check(key string, ttl time.Duration, opts *AcquireOptions) error {
+	_, _, _, err := c.acquireArgs(key, ttl, opts)
+	if errors.Is(err, ErrClosed) {
+		return nil
 	}
-	if margin, err = c.validateTTL(ttl); err != nil {
-		return 0, "", err
-	}
-	info = c.cfg.HolderInfo
-	if opts != nil {
-		if opts.MaxWait < 0 {
-			return 0, "", invalid("AcquireOptions.MaxWait", "must not be negative, got %s", opts.MaxWait)
-		}
-		if len(opts.HolderInfo) > MaxHolderInfoBytes {
-			return 0, "", invalid("AcquireOptions.HolderInfo", "must be at most %d bytes, got %d", MaxHolderInfoBytes, len(opts.HolderInfo))
-		}
-		if err := validText("AcquireOptions.HolderInfo", opts.HolderInfo); err != nil {
-			return 0, "", err
-		}
-		if opts.HolderInfo != "" {
-			info = opts.HolderInfo
-		}
-	}
-	if c.isClosed() {
-		return 0, "", ErrClosed
-	}
-	return margin, info, nil
+	return err
 }
 
-// TryAcquire makes one attempt to get the lease on key for ttl. When another
-// holder has it, the error is a [*HeldError] (errors.Is(err, [ErrLeaseHeld]))
-// with the time it has left. MaxWait in opts is ignored.
+func (c *Client) acquireArgs(key string, ttl time.Duration, opts *AcquireOptions) (margin time.Duration, info string, o AcquireOptions, err error) {
+	if err := validateKey(key); err != nil {
+		return 0, "", o, err
+	}
+	if margin, err = c.validateTTL(ttl); err != nil {
+		return 0, "", o, err
+	}
+	if o, err = opts.check(ttl, margin); err != nil {
+		return 0, "", o, err
+	}
+	info = c.cfg.HolderInfo
+	if o.HolderInfo != "" {
+		info = o.HolderInfo
+	}
+	if c.isClosed() {
+		return 0, "", o, ErrClosed
+	}
+	return margin, info, o, nil
+}
+
+// TryAcquire makes one attempt to get the lease on key for ttl, and keeps it
+// alive as opts says (see [AcquireOptions]). When another holder has it, the
+// error is a [*HeldError] (errors.Is(err, [pgfence.ErrLeaseHeld])) with the
+// time it has left.
 func (c *Client) TryAcquire(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions) (l *Lease, err error) {
 	ctx, done := c.tel.startAcquire(ctx, key, ttl, false)
 	defer func() { done(l, err) }()
-	margin, info, err := c.acquireArgs(key, ttl, opts)
+	margin, info, o, err := c.acquireArgs(key, ttl, opts)
 	if err != nil {
 		return nil, err
 	}
-	return c.tryAcquire(ctx, key, ttl, margin, info, opts != nil && opts.Announce)
+	l, err = c.tryAcquire(ctx, key, ttl, margin, info, o.Announce)
+	if err != nil {
+		return nil, err
+	}
+	l.keepAlive(o)
+	return l, nil
 }
 
 // background runs f in a goroutine that Close waits for. Once Close has been
@@ -194,7 +221,11 @@ func (c *Client) background(f func()) {
 }
 
 // Acquire gets the lease on key for ttl, waiting while another holder has it
-// until ctx ends (or opts.MaxWait passes). Waiting is cheap: within a client,
+// until ctx ends (or opts.MaxWait passes), and keeps it alive as opts says:
+// renewed in the background until it is released or lost, for at most
+// [AcquireOptions.MaxHold], one hour by default: a holder that means to hold
+// the key for longer (a singleton worker) sets it, or [NoMaxHold]. Release
+// it when done. Waiting is cheap: within a client,
 // only the first waiter for a key polls (the others queue behind it in FIFO
 // order; fair waiters each poll, see [AcquireOptions.Fair]); it retries with
 // capped exponential backoff and full jitter, right after the holder's
@@ -208,24 +239,36 @@ func (c *Client) background(f func()) {
 //
 // While an operator has paused new grants for the key's prefix
 // ([Client.PauseGrants]), it waits the same way and is woken by the resume;
-// if its deadline comes first, the error usually wraps [ErrGrantsPaused].
+// if its deadline comes first, the error usually wraps [pgfence.ErrGrantsPaused].
 //
 // When it gives up, the error wraps the context's error and the last attempt's
 // (usually a [*HeldError]).
-func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions) (l *Lease, err error) {
-	ctx, done := c.tel.startAcquire(ctx, key, ttl, true)
-	defer func() { done(l, err) }()
-	margin, info, err := c.acquireArgs(key, ttl, opts)
+func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions) (*Lease, error) {
+	if opts != nil && opts.TryOnce {
+		return c.TryAcquire(ctx, key, ttl, opts)
+	}
+	margin, info, o, err := c.acquireArgs(key, ttl, opts)
 	if err != nil {
 		return nil, err
 	}
-	if opts != nil && opts.MaxWait > 0 {
+	l, err := c.acquire(ctx, key, ttl, margin, info, o)
+	if err != nil {
+		return nil, err
+	}
+	l.keepAlive(o)
+	return l, nil
+}
+
+func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Duration, info string, o AcquireOptions) (l *Lease, err error) {
+	ctx, done := c.tel.startAcquire(ctx, key, ttl, true)
+	defer func() { done(l, err) }()
+	if o.MaxWait > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, opts.MaxWait)
+		ctx, cancel = context.WithTimeout(ctx, o.MaxWait)
 		defer cancel()
 	}
-	fair := opts != nil && opts.Fair
-	announce := opts != nil && opts.Announce
+	fair := o.Fair
+	announce := o.Announce
 	c.startListener()
 	w := c.enqueue(key, fair, grantTerms{ttl: ttl, margin: margin, info: info})
 	defer func() {
@@ -313,7 +356,7 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 			var held *HeldError
 			switch {
 			case ctx.Err() != nil:
-				if last != nil && errors.Is(err, context.Cause(ctx)) && !errors.Is(err, ErrOutcomeUnknown) {
+				if last != nil && errors.Is(err, context.Cause(ctx)) && !errors.Is(err, pgfence.ErrOutcomeUnknown) {
 					// This attempt ended with the context and says nothing
 					// about the key: report the last one that got an answer.
 					err = last
@@ -324,9 +367,9 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 				if woken {
 					c.adapt(key, false) // lost the race that followed a release or expiry
 				}
-			case errors.Is(err, ErrUnavailable), errors.Is(err, ErrOutcomeUnknown):
+			case errors.Is(err, pgfence.ErrUnavailable), errors.Is(err, pgfence.ErrOutcomeUnknown):
 				// Transient: retry with backoff until the deadline.
-			case errors.Is(err, ErrGrantsPaused):
+			case errors.Is(err, pgfence.ErrGrantsPaused):
 				// A kill switch is temporary too: wait for the resume like for
 				// a holder, until the deadline (the error then wraps it).
 			default:
@@ -341,7 +384,7 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 		if woken, adopted, stop = c.waitTurn(ctx, w, attempt, remaining); adopted != nil {
 			// An attempt of this client whose reply was lost did get the
 			// key, and was settled in the background meanwhile.
-			c.emit(Event{Kind: EventAcquired, Key: key, Holder: adopted.holder, Token: adopted.token, Duration: c.since(adopted.start)})
+			c.emit(event{Kind: eventAcquired, Key: key, Holder: adopted.holder, Token: adopted.token, Duration: c.since(adopted.start)})
 			return adopted, nil
 		}
 		if stop != nil {
@@ -429,7 +472,7 @@ func (c *Client) queueTurn(ctx context.Context, key, waiter string) error {
 // leaveQueue removes a fair waiter from key's queue, granted or not. If it
 // fails, the row expires after the queue patience. A waiter that gives up at
 // the head of the queue wakes the others (locally and through
-// NotifyChannel): the next one may find the key free, and would otherwise
+// notifyChannel): the next one may find the key free, and would otherwise
 // sleep until its next poll, as no release is coming to wake it.
 func (c *Client) leaveQueue(ctx context.Context, key, waiter string, gaveUpAtHead bool) {
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
@@ -438,6 +481,6 @@ func (c *Client) leaveQueue(ctx context.Context, key, waiter string, gaveUpAtHea
 		_, _ = c.pool.Exec(lctx, sqlQueueLeave, key, waiter)
 		return
 	}
-	_, _ = c.pool.Exec(lctx, sqlQueueLeaveWake, key, waiter, NotifyChannel)
+	_, _ = c.pool.Exec(lctx, sqlQueueLeaveWake, key, waiter, notifyChannel)
 	c.wake(key)
 }

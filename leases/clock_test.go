@@ -52,7 +52,8 @@ func TestTrustWindowIgnoresClientWallClock(t *testing.T) {
 			key := "clock" + offset.String()
 
 			t0 := time.Now()
-			l, err := c.TryAcquire(ctx, key, ttl, nil)
+			// Renewed once by hand, then left to run out.
+			l, err := c.TryAcquire(ctx, key, ttl, manual())
 			if err != nil {
 				t.Fatal(err)
 			}

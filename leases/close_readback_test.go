@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -127,10 +128,10 @@ func TestCloseWhileGrantRepliesAreLost(t *testing.T) {
 	// The first attempt could not be settled in its ResolveTimeout (the proxy
 	// refused the read-back): its outcome is unknown. The second found its
 	// grant, or reports what stopped it, as documented.
-	if e1 := <-first; !errors.Is(e1, leases.ErrOutcomeUnknown) {
+	if e1 := <-first; !errors.Is(e1, pgfence.ErrOutcomeUnknown) {
 		t.Errorf("first attempt: %v, want ErrOutcomeUnknown", e1)
 	}
-	if e2 := <-second; e2 != nil && !errors.Is(e2, leases.ErrOutcomeUnknown) && !errors.Is(e2, leases.ErrUnavailable) && !errors.Is(e2, leases.ErrClosed) {
+	if e2 := <-second; e2 != nil && !errors.Is(e2, pgfence.ErrOutcomeUnknown) && !errors.Is(e2, pgfence.ErrUnavailable) && !errors.Is(e2, leases.ErrClosed) {
 		t.Errorf("second attempt: %v, want a lease, ErrOutcomeUnknown, ErrUnavailable or ErrClosed", e2)
 	}
 }

@@ -3,6 +3,7 @@ package leases
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -13,7 +14,7 @@ import (
 )
 
 // Limits on input. The client checks them before any round trip and returns
-// an [ErrInvalid] error naming the argument and the limit; the SQL functions
+// an [pgfence.ErrInvalid] error naming the argument and the limit; the SQL functions
 // enforce the same limits for other clients (PF008, pgfence.lease_check_args),
 // and a test compares the two.
 const (
@@ -32,7 +33,7 @@ const (
 	MaxHolderInfoBytes = 1024
 )
 
-// Defaults for [Config], [AcquireOptions] and [KeepAliveOptions] fields left zero.
+// Defaults for [Config] and [AcquireOptions] fields left zero.
 const (
 	// MaxTTLDefault is the default largest TTL a client accepts.
 	MaxTTLDefault = time.Hour
@@ -52,33 +53,33 @@ const (
 	// function returns.
 	ReleaseTimeoutDefault = 5 * time.Second
 
-	// RenewFractionDefault: keep-alive renews every TTL/RenewFractionDefault.
+	// RenewFractionDefault: a lease is renewed every TTL/RenewFractionDefault.
 	RenewFractionDefault = 3
 	// MaxFailuresDefault is how many renewals in a row may fail before
 	// keep-alive gives up and ends the lease's context.
 	MaxFailuresDefault = 3
-	// MaxHoldDefault is the longest keep-alive keeps a lease.
+	// MaxHoldDefault is the longest a lease is kept alive.
 	MaxHoldDefault = time.Hour
 
-	// NotifyChannel is the channel pgfence.release and pgfence.force_release
+	// notifyChannel is the channel pgfence.release and pgfence.force_release
 	// notify, with the key as payload.
-	NotifyChannel = "pgfence_lease_released"
-	// GrantNotifyChannel is the channel a grant notifies when the waiter that
+	notifyChannel = "pgfence_lease_released"
+	// grantNotifyChannel is the channel a grant notifies when the waiter that
 	// won it had already lost a race for the key and [Config.AnnounceGrants]
 	// is on, or when it was asked to ([AcquireOptions.Announce]), with the payload "<lease length in
 	// microseconds>:<key>". Other clients' waiters woken by the same release
 	// hear it and skip their attempt; watchers read the grant.
-	GrantNotifyChannel = "pgfence_lease_granted"
-	// ChangeNotifyChannel is the channel on which a live grant announces that
-	// it changed: after an announced renewal ([KeepAliveOptions.Announce])
+	grantNotifyChannel = "pgfence_lease_granted"
+	// changeNotifyChannel is the channel on which a live grant announces that
+	// it changed: after a renewal of a lease granted with [AcquireOptions.Announce]
 	// "renewed:<remaining µs>:<token>:<expiry µs>:<tag>:<key>", signed by
 	// pgfence.announce_renewal (watchers believe it only when the tag checks
 	// out); "info_changed:<remaining µs>:<key>" after [Lease.SetHolderInfo].
 	// Watchers move their timers to the new expiry, and read the change.
-	ChangeNotifyChannel = "pgfence_lease_changed"
-	// ListenerApplicationName is the application_name of a client's LISTEN
+	changeNotifyChannel = "pgfence_lease_changed"
+	// listenerApplicationName is the application_name of a client's LISTEN
 	// connection.
-	ListenerApplicationName = "pgfence-leases-listener"
+	listenerApplicationName = "pgfence-leases-listener"
 )
 
 // Config configures a [Client]. A nil *Config and zero fields use the defaults.
@@ -86,12 +87,6 @@ type Config struct {
 	// Logger receives one debug event per lease transition and warnings when a
 	// lease is lost. Default: discard.
 	Logger *slog.Logger
-	// OnEvent, if set, is called synchronously for every [Event] (after the
-	// transition); it must return quickly. Use it to attach metrics. It may
-	// call the client's and its leases' methods (a Release of the lease the
-	// event is about returns that release's result), but not [Client.Close],
-	// which waits for the goroutines that report some of the events.
-	OnEvent func(Event)
 	// MeterProvider receives the client's metrics (see the Observability
 	// section of the pgfence package's README). Default: the global otel.GetMeterProvider(),
 	// a no-op until the application sets one.
@@ -223,14 +218,27 @@ func (c *Config) resolve() (Config, error) {
 	return cfg, nil
 }
 
-// AcquireOptions tunes one [Client.Acquire] or [Client.TryAcquire] call. A nil
-// *AcquireOptions uses the defaults.
+// AcquireOptions says how a lease is taken and kept: by [Client.Acquire],
+// [Client.TryAcquire] and [Client.Do], and (embedded in their configurations)
+// by an election and a job runner. A nil *AcquireOptions uses the defaults.
+//
+// A granted lease is kept alive in the background: renewed every
+// RenewInterval until it is released, lost, held for MaxHold, or
+// MaxFailures renewals in a row failed (its context then ends and says why),
+// or until the client is closed. NoKeepAlive leaves the renewals to the
+// caller ([Lease.Renew]).
 type AcquireOptions struct {
-	// MaxWait bounds how long Acquire waits, on top of the context's deadline.
-	// Zero: until the context ends. TryAcquire ignores it.
+	// MaxWait bounds the wait for the lease on its own, whatever is left of
+	// the context's deadline; zero waits as long as the context lives. The
+	// error after it wraps [context.DeadlineExceeded] and the last attempt's
+	// error.
 	MaxWait time.Duration
-	// HolderInfo describes this holder in the lease row. Default:
-	// [Config.HolderInfo].
+	// TryOnce makes one attempt instead of waiting, as [Client.TryAcquire]
+	// does: when another holder has the lease the error is a [*HeldError]
+	// (errors.Is [pgfence.ErrLeaseHeld]). MaxWait and Fair do not apply.
+	TryOnce bool
+	// HolderInfo describes this holder in the lease row and the grant's event
+	// (at most [MaxHolderInfoBytes]). Default: [Config.HolderInfo].
 	HolderInfo string
 	// Fair makes Acquire wait its turn in a queue in the database
 	// (pgfence.lease_waiters), so fair waiters of every client and process
@@ -239,38 +247,81 @@ type AcquireOptions struct {
 	// polls even while another waiter of its client waits for the same key.
 	// It costs one small non-durable write per poll, and it orders fair
 	// waiters only: a TryAcquire or a non-fair Acquire can still take a free
-	// lease first. TryAcquire ignores it.
+	// lease first.
 	Fair bool
-	// Announce makes the grant send NOTIFY pgfence_lease_granted (see
-	// [GrantNotifyChannel]), whatever [Config.AnnounceGrants] says, so that
-	// watchers ([Client.Watch]) read it at once and waiters of other clients
-	// set their timers to its expiry. It costs a notification that wakes
-	// every listening session: use it for keys whose grants others follow
-	// (an election), not for hot keys.
+	// Announce makes the grant send NOTIFY pgfence_lease_granted (with the
+	// lease's length and key), whatever [Config.AnnounceGrants] says, and
+	// every renewal a signed announcement of the new expiry on
+	// pgfence_lease_changed, so that watchers ([Client.Watch]) read the grant
+	// at once and wait for the new expiry instead of polling, and waiters of
+	// other clients set their timers to it. It costs a notification that
+	// wakes every listening session per grant and renewal: use it for keys
+	// whose grants others follow (an election), not for hot keys.
 	Announce bool
+
+	// RenewInterval is the time between two renewals. Default: the TTL /
+	// [RenewFractionDefault]. It must be below the TTL minus the safety
+	// margin.
+	RenewInterval time.Duration
+	// MaxHold is the longest the lease is kept alive, counted from the
+	// grant; then its context ends with [ErrMaxHold]. Default
+	// [MaxHoldDefault] (one hour), [NoMaxHold] for no limit. Work that may
+	// run longer must raise it.
+	MaxHold time.Duration
+	// MaxFailures is how many renewals in a row may fail (database
+	// unreachable, outcome unknown) before the keep-alive gives up and ends
+	// the lease's context. Default [MaxFailuresDefault].
+	MaxFailures int
+	// NoKeepAlive grants the lease without keeping it alive: it expires
+	// after its TTL unless the caller renews it ([Lease.Renew]).
+	NoKeepAlive bool
 }
 
-// KeepAliveOptions tunes [Lease.KeepAlive]. A nil *KeepAliveOptions uses the
-// defaults.
-type KeepAliveOptions struct {
-	// Interval between renewals. Default: TTL/[RenewFractionDefault]. It must be
-	// below the TTL minus the safety margin.
-	Interval time.Duration
-	// MaxHold is the longest total time, from the grant, keep-alive keeps the
-	// lease; then it stops and ends the lease's context with [ErrMaxHold].
-	// Default [MaxHoldDefault]; [NoMaxHold] keeps it for as long as
-	// KeepAlive's context lives.
-	MaxHold time.Duration
-	// MaxFailures is how many renewals in a row may fail (database unreachable,
-	// outcome unknown) before keep-alive gives up and ends the lease's context.
-	// Default [MaxFailuresDefault].
-	MaxFailures int
-	// Announce makes every renewal send a signed announcement of the new
-	// expiry on [ChangeNotifyChannel] in the renewal's statement
-	// (pgfence.announce_renewal): watchers of the key ([Client.Watch]) then
-	// wait for the new expiry instead of reading the lease again at the old
-	// one. One notification per renewal, whatever the number of watchers.
-	Announce bool
+// NoMaxHold, as [AcquireOptions.MaxHold], keeps a lease alive for as long as
+// it is held: for an elected leader, whose term should last until it resigns
+// or fails.
+const NoMaxHold = time.Duration(math.MaxInt64)
+
+// check validates o for a lease of ttl with the safety margin margin, and
+// returns it with its defaults filled in.
+func (o *AcquireOptions) check(ttl, margin time.Duration) (AcquireOptions, error) {
+	var v AcquireOptions
+	if o != nil {
+		v = *o
+	}
+	switch {
+	case v.MaxWait < 0:
+		return v, invalid("AcquireOptions.MaxWait", "must not be negative, got %s", v.MaxWait)
+	case v.TryOnce && v.MaxWait > 0:
+		return v, invalid("AcquireOptions.MaxWait", "has no effect with TryOnce (which never waits), got %s", v.MaxWait)
+	case v.TryOnce && v.Fair:
+		return v, invalid("AcquireOptions.Fair", "has no effect with TryOnce (which never waits in the queue)")
+	case len(v.HolderInfo) > MaxHolderInfoBytes:
+		return v, invalid("AcquireOptions.HolderInfo", "must be at most %d bytes, got %d", MaxHolderInfoBytes, len(v.HolderInfo))
+	case v.RenewInterval < 0:
+		return v, invalid("AcquireOptions.RenewInterval", "must not be negative, got %s", v.RenewInterval)
+	case v.RenewInterval > 0 && v.RenewInterval < MinInterval:
+		return v, invalid("AcquireOptions.RenewInterval", "must be at least %s (0 for the default), got %s", MinInterval, v.RenewInterval)
+	case v.RenewInterval >= ttl-margin:
+		return v, invalid("AcquireOptions.RenewInterval", "must be below the TTL minus the safety margin (%s), got %s", ttl-margin, v.RenewInterval)
+	case v.MaxHold < 0:
+		return v, invalid("AcquireOptions.MaxHold", "must not be negative, got %s", v.MaxHold)
+	case v.MaxFailures < 0:
+		return v, invalid("AcquireOptions.MaxFailures", "must not be negative, got %d", v.MaxFailures)
+	}
+	if err := validText("AcquireOptions.HolderInfo", v.HolderInfo); err != nil {
+		return v, err
+	}
+	if v.RenewInterval == 0 {
+		v.RenewInterval = ttl / RenewFractionDefault
+	}
+	if v.MaxHold == 0 {
+		v.MaxHold = MaxHoldDefault
+	}
+	if v.MaxFailures == 0 {
+		v.MaxFailures = MaxFailuresDefault
+	}
+	return v, nil
 }
 
 // validateKey checks a lease key: 1 to [MaxKeyBytes] bytes of text

@@ -18,7 +18,7 @@ func TestCount(t *testing.T) {
 		t.Fatalf("Count with no lease = %+v, %v", n, err)
 	}
 	for _, key := range []string{"live/1", "live/2", "expired", "released"} {
-		l, err := c.TryAcquire(ctx, key, time.Minute, nil)
+		l, err := c.TryAcquire(ctx, key, time.Minute, manual()) // "expired" is backdated
 		if err != nil {
 			t.Fatal(err)
 		}

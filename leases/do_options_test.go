@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -27,7 +28,7 @@ func TestDoTryOnceSkipsHeldKey(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	ran := false
-	err = c.Do(wctx, "job", time.Second, &leases.HoldOptions{TryOnce: true}, func(context.Context, *leases.Lease) error {
+	err = c.Do(wctx, "job", time.Second, &leases.AcquireOptions{TryOnce: true}, func(context.Context, *leases.Lease) error {
 		ran = true
 		return nil
 	})
@@ -38,7 +39,7 @@ func TestDoTryOnceSkipsHeldKey(t *testing.T) {
 	if err := other.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	err = c.Do(ctx, "job", time.Second, &leases.HoldOptions{TryOnce: true}, func(context.Context, *leases.Lease) error {
+	err = c.Do(ctx, "job", time.Second, &leases.AcquireOptions{TryOnce: true}, func(context.Context, *leases.Lease) error {
 		ran = true
 		return nil
 	})
@@ -63,14 +64,14 @@ func TestDoMaxWaitBoundsOnlyTheWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	err = c.Do(ctx, "job", time.Second, &leases.HoldOptions{MaxWait: maxWait}, func(context.Context, *leases.Lease) error {
+	err = c.Do(ctx, "job", time.Second, &leases.AcquireOptions{MaxWait: maxWait}, func(context.Context, *leases.Lease) error {
 		t.Error("fn ran on a held key")
 		return nil
 	})
 	// The last attempt found the key held, or (on a loaded machine) was still
 	// in flight when the wait ended: its outcome is then unknown, and settled
 	// in the background.
-	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, leases.ErrLeaseHeld) && !errors.Is(err, leases.ErrOutcomeUnknown) {
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, pgfence.ErrLeaseHeld) && !errors.Is(err, pgfence.ErrOutcomeUnknown) {
 		t.Fatalf("MaxWait on a held key: %v; want the wait's deadline and the last attempt's ErrLeaseHeld (or ErrOutcomeUnknown)", err)
 	}
 	t.Logf("gave up after %s", time.Since(start))
@@ -79,7 +80,7 @@ func TestDoMaxWaitBoundsOnlyTheWait(t *testing.T) {
 	}
 
 	// Free: the work runs three times MaxWait and is not cancelled.
-	err = c.Do(ctx, "job", time.Second, &leases.HoldOptions{MaxWait: maxWait}, func(ctx context.Context, _ *leases.Lease) error {
+	err = c.Do(ctx, "job", time.Second, &leases.AcquireOptions{MaxWait: maxWait}, func(ctx context.Context, _ *leases.Lease) error {
 		select {
 		case <-ctx.Done():
 			return context.Cause(ctx)
@@ -112,18 +113,19 @@ func TestDoMaxWaitBoundsOnlyTheWait(t *testing.T) {
 // Nothing here depends on how fast the machine is: the renewals are awaited
 // (with a bound far below the default interval's first renewal), and MaxHold
 // is checked on work that blocks until it ends.
-func TestDoHoldOptions(t *testing.T) {
+func TestDoKeepAliveOptions(t *testing.T) {
 	checkLeaks(t)
 	pool := pgfencetest.NewPool(t)
 	renewed := make(chan struct{}, 64)
-	c := newClient(t, pool, &leases.Config{DisableWakeups: true, OnEvent: func(e leases.Event) {
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	leases.SetOnEvent(c, func(e leases.Event) {
 		if e.Kind == leases.EventRenewed {
 			select {
 			case renewed <- struct{}{}:
 			default:
 			}
 		}
-	}})
+	})
 	ctx := ctxTimeout(t, time.Minute)
 
 	// HolderInfo and RenewInterval. With a 90 s TTL the default interval
@@ -134,7 +136,7 @@ func TestDoHoldOptions(t *testing.T) {
 		t.Fatalf("default renew interval %s: the test needs it above its 15 s bound", d)
 	}
 	var info string
-	err := c.Do(ctx, "job", ttl, &leases.HoldOptions{RenewInterval: 50 * time.Millisecond, HolderInfo: "nightly on host-7"},
+	err := c.Do(ctx, "job", ttl, &leases.AcquireOptions{RenewInterval: 50 * time.Millisecond, HolderInfo: "nightly on host-7"},
 		func(ctx context.Context, l *leases.Lease) error {
 			st, err := c.Get(ctx, "job")
 			if err != nil {
@@ -162,7 +164,7 @@ func TestDoHoldOptions(t *testing.T) {
 	}
 
 	// MaxHold: work that runs until its context ends is ended by it.
-	err = c.Do(ctx, "job", 3*time.Second, &leases.HoldOptions{MaxHold: 400 * time.Millisecond},
+	err = c.Do(ctx, "job", 3*time.Second, &leases.AcquireOptions{MaxHold: 400 * time.Millisecond},
 		func(ctx context.Context, l *leases.Lease) error {
 			<-ctx.Done()
 			return nil
@@ -172,7 +174,7 @@ func TestDoHoldOptions(t *testing.T) {
 	}
 	// The limit and the option that sets it; no default, which differs by
 	// caller (an election's is NoMaxHold).
-	for _, want := range []string{"400ms", "HoldOptions.MaxHold", "raise it"} {
+	for _, want := range []string{"400ms", "AcquireOptions.MaxHold", "raise it"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("ErrMaxHold message %q does not name %q", err, want)
 		}
@@ -191,7 +193,7 @@ func TestDoFairQueues(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		done <- c.Do(ctx, "job", time.Second, &leases.HoldOptions{Fair: true}, func(context.Context, *leases.Lease) error { return nil })
+		done <- c.Do(ctx, "job", time.Second, &leases.AcquireOptions{Fair: true}, func(context.Context, *leases.Lease) error { return nil })
 	}()
 	for {
 		var n int
@@ -223,20 +225,26 @@ func TestDoRefusesOptionsBeforeTheGrant(t *testing.T) {
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
 	ctx := ctxTimeout(t, 30*time.Second)
 	fn := func(context.Context, *leases.Lease) error { t.Error("fn ran"); return nil }
-	for field, opts := range map[string]*leases.HoldOptions{
-		"HoldOptions.MaxWait":       {MaxWait: -1},
-		"HoldOptions.RenewInterval": {RenewInterval: 900 * time.Millisecond}, // TTL 1s − margin 100ms
-		"HoldOptions.MaxHold":       {MaxHold: -1},
-		"HoldOptions.MaxFailures":   {MaxFailures: -1},
-		"HoldOptions.Fair":          {TryOnce: true, Fair: true},
-		"HoldOptions.HolderInfo":    {HolderInfo: strings.Repeat("x", leases.MaxHolderInfoBytes+1)},
+	for _, tc := range []struct {
+		field string
+		opts  *leases.AcquireOptions
+	}{
+		{"AcquireOptions.MaxWait", &leases.AcquireOptions{MaxWait: -1}},
+		{"AcquireOptions.MaxWait", &leases.AcquireOptions{TryOnce: true, MaxWait: time.Second}},
+		{"AcquireOptions.RenewInterval", &leases.AcquireOptions{RenewInterval: 900 * time.Millisecond}}, // TTL 1s − margin 100ms
+		{"AcquireOptions.MaxHold", &leases.AcquireOptions{MaxHold: -1}},
+		{"AcquireOptions.MaxFailures", &leases.AcquireOptions{MaxFailures: -1}},
+		{"AcquireOptions.Fair", &leases.AcquireOptions{TryOnce: true, Fair: true}},
+		{"AcquireOptions.HolderInfo", &leases.AcquireOptions{HolderInfo: strings.Repeat("x", leases.MaxHolderInfoBytes+1)}},
+		// fn would lose its lease after one TTL.
+		{"AcquireOptions.NoKeepAlive", &leases.AcquireOptions{NoKeepAlive: true}},
 	} {
-		err := c.Do(ctx, "job", time.Second, opts, fn)
-		if !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), field) {
-			t.Errorf("%+v: %v, want ErrInvalid naming %s", opts, err, field)
+		err := c.Do(ctx, "job", time.Second, tc.opts, fn)
+		if !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%+v: %v, want ErrInvalid naming %s", tc.opts, err, tc.field)
 		}
 	}
-	if _, err := c.Get(ctx, "job"); !errors.Is(err, leases.ErrNotFound) {
+	if _, err := c.Get(ctx, "job"); !errors.Is(err, pgfence.ErrNotFound) {
 		t.Fatalf("a refused Do granted the key: %v", err)
 	}
 }
@@ -249,13 +257,14 @@ func TestErrChecksTrustWindow(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
 	ctx := ctxTimeout(t, 30*time.Second)
-	l, err := c.TryAcquire(ctx, "k", 100*time.Millisecond, nil)
+	// Not kept alive: a renewal would move the trust window.
+	l, err := c.TryAcquire(ctx, "k", 100*time.Millisecond, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
 	leases.StopTrustTimer(l)
 	time.Sleep(100 * time.Millisecond) // past the window: TTL − 10 ms
-	if err := l.Err(); !errors.Is(err, leases.ErrLeaseLost) {
+	if err := l.Err(); !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("Err after the trust window ran out: %v, want ErrLeaseLost", err)
 	}
 	select {

@@ -10,8 +10,8 @@ import (
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
-// A panicking fn does not leave its lease kept alive: Do stops the
-// keep-alive, releases the lease and lets the panic continue.
+// A panicking fn does not leave its lease kept alive: Do releases the lease
+// (which ends its keep-alive) and lets the panic continue.
 func TestDoReleasesWhenFnPanics(t *testing.T) {
 	checkLeaks(t)
 	pool := pgfencetest.NewPool(t)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -37,7 +38,7 @@ func TestDoFnReleasesLease(t *testing.T) {
 		_ = l.Release(context.Background())
 		return nil
 	})
-	if !errors.Is(err, leases.ErrLeaseLost) {
+	if !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("Do whose lease was force-released: %v, want ErrLeaseLost", err)
 	}
 }

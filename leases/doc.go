@@ -3,14 +3,16 @@
 //
 // A [Client] on a [github.com/jackc/pgx/v5/pgxpool.Pool] acquires a lease ([Client.TryAcquire] once,
 // [Client.Acquire] waiting until the context's deadline), and the [Lease] it
-// returns is renewed ([Lease.Renew], or [Lease.KeepAlive] in the background)
-// and released ([Lease.Release]). [Client.Do] runs a function under a
-// kept-alive lease and cancels its context when the lease is lost.
+// returns is kept alive in the background until it is released
+// ([Lease.Release]), lost, held for [AcquireOptions.MaxHold], or the client
+// is closed; with [AcquireOptions.NoKeepAlive] the caller renews it
+// ([Lease.Renew]). [Client.Do] runs a function under a lease and cancels its
+// context when the lease ends.
 // [Client.List], [Client.Get], [Client.History] and [Client.ForceRelease] are
 // for inspection and operators; [Client.PauseGrants] and [Client.ResumeGrants]
 // are the kill switch for rollouts (new grants of a key prefix are refused
-// with [ErrGrantsPaused] while current holders finish). Every grant records
-// [ClientVersion], shown in [Status.ClientVersion].
+// with [pgfence.ErrGrantsPaused] while current holders finish). Every grant records
+// the client's version ("pgfence-go/" and the module version), shown in [Status.ClientVersion].
 //
 // Privileges: the application's database role needs membership in
 // pgfence_app (the protocol functions and reads); ForceRelease, PauseGrants
@@ -25,7 +27,7 @@
 // the same protocol. Releases send NOTIFY pgfence_lease_released with the key
 // as payload; with [Config.AnnounceGrants], a grant won by a waiter that had
 // lost the key before sends NOTIFY pgfence_lease_granted, as does any grant
-// asked to ([AcquireOptions.Announce]; see [GrantNotifyChannel]).
+// asked to ([AcquireOptions.Announce]; the leases README describes the payloads).
 //
 // # Guarantees
 //
@@ -39,7 +41,7 @@
 //   - Holder identity. Every grant gets a fresh random holder id. Renew and
 //     release succeed only for the current grant (holder and token); a late or
 //     repeated release never frees another grant, and says so
-//     ([ErrLeaseLost]).
+//     ([pgfence.ErrLeaseLost]).
 //   - Fencing tokens are drawn with pgfence.next_token in the granting
 //     statement, strictly increase per key across grants, survive crashes
 //     (grants and renewals commit with synchronous_commit on) and standby
@@ -63,19 +65,19 @@
 //
 // # Failure handling
 //
-//   - The database refuses: [ErrLeaseHeld] (a [*HeldError] with the holder's
-//     remaining time), [ErrLeaseLost] (renewal or release of a grant that
-//     expired, was taken over or force-released), [ErrInvalid] (the message
-//     names the argument), [ErrNotPrimary].
+//   - The database refuses: [pgfence.ErrLeaseHeld] (a [*HeldError] with the holder's
+//     remaining time), [pgfence.ErrLeaseLost] (renewal or release of a grant that
+//     expired, was taken over or force-released), [pgfence.ErrInvalid] (the message
+//     names the argument), [pgfence.ErrNotPrimary].
 //   - The database cannot be reached before a statement is sent (no
-//     connection, or the pool is closed): [ErrUnavailable]; nothing happened.
+//     connection, or the pool is closed): [pgfence.ErrUnavailable]; nothing happened.
 //     Acquire retries until its deadline. When the caller's context has
 //     already ended before anything was sent, the error is the context's
-//     (not [ErrOutcomeUnknown]): nothing happened either.
+//     (not [pgfence.ErrOutcomeUnknown]): nothing happened either.
 //     The reads ([Client.List], [Client.Get], [Client.History],
 //     [Client.Pauses]) change nothing, so they never report
-//     [ErrOutcomeUnknown]: a connection that breaks after they were sent is
-//     [ErrUnavailable] as well, and a deadline that passes meanwhile the
+//     [pgfence.ErrOutcomeUnknown]: a connection that breaks after they were sent is
+//     [pgfence.ErrUnavailable] as well, and a deadline that passes meanwhile the
 //     context's error.
 //   - The connection breaks after a grant was sent: the client settles the
 //     attempt by its holder id, which is unique to it. It records that the
@@ -84,34 +86,36 @@
 //     reads whether the attempt got there first (all within
 //     [Config.ResolveTimeout]); no backend is stopped, so this holds behind a
 //     transaction pooler too. It either returns the lease or reports that
-//     nothing was granted ([ErrUnavailable]); if it cannot tell, the error wraps
-//     [ErrOutcomeUnknown] and names the holder id; the settlement goes on in
+//     nothing was granted ([pgfence.ErrUnavailable]); if it cannot tell, the error wraps
+//     [pgfence.ErrOutcomeUnknown] and names the holder id; the settlement goes on in
 //     the background, and a grant it finds goes to a waiting Acquire of the
 //     key in this client or is released (it is left to expire only when the
 //     client is closed first). The caller never waits past its context
 //     for this: when the context ends first, the call returns
-//     [ErrOutcomeUnknown] at once and the read-back finishes in the
+//     [pgfence.ErrOutcomeUnknown] at once and the read-back finishes in the
 //     background, releasing a grant that nobody received.
 //   - A grant whose token carries an older timeline than one this client
 //     already saw comes from a demoted primary (after a failover that did not
-//     stop it): it is refused with [ErrNotPrimary].
+//     stop it): it is refused with [pgfence.ErrNotPrimary].
 //   - A renewal fails or its outcome is unknown: the lease keeps its last
-//     confirmed trust window. [Lease.KeepAlive] retries, bounds every attempt by
+//     confirmed trust window. The keep-alive retries, bounds every attempt by
 //     the trust window, and ends the lease's context when the window runs out or
-//     after [KeepAliveOptions.MaxFailures] failures in a row. Work under the
-//     lease must stop when [Lease.Done] is closed.
+//     after [AcquireOptions.MaxFailures] failures in a row; it never keeps a
+//     lease past [AcquireOptions.MaxHold] (an hour by default), counted from
+//     the grant ([ErrMaxHold]). Work under the lease must stop when
+//     [Lease.Done] is closed.
 //   - A release whose reply is lost is retried (it is idempotent). A release
 //     that finds the grant already released (or, after a lost reply, the key
 //     granted to another holder) reads the lease's history: a
 //     release with the grant's holder id and token (the lost attempt's, or
 //     another client's acting for the holder) returns nil, an operator's
-//     force-release [ErrLeaseLost]; if the history cannot say after a lost
-//     reply, the error also wraps [ErrOutcomeUnknown]. A release
+//     force-release [pgfence.ErrLeaseLost]; if the history cannot say after a lost
+//     reply, the error also wraps [pgfence.ErrOutcomeUnknown]. A release
 //     that was not sent, or whose outcome stays unknown, does not end the
 //     lease as released ([ErrReleased] means a confirmed release): the lease
 //     may still be held, so its context stays open until its trust window
-//     runs out (then it ends with [ErrLeaseLost]) or a retried [Lease.Release]
-//     is confirmed, and [Lease.KeepAlive] no longer renews it. By default a
+//     runs out (then it ends with [pgfence.ErrLeaseLost]) or a retried [Lease.Release]
+//     is confirmed, and the keep-alive no longer renews it. By default a
 //     release commits with synchronous_commit = off ([Config.DurableRelease]): if
 //     the server crashes right after, the release may be lost and the next holder
 //     waits until the lease expires; any later durable commit makes it durable.
@@ -122,7 +126,7 @@
 //     keeps no session state.
 //   - A holder process dies: its lease is taken over after its TTL by the next
 //     Acquire, recorded as taken_over in the history.
-//   - Limits on input, checked before any round trip ([ErrInvalid] names the
+//   - Limits on input, checked before any round trip ([pgfence.ErrInvalid] names the
 //     argument and the limit) and enforced by pgfence.lease_check_args for
 //     every other client (PF008): a key is 1 to [MaxKeyBytes] bytes of UTF-8
 //     without NUL, a TTL [MinTTL] to [MaxTTLLimit] (and at most
@@ -130,10 +134,11 @@
 //     refused call writes nothing. Poll, backoff, renewal and watch intervals
 //     are at least [MinInterval]; helpers that hold a lease later (an
 //     election, a job runner) check their options when built
-//     ([Client.CheckHold]).
+//     ([Client.Check]).
 //   - The client was closed ([Client.Close]): its methods return [ErrClosed]
-//     without sending anything (waiting calls and watches end with it); the
-//     leases it granted can still be renewed and released.
+//     without sending anything (waiting calls and watches end with it); it
+//     stops keeping its leases alive (Close waits for that), and they can
+//     still be renewed and released.
 //
 // # Cost
 //
@@ -150,12 +155,12 @@
 // OpenTelemetry providers, no-ops until set) receive the pgfence.lease.*
 // metrics (grant attempts, attempts skipped after a wake-up, wait and hold
 // time, renewals and the trust window left at each, takeovers, releases by
-// non-holders, unknown outcomes, and why each KeepAlive loop stopped) and a
+// non-holders, unknown outcomes, and why each lease's keep-alive stopped) and a
 // span per acquire, renew and release with key, holder and token. When a
 // call's context carries a valid span context, its trace id is stored in the
 // lease events it records (pgfence.lease_events.trace_id), set in the same
 // pipeline as the statement.
-// [Config.Logger] gets one event per transition, and one when a KeepAlive loop
+// [Config.Logger] gets one event per transition, and one when a keep-alive
 // stops, naming the reason.
 // The Observability section of the pgfence package's README lists every
 // metric.

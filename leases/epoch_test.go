@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -30,7 +31,7 @@ func TestOlderTimelineRefused(t *testing.T) {
 	}
 	// As if a promoted standby (timeline +1) had granted to this client before.
 	leases.SetSeenEpoch(c, l.Token()>>40+1)
-	if _, err := c.TryAcquire(ctx, "epoch/b", time.Minute, nil); !errors.Is(err, leases.ErrNotPrimary) {
+	if _, err := c.TryAcquire(ctx, "epoch/b", time.Minute, nil); !errors.Is(err, pgfence.ErrNotPrimary) {
 		t.Fatalf("grant from an older timeline: %v, want ErrNotPrimary", err)
 	}
 	// A higher timeline is accepted and remembered.

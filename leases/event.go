@@ -6,33 +6,33 @@ import (
 	"time"
 )
 
-// EventKind names a lease transition or a client state change.
-type EventKind string
+// eventKind names a lease transition or a client state change, logged to
+// [Config.Logger].
+type eventKind string
 
-// Event kinds passed to [Config.OnEvent].
 const (
-	// EventAcquired: a grant committed (Token is the new token).
-	EventAcquired EventKind = "acquired"
-	// EventRenewed: a renewal committed.
-	EventRenewed EventKind = "renewed"
-	// EventRenewFailed: a renewal failed without losing the lease (yet).
-	EventRenewFailed EventKind = "renew_failed"
-	// EventReleased: the holder released the lease (or found it already ended).
-	EventReleased EventKind = "released"
-	// EventLost: the lease's context ended without a release; Err says why.
-	EventLost EventKind = "lost"
-	// EventForceReleased: [Client.ForceRelease] ended a grant.
-	EventForceReleased EventKind = "force_released"
-	// EventListenerUp: the LISTEN connection is (re)connected.
-	EventListenerUp EventKind = "listener_up"
-	// EventListenerDown: the LISTEN connection failed; waiters poll meanwhile.
-	EventListenerDown EventKind = "listener_down"
+	// eventAcquired: a grant committed (Token is the new token).
+	eventAcquired eventKind = "acquired"
+	// eventRenewed: a renewal committed.
+	eventRenewed eventKind = "renewed"
+	// eventRenewFailed: a renewal failed without losing the lease (yet).
+	eventRenewFailed eventKind = "renew_failed"
+	// eventReleased: the holder released the lease (or found it already ended).
+	eventReleased eventKind = "released"
+	// eventLost: the lease's context ended without a release; Err says why.
+	eventLost eventKind = "lost"
+	// eventForceReleased: [Client.ForceRelease] ended a grant.
+	eventForceReleased eventKind = "force_released"
+	// eventListenerUp: the LISTEN connection is (re)connected.
+	eventListenerUp eventKind = "listener_up"
+	// eventListenerDown: the LISTEN connection failed; waiters poll meanwhile.
+	eventListenerDown eventKind = "listener_down"
 )
 
-// Event describes one transition, for [Config.OnEvent].
-type Event struct {
+// event describes one transition.
+type event struct {
 	// Kind says what happened.
-	Kind EventKind
+	Kind eventKind
 	// Key is the lease key; empty for listener events.
 	Key string
 	// Holder and Token identify the grant concerned.
@@ -45,12 +45,12 @@ type Event struct {
 	Err error
 }
 
-func (c *Client) emit(e Event) {
+func (c *Client) emit(e event) {
 	level := slog.LevelDebug
 	switch e.Kind {
-	case EventLost, EventListenerDown:
+	case eventLost, eventListenerDown:
 		level = slog.LevelWarn
-	case EventRenewFailed, EventForceReleased:
+	case eventRenewFailed, eventForceReleased:
 		level = slog.LevelInfo
 	}
 	if c.log.Enabled(context.Background(), level) {
@@ -66,7 +66,7 @@ func (c *Client) emit(e Event) {
 		}
 		c.log.LogAttrs(context.Background(), level, "pgfence lease "+string(e.Kind), attrs...)
 	}
-	if c.cfg.OnEvent != nil {
-		c.cfg.OnEvent(e)
+	if c.onEvent != nil { // tests only
+		c.onEvent(e)
 	}
 }

@@ -47,3 +47,39 @@ func Waiters(c *Client, key string) int {
 	}
 	return 0
 }
+
+// ClientVersion is what c records with every grant it makes.
+func ClientVersion() string { return clientVersion() }
+
+// The channels the SQL functions notify, and the application_name of a
+// client's LISTEN connection.
+const (
+	NotifyChannel           = notifyChannel
+	GrantNotifyChannel      = grantNotifyChannel
+	ChangeNotifyChannel     = changeNotifyChannel
+	ListenerApplicationName = listenerApplicationName
+)
+
+// Event is a lease transition or a client state change, as the client logs
+// it; EventKind names it.
+type (
+	Event     = event
+	EventKind = eventKind
+)
+
+// The kinds of Event.
+const (
+	EventAcquired      = eventAcquired
+	EventRenewed       = eventRenewed
+	EventRenewFailed   = eventRenewFailed
+	EventReleased      = eventReleased
+	EventLost          = eventLost
+	EventForceReleased = eventForceReleased
+	EventListenerUp    = eventListenerUp
+	EventListenerDown  = eventListenerDown
+)
+
+// SetOnEvent makes c call f with every transition it logs, synchronously
+// from the goroutine that made it (as Config.OnEvent did). Call it before c
+// is used.
+func SetOnEvent(c *Client, f func(Event)) { c.onEvent = f }

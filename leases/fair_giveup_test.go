@@ -22,7 +22,7 @@ func TestFairWaiterGivingUpWakesTheNext(t *testing.T) {
 	cfg := leases.Config{PollInterval: time.Hour, BackoffMax: time.Hour}
 	clients := listeningClients(t, ctx, db.Pool, 2, cfg)
 	holder := newClient(t, db.Pool, &leases.Config{DisableWakeups: true})
-	if _, err := holder.TryAcquire(ctx, "q", time.Hour, nil); err != nil {
+	if _, err := holder.TryAcquire(ctx, "q", time.Hour, manual()); err != nil { // it runs out below
 		t.Fatal(err)
 	}
 	queued := func(n int) {
@@ -88,7 +88,7 @@ func TestFairGiveUpKeepsItsDeadline(t *testing.T) {
 	}
 	p := newProxy(t, db.URL)
 	c := newClient(t, proxiedPool(t, db.URL, p), &leases.Config{DisableWakeups: true})
-	if _, err := c.TryAcquire(ctx, "warm", time.Second, nil); err != nil { // a connection in the pool
+	if _, err := c.TryAcquire(ctx, "warm", time.Second, manual()); err != nil { // a connection in the pool
 		t.Fatal(err)
 	}
 	p.SetHold(faultproxy.ClientToServer, true) // from now on nothing gets through

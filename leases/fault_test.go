@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -25,27 +26,23 @@ func TestKeepAliveCutOffEndsContextBeforeExpiry(t *testing.T) {
 	cut := newClient(t, proxiedPool(t, db.URL, p), &leases.Config{
 		DisableWakeups: true,
 		SafetyMargin:   time.Second, // room for a loaded machine to run the checks below
-		OnEvent: func(e leases.Event) {
-			if e.Kind == leases.EventRenewed {
-				select {
-				case renewed <- struct{}{}:
-				default:
-				}
+	})
+	leases.SetOnEvent(cut, func(e leases.Event) {
+		if e.Kind == leases.EventRenewed {
+			select {
+			case renewed <- struct{}{}:
+			default:
 			}
-		},
+		}
 	})
 	other := newClient(t, db.Pool, nil)
 	ctx := ctxTimeout(t, 30*time.Second)
 
 	const ttl = 3 * time.Second
-	l, err := cut.TryAcquire(ctx, "k", ttl, nil)
+	l, err := cut.TryAcquire(ctx, "k", ttl, nil) // kept alive
 	if err != nil {
 		t.Fatal(err)
 	}
-	kaCtx, stop := context.WithCancel(ctx)
-	kaDone := make(chan error, 1)
-	go func() { kaDone <- l.KeepAlive(kaCtx, nil) }()
-	defer func() { stop(); <-kaDone }()
 	select {
 	case <-renewed:
 	case <-time.After(5 * time.Second):
@@ -70,17 +67,16 @@ func TestKeepAliveCutOffEndsContextBeforeExpiry(t *testing.T) {
 	if !live {
 		t.Fatal("the lease's context ended only after the database let it expire")
 	}
-	if _, err := other.TryAcquire(ctx, "k", ttl, nil); !errors.Is(err, leases.ErrLeaseHeld) {
+	if _, err := other.TryAcquire(ctx, "k", ttl, nil); !errors.Is(err, pgfence.ErrLeaseHeld) {
 		t.Fatalf("another holder got in while the cut-off holder's context was open: %v", err)
 	}
-	if !errors.Is(l.Err(), leases.ErrLeaseLost) {
+	if !errors.Is(l.Err(), pgfence.ErrLeaseLost) {
 		t.Fatalf("Err = %v", l.Err())
 	}
-	t.Logf("context ended %s before the database expiry (checked %s later): %v", remaining, time.Since(doneAt), l.Err())
-	if err := <-kaDone; !errors.Is(err, leases.ErrLeaseLost) {
-		t.Fatalf("KeepAlive returned %v", err)
+	if err := context.Cause(l.Context()); !errors.Is(err, pgfence.ErrLeaseLost) {
+		t.Fatalf("the lease's context ended with %v, want ErrLeaseLost", err)
 	}
-	kaDone <- nil
+	t.Logf("context ended %s before the database expiry (checked %s later): %v", remaining, time.Since(doneAt), l.Err())
 
 	// And once it expires, the other client takes over.
 	l2, err := other.Acquire(ctx, "k", ttl, nil)
@@ -131,7 +127,7 @@ func TestKilledWorkerTakenOverAfterTTL(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT expires_at FROM pgfence.leases WHERE key = 'job'`).Scan(&expiresAt); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.TryAcquire(ctx, "job", time.Second, nil); !errors.Is(err, leases.ErrLeaseHeld) {
+	if _, err := c.TryAcquire(ctx, "job", time.Second, nil); !errors.Is(err, pgfence.ErrLeaseHeld) {
 		t.Fatalf("before the TTL is over: %v", err)
 	}
 	l, err := c.Acquire(ctx, "job", 5*time.Second, nil)
@@ -188,7 +184,7 @@ func TestGrantReplyLostIsReadBack(t *testing.T) {
 	// The request is lost instead: nothing was granted, and the client says so.
 	trig := p.CutBefore(faultproxy.SQLContains("pgfence.try_acquire"))
 	_, err := c.TryAcquire(ctx, "k", 10*time.Second, nil)
-	if !errors.Is(err, leases.ErrUnavailable) || errors.Is(err, leases.ErrOutcomeUnknown) {
+	if !errors.Is(err, pgfence.ErrUnavailable) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 		t.Fatalf("lost request: %v", err)
 	}
 	if !trig.Fired() {
@@ -223,7 +219,7 @@ func TestDoCancelsWhenLost(t *testing.T) {
 			return errors.New("fn's context still open after the lease was force-released")
 		}
 	})
-	if !ran || !errors.Is(err, leases.ErrLeaseLost) {
+	if !ran || !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("Do: %v", err)
 	}
 	hist, _ := c.History(ctx, "k", 1)

@@ -11,8 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/driver"
 	"github.com/pgfence/pgfence/internal/telemetry"
-	"github.com/pgfence/pgfence/internal/tracesql"
+	"github.com/pgfence/pgfence/pgfence"
 )
 
 // sqlGrantEvent reads, in the grant's own transaction, which event the grant
@@ -41,7 +42,7 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 	c.tel.attempted(ctx, err, acquired, takenOver)
 	if err != nil {
 		classified := classify(err)
-		if errors.Is(classified, ErrOutcomeUnknown) {
+		if errors.Is(classified, pgfence.ErrOutcomeUnknown) {
 			return c.resolveGrant(ctx, &orphan{key: key, holder: holder, ttl: ttl, margin: margin, info: info, start: start}, err)
 		}
 		return nil, fmt.Errorf("leases: acquire %q: %w", key, classified)
@@ -57,7 +58,7 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 		return nil, err
 	}
 	l := c.newLease(key, holder, *token, ttl, margin, start, *granted, *expiresAt)
-	c.emit(Event{Kind: EventAcquired, Key: key, Holder: holder, Token: *token, Duration: c.since(start)})
+	c.emit(event{Kind: eventAcquired, Key: key, Holder: holder, Token: *token, Duration: c.since(start)})
 	return l, nil
 }
 
@@ -92,7 +93,7 @@ type settlement struct {
 // The settlement runs in the background, retried until it gets both answers
 // (or Close); the caller waits for it no longer than Config.ResolveTimeout
 // and its context. If the caller stops waiting first, it gets
-// ErrOutcomeUnknown, and the settlement hands a lease it finds to a waiting
+// pgfence.ErrOutcomeUnknown, and the settlement hands a lease it finds to a waiting
 // Acquire of the same key in this client, or releases it, so that this
 // client's own lost grant never holds the key against it until it expires.
 func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lease, error) {
@@ -105,14 +106,14 @@ func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lea
 	case r := <-o.result:
 		switch {
 		case r.l != nil:
-			c.emit(Event{Kind: EventAcquired, Key: o.key, Holder: o.holder, Token: r.l.Token(), Duration: c.since(o.start)})
+			c.emit(event{Kind: eventAcquired, Key: o.key, Holder: o.holder, Token: r.l.Token(), Duration: c.since(o.start)})
 			return r.l, nil
 		case r.granted:
 			return nil, fmt.Errorf("leases: acquire %q: the reply was lost; the grant to holder %s had already ended when it was read back: %w: %w",
-				o.key, o.holder, ErrUnavailable, cause)
+				o.key, o.holder, pgfence.ErrUnavailable, cause)
 		default:
 			return nil, fmt.Errorf("leases: acquire %q: the reply was lost and nothing was granted (the attempt of holder %s is abandoned: it is refused if it still arrives): %w: %w",
-				o.key, o.holder, ErrUnavailable, cause)
+				o.key, o.holder, pgfence.ErrUnavailable, cause)
 		}
 	case <-ctx.Done():
 	case <-timer.C:
@@ -136,7 +137,7 @@ func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lea
 		c.cfg.Logger.Debug("pgfence lease: a lost grant reply is settled in the background", "key", o.key, "holder", o.holder)
 	}
 	err := fmt.Errorf("leases: acquire %q: the reply was lost and the grant to holder %s could not be settled yet (it is settled in the background: a lease it finds goes to a waiting Acquire of this client, or is released): %w: %w",
-		o.key, o.holder, ErrOutcomeUnknown, cause)
+		o.key, o.holder, pgfence.ErrOutcomeUnknown, cause)
 	if c.isClosed() {
 		// Close waits for the settlement, which releases a grant it finds.
 		err = fmt.Errorf("%w: %w", ErrClosed, err)
@@ -240,7 +241,7 @@ func (c *Client) adopt(l *Lease, terms grantTerms) bool {
 func (c *Client) releaseNow(ctx context.Context, l *Lease) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ResolveTimeout)
 	defer cancel()
-	if err := l.Release(rctx); err != nil && !errors.Is(err, ErrLeaseLost) {
+	if err := l.Release(rctx); err != nil && !errors.Is(err, pgfence.ErrLeaseLost) {
 		c.cfg.Logger.Warn("pgfence lease: a grant nobody received could not be released; it holds the key until it expires",
 			"key", l.key, "holder", l.holder, "token", l.token, "expires_at", l.ExpiresAt(), "err", err)
 	}
@@ -262,13 +263,13 @@ func (c *Client) sendGrant(ctx context.Context, conn *pgxpool.Conn, key, holder 
 	traceID := telemetry.TraceID(ctx)
 	dest := append([]any{acquired}, rest...)
 	if traceID == "" && !countTakeovers {
-		return false, conn.QueryRow(ctx, sqlTryAcquire, key, ttl.Microseconds(), info, holder, ClientVersion(), announce).Scan(dest...)
+		return false, conn.QueryRow(ctx, sqlTryAcquire, key, ttl.Microseconds(), info, holder, clientVersion(), announce).Scan(dest...)
 	}
 	b := &pgx.Batch{}
 	if traceID != "" {
-		b.Queue(tracesql.SetTraceIDSQL, traceID)
+		b.Queue(driver.SetTraceIDSQL, traceID)
 	}
-	b.Queue(sqlTryAcquire, key, ttl.Microseconds(), info, holder, ClientVersion(), announce)
+	b.Queue(sqlTryAcquire, key, ttl.Microseconds(), info, holder, clientVersion(), announce)
 	if countTakeovers {
 		b.Queue(sqlGrantEvent, key, holder)
 	}
@@ -317,7 +318,7 @@ func (c *Client) observeEpoch(key string, token int64) error {
 		seen := c.seenEpoch.Load()
 		if epoch < seen {
 			return fmt.Errorf("leases: acquire %q: the grant's token %d is from timeline %d, but this client already saw timeline %d: the server is an old primary: %w",
-				key, token, epoch, seen, ErrNotPrimary)
+				key, token, epoch, seen, pgfence.ErrNotPrimary)
 		}
 		if epoch == seen || c.seenEpoch.CompareAndSwap(seen, epoch) {
 			return nil

@@ -80,12 +80,12 @@ func listeningClients(t *testing.T, ctx context.Context, pool *pgxpool.Pool, n i
 }
 
 // listeningClient returns a client on pool whose LISTEN connection is up (a
-// waiter without it would poll). cfg's OnEvent is taken over.
+// waiter without it would poll).
 func listeningClient(t *testing.T, ctx context.Context, pool *pgxpool.Pool, cfg leases.Config) *leases.Client {
 	t.Helper()
 	up, onEvent := events(leases.EventListenerUp)
-	cfg.OnEvent = onEvent
 	c := newClient(t, pool, &cfg)
+	leases.SetOnEvent(c, onEvent)
 	l, err := c.Acquire(ctx, "warm-up", time.Minute, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -136,6 +136,8 @@ func awaitWaiter(t *testing.T, got <-chan error, stuck string) {
 
 // takeTurns has every client acquire key in a loop until grants leases were
 // granted in all, calling then with each; it returns how many were granted.
+// The leases are not kept alive: a winner that never releases lets its lease
+// expire, as a crashed holder would.
 func takeTurns(t *testing.T, ctx context.Context, clients []*leases.Client, key string, ttl time.Duration, grants int64, then func(*leases.Lease) error) int64 {
 	t.Helper()
 	var (
@@ -146,7 +148,7 @@ func takeTurns(t *testing.T, ctx context.Context, clients []*leases.Client, key 
 	for _, c := range clients {
 		wg.Go(func() {
 			for granted.Load() < grants {
-				l, err := c.Acquire(ctx, key, ttl, nil)
+				l, err := c.Acquire(ctx, key, ttl, manual())
 				if err == nil {
 					granted.Add(1)
 					err = then(l)

@@ -13,15 +13,15 @@ import (
 // elected leader publishes its address or state this way. It commits
 // durably, records an info_changed event in the key's history (one per
 // grant: a later change replaces the grant's earlier one) and announces it
-// on [ChangeNotifyChannel]; it returns the change's time by the database
+// on pgfence_lease_changed; it returns the change's time by the database
 // clock. info is at most [MaxHolderInfoBytes] of UTF-8 without NUL.
 //
 // When the database refuses because the grant is no longer live (it
 // expired, was taken over or force-released), the lease is lost: its context
-// ends and the error wraps [ErrLeaseLost]. When the holder's own Release,
+// ends and the error wraps [pgfence.ErrLeaseLost]. When the holder's own Release,
 // running at the same time, ended it first, the error is [ErrReleased] and
-// the lease is released, not lost. Other failures ([ErrUnavailable],
-// [ErrOutcomeUnknown], the context's error) leave the lease as it was.
+// the lease is released, not lost. Other failures ([pgfence.ErrUnavailable],
+// [pgfence.ErrOutcomeUnknown], the context's error) leave the lease as it was.
 func (l *Lease) SetHolderInfo(ctx context.Context, info string) (time.Time, error) {
 	if len(info) > MaxHolderInfoBytes {
 		return time.Time{}, invalid("info", "must be at most %d bytes, got %d", MaxHolderInfoBytes, len(info))

@@ -8,11 +8,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgfence/pgfence/internal/tracesql"
+	"github.com/pgfence/pgfence/internal/driver"
+	"github.com/pgfence/pgfence/pgfence"
 )
-
-// ErrNotFound: the key never had a lease.
-var ErrNotFound = errors.New("leases: no lease for key")
 
 // Status is one lease row as the database sees it now.
 type Status struct {
@@ -37,7 +35,7 @@ type Status struct {
 	// Live).
 	Remaining time.Duration
 	// ClientVersion is the client library that made the grant
-	// ([ClientVersion] for this package); empty for clients that do not pass
+	// ("pgfence-go/" and the module version for this package); empty for clients that do not pass
 	// one (plain SQL).
 	ClientVersion string
 }
@@ -116,7 +114,7 @@ func (c *Client) List(ctx context.Context) ([]Status, error) {
 	return out, nil
 }
 
-// Get returns the lease row of key, or an error wrapping [ErrNotFound].
+// Get returns the lease row of key, or an error wrapping [pgfence.ErrNotFound].
 func (c *Client) Get(ctx context.Context, key string) (Status, error) {
 	if err := validateKey(key); err != nil {
 		return Status{}, err
@@ -131,7 +129,7 @@ func (c *Client) Get(ctx context.Context, key string) (Status, error) {
 	defer conn.Release()
 	s, err := scanStatus(conn.QueryRow(ctx, sqlGet, key))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Status{}, fmt.Errorf("%w: %q", ErrNotFound, key)
+		return Status{}, fmt.Errorf("%w: %q", pgfence.ErrNotFound, key)
 	}
 	if err != nil {
 		return Status{}, fmt.Errorf("leases: get %q: %w", key, classifyRead(ctx, err))
@@ -194,7 +192,7 @@ func (c *Client) ForceRelease(ctx context.Context, key, reason string) (ForceRel
 	if err != nil {
 		return ForceReleased{}, fmt.Errorf("leases: force release %q: %w", key, err)
 	}
-	err = tracesql.QueryRow(ctx, conn, sqlForceRelease, key, reason).Scan(&r.Released, &holder, &token, &r.WasLive)
+	err = driver.QueryRow(ctx, conn, driver.Traced(ctx, driver.Stmt{SQL: sqlForceRelease, Args: []any{key, reason}}), &r.Released, &holder, &token, &r.WasLive)
 	conn.Release()
 	if err != nil {
 		return ForceReleased{}, fmt.Errorf("leases: force release %q: %w", key, classify(err))
@@ -207,7 +205,7 @@ func (c *Client) ForceRelease(ctx context.Context, key, reason string) (ForceRel
 	}
 	if r.Released {
 		c.wake(key)
-		c.emit(Event{Kind: EventForceReleased, Key: key, Holder: r.Holder, Token: r.Token})
+		c.emit(event{Kind: eventForceReleased, Key: key, Holder: r.Holder, Token: r.Token})
 	}
 	return r, nil
 }

@@ -1,7 +1,6 @@
 package leases_test
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/internal/testkit/telemetrytest"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -33,7 +33,7 @@ func (b *logBuffer) String() string {
 	return b.sb.String()
 }
 
-// TestTelemetryKeepAliveStops ends a KeepAlive loop in each way and checks
+// TestTelemetryKeepAliveStops ends a keep-alive in each way and checks
 // pgfence.lease.keepalive.stops and the log event that names the reason.
 func TestTelemetryKeepAliveStops(t *testing.T) {
 	checkLeaks(t)
@@ -44,50 +44,57 @@ func TestTelemetryKeepAliveStops(t *testing.T) {
 	c := newClient(t, proxiedPool(t, db.URL, proxy), &leases.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer, DisableWakeups: true,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	ctx := ctxTimeout(t, 30*time.Second)
-	acquire := func(key string) *leases.Lease {
+	acquire := func(key string, opts *leases.AcquireOptions) *leases.Lease {
 		t.Helper()
-		l, err := c.TryAcquire(ctx, key, 10*time.Second, nil)
+		l, err := c.TryAcquire(ctx, key, 10*time.Second, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return l
 	}
-
-	// canceled: the caller's context ended; the lease stays held.
-	l := acquire("canceled")
-	cctx, cancel := context.WithCancel(ctx)
-	cancel()
-	if err := l.KeepAlive(cctx, nil); err != nil || l.Err() != nil {
-		t.Fatalf("KeepAlive with an ended context: %v (lease %v)", err, l.Err())
+	ended := func(l *leases.Lease) error {
+		t.Helper()
+		select {
+		case <-l.Done():
+			return l.Err()
+		case <-ctx.Done():
+			t.Fatalf("lease %q still open", l.Key())
+			return nil
+		}
 	}
+
 	// released.
+	l := acquire("released", nil)
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.KeepAlive(ctx, nil); err != nil {
-		t.Fatalf("KeepAlive of a released lease: %v", err)
-	}
-	// lost: the database refused a renewal before.
-	l = acquire("lost")
+	// lost: the database refused a renewal.
+	l = acquire("lost", nil)
 	backdate(t, db.Pool, "lost", -time.Second)
-	if err := l.Renew(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+	if err := l.Renew(ctx); !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("renewal of an expired lease: %v", err)
 	}
-	if err := l.KeepAlive(ctx, nil); !errors.Is(err, leases.ErrLeaseLost) {
-		t.Fatalf("KeepAlive of a lost lease: %v", err)
-	}
-	// max_hold: the hold time already ran out.
-	l = acquire("max-hold")
-	if err := l.KeepAlive(ctx, &leases.KeepAliveOptions{MaxHold: time.Nanosecond}); !errors.Is(err, leases.ErrMaxHold) {
-		t.Fatalf("KeepAlive past MaxHold: %v", err)
+	// max_hold: the hold time runs out at once.
+	l = acquire("max-hold", &leases.AcquireOptions{MaxHold: time.Nanosecond})
+	if err := ended(l); !errors.Is(err, leases.ErrMaxHold) {
+		t.Fatalf("lease kept past MaxHold: %v", err)
 	}
 	// failures: the only allowed renewal loses its reply.
-	l = acquire("failures")
 	trig := proxy.CutAfter(faultproxy.SQLContains("pgfence.renew"))
-	if err := l.KeepAlive(ctx, &leases.KeepAliveOptions{Interval: 20 * time.Millisecond, MaxFailures: 1}); !errors.Is(err, leases.ErrLeaseLost) {
-		t.Fatalf("KeepAlive with a failed renewal: %v", err)
+	l = acquire("failures", &leases.AcquireOptions{RenewInterval: 20 * time.Millisecond, MaxFailures: 1})
+	if err := ended(l); !errors.Is(err, pgfence.ErrLeaseLost) {
+		t.Fatalf("lease after a failed renewal: %v", err)
 	}
 	<-trig.Done()
+	// canceled: the client is closed; the lease stays held. Close waits for
+	// every keep-alive to stop, so the counts below are final.
+	l = acquire("canceled", nil)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if l.Err() != nil {
+		t.Fatalf("lease after its client was closed: %v", l.Err())
+	}
 
 	m := p.Metrics(t)
 	for _, reason := range []string{"canceled", "released", "lost", "max_hold", "failures"} {
@@ -100,5 +107,8 @@ func TestTelemetryKeepAliveStops(t *testing.T) {
 	}
 	if n := m.Sum("pgfence.lease.renewals", outcome("failed")); n != 1 {
 		t.Errorf("renewals{failed} = %d, want 1", n)
+	}
+	if err := l.Release(ctx); err != nil { // a closed client's lease can still be released
+		t.Fatal(err)
 	}
 }

@@ -9,8 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence/internal/driver"
 	"github.com/pgfence/pgfence/internal/pgerr"
-	"github.com/pgfence/pgfence/internal/tracesql"
+	"github.com/pgfence/pgfence/pgfence"
 )
 
 // Lease is one grant: a key held by a fresh holder id with a fencing token. Its
@@ -46,7 +47,7 @@ type Lease struct {
 	relSem      chan struct{} // one Release at a time
 	// releaseAsked: Release was called. Until a release is confirmed, the
 	// lease may still be held (the release was not sent or its outcome is
-	// unknown): KeepAlive no longer renews it, and its trust window runs out.
+	// unknown): the keep-alive no longer renews it, and its trust window runs out.
 	releaseAsked bool
 }
 
@@ -97,7 +98,7 @@ func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err is nil while the lease is held. Afterwards it is [ErrReleased] after a
 // confirmed Release, [ErrMaxHold] when keep-alive reached its limit, and
-// otherwise an error wrapping [ErrLeaseLost] that says why. It reads the
+// otherwise an error wrapping [pgfence.ErrLeaseLost] that says why. It reads the
 // clock: once the local trust window has run out it ends the lease (if the
 // timer that does so has not run yet, say right after the process was
 // paused) and returns the error, so a nil Err means the lease was trusted at
@@ -148,17 +149,17 @@ func (l *Lease) endQuietly(cause error) bool {
 }
 
 // reportEnd records the lease's end in the metrics and, unless it was
-// released, emits EventLost (through the client's OnEvent).
+// released, emits eventLost.
 func (l *Lease) reportEnd(cause error) {
 	l.c.tel.ended(l, cause)
 	if !errors.Is(cause, ErrReleased) {
-		l.c.emit(Event{Kind: EventLost, Key: l.key, Holder: l.holder, Token: l.token, Err: cause})
+		l.c.emit(event{Kind: eventLost, Key: l.key, Holder: l.holder, Token: l.token, Err: cause})
 	}
 }
 
 // releasedMeanwhile reports, after the database refused a call of the lease
 // because the grant had ended, whether the holder's own Release (running
-// meanwhile, say, with KeepAlive's renewal sent just after it committed)
+// meanwhile, say, with the keep-alive's renewal sent just after it committed)
 // ended it; then the lease ends as released, not lost.
 func (l *Lease) releasedMeanwhile(ctx context.Context) bool {
 	if !l.releaseRequested() || l.releasedBy(ctx, false, false) != nil {
@@ -177,12 +178,12 @@ func (l *Lease) trustDeadline() time.Time {
 // Renew extends the lease to the database's clock_timestamp() + TTL, if this
 // grant still holds it and it has not expired. When the database refuses
 // because the grant no longer holds the key (PF002), the lease is lost: its
-// context ends and the error wraps [ErrLeaseLost]; but
+// context ends and the error wraps [pgfence.ErrLeaseLost]; but
 // once [Lease.Release] has been called, a refusal because the grant was
 // released with its holder id and token (by that Release, running meanwhile)
 // ends the lease as released and returns [ErrReleased]. Other
-// failures ([ErrUnavailable], [ErrOutcomeUnknown], [ErrNotGranted] after the
-// role's prefix was revoked, [ErrNotPrimary] on a standby, or the context's
+// failures ([pgfence.ErrUnavailable], [pgfence.ErrOutcomeUnknown], [pgfence.ErrNotGranted] after the
+// role's prefix was revoked, [pgfence.ErrNotPrimary] on a standby, or the context's
 // error when ctx ended before the renewal was sent) leave the lease as it
 // was; its trust window still runs from the last confirmed renewal.
 func (l *Lease) Renew(ctx context.Context) (err error) {
@@ -190,7 +191,7 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 }
 
 // renew is Renew; announce sends the renewal's notification on
-// ChangeNotifyChannel in the same statement.
+// changeNotifyChannel in the same statement.
 func (l *Lease) renew(ctx context.Context, announce bool) (err error) {
 	ctx, done := l.c.tel.startRenew(ctx, l)
 	defer func() { done(err) }()
@@ -229,7 +230,7 @@ func (l *Lease) renew(ctx context.Context, announce bool) (err error) {
 	}
 	if err != nil {
 		err = fmt.Errorf("leases: renew %q (holder %s, token %d): %w", l.key, l.holder, l.token, err)
-		l.c.emit(Event{Kind: EventRenewFailed, Key: l.key, Holder: l.holder, Token: l.token, Err: err, Duration: l.c.since(start)})
+		l.c.emit(event{Kind: eventRenewFailed, Key: l.key, Holder: l.holder, Token: l.token, Err: err, Duration: l.c.since(start)})
 		return err
 	}
 	l.mu.Lock()
@@ -245,7 +246,7 @@ func (l *Lease) renew(ctx context.Context, announce bool) (err error) {
 	if ended {
 		return l.Err()
 	}
-	l.c.emit(Event{Kind: EventRenewed, Key: l.key, Holder: l.holder, Token: l.token, Duration: l.c.since(start)})
+	l.c.emit(event{Kind: eventRenewed, Key: l.key, Holder: l.holder, Token: l.token, Duration: l.c.since(start)})
 	return nil
 }
 
@@ -254,21 +255,21 @@ func (l *Lease) renew(ctx context.Context, announce bool) (err error) {
 // concurrently), or retrying after a lost reply, returns nil; once a release
 // got an answer, later calls return the same result. When the lease had
 // already expired, been taken over or been force-released before the release,
-// the error wraps [ErrLeaseLost] (work done under it may not have been
+// the error wraps [pgfence.ErrLeaseLost] (work done under it may not have been
 // protected to the end) and so does the lease's context's cause. It retries a
 // lost reply at most twice within ctx. When it finds the grant already
 // released, or after a lost reply the key granted to another holder, the
 // lease's history says how the grant ended: released with the grant's holder
 // id and token (an earlier attempt whose reply was lost, or another client
 // acting for the holder: nil) or by an operator's force-release
-// ([ErrLeaseLost]).
+// ([pgfence.ErrLeaseLost]).
 //
-// When the release was not sent ([ErrUnavailable], or the context's error) or
-// its outcome stays unknown ([ErrOutcomeUnknown]), the lease may still be
+// When the release was not sent ([pgfence.ErrUnavailable], or the context's error) or
+// its outcome stays unknown ([pgfence.ErrOutcomeUnknown]), the lease may still be
 // held: it is not ended as released. Its context stays open until its trust
-// window runs out (then it ends with an [ErrLeaseLost] error), or until a
+// window runs out (then it ends with an [pgfence.ErrLeaseLost] error), or until a
 // later Release is confirmed; call Release again to free the key before its
-// TTL. [Lease.KeepAlive] no longer renews a lease whose holder called Release.
+// TTL. The keep-alive no longer renews a lease whose holder called Release.
 func (l *Lease) Release(ctx context.Context) (err error) {
 	l.mu.Lock()
 	l.releaseAsked = true
@@ -284,7 +285,7 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 		return fmt.Errorf("leases: release %q (holder %s, token %d): %w", l.key, l.holder, l.token, context.Cause(ctx))
 	}
 	// Let go of it before the lease's end and the events reach the
-	// client's OnEvent, which may call Release again.
+	// client's logger.
 	unlock := sync.OnceFunc(func() { <-l.relSem })
 	defer unlock()
 	if released, result := l.releaseResult(); released {
@@ -302,12 +303,12 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 		if err == nil {
 			break
 		}
-		if errors.Is(err, ErrOutcomeUnknown) {
+		if errors.Is(err, pgfence.ErrOutcomeUnknown) {
 			l.mu.Lock()
 			l.releaseSent = true
 			l.mu.Unlock()
 		}
-		if !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrOutcomeUnknown) {
+		if !errors.Is(err, pgfence.ErrUnavailable) && !errors.Is(err, pgfence.ErrOutcomeUnknown) {
 			break
 		}
 		if !sleepCtx(ctx, fullJitter(l.c.cfg.BackoffMin<<attempt)) {
@@ -320,8 +321,8 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	if err != nil {
 		// Not sent, or the outcome is unknown: the lease may still be held
 		// (until its trust window runs out), so it is not ended as released.
-		if sent && !errors.Is(err, ErrOutcomeUnknown) {
-			err = fmt.Errorf("%w: the reply to an earlier attempt was lost; the last attempt: %w", ErrOutcomeUnknown, err)
+		if sent && !errors.Is(err, pgfence.ErrOutcomeUnknown) {
+			err = fmt.Errorf("%w: the reply to an earlier attempt was lost; the last attempt: %w", pgfence.ErrOutcomeUnknown, err)
 		}
 		return fmt.Errorf("leases: release %q (holder %s, token %d): %w", l.key, l.holder, l.token, err)
 	}
@@ -329,7 +330,7 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	switch status {
 	case "released":
 	case "already_released":
-		if result = l.releasedBy(ctx, sent, false); errors.Is(result, ErrOutcomeUnknown) {
+		if result = l.releasedBy(ctx, sent, false); errors.Is(result, pgfence.ErrOutcomeUnknown) {
 			// The grant is not held any more, whoever ended it.
 			ended := l.endQuietly(result)
 			unlock()
@@ -348,7 +349,7 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 		// An earlier attempt whose reply was lost may have released the
 		// grant, and a waiter taken the key before this attempt: the
 		// history says whether this grant was released, and how.
-		if result = l.releasedBy(ctx, sent, true); errors.Is(result, ErrOutcomeUnknown) {
+		if result = l.releasedBy(ctx, sent, true); errors.Is(result, pgfence.ErrOutcomeUnknown) {
 			ended := l.endQuietly(result)
 			unlock()
 			if ended {
@@ -379,7 +380,7 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	if changed {
 		l.c.wake(l.key) // local waiters need not wait for the notification
 	}
-	l.c.emit(Event{Kind: EventReleased, Key: l.key, Holder: l.holder, Token: l.token, Duration: l.c.since(start)})
+	l.c.emit(event{Kind: eventReleased, Key: l.key, Holder: l.holder, Token: l.token, Duration: l.c.since(start)})
 	return result
 }
 
@@ -399,11 +400,11 @@ func (l *Lease) releaseResult() (bool, error) {
 // or (regranted) the key granted to another holder since, from the lease's
 // history: nil when it was released with its holder id and token (by this
 // lease's earlier attempt whose reply was lost, or by another client acting
-// for the holder), an [ErrLeaseLost] error when an operator force-released it
+// for the holder), an [pgfence.ErrLeaseLost] error when an operator force-released it
 // or it had expired first. sent says whether an earlier release of this lease
 // may have committed without its reply: when the history cannot say, that
-// makes the outcome unknown (the error wraps [ErrLeaseLost] and
-// [ErrOutcomeUnknown]); without one, someone else ended the grant.
+// makes the outcome unknown (the error wraps [pgfence.ErrLeaseLost] and
+// [pgfence.ErrOutcomeUnknown]); without one, someone else ended the grant.
 func (l *Lease) releasedBy(ctx context.Context, sent, regranted bool) error {
 	var event, reason string
 	err := l.c.pool.QueryRow(ctx, sqlReleasedBy, l.key, l.holder, l.token).Scan(&event, &reason)
@@ -422,10 +423,10 @@ func (l *Lease) releasedBy(ctx context.Context, sent, regranted bool) error {
 		return l.lostError("the grant had been ended by someone else before the release (the history could not say how)", err)
 	case regranted:
 		return l.lostError("the key was granted to another holder, and whether an earlier attempt of this release (its reply was lost) had released the grant first could not be read back",
-			fmt.Errorf("%w: %w", ErrOutcomeUnknown, err))
+			fmt.Errorf("%w: %w", pgfence.ErrOutcomeUnknown, err))
 	}
 	return l.lostError("the grant is released, but whether by an earlier attempt of this release (its reply was lost) or by an operator could not be read back",
-		fmt.Errorf("%w: %w", ErrOutcomeUnknown, err))
+		fmt.Errorf("%w: %w", pgfence.ErrOutcomeUnknown, err))
 }
 
 // releaseOnce sends one release; its error is classified.
@@ -435,67 +436,44 @@ func (l *Lease) releaseOnce(ctx context.Context) (changed bool, status string, e
 		return false, "", err
 	}
 	defer conn.Release()
-	err = tracesql.QueryRow(ctx, conn, sqlRelease, l.key, l.holder, l.token, l.c.cfg.DurableRelease).Scan(&changed, &status)
+	err = driver.QueryRow(ctx, conn, driver.Traced(ctx, driver.Stmt{SQL: sqlRelease, Args: []any{l.key, l.holder, l.token, l.c.cfg.DurableRelease}}), &changed, &status)
 	return changed, status, classify(err)
 }
 
-// KeepAlive renews the lease every opts.Interval, counted from the grant or
-// the last renewal (a KeepAlive started late renews at once), until ctx ends
-// (it returns nil then, and the lease stays held until it expires or is
-// released), the lease
-// ends (it returns [Lease.Err], nil after a release), MaxHold passes (it ends
-// the lease's context with [ErrMaxHold]), or MaxFailures renewals in a row fail
-// (it ends the lease's context with an [ErrLeaseLost] error). No renewal attempt
-// outlives the trust window, so a renewal whose outcome stays unknown ends the
-// lease's context when the window runs out, before the database could grant
-// the key to anyone else. Once [Lease.Release] has been called, it renews no
-// more and returns when the lease ends (nil once a release is confirmed, an
-// [ErrLeaseLost] error when the trust window runs out first).
-func (l *Lease) KeepAlive(ctx context.Context, opts *KeepAliveOptions) error {
-	var o KeepAliveOptions
-	if opts != nil {
-		o = *opts
+// keepAlive starts renewing the lease in the background as o says (see
+// [AcquireOptions]): every o.RenewInterval, counted from the grant or the
+// last renewal, until the lease ends (released or lost), o.MaxHold passes
+// (the lease's context then ends with [ErrMaxHold]), o.MaxFailures renewals
+// in a row fail (it ends with an [pgfence.ErrLeaseLost] error) or the client
+// is closed. No renewal attempt outlives the trust window, so a renewal
+// whose outcome stays unknown ends the lease's context when the window runs
+// out, before the database could grant the key to anyone else. Once
+// [Lease.Release] has been called it renews no more.
+func (l *Lease) keepAlive(o AcquireOptions) {
+	if o.NoKeepAlive {
+		return
 	}
-	switch {
-	case o.Interval < 0:
-		return invalid("KeepAliveOptions.Interval", "must not be negative, got %s", o.Interval)
-	case o.Interval > 0 && o.Interval < MinInterval:
-		return invalid("KeepAliveOptions.Interval", "must be at least %s (0 for the default), got %s", MinInterval, o.Interval)
-	case o.Interval >= l.ttl-l.margin:
-		return invalid("KeepAliveOptions.Interval", "must be below the TTL minus the safety margin (%s), got %s", l.ttl-l.margin, o.Interval)
-	case o.MaxHold < 0:
-		return invalid("KeepAliveOptions.MaxHold", "must not be negative, got %s", o.MaxHold)
-	case o.MaxFailures < 0:
-		return invalid("KeepAliveOptions.MaxFailures", "must not be negative, got %d", o.MaxFailures)
-	}
-	if o.Interval == 0 {
-		o.Interval = l.ttl / RenewFractionDefault
-	}
-	if o.MaxHold == 0 {
-		o.MaxHold = MaxHoldDefault
-	}
-	if o.MaxFailures == 0 {
-		o.MaxFailures = MaxFailuresDefault
-	}
-	reason, err := l.keepAlive(ctx, o)
-	l.c.tel.keepAliveStopped(l, reason, err)
-	return err
+	l.c.background(func() {
+		reason, err := l.renewLoop(l.c.lifetime, o)
+		l.c.tel.keepAliveStopped(l, reason, err)
+	})
 }
 
-// keepAlive is KeepAlive's loop; it returns why it stopped (an outcome of
-// pgfence.lease.keepalive.stops) and KeepAlive's result.
-func (l *Lease) keepAlive(ctx context.Context, o KeepAliveOptions) (string, error) {
+// renewLoop is the keep-alive's loop, until ctx ends; it returns why it
+// stopped (an outcome of pgfence.lease.keepalive.stops) and the error that
+// ended the lease, if any.
+func (l *Lease) renewLoop(ctx context.Context, o AcquireOptions) (string, error) {
 	holdUntil := l.start.Add(o.MaxHold)
 	limited := o.MaxHold != NoMaxHold
 	failures := 0
 	// The first renewal is due one interval into the current trust window
-	// (from the grant or the last renewal), not one interval after this
-	// call: a KeepAlive started late would otherwise let the window run out
-	// before its first renewal.
+	// (from the grant or the last renewal), not one interval after the loop
+	// started: a grant whose reply came late would otherwise let the window
+	// run out before its first renewal.
 	l.mu.Lock()
 	windowStart := l.trustUntil.Add(-(l.ttl - l.margin))
 	l.mu.Unlock()
-	next := max(0, l.c.until(windowStart.Add(o.Interval)))
+	next := max(0, l.c.until(windowStart.Add(o.RenewInterval)))
 	untilHold := func() time.Duration {
 		if !limited {
 			return NoMaxHold
@@ -530,7 +508,7 @@ func (l *Lease) keepAlive(ctx context.Context, o KeepAliveOptions) (string, erro
 			}
 		}
 		if limited && !l.c.now().Before(holdUntil) {
-			err := fmt.Errorf("%w: lease %q (holder %s, token %d) kept for %s, its maximum hold (KeepAliveOptions.MaxHold, HoldOptions.MaxHold): raise it for work that runs longer",
+			err := fmt.Errorf("%w: lease %q (holder %s, token %d) kept for %s, its maximum hold (AcquireOptions.MaxHold): raise it for work that runs longer",
 				ErrMaxHold, l.key, l.holder, l.token, o.MaxHold)
 			l.end(err)
 			return outcomeMaxHold, err
@@ -541,7 +519,7 @@ func (l *Lease) keepAlive(ctx context.Context, o KeepAliveOptions) (string, erro
 		switch {
 		case err == nil:
 			failures = 0
-			next = o.Interval
+			next = o.RenewInterval
 		case l.Err() != nil:
 			if errors.Is(l.Err(), ErrReleased) {
 				return outcomeReleased, nil
@@ -556,7 +534,7 @@ func (l *Lease) keepAlive(ctx context.Context, o KeepAliveOptions) (string, erro
 				l.end(lost)
 				return stopFailures, lost
 			}
-			next = max(time.Millisecond, o.Interval/4/2+fullJitter(o.Interval/4/2))
+			next = max(time.Millisecond, o.RenewInterval/4/2+fullJitter(o.RenewInterval/4/2))
 		}
 		timer.Reset(min(next, untilHold()))
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/internal/testkit/telemetrytest"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -31,26 +32,28 @@ func TestTelemetry(t *testing.T) {
 	ctx, root := p.Tracer.Tracer("test").Start(ctx, "request")
 	traceID := root.SpanContext().TraceID().String()
 	const key = "telemetry"
+	// No keep-alive: the renewals counted are the test's, each a child of
+	// the request.
 
-	l1, err := c.TryAcquire(ctx, key, 10*time.Second, nil)
+	l1, err := c.TryAcquire(ctx, key, 10*time.Second, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.TryAcquire(ctx, key, 10*time.Second, nil); !errors.Is(err, leases.ErrLeaseHeld) {
+	if _, err := c.TryAcquire(ctx, key, 10*time.Second, nil); !errors.Is(err, pgfence.ErrLeaseHeld) {
 		t.Fatalf("second TryAcquire: %v", err)
 	}
 	if err := l1.Renew(ctx); err != nil {
 		t.Fatal(err)
 	}
 	backdate(t, pool, key, -time.Second)
-	if err := l1.Renew(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+	if err := l1.Renew(ctx); !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("renewal of an expired lease: %v", err)
 	}
-	l2, err := c.Acquire(ctx, key, 10*time.Second, nil) // takes over the expired grant
+	l2, err := c.Acquire(ctx, key, 10*time.Second, manual()) // takes over the expired grant
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l1.Release(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+	if err := l1.Release(ctx); !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("stale release: %v", err)
 	}
 	if _, err := c.Acquire(ctx, key, 10*time.Second, &leases.AcquireOptions{MaxWait: 30 * time.Millisecond}); !errors.Is(err, context.DeadlineExceeded) {
@@ -208,12 +211,12 @@ func TestTelemetryUnknownOutcome(t *testing.T) {
 	c := newClient(t, proxiedPool(t, db.URL, proxy), &leases.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer, DisableWakeups: true})
 	ctx := ctxTimeout(t, 30*time.Second)
 
-	l, err := c.TryAcquire(ctx, "k", 10*time.Second, nil)
+	l, err := c.TryAcquire(ctx, "k", 10*time.Second, manual()) // the renewal counted is the test's
 	if err != nil {
 		t.Fatal(err)
 	}
 	trig := proxy.CutAfter(faultproxy.SQLContains("pgfence.renew"))
-	if err := l.Renew(ctx); !errors.Is(err, leases.ErrOutcomeUnknown) {
+	if err := l.Renew(ctx); !errors.Is(err, pgfence.ErrOutcomeUnknown) {
 		t.Fatalf("renewal with a lost reply: %v", err)
 	}
 	<-trig.Done()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -19,10 +20,12 @@ func TestAcquireRenewRelease(t *testing.T) {
 	checkLeaks(t)
 	pool := pgfencetest.NewPool(t)
 	var events []leases.Event
-	c := newClient(t, pool, &leases.Config{OnEvent: func(e leases.Event) { events = append(events, e) }})
+	c := newClient(t, pool, nil)
+	leases.SetOnEvent(c, func(e leases.Event) { events = append(events, e) })
 	ctx := ctxTimeout(t, 30*time.Second)
 
-	l, err := c.TryAcquire(ctx, "job", 10*time.Second, &leases.AcquireOptions{HolderInfo: "test"})
+	// Renewed by hand: the events below count the renewals.
+	l, err := c.TryAcquire(ctx, "job", 10*time.Second, &leases.AcquireOptions{HolderInfo: "test", NoKeepAlive: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +65,7 @@ func TestAcquireRenewRelease(t *testing.T) {
 		t.Fatalf("renew after release: %v", err)
 	}
 
-	l2, err := c.TryAcquire(ctx, "job", time.Second, nil)
+	l2, err := c.TryAcquire(ctx, "job", time.Second, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,13 +107,14 @@ func TestTryAcquireHeld(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	c := newClient(t, pool, nil)
 	ctx := ctxTimeout(t, 30*time.Second)
-	l, err := c.TryAcquire(ctx, "k", 20*time.Second, nil)
+	// Not kept alive: it expires below, and learns so at its next renewal.
+	l, err := c.TryAcquire(ctx, "k", 20*time.Second, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = c.TryAcquire(ctx, "k", 20*time.Second, nil)
 	var held *leases.HeldError
-	if !errors.As(err, &held) || !errors.Is(err, leases.ErrLeaseHeld) {
+	if !errors.As(err, &held) || !errors.Is(err, pgfence.ErrLeaseHeld) {
 		t.Fatalf("second TryAcquire: %v", err)
 	}
 	if held.Key != "k" || held.Remaining <= 19*time.Second || held.Remaining > 20*time.Second || !held.ExpiresAt.Equal(l.ExpiresAt()) {
@@ -123,12 +127,12 @@ func TestTryAcquireHeld(t *testing.T) {
 	}
 	// Acquire gives up at its deadline and says why.
 	_, err = c.Acquire(ctx, "k", time.Second, &leases.AcquireOptions{MaxWait: time.Second})
-	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, leases.ErrLeaseHeld) {
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, pgfence.ErrLeaseHeld) {
 		t.Fatalf("Acquire on a held key: %v", err)
 	}
 	// Expiry lets the next holder in, with a larger token.
 	backdate(t, pool, "k", -time.Millisecond)
-	l2, err := c.TryAcquire(ctx, "k", time.Second, nil)
+	l2, err := c.TryAcquire(ctx, "k", time.Second, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,10 +144,10 @@ func TestTryAcquireHeld(t *testing.T) {
 		t.Fatalf("takeover event %+v", hist[0])
 	}
 	// The old holder learns it lost the lease at its next renewal.
-	if err := l.Renew(ctx); !errors.Is(err, leases.ErrLeaseLost) || pgerr.Code(err) != pgerr.CodeLeaseNotHeld {
+	if err := l.Renew(ctx); !errors.Is(err, pgfence.ErrLeaseLost) || pgerr.Code(err) != pgerr.CodeLeaseNotHeld {
 		t.Fatalf("renew by the old holder: %v", err)
 	}
-	if !errors.Is(l.Err(), leases.ErrLeaseLost) {
+	if !errors.Is(l.Err(), pgfence.ErrLeaseLost) {
 		t.Fatalf("old lease Err = %v", l.Err())
 	}
 	_ = l2.Release(ctx)
@@ -155,24 +159,24 @@ func TestStaleAndDoubleRelease(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	c := newClient(t, pool, nil)
 	ctx := ctxTimeout(t, 30*time.Second)
-	old, err := c.TryAcquire(ctx, "k", 10*time.Second, nil)
+	old, err := c.TryAcquire(ctx, "k", 10*time.Second, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
 	backdate(t, pool, "k", -time.Millisecond)
-	cur, err := c.TryAcquire(ctx, "k", 10*time.Second, nil)
+	cur, err := c.TryAcquire(ctx, "k", 10*time.Second, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The old holder wakes up late and releases.
-	if err := old.Release(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+	if err := old.Release(ctx); !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("stale release: %v", err)
 	}
 	st, err := c.Get(ctx, "k")
 	if err != nil || !st.Live || st.Holder != cur.Holder() || st.Token != cur.Token() {
 		t.Fatalf("after a stale release: %+v %v", st, err)
 	}
-	if _, err := c.TryAcquire(ctx, "k", time.Second, nil); !errors.Is(err, leases.ErrLeaseHeld) {
+	if _, err := c.TryAcquire(ctx, "k", time.Second, nil); !errors.Is(err, pgfence.ErrLeaseHeld) {
 		t.Fatalf("key free after a stale release: %v", err)
 	}
 	// The same stale release sent as plain SQL, as another language would.
@@ -246,11 +250,12 @@ func TestRenewAfterExpiryTrap(t *testing.T) {
 		return <-done
 	}
 
-	l, err := c.TryAcquire(ctx, "k", 10*time.Second, nil)
+	// Renewed by hand only: a background renewal would meet the trap too.
+	l, err := c.TryAcquire(ctx, "k", 10*time.Second, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := trap(func() error { return l.Renew(ctx) }); !errors.Is(err, leases.ErrLeaseLost) {
+	if err := trap(func() error { return l.Renew(ctx) }); !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("renewal of a lease that expired while it waited: %v", err)
 	}
 	var live bool
@@ -259,7 +264,7 @@ func TestRenewAfterExpiryTrap(t *testing.T) {
 	}
 
 	// Control: the naive statement falls into the trap.
-	l2, err := c.TryAcquire(ctx, "k", 10*time.Second, nil)
+	l2, err := c.TryAcquire(ctx, "k", 10*time.Second, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,8 +354,8 @@ func TestInvalidInput(t *testing.T) {
 			_, err := c.Watch(ctx, "k", &leases.WatchOptions{PollInterval: time.Microsecond})
 			return err
 		}},
-		{"renew interval 1µs", "HoldOptions.RenewInterval", func() error {
-			return c.Do(ctx, "k", time.Second, &leases.HoldOptions{RenewInterval: time.Microsecond}, func(context.Context, *leases.Lease) error { return nil })
+		{"renew interval 1µs", "AcquireOptions.RenewInterval", func() error {
+			return c.Do(ctx, "k", time.Second, &leases.AcquireOptions{RenewInterval: time.Microsecond}, func(context.Context, *leases.Lease) error { return nil })
 		}},
 		// 2 × these overflowed, and a TTL passed the check with a trust window
 		// that had run out at the grant.
@@ -369,17 +374,27 @@ func TestInvalidInput(t *testing.T) {
 	}
 	for _, tc := range cases {
 		err := tc.call()
-		if !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), tc.field) {
+		if !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("%s: got %v, want ErrInvalid naming %s", tc.name, err, tc.field)
 		}
 	}
-	l, err := c.TryAcquire(ctx, "k", 3*time.Second, nil)
+	l, err := c.TryAcquire(ctx, "k", 3*time.Second, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, o := range []*leases.KeepAliveOptions{{Interval: -1}, {Interval: time.Microsecond}, {Interval: 3 * time.Second}, {MaxHold: -1}, {MaxFailures: -1}} {
-		if err := l.KeepAlive(ctx, o); !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), "KeepAliveOptions.") {
-			t.Errorf("KeepAlive(%+v): %v", o, err)
+	// Keep-alive options are refused before the grant, by every call that
+	// grants, whether the key is held (k) or free (k2).
+	for _, o := range []*leases.AcquireOptions{{RenewInterval: -1}, {RenewInterval: time.Microsecond}, {RenewInterval: 3 * time.Second}, {MaxHold: -1}, {MaxFailures: -1}} {
+		for _, key := range []string{"k", "k2"} {
+			if _, err := c.TryAcquire(ctx, key, 3*time.Second, o); !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), "AcquireOptions.") {
+				t.Errorf("TryAcquire(%s, %+v): %v", key, o, err)
+			}
+			if _, err := c.Acquire(ctx, key, 3*time.Second, o); !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), "AcquireOptions.") {
+				t.Errorf("Acquire(%s, %+v): %v", key, o, err)
+			}
+			if err := c.Check(key, 3*time.Second, o); !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), "AcquireOptions.") {
+				t.Errorf("Check(%s, %+v): %v", key, o, err)
+			}
 		}
 	}
 	// Nothing was lost: the lease is intact and the rejected calls wrote nothing.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -87,7 +88,7 @@ func TestLimitsCheckedBeforeRoundTrip(t *testing.T) {
 		{leases.Config{HolderInfo: "a\x00b"}, "Config.HolderInfo: must not contain a NUL byte"},
 		{leases.Config{MaxTTL: leases.MaxTTLLimit + time.Second}, "Config.MaxTTL: must be at most 24h0m0s"},
 	} {
-		if _, err := leases.New(pool, &cfg.cfg); !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), cfg.want) {
+		if _, err := leases.New(pool, &cfg.cfg); !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), cfg.want) {
 			t.Errorf("New: %v, want ErrInvalid with %q", err, cfg.want)
 		}
 	}
@@ -111,11 +112,11 @@ func TestLimitsCheckedBeforeRoundTrip(t *testing.T) {
 		{"k", 0, nil, "ttl: must be positive"},
 		{"k", time.Second, &leases.AcquireOptions{HolderInfo: strings.Repeat("h", leases.MaxHolderInfoBytes+1)}, "AcquireOptions.HolderInfo: must be at most 1024 bytes"},
 	} {
-		if _, err := client.TryAcquire(ctx, c.key, c.ttl, c.opts); !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+		if _, err := client.TryAcquire(ctx, c.key, c.ttl, c.opts); !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("TryAcquire(%.20q, %s): %v, want ErrInvalid with %q", c.key, c.ttl, err, c.want)
 		}
 	}
-	if _, err := client.Get(ctx, strings.Repeat("k", leases.MaxKeyBytes+1)); !errors.Is(err, leases.ErrInvalid) {
+	if _, err := client.Get(ctx, strings.Repeat("k", leases.MaxKeyBytes+1)); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Errorf("Get with a long key: %v, want ErrInvalid", err)
 	}
 
@@ -140,7 +141,7 @@ func TestLimitsCheckedBeforeRoundTrip(t *testing.T) {
 		{"ForceRelease no reason", func() error { _, err := client.ForceRelease(ctx, "k", ""); return err }, "reason: must be 1 to 1000 characters, got 0"},
 		{"ForceRelease NUL reason", func() error { _, err := client.ForceRelease(ctx, "k", "a\x00"); return err }, "reason: must not contain a NUL byte"},
 	} {
-		if err := c.call(); !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+		if err := c.call(); !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want ErrInvalid with %q", c.what, err, c.want)
 		}
 	}
@@ -170,7 +171,7 @@ func FuzzKeyValidation(f *testing.F) {
 		cancel()
 		_, err := client.TryAcquire(ctx, key, time.Second, nil)
 		valid := len(key) >= 1 && len(key) <= leases.MaxKeyBytes && utf8.ValidString(key) && !strings.ContainsRune(key, 0)
-		if refused := errors.Is(err, leases.ErrInvalid); refused == valid {
+		if refused := errors.Is(err, pgfence.ErrInvalid); refused == valid {
 			t.Fatalf("key %q (%d bytes): %v; valid = %v", key, len(key), err, valid)
 		}
 		if err == nil {
@@ -190,7 +191,7 @@ func TestSchemaMissingSaysMigrate(t *testing.T) {
 	}
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
 	_, err := c.TryAcquire(ctx, "k", time.Minute, nil)
-	if err == nil || !strings.Contains(err.Error(), "migrate up") || errors.Is(err, leases.ErrOutcomeUnknown) {
+	if err == nil || !strings.Contains(err.Error(), "migrate up") || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 		t.Fatalf("TryAcquire without the schema: %v; want an error that says to apply the migrations", err)
 	}
 }

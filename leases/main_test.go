@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/pgfence/pgfence/internal/testkit/leasetest"
+	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -24,3 +25,8 @@ var (
 	newProxy    = leasetest.NewProxy
 	proxiedPool = leasetest.ProxiedPool
 )
+
+// manual returns options that grant a lease without keeping it alive: for
+// tests that renew by hand, let the lease expire, backdate its row or count
+// its statements, which a background renewal would change.
+func manual() *leases.AcquireOptions { return &leases.AcquireOptions{NoKeepAlive: true} }

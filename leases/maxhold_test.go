@@ -7,16 +7,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
-// Guarantee 9: KeepAlive's MaxHold counts from the grant, not from the
-// KeepAlive call nor from the last renewal. Renewals are Interval apart and
-// stop before the grant's send time + MaxHold, so at most MaxHold/Interval − 1
-// happen after a KeepAlive call right after the grant, and fewer when it is
-// called later (a late call renews at once, then every Interval); then the
-// lease ends with ErrMaxHold, not before the hold ran out.
+// Guarantee 9: the keep-alive's MaxHold counts from the grant, not from the
+// keep-alive's start nor from the last renewal. Renewals are RenewInterval
+// apart and stop before the grant's send time + MaxHold, so at most
+// MaxHold/RenewInterval − 1 happen when the keep-alive starts right after the
+// grant, and fewer when it starts later (a grant whose reply was late: the
+// keep-alive renews at once, then every RenewInterval); then the lease ends
+// with ErrMaxHold, not before the hold ran out.
 func TestKeepAliveMaxHoldFromGrant(t *testing.T) {
 	checkLeaks(t)
 	const (
@@ -27,48 +31,90 @@ func TestKeepAliveMaxHoldFromGrant(t *testing.T) {
 		mu       sync.Mutex
 		renewals = map[string]int{} // by holder
 	)
-	c := newClient(t, pgfencetest.NewPool(t), &leases.Config{DisableWakeups: true, OnEvent: func(e leases.Event) {
+	db := pgfencetest.NewDatabase(t)
+	p := newProxy(t, db.URL)
+	// One connection, its statements prepared by the warm-up below: a
+	// statement prepared while the replies are held would never be sent.
+	pool := proxiedPool(t, db.URL, p, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	leases.SetOnEvent(c, func(e leases.Event) {
 		if e.Kind == leases.EventRenewed {
 			mu.Lock()
 			renewals[e.Holder]++
 			mu.Unlock()
 		}
-	}})
+	})
 	renewed := func(l *leases.Lease) int {
 		mu.Lock()
 		defer mu.Unlock()
 		return renewals[l.Holder()]
 	}
-	opts := &leases.KeepAliveOptions{Interval: interval, MaxHold: maxHold}
+	opts := &leases.AcquireOptions{RenewInterval: interval, MaxHold: maxHold}
 
-	// keepAlive runs KeepAlive on a lease granted after t0, delay after the
-	// grant, and checks that it stops with ErrMaxHold once the hold counted
-	// from the grant ran out, after at most maxRenewals renewals.
+	// keepAlive acquires a lease after t0 whose reply reaches the client
+	// delay after t0 (its keep-alive starts then), and checks that the lease
+	// ends with ErrMaxHold once the hold counted from the grant ran out,
+	// after at most maxRenewals renewals.
 	keepAlive := func(t *testing.T, delay time.Duration, maxRenewals int) {
-		// Generous: a loop that never stops ends here with nil instead.
-		ctx := ctxTimeout(t, 5*time.Second)
-		t0 := time.Now()
-		l, err := c.TryAcquire(ctx, t.Name(), 10*time.Second, nil)
-		if err != nil {
+		ctx := ctxTimeout(t, 5*time.Second) // generous: a keep-alive that never stops fails here
+		if l, err := c.TryAcquire(ctx, "warm", 10*time.Second, manual()); err != nil {
+			t.Fatal(err)
+		} else if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(delay)
-		err = l.KeepAlive(ctx, opts)
+		if delay > 0 {
+			p.SetHold(faultproxy.ServerToClient, true)
+		}
+		t0 := time.Now()
+		type result struct {
+			l   *leases.Lease
+			err error
+		}
+		got := make(chan result, 1)
+		go func() {
+			l, err := c.TryAcquire(ctx, t.Name(), 10*time.Second, opts)
+			got <- result{l, err}
+		}()
+		if delay > 0 {
+			// The grant commits; its reply waits in the proxy until delay.
+			for {
+				var n int
+				if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.leases WHERE key = $1 AND released_at IS NULL`, t.Name()).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if n == 1 {
+					break
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			time.Sleep(time.Until(t0.Add(delay)))
+			p.SetHold(faultproxy.ServerToClient, false)
+		}
+		r := <-got
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		l := r.l
+		select {
+		case <-l.Done():
+		case <-ctx.Done():
+			t.Fatalf("lease with MaxHold %s still held after %s", maxHold, time.Since(t0))
+		}
 		stopped := time.Since(t0)
-		if !errors.Is(err, leases.ErrMaxHold) || !errors.Is(l.Err(), leases.ErrMaxHold) {
-			t.Fatalf("KeepAlive with MaxHold %s returned after %s: %v (lease: %v), want ErrMaxHold", maxHold, stopped, err, l.Err())
+		if err := l.Err(); !errors.Is(err, leases.ErrMaxHold) {
+			t.Fatalf("lease with MaxHold %s ended after %s: %v, want ErrMaxHold", maxHold, stopped, err)
 		}
 		if stopped < maxHold {
-			t.Fatalf("KeepAlive stopped %s after the grant, before MaxHold (%s)", stopped, maxHold)
+			t.Fatalf("the keep-alive stopped %s after the grant, before MaxHold (%s)", stopped, maxHold)
 		}
 		if n := renewed(l); n > maxRenewals {
-			t.Fatalf("%d renewals every %s, called %s after the grant, with MaxHold %s from the grant: want at most %d", n, interval, delay, maxHold, maxRenewals)
+			t.Fatalf("%d renewals every %s, keep-alive started %s after the grant, with MaxHold %s from the grant: want at most %d", n, interval, delay, maxHold, maxRenewals)
 		}
 		t.Logf("%d renewals, stopped %s after the grant", renewed(l), stopped)
 		after := renewed(l)
 		time.Sleep(2 * interval)
 		if n := renewed(l); n != after {
-			t.Fatalf("%d renewals after KeepAlive returned", n-after)
+			t.Fatalf("%d renewals after the lease ended", n-after)
 		}
 		if err := l.Renew(context.Background()); !errors.Is(err, leases.ErrMaxHold) {
 			t.Fatalf("Renew after MaxHold: %v", err)
@@ -80,7 +126,7 @@ func TestKeepAliveMaxHoldFromGrant(t *testing.T) {
 		keepAlive(t, 0, int(maxHold/interval)-1)
 	})
 	t.Run("later", func(t *testing.T) {
-		// Called 4× interval after the grant: the renewal due since 1×
+		// Started 4× interval after the grant: the renewal due since 1×
 		// interval goes out at once; the next would be due at MaxHold.
 		keepAlive(t, maxHold-interval, 1)
 	})

@@ -6,12 +6,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/pgfence/pgfence/internal/tracesql"
+	"github.com/pgfence/pgfence/internal/driver"
 )
 
 // Pause is one kill switch: new grants of every key that starts with Prefix
-// are refused with [ErrGrantsPaused] until it is lifted.
+// are refused with [pgfence.ErrGrantsPaused] until it is lifted.
 type Pause struct {
 	// Prefix is the paused key prefix; "" pauses every key.
 	Prefix string
@@ -27,7 +26,7 @@ type Pause struct {
 
 // PauseGrants stops new grants of every key that starts with prefix ("" is
 // every key), for a rollout or an incident: [Client.TryAcquire] fails with
-// [ErrGrantsPaused], waiting [Client.Acquire] calls keep waiting. Current
+// [pgfence.ErrGrantsPaused], waiting [Client.Acquire] calls keep waiting. Current
 // holders keep renewing, releasing and writing with their tokens until they
 // finish (or until [Client.ForceRelease] ends them, after which their fenced
 // writes are refused). The prefix is matched literally (no pattern). reason
@@ -54,7 +53,7 @@ func (c *Client) PauseGrants(ctx context.Context, prefix, reason string) (bool, 
 	}
 	defer conn.Release()
 	var added bool
-	if err := tracesql.QueryRow(ctx, conn, sqlPause, prefix, reason).Scan(&added); err != nil {
+	if err := driver.QueryRow(ctx, conn, driver.Traced(ctx, driver.Stmt{SQL: sqlPause, Args: []any{prefix, reason}}), &added); err != nil {
 		return false, fmt.Errorf("leases: pause grants %q: %w", prefix, classify(err))
 	}
 	return added, nil
@@ -88,7 +87,7 @@ func (c *Client) ResumeGrants(ctx context.Context, prefix, reason string) (bool,
 		return false, fmt.Errorf("leases: resume grants %q: %w", prefix, err)
 	}
 	var removed bool
-	err = tracesql.QueryRow(ctx, conn, sqlResume, prefix, r).Scan(&removed)
+	err = driver.QueryRow(ctx, conn, driver.Traced(ctx, driver.Stmt{SQL: sqlResume, Args: []any{prefix, r}}), &removed)
 	conn.Release()
 	if err != nil {
 		return false, fmt.Errorf("leases: resume grants %q: %w", prefix, classify(err))

@@ -37,7 +37,7 @@ func TestPauseGrants(t *testing.T) {
 
 	for _, key := range []string{"deploy:b", "deploy:"} {
 		_, err := c.TryAcquire(ctx, key, time.Minute, nil)
-		if !errors.Is(err, leases.ErrGrantsPaused) || pgerr.Code(err) != pgerr.CodeGrantsPaused {
+		if !errors.Is(err, pgfence.ErrGrantsPaused) || pgerr.Code(err) != pgerr.CodeGrantsPaused {
 			t.Errorf("TryAcquire(%q) while paused: want ErrGrantsPaused (PF011), got %v", key, err)
 		}
 	}
@@ -53,7 +53,7 @@ func TestPauseGrants(t *testing.T) {
 		}
 		_ = l.Release(ctx)
 	}
-	if _, err := c.TryAcquire(ctx, "a_%x", time.Minute, nil); !errors.Is(err, leases.ErrGrantsPaused) {
+	if _, err := c.TryAcquire(ctx, "a_%x", time.Minute, nil); !errors.Is(err, pgfence.ErrGrantsPaused) {
 		t.Errorf("TryAcquire(a_%%x) under the literal prefix a_%%: want ErrGrantsPaused, got %v", err)
 	}
 	// Raw SQL clients get PF011 from try_acquire and acquire.
@@ -70,14 +70,14 @@ func TestPauseGrants(t *testing.T) {
 	if err := holding.Renew(ctx); err != nil {
 		t.Fatalf("Renew while paused: %v", err)
 	}
-	if _, err := pgfence.ExecToken(ctx, pool, "deploy:a", holding.Token(), `SELECT 1`); err != nil {
+	if _, err := pgfence.Exec(ctx, pool, holding, `SELECT 1`); err != nil {
 		t.Fatalf("fenced write by the current holder while paused: %v", err)
 	}
 	if err := holding.Release(ctx); err != nil {
 		t.Fatalf("Release while paused: %v", err)
 	}
 	// ... and cannot get it back until the resume.
-	if _, err := c.TryAcquire(ctx, "deploy:a", time.Minute, nil); !errors.Is(err, leases.ErrGrantsPaused) {
+	if _, err := c.TryAcquire(ctx, "deploy:a", time.Minute, nil); !errors.Is(err, pgfence.ErrGrantsPaused) {
 		t.Errorf("re-acquire while paused: want ErrGrantsPaused, got %v", err)
 	}
 
@@ -131,10 +131,10 @@ func TestPauseGrants(t *testing.T) {
 
 	// A prefix no key can have is refused by both, naming the limit.
 	long := strings.Repeat("p", leases.MaxKeyBytes+1)
-	if _, err := c.PauseGrants(ctx, long, "r"); !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), "at most 512 bytes") {
+	if _, err := c.PauseGrants(ctx, long, "r"); !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), "at most 512 bytes") {
 		t.Errorf("PauseGrants of a 513-byte prefix: %v", err)
 	}
-	if _, err := c.ResumeGrants(ctx, long, ""); !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), "at most 512 bytes") {
+	if _, err := c.ResumeGrants(ctx, long, ""); !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), "at most 512 bytes") {
 		t.Errorf("ResumeGrants of a 513-byte prefix: %v, want ErrInvalid (not 'no pause')", err)
 	}
 }
@@ -158,7 +158,7 @@ func TestAcquireWaitsOutPause(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Acquire while paused: want it to wait until its deadline, got %v", err)
 	}
-	if _, err := c.Get(ctx, "job:1"); !errors.Is(err, leases.ErrNotFound) {
+	if _, err := c.Get(ctx, "job:1"); !errors.Is(err, pgfence.ErrNotFound) {
 		t.Fatalf("a lease row exists for a paused key: %v", err)
 	}
 

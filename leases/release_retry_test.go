@@ -10,6 +10,7 @@ import (
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/internal/testkit/telemetrytest"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -29,14 +30,14 @@ func TestReleaseRetryAfterTakeover(t *testing.T) {
 	other := leasesClient(t, db)
 	ctx := ctxTimeout(t, 30*time.Second)
 
-	l, err := c.TryAcquire(ctx, "k", 10*time.Second, nil)
+	l, err := c.TryAcquire(ctx, "k", 10*time.Second, manual()) // the pool's one connection is for the release
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The release commits, its reply is lost, and its retries are refused.
 	trig := proxy.CutAfter(faultproxy.SQLContains("pgfence.release"))
 	proxy.SetRefuse(true)
-	if err := l.Release(ctx); !errors.Is(err, leases.ErrOutcomeUnknown) {
+	if err := l.Release(ctx); !errors.Is(err, pgfence.ErrOutcomeUnknown) {
 		t.Fatalf("release whose reply was lost and whose retries were refused: %v, want ErrOutcomeUnknown", err)
 	}
 	if !trig.Replied() {

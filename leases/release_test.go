@@ -3,6 +3,7 @@ package leases_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,16 +11,23 @@ import (
 
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
 // A release that was not sent (or whose outcome is unknown) does not claim
 // the lease released: it stays held until its trust window runs out or a
-// later Release is confirmed, and KeepAlive no longer renews it.
+// later Release is confirmed, and the keep-alive no longer renews it.
 func TestReleaseNotSentKeepsLease(t *testing.T) {
 	checkLeaks(t)
 	pool := pgfencetest.NewPool(t)
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	var renewals atomic.Int64
+	leases.SetOnEvent(c, func(e leases.Event) {
+		if e.Kind == leases.EventRenewed {
+			renewals.Add(1)
+		}
+	})
 	ctx := ctxTimeout(t, 30*time.Second)
 	canceled, cancel := context.WithCancel(ctx)
 	cancel()
@@ -48,26 +56,36 @@ func TestReleaseNotSentKeepsLease(t *testing.T) {
 		t.Fatalf("row after the retried release: %+v %v", st, err)
 	}
 
-	// Not retried: KeepAlive stops renewing (the holder asked to stop) and
-	// the lease ends when its trust window runs out.
+	// Not retried: the keep-alive stops renewing (the holder asked to stop)
+	// and the lease ends when its trust window runs out. It renews every
+	// 20 ms until then; a renewal already sent may still commit.
 	const ttl = time.Second
-	l, err = c.TryAcquire(ctx, "abandoned", ttl, nil)
+	l, err = c.TryAcquire(ctx, "abandoned", ttl, &leases.AcquireOptions{RenewInterval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for renewals.Load() < 2 {
+		select {
+		case <-l.Done():
+			t.Fatalf("lease ended while kept alive: %v", l.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 	if err := l.Release(canceled); err == nil {
 		t.Fatal("Release with a canceled context succeeded")
 	}
 	start := time.Now()
-	err = l.KeepAlive(ctx, &leases.KeepAliveOptions{Interval: 100 * time.Millisecond})
-	if !errors.Is(err, leases.ErrLeaseLost) || time.Since(start) < ttl/2 {
-		t.Fatalf("KeepAlive after a release that was not sent: %v after %s, want ErrLeaseLost when the trust window runs out", err, time.Since(start))
+	before := renewals.Load()
+	select {
+	case <-l.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatalf("lease still held 5 s after a release that was not sent (%d renewals since): the keep-alive renewed it", renewals.Load()-before)
 	}
-	if !errors.Is(l.Err(), leases.ErrLeaseLost) {
-		t.Fatalf("lease after its trust window: %v", l.Err())
+	if err := l.Err(); !errors.Is(err, pgfence.ErrLeaseLost) || time.Since(start) < ttl/2 {
+		t.Fatalf("lease after a release that was not sent: %v after %s, want ErrLeaseLost when the trust window runs out", err, time.Since(start))
 	}
-	if st, err := c.Get(ctx, "abandoned"); err != nil || !st.RenewedAt.IsZero() {
-		t.Fatalf("KeepAlive renewed a lease its holder asked to release: %+v %v", st, err)
+	if n := renewals.Load() - before; n > 1 {
+		t.Fatalf("%d renewals of a lease its holder asked to release, want at most the one already sent", n)
 	}
 }
 
@@ -80,20 +98,21 @@ func TestReleaseAfterForceReleaseIsLost(t *testing.T) {
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
 	ctx := ctxTimeout(t, 30*time.Second)
 
-	l, err := c.TryAcquire(ctx, "k", 10*time.Second, nil)
+	// Not kept alive: a refused renewal would end it before the release.
+	l, err := c.TryAcquire(ctx, "k", 10*time.Second, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.ForceRelease(ctx, "k", "op"); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Release(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+	if err := l.Release(ctx); !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("release of a force-released grant: %v, want ErrLeaseLost", err)
 	}
-	if !errors.Is(l.Err(), leases.ErrLeaseLost) {
+	if !errors.Is(l.Err(), pgfence.ErrLeaseLost) {
 		t.Fatalf("lease after the release of a force-released grant: %v", l.Err())
 	}
-	if err := l.Release(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+	if err := l.Release(ctx); !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("second release of a force-released grant: %v, want ErrLeaseLost", err)
 	}
 
@@ -102,7 +121,7 @@ func TestReleaseAfterForceReleaseIsLost(t *testing.T) {
 		_, err := c.ForceRelease(ctx, "k", "op")
 		return err
 	})
-	if !errors.Is(err, leases.ErrLeaseLost) {
+	if !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("Do whose lease was force-released: %v, want ErrLeaseLost", err)
 	}
 
@@ -136,8 +155,10 @@ func TestReleaseRetryAfterLostReply(t *testing.T) {
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
 	ctx := ctxTimeout(t, 30*time.Second)
 
+	// The leases are not kept alive: the pool's one connection and the cuts
+	// are for the releases.
 	// The lost release committed: the retry finds it.
-	l, err := c.TryAcquire(ctx, "mine", 10*time.Second, nil)
+	l, err := c.TryAcquire(ctx, "mine", 10*time.Second, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,14 +175,14 @@ func TestReleaseRetryAfterLostReply(t *testing.T) {
 	// unknown outcome, like a closed connection, never "not sent". Another
 	// holder takes the key meanwhile; the next retry learns from the history
 	// that the release by this grant's holder id committed.
-	l, err = c.TryAcquire(ctx, "pooled", 10*time.Second, nil)
+	l, err = c.TryAcquire(ctx, "pooled", 10*time.Second, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
 	proxy.SetPoolerFatal(true)
 	trig = proxy.CutAfter(faultproxy.SQLContains("pgfence.release"))
 	proxy.SetRefuse(true) // the pool's one connection is open: only retries need a new one
-	if err := l.Release(ctx); !errors.Is(err, leases.ErrOutcomeUnknown) {
+	if err := l.Release(ctx); !errors.Is(err, pgfence.ErrOutcomeUnknown) {
 		t.Fatalf("release answered by the pooler's FATAL after it committed, retries refused: %v, want ErrOutcomeUnknown", err)
 	}
 	proxy.SetPoolerFatal(false)
@@ -180,13 +201,13 @@ func TestReleaseRetryAfterLostReply(t *testing.T) {
 
 	// The lost release never arrived and an operator ended the grant before
 	// the retry: the retry says the lease was lost.
-	l, err = c.TryAcquire(ctx, "forced", 10*time.Second, nil)
+	l, err = c.TryAcquire(ctx, "forced", 10*time.Second, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
 	proxy.CutBefore(faultproxy.SQLContains("pgfence.release"))
 	proxy.SetRefuse(true)
-	if err := l.Release(ctx); !errors.Is(err, leases.ErrOutcomeUnknown) {
+	if err := l.Release(ctx); !errors.Is(err, pgfence.ErrOutcomeUnknown) {
 		t.Fatalf("release whose reply was lost and whose retries were refused: %v, want ErrOutcomeUnknown", err)
 	}
 	if l.Err() != nil {
@@ -196,7 +217,7 @@ func TestReleaseRetryAfterLostReply(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxy.SetRefuse(false)
-	if err := l.Release(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+	if err := l.Release(ctx); !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("retried release of a force-released grant: %v, want ErrLeaseLost", err)
 	}
 }

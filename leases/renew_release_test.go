@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -40,7 +41,7 @@ func (h *holdReleaseReply) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx
 	}
 }
 
-// A renewal (KeepAlive's, or the holder's own) or a holder info change that
+// A renewal (the keep-alive's, or the holder's own) or a holder info change that
 // runs while Release is in flight can reach the database right after the
 // release committed and be refused. The lease was released by its holder,
 // not lost: its context ends with ErrReleased and no lost event is emitted.
@@ -73,19 +74,18 @@ func duringRelease(t *testing.T, call func(context.Context, *leases.Lease) error
 	t.Cleanup(pool.Close)
 	var mu sync.Mutex
 	var lost []error
-	c := newClient(t, pool, &leases.Config{
-		DisableWakeups: true,
-		OnEvent: func(e leases.Event) {
-			if e.Kind == leases.EventLost {
-				mu.Lock()
-				lost = append(lost, e.Err)
-				mu.Unlock()
-			}
-		},
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	leases.SetOnEvent(c, func(e leases.Event) {
+		if e.Kind == leases.EventLost {
+			mu.Lock()
+			lost = append(lost, e.Err)
+			mu.Unlock()
+		}
 	})
 	ctx := ctxTimeout(t, 30*time.Second)
 
-	l, err := c.TryAcquire(ctx, "k", 10*time.Second, nil)
+	// The call under test is the only renewal: no keep-alive.
+	l, err := c.TryAcquire(ctx, "k", 10*time.Second, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func duringRelease(t *testing.T, call func(context.Context, *leases.Lease) error
 	if renewErr == nil {
 		t.Fatal("a call after the release committed succeeded")
 	}
-	if errors.Is(renewErr, leases.ErrLeaseLost) {
+	if errors.Is(renewErr, pgfence.ErrLeaseLost) {
 		t.Errorf("the call after the release: %v, want no ErrLeaseLost", renewErr)
 	}
 	if !errors.Is(l.Err(), leases.ErrReleased) {
@@ -113,10 +113,10 @@ func duringRelease(t *testing.T, call func(context.Context, *leases.Lease) error
 	}
 }
 
-// The client's OnEvent may call back into a lease whose Release emitted the
-// event: a registry that releases what it hears was lost must not deadlock
-// on the Release that is reporting it.
-func TestOnEventMayReleaseAgain(t *testing.T) {
+// The client's event sink (its logger; the test hook here) may call back into
+// a lease whose Release emitted the event: a registry that releases what it
+// hears was lost must not deadlock on the Release that is reporting it.
+func TestEventSinkMayReleaseAgain(t *testing.T) {
 	checkLeaks(t)
 	pool := pgfencetest.NewPool(t)
 	var (
@@ -124,26 +124,25 @@ func TestOnEventMayReleaseAgain(t *testing.T) {
 		leaseOf = map[string]*leases.Lease{}
 		inner   = make(chan error, 1)
 	)
-	c := newClient(t, pool, &leases.Config{
-		DisableWakeups: true,
-		OnEvent: func(e leases.Event) {
-			if e.Kind != leases.EventLost {
-				return
-			}
-			mu.Lock()
-			l := leaseOf[e.Key]
-			mu.Unlock()
-			if l == nil {
-				return
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			inner <- l.Release(ctx)
-		},
+	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	leases.SetOnEvent(c, func(e leases.Event) {
+		if e.Kind != leases.EventLost {
+			return
+		}
+		mu.Lock()
+		l := leaseOf[e.Key]
+		mu.Unlock()
+		if l == nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		inner <- l.Release(ctx)
 	})
 	operator := newClient(t, pool, nil)
 	ctx := ctxTimeout(t, 30*time.Second)
-	l, err := c.TryAcquire(ctx, "k", time.Minute, nil)
+	// Not kept alive: the Release below, not a refused renewal, finds it lost.
+	l, err := c.TryAcquire(ctx, "k", time.Minute, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,10 +152,10 @@ func TestOnEventMayReleaseAgain(t *testing.T) {
 	if _, err := operator.ForceRelease(ctx, "k", "test: lost"); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Release(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+	if err := l.Release(ctx); !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("Release of a force-released lease: %v, want ErrLeaseLost", err)
 	}
-	if err := <-inner; !errors.Is(err, leases.ErrLeaseLost) {
-		t.Fatalf("Release from OnEvent: %v, want the same ErrLeaseLost (not a deadline)", err)
+	if err := <-inner; !errors.Is(err, pgfence.ErrLeaseLost) {
+		t.Fatalf("Release from the event sink: %v, want the same ErrLeaseLost (not a deadline)", err)
 	}
 }

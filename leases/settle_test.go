@@ -16,6 +16,7 @@ import (
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/internal/testkit/pgbouncer"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -96,7 +97,7 @@ func TestLostGrantReplyBehindPgBouncer(t *testing.T) {
 	}
 
 	trig = p.CutBefore(faultproxy.SQLContains("pgfence.try_acquire"))
-	if _, err := c.TryAcquire(ctx, "k", time.Minute, nil); !errors.Is(err, leases.ErrUnavailable) || errors.Is(err, leases.ErrOutcomeUnknown) {
+	if _, err := c.TryAcquire(ctx, "k", time.Minute, nil); !errors.Is(err, pgfence.ErrUnavailable) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 		t.Fatalf("a grant request that never arrived, behind PgBouncer: %v, want ErrUnavailable", err)
 	}
 	if !trig.Fired() {
@@ -186,7 +187,7 @@ func TestCanceledAfterSentIsSettledBeforeClose(t *testing.T) {
 	}()
 	waitLocked(t, pool)
 	cancel(errors.New("gave up while the grant ran"))
-	if err := <-got; !errors.Is(err, leases.ErrOutcomeUnknown) {
+	if err := <-got; !errors.Is(err, pgfence.ErrOutcomeUnknown) {
 		t.Fatalf("canceled after it was sent: %v, want ErrOutcomeUnknown", err)
 	}
 	unblock()
@@ -246,7 +247,7 @@ func TestLostGrantGoesOnlyToTheSameTerms(t *testing.T) {
 	ctx := ctxTimeout(t, 2*time.Minute)
 	trig := p.CutAfter(faultproxy.SQLContains("pgfence.try_acquire"))
 	p.SetRefuse(true)
-	if _, err := c.TryAcquire(ctx, "k", 2*time.Second, &leases.AcquireOptions{HolderInfo: "short"}); !errors.Is(err, leases.ErrOutcomeUnknown) {
+	if _, err := c.TryAcquire(ctx, "k", 2*time.Second, &leases.AcquireOptions{HolderInfo: "short"}); !errors.Is(err, pgfence.ErrOutcomeUnknown) {
 		t.Fatalf("TryAcquire with its reply lost: %v, want ErrOutcomeUnknown", err)
 	}
 	if !trig.Fired() || !trig.Replied() {
@@ -299,7 +300,7 @@ func TestCloseEndsAWaitForASettlement(t *testing.T) {
 	go func() { _ = c.Close(); close(closed) }()
 	select {
 	case err := <-done:
-		if !errors.Is(err, leases.ErrClosed) || !errors.Is(err, leases.ErrOutcomeUnknown) {
+		if !errors.Is(err, leases.ErrClosed) || !errors.Is(err, pgfence.ErrOutcomeUnknown) {
 			t.Fatalf("TryAcquire ended by Close: %v, want ErrClosed and ErrOutcomeUnknown", err)
 		}
 	case <-time.After(20 * time.Second):

@@ -11,7 +11,7 @@ const (
 	sqlRenew = `SELECT expires_at FROM pgfence.renew($1, $2::uuid, $3, $4::bigint * interval '1 microsecond')`
 
 	// sqlRenewAnnounced renews and, in the same statement (so only a renewal
-	// that commits), announces the new expiry on ChangeNotifyChannel, signed
+	// that commits), announces the new expiry on changeNotifyChannel, signed
 	// (pgfence.announce_renewal; r.token orders it after the renewal).
 	sqlRenewAnnounced = `SELECT r.expires_at
   FROM pgfence.renew($1, $2::uuid, $3, $4::bigint * interval '1 microsecond') AS r
@@ -51,7 +51,7 @@ const (
 	sqlHistory = `SELECT id, key, event, holder::text, token, at, coalesce(reason, ''), coalesce(client_version, '')
   FROM pgfence.lease_events WHERE key = $1 ORDER BY id DESC LIMIT $2`
 
-	sqlListen = `LISTEN ` + NotifyChannel + `; LISTEN ` + GrantNotifyChannel + `; LISTEN ` + ChangeNotifyChannel
+	sqlListen = `LISTEN ` + notifyChannel + `; LISTEN ` + grantNotifyChannel + `; LISTEN ` + changeNotifyChannel
 
 	sqlPause  = `SELECT pgfence.pause_grants($1, $2)`
 	sqlResume = `SELECT pgfence.resume_grants($1, $2)`

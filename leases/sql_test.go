@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -77,7 +78,8 @@ func TestSQLAndGoAgree(t *testing.T) {
 	got := make(chan *leases.Lease, 1)
 	errc := make(chan error, 1)
 	go func() {
-		l, err := c.Acquire(ctx, "k", 10*time.Second, &leases.AcquireOptions{MaxWait: 10 * time.Second})
+		// Renewed below by SQL and by hand, not in the background.
+		l, err := c.Acquire(ctx, "k", 10*time.Second, &leases.AcquireOptions{MaxWait: 10 * time.Second, NoKeepAlive: true})
 		errc <- err
 		got <- l
 	}()
@@ -102,7 +104,7 @@ func TestSQLAndGoAgree(t *testing.T) {
 	if err := conn.QueryRow(ctx, `SELECT released, status FROM pgfence.release('k', $1::uuid, $2)`, l.Holder(), l.Token()).Scan(&released, &status); err != nil || status != "released" {
 		t.Fatalf("SQL release of a Go grant: %s %v", status, err)
 	}
-	if err := l.Renew(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+	if err := l.Renew(ctx); !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("Go renew after a SQL release: %v", err)
 	}
 	if err := l.Release(ctx); err != nil {

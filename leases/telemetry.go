@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgfence/pgfence/internal/telemetry"
+	"github.com/pgfence/pgfence/pgfence"
 )
 
 // InstrumentationName is the name of this package's OpenTelemetry meter and
@@ -48,8 +49,8 @@ const (
 	outcomeAlreadyReleased = "already_released"
 	outcomeNotHeld         = "not_held"
 
-	// Why a KeepAlive stopped (besides released, max_hold and lost).
-	stopCanceled = "canceled" // its context ended; the lease stays held
+	// Why a keep-alive stopped (besides released, max_hold and lost).
+	stopCanceled = "canceled" // the client was closed; the lease stays held until it expires
 	stopFailures = "failures" // MaxFailures renewals in a row failed
 )
 
@@ -94,7 +95,7 @@ func newTelemetry(cfg *Config) *instruments {
 		releases: telemetry.Counter(m, "pgfence.lease.releases", "{release}",
 			"Releases by outcome: released, expired, already_released, not_held (a release by a holder that no longer held the key), error.", report),
 		unknown: telemetry.Counter(m, "pgfence.lease.unknown_outcomes", "{operation}",
-			"Operations that returned ErrOutcomeUnknown, by pgfence.operation: acquire, renew, release.", report),
+			"Operations that returned pgfence.ErrOutcomeUnknown, by pgfence.operation: acquire, renew, release.", report),
 		acquireDuration: telemetry.Seconds(m, "pgfence.lease.acquire.duration",
 			"Time from an Acquire or TryAcquire call to its return, waiting included, by outcome.", report),
 		holdDuration: telemetry.Seconds(m, "pgfence.lease.hold.duration",
@@ -102,7 +103,7 @@ func newTelemetry(cfg *Config) *instruments {
 		renewRemaining: telemetry.Seconds(m, "pgfence.lease.renewal.remaining",
 			"Time left in the lease's local trust window when a renewal was sent: near zero means renewals are late.", report),
 		keepAliveStops: telemetry.Counter(m, "pgfence.lease.keepalive.stops", "{stop}",
-			"KeepAlive loops that returned, by outcome: canceled (its context ended), released, lost, max_hold, failures (MaxFailures renewals in a row failed).", report),
+			"Keep-alives that stopped, by outcome: canceled (the client was closed), released, lost, max_hold, failures (MaxFailures renewals in a row failed).", report),
 		log: cfg.Logger,
 	}
 }
@@ -124,12 +125,12 @@ func (t *instruments) startAcquire(ctx context.Context, key string, ttl time.Dur
 			span.SetAttributes(attrHolder.String(l.holder), attrToken.Int64(l.token))
 		case wait && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
 			outcome = outcomeTimeout
-		case errors.Is(err, ErrLeaseHeld):
+		case errors.Is(err, pgfence.ErrLeaseHeld):
 			outcome = outcomeHeld
-		case errors.Is(err, ErrOutcomeUnknown):
+		case errors.Is(err, pgfence.ErrOutcomeUnknown):
 			outcome = outcomeUnknown
 			t.unknown.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(telemetry.Operation.String("acquire")))
-		case errors.Is(err, ErrUnavailable):
+		case errors.Is(err, pgfence.ErrUnavailable):
 			outcome = outcomeUnavailable
 		default:
 			outcome = outcomeError
@@ -151,9 +152,9 @@ func (t *instruments) attempted(ctx context.Context, err error, acquired, takenO
 	case err == nil && !acquired:
 		outcome = outcomeHeld
 	case err == nil:
-	case errors.Is(classified, ErrOutcomeUnknown):
+	case errors.Is(classified, pgfence.ErrOutcomeUnknown):
 		outcome = outcomeUnknown
-	case errors.Is(classified, ErrUnavailable):
+	case errors.Is(classified, pgfence.ErrUnavailable):
 		outcome = outcomeUnavailable
 	default:
 		outcome = outcomeError
@@ -192,11 +193,11 @@ func (t *instruments) startRenew(ctx context.Context, l *Lease) (context.Context
 		outcome := outcomeRenewed
 		switch {
 		case err == nil:
-		case errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrReleased) || errors.Is(err, ErrMaxHold) || !held:
+		case errors.Is(err, pgfence.ErrLeaseLost) || errors.Is(err, ErrReleased) || errors.Is(err, ErrMaxHold) || !held:
 			outcome = outcomeLost
 		default:
 			outcome = outcomeFailed
-			if errors.Is(err, ErrOutcomeUnknown) {
+			if errors.Is(err, pgfence.ErrOutcomeUnknown) {
 				t.unknown.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(telemetry.Operation.String("renew")))
 			}
 		}
@@ -215,10 +216,10 @@ func (t *instruments) startRelease(ctx context.Context, l *Lease) (context.Conte
 		outcome := status
 		switch {
 		case status == outcomeReleased || status == outcomeExpired || status == outcomeAlreadyReleased || status == outcomeNotHeld:
-			if errors.Is(err, ErrLeaseLost) {
+			if errors.Is(err, pgfence.ErrLeaseLost) {
 				err = nil // the release answered; the lost lease is recorded as the outcome
 			}
-		case errors.Is(err, ErrOutcomeUnknown):
+		case errors.Is(err, pgfence.ErrOutcomeUnknown):
 			outcome = outcomeUnknown
 			t.unknown.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(telemetry.Operation.String("release")))
 		default:
@@ -242,7 +243,7 @@ func (t *instruments) ended(l *Lease, cause error) {
 	t.holdDuration.Record(context.Background(), l.c.since(l.start).Seconds(), outcomeAttr(outcome))
 }
 
-// stopEnded is why a KeepAlive stopped when the lease ended under it.
+// stopEnded is why a keep-alive stopped when the lease ended under it.
 func stopEnded(cause error) string {
 	if errors.Is(cause, ErrMaxHold) {
 		return outcomeMaxHold
@@ -250,7 +251,7 @@ func stopEnded(cause error) string {
 	return outcomeLost
 }
 
-// keepAliveStopped counts and logs the end of a KeepAlive loop. The lease's
+// keepAliveStopped counts and logs the end of a keep-alive. The lease's
 // own end (lost, max hold) is logged by its event; this says why the loop
 // stopped.
 func (t *instruments) keepAliveStopped(l *Lease, reason string, err error) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -20,31 +21,32 @@ func TestNothingSentIsNotUnknown(t *testing.T) {
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
 	ctx := ctxTimeout(t, 30*time.Second)
 
-	l1, err := c.TryAcquire(ctx, "k1", 10*time.Second, nil)
+	// Renewed by hand only.
+	l1, err := c.TryAcquire(ctx, "k1", 10*time.Second, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
-	l2, err := c.TryAcquire(ctx, "k2", 10*time.Second, nil)
+	l2, err := c.TryAcquire(ctx, "k2", 10*time.Second, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	canceled, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := l1.Renew(canceled); !errors.Is(err, context.Canceled) || errors.Is(err, leases.ErrOutcomeUnknown) {
+	if err := l1.Renew(canceled); !errors.Is(err, context.Canceled) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 		t.Errorf("Renew with a canceled context: %v, want context.Canceled", err)
 	}
-	if err := l1.Release(canceled); !errors.Is(err, context.Canceled) || errors.Is(err, leases.ErrOutcomeUnknown) {
+	if err := l1.Release(canceled); !errors.Is(err, context.Canceled) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 		t.Errorf("Release with a canceled context: %v, want context.Canceled", err)
 	}
-	if _, err := c.TryAcquire(canceled, "k3", 10*time.Second, nil); !errors.Is(err, context.Canceled) || errors.Is(err, leases.ErrOutcomeUnknown) {
+	if _, err := c.TryAcquire(canceled, "k3", 10*time.Second, nil); !errors.Is(err, context.Canceled) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 		t.Errorf("TryAcquire with a canceled context: %v, want context.Canceled", err)
 	}
 
 	pool.Close()
 	unavailable := func(what string, err error) {
 		t.Helper()
-		if !errors.Is(err, leases.ErrUnavailable) || errors.Is(err, leases.ErrOutcomeUnknown) {
+		if !errors.Is(err, pgfence.ErrUnavailable) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 			t.Errorf("%s on a closed pool: %v, want ErrUnavailable", what, err)
 		}
 	}
@@ -88,14 +90,14 @@ func TestOtherCallsNothingSentIsNotUnknown(t *testing.T) {
 	canceled, cancel := context.WithCancel(ctx)
 	cancel()
 	for _, tc := range calls {
-		if err := tc.call(canceled); !errors.Is(err, context.Canceled) || errors.Is(err, leases.ErrOutcomeUnknown) {
+		if err := tc.call(canceled); !errors.Is(err, context.Canceled) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 			t.Errorf("%s with a canceled context: %v, want context.Canceled", tc.name, err)
 		}
 	}
 
 	pool.Close()
 	for _, tc := range calls {
-		if err := tc.call(ctx); !errors.Is(err, leases.ErrUnavailable) || errors.Is(err, leases.ErrOutcomeUnknown) {
+		if err := tc.call(ctx); !errors.Is(err, pgfence.ErrUnavailable) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 			t.Errorf("%s on a closed pool: %v, want ErrUnavailable", tc.name, err)
 		}
 	}
@@ -109,7 +111,7 @@ func TestReadCutIsUnavailable(t *testing.T) {
 	p := newProxy(t, db.URL)
 	c := newClient(t, proxiedPool(t, db.URL, p), &leases.Config{DisableWakeups: true})
 	ctx := ctxTimeout(t, time.Minute)
-	l, err := c.TryAcquire(ctx, "k1", 10*time.Second, nil)
+	l, err := c.TryAcquire(ctx, "k1", 10*time.Second, manual()) // only the reads go through the cuts
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +141,7 @@ func TestReadCutIsUnavailable(t *testing.T) {
 				t.Errorf("%s: the read was not cut %s sending (%v)", tc.name, cut.name, err)
 				continue
 			}
-			if !errors.Is(err, leases.ErrUnavailable) || errors.Is(err, leases.ErrOutcomeUnknown) {
+			if !errors.Is(err, pgfence.ErrUnavailable) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 				t.Errorf("%s cut %s sending: %v, want ErrUnavailable", tc.name, cut.name, err)
 			}
 		}
@@ -156,7 +158,7 @@ func TestReadCutIsUnavailable(t *testing.T) {
 	_, err = c.Get(short, "k1")
 	p.Heal()
 	p.CutAll()
-	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, leases.ErrUnavailable) || errors.Is(err, leases.ErrOutcomeUnknown) {
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, pgfence.ErrUnavailable) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 		t.Errorf("Get past its deadline: %v, want context.DeadlineExceeded only", err)
 	}
 }

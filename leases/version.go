@@ -8,7 +8,7 @@ import (
 // modulePath is this module's import path, looked up in the build info.
 const modulePath = "github.com/pgfence/pgfence"
 
-// ClientVersion is what this client records with every grant it makes
+// clientVersion is what this client records with every grant it makes
 // (pgfence.leases.client_version, shown by [Status.ClientVersion] and in the
 // acquired/taken_over history entries): "pgfence-go/" followed by the
 // module version the binary was built with. A build inside this module
@@ -18,8 +18,6 @@ const modulePath = "github.com/pgfence/pgfence"
 // a rolling deploy it tells which grants came from which library version, and
 // grants by clients that predate it (or by plain SQL clients) show an empty
 // version.
-func ClientVersion() string { return clientVersion() }
-
 var clientVersion = sync.OnceValue(func() string {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
@@ -28,7 +26,7 @@ var clientVersion = sync.OnceValue(func() string {
 	return "pgfence-go/" + moduleVersion(bi)
 })
 
-// moduleVersion is the version of this module in bi (see [ClientVersion]).
+// moduleVersion is the version of this module in bi (see clientVersion).
 func moduleVersion(bi *debug.BuildInfo) string {
 	v := "(devel)"
 	if bi.Main.Path == modulePath && bi.Main.Version != "" {

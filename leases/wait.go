@@ -131,7 +131,7 @@ func (c *Client) granted(key string, lease time.Duration) {
 // attempts, one grant. The same happens when a holder that crashed reaches
 // its expiry: every waiter's timer is set to it. Instead each waits a random
 // time in [0, window] first, and one that hears the winner's grant announced
-// (GrantNotifyChannel) in the meantime skips its attempt. The window is per client and key, and adapts
+// (grantNotifyChannel) in the meantime skips its attempt. The window is per client and key, and adapts
 // like Ethernet's backoff: it doubles when an attempt after a wake-up loses
 // the race and halves when one wins, so it settles where about one extra
 // attempt is made per hand-off; with a single waiting client it stays zero
@@ -256,14 +256,14 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // dispatch hands a notification to the waiters it concerns.
 func (c *Client) dispatch(channel, payload string) {
 	switch channel {
-	case NotifyChannel:
+	case notifyChannel:
 		if payload == "" { // grants resumed: keys are never empty
 			c.wakeAll()
 			return
 		}
 		c.wake(payload)
 		c.wakeWatchersOf(payload)
-	case GrantNotifyChannel:
+	case grantNotifyChannel:
 		micros, key, ok := strings.Cut(payload, ":")
 		if !ok {
 			return
@@ -272,7 +272,7 @@ func (c *Client) dispatch(channel, payload string) {
 			c.granted(key, time.Duration(n)*time.Microsecond)
 		}
 		c.wakeWatchersOf(key)
-	case ChangeNotifyChannel:
+	case changeNotifyChannel:
 		c.dispatchChange(payload)
 	}
 }
@@ -331,7 +331,7 @@ func (c *Client) listen(ctx context.Context, l *listener) {
 		if ctx.Err() != nil {
 			return
 		}
-		c.emit(Event{Kind: EventListenerDown, Err: err})
+		c.emit(event{Kind: eventListenerDown, Err: err})
 		c.wakeAll() // waiters go back to short polling
 		c.wakeWatchers()
 		if connected {
@@ -364,7 +364,7 @@ func capped(base time.Duration, n int, limit time.Duration) time.Duration {
 // connection fails or ctx ends.
 func (c *Client) listenOnce(ctx context.Context, l *listener) (connected bool, err error) {
 	cfg := c.pool.Config().ConnConfig.Copy()
-	cfg.RuntimeParams["application_name"] = ListenerApplicationName
+	cfg.RuntimeParams["application_name"] = listenerApplicationName
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	conn, err := pgx.ConnectConfig(cctx, cfg)
 	cancel()
@@ -380,7 +380,7 @@ func (c *Client) listenOnce(ctx context.Context, l *listener) (connected bool, e
 		return false, err
 	}
 	l.up.Store(true)
-	c.emit(Event{Kind: EventListenerUp})
+	c.emit(event{Kind: eventListenerUp})
 	c.wakeAll() // releases may have been missed before LISTEN
 	c.wakeWatchers()
 	for {

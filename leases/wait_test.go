@@ -4,15 +4,18 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/pgfence/pgfence/internal/testkit/telemetrytest"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
-// events collects a client's events of some kinds on a channel.
+// events collects a client's events of some kinds on a channel; pass the
+// function to leases.SetOnEvent.
 func events(kinds ...leases.EventKind) (chan leases.Event, func(leases.Event)) {
 	ch := make(chan leases.Event, 100)
 	return ch, func(e leases.Event) {
@@ -52,8 +55,9 @@ func TestReleaseNotificationWakesWaiter(t *testing.T) {
 	p := telemetrytest.New(t)
 	up, onEvent := events(leases.EventListenerUp)
 	const poll = time.Minute
-	c := newClient(t, pool, &leases.Config{OnEvent: onEvent, MeterProvider: p.Meter, TracerProvider: p.Tracer,
+	c := newClient(t, pool, &leases.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer,
 		PollInterval: poll, BackoffMax: poll})
+	leases.SetOnEvent(c, onEvent)
 	ctx := ctxTimeout(t, 30*time.Second)
 
 	// Start the listener and wait until it listens: from then on, every
@@ -107,7 +111,8 @@ func TestListenerLossDegradesToPolling(t *testing.T) {
 	db := pgfencetest.NewDatabase(t)
 	p := newProxy(t, db.URL)
 	ch, onEvent := events(leases.EventListenerUp, leases.EventListenerDown)
-	c := newClient(t, proxiedPool(t, db.URL, p), &leases.Config{OnEvent: onEvent, BackoffMax: 200 * time.Millisecond})
+	c := newClient(t, proxiedPool(t, db.URL, p), &leases.Config{BackoffMax: 200 * time.Millisecond})
+	leases.SetOnEvent(c, onEvent)
 	holder := newClient(t, db.Pool, &leases.Config{DisableWakeups: true})
 	ctx := ctxTimeout(t, 30*time.Second)
 
@@ -184,8 +189,8 @@ func TestCloseEndsWaiters(t *testing.T) {
 }
 
 // After Close every method of the client returns ErrClosed and sends
-// nothing, while a lease granted before can still be renewed, changed and
-// released.
+// nothing, while a lease granted before stays held (no longer kept alive)
+// and can still be renewed, changed and released.
 func TestCloseRefusesLaterCalls(t *testing.T) {
 	checkLeaks(t)
 	pool := pgfencetest.NewPool(t)
@@ -194,10 +199,22 @@ func TestCloseRefusesLaterCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var renewals atomic.Int64
+	leases.SetOnEvent(c, func(e leases.Event) {
+		if e.Kind == leases.EventRenewed {
+			renewals.Add(1)
+		}
+	})
 	ctx := ctxTimeout(t, 30*time.Second)
-	l, err := c.TryAcquire(ctx, "closed/k", time.Minute, nil)
+	l, err := c.TryAcquire(ctx, "closed/k", time.Minute, &leases.AcquireOptions{RenewInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for renewals.Load() == 0 {
+		if ctx.Err() != nil {
+			t.Fatal("the lease was not kept alive")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	w, err := c.Watch(ctx, "closed/k", nil)
 	if err != nil {
@@ -210,6 +227,16 @@ func TestCloseRefusesLaterCalls(t *testing.T) {
 	}
 	if err := w.State().Err; !errors.Is(err, leases.ErrClosed) {
 		t.Errorf("a watch ended by Close: State().Err = %v, want ErrClosed", err)
+	}
+	// Close stopped the keep-alive and waited for it: no renewal after it,
+	// and the lease is still held.
+	renewed := renewals.Load()
+	time.Sleep(50 * time.Millisecond) // five renewal intervals
+	if n := renewals.Load() - renewed; n != 0 {
+		t.Errorf("%d renewals after Close", n)
+	}
+	if err := l.Err(); err != nil {
+		t.Fatalf("lease after Close: %v, want still held", err)
 	}
 	calls := map[string]func() error{
 		"TryAcquire": func() error { _, err := c.TryAcquire(ctx, "closed/j", time.Second, nil); return err },
@@ -236,7 +263,7 @@ func TestCloseRefusesLaterCalls(t *testing.T) {
 	if pauses, err := other.Pauses(ctx); err != nil || len(pauses) != 0 {
 		t.Errorf("pauses after the refused PauseGrants: %+v %v", pauses, err)
 	}
-	if _, err := other.Get(ctx, "closed/j"); !errors.Is(err, leases.ErrNotFound) {
+	if _, err := other.Get(ctx, "closed/j"); !errors.Is(err, pgfence.ErrNotFound) {
 		t.Errorf("closed/j after the refused grants: %v, want ErrNotFound", err)
 	}
 	if err := l.Renew(ctx); err != nil {

@@ -103,7 +103,7 @@ type WatchOptions struct {
 	// held the watcher does not poll: every way a grant ends is either
 	// announced (a release, a force-release) or its expiry, at which the
 	// watcher reads the key, and a signed renewal announcement
-	// ([KeepAliveOptions.Announce]) moves that time. Default
+	// (of a lease granted with [AcquireOptions.Announce]) moves that time. Default
 	// [Config.PollInterval]. Without wake-ups (disabled, or the LISTEN
 	// connection down) the watcher reads every [Config.BackoffMax] and at
 	// the holder's expiry: that bounds how late a release or an unannounced
@@ -607,7 +607,7 @@ func (c *Client) watching(key string, f func(*Watcher)) {
 	}
 }
 
-// dispatchChange handles a notification on ChangeNotifyChannel:
+// dispatchChange handles a notification on changeNotifyChannel:
 // "renewed:<remaining µs>:<token>:<expiry µs>:<tag>:<key>" or
 // "<event>:<remaining µs>:<key>". A renewal that does not parse is ignored.
 func (c *Client) dispatchChange(payload string) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -79,9 +80,9 @@ func TestWatchSeesEveryTransition(t *testing.T) {
 		t.Fatalf("after Release: %+v", e)
 	}
 
-	// b's lease runs out (backdated): the watcher reads at the expiry it
-	// knows, finds it expired, and says so.
-	b, err := holders.TryAcquire(ctx, "leader", time.Minute, &leases.AcquireOptions{Announce: true, HolderInfo: "host-b"})
+	// b's lease runs out (backdated; not kept alive): the watcher reads at
+	// the expiry it knows, finds it expired, and says so.
+	b, err := holders.TryAcquire(ctx, "leader", time.Minute, &leases.AcquireOptions{Announce: true, HolderInfo: "host-b", NoKeepAlive: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,13 +171,10 @@ func TestWatchFollowsAnnouncedRenewals(t *testing.T) {
 		if !announce {
 			key = "silent"
 		}
-		l, err := holders.TryAcquire(ctx, key, ttl, nil)
+		l, err := holders.TryAcquire(ctx, key, ttl, &leases.AcquireOptions{RenewInterval: ttl / 6, Announce: announce})
 		if err != nil {
 			t.Fatal(err)
 		}
-		kctx, stop := context.WithCancel(ctx)
-		kaDone := make(chan error, 1)
-		go func() { kaDone <- l.KeepAlive(kctx, &leases.KeepAliveOptions{Interval: ttl / 6, Announce: announce}) }()
 		wctx, cancel := context.WithCancel(ctx)
 		w, err := watching.Watch(wctx, key, nil)
 		if err != nil {
@@ -191,9 +189,8 @@ func TestWatchFollowsAnnouncedRenewals(t *testing.T) {
 		before := leases.WatchReads(w)
 		time.Sleep(3 * ttl)
 		reads := leases.WatchReads(w) - before
-		stop()
-		if err := <-kaDone; err != nil {
-			t.Fatal(err)
+		if err := l.Err(); err != nil {
+			t.Fatalf("%s: lease not kept alive over 3 TTLs: %v", key, err)
 		}
 		stopWatch(cancel, w)
 		_ = l.Release(ctx)
@@ -315,7 +312,7 @@ func TestAnnouncedRenewalsOnAnOlderSchema(t *testing.T) {
 	watching := newClient(t, db.Pool, &leases.Config{PollInterval: time.Hour})
 	holders := newClient(t, db.Pool, &leases.Config{DisableWakeups: true})
 	const ttl = time.Second
-	l, err := holders.TryAcquire(ctx, "old-schema", ttl, nil)
+	l, err := holders.TryAcquire(ctx, "old-schema", ttl, &leases.AcquireOptions{RenewInterval: ttl / 5, Announce: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,10 +327,10 @@ func TestAnnouncedRenewalsOnAnOlderSchema(t *testing.T) {
 		t.Fatalf("first event %+v", e)
 	}
 	before := leases.WatchReads(w)
-	kctx, stop := context.WithTimeout(ctx, 3*ttl)
-	defer stop()
-	if err := l.KeepAlive(kctx, &leases.KeepAliveOptions{Interval: ttl / 5, Announce: true}); err != nil {
-		t.Fatalf("KeepAlive: %v, want it to keep the lease until its context ended", err)
+	select {
+	case <-l.Done():
+		t.Fatalf("the keep-alive did not keep the lease: %v", l.Err())
+	case <-time.After(3 * ttl):
 	}
 	// About one read per expiry the watcher knew (3 TTLs), not two: the
 	// missing announce_key is not asked for again at every read.
@@ -471,7 +468,7 @@ func TestWatchReportsAGapOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if _, err := c.Watch(ctx, "gap", &leases.WatchOptions{After: hist[0].ID, History: 5}); !errors.Is(err, leases.ErrInvalid) {
+	if _, err := c.Watch(ctx, "gap", &leases.WatchOptions{After: hist[0].ID, History: 5}); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Fatalf("After with History: %v, want ErrInvalid", err)
 	}
 	wctx, cancel := context.WithCancel(ctx)
@@ -519,7 +516,8 @@ func TestSetHolderInfo(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
 	ctx := ctxTimeout(t, time.Minute)
-	l, err := c.TryAcquire(ctx, "k", time.Minute, &leases.AcquireOptions{HolderInfo: "v1"})
+	// Not kept alive: it expires below.
+	l, err := c.TryAcquire(ctx, "k", time.Minute, &leases.AcquireOptions{HolderInfo: "v1", NoKeepAlive: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -539,14 +537,14 @@ func TestSetHolderInfo(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT holder_info FROM pgfence.lease_events WHERE key = 'k' AND event = 'acquired'`).Scan(&info); err != nil || info != "v1" {
 		t.Fatalf("grant event holder info %q %v, want v1", info, err)
 	}
-	if _, err := l.SetHolderInfo(ctx, string(make([]byte, leases.MaxHolderInfoBytes+1))); !errors.Is(err, leases.ErrInvalid) {
+	if _, err := l.SetHolderInfo(ctx, string(make([]byte, leases.MaxHolderInfoBytes+1))); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Fatalf("oversize info: %v", err)
 	}
 	if _, err := pool.Exec(ctx, `SELECT pgfence.set_holder_info('k', $1, $2, repeat('x', 1025))`, l.Holder(), l.Token()); pgerr.Code(err) != pgerr.CodeInvalid {
 		t.Fatalf("oversize info from SQL: %v, want PF008", err)
 	}
 	backdate(t, pool, "k", 0)
-	if _, err := l.SetHolderInfo(context.Background(), "v4"); !errors.Is(err, leases.ErrLeaseLost) || !errors.Is(l.Err(), leases.ErrLeaseLost) {
+	if _, err := l.SetHolderInfo(context.Background(), "v4"); !errors.Is(err, pgfence.ErrLeaseLost) || !errors.Is(l.Err(), pgfence.ErrLeaseLost) {
 		t.Fatalf("SetHolderInfo on an expired grant: %v (lease %v), want ErrLeaseLost", err, l.Err())
 	}
 }
@@ -561,7 +559,8 @@ func TestWatchUnderNotificationStorm(t *testing.T) {
 	db := pgfencetest.NewDatabase(t)
 	c := newClient(t, db.Pool, nil)
 	ctx := ctxTimeout(t, time.Minute)
-	l, err := c.TryAcquire(ctx, "k", time.Minute, nil)
+	// Renewed by the storm below only.
+	l, err := c.TryAcquire(ctx, "k", time.Minute, manual())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -586,7 +585,7 @@ func TestWatchUnderNotificationStorm(t *testing.T) {
 	for i, w := range ws {
 		heard[i] = w.State().HeardAt
 	}
-	// Renewals, each signed and announced as KeepAlive's Announce sends them
+	// Renewals, each signed and announced as the keep-alive sends them with AcquireOptions.Announce
 	// (every payload differs: each carries a later expiry, so none is folded
 	// away, and each moves the watchers' timers).
 	for range 5 {

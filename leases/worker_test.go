@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 )
 
 // Worker processes: the test binary re-executed with envWorker set runs one of
@@ -64,13 +65,13 @@ func runWorker(mode string) int {
 		return 0
 	case "hold":
 		ttl, _ := time.ParseDuration(os.Getenv(envTTL))
-		l, err := c.Acquire(ctx, key, ttl, nil)
+		l, err := c.Acquire(ctx, key, ttl, nil) // kept alive until the process dies
 		if err != nil {
 			fmt.Println("error", err)
 			return 1
 		}
 		fmt.Println("held", l.Token(), l.Holder())
-		_ = l.KeepAlive(ctx, nil)
+		<-l.Done()
 		fmt.Println("error keep-alive ended:", l.Err())
 		return 1
 	}
@@ -84,7 +85,7 @@ func runWorker(mode string) int {
 func raceOnce(ctx context.Context, c *leases.Client, pool *pgxpool.Pool, key string, start time.Time, racers int) (bool, error) {
 	time.Sleep(time.Until(start))
 	l, err := c.TryAcquire(ctx, key, time.Minute, nil)
-	if err != nil && !errors.Is(err, leases.ErrLeaseHeld) {
+	if err != nil && !errors.Is(err, pgfence.ErrLeaseHeld) {
 		return false, err
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO race_attempts DEFAULT VALUES`); err != nil {
@@ -110,7 +111,8 @@ func raceOnce(ctx context.Context, c *leases.Client, pool *pgxpool.Pool, key str
 // holds target grants. Under each grant it writes one row to grants, checked
 // against the lease in the same statement (the row lock makes a takeover wait
 // for it). Every third grant it simulates a crash: it backdates its own expiry
-// and walks away, so the next grant is a takeover.
+// and walks away, so the next grant is a takeover. Its leases are not kept
+// alive: a crashed holder renews nothing.
 func participate(ctx context.Context, c *leases.Client, pool *pgxpool.Pool, key, who string, target int, onGrant func()) error {
 	for {
 		var n int
@@ -121,7 +123,7 @@ func participate(ctx context.Context, c *leases.Client, pool *pgxpool.Pool, key,
 			return nil
 		}
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		l, err := c.Acquire(actx, key, 5*time.Second, nil)
+		l, err := c.Acquire(actx, key, 5*time.Second, &leases.AcquireOptions{NoKeepAlive: true})
 		cancel()
 		if err != nil {
 			return err
@@ -152,7 +154,7 @@ WHERE key = $1 AND holder = $2::uuid`, key, l.Holder()); err != nil {
 			if _, err := pool.Exec(ctx, `SELECT pg_notify($1, $2)`, leases.NotifyChannel, key); err != nil {
 				return err
 			}
-			if err := l.Renew(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+			if err := l.Renew(ctx); !errors.Is(err, pgfence.ErrLeaseLost) {
 				return fmt.Errorf("renewal of an expired grant %d: got %v, want ErrLeaseLost", l.Token(), err)
 			}
 			continue

@@ -67,12 +67,12 @@ func TestPrefixGrantsIsolateServices(t *testing.T) {
 	}
 	_, err = billingLeases.TryAcquire(ctx, "orders/43", time.Minute, nil)
 	notGranted("TryAcquire orders/43", err)
-	if !errors.Is(err, leases.ErrNotGranted) {
-		t.Errorf("TryAcquire outside the prefix: %v, want leases.ErrNotGranted", err)
+	if !errors.Is(err, pgfence.ErrNotGranted) {
+		t.Errorf("TryAcquire outside the prefix: %v, want pgfence.ErrNotGranted", err)
 	}
-	_, err = pgfence.ExecToken(ctx, billing, "orders/42", l.Token(), `SELECT 1`)
+	_, err = pgfence.Exec(ctx, billing, pgfence.LeaseOf("orders/42", "", l.Token()), `SELECT 1`)
 	notGranted("fence orders/42 with orders' own token", err)
-	_, err = pgfence.ExecLeased(ctx, billing, l, `SELECT 1`)
+	_, err = pgfence.Exec(ctx, billing, pgfence.Checked(l), `SELECT 1`)
 	notGranted("check_lease of orders' lease (it would hold its row FOR SHARE)", err)
 	for what, q := range map[string]string{
 		"renew":                     `SELECT * FROM pgfence.renew('orders/42', $1, $2, interval '1 minute')`,
@@ -136,7 +136,7 @@ func TestPrefixGrantsIsolateServices(t *testing.T) {
 		t.Fatalf("revoke: %v %v", removed, err)
 	}
 	_, err = ordersLeases.TryAcquire(ctx, "orders/42", time.Minute, nil)
-	if !errors.Is(err, leases.ErrNotGranted) {
+	if !errors.Is(err, pgfence.ErrNotGranted) {
 		t.Errorf("TryAcquire after the revoke: %v, want ErrNotGranted", err)
 	}
 	grants, err := pgfence.PrefixGrants(ctx, db.Pool)

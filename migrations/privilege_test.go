@@ -113,7 +113,7 @@ func TestGuardRunsAsTheWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	pgfencetest.IssueToken(t, owner, "mood:1", 1)
-	if _, err := pgfence.ExecToken(ctx, op, "mood:1", 1, `INSERT INTO moods VALUES ('1', 'x')`); err != nil {
+	if _, err := pgfence.Exec(ctx, op, pgfence.LeaseOf("mood:1", "", 1), `INSERT INTO moods VALUES ('1', 'x')`); err != nil {
 		t.Fatalf("operator: fenced insert into its own protected table: %v", err)
 	}
 	rows, err := owner.Query(ctx, `SELECT DISTINCT who FROM cast_ran_as`)
@@ -193,7 +193,7 @@ func TestLeastPrivilege(t *testing.T) {
 	if _, err := lc.History(ctx, "acct:1", 10); err != nil {
 		t.Fatalf("app: History: %v", err)
 	}
-	rcpt, err := pgfence.WriteToken(ctx, app, "acct:1", l.Token(), func(ctx context.Context, tx pgx.Tx) error {
+	rcpt, err := pgfence.Write(ctx, app, pgfence.LeaseOf("acct:1", "", l.Token()), func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE acct SET balance = 11 WHERE id = 1`)
 		return err
 	})
@@ -206,10 +206,10 @@ func TestLeastPrivilege(t *testing.T) {
 	if got, err := pgfence.Resolve(ctx, app, &pgfence.OutcomeUnknownError{Resource: "acct:never", Token: 1, Op: pgfence.OpID{1}}); err != nil || got != pgfence.NotApplied {
 		t.Fatalf("app: Resolve of an unwritten resource = %v, %v; want not applied", got, err)
 	}
-	if _, err := pgfence.Accepted(ctx, owner, "acct:never"); !errors.Is(err, pgfence.ErrNotFound) {
+	if _, err := pgfence.LookupFence(ctx, owner, "acct:never"); !errors.Is(err, pgfence.ErrNotFound) {
 		t.Fatalf("Resolve left a fence row behind: %v", err)
 	}
-	if err := pgfence.WriteLeased(ctx, app, l, func(ctx context.Context, tx pgx.Tx) error {
+	if _, err := pgfence.Write(ctx, app, pgfence.Checked(l), func(ctx context.Context, tx pgx.Tx) error {
 		return nil
 	}); err != nil {
 		t.Fatalf("app: lease-checked write: %v", err)
@@ -234,7 +234,7 @@ func TestLeastPrivilege(t *testing.T) {
 	// A stale write is refused, and the application records the rejection
 	// (pgfence.record_fence_rejection) without any write privilege on
 	// pgfence.fence_rejections.
-	if _, err := pgfence.ExecToken(ctx, app, "acct:1", l.Token()-1, `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) {
+	if _, err := pgfence.Exec(ctx, app, pgfence.LeaseOf("acct:1", "", l.Token()-1), `SELECT 1`); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("app: stale write: want ErrStaleToken, got %v", err)
 	}
 	var rejections int
@@ -296,7 +296,7 @@ func TestLeastPrivilege(t *testing.T) {
 	if _, err := lc.PauseGrants(ctx, "acct:", "stop"); pgerr.Code(err) != codeInsufficientPrivilege {
 		t.Errorf("app: PauseGrants: want 42501, got %v", err)
 	}
-	if _, err := idempotency.GC(ctx, app, nil); pgerr.Code(err) != codeInsufficientPrivilege {
+	if _, err := gcStore.GC(ctx, app, nil); pgerr.Code(err) != codeInsufficientPrivilege {
 		t.Errorf("app: idempotency GC: want 42501, got %v", err)
 	}
 
@@ -352,7 +352,7 @@ func TestLeastPrivilege(t *testing.T) {
 	if _, err := oc.ResumeGrants(ctx, "acct:", ""); err != nil {
 		t.Fatalf("operator: ResumeGrants: %v", err)
 	}
-	if _, err := idempotency.GC(ctx, op, nil); err != nil {
+	if _, err := gcStore.GC(ctx, op, nil); err != nil {
 		t.Fatalf("operator: idempotency GC: %v", err)
 	}
 	// protect checks the caller's own rights on the table: an operator
@@ -548,3 +548,12 @@ func mustExecPool(t *testing.T, pool *pgxpool.Pool, sql string) {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }
+
+// gcStore runs idempotency GC with the defaults.
+var gcStore = func() *idempotency.Store {
+	s, err := idempotency.NewStore(nil)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}()

@@ -56,7 +56,7 @@ func TestProtectDescendants(t *testing.T) {
 	refused("insert into a grandchild", `INSERT INTO grandchild VALUES ('y')`)
 	// A fenced write through the child is accepted.
 	pgfencetest.IssueToken(t, pool, "base:x", 1)
-	if _, err := pgfence.ExecToken(ctx, pool, "base:x", 1, `INSERT INTO child VALUES ('x')`); err != nil {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("base:x", "", 1), `INSERT INTO child VALUES ('x')`); err != nil {
 		t.Fatalf("fenced insert into a child: %v", err)
 	}
 	refused("update of a child's row through the parent", `UPDATE base SET k = 'z' WHERE k = 'x'`)
@@ -118,7 +118,7 @@ func TestProtectTablesAddedLater(t *testing.T) {
 			t.Errorf("unfenced DELETE FROM %s: SQLSTATE %q, want PF006", table, c)
 		}
 		pgfencetest.IssueToken(t, pool, resource, 1)
-		if _, err := pgfence.ExecToken(ctx, pool, resource, 1, `INSERT INTO `+table+` VALUES `+row); err != nil {
+		if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf(resource, "", 1), `INSERT INTO `+table+` VALUES `+row); err != nil {
 			t.Errorf("fenced INSERT INTO %s: %v", table, err)
 		}
 	}
@@ -157,7 +157,7 @@ func TestProtectTablesAddedLater(t *testing.T) {
 	mustExecPool(t, pool, `ALTER EVENT TRIGGER pgfence_guard_new_tables DISABLE`)
 	mustExecPool(t, pool, `CREATE TABLE orders_br PARTITION OF orders FOR VALUES IN ('br')`)
 	pgfencetest.IssueToken(t, pool, "orders:br", 1)
-	if _, err := pgfence.ExecToken(ctx, pool, "orders:br", 1, `INSERT INTO orders_br VALUES ('br', 1)`); !errors.Is(err, pgfence.ErrUnfencedWrite) {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("orders:br", "", 1), `INSERT INTO orders_br VALUES ('br', 1)`); !errors.Is(err, pgfence.ErrUnfencedWrite) {
 		t.Errorf("fenced INSERT into a partition added without the event trigger: %v, want ErrUnfencedWrite", err)
 	}
 	mustExecPool(t, pool, `ALTER EVENT TRIGGER pgfence_guard_new_tables ENABLE`)
@@ -197,16 +197,16 @@ func TestProtectChecksTheStoredRow(t *testing.T) {
 	for _, r := range []string{"jobs:B", "jobs:b", "gen:r1"} {
 		pgfencetest.IssueToken(t, pool, r, 5)
 	}
-	if _, err := pgfence.ExecToken(ctx, pool, "jobs:B", 5, `INSERT INTO jobs VALUES ('B', 'x')`); pgerr.Code(err) != "PF006" {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("jobs:B", "", 5), `INSERT INTO jobs VALUES ('B', 'x')`); pgerr.Code(err) != "PF006" {
 		t.Fatalf("fenced for jobs:B, stored as jobs:b: %v, want PF006", err)
 	}
-	if _, err := pgfence.ExecToken(ctx, pool, "jobs:b", 5, `INSERT INTO jobs VALUES ('B', 'x')`); err != nil {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("jobs:b", "", 5), `INSERT INTO jobs VALUES ('B', 'x')`); err != nil {
 		t.Fatalf("fenced for the resource the row is stored under: %v", err)
 	}
-	if _, err := pgfence.ExecToken(ctx, pool, "gen:r1", 1, `INSERT INTO gen (id) VALUES (1)`); err != nil {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("gen:r1", "", 1), `INSERT INTO gen (id) VALUES (1)`); err != nil {
 		t.Fatalf("fenced insert, generated resource column: %v", err)
 	}
-	if _, err := pgfence.ExecToken(ctx, pool, "gen:r1", 2, `INSERT INTO gen (id) VALUES (2)`); pgerr.Code(err) != "PF006" {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("gen:r1", "", 2), `INSERT INTO gen (id) VALUES (2)`); pgerr.Code(err) != "PF006" {
 		t.Fatalf("insert of gen:r2 fenced for gen:r1: %v, want PF006", err)
 	}
 	var n int
@@ -253,13 +253,13 @@ func TestMigratedWithoutSuperuser(t *testing.T) {
 	}
 	mustExecPool(t, pool, `CREATE TABLE orders_us PARTITION OF orders FOR VALUES IN ('us')`)
 	pgfencetest.IssueToken(t, pool, "us", 1)
-	if _, err := pgfence.ExecToken(ctx, pool, "us", 1, `INSERT INTO orders VALUES ('us')`); !errors.Is(err, pgfence.ErrUnfencedWrite) {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("us", "", 1), `INSERT INTO orders VALUES ('us')`); !errors.Is(err, pgfence.ErrUnfencedWrite) {
 		t.Fatalf("fenced INSERT into a partition added after protect: %v, want ErrUnfencedWrite until protected again", err)
 	}
 	if err := pgfence.Protect(ctx, pool, pgx.Identifier{"orders"}, "region", ""); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pgfence.ExecToken(ctx, pool, "us", 1, `INSERT INTO orders VALUES ('us')`); err != nil {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("us", "", 1), `INSERT INTO orders VALUES ('us')`); err != nil {
 		t.Fatalf("fenced INSERT once protected again: %v", err)
 	}
 	if _, err := pool.Exec(ctx, `TRUNCATE orders_us`); pgerr.Code(err) != "PF006" {

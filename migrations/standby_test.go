@@ -12,6 +12,7 @@ import (
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -93,7 +94,7 @@ func TestStandbyRefusesEveryProtocolFunction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, err := c.TryAcquire(ctx, "held", time.Minute, nil); !errors.Is(err, leases.ErrNotPrimary) {
+	if _, err := c.TryAcquire(ctx, "held", time.Minute, nil); !errors.Is(err, pgfence.ErrNotPrimary) {
 		t.Errorf("TryAcquire of a held key on a standby: %v, want ErrNotPrimary", err)
 	}
 	// At once: a waiting Acquire does not retry a standby until its deadline
@@ -101,7 +102,7 @@ func TestStandbyRefusesEveryProtocolFunction(t *testing.T) {
 	actx, acancel := context.WithTimeout(ctx, 20*time.Second)
 	_, err = c.Acquire(actx, "held", time.Minute, &leases.AcquireOptions{MaxWait: time.Hour})
 	acancel()
-	if !errors.Is(err, leases.ErrNotPrimary) || errors.Is(err, context.DeadlineExceeded) {
+	if !errors.Is(err, pgfence.ErrNotPrimary) || errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Acquire of a held key on a standby: %v, want ErrNotPrimary at once", err)
 	}
 }

@@ -23,10 +23,15 @@ import (
 
 const benchKeys = 1000
 
+// benchTable creates kv with benchKeys rows; the leases of their resources
+// (kv:k0 …) have issued every token up to madeUp.
 func benchTable(b *testing.B) *pgfencetest.Database {
 	db := pgfencetest.NewDatabase(b)
 	mustExec(b, db.Pool, `CREATE TABLE kv (k text PRIMARY KEY, v text NOT NULL, token bigint NOT NULL)`)
 	mustExec(b, db.Pool, `INSERT INTO kv SELECT 'k' || i, 'init', 0 FROM generate_series(0, $1 - 1) i`, benchKeys)
+	for i := range benchKeys {
+		issue(b, db.Pool, "kv:k"+strconv.Itoa(i))
+	}
 	return db
 }
 
@@ -49,24 +54,20 @@ func BenchmarkWrite(b *testing.B) {
 		"fenced-exec": func(i int) error {
 			k := "k" + strconv.Itoa(i%benchKeys)
 			t := token.Add(1)
-			_, err := pgfence.ExecToken(ctx, pool, "kv:"+k, t, benchUpdate, "v", t, k)
+			_, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("kv:"+k, "", t), benchUpdate, "v", t, k)
 			return err
 		},
 		"fenced-write": func(i int) error {
 			k := "k" + strconv.Itoa(i%benchKeys)
 			t := token.Add(1)
-			_, err := pgfence.WriteToken(ctx, pool, "kv:"+k, t, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := pgfence.Write(ctx, pool, pgfence.LeaseOf("kv:"+k, "", t), func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, benchUpdate, "v", t, k)
 				return err
 			})
 			return err
 		},
-		"versioned-row": func(i int) error {
-			k := "k" + strconv.Itoa(i%benchKeys)
-			return pgfence.UpdateRow(ctx, pool, pgfence.Table{Name: pgx.Identifier{"kv"}, Key: "k", Fence: "token"}, k, token.Add(1), map[string]any{"v": "v"})
-		},
 	}
-	for _, name := range []string{"unfenced", "fenced-exec", "fenced-write", "versioned-row"} {
+	for _, name := range []string{"unfenced", "fenced-exec", "fenced-write"} {
 		op := ops[name]
 		for i := range benchKeys { // warm the fence rows and statement caches
 			if err := op(i); err != nil {
@@ -119,7 +120,7 @@ func BenchmarkFencedVsUnfenced(b *testing.B) {
 	fenced := func(i int) error {
 		token++
 		k := "k" + strconv.Itoa(i%benchKeys)
-		_, err := pgfence.ExecToken(ctx, c, "kv:"+k, token, benchUpdate, "v", token, k)
+		_, err := pgfence.Exec(ctx, c, pgfence.LeaseOf("kv:"+k, "", token), benchUpdate, "v", token, k)
 		return err
 	}
 	for i := range benchKeys {
@@ -151,7 +152,7 @@ func BenchmarkLeaseChecked(b *testing.B) {
 	db := benchTable(b)
 	l := grant(b, db.Pool, "job")
 	for i := 0; b.Loop(); i++ {
-		if _, err := pgfence.ExecLeased(ctx, db.Pool, l.lease(), benchUpdate, "v", int64(i), "k"+strconv.Itoa(i%benchKeys)); err != nil {
+		if _, err := pgfence.Exec(ctx, db.Pool, pgfence.Checked(l.lease()), benchUpdate, "v", int64(i), "k"+strconv.Itoa(i%benchKeys)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -169,6 +170,9 @@ func BenchmarkProtectedRows(b *testing.B) {
 			db := pgfencetest.NewDatabase(b)
 			mustExec(b, db.Pool, `CREATE TABLE items (id int PRIMARY KEY, tenant text NOT NULL, n int NOT NULL)`)
 			mustExec(b, db.Pool, `INSERT INTO items SELECT i, 't' || (i / $1), 0 FROM generate_series(0, 10 * $1 - 1) i`, rows)
+			for i := range 10 {
+				issue(b, db.Pool, "tenant:t"+strconv.Itoa(i))
+			}
 			if protected {
 				if err := pgfence.Protect(ctx, db.Pool, pgx.Identifier{"items"}, "tenant", "tenant:"); err != nil {
 					b.Fatal(err)
@@ -178,9 +182,9 @@ func BenchmarkProtectedRows(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				tenant := "t" + strconv.Itoa(i%10)
 				token++
-				tag, err := pgfence.ExecToken(ctx, db.Pool, "tenant:"+tenant, token, `UPDATE items SET n = n + 1 WHERE tenant = $1`, tenant)
-				if err != nil || tag.RowsAffected() != rows {
-					b.Fatal(tag, err)
+				n, err := pgfence.Exec(ctx, db.Pool, pgfence.LeaseOf("tenant:"+tenant, "", token), `UPDATE items SET n = n + 1 WHERE tenant = $1`, tenant)
+				if err != nil || n != rows {
+					b.Fatal(n, err)
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*rows), "ns/row")

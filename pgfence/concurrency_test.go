@@ -38,7 +38,7 @@ func TestConcurrentWriters(t *testing.T) {
 				// Tokens drift upwards with overlap between writers, so that
 				// many writes are accepted and many are stale.
 				token := int64(r)*10 + 1 + rng.Int64N(40)
-				_, err := pgfence.WriteToken(ctx, pool, "state:1", token, func(ctx context.Context, tx pgx.Tx) error {
+				_, err := pgfence.Write(ctx, pool, pgfence.LeaseOf("state:1", "", token), func(ctx context.Context, tx pgx.Tx) error {
 					if _, err := tx.Exec(ctx, `INSERT INTO log (token, writer) VALUES ($1, $2)`, token, w); err != nil {
 						return err
 					}
@@ -90,7 +90,7 @@ func TestConcurrentWriters(t *testing.T) {
 	if token != last.Token || writer != last.Writer {
 		t.Fatalf("final state token %d writer %d, want the last accepted write %+v", token, writer, last)
 	}
-	st, err := pgfence.Accepted(ctx, pool, "state:1")
+	st, err := pgfence.LookupFence(ctx, pool, "state:1")
 	if err != nil || st.Token != last.Token || st.Writes != int64(len(log)) {
 		t.Fatalf("fence %+v (%v), want token %d after %d writes", st, err, last.Token, len(log))
 	}

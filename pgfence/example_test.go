@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,7 +41,8 @@ func Example() {
 			`INSERT INTO report VALUES ('daily', $1) ON CONFLICT (id) DO UPDATE SET body = excluded.body`, body)
 		return err
 	}
-	old, _ := client.TryAcquire(ctx, "report:daily", 100*time.Millisecond, nil)
+	// Not kept alive: the old holder is about to pause.
+	old, _ := client.TryAcquire(ctx, "report:daily", 100*time.Millisecond, &leases.AcquireOptions{NoKeepAlive: true})
 	fmt.Println("old holder writes:", write(old, "by the old holder"))
 	// The old holder pauses past its lease; the new holder's Acquire waits
 	// until the database says the lease expired.
@@ -70,9 +69,10 @@ func Example() {
 }
 
 // A token that came without its lease (from another process, or from SQL) is
-// presented with the resource it was issued for: the key of the lease that
-// issued it. A token that lease never issued is refused.
-func ExampleExecToken() {
+// presented with the resource it was issued for, the key of the lease that
+// issued it, as a Lease with no holder: a bare token. A token that lease never
+// issued is refused.
+func ExampleLeaseOf() {
 	ctx := context.Background()
 	db, err := pgfencetest.Open()
 	if err != nil {
@@ -101,7 +101,7 @@ func ExampleExecToken() {
 	defer second.Release(ctx)
 
 	write := func(token int64) error {
-		_, err := pgfence.ExecToken(ctx, db.Pool, "invoice:7", token, `SELECT 'the business write'`)
+		_, err := pgfence.Exec(ctx, db.Pool, pgfence.LeaseOf("invoice:7", "", token), `SELECT 'the business write'`)
 		return err
 	}
 	fmt.Println("the second holder's token:", write(second.Token()))
@@ -113,34 +113,9 @@ func ExampleExecToken() {
 	// a made-up token is not issued: true
 }
 
-// Versioned rows: the application's table keeps the token of each row's last
-// write; a stale update is told apart from a missing row.
-func ExampleUpdateRow() {
-	ctx := context.Background()
-	db, err := pgfencetest.Open()
-	if err != nil {
-		fmt.Println("no database:", err)
-		return
-	}
-	defer db.Close()
-	_, _ = db.Pool.Exec(ctx, `CREATE TABLE job (id int PRIMARY KEY, state text, fence bigint)`)
-	_, _ = db.Pool.Exec(ctx, `INSERT INTO job VALUES (1, 'queued', NULL)`)
-	jobs := pgfence.Table{Name: pgx.Identifier{"job"}, Key: "id", Fence: "fence"}
-
-	fmt.Println(pgfence.UpdateRow(ctx, db.Pool, jobs, 1, 7, map[string]any{"state": "running"}))
-	err = pgfence.UpdateRow(ctx, db.Pool, jobs, 1, 6, map[string]any{"state": "done"})
-	fmt.Println(errors.Is(err, pgfence.ErrStaleToken))
-	err = pgfence.UpdateRow(ctx, db.Pool, jobs, 2, 7, map[string]any{"state": "done"})
-	fmt.Println(errors.Is(err, pgfence.ErrNotFound))
-	// Output:
-	// <nil>
-	// true
-	// true
-}
-
-// A Fencer with a logger reports one event per fenced write; a rejected write
-// is also recorded in pgfence.fence_rejections, listed by Rejections.
-func ExampleNew() {
+// A rejected write is recorded in pgfence.fence_rejections, with the token
+// that beat it; Rejections lists a resource's newest ones.
+func ExampleRejections() {
 	db, err := pgfencetest.Open()
 	if err != nil {
 		fmt.Println("no database:", err)
@@ -167,28 +142,16 @@ func ExampleNew() {
 	}
 	defer second.Release(ctx)
 
-	// A text log without the time, the operation id and the tokens (their
-	// values depend on the server), for a stable output.
-	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
-		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
-			switch a.Key {
-			case slog.TimeKey, "pgfence.fence.op", "pgfence.fence.token", "pgfence.fence.accepted_token":
-				return slog.Attr{}
-			}
-			return a
-		},
-	}))
-	fencer := pgfence.New(&pgfence.Config{Logger: logger})
-
-	_, _ = fencer.ExecToken(ctx, db.Pool, "invoice:7", second.Token(), `SELECT 'the business write'`) // accepted: debug, not shown
-	_, _ = fencer.ExecToken(ctx, db.Pool, "invoice:7", first.Token(), `SELECT 'a late write'`)
+	_, _ = pgfence.Exec(ctx, db.Pool, second, `SELECT 'the business write'`)
+	_, err = pgfence.Exec(ctx, db.Pool, first, `SELECT 'a late write'`)
+	fmt.Println("the first holder's late write is stale:", errors.Is(err, pgfence.ErrStaleToken))
 
 	rejections, _ := pgfence.Rejections(ctx, db.Pool, "invoice:7", 10)
 	for _, r := range rejections {
-		fmt.Printf("recorded: %s, the first holder's token presented: %v, the second's accepted: %v\n",
-			r.Reason, r.PresentedToken == first.Token(), r.AcceptedToken == second.Token())
+		fmt.Printf("recorded: %s by %s, the first holder's token presented: %v, the second's accepted: %v\n",
+			r.Reason, r.Operation, r.PresentedToken == first.Token(), r.AcceptedToken == second.Token())
 	}
 	// Output:
-	// level=INFO msg="pgfence: write rejected" pgfence.operation=exec pgfence.fence.resource=invoice:7 pgfence.outcome=stale_token
-	// recorded: stale_token, the first holder's token presented: true, the second's accepted: true
+	// the first holder's late write is stale: true
+	// recorded: stale_token by exec, the first holder's token presented: true, the second's accepted: true
 }

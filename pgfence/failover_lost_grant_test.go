@@ -67,8 +67,8 @@ func TestLostGrantAfterFailoverIsRefused(t *testing.T) {
 	if err := write(promoted, lost, "by the lost grant's holder"); !errors.As(err, &notIssued) || notIssued.Issued != l1.Token {
 		t.Fatalf("fenced write with the lost grant's token: %v, want *TokenNotIssuedError (issued %d)", err, l1.Token)
 	}
-	if _, err := pgfence.ExecLeased(ctx, promoted, lost.lease(), `SELECT 1`); !errors.Is(err, pgfence.ErrLeaseNotHeld) {
-		t.Fatalf("lease-checked write of the lost grant: %v, want ErrLeaseNotHeld", err)
+	if _, err := pgfence.Exec(ctx, promoted, pgfence.Checked(lost.lease()), `SELECT 1`); !errors.Is(err, pgfence.ErrLeaseLost) {
+		t.Fatalf("lease-checked write of the lost grant: %v, want ErrLeaseLost", err)
 	}
 	var body string
 	if err := promoted.QueryRow(ctx, `SELECT body FROM doc WHERE id = '1'`).Scan(&body); err != nil || body != "first" {

@@ -33,7 +33,7 @@ func testFailover(t *testing.T, sync bool) {
 	primary := db.Pool
 	mustExec(t, primary, `CREATE TABLE doc (resource text PRIMARY KEY, body text NOT NULL, token bigint NOT NULL)`)
 	fencedWrite := func(pool *pgxpool.Pool, token int64, body string) error {
-		_, err := pgfence.ExecToken(ctx, pool, "doc:1", token,
+		_, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("doc:1", "", token),
 			`INSERT INTO doc VALUES ('doc:1', $1, $2) ON CONFLICT (resource) DO UPDATE SET body = excluded.body, token = excluded.token`, body, token)
 		return err
 	}
@@ -60,7 +60,7 @@ func testFailover(t *testing.T, sync bool) {
 	if sqlstate(err) != "PF005" || !errors.Is(pgfence.MapError(err), pgfence.ErrNotPrimary) {
 		t.Fatalf("next_token on a standby: want PF005/ErrNotPrimary, got %v", err)
 	}
-	if _, err := pgfence.ExecToken(ctx, replica, "doc:1", l1.Token+100, `SELECT 1`); !errors.Is(err, pgfence.ErrNotPrimary) {
+	if _, err := pgfence.Exec(ctx, replica, pgfence.LeaseOf("doc:1", "", l1.Token+100), `SELECT 1`); !errors.Is(err, pgfence.ErrNotPrimary) {
 		t.Fatalf("fence on a standby: want ErrNotPrimary, got %v", err)
 	}
 	if _, err := replica.Exec(ctx, grantSQL, "job2", newHolder(), "30 seconds"); !errors.Is(pgfence.MapError(err), pgfence.ErrNotPrimary) {

@@ -76,7 +76,7 @@ func TestFenceRollback(t *testing.T) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pgfence.Accepted(ctx, pool, "r"); !errors.Is(err, pgfence.ErrNotFound) {
+	if _, err := pgfence.LookupFence(ctx, pool, "r"); !errors.Is(err, pgfence.ErrNotFound) {
 		t.Fatalf("after rollback: want ErrNotFound, got %v", err)
 	}
 	mustExec(t, pool, `SELECT pgfence.fence('r', 3)`) // 100 was never accepted
@@ -94,7 +94,7 @@ func TestWrite(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	setupKV(t, pool)
 	write := func(token int64, v string) (pgfence.Receipt, error) {
-		return pgfence.WriteToken(ctx, pool, "kv:a", token, func(ctx context.Context, tx pgx.Tx) error {
+		return pgfence.Write(ctx, pool, pgfence.LeaseOf("kv:a", "", token), func(ctx context.Context, tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`, v, token)
 			return err
 		})
@@ -104,7 +104,7 @@ func TestWrite(t *testing.T) {
 		t.Fatalf("write 10: %+v, %v", rc, err)
 	}
 	called := false
-	_, err = pgfence.WriteToken(ctx, pool, "kv:a", 9, func(ctx context.Context, tx pgx.Tx) error { called = true; return nil })
+	_, err = pgfence.Write(ctx, pool, pgfence.LeaseOf("kv:a", "", 9), func(ctx context.Context, tx pgx.Tx) error { called = true; return nil })
 	var st *pgfence.StaleTokenError
 	if !errors.As(err, &st) || !errors.Is(err, pgfence.ErrStaleToken) || st.Presented != 9 || st.Accepted != 10 || st.Resource != "kv:a" {
 		t.Fatalf("write 9: want stale (9 < 10), got %v", err)
@@ -118,20 +118,20 @@ func TestWrite(t *testing.T) {
 	}
 	// fn's error rolls the acceptance back.
 	boom := errors.New("boom")
-	if _, err := pgfence.WriteToken(ctx, pool, "kv:a", 50, func(context.Context, pgx.Tx) error { return boom }); !errors.Is(err, boom) {
+	if _, err := pgfence.Write(ctx, pool, pgfence.LeaseOf("kv:a", "", 50), func(context.Context, pgx.Tx) error { return boom }); !errors.Is(err, boom) {
 		t.Fatalf("fn error: got %v", err)
 	}
-	if st, err := pgfence.Accepted(ctx, pool, "kv:a"); err != nil || st.Token != 10 || st.Writes != 2 || st.Op != rc2.Op || rc2.Op == rc.Op {
+	if st, err := pgfence.LookupFence(ctx, pool, "kv:a"); err != nil || st.Token != 10 || st.Writes != 2 || st.Op != rc2.Op || rc2.Op == rc.Op {
 		t.Fatalf("accepted after fn error: %+v, %v; want token 10, 2 writes, the second write's op %s", st, err, rc2.Op)
 	}
 	var v string
 	if err := pool.QueryRow(ctx, `SELECT v FROM kv WHERE k = 'a'`).Scan(&v); err != nil || v != "ten again" {
 		t.Fatalf("row: %q, %v", v, err)
 	}
-	if _, err := pgfence.WriteToken(ctx, pool, "", 1, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrInvalid) {
+	if _, err := pgfence.Write(ctx, pool, pgfence.LeaseOf("", "", 1), func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Fatalf("empty resource: %v", err)
 	}
-	if _, err := pgfence.WriteToken(ctx, pool, "r", 0, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrInvalid) {
+	if _, err := pgfence.Write(ctx, pool, pgfence.LeaseOf("r", "", 0), func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Fatalf("zero token: %v", err)
 	}
 }
@@ -148,23 +148,23 @@ func TestWriteInCallerTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	_, err = pgfence.WriteToken(ctx, tx, "kv:a", 19, func(ctx context.Context, tx pgx.Tx) error { return nil })
+	_, err = pgfence.Write(ctx, tx, pgfence.LeaseOf("kv:a", "", 19), func(ctx context.Context, tx pgx.Tx) error { return nil })
 	if !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("want stale, got %v", err)
 	}
-	if _, err := pgfence.WriteToken(ctx, tx, "kv:a", 21, func(ctx context.Context, tx pgx.Tx) error {
+	if _, err := pgfence.Write(ctx, tx, pgfence.LeaseOf("kv:a", "", 21), func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE kv SET v = 'in tx', token = 21 WHERE k = 'a'`)
 		return err
 	}); err != nil {
 		t.Fatalf("write in caller tx after a rejection: %v", err)
 	}
-	if st, _ := pgfence.Accepted(ctx, pool, "kv:a"); st.Token != 20 {
+	if st, _ := pgfence.LookupFence(ctx, pool, "kv:a"); st.Token != 20 {
 		t.Fatalf("token visible before the caller committed: %d", st.Token)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := pgfence.Accepted(ctx, pool, "kv:a"); st.Token != 21 {
+	if st, _ := pgfence.LookupFence(ctx, pool, "kv:a"); st.Token != 21 {
 		t.Fatalf("after commit: token %d, want 21", st.Token)
 	}
 }
@@ -173,21 +173,25 @@ func TestExec(t *testing.T) {
 	ctx := testContext(t)
 	pool := pgfencetest.NewPool(t)
 	setupKV(t, pool)
-	tag, err := pgfence.ExecToken(ctx, pool, "kv:a", 7, `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`, "seven", int64(7))
-	if err != nil || tag.RowsAffected() != 1 {
-		t.Fatalf("exec 7: %v, %v", tag, err)
+	n, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("kv:a", "", 7), `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`, "seven", int64(7))
+	if err != nil || n != 1 {
+		t.Fatalf("exec 7: %d rows, %v", n, err)
 	}
-	_, err = pgfence.ExecToken(ctx, pool, "kv:a", 6, `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`, "six", int64(6))
+	// The rows are the statement's, not the fence's (whose SELECT returns one).
+	if n, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("kv:a", "", 7), `UPDATE kv SET v = v WHERE false`); err != nil || n != 0 {
+		t.Fatalf("exec of an UPDATE of no row: %d rows, %v", n, err)
+	}
+	_, err = pgfence.Exec(ctx, pool, pgfence.LeaseOf("kv:a", "", 6), `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`, "six", int64(6))
 	var st *pgfence.StaleTokenError
 	if !errors.As(err, &st) || st.Accepted != 7 || st.Presented != 6 {
 		t.Fatalf("exec 6: want stale, got %v", err)
 	}
 	// A failing statement rolls back the acceptance (one implicit transaction).
-	_, err = pgfence.ExecToken(ctx, pool, "kv:a", 8, `UPDATE kv SET v = NULL WHERE k = 'a'`)
+	_, err = pgfence.Exec(ctx, pool, pgfence.LeaseOf("kv:a", "", 8), `UPDATE kv SET v = NULL WHERE k = 'a'`)
 	if sqlstate(err) != "23502" {
 		t.Fatalf("not-null violation: got %v", err)
 	}
-	if st, _ := pgfence.Accepted(ctx, pool, "kv:a"); st.Token != 7 {
+	if st, _ := pgfence.LookupFence(ctx, pool, "kv:a"); st.Token != 7 {
 		t.Fatalf("accepted %d after a failed statement, want 7", st.Token)
 	}
 	var v string
@@ -200,53 +204,14 @@ func TestExec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pgfence.ExecToken(ctx, tx, "kv:a", 8, `UPDATE kv SET v = 'eight', token = 8 WHERE k = 'a'`); err != nil {
+	if _, err := pgfence.Exec(ctx, tx, pgfence.LeaseOf("kv:a", "", 8), `UPDATE kv SET v = 'eight', token = 8 WHERE k = 'a'`); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := pgfence.Accepted(ctx, pool, "kv:a"); st.Token != 8 {
+	if st, _ := pgfence.LookupFence(ctx, pool, "kv:a"); st.Token != 8 {
 		t.Fatalf("accepted %d, want 8", st.Token)
-	}
-}
-
-func TestUpdateRow(t *testing.T) {
-	ctx := testContext(t)
-	pool := pgfencetest.NewPool(t)
-	mustExec(t, pool, `CREATE SCHEMA app`)
-	mustExec(t, pool, `CREATE TABLE app."Jobs" (id int PRIMARY KEY, "state" text, "fence token" bigint)`)
-	mustExec(t, pool, `INSERT INTO app."Jobs" VALUES (1, 'new', NULL), (2, 'new', 50)`)
-	tbl := pgfence.Table{Name: pgx.Identifier{"app", "Jobs"}, Key: "id", Fence: "fence token"}
-	if err := pgfence.UpdateRow(ctx, pool, tbl, 1, 10, map[string]any{"state": "running"}); err != nil {
-		t.Fatalf("NULL fence: %v", err)
-	}
-	if err := pgfence.UpdateRow(ctx, pool, tbl, 1, 10, map[string]any{"state": "again"}); err != nil {
-		t.Fatalf("equal token: %v", err)
-	}
-	err := pgfence.UpdateRow(ctx, pool, tbl, 1, 9, map[string]any{"state": "stale"})
-	var st *pgfence.StaleTokenError
-	if !errors.As(err, &st) || st.Presented != 9 || st.Accepted != 10 {
-		t.Fatalf("stale: got %v", err)
-	}
-	if err := pgfence.UpdateRow(ctx, pool, tbl, 3, 99, map[string]any{"state": "x"}); !errors.Is(err, pgfence.ErrNotFound) {
-		t.Fatalf("missing row: want ErrNotFound, got %v", err)
-	}
-	if err := pgfence.UpdateRow(ctx, pool, tbl, 2, 49, map[string]any{"state": "x"}); !errors.Is(err, pgfence.ErrStaleToken) {
-		t.Fatalf("row 2: want stale, got %v", err)
-	}
-	var state string
-	var fence int64
-	if err := pool.QueryRow(ctx, `SELECT state, "fence token" FROM app."Jobs" WHERE id = 1`).Scan(&state, &fence); err != nil || state != "again" || fence != 10 {
-		t.Fatalf("row 1: %q %d %v", state, fence, err)
-	}
-	for _, bad := range []pgfence.Table{{Key: "id", Fence: "f"}, {Name: pgx.Identifier{"t"}, Fence: "f"}, {Name: pgx.Identifier{"t"}, Key: "id"}} {
-		if err := pgfence.UpdateRow(ctx, pool, bad, 1, 1, nil); !errors.Is(err, pgfence.ErrInvalid) {
-			t.Errorf("%+v: want ErrInvalid, got %v", bad, err)
-		}
-	}
-	if err := pgfence.UpdateRow(ctx, pool, tbl, 1, 11, map[string]any{"fence token": 1}); !errors.Is(err, pgfence.ErrInvalid) {
-		t.Errorf("assigning the fence column: want ErrInvalid, got %v", err)
 	}
 }
 
@@ -266,7 +231,7 @@ func TestFenceRepeatableRead(t *testing.T) {
 		}
 		mustExec(t, tx, `SELECT count(*) FROM pgfence.fences`) // take the snapshot
 		mustExec(t, pool, `SELECT pgfence.fence($1, 10)`, resource)
-		_, err = pgfence.ExecToken(ctx, tx, resource, 5, `SELECT 1`)
+		_, err = pgfence.Exec(ctx, tx, pgfence.LeaseOf(resource, "", 5), `SELECT 1`)
 		if !errors.Is(err, pgfence.ErrStaleToken) && !errors.Is(err, pgfence.ErrIsolation) {
 			t.Fatalf("%s: token 5 under REPEATABLE READ after 10 was accepted: %v", resource, err)
 		}
@@ -311,27 +276,15 @@ func TestFenceForcesSynchronousCommit(t *testing.T) {
 	}
 }
 
-// A nil or zero Fencer is the default one: its writes work, as sqlfence's
-// do, instead of panicking on its missing telemetry.
-func TestNilAndZeroFencer(t *testing.T) {
+// Reads and grants refuse bad names before the round trip.
+func TestReadsRefuseBadNames(t *testing.T) {
 	ctx := testContext(t)
 	pool := pgfencetest.NewPool(t)
-	setupKV(t, pool)
-	update := `UPDATE kv SET v = $1, token = $2 WHERE k = 'a'`
-	var nilFencer *pgfence.Fencer
-	if _, err := nilFencer.ExecToken(ctx, pool, "kv:a", 5, update, "by nil", 5); err != nil {
-		t.Fatalf("a nil Fencer: %v", err)
+	if _, err := pgfence.LookupFence(ctx, pool, ""); !errors.Is(err, pgfence.ErrInvalid) {
+		t.Errorf("LookupFence(\"\"): %v, want ErrInvalid", err)
 	}
-	var zero pgfence.Fencer
-	if _, err := zero.ExecToken(ctx, pool, "kv:a", 4, update, "by zero", 4); !errors.Is(err, pgfence.ErrStaleToken) {
-		t.Fatalf("a zero Fencer with a stale token: %v, want ErrStaleToken", err)
-	}
-	// Reads and grants refuse bad names before the round trip.
-	if _, err := pgfence.Accepted(ctx, pool, ""); !errors.Is(err, pgfence.ErrInvalid) {
-		t.Errorf("Accepted(\"\"): %v, want ErrInvalid", err)
-	}
-	if _, err := pgfence.Accepted(ctx, pool, "kv:\xff"); !errors.Is(err, pgfence.ErrInvalid) {
-		t.Errorf("Accepted of invalid UTF-8: %v, want ErrInvalid", err)
+	if _, err := pgfence.LookupFence(ctx, pool, "kv:\xff"); !errors.Is(err, pgfence.ErrInvalid) {
+		t.Errorf("LookupFence of invalid UTF-8: %v, want ErrInvalid", err)
 	}
 	if _, err := pgfence.GrantPrefix(ctx, pool, "someone", "kv:\x00"); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Errorf("GrantPrefix with a NUL in the prefix: %v, want ErrInvalid", err)

@@ -7,7 +7,13 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/driver"
 )
+
+// MaxReasonLen is the longest reason of [RaiseTokenFloor] and [LowerFence],
+// in characters; the SQL functions enforce the same limit.
+const MaxReasonLen = 1000
 
 // MaxTokenFloor is the highest floor [RaiseTokenFloor] accepts: 2^62, far
 // above any token a real cluster issues (timeline << 40 | counter), and far
@@ -32,22 +38,14 @@ const MaxToken int64 = MaxTokenFloor + 1<<61
 // floor before. floor must be 0 to [MaxTokenFloor]; reason (1 to
 // [MaxReasonLen] characters) is recorded.
 func RaiseTokenFloor(ctx context.Context, db DB, floor int64, reason string) (previous int64, err error) {
-	if err := checkDB(db); err != nil {
-		return 0, err
-	}
 	if floor < 0 || floor > MaxTokenFloor {
 		return 0, fmt.Errorf("%w: floor must be 0 to %d (MaxTokenFloor), got %d", ErrInvalid, MaxTokenFloor, floor)
 	}
 	if n := utf8.RuneCountInString(reason); n < 1 || n > MaxReasonLen {
 		return 0, fmt.Errorf("%w: reason must be 1 to %d characters, got %d", ErrInvalid, MaxReasonLen, n)
 	}
-	conn, release, err := acquire(ctx, db)
-	if err != nil {
-		return 0, err
-	}
-	defer release()
-	err = conn.QueryRow(ctx, `SELECT pgfence.raise_token_floor($1, $2)`, floor, reason).Scan(&previous)
-	return previous, mapError(err, ownCommit(db))
+	err = run(ctx, db, `SELECT pgfence.raise_token_floor($1, $2)`, []any{floor, reason}, &previous)
+	return previous, err
 }
 
 // Column is a token column of one of the application's tables.
@@ -60,7 +58,7 @@ type Column struct {
 // (fences, leases, lease history, the floor) and in columns: the least floor
 // for [RaiseTokenFloor] after a restore.
 func MaxStoredToken(ctx context.Context, db DB, columns ...Column) (int64, error) {
-	if err := checkDB(db); err != nil {
+	if err := driver.NilHandle(db); err != nil {
 		return 0, err
 	}
 	var sb strings.Builder
@@ -77,5 +75,5 @@ func MaxStoredToken(ctx context.Context, db DB, columns ...Column) (int64, error
 	sb.WriteString(")")
 	var maxToken int64
 	err := db.QueryRow(ctx, sb.String()).Scan(&maxToken)
-	return maxToken, mapError(err, false)
+	return maxToken, read(err)
 }

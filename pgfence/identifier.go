@@ -22,7 +22,7 @@ const MaxIdentifierLen = 63
 // Quotes, dots, semicolons, backslashes and any other character are fine:
 // the name is always quoted. The error wraps [ErrInvalid].
 //
-// [Protect], [Unprotect], [UpdateRow] and [MaxStoredToken] check every name
+// [Protect], [Unprotect], [ProtectionOf] and [MaxStoredToken] check every name
 // they are given with it.
 func CheckIdentifier(name pgx.Identifier) error {
 	return checkIdentifier("name", name)

@@ -68,14 +68,8 @@ func TestHostileIdentifiers(t *testing.T) {
 				pgx.Identifier{fenceCol}.Sanitize()+` bigint, `+pgx.Identifier{valCol}.Sanitize()+` text)`)
 			mustExec(t, pool, `INSERT INTO `+table.Sanitize()+` VALUES ('r1', NULL, 'v0')`)
 
-			rowTable := pgfence.Table{Name: table, Key: name, Fence: fenceCol}
 			token++
-			if err := pgfence.UpdateRow(ctx, pool, rowTable, "r1", token, map[string]any{valCol: "v1"}); err != nil {
-				t.Fatalf("UpdateRow: %v", err)
-			}
-			if err := pgfence.UpdateRow(ctx, pool, rowTable, "r1", token-1, map[string]any{valCol: "stale"}); !errors.Is(err, pgfence.ErrStaleToken) {
-				t.Fatalf("UpdateRow with a stale token: %v, want ErrStaleToken", err)
-			}
+			mustExec(t, pool, `UPDATE `+table.Sanitize()+` SET `+pgx.Identifier{fenceCol}.Sanitize()+` = $1`, token)
 			maxToken, err := pgfence.MaxStoredToken(ctx, pool, pgfence.Column{Table: table, Name: fenceCol})
 			if err != nil || maxToken < token {
 				t.Fatalf("MaxStoredToken: %d, %v; want at least %d", maxToken, err, token)
@@ -91,7 +85,7 @@ func TestHostileIdentifiers(t *testing.T) {
 			}
 			// The guard reads the hostile column and prepends the hostile prefix.
 			issue(t, pool, prefix+"r1")
-			if _, err := pgfence.ExecToken(ctx, pool, prefix+"r1", 1,
+			if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf(prefix+"r1", "", 1),
 				`UPDATE `+table.Sanitize()+` SET `+pgx.Identifier{valCol}.Sanitize()+` = 'fenced'`); err != nil {
 				t.Fatalf("fenced write to the protected table: %v", err)
 			}
@@ -146,16 +140,12 @@ func TestRejectedIdentifiers(t *testing.T) {
 			invalid("Protect", pgfence.Protect(ctx, pool, table, "r", ""))
 			_, err := pgfence.Unprotect(ctx, pool, table)
 			invalid("Unprotect", err)
-			invalid("UpdateRow", pgfence.UpdateRow(ctx, pool, pgfence.Table{Name: table, Key: "r", Fence: "f"}, "x", 5, nil))
 			_, err = pgfence.MaxStoredToken(ctx, pool, pgfence.Column{Table: table, Name: "f"})
 			invalid("MaxStoredToken", err)
 			// The same bad names as columns of a good table.
 			if len(table) == 1 {
 				col := table[0]
 				invalid("Protect column", pgfence.Protect(ctx, pool, pgx.Identifier{"ab"}, col, ""))
-				invalid("UpdateRow key", pgfence.UpdateRow(ctx, pool, pgfence.Table{Name: pgx.Identifier{"ab"}, Key: col, Fence: "f"}, "x", 5, nil))
-				invalid("UpdateRow fence", pgfence.UpdateRow(ctx, pool, pgfence.Table{Name: pgx.Identifier{"ab"}, Key: "r", Fence: col}, "x", 5, nil))
-				invalid("UpdateRow set", pgfence.UpdateRow(ctx, pool, pgfence.Table{Name: pgx.Identifier{"ab"}, Key: "r", Fence: "f"}, "x", 5, map[string]any{col: 1}))
 				_, err := pgfence.MaxStoredToken(ctx, pool, pgfence.Column{Table: pgx.Identifier{"ab"}, Name: col})
 				invalid("MaxStoredToken column", err)
 			}

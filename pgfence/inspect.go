@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/driver"
 )
 
 // Reads for operators and tools: what pgfence.fences, pgfence.token_floor and
@@ -50,7 +52,7 @@ const (
 // [FencesLimitDefault], at most [MaxFencesLimit]). To tell whether more
 // exist, ask for one more than you show.
 func Fences(ctx context.Context, db DB, prefix string, limit int) ([]FenceRecord, error) {
-	if err := checkDB(db); err != nil {
+	if err := driver.NilHandle(db); err != nil {
 		return nil, err
 	}
 	if prefix != "" {
@@ -66,23 +68,24 @@ func Fences(ctx context.Context, db DB, prefix string, limit int) ([]FenceRecord
 	}
 	rows, err := db.Query(ctx, sqlFences, prefix, limit)
 	if err != nil {
-		return nil, mapError(err, false)
+		return nil, read(err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (FenceRecord, error) { return scanFence(row) })
 	if err != nil {
-		return nil, mapError(err, false)
+		return nil, read(err)
 	}
 	return out, nil
 }
 
 // LookupFence returns the fence of resource, or an error wrapping
-// [ErrNotFound] when no token was ever accepted for it. Unlike [Accepted] it
-// says when the last write was accepted.
+// [ErrNotFound] when no token was ever accepted for it. It reads the last
+// committed state without waiting for writers in flight; after an unknown
+// outcome use [Resolve].
 func LookupFence(ctx context.Context, db DB, resource string) (FenceRecord, error) {
-	if err := checkDB(db); err != nil {
+	if err := driver.NilHandle(db); err != nil {
 		return FenceRecord{}, err
 	}
-	if err := validateResource(resource); err != nil {
+	if err := validateName("resource", resource); err != nil {
 		return FenceRecord{}, err
 	}
 	f, err := scanFence(db.QueryRow(ctx, sqlLookupFence, resource))
@@ -90,7 +93,7 @@ func LookupFence(ctx context.Context, db DB, resource string) (FenceRecord, erro
 		return FenceRecord{}, fmt.Errorf("%w: no token accepted for resource %q", ErrNotFound, resource)
 	}
 	if err != nil {
-		return FenceRecord{}, mapError(err, false)
+		return FenceRecord{}, read(err)
 	}
 	return f, nil
 }
@@ -124,7 +127,7 @@ type TokenFloorState struct {
 // TokenFloor returns the token floor. After a restore or a rebuild compare it
 // with [MaxStoredToken]; [RaiseTokenFloor] raises it.
 func TokenFloor(ctx context.Context, db DB) (TokenFloorState, error) {
-	if err := checkDB(db); err != nil {
+	if err := driver.NilHandle(db); err != nil {
 		return TokenFloorState{}, err
 	}
 	var (
@@ -133,7 +136,7 @@ func TokenFloor(ctx context.Context, db DB) (TokenFloorState, error) {
 	)
 	err := db.QueryRow(ctx, sqlTokenFloor).Scan(&f.Floor, &f.RaisedAt, &f.Reason, &f.Retention, &retentionAt)
 	if err != nil {
-		return TokenFloorState{}, mapError(err, false)
+		return TokenFloorState{}, read(err)
 	}
 	if retentionAt != nil {
 		f.RetentionAt = *retentionAt
@@ -146,7 +149,7 @@ func TokenFloor(ctx context.Context, db DB) (TokenFloorState, error) {
 // [CheckIdentifier]; an unqualified name is looked up on the search_path, as
 // [Protect] looks it up.
 func ProtectionOf(ctx context.Context, db DB, table pgx.Identifier) (ProtectedTable, bool, error) {
-	if err := checkDB(db); err != nil {
+	if err := driver.NilHandle(db); err != nil {
 		return ProtectedTable{}, false, err
 	}
 	if err := checkIdentifier("table", table); err != nil {
@@ -158,7 +161,7 @@ func ProtectionOf(ctx context.Context, db DB, table pgx.Identifier) (ProtectedTa
 		return ProtectedTable{}, false, nil
 	}
 	if err != nil {
-		return ProtectedTable{}, false, mapError(err, false)
+		return ProtectedTable{}, false, read(err)
 	}
 	return p, true, nil
 }

@@ -36,7 +36,7 @@ func TestKeyExperiment(t *testing.T) {
 	// Made-up token 1 for the setup's write and for the spoofing worker's
 	// fence of an unrelated resource; the workers' grants come after it.
 	issue(t, pool, res, "unrelated")
-	if _, err := pgfence.WriteToken(ctx, pool, res, 1, func(ctx context.Context, tx pgx.Tx) error {
+	if _, err := pgfence.Write(ctx, pool, pgfence.LeaseOf(res, "", 1), func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO doc VALUES ($1, 'init', 1)`, res)
 		return err
 	}); err != nil {

@@ -33,67 +33,67 @@ func TestLeaseChecked(t *testing.T) {
 	setupKV(t, pool)
 	update := `UPDATE kv SET v = $1 WHERE k = 'a'`
 	reason := func(err error) string {
-		var e *pgfence.LeaseNotHeldError
-		if !errors.As(err, &e) || !errors.Is(err, pgfence.ErrLeaseNotHeld) {
-			t.Fatalf("want *LeaseNotHeldError, got %v", err)
+		var e *pgfence.LeaseLostError
+		if !errors.As(err, &e) || !errors.Is(err, pgfence.ErrLeaseLost) {
+			t.Fatalf("want *LeaseLostError, got %v", err)
 		}
 		return e.Reason
 	}
 
 	missing := leaseRow{Key: "job", Holder: newHolder(), Token: 1}
-	if _, err := pgfence.ExecLeased(ctx, pool, missing.lease(), update, "x"); reason(err) != "missing" {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.Checked(missing.lease()), update, "x"); reason(err) != "missing" {
 		t.Fatal(err)
 	}
 	l := grant(t, pool, "job")
-	if tag, err := pgfence.ExecLeased(ctx, pool, l.lease(), update, "held"); err != nil || tag.RowsAffected() != 1 {
-		t.Fatalf("held lease: %v %v", tag, err)
+	if n, err := pgfence.Exec(ctx, pool, pgfence.Checked(l.lease()), update, "held"); err != nil || n != 1 {
+		t.Fatalf("held lease: %d rows, %v", n, err)
 	}
-	if err := pgfence.WriteLeased(ctx, pool, l.lease(), func(ctx context.Context, tx pgx.Tx) error {
+	if _, err := pgfence.Write(ctx, pool, pgfence.Checked(l.lease()), func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, update, "held tx")
 		return err
 	}); err != nil {
-		t.Fatalf("held lease, WriteLeased: %v", err)
+		t.Fatalf("held lease, lease-checked Write: %v", err)
 	}
 	wrongHolder := l
 	wrongHolder.Holder = newHolder()
-	if _, err := pgfence.ExecLeased(ctx, pool, wrongHolder.lease(), update, "x"); reason(err) != "taken_over" {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.Checked(wrongHolder.lease()), update, "x"); reason(err) != "taken_over" {
 		t.Fatal(err)
 	}
 	wrongToken := l
 	wrongToken.Token++
-	if _, err := pgfence.ExecLeased(ctx, pool, wrongToken.lease(), update, "x"); reason(err) != "taken_over" {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.Checked(wrongToken.lease()), update, "x"); reason(err) != "taken_over" {
 		t.Fatal(err)
 	}
 	mustExec(t, pool, expireSQL, "job")
-	if _, err := pgfence.ExecLeased(ctx, pool, l.lease(), update, "x"); reason(err) != "expired" {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.Checked(l.lease()), update, "x"); reason(err) != "expired" {
 		t.Fatal(err)
 	}
 	l2 := grant(t, pool, "job")
-	_, err := pgfence.ExecLeased(ctx, pool, l.lease(), update, "x")
-	var e *pgfence.LeaseNotHeldError
+	_, err := pgfence.Exec(ctx, pool, pgfence.Checked(l.lease()), update, "x")
+	var e *pgfence.LeaseLostError
 	if reason(err) != "taken_over" || !errors.As(err, &e) || e.Current != l2.Token || e.Key != "job" {
 		t.Fatalf("after takeover: %v", err)
 	}
 	mustExec(t, pool, `UPDATE pgfence.leases SET released_at = clock_timestamp() WHERE key = 'job'`)
-	if err := pgfence.WriteLeased(ctx, pool, l2.lease(), func(context.Context, pgx.Tx) error { return nil }); reason(err) != "released" {
+	if _, err := pgfence.Write(ctx, pool, pgfence.Checked(l2.lease()), func(context.Context, pgx.Tx) error { return nil }); reason(err) != "released" {
 		t.Fatal(err)
 	}
 	var v string
 	if err := pool.QueryRow(ctx, `SELECT v FROM kv WHERE k = 'a'`).Scan(&v); err != nil || v != "held tx" {
 		t.Fatalf("row %q %v", v, err)
 	}
-	if _, err := pgfence.ExecLeased(ctx, pool, leaseRow{Key: "job", Holder: l2.Holder}.lease(), update, "x"); !errors.Is(err, pgfence.ErrInvalid) {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.Checked(leaseRow{Key: "job", Holder: l2.Holder}.lease()), update, "x"); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Fatalf("zero token: %v", err)
 	}
 	for _, h := range []string{"", "not-a-uuid", l2.Holder + "0"} {
-		if _, err := pgfence.ExecLeased(ctx, pool, leaseRow{Key: "job", Holder: h, Token: l2.Token}.lease(), update, "x"); !errors.Is(err, pgfence.ErrInvalid) {
+		if _, err := pgfence.Exec(ctx, pool, pgfence.Checked(leaseRow{Key: "job", Holder: h, Token: l2.Token}.lease()), update, "x"); !errors.Is(err, pgfence.ErrInvalid) {
 			t.Errorf("holder %q: want ErrInvalid, got %v", h, err)
 		}
 	}
 	// The forms PostgreSQL accepts are accepted (and compared as UUIDs).
 	l3 := grant(t, pool, "job3")
 	upper := "{" + strings.ToUpper(strings.ReplaceAll(l3.Holder, "-", "")) + "}"
-	if _, err := pgfence.ExecLeased(ctx, pool, leaseRow{Key: "job3", Holder: upper, Token: l3.Token}.lease(), update, "held tx"); err != nil {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.Checked(leaseRow{Key: "job3", Holder: upper, Token: l3.Token}.lease()), update, "held tx"); err != nil {
 		t.Fatalf("holder %s: %v", upper, err)
 	}
 }
@@ -111,7 +111,7 @@ func TestLeaseCheckedBlocksTakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := pgfence.ExecLeased(ctx, tx, l.lease(), `UPDATE kv SET v = 'old holder' WHERE k = 'a'`); err != nil {
+	if _, err := pgfence.Exec(ctx, tx, pgfence.Checked(l.lease()), `UPDATE kv SET v = 'old holder' WHERE k = 'a'`); err != nil {
 		t.Fatal(err)
 	}
 	// A takeover attempt (here with a grant that would succeed on an expired
@@ -171,9 +171,9 @@ func TestLeaseCheckedUsesClockTimestamp(t *testing.T) {
 		l.Key, t0); err != nil {
 		t.Fatal(err)
 	}
-	_, err = pgfence.ExecLeased(ctx, tx, l.lease(), `SELECT 1`)
-	var lost *pgfence.LeaseNotHeldError
+	_, err = pgfence.Exec(ctx, tx, pgfence.Checked(l.lease()), `SELECT 1`)
+	var lost *pgfence.LeaseLostError
 	if !errors.As(err, &lost) || lost.Reason != "expired" {
-		t.Fatalf("write in a transaction that began before the lease expired: %v, want *LeaseNotHeldError with reason expired", err)
+		t.Fatalf("write in a transaction that began before the lease expired: %v, want *LeaseLostError with reason expired", err)
 	}
 }

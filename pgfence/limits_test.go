@@ -69,7 +69,7 @@ func TestLimitsMatchSQL(t *testing.T) {
 	}
 	defer dead.Close()
 	for _, resource := range []string{bytesOf(pgfence.MaxResourceLen + 1), "", "a\x00b", "\xff"} {
-		if _, err := pgfence.ExecToken(ctx, dead, resource, 1, `SELECT 1`); !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), "resource must be") {
+		if _, err := pgfence.Exec(ctx, dead, pgfence.LeaseOf(resource, "", 1), `SELECT 1`); !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), "resource must be") {
 			t.Errorf("Exec with resource %.10q (%d bytes): %v, want ErrInvalid naming resource", resource, len(resource), err)
 		}
 	}

@@ -25,16 +25,16 @@ func TestMapErrorIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dead.Close()
-	_, unavailable := pgfence.ExecToken(ctx, dead, "r", 1, `SELECT 1`)
+	_, unavailable := pgfence.Exec(ctx, dead, pgfence.LeaseOf("r", "", 1), `SELECT 1`)
 	if !errors.Is(unavailable, pgfence.ErrUnavailable) {
 		t.Fatalf("Exec on a dead server: %v, want ErrUnavailable", unavailable)
 	}
 	pool := pgfencetest.NewPool(t)
 	issue(t, pool, "r")
-	if _, err := pgfence.ExecToken(ctx, pool, "r", 9, `SELECT 1`); err != nil {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("r", "", 9), `SELECT 1`); err != nil {
 		t.Fatal(err)
 	}
-	_, stale := pgfence.ExecToken(ctx, pool, "r", 8, `SELECT 1`)
+	_, stale := pgfence.Exec(ctx, pool, pgfence.LeaseOf("r", "", 8), `SELECT 1`)
 	for name, err := range map[string]error{"unavailable": unavailable, "stale": stale} {
 		again := pgfence.MapError(err)
 		if again != err {
@@ -63,11 +63,11 @@ func TestExecFirstUseContextEnded(t *testing.T) {
 	defer conn.Close(context.Background())
 	ended, cancel := context.WithCancel(testContext(t))
 	cancel()
-	_, first := pgfence.ExecToken(ended, conn, "r", 1, `SELECT 1`)
-	if _, err := pgfence.ExecToken(testContext(t), conn, "r", 1, `SELECT 1`); err != nil {
+	_, first := pgfence.Exec(ended, conn, pgfence.LeaseOf("r", "", 1), `SELECT 1`)
+	if _, err := pgfence.Exec(testContext(t), conn, pgfence.LeaseOf("r", "", 1), `SELECT 1`); err != nil {
 		t.Fatal(err)
 	}
-	_, later := pgfence.ExecToken(ended, conn, "r", 1, `SELECT 1`)
+	_, later := pgfence.Exec(ended, conn, pgfence.LeaseOf("r", "", 1), `SELECT 1`)
 	for name, err := range map[string]error{"first use": first, "later use": later} {
 		if !errors.Is(err, context.Canceled) || errors.Is(err, pgfence.ErrOutcomeUnknown) || strings.Contains(err.Error(), "preprocessing") {
 			t.Errorf("Exec with an ended context, %s: %v, want context.Canceled", name, err)
@@ -81,7 +81,7 @@ func TestExecFirstUseContextEnded(t *testing.T) {
 	p.SetHold(faultproxy.ServerToClient, true)
 	deadline, cancel2 := context.WithTimeout(testContext(t), 300*time.Millisecond)
 	defer cancel2()
-	_, err = pgfence.ExecToken(deadline, fresh, "r", 1, `SELECT 2`)
+	_, err = pgfence.Exec(deadline, fresh, pgfence.LeaseOf("r", "", 1), `SELECT 2`)
 	p.SetHold(faultproxy.ServerToClient, false)
 	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, pgfence.ErrOutcomeUnknown) || strings.Contains(err.Error(), "preprocessing") {
 		t.Errorf("Exec whose context ended during the first prepare: %v, want context.DeadlineExceeded", err)

@@ -28,28 +28,29 @@ func mustPanic(t *testing.T, f func()) {
 }
 
 // A panic in fn rolls the transaction back on its way to the caller: the
-// connection goes back to the pool, and the fence row (for Write) or the lease
-// row (for WriteLeased) is not left locked by an open transaction. It once
-// was, until the backend was killed: every later writer of the resource
-// waited, a takeover of the lease waited, and the pool's Close hung.
+// connection goes back to the pool, and the fence row (for a fenced Write) or
+// the lease row (for a lease-checked one) is not left locked by an open
+// transaction. It once was, until the backend was killed: every later writer
+// of the resource waited, a takeover of the lease waited, and the pool's
+// Close hung.
 func TestPanicInFnRollsBack(t *testing.T) {
 	ctx := testContext(t)
 	pool := pgfencetest.NewPool(t)
 	issue(t, pool, "panic/1", "panic/2")
 	boom := func(context.Context, pgx.Tx) error { panic("boom") }
 
-	mustPanic(t, func() { _, _ = pgfence.WriteToken(ctx, pool, "panic/1", 1, boom) })
+	mustPanic(t, func() { _, _ = pgfence.Write(ctx, pool, pgfence.LeaseOf("panic/1", "", 1), boom) })
 	if n := pool.Stat().AcquiredConns(); n != 0 {
 		t.Fatalf("%d connections still acquired after fn panicked", n)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := pgfence.WriteToken(wctx, pool, "panic/1", 2, func(context.Context, pgx.Tx) error { return nil }); err != nil {
+	if _, err := pgfence.Write(wctx, pool, pgfence.LeaseOf("panic/1", "", 2), func(context.Context, pgx.Tx) error { return nil }); err != nil {
 		t.Fatalf("the next writer of the resource: %v", err)
 	}
 
 	lease := grant(t, pool, "panic/lease")
-	mustPanic(t, func() { _ = pgfence.WriteLeased(ctx, pool, lease.lease(), boom) })
+	mustPanic(t, func() { _, _ = pgfence.Write(ctx, pool, pgfence.Checked(lease.lease()), boom) })
 	if n := pool.Stat().AcquiredConns(); n != 0 {
 		t.Fatalf("%d connections still acquired after fn panicked", n)
 	}
@@ -70,7 +71,7 @@ func TestPanicInFnRollsBack(t *testing.T) {
 	}
 	defer tx.Rollback(ctx)
 	mustPanic(t, func() {
-		_, _ = pgfence.WriteToken(ctx, tx, "panic/2", 1, func(ctx context.Context, tx pgx.Tx) error {
+		_, _ = pgfence.Write(ctx, tx, pgfence.LeaseOf("panic/2", "", 1), func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `CREATE TEMP TABLE rolled_back (x int)`); err != nil {
 				return err
 			}
@@ -97,7 +98,7 @@ func TestFnEndsTransactionItself(t *testing.T) {
 		{func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }, pgfence.NotApplied},
 		{func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }, pgfence.Applied},
 	} {
-		_, err := pgfence.WriteToken(ctx, pool, "ended/1", 5, tc.end)
+		_, err := pgfence.Write(ctx, pool, pgfence.LeaseOf("ended/1", "", 5), tc.end)
 		var unknown *pgfence.OutcomeUnknownError
 		if !errors.Is(err, pgfence.ErrInvalid) || !errors.As(err, &unknown) {
 			t.Fatalf("fn ended the transaction: %v, want ErrInvalid and *OutcomeUnknownError", err)
@@ -107,9 +108,9 @@ func TestFnEndsTransactionItself(t *testing.T) {
 		}
 	}
 	lease := grant(t, pool, "ended/lease")
-	err := pgfence.WriteLeased(ctx, pool, lease.lease(), func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) })
+	_, err := pgfence.Write(ctx, pool, pgfence.Checked(lease.lease()), func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) })
 	if !errors.Is(err, pgfence.ErrInvalid) || !errors.Is(err, pgfence.ErrOutcomeUnknown) {
-		t.Fatalf("WriteLeased, fn committed: %v, want ErrInvalid and ErrOutcomeUnknown", err)
+		t.Fatalf("lease-checked Write, fn committed: %v, want ErrInvalid and ErrOutcomeUnknown", err)
 	}
 }
 
@@ -121,15 +122,16 @@ func TestNilDB(t *testing.T) {
 	lease := leaseRow{Key: "k", Holder: "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", Token: 1}
 	for _, db := range []pgfence.DB{nil, (*pgxpool.Pool)(nil), (*pgx.Conn)(nil)} {
 		for name, call := range map[string]func() error{
-			"Write":       func() error { _, err := pgfence.WriteToken(ctx, db, "r", 1, noop); return err },
-			"Exec":        func() error { _, err := pgfence.ExecToken(ctx, db, "r", 1, `SELECT 1`); return err },
-			"WriteLeased": func() error { return pgfence.WriteLeased(ctx, db, lease.lease(), noop) },
-			"ExecLeased":  func() error { _, err := pgfence.ExecLeased(ctx, db, lease.lease(), `SELECT 1`); return err },
-			"Accepted":    func() error { _, err := pgfence.Accepted(ctx, db, "r"); return err },
-			"Protected":   func() error { _, err := pgfence.Protected(ctx, db); return err },
-			"UpdateRow": func() error {
-				return pgfence.UpdateRow(ctx, db, pgfence.Table{Name: pgx.Identifier{"t"}, Key: "id", Fence: "f"}, 1, 1, map[string]any{"x": 1})
+			"Write":         func() error { _, err := pgfence.Write(ctx, db, pgfence.LeaseOf("r", "", 1), noop); return err },
+			"Exec":          func() error { _, err := pgfence.Exec(ctx, db, pgfence.LeaseOf("r", "", 1), `SELECT 1`); return err },
+			"Write checked": func() error { _, err := pgfence.Write(ctx, db, pgfence.Checked(lease.lease()), noop); return err },
+			"Exec checked":  func() error { _, err := pgfence.Exec(ctx, db, pgfence.Checked(lease.lease()), `SELECT 1`); return err },
+			"Resolve": func() error {
+				_, err := pgfence.Resolve(ctx, db, &pgfence.OutcomeUnknownError{Resource: "r", Token: 1, Op: pgfence.OpID{1}})
+				return err
 			},
+			"LookupFence": func() error { _, err := pgfence.LookupFence(ctx, db, "r"); return err },
+			"Protected":   func() error { _, err := pgfence.Protected(ctx, db); return err },
 		} {
 			if err := call(); !errors.Is(err, pgfence.ErrInvalid) {
 				t.Errorf("%s with db %#v: %v, want ErrInvalid", name, db, err)
@@ -154,11 +156,11 @@ func TestLeaseArgumentsCheckedFirst(t *testing.T) {
 		{Key: "k", Holder: "3b2e1a4c0000400080000000000000-00", Token: 1},
 		{Key: "k", Holder: "{" + holder, Token: 1},
 	} {
-		if err := pgfence.WriteLeased(ctx, dead, l.lease(), func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrInvalid) {
-			t.Errorf("WriteLeased with %#v: %v, want ErrInvalid", l, err)
+		if _, err := pgfence.Write(ctx, dead, pgfence.Checked(l.lease()), func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, pgfence.ErrInvalid) {
+			t.Errorf("lease-checked Write with %#v: %v, want ErrInvalid", l, err)
 		}
-		if _, err := pgfence.ExecLeased(ctx, dead, l.lease(), `SELECT 1`); !errors.Is(err, pgfence.ErrInvalid) {
-			t.Errorf("ExecLeased with %#v: %v, want ErrInvalid", l, err)
+		if _, err := pgfence.Exec(ctx, dead, pgfence.Checked(l.lease()), `SELECT 1`); !errors.Is(err, pgfence.ErrInvalid) {
+			t.Errorf("lease-checked Exec with %#v: %v, want ErrInvalid", l, err)
 		}
 	}
 }
@@ -191,7 +193,7 @@ func TestFnEndsTransactionWithSQL(t *testing.T) {
 			_, err := tx.Exec(ctx, `UPDATE kv SET v = $1 WHERE k = 'a'`, tc.sql)
 			return err
 		}
-		rcpt, err := pgfence.WriteToken(ctx, pool, "ended-sql/1", token, end)
+		rcpt, err := pgfence.Write(ctx, pool, pgfence.LeaseOf("ended-sql/1", "", token), end)
 		var unknown *pgfence.OutcomeUnknownError
 		if !errors.Is(err, pgfence.ErrInvalid) || !errors.As(err, &unknown) {
 			t.Fatalf("Write, fn sent %s: receipt %+v, error %v; want ErrInvalid and *OutcomeUnknownError", tc.sql, rcpt, err)
@@ -199,9 +201,9 @@ func TestFnEndsTransactionWithSQL(t *testing.T) {
 		if got, err := pgfence.Resolve(ctx, pool, unknown); err != nil || got != tc.want {
 			t.Errorf("Resolve after fn sent %s: %v, %v; want %v", tc.sql, got, err, tc.want)
 		}
-		err = pgfence.WriteLeased(ctx, pool, lease.lease(), end)
+		_, err = pgfence.Write(ctx, pool, pgfence.Checked(lease.lease()), end)
 		if !errors.Is(err, pgfence.ErrInvalid) || !errors.Is(err, pgfence.ErrOutcomeUnknown) {
-			t.Fatalf("WriteLeased, fn sent %s: %v, want ErrInvalid and ErrOutcomeUnknown", tc.sql, err)
+			t.Fatalf("lease-checked Write, fn sent %s: %v, want ErrInvalid and ErrOutcomeUnknown", tc.sql, err)
 		}
 	}
 	if n := pool.Stat().AcquiredConns(); n != 0 {
@@ -223,7 +225,8 @@ func (t connlessTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	return connlessTx{tx}, nil
 }
 
-// Write and WriteLeased work on a pgx.Tx that exposes no connection.
+// Fenced and lease-checked writes work on a pgx.Tx that exposes no
+// connection.
 func TestWriteOnConnlessTx(t *testing.T) {
 	ctx := testContext(t)
 	pool := pgfencetest.NewPool(t)
@@ -235,11 +238,11 @@ func TestWriteOnConnlessTx(t *testing.T) {
 	}
 	defer tx.Rollback(ctx)
 	noop := func(context.Context, pgx.Tx) error { return nil }
-	if _, err := pgfence.WriteToken(ctx, connlessTx{tx}, "connless/1", 1, noop); err != nil {
+	if _, err := pgfence.Write(ctx, connlessTx{tx}, pgfence.LeaseOf("connless/1", "", 1), noop); err != nil {
 		t.Fatalf("Write: %v", err)
 	}
-	if err := pgfence.WriteLeased(ctx, connlessTx{tx}, lease.lease(), noop); err != nil {
-		t.Fatalf("WriteLeased: %v", err)
+	if _, err := pgfence.Write(ctx, connlessTx{tx}, pgfence.Checked(lease.lease()), noop); err != nil {
+		t.Fatalf("lease-checked Write: %v", err)
 	}
 }
 
@@ -254,15 +257,15 @@ func TestFnErrorReturnedUnchanged(t *testing.T) {
 	httpErr := &url.Error{Op: "Post", URL: "http://payments.invalid/charge",
 		Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}
 	fail := func(context.Context, pgx.Tx) error { return httpErr }
-	if _, err := pgfence.WriteToken(ctx, pool, "fnerr/1", 1, fail); err != httpErr {
+	if _, err := pgfence.Write(ctx, pool, pgfence.LeaseOf("fnerr/1", "", 1), fail); err != httpErr {
 		t.Errorf("Write: fn's error came back as %v, want it unchanged", err)
 	}
 	lease := grant(t, pool, "fnerr/lease")
-	if err := pgfence.WriteLeased(ctx, pool, lease.lease(), fail); err != httpErr {
-		t.Errorf("WriteLeased: fn's error came back as %v, want it unchanged", err)
+	if _, err := pgfence.Write(ctx, pool, pgfence.Checked(lease.lease()), fail); err != httpErr {
+		t.Errorf("lease-checked Write: fn's error came back as %v, want it unchanged", err)
 	}
 	// fn's statement that raises a pgfence SQLSTATE is mapped.
-	_, err := pgfence.WriteToken(ctx, pool, "fnerr/2", 1, func(ctx context.Context, tx pgx.Tx) error {
+	_, err := pgfence.Write(ctx, pool, pgfence.LeaseOf("fnerr/2", "", 1), func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `SELECT pgfence.fence('fnerr/3', 5); SELECT pgfence.fence('fnerr/3', 4)`)
 		return err
 	})

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/pgfence/pgfence/internal/driver"
 )
 
 // Operators' functions: they need membership in pgfence_operator (or the
@@ -32,7 +34,7 @@ func GrantPrefix(ctx context.Context, db DB, role, prefix string) (added bool, e
 	if err := checkGrantArgs(role, prefix); err != nil {
 		return false, err
 	}
-	err = operate(ctx, db, `SELECT pgfence.grant_prefix($1::pg_catalog.regrole, $2)`, []any{role, prefix}, &added)
+	err = run(ctx, db, `SELECT pgfence.grant_prefix($1::pg_catalog.regrole, $2)`, []any{role, prefix}, &added)
 	return added, err
 }
 
@@ -43,7 +45,7 @@ func RevokePrefix(ctx context.Context, db DB, role, prefix string) (removed bool
 	if err := checkGrantArgs(role, prefix); err != nil {
 		return false, err
 	}
-	err = operate(ctx, db, `SELECT pgfence.revoke_prefix($1::pg_catalog.regrole, $2)`, []any{role, prefix}, &removed)
+	err = run(ctx, db, `SELECT pgfence.revoke_prefix($1::pg_catalog.regrole, $2)`, []any{role, prefix}, &removed)
 	return removed, err
 }
 
@@ -62,24 +64,24 @@ func checkGrantArgs(role, prefix string) error {
 
 // PrefixGrants lists the prefix grants, by role and prefix.
 func PrefixGrants(ctx context.Context, db DB) ([]PrefixGrant, error) {
-	if err := checkDB(db); err != nil {
+	if err := driver.NilHandle(db); err != nil {
 		return nil, err
 	}
 	rows, err := db.Query(ctx, `SELECT grantee::pg_catalog.text, prefix, granted_by::pg_catalog.text, granted_at
   FROM pgfence.prefix_grants ORDER BY 1, 2`)
 	if err != nil {
-		return nil, mapError(err, false)
+		return nil, read(err)
 	}
 	defer rows.Close()
 	var out []PrefixGrant
 	for rows.Next() {
 		var g PrefixGrant
 		if err := rows.Scan(&g.Role, &g.Prefix, &g.GrantedBy, &g.GrantedAt); err != nil {
-			return nil, mapError(err, false)
+			return nil, read(err)
 		}
 		out = append(out, g)
 	}
-	return out, mapError(rows.Err(), false)
+	return out, read(rows.Err())
 }
 
 // LowerFence sets the accepted token of resource to token, below the one it
@@ -90,13 +92,16 @@ func PrefixGrants(ctx context.Context, db DB) ([]PrefixGrant, error) {
 // between token and the old one in again: give the lease's current token, or
 // above. It returns the token it replaced.
 func LowerFence(ctx context.Context, db DB, resource string, token int64, reason string) (previous int64, err error) {
-	if err := validate(resource, token); err != nil {
+	if err := validateName("resource", resource); err != nil {
 		return 0, err
+	}
+	if token <= 0 || token > MaxToken {
+		return 0, fmt.Errorf("%w: token must be 1 to %d, got %d", ErrInvalid, MaxToken, token)
 	}
 	if n := utf8.RuneCountInString(reason); n < 1 || n > MaxReasonLen {
 		return 0, fmt.Errorf("%w: reason must be 1 to %d characters, got %d", ErrInvalid, MaxReasonLen, n)
 	}
-	err = operate(ctx, db, `SELECT pgfence.lower_fence($1, $2, $3)`, []any{resource, token, reason}, &previous)
+	err = run(ctx, db, `SELECT pgfence.lower_fence($1, $2, $3)`, []any{resource, token, reason}, &previous)
 	return previous, err
 }
 
@@ -118,7 +123,7 @@ func PruneRetired(ctx context.Context, db DB, batch int) (Pruned, error) {
 		return Pruned{}, fmt.Errorf("%w: batch must be 1 to 100000, got %d", ErrInvalid, batch)
 	}
 	var p Pruned
-	err := operate(ctx, db, `SELECT leases, events, fences, waiters FROM pgfence.prune_retired($1)`, []any{batch},
+	err := run(ctx, db, `SELECT leases, events, fences, waiters FROM pgfence.prune_retired($1)`, []any{batch},
 		&p.Leases, &p.Events, &p.Fences, &p.Waiters)
 	return p, err
 }
@@ -136,20 +141,6 @@ func PruneRetired(ctx context.Context, db DB, batch int) (Pruned, error) {
 // scan). Operator only.
 func AdvanceRetention(ctx context.Context, db DB) (int64, error) {
 	var retention int64
-	err := operate(ctx, db, `SELECT pgfence.advance_retention()`, nil, &retention)
+	err := run(ctx, db, `SELECT pgfence.advance_retention()`, nil, &retention)
 	return retention, err
-}
-
-// operate runs one operator statement that commits on its own and scans its
-// row into dest.
-func operate(ctx context.Context, db DB, sql string, args []any, dest ...any) error {
-	if err := checkDB(db); err != nil {
-		return err
-	}
-	conn, release, err := acquire(ctx, db)
-	if err != nil {
-		return err
-	}
-	defer release()
-	return mapError(conn.QueryRow(ctx, sql, args...).Scan(dest...), ownCommit(db))
 }

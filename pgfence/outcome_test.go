@@ -80,7 +80,7 @@ func TestOutcomeUnknown(t *testing.T) {
 	// Reply lost: the server committed.
 	conn, p := proxied(t, db)
 	trig := p.CutAfter(faultproxy.IsCommit)
-	_, err := pgfence.WriteToken(ctx, conn, "kv:a", 10, set("lost reply", 10))
+	_, err := pgfence.Write(ctx, conn, pgfence.LeaseOf("kv:a", "", 10), set("lost reply", 10))
 	<-trig.Done()
 	if !trig.Fired() || !trig.Replied() {
 		t.Fatalf("the proxy did not forward COMMIT and drop its answer (fired %v replied %v)", trig.Fired(), trig.Replied())
@@ -96,7 +96,7 @@ func TestOutcomeUnknown(t *testing.T) {
 	// Request lost: COMMIT never reached the server.
 	conn, p = proxied(t, db)
 	trig = p.CutBefore(faultproxy.IsCommit)
-	_, err = pgfence.WriteToken(ctx, conn, "kv:a", 11, set("lost commit", 11))
+	_, err = pgfence.Write(ctx, conn, pgfence.LeaseOf("kv:a", "", 11), set("lost commit", 11))
 	<-trig.Done()
 	if o := resolve(err); o != pgfence.NotApplied {
 		t.Fatalf("lost commit: resolved %v, want not applied", o)
@@ -112,7 +112,7 @@ func TestOutcomeUnknown(t *testing.T) {
 		token := int64(12 + i)
 		conn, p = proxied(t, db)
 		trig = p.CutAfter(faultproxy.SQLContains("UPDATE kv"))
-		_, err = pgfence.ExecToken(ctx, conn, "kv:a", token, `UPDATE kv SET v = 'exec', token = $1 WHERE k = 'a'`, token)
+		_, err = pgfence.Exec(ctx, conn, pgfence.LeaseOf("kv:a", "", token), `UPDATE kv SET v = 'exec', token = $1 WHERE k = 'a'`, token)
 		<-trig.Done()
 		o := resolve(err)
 		var rowToken int64
@@ -126,7 +126,7 @@ func TestOutcomeUnknown(t *testing.T) {
 	}
 
 	// The first write is overwritten by a newer token.
-	if _, err := pgfence.ExecToken(ctx, db.Pool, "kv:a", 20, `UPDATE kv SET v = 'newer', token = 20 WHERE k = 'a'`); err != nil {
+	if _, err := pgfence.Exec(ctx, db.Pool, pgfence.LeaseOf("kv:a", "", 20), `UPDATE kv SET v = 'newer', token = 20 WHERE k = 'a'`); err != nil {
 		t.Fatal(err)
 	}
 	if o := resolve(unknownApplied); o != pgfence.Superseded {
@@ -187,7 +187,7 @@ func TestResolveWaitsForWriter(t *testing.T) {
 	}
 }
 
-// Exec and ExecLeased are one round trip: once the statements are prepared on
+// Exec, fenced and lease-checked, is one round trip: once the statements are prepared on
 // the connection, the client sends a single pipeline ending in one Sync and
 // no simple Query (no BEGIN/COMMIT).
 func TestExecIsOneRoundTrip(t *testing.T) {
@@ -209,11 +209,11 @@ func TestExecIsOneRoundTrip(t *testing.T) {
 	defer count.Cancel()
 	for i, op := range []func(int64) error{
 		func(token int64) error {
-			_, err := pgfence.ExecToken(ctx, conn, "kv:a", token, `UPDATE kv SET token = $1 WHERE k = 'a'`, token)
+			_, err := pgfence.Exec(ctx, conn, pgfence.LeaseOf("kv:a", "", token), `UPDATE kv SET token = $1 WHERE k = 'a'`, token)
 			return err
 		},
 		func(token int64) error {
-			_, err := pgfence.ExecLeased(ctx, conn, l.lease(), `UPDATE kv SET token = $1 WHERE k = 'a'`, token)
+			_, err := pgfence.Exec(ctx, conn, pgfence.Checked(l.lease()), `UPDATE kv SET token = $1 WHERE k = 'a'`, token)
 			return err
 		},
 	} {
@@ -231,7 +231,7 @@ func TestExecIsOneRoundTrip(t *testing.T) {
 	}
 }
 
-// UpdateRow, RaiseTokenFloor, Protect and Unprotect each run one statement
+// RaiseTokenFloor, Protect and Unprotect each run one statement
 // that commits on its own: a reply lost after the statement reached the
 // server is an unknown outcome, never "unavailable" (which says nothing
 // happened). In each case here the server committed it.
@@ -239,7 +239,6 @@ func TestAutocommitLostReplyIsUnknown(t *testing.T) {
 	ctx := testContext(t)
 	db := pgfencetest.NewDatabase(t)
 	setupKV(t, db.Pool)
-	kv := pgfence.Table{Name: pgx.Identifier{"kv"}, Key: "k", Fence: "token"}
 	var floor int64
 	if err := db.Pool.QueryRow(ctx, `SELECT pgfence.max_stored_token() + 1000`).Scan(&floor); err != nil {
 		t.Fatal(err)
@@ -257,9 +256,6 @@ func TestAutocommitLostReplyIsUnknown(t *testing.T) {
 		call      func(conn *pgx.Conn) error
 		applied   func() bool
 	}{
-		{"UpdateRow", "UPDATE", func(conn *pgx.Conn) error {
-			return pgfence.UpdateRow(ctx, conn, kv, "a", 7, map[string]any{"v": "lost reply"})
-		}, func() bool { return kvValue(t, db.Pool) == "lost reply" }},
 		{"RaiseTokenFloor", "raise_token_floor", func(conn *pgx.Conn) error {
 			_, err := pgfence.RaiseTokenFloor(ctx, conn, floor, "restore drill")
 			return err
@@ -338,22 +334,18 @@ func TestPoolAcquireFailureIsNotUnknown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Release()
-	kv := pgfence.Table{Name: pgx.Identifier{"kv"}, Key: "k", Fence: "token"}
 	lease := leaseRow{Key: "acquire", Holder: newHolder(), Token: 1}
 	calls := []struct {
 		name string
 		call func(ctx context.Context) error
 	}{
 		{"Exec", func(ctx context.Context) error {
-			_, err := pgfence.ExecToken(ctx, pool, "kv:a", 1, `UPDATE kv SET v = 'x' WHERE k = 'a'`)
+			_, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("kv:a", "", 1), `UPDATE kv SET v = 'x' WHERE k = 'a'`)
 			return err
 		}},
-		{"ExecLeased", func(ctx context.Context) error {
-			_, err := pgfence.ExecLeased(ctx, pool, lease.lease(), `UPDATE kv SET v = 'x' WHERE k = 'a'`)
+		{"Exec checked", func(ctx context.Context) error {
+			_, err := pgfence.Exec(ctx, pool, pgfence.Checked(lease.lease()), `UPDATE kv SET v = 'x' WHERE k = 'a'`)
 			return err
-		}},
-		{"UpdateRow", func(ctx context.Context) error {
-			return pgfence.UpdateRow(ctx, pool, kv, "a", 1, map[string]any{"v": "x"})
 		}},
 		{"RaiseTokenFloor", func(ctx context.Context) error {
 			_, err := pgfence.RaiseTokenFloor(ctx, pool, 1, "drill")
@@ -407,7 +399,7 @@ func TestExecPrepareFailureIsNotUnknown(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1, 30000)`, pid).Scan(&gone); err != nil || !gone {
 		t.Fatalf("terminating the session: %v %v", gone, err)
 	}
-	_, err = pgfence.ExecToken(ctx, conn, "kv:a", 1, `UPDATE kv SET v = 'x' WHERE k = 'a'`)
+	_, err = pgfence.Exec(ctx, conn, pgfence.LeaseOf("kv:a", "", 1), `UPDATE kv SET v = 'x' WHERE k = 'a'`)
 	if !errors.Is(err, pgfence.ErrUnavailable) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 		t.Fatalf("Exec on a terminated session: %v, want ErrUnavailable, not ErrOutcomeUnknown", err)
 	}

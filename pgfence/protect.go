@@ -7,6 +7,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/driver"
 )
 
 // Protect installs pgfence's guard trigger on table: from now on every INSERT,
@@ -37,9 +39,6 @@ import (
 // Cost: one plpgsql call and one primary-key lookup in pgfence.fences per row
 // written (see BenchmarkProtectedRows).
 func Protect(ctx context.Context, db DB, table pgx.Identifier, resourceColumn, prefix string) error {
-	if err := checkDB(db); err != nil {
-		return err
-	}
 	if err := checkIdentifier("table", table); err != nil {
 		return err
 	}
@@ -50,32 +49,18 @@ func Protect(ctx context.Context, db DB, table pgx.Identifier, resourceColumn, p
 		return fmt.Errorf("%w: prefix must be valid UTF-8 without NUL bytes and shorter than %d bytes (a resource is at most %d), got %d bytes",
 			ErrInvalid, MaxResourceLen, MaxResourceLen, len(prefix))
 	}
-	conn, release, err := acquire(ctx, db)
-	if err != nil {
-		return err
-	}
-	defer release()
-	_, err = conn.Exec(ctx, `SELECT pgfence.protect($1::regclass, $2, $3)`, table.Sanitize(), resourceColumn, prefix)
-	return mapError(err, ownCommit(db))
+	return run(ctx, db, `SELECT 1 FROM pgfence.protect($1::regclass, $2, $3)`, []any{table.Sanitize(), resourceColumn, prefix}, new(int))
 }
 
 // Unprotect removes the guard from table and from its partitions and
 // inheritance children, and reports whether table was protected.
 func Unprotect(ctx context.Context, db DB, table pgx.Identifier) (bool, error) {
-	if err := checkDB(db); err != nil {
-		return false, err
-	}
 	if err := checkIdentifier("table", table); err != nil {
 		return false, err
 	}
-	conn, release, err := acquire(ctx, db)
-	if err != nil {
-		return false, err
-	}
-	defer release()
 	var had bool
-	err = conn.QueryRow(ctx, `SELECT pgfence.unprotect($1::regclass)`, table.Sanitize()).Scan(&had)
-	return had, mapError(err, ownCommit(db))
+	err := run(ctx, db, `SELECT pgfence.unprotect($1::regclass)`, []any{table.Sanitize()}, &had)
+	return had, err
 }
 
 // ProtectedTable is one table guarded by [Protect].
@@ -89,17 +74,17 @@ type ProtectedTable struct {
 
 // Protected lists the protected tables of the database, from the catalog.
 func Protected(ctx context.Context, db DB) ([]ProtectedTable, error) {
-	if err := checkDB(db); err != nil {
+	if err := driver.NilHandle(db); err != nil {
 		return nil, err
 	}
 	rows, err := db.Query(ctx, `SELECT relation::text, resource_column, prefix FROM pgfence.protected_tables()`)
 	if err != nil {
-		return nil, mapError(err, false)
+		return nil, read(err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ProtectedTable, error) {
 		var p ProtectedTable
 		err := r.Scan(&p.Table, &p.ResourceColumn, &p.Prefix)
 		return p, err
 	})
-	return out, mapError(err, false)
+	return out, read(err)
 }

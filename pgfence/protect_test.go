@@ -39,7 +39,7 @@ func TestProtect(t *testing.T) {
 		unfenced(q, err)
 	}
 	write := func(resource string, token int64, sql string) error {
-		_, err := pgfence.WriteToken(ctx, pool, resource, token, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := pgfence.Write(ctx, pool, pgfence.LeaseOf(resource, "", token), func(ctx context.Context, tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, sql)
 			return err
 		})
@@ -56,7 +56,7 @@ func TestProtect(t *testing.T) {
 	unfenced("multi-row update fenced for one row", write("acct:1", 5, `UPDATE acct SET balance = 0`))
 	// Moving a row to another resource needs both tokens.
 	unfenced("re-key with the old token only", write("acct:3", 1, `UPDATE acct SET id = 4 WHERE id = 3`))
-	if _, err := pgfence.WriteToken(ctx, pool, "acct:3", 1, func(ctx context.Context, tx pgx.Tx) error {
+	if _, err := pgfence.Write(ctx, pool, pgfence.LeaseOf("acct:3", "", 1), func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pgfence.fence('acct:4', 1)`); err != nil {
 			return err
 		}
@@ -91,7 +91,7 @@ func TestProtect(t *testing.T) {
 	unfenced("fence committed by another transaction", err)
 	_ = tx.Rollback(ctx)
 	// Exec (one round trip) passes the guard.
-	if _, err := pgfence.ExecToken(ctx, pool, "acct:2", 2, `DELETE FROM acct WHERE id = $1`, 2); err != nil {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("acct:2", "", 2), `DELETE FROM acct WHERE id = $1`, 2); err != nil {
 		t.Fatalf("fenced delete via Exec: %v", err)
 	}
 
@@ -143,11 +143,11 @@ func TestProtectInvalid(t *testing.T) {
 		t.Fatalf("Protected: %+v, %v", list, err)
 	}
 	issue(t, pool, `p\xr`)
-	if _, err := pgfence.ExecToken(ctx, pool, `p\xr`, 1, `INSERT INTO "Odd Name" VALUES ('k', 'r')`); err != nil {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf(`p\xr`, "", 1), `INSERT INTO "Odd Name" VALUES ('k', 'r')`); err != nil {
 		t.Fatalf("write under an odd prefix: %v", err)
 	}
 	// NULL resource: no token can cover it.
-	if _, err := pgfence.ExecToken(ctx, pool, `p\xr`, 1, `INSERT INTO "Odd Name" VALUES ('k', NULL)`); !errors.Is(err, pgfence.ErrUnfencedWrite) {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf(`p\xr`, "", 1), `INSERT INTO "Odd Name" VALUES ('k', NULL)`); !errors.Is(err, pgfence.ErrUnfencedWrite) {
 		t.Fatalf("NULL resource: %v", err)
 	}
 }
@@ -248,7 +248,7 @@ func TestMigrationDownUp(t *testing.T) {
 		t.Fatalf("up: %v", err)
 	}
 	issue(t, pool, "r")
-	if _, err := pgfence.ExecToken(ctx, pool, "r", 1, `SELECT 1`); err != nil {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("r", "", 1), `SELECT 1`); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence/internal/driver"
 	"github.com/pgfence/pgfence/internal/telemetry"
 )
 
@@ -16,7 +17,7 @@ import (
 type Rejection struct {
 	ID int64
 	// Resource is the fenced resource (for a lease-checked write: the lease
-	// key; for [UpdateRow]: the table and row key).
+	// key).
 	Resource string
 	// PresentedToken is the writer's token.
 	PresentedToken int64
@@ -28,8 +29,8 @@ type Rejection struct {
 	// LeaseReason is why the lease was not held ("missing", "taken_over",
 	// "released", "expired"), empty for a stale token.
 	LeaseReason string
-	// Operation is the helper that was refused: write, exec, write_leased,
-	// exec_leased or update_row (empty when another client recorded it).
+	// Operation is the helper that was refused: write, exec, write_leased or
+	// exec_leased (empty when another client recorded it).
 	Operation string
 	// Op is the refused write's operation id (zero when it had none).
 	Op OpID
@@ -51,7 +52,7 @@ const (
 const recordTimeout = time.Second
 
 const (
-	sqlRecordRejection = `SELECT pgfence.record_fence_rejection($1, $2, $3, $4, $5, $6, $7, $8)`
+	sqlRecordRejection = `SELECT 1 FROM pgfence.record_fence_rejection($1, $2, $3, $4, $5, $6, $7, $8)`
 	sqlRejections      = `SELECT id, resource, presented_token, coalesce(accepted_token, 0), reason,
        coalesce(lease_reason, ''), coalesce(operation, ''), op, coalesce(trace_id, ''), at
   FROM pgfence.fence_rejections WHERE resource = $1 ORDER BY at DESC, id DESC LIMIT $2`
@@ -61,20 +62,20 @@ const (
 // first), at most limit of them (0: [RejectionsLimitDefault]). Rows are kept
 // for 7 days.
 //
-// The helpers of this package record a rejection (one extra statement, only
-// on a rejection) when they ran in their own transaction: on a pool or a
-// connection. Inside a caller's [pgx.Tx] the rejection aborts or rolls back
-// with the caller's work, so it is recorded only in the span, the
-// pgfence.fence.writes metric and the log (see [Fencer]). The
-// record is best effort: it commits with synchronous_commit off, a failure
-// to record is logged at debug level and never changes the write's error.
+// [Write] and [Exec] record a rejection (one extra statement, only on a
+// rejection) when they ran in their own transaction: on a pool or a
+// connection. Inside a caller's transaction the rejection aborts or rolls
+// back with the caller's work, so it is recorded only in the span and the
+// pgfence.fence.writes metric. The record is best effort: it commits with
+// synchronous_commit off and a failure to record never changes the write's
+// error.
 func Rejections(ctx context.Context, db DB, resource string, limit int) ([]Rejection, error) {
-	if err := checkDB(db); err != nil {
+	if err := driver.NilHandle(db); err != nil {
 		return nil, err
 	}
 	// A name no write could use is the caller's mistake, not an empty
 	// history (and the server would refuse invalid UTF-8 with 22021).
-	if err := validateResource(resource); err != nil {
+	if err := validateName("resource", resource); err != nil {
 		return nil, err
 	}
 	switch {
@@ -85,7 +86,7 @@ func Rejections(ctx context.Context, db DB, resource string, limit int) ([]Rejec
 	}
 	rows, err := db.Query(ctx, sqlRejections, resource, limit)
 	if err != nil {
-		return nil, mapError(err, false)
+		return nil, read(err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Rejection, error) {
 		var r Rejection
@@ -98,16 +99,17 @@ func Rejections(ctx context.Context, db DB, resource string, limit int) ([]Rejec
 		return r, err
 	})
 	if err != nil {
-		return nil, mapError(err, false)
+		return nil, read(err)
 	}
 	return out, nil
 }
 
-// rejectionOf returns the audit row of err when it is a rejection, or false.
-func rejectionOf(err error, w *write) (Rejection, bool) {
+// rejectionOf returns the audit row of err, an error of the write w, when it
+// is a rejection.
+func rejectionOf(err error, w *aWrite) (Rejection, bool) {
 	var (
 		stale     *StaleTokenError
-		lost      *LeaseNotHeldError
+		lost      *LeaseLostError
 		notIssued *TokenNotIssuedError
 	)
 	r := Rejection{Resource: w.resource, PresentedToken: w.token, Operation: w.op, Op: w.id}
@@ -115,12 +117,6 @@ func rejectionOf(err error, w *write) (Rejection, bool) {
 	case errors.As(err, &stale):
 		r.Reason = outcomeStaleToken
 		r.AcceptedToken = stale.Accepted
-		if stale.Resource != "" {
-			r.Resource = stale.Resource
-		}
-		if stale.Presented != 0 {
-			r.PresentedToken = stale.Presented
-		}
 	case errors.As(err, &lost):
 		r.Reason = outcomeLeaseNotHeld
 		r.LeaseReason = lost.Reason
@@ -131,21 +127,14 @@ func rejectionOf(err error, w *write) (Rejection, bool) {
 	default:
 		return Rejection{}, false
 	}
-	return r, r.Resource != "" && r.PresentedToken > 0
+	return r, true
 }
 
-// recorder is where a rejection is recorded: the session of the write.
-type recorder interface {
-	ownCommit() bool
-	execRows(ctx context.Context, sql string, args ...any) (int64, error)
-}
-
-// recordRejection stores r, the rejection of the write w, in
-// pgfence.fence_rejections, best effort: it is skipped when db is a caller's
-// transaction (aborted, or rolled back with the caller's work) or ctx has
-// ended, bounded by recordTimeout, and a failure is only logged.
-func (f *Fencer) recordRejection(ctx context.Context, db recorder, w *write, r Rejection) {
-	if !db.ownCommit() || ctx.Err() != nil {
+// record stores r in pgfence.fence_rejections, best effort: skipped in the
+// caller's transaction (aborted, or rolled back with the caller's work) or
+// once ctx has ended, and bounded by recordTimeout.
+func record[T any](ctx context.Context, h driver.Handle[T], r Rejection) {
+	if h.InTx() || ctx.Err() != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
@@ -160,10 +149,6 @@ func (f *Fencer) recordRejection(ctx context.Context, db recorder, w *write, r R
 	if r.LeaseReason != "" {
 		leaseReason = r.LeaseReason
 	}
-	_, err := db.execRows(ctx, sqlRecordRejection, r.Resource, r.PresentedToken, r.AcceptedToken, r.Reason,
-		leaseReason, r.Operation, op, traceID)
-	if err != nil {
-		f.log.DebugContext(ctx, "pgfence: recording a rejection failed",
-			append(w.logAttrs(ctx), "pgfence.outcome", r.Reason, "error.type", telemetry.ErrorTypeOf(err))...)
-	}
+	_ = h.QueryRow(ctx, sqlRecordRejection, r.Resource, r.PresentedToken, r.AcceptedToken, r.Reason,
+		leaseReason, r.Operation, op, traceID).Scan(new(int))
 }

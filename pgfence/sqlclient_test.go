@@ -87,21 +87,21 @@ func TestUncommittedGrantTokenIsRefused(t *testing.T) {
 	if err := tx.QueryRow(ctx, `SELECT token FROM pgfence.try_acquire('k', interval '30 seconds')`).Scan(&token); err != nil {
 		t.Fatal(err)
 	}
-	_, err = pgfence.ExecToken(ctx, pool, "k", token, `SELECT 1`)
+	_, err = pgfence.Exec(ctx, pool, pgfence.LeaseOf("k", "", token), `SELECT 1`)
 	var notIssued *pgfence.TokenNotIssuedError
 	if !errors.As(err, &notIssued) || !errors.Is(err, pgfence.ErrTokenNotIssued) || notIssued.Presented != token || notIssued.Resource != "k" {
 		t.Fatalf("a token of an uncommitted grant: %v, want *TokenNotIssuedError", err)
 	}
-	if _, err := pgfence.ExecToken(ctx, tx, "k", token, `SELECT 1`); err != nil {
+	if _, err := pgfence.Exec(ctx, tx, pgfence.LeaseOf("k", "", token), `SELECT 1`); err != nil {
 		t.Fatalf("the granting transaction's own write: %v", err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pgfence.ExecToken(ctx, pool, "k", token, `SELECT 1`); !errors.Is(err, pgfence.ErrTokenNotIssued) {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("k", "", token), `SELECT 1`); !errors.Is(err, pgfence.ErrTokenNotIssued) {
 		t.Fatalf("a token of a rolled-back grant: %v, want ErrTokenNotIssued", err)
 	}
-	if _, err := pgfence.Accepted(ctx, pool, "k"); !errors.Is(err, pgfence.ErrNotFound) {
+	if _, err := pgfence.LookupFence(ctx, pool, "k"); !errors.Is(err, pgfence.ErrNotFound) {
 		t.Fatalf("after the refused writes: %v, want nothing accepted", err)
 	}
 }
@@ -122,7 +122,7 @@ func TestAnotherKeysTokenIsRefused(t *testing.T) {
 	if reports.Token <= sku.Token {
 		t.Fatalf("the reports lease's token %d is not above the sku's %d: the test needs it higher", reports.Token, sku.Token)
 	}
-	_, err := pgfence.ExecToken(ctx, pool, "inventory/sku-42", reports.Token, `SELECT 1`)
+	_, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("inventory/sku-42", "", reports.Token), `SELECT 1`)
 	var notIssued *pgfence.TokenNotIssuedError
 	if !errors.As(err, &notIssued) || notIssued.Issued != sku.Token {
 		t.Fatalf("another key's token: %v, want *TokenNotIssuedError naming issued %d", err, sku.Token)
@@ -130,7 +130,7 @@ func TestAnotherKeysTokenIsRefused(t *testing.T) {
 	if _, err := pgfence.Exec(ctx, pool, sku.lease(), `SELECT 1`); err != nil {
 		t.Fatalf("the resource's own holder: %v", err)
 	}
-	if _, err := pgfence.ExecToken(ctx, pool, "no-such-lease", 1, `SELECT 1`); !errors.As(err, &notIssued) || notIssued.Issued != 0 {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("no-such-lease", "", 1), `SELECT 1`); !errors.As(err, &notIssued) || notIssued.Issued != 0 {
 		t.Fatalf("a resource no lease names: %v, want *TokenNotIssuedError with Issued 0", err)
 	}
 }
@@ -146,8 +146,8 @@ func TestTokenBounds(t *testing.T) {
 		if _, err := pool.Exec(ctx, `SELECT pgfence.fence('r', $1)`, tok); sqlstate(err) != "PF008" {
 			t.Errorf("SQL fence with token %d: %v, want PF008", tok, err)
 		}
-		if _, err := pgfence.ExecToken(ctx, pool, "r", tok, `SELECT 1`); !errors.Is(err, pgfence.ErrInvalid) {
-			t.Errorf("ExecToken with token %d: %v, want ErrInvalid", tok, err)
+		if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("r", "", tok), `SELECT 1`); !errors.Is(err, pgfence.ErrInvalid) {
+			t.Errorf("Exec with token %d: %v, want ErrInvalid", tok, err)
 		}
 		for _, q := range []string{
 			`SELECT pgfence.check_lease('r', gen_random_uuid(), $1)`,
@@ -159,7 +159,7 @@ func TestTokenBounds(t *testing.T) {
 			}
 		}
 	}
-	if _, err := pgfence.ExecToken(ctx, pool, "r", pgfence.MaxToken, `SELECT 1`); err != nil {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("r", "", pgfence.MaxToken), `SELECT 1`); err != nil {
 		t.Errorf("the largest token: %v", err)
 	}
 }
@@ -171,7 +171,7 @@ func TestLowerFence(t *testing.T) {
 	ctx := testContext(t)
 	pool := pgfencetest.NewPool(t)
 	pgfencetest.IssueToken(t, pool, "r", 1<<50)
-	if _, err := pgfence.ExecToken(ctx, pool, "r", 1<<50, `SELECT 1`); err != nil {
+	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("r", "", 1<<50), `SELECT 1`); err != nil {
 		t.Fatal(err)
 	}
 	mustExec(t, pool, expireSQL, "r")

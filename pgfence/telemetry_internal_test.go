@@ -3,17 +3,18 @@ package pgfence
 import (
 	"context"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // BenchmarkWriteTelemetry measures what the telemetry of one accepted write
-// costs the client with the global providers unset and no logger: the
-// default, paid by every fenced write.
+// costs the client with the global providers unset: the default, paid by
+// every fenced write.
 func BenchmarkWriteTelemetry(b *testing.B) {
 	ctx := context.Background()
-	f := New(nil)
 	b.ReportAllocs()
 	for b.Loop() {
-		w := &write{op: opExec, resource: "bench/1", token: 42, id: newOpID()}
-		_ = f.observed(ctx, nil, w, func(context.Context) error { return nil })
+		w := &aWrite{op: opExec, resource: "bench/1", token: 42, id: newOpID()}
+		_ = observe[pgx.Tx](ctx, nil, w, func(context.Context) error { return nil })
 	}
 }

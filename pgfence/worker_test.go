@@ -63,19 +63,19 @@ func workerMain() int {
 			}
 		case "write":
 			token, _ := strconv.ParseInt(f[2], 10, 64)
-			_, err = pgfence.WriteToken(ctx, conn, f[1], token, func(ctx context.Context, tx pgx.Tx) error {
+			_, err = pgfence.Write(ctx, conn, pgfence.LeaseOf(f[1], "", token), func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, `UPDATE doc SET body = $2, token = $3 WHERE resource = $1`, f[1], f[3], token)
 				return err
 			})
 		case "lwrite":
-			_, err = pgfence.ExecLeased(ctx, conn, lease.lease(), `UPDATE doc SET body = $2 WHERE resource = $1`, lease.Key, f[1])
+			_, err = pgfence.Exec(ctx, conn, pgfence.Checked(lease.lease()), `UPDATE doc SET body = $2 WHERE resource = $1`, lease.Key, f[1])
 		case "raw":
 			_, err = conn.Exec(ctx, `UPDATE doc SET body = $2 WHERE resource = $1`, f[1], f[2])
 			err = pgfence.MapError(err)
 		case "spoof":
 			// A client that imitates what it guesses the protocol to be: a
 			// session "token" setting and a stale token; no pgfence.fence call.
-			_, err = pgfence.WriteToken(ctx, conn, "unrelated", 1, func(ctx context.Context, tx pgx.Tx) error {
+			_, err = pgfence.Write(ctx, conn, pgfence.LeaseOf("unrelated", "", 1), func(ctx context.Context, tx pgx.Tx) error {
 				for _, q := range []string{
 					`SELECT set_config('pgfence.token', $1, true), $2::text`,
 					`SELECT set_config('pgfence.token_' || md5($2), $1, true)`,
@@ -91,7 +91,7 @@ func workerMain() int {
 			err = fmt.Errorf("unknown command %q", f[0])
 		}
 		var stale *pgfence.StaleTokenError
-		var lost *pgfence.LeaseNotHeldError
+		var lost *pgfence.LeaseLostError
 		switch {
 		case err == nil:
 			fmt.Println("ok")

@@ -65,7 +65,7 @@ func TestBench(t *testing.T) {
 		"sql-raw-update":    1,
 		"sql-fenced-update": 2, // the same pipeline, through sql.Conn.Raw
 		"pq-raw-update":     1, // prepared and run: one Execute
-		"pq-fenced-update":  2, // the fence and the UPDATE in one simple query
+		"pq-fenced-update":  4, // BEGIN, the fence, the UPDATE, COMMIT
 	}
 	for i, r := range res.Results {
 		if r.Case != want[i] || r.Workers != 2 || r.Group == "" || r.What == "" {

@@ -155,8 +155,8 @@ func keysGC(fs *flag.FlagSet) runFunc {
 	batch := fs.Int("batch-size", idempotency.GCBatchSizeDefault, "most keys deleted by one statement")
 	maxBatches := fs.Int("max-batches", 0, "stop after this many batches (0: until none is left)")
 	return func(ctx context.Context, in *input) error {
-		if *batch <= 0 || *batch > idempotency.MaxGCBatchSize {
-			return usageError("--batch-size must be 1 to %d, got %d", idempotency.MaxGCBatchSize, *batch)
+		if *batch <= 0 || *batch > math.MaxInt32 {
+			return usageError("--batch-size must be 1 to %d, got %d", math.MaxInt32, *batch)
 		}
 		if *maxBatches < 0 {
 			return usageError("--max-batches must be >= 0, got %d", *maxBatches)
@@ -166,7 +166,11 @@ func keysGC(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		defer pool.Close()
-		res, err := idempotency.GC(ctx, pool, &idempotency.GCOptions{BatchSize: *batch, MaxBatches: *maxBatches})
+		store, err := idempotency.NewStore(nil)
+		if err != nil {
+			return err
+		}
+		res, err := store.GC(ctx, pool, &idempotency.GCOptions{BatchSize: *batch, MaxBatches: *maxBatches})
 		if err != nil {
 			return dbError(err)
 		}

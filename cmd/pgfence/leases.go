@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 )
 
 // leaseJSON is one lease as `leases list --json` and `leases show --json`
@@ -158,10 +159,10 @@ func leasesShow(fs *flag.FlagSet) runFunc {
 		}
 		defer done()
 		l, err := client.Get(ctx, key)
-		if errors.Is(err, leases.ErrNotFound) {
+		if errors.Is(err, pgfence.ErrNotFound) {
 			return &cliError{msg: fmt.Sprintf("no lease for key %q", key), hint: "`pgfence leases list` shows every key", code: exitFailure, err: err}
 		}
-		if errors.Is(err, leases.ErrInvalid) {
+		if errors.Is(err, pgfence.ErrInvalid) {
 			return leaseArgError(err)
 		}
 		if err != nil {
@@ -225,7 +226,7 @@ func leasesRelease(fs *flag.FlagSet) runFunc {
 		}
 		defer done()
 		res, err := client.ForceRelease(ctx, key, *reason)
-		if errors.Is(err, leases.ErrInvalid) {
+		if errors.Is(err, pgfence.ErrInvalid) {
 			return leaseArgError(err)
 		}
 		if err != nil {
@@ -258,7 +259,7 @@ func leasesPause(fs *flag.FlagSet) runFunc {
 		}
 		defer done()
 		added, err := client.PauseGrants(ctx, prefix, *reason)
-		if errors.Is(err, leases.ErrInvalid) {
+		if errors.Is(err, pgfence.ErrInvalid) {
 			return leaseArgError(err)
 		}
 		if err != nil {
@@ -284,7 +285,7 @@ func leasesResume(fs *flag.FlagSet) runFunc {
 		}
 		defer done()
 		removed, err := client.ResumeGrants(ctx, prefix, *reason)
-		if errors.Is(err, leases.ErrInvalid) {
+		if errors.Is(err, pgfence.ErrInvalid) {
 			return leaseArgError(err)
 		}
 		if err != nil {

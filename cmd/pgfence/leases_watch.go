@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 )
 
 // watchEventJSON is one line of `leases watch --json`: one transition of the
@@ -54,7 +55,7 @@ func leasesWatch(fs *flag.FlagSet) runFunc {
 		wctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		w, err := client.Watch(wctx, key, &leases.WatchOptions{History: *history, PollInterval: *poll})
-		if errors.Is(err, leases.ErrInvalid) {
+		if errors.Is(err, pgfence.ErrInvalid) {
 			return leaseArgError(err)
 		}
 		if err != nil {

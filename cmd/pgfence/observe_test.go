@@ -23,11 +23,11 @@ func TestFencesShowRejections(t *testing.T) {
 	const traceID = "0123456789abcdef0123456789abcdef"
 	ctx := telemetrytest.RemoteTrace(t, context.Background(), traceID)
 	pgfencetest.IssueToken(t, db.Pool, "stock/apple", 9)
-	if _, err := pgfence.ExecToken(ctx, db.Pool, "stock/apple", 9, `SELECT 1`); err != nil {
+	if _, err := pgfence.Exec(ctx, db.Pool, pgfence.LeaseOf("stock/apple", "", 9), `SELECT 1`); err != nil {
 		t.Fatal(err)
 	}
 	for _, token := range []int64{7, 8} {
-		if _, err := pgfence.ExecToken(ctx, db.Pool, "stock/apple", token, `SELECT 1`); err == nil {
+		if _, err := pgfence.Exec(ctx, db.Pool, pgfence.LeaseOf("stock/apple", "", token), `SELECT 1`); err == nil {
 			t.Fatalf("token %d accepted after 9", token)
 		}
 	}

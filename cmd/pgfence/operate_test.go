@@ -28,7 +28,8 @@ func TestLeasesCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	l, err := client.TryAcquire(ctx, "jobs/nightly", time.Minute, nil)
+	// Not kept alive: the holder renews it by hand below.
+	l, err := client.TryAcquire(ctx, "jobs/nightly", time.Minute, &leases.AcquireOptions{NoKeepAlive: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +58,7 @@ func TestLeasesCommands(t *testing.T) {
 		t.Fatalf("force release: code %d\n%s%s", code, out, errOut)
 	}
 	// The holder's own lease is gone: its renewal says so.
-	if err := l.Renew(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+	if err := l.Renew(ctx); !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("renew after force release: %v, want ErrLeaseLost", err)
 	}
 	code, out, _ = cli(t, environ, "leases", "show", "jobs/nightly")
@@ -86,7 +87,7 @@ func TestFenceCommands(t *testing.T) {
 		t.Fatalf("unfenced insert into a protected table: %v, want PF006", err)
 	}
 	pgfencetest.IssueToken(t, db.Pool, "stock/apple", 7)
-	if _, err := pgfence.ExecToken(ctx, db.Pool, "stock/apple", 7, `INSERT INTO public.stock VALUES ('apple', 10)`); err != nil {
+	if _, err := pgfence.Exec(ctx, db.Pool, pgfence.LeaseOf("stock/apple", "", 7), `INSERT INTO public.stock VALUES ('apple', 10)`); err != nil {
 		t.Fatal(err)
 	}
 	code, out, _ = cli(t, environ, "fences", "list")
@@ -332,6 +333,21 @@ func TestKeysFailAbandoned(t *testing.T) {
 	}
 }
 
+// grantClientVersion is the client version c recorded with its grant of key:
+// "pgfence-go/" and the module's version (package leases checks it is its
+// own).
+func grantClientVersion(t *testing.T, c *leases.Client, key string) string {
+	t.Helper()
+	st, err := c.Get(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(st.ClientVersion, "pgfence-go/") || len(st.ClientVersion) == len("pgfence-go/") {
+		t.Fatalf("%s: client version %q, want pgfence-go/<version>", key, st.ClientVersion)
+	}
+	return st.ClientVersion
+}
+
 func TestLeasesPauseCommands(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -350,19 +366,20 @@ func TestLeasesPauseCommands(t *testing.T) {
 	if code != exitOK || !strings.Contains(out, "paused") {
 		t.Fatalf("pause: code %d\n%s%s", code, out, errOut)
 	}
-	if _, err := client.TryAcquire(ctx, "deploy/web", time.Minute, nil); !errors.Is(err, leases.ErrGrantsPaused) {
+	if _, err := client.TryAcquire(ctx, "deploy/web", time.Minute, nil); !errors.Is(err, pgfence.ErrGrantsPaused) {
 		t.Fatalf("TryAcquire after `leases pause`: want ErrGrantsPaused, got %v", err)
 	}
 	l, err := client.TryAcquire(ctx, "batch/1", time.Minute, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	version := grantClientVersion(t, client, "batch/1")
 	code, out, _ = cli(t, environ, "leases", "list")
-	if code != exitOK || !strings.Contains(out, `"deploy/"`) || !strings.Contains(out, "rollout 7") || !strings.Contains(out, leases.ClientVersion()) {
+	if code != exitOK || !strings.Contains(out, `"deploy/"`) || !strings.Contains(out, "rollout 7") || !strings.Contains(out, version) {
 		t.Fatalf("leases list shows neither the pause nor the client version:\n%s", out)
 	}
 	code, out, _ = cli(t, environ, "leases", "show", "batch/1")
-	if code != exitOK || !strings.Contains(out, "client") || !strings.Contains(out, leases.ClientVersion()) {
+	if code != exitOK || !strings.Contains(out, "client") || !strings.Contains(out, version) {
 		t.Fatalf("leases show lacks the client version:\n%s", out)
 	}
 	_ = l.Release(ctx)
@@ -508,7 +525,8 @@ func TestOperateJSONShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	l, err := client.TryAcquire(ctx, "jobs/json", time.Minute, nil)
+	// Not kept alive: it is never renewed.
+	l, err := client.TryAcquire(ctx, "jobs/json", time.Minute, &leases.AcquireOptions{NoKeepAlive: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -554,7 +572,7 @@ func TestOperateJSONShape(t *testing.T) {
 	}
 	row := list[0].(map[string]any)
 	if row["key"] != "jobs/json" || row["state"] != "held" || row["live"] != true || row["token"] != float64(l.Token()) ||
-		row["holder_info"] != "worker-1" || row["client_version"] != leases.ClientVersion() {
+		row["holder_info"] != "worker-1" || row["client_version"] != grantClientVersion(t, client, "jobs/json") {
 		t.Fatalf("leases list --json: %v", row)
 	}
 	if ms, ok := row["remaining_ms"].(float64); !ok || ms <= 0 || ms > 60000 {

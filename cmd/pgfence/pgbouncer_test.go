@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgfence/pgfence/internal/testkit/pgbouncer"
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -225,13 +226,13 @@ func TestPgBouncerServerLoginRetry(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	if _, err := client.List(ctx); !errors.Is(err, leases.ErrUnavailable) {
+	if _, err := client.List(ctx); !errors.Is(err, pgfence.ErrUnavailable) {
 		t.Fatalf("List within server_login_retry: %v, want ErrUnavailable", err)
 	}
 	// A grant is one statement that commits on its own: PgBouncer answers
 	// 08P01 whether or not it forwarded it (its "server conn crashed?" after
 	// a lost reply too), so the client cannot call it "not sent".
-	if _, err := client.TryAcquire(ctx, "jobs/a", time.Minute, nil); !errors.Is(err, leases.ErrOutcomeUnknown) || errors.Is(err, leases.ErrUnavailable) {
+	if _, err := client.TryAcquire(ctx, "jobs/a", time.Minute, nil); !errors.Is(err, pgfence.ErrOutcomeUnknown) || errors.Is(err, pgfence.ErrUnavailable) {
 		t.Fatalf("TryAcquire within server_login_retry: %v, want ErrOutcomeUnknown", err)
 	}
 }

@@ -203,7 +203,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	// Had agent-a only frozen instead of crashing, its attempt would wake up
 	// replaced: the key refuses its writes.
 	_, err = crashed.Complete(ctx, []byte("refunded by agent-a"))
-	res.ZombieRefused = errors.Is(err, idempotency.ErrNotOwner)
+	res.ZombieRefused = errors.Is(err, idempotency.ErrLeaseLost)
 	if res.ZombieRefused {
 		say("agent-a's old attempt, woken up late, tries to complete the task: REFUSED (not the current owner)")
 	} else {

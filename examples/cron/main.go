@@ -97,8 +97,8 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 
 	// Every instance waits for the job's lease (at most 5 s) rather than
 	// skipping the slot: the winner may die, and a waiter then takes over.
-	hold := leases.HoldOptions{MaxWait: 5 * time.Second}
-	runner, err := job.New(client, pool, jobKey, &job.Config{TTL: ttl, Hold: hold})
+	hold := leases.AcquireOptions{MaxWait: 5 * time.Second}
+	runner, err := job.New(client, jobKey, &job.Config{TTL: ttl, AcquireOptions: hold})
 	if err != nil {
 		return res, err
 	}
@@ -107,7 +107,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	// its lease runs out by the database clock a TTL after its last renewal.
 	freezable := hold
 	freezable.MaxHold = 500 * time.Millisecond
-	pausable, err := job.New(client, pool, jobKey, &job.Config{TTL: ttl, Hold: freezable})
+	pausable, err := job.New(client, jobKey, &job.Config{TTL: ttl, AcquireOptions: freezable})
 	if err != nil {
 		return res, err
 	}

@@ -138,8 +138,9 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	key := "device/" + device
 	fmt.Fprintf(out, "device: three controllers command %s through a gateway that compares tokens\n", device)
 
-	// ctl-1 gets the lease, prepares its command and freezes.
-	frozen, err := client.Acquire(ctx, key, pausedTTL, &leases.AcquireOptions{HolderInfo: "ctl-1"})
+	// ctl-1 gets the lease, prepares its command and freezes (nothing renews
+	// its lease while it is frozen).
+	frozen, err := client.Acquire(ctx, key, pausedTTL, &leases.AcquireOptions{HolderInfo: "ctl-1", NoKeepAlive: true})
 	if err != nil {
 		return res, err
 	}

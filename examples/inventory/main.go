@@ -132,8 +132,9 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 		}
 	}
 
-	// Order 1 takes the lease first with a short TTL, then freezes.
-	frozen, err := client.Acquire(ctx, resource, pausedTTL, nil)
+	// Order 1 takes the lease first with a short TTL, then freezes (nothing
+	// renews its lease while it is frozen).
+	frozen, err := client.Acquire(ctx, resource, pausedTTL, &leases.AcquireOptions{NoKeepAlive: true})
 	if err != nil {
 		return res, err
 	}
@@ -178,7 +179,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	default:
 		return res, fmt.Errorf("order-1: %w", err)
 	}
-	if err := frozen.Release(ctx); !errors.Is(err, leases.ErrLeaseLost) {
+	if err := frozen.Release(ctx); !errors.Is(err, pgfence.ErrLeaseLost) {
 		return res, fmt.Errorf("order-1 release: want ErrLeaseLost, got %v", err)
 	}
 

@@ -112,7 +112,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 		return err
 	}
 
-	newReplica := func(name string, hold leases.HoldOptions) (*replica, error) {
+	newReplica := func(name string, hold leases.AcquireOptions) (*replica, error) {
 		client, err := leases.New(pool, &leases.Config{HolderInfo: name})
 		if err != nil {
 			return nil, err
@@ -120,8 +120,8 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 		r := &replica{name: name, done: make(chan error, 1), leading: make(chan struct{})}
 		hold.HolderInfo = name
 		r.e, err = election.New(client, key, &election.Config{
-			TTL:  ttl,
-			Hold: hold,
+			TTL:            ttl,
+			AcquireOptions: hold,
 			OnStartedLeading: func(ctx context.Context, term *election.Term) {
 				n := number(term.Token())
 				mu.Lock()
@@ -219,7 +219,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	fmt.Fprintf(out, "leader: 3 replicas, election %s, TTL %s\n", "leader/scheduler", ttl)
 	// replica-1 starts first and leads; it is the one that freezes: its
 	// keep-alive gives up after half a second (as a frozen process's would).
-	first, err := newReplica("replica-1", leases.HoldOptions{MaxHold: 500 * time.Millisecond})
+	first, err := newReplica("replica-1", leases.AcquireOptions{MaxHold: 500 * time.Millisecond})
 	if err != nil {
 		return res, err
 	}
@@ -231,7 +231,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 		return res, errors.New("replica-1 was not elected")
 	}
 	for _, name := range []string{"replica-2", "replica-3"} {
-		r, err := newReplica(name, leases.HoldOptions{})
+		r, err := newReplica(name, leases.AcquireOptions{})
 		if err != nil {
 			stopAll(rs)
 			return res, err

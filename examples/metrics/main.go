@@ -6,7 +6,8 @@
 // the counter, fenced with the lease's token and deduplicated by an
 // idempotency key in the same transaction (every request is sent twice). After every round the
 // program prints the metrics, as an OpenTelemetry exporter would see them
-// (an SDK MeterProvider with a manual reader, printed in a compact text form).
+// (an SDK MeterProvider with a manual reader, installed as the global
+// provider, printed in a compact text form).
 // Then one worker freezes past its lease: it is taken over, its late write is
 // rejected and its late release finds the key granted to another since: the
 // takeovers, stale_token and not_held series move.
@@ -37,6 +38,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -58,11 +60,31 @@ const (
 )
 
 func main() {
+	reader, shutdown := setupTelemetry()
 	// DATABASE_URL, or a throwaway local PostgreSQL removed on exit.
 	pgfencetest.Run("metrics", func(ctx context.Context, db *pgfencetest.Database) error {
-		_, err := run(ctx, db.Pool, os.Stdout)
+		defer shutdown()
+		_, err := run(ctx, db.Pool, reader, os.Stdout)
 		return err
 	})
+}
+
+// setupTelemetry installs the global OpenTelemetry providers, as an
+// application does once, at start: the metrics go to a manual reader that run
+// prints after every round, and spans are recorded (only their trace ids
+// matter: they are stored beside lease events and writes). pgfence's writes,
+// the leases client and the idempotency store all report to them. The
+// returned function shuts them down.
+func setupTelemetry() (*sdkmetric.ManualReader, func()) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	tp := sdktrace.NewTracerProvider()
+	otel.SetMeterProvider(mp)
+	otel.SetTracerProvider(tp)
+	return reader, func() {
+		_ = mp.Shutdown(context.Background())
+		_ = tp.Shutdown(context.Background())
+	}
 }
 
 // result is what happened, checked by main_test.go against the database and
@@ -79,18 +101,10 @@ type result struct {
 	WriteToken   int64
 }
 
-func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (res result, err error) {
-	// An application sets up OpenTelemetry once; here the metrics go to a
-	// manual reader printed after every round, and spans are recorded (only
-	// their trace ids matter: they are stored beside lease events and writes).
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	tp := sdktrace.NewTracerProvider()
-	defer func() {
-		_ = mp.Shutdown(context.Background())
-		_ = tp.Shutdown(context.Background())
-	}()
-	tracer := tp.Tracer("examples/metrics")
+// run runs the example; the metrics it prints are read from reader, the
+// global meter provider's (setupTelemetry).
+func run(ctx context.Context, pool *pgxpool.Pool, reader *sdkmetric.ManualReader, out io.Writer) (res result, err error) {
+	tracer := otel.Tracer("examples/metrics")
 
 	if _, err := pool.Exec(ctx, `
 		DROP TABLE IF EXISTS example_counter;
@@ -98,16 +112,15 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (res result, er
 		INSERT INTO example_counter VALUES (1, 0, 0);`); err != nil {
 		return res, err
 	}
-	client, err := leases.New(pool, &leases.Config{MeterProvider: mp, TracerProvider: tp})
+	client, err := leases.New(pool, nil) // reports to the global providers
 	if err != nil {
 		return res, err
 	}
 	defer client.Close()
-	store, err := idempotency.NewStore(&idempotency.Config{MeterProvider: mp, TracerProvider: tp})
+	store, err := idempotency.NewStore(nil) // so does the store, and so do pgfence's writes
 	if err != nil {
 		return res, err
 	}
-	fencer := pgfence.New(&pgfence.Config{MeterProvider: mp, TracerProvider: tp})
 
 	// The idempotency keys name the requests; they are kept for a day, so a
 	// run id in the scope keeps reruns on the same database apart (else a
@@ -132,7 +145,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (res result, er
 		}
 		o, err := store.Do(ctx, pool, idempotency.Request{Scope: scope, Key: requestKey},
 			func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
-				_, err := fencer.Exec(ctx, tx, l,
+				_, err := pgfence.Exec(ctx, tx, l,
 					`UPDATE example_counter SET n = n + 1, token = $1 WHERE id = 1`, l.Token())
 				return nil, err
 			})
@@ -176,16 +189,16 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (res result, er
 
 	// A worker freezes past its lease (a GC pause, SIGSTOP): another takes
 	// over and writes; the frozen one wakes up, writes and releases late.
-	frozen, err := client.Acquire(ctx, key, pausedTTL, nil)
+	frozen, err := client.Acquire(ctx, key, pausedTTL, &leases.AcquireOptions{NoKeepAlive: true}) // frozen: nothing renews it
 	if err != nil {
 		return res, err
 	}
 	if err := increment(ctx, "after-the-pause"); err != nil { // waits for the expiry, takes over
 		return res, err
 	}
-	_, err = fencer.Exec(ctx, pool, frozen, `UPDATE example_counter SET n = n + 1, token = $1 WHERE id = 1`, frozen.Token())
+	_, err = pgfence.Exec(ctx, pool, frozen, `UPDATE example_counter SET n = n + 1, token = $1 WHERE id = 1`, frozen.Token())
 	res.StaleWrite = errors.Is(err, pgfence.ErrStaleToken)
-	res.StaleRelease = errors.Is(frozen.Release(ctx), leases.ErrLeaseLost)
+	res.StaleRelease = errors.Is(frozen.Release(ctx), pgfence.ErrLeaseLost)
 	fmt.Fprintf(out, "\n--- after a worker froze past its lease (late write rejected: %v, late release refused: %v)\n", res.StaleWrite, res.StaleRelease)
 	if err := print(ctx, out, reader, &res); err != nil {
 		return res, err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.uber.org/goleak"
 
 	"github.com/pgfence/pgfence/internal/testkit/telemetrytest"
@@ -21,23 +22,29 @@ func TestMain(m *testing.M) { pgfencetest.Main(m) }
 // TestMetrics checks the business result against the database and the
 // metrics against what happened, twice on the same database: lease rows,
 // accepted tokens and idempotency keys outlive a run, and the second run must
-// not trip on the first's (its requests must not be replays of them).
+// not trip on the first's (its requests must not be replays of them). The
+// global providers are set once, as an application sets them: the second
+// run's metrics are what it added.
 func TestMetrics(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	defer pool.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
+	reader, shutdown := setupTelemetry()
+	defer shutdown()
 
+	var before telemetrytest.Metrics
 	for n := 1; n <= 2; n++ {
-		t.Run(fmt.Sprintf("run-%d", n), func(t *testing.T) { checkRun(ctx, t, pool) })
+		t.Run(fmt.Sprintf("run-%d", n), func(t *testing.T) { before = checkRun(ctx, t, pool, reader, before) })
 	}
 }
 
-// checkRun runs the example on pool and checks its outcome and metrics.
-func checkRun(ctx context.Context, t *testing.T, pool *pgxpool.Pool) {
+// checkRun runs the example on pool and checks its outcome, and the metrics
+// it added to before; it returns the metrics after it.
+func checkRun(ctx context.Context, t *testing.T, pool *pgxpool.Pool, reader *sdkmetric.ManualReader, before telemetrytest.Metrics) telemetrytest.Metrics {
 	var out bytes.Buffer
-	res, err := run(ctx, pool, &out)
+	res, err := run(ctx, pool, reader, &out)
 	t.Log("\n" + out.String())
 	if err != nil {
 		t.Fatal(err)
@@ -53,32 +60,42 @@ func checkRun(ctx context.Context, t *testing.T, pool *pgxpool.Pool) {
 		t.Errorf("audit join: %s token %d, write token %d", res.AuditEvent, res.AuditToken, res.WriteToken)
 	}
 
-	m := telemetrytest.Metrics{RM: res.Metrics}
+	// What this run added to the metrics.
+	after := telemetrytest.Metrics{RM: res.Metrics}
+	sum := func(name string, attrs ...attribute.KeyValue) int64 {
+		return after.Sum(name, attrs...) - before.Sum(name, attrs...)
+	}
+	count := func(name string, attrs ...attribute.KeyValue) uint64 {
+		n, _, _ := after.Histogram(name, attrs...)
+		n0, _, _ := before.Histogram(name, attrs...)
+		return n - n0
+	}
 	outcome := func(v string) attribute.KeyValue { return attribute.String("pgfence.outcome", v) }
-	mode := attribute.String("pgfence.idempotency.mode", "atomic")
+	mode := attribute.String("pgfence.operation", "atomic")
 	for _, c := range []struct {
 		name string
 		got  int64
 		want int64
 	}{
-		{"fence writes accepted", m.Sum("pgfence.fence.writes", outcome("accepted")), res.Accepted},
-		{"fence writes stale_token", m.Sum("pgfence.fence.writes", outcome("stale_token")), 1},
-		{"idempotency new", m.Sum("pgfence.idempotency.requests", mode, outcome("new")), res.Accepted},
-		{"idempotency replayed", m.Sum("pgfence.idempotency.requests", mode, outcome("replayed")), res.Replays},
-		{"grants", m.Sum("pgfence.lease.acquire.attempts", outcome("acquired")), 2*requests + 2},
-		{"takeovers", m.Sum("pgfence.lease.takeovers"), 1},
-		{"releases not_held", m.Sum("pgfence.lease.releases", outcome("not_held")), 1},
-		{"releases released", m.Sum("pgfence.lease.releases", outcome("released")), 2*requests + 1},
+		{"fence writes accepted", sum("pgfence.fence.writes", outcome("accepted")), res.Accepted},
+		{"fence writes stale_token", sum("pgfence.fence.writes", outcome("stale_token")), 1},
+		{"idempotency new", sum("pgfence.idempotency.operations", mode, outcome("new")), res.Accepted},
+		{"idempotency replayed", sum("pgfence.idempotency.operations", mode, outcome("replayed")), res.Replays},
+		{"grants", sum("pgfence.lease.acquire.attempts", outcome("acquired")), 2*requests + 2},
+		{"takeovers", sum("pgfence.lease.takeovers"), 1},
+		{"releases not_held", sum("pgfence.lease.releases", outcome("not_held")), 1},
+		{"releases released", sum("pgfence.lease.releases", outcome("released")), 2*requests + 1},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s: %d, want %d", c.name, c.got, c.want)
 		}
 	}
-	if n, _, _ := m.Histogram("pgfence.lease.hold.duration", outcome("lost")); n != 1 {
+	if n := count("pgfence.lease.hold.duration", outcome("lost")); n != 1 {
 		t.Errorf("hold.duration{lost} count %d, want 1 (the frozen worker)", n)
 	}
 	// The output shows the series moving round by round.
 	if strings.Count(out.String(), "pgfence.fence.writes{operation=exec,outcome=accepted}") != rounds+1 {
 		t.Errorf("the accepted writes are not printed after every round:\n%s", out.String())
 	}
+	return after
 }

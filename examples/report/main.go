@@ -3,11 +3,12 @@
 //
 // Generators render the "daily-sales" report under the lease
 // "report/daily-sales" and store it in a file table whose rows carry the token
-// of the write that produced them. The store compares tokens atomically: an
-// UPDATE … WHERE fence <= token (pgfence.UpdateRow) replaces the file only if
-// it is not newer than the writer's grant. gen-1 renders first and freezes for
-// longer than its lease; meanwhile new sales arrive and gen-2 and gen-3 render
-// newer versions; when gen-1 wakes up, its older file is rejected.
+// of the write that produced them: a versioned row. The store compares tokens
+// atomically: one UPDATE … WHERE fence <= token replaces the file only if it
+// is not newer than the writer's grant, and a write it refuses changes no row.
+// gen-1 renders first and freezes for longer than its lease; meanwhile new
+// sales arrive and gen-2 and gen-3 render newer versions; when gen-1 wakes up,
+// its older file is rejected.
 //
 // Run it:
 //
@@ -28,11 +29,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/leases"
-	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -42,8 +41,24 @@ const (
 	ttl       = time.Second
 )
 
-// files is the file store: one row per file, fence = token of its last write.
-var files = pgfence.Table{Name: pgx.Identifier{"example_report_files"}, Key: "name", Fence: "fence"}
+// The file store: one row per file, fence = the token of its last write.
+const (
+	// sqlPublish replaces file $1 with token $2 unless the stored version's
+	// token is newer: the comparison and the replacement are one statement,
+	// so two writers cannot both pass the check.
+	sqlPublish = `UPDATE example_report_files SET fence = $2, writer = $3, content = $4
+		WHERE name = $1 AND (fence IS NULL OR fence <= $2)`
+	// sqlStored reads the token of file $1.
+	sqlStored = `SELECT fence FROM example_report_files WHERE name = $1`
+)
+
+// staleError is a write the file store refused: the file carries a newer
+// token.
+type staleError struct{ Presented, Stored int64 }
+
+func (e *staleError) Error() string {
+	return fmt.Sprintf("the file carries token %d, newer than %d", e.Stored, e.Presented)
+}
 
 func main() {
 	// DATABASE_URL, or a throwaway local PostgreSQL removed on exit.
@@ -93,22 +108,29 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 		err := pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(amount), 0) FROM example_sales`).Scan(&n, &total)
 		return fmt.Sprintf("daily sales: %d orders, total %d", n, total), err
 	}
-	// publish replaces the file if the stored version's token is not newer:
-	// one UPDATE … WHERE name = $id AND (fence IS NULL OR fence <= $token).
-	// The comparison and the replacement are one statement, so two writers
-	// cannot both pass the check; an older token gets *StaleTokenError.
+	// publish replaces the file if the stored version's token is not newer
+	// (sqlPublish); an older token changes no row and gets a *staleError.
 	publish := func(ctx context.Context, writer string, token int64, content string) error {
-		err := pgfence.UpdateRow(ctx, pool, files, report, token, map[string]any{"writer": writer, "content": content})
-		if err == nil {
-			mu.Lock()
-			res.HighestWritten = max(res.HighestWritten, token)
-			mu.Unlock()
+		tag, err := pool.Exec(ctx, sqlPublish, report, token, writer, content)
+		if err != nil {
+			return err
 		}
-		return err
+		if tag.RowsAffected() == 0 {
+			var stored int64
+			if err := pool.QueryRow(ctx, sqlStored, report).Scan(&stored); err != nil {
+				return err
+			}
+			return &staleError{Presented: token, Stored: stored}
+		}
+		mu.Lock()
+		res.HighestWritten = max(res.HighestWritten, token)
+		mu.Unlock()
+		return nil
 	}
 
-	// gen-1 renders the current sales, then freezes past its lease.
-	frozen, err := client.Acquire(ctx, "report/"+report, pausedTTL, &leases.AcquireOptions{HolderInfo: "gen-1"})
+	// gen-1 renders the current sales, then freezes past its lease (nothing
+	// renews it while it is frozen).
+	frozen, err := client.Acquire(ctx, "report/"+report, pausedTTL, &leases.AcquireOptions{HolderInfo: "gen-1", NoKeepAlive: true})
 	if err != nil {
 		return res, err
 	}
@@ -153,11 +175,11 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 
 	// gen-1 wakes up and publishes the file it rendered before the pause.
 	err = publish(ctx, "gen-1", frozen.Token(), stale)
-	var staleErr *pgfence.StaleTokenError
+	var staleErr *staleError
 	switch {
 	case errors.As(err, &staleErr):
 		res.StaleRejected = true
-		say("gen-1 woke up and published its older file with token %d: REJECTED (the file carries token %d)", staleErr.Presented, staleErr.Accepted)
+		say("gen-1 woke up and published its older file with token %d: REJECTED (the file carries token %d)", staleErr.Presented, staleErr.Stored)
 	case err == nil:
 		say("gen-1 woke up and published its older file with token %d: ACCEPTED (the newer file was replaced!)", frozen.Token())
 	default:

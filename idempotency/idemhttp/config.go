@@ -14,7 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgfence/pgfence/idempotency"
-	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/driver"
 )
 
 // HeaderKey is the request header that carries the key (IETF
@@ -200,7 +200,7 @@ func New(store *idempotency.Store, db idempotency.DB, cfg *Config) (*Middleware,
 	if store == nil || db == nil {
 		return nil, fmt.Errorf("%w: idemhttp.New needs a store and a db", idempotency.ErrInvalid)
 	}
-	if err := pgerr.NilHandle(db); err != nil {
+	if err := driver.NilHandle(db); err != nil {
 		return nil, err
 	}
 	switch db.(type) {

@@ -363,7 +363,7 @@ func (m *Middleware) keepAlive(ctx context.Context, a *idempotency.Attempt, canc
 			hctx, hcancel := context.WithDeadline(ctx, deadline)
 			err := a.Heartbeat(hctx)
 			hcancel()
-			if errors.Is(err, idempotency.ErrNotOwner) {
+			if errors.Is(err, idempotency.ErrLeaseLost) {
 				cancel(err)
 				return
 			}
@@ -376,7 +376,7 @@ func (m *Middleware) keepAlive(ctx context.Context, a *idempotency.Attempt, canc
 // is retried until ctx ends when the store cannot be reached: the handler
 // has run, and a key left in progress would be taken over once its lease
 // expired and the handler run again. A retry after an unknown outcome that
-// had committed gets ErrNotOwner, as does a key taken over meanwhile. A
+// had committed gets ErrLeaseLost, as does a key taken over meanwhile. A
 // release is tried once: a lost one only keeps the key until its lease
 // expires.
 func (m *Middleware) settle(ctx context.Context, a *idempotency.Attempt, rec *recorder) error {
@@ -396,7 +396,7 @@ func (m *Middleware) settle(ctx context.Context, a *idempotency.Attempt, rec *re
 		default:
 			return a.Release(ctx)
 		}
-		if err == nil || errors.Is(err, idempotency.ErrNotOwner) || errors.Is(err, idempotency.ErrInvalid) {
+		if err == nil || errors.Is(err, idempotency.ErrLeaseLost) || errors.Is(err, idempotency.ErrInvalid) {
 			return err
 		}
 		m.logger.DebugContext(ctx, "idempotency: settling key failed, retrying", "scope", a.Scope(), "key", a.Key(), "error", err)

@@ -8,9 +8,10 @@
 // uses; lib/pq is not imported. A driver's [driver.ErrBadConn] counts as a
 // broken connection.
 //
-// The sentinels defined here are re-exported by the public packages (for
-// example leases.ErrOutcomeUnknown == pgerr.ErrOutcomeUnknown), so errors.Is
-// works whichever package's name the caller uses.
+// The sentinels are defined here once, one per failure, and exported by
+// package pgfence (and the few that idempotency's users need, by package
+// idempotency): every package classifies with [Classify], so a failure is the
+// same errors.Is target whichever package returned it.
 package pgerr
 
 import (
@@ -63,8 +64,32 @@ const (
 	CodeInvalidSchemaName    = "3F000"
 )
 
-// Shared sentinels. Public packages re-export them under their own names.
+// The sentinels, one per failure. Package pgfence documents them.
 var (
+	// ErrStaleToken: a write presented a token older than one already
+	// accepted for its resource (PF001).
+	ErrStaleToken = errors.New("pgfence: stale token")
+	// ErrLeaseLost: the lease is no longer held by this grant: expired,
+	// released, taken over or force-released (PF002, or found by the client).
+	ErrLeaseLost = errors.New("pgfence: lease lost")
+	// ErrLeaseHeld: another holder has the lease (PF003).
+	ErrLeaseHeld = errors.New("pgfence: lease held by another holder")
+	// ErrMismatch: an idempotency key was used before with another payload
+	// (PF004).
+	ErrMismatch = errors.New("pgfence: idempotency key reused with a different request")
+	// ErrUnfencedWrite: a protected table was written without an accepted
+	// token for the row's resource (PF006).
+	ErrUnfencedWrite = errors.New("pgfence: unfenced write to a protected table")
+	// ErrInProgress: another attempt holds the idempotency key (PF007).
+	ErrInProgress = errors.New("pgfence: idempotency key in progress")
+	// ErrFloorLowered: the token floor may only be raised (PF009).
+	ErrFloorLowered = errors.New("pgfence: the token floor may only be raised")
+	// ErrTokenNotIssued: the lease named by the resource has not issued the
+	// token (PF012).
+	ErrTokenNotIssued = errors.New("pgfence: token not issued for this resource")
+	// ErrNotFound: the lease, resource or key asked for does not exist.
+	ErrNotFound = errors.New("pgfence: not found")
+
 	// ErrUnavailable: the database could not be reached or is shutting down;
 	// nothing was done.
 	ErrUnavailable = errors.New("pgfence: database unavailable")
@@ -234,10 +259,35 @@ func (e *statementGoneError) Error() string {
 
 func (e *statementGoneError) Unwrap() error { return e.err }
 
+// sentinels are the failures the server names by SQLSTATE.
+var sentinels = map[string]error{
+	CodeStaleToken:           ErrStaleToken,
+	CodeLeaseNotHeld:         ErrLeaseLost,
+	CodeLeaseHeld:            ErrLeaseHeld,
+	CodeKeyMismatch:          ErrMismatch,
+	CodeNotPrimary:           ErrNotPrimary,
+	CodeReadOnlyTransaction:  ErrNotPrimary,
+	CodeUnfencedWrite:        ErrUnfencedWrite,
+	CodeKeyInProgress:        ErrInProgress,
+	CodeInvalid:              ErrInvalid,
+	CodeFloorNotRaised:       ErrFloorLowered,
+	CodeIsolation:            ErrIsolation,
+	CodeSerializationFailure: ErrIsolation,
+	CodeGrantsPaused:         ErrGrantsPaused,
+	CodeTokenNotIssued:       ErrTokenNotIssued,
+	CodeAbandoned:            ErrAbandoned,
+	CodeNotGranted:           ErrNotGranted,
+	CodeLockNotAvailable:     ErrLockTimeout,
+	CodeQueryCanceled:        ErrStatementTimeout,
+	CodeIdleInTxTimeout:      ErrIdleInTransactionTimeout,
+}
+
 // classified are the sentinels an error carries once Classify (or a package
 // that builds on it) has classified it.
 var classified = []error{ErrUnavailable, ErrOutcomeUnknown, ErrNotPrimary, ErrIsolation, ErrLockTimeout,
-	ErrStatementTimeout, ErrIdleInTransactionTimeout, ErrInvalid, ErrGrantsPaused, ErrAbandoned, ErrNotGranted}
+	ErrStatementTimeout, ErrIdleInTransactionTimeout, ErrInvalid, ErrGrantsPaused, ErrAbandoned, ErrNotGranted,
+	ErrStaleToken, ErrLeaseLost, ErrLeaseHeld, ErrMismatch, ErrUnfencedWrite, ErrInProgress, ErrFloorLowered,
+	ErrTokenNotIssued, ErrNotFound}
 
 // Classified reports whether err already carries one of the shared sentinels.
 func Classified(err error) bool {
@@ -260,25 +310,8 @@ func Classify(err error, sent bool) error {
 	if err == nil || Classified(err) {
 		return err
 	}
-	switch Code(err) {
-	case CodeNotPrimary, CodeReadOnlyTransaction:
-		return fmt.Errorf("%w: %w", ErrNotPrimary, err)
-	case CodeSerializationFailure, CodeIsolation:
-		return fmt.Errorf("%w: %w", ErrIsolation, err)
-	case CodeLockNotAvailable:
-		return fmt.Errorf("%w: %w", ErrLockTimeout, err)
-	case CodeQueryCanceled:
-		return fmt.Errorf("%w: %w", ErrStatementTimeout, err)
-	case CodeIdleInTxTimeout:
-		return fmt.Errorf("%w: %w", ErrIdleInTransactionTimeout, err)
-	case CodeInvalid:
-		return fmt.Errorf("%w: %w", ErrInvalid, err)
-	case CodeGrantsPaused:
-		return fmt.Errorf("%w: %w", ErrGrantsPaused, err)
-	case CodeAbandoned:
-		return fmt.Errorf("%w: %w", ErrAbandoned, err)
-	case CodeNotGranted:
-		return fmt.Errorf("%w: %w", ErrNotGranted, err)
+	if s, ok := sentinels[Code(err)]; ok {
+		return fmt.Errorf("%w: %w", s, err)
 	}
 	se, answered := Server(err)
 	if answered && !IsConnectionError(err) {
@@ -320,17 +353,4 @@ func Classify(err error, sent bool) error {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
-}
-
-// NilHandle returns an ErrInvalid error when db, a database handle, is nil
-// or holds a nil pointer (a typed nil), so that a call refuses it instead of
-// dereferencing it somewhere inside; nil otherwise.
-func NilHandle(db any) error {
-	if db == nil {
-		return fmt.Errorf("%w: db is nil", ErrInvalid)
-	}
-	if v := reflect.ValueOf(db); v.Kind() == reflect.Pointer && v.IsNil() {
-		return fmt.Errorf("%w: db is a nil %T", ErrInvalid, db)
-	}
-	return nil
 }

@@ -36,6 +36,14 @@ func TestClassifyServerErrors(t *testing.T) {
 		{pgerr.CodeGrantsPaused, pgerr.ErrGrantsPaused},
 		{pgerr.CodeAbandoned, pgerr.ErrAbandoned},
 		{pgerr.CodeNotGranted, pgerr.ErrNotGranted},
+		{pgerr.CodeStaleToken, pgerr.ErrStaleToken},
+		{pgerr.CodeLeaseNotHeld, pgerr.ErrLeaseLost},
+		{pgerr.CodeLeaseHeld, pgerr.ErrLeaseHeld},
+		{pgerr.CodeKeyMismatch, pgerr.ErrMismatch},
+		{pgerr.CodeUnfencedWrite, pgerr.ErrUnfencedWrite},
+		{pgerr.CodeKeyInProgress, pgerr.ErrInProgress},
+		{pgerr.CodeFloorNotRaised, pgerr.ErrFloorLowered},
+		{pgerr.CodeTokenNotIssued, pgerr.ErrTokenNotIssued},
 	} {
 		err := pgerr.Classify(fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: tc.code}), true)
 		if !errors.Is(err, tc.want) {
@@ -45,10 +53,11 @@ func TestClassifyServerErrors(t *testing.T) {
 			t.Errorf("Classify(%s) lost the original error: code %q", tc.code, pgerr.Code(err))
 		}
 	}
-	// A statement the server rejected is returned as is: nothing committed.
-	stale := &pgconn.PgError{Code: pgerr.CodeStaleToken}
-	if err := pgerr.Classify(stale, true); err != stale {
-		t.Errorf("Classify(PF001) = %v, want it unchanged", err)
+	// A statement the server rejected for a reason of its own is returned
+	// as is: nothing committed.
+	dup := &pgconn.PgError{Code: pgerr.CodeUniqueViolation}
+	if err := pgerr.Classify(dup, true); err != dup {
+		t.Errorf("Classify(23505) = %v, want it unchanged", err)
 	}
 }
 
@@ -281,8 +290,8 @@ func TestServerErrorOfEveryDriver(t *testing.T) {
 		if pgerr.Code(wrapped) != pgerr.CodeStaleToken {
 			t.Errorf("%T: Code = %q", err, pgerr.Code(wrapped))
 		}
-		if got := pgerr.Classify(wrapped, true); got != wrapped {
-			t.Errorf("%T: Classify = %v, want the server's answer unchanged", err, got)
+		if got := pgerr.Classify(wrapped, true); !errors.Is(got, pgerr.ErrStaleToken) || pgerr.Code(got) != pgerr.CodeStaleToken {
+			t.Errorf("%T: Classify = %v, want ErrStaleToken keeping the server's answer", err, got)
 		}
 	}
 	for _, tc := range []struct {

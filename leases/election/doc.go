@@ -4,9 +4,10 @@
 // through the fence.
 //
 // Each replica creates an [Election] on the same lease key with [New] and
-// calls [Election.Run], which campaigns, keeps the term's lease alive while
-// this replica leads, runs [Config.OnStartedLeading] with a context that ends
-// when the term ends, and campaigns again afterwards. Followers learn of
+// calls [Election.Run], which campaigns, runs [Config.OnStartedLeading] with
+// a context that ends when the term ends (the client keeps the term's lease
+// alive meanwhile), and campaigns again afterwards, until its context ends:
+// then it resigns and returns nil (a stop asked for is not a failure). Followers learn of
 // every change of leadership ([Config.OnLeader], [Election.Observe]): the
 // leader's term, holder id and the value it publishes ([Term.Proclaim], like
 // etcd's Proclaim). [Election.IsLeader], [Election.Leader] and
@@ -41,8 +42,9 @@
 //   - Terms strictly increase, and a write fenced with a term is refused once
 //     a write of a later term was accepted for the election's key (the
 //     fencing-token contract of package pgfence). A leader that must not
-//     write after its term ends, even before its successor wrote, uses
-//     pgfence.WriteLeased with the term.
+//     write after its term ends, even before its successor wrote, writes
+//     with pgfence.Checked(term): the database then checks the term's lease
+//     is live.
 //   - Followers observe every change of leadership in the order the
 //     database recorded it (grants, published values, ends), without gaps
 //     unless the database pruned the election's history (about the newest
@@ -64,8 +66,8 @@
 //
 //   - The leader's renewals fail (database unreachable, outcome unknown):
 //     keep-alive retries within the trust window; when it runs out, or after
-//     [leases.HoldOptions.MaxFailures] failures in a row, the term ends with
-//     [ErrLost] (wrapping [leases.ErrLeaseLost]), OnStartedLeading's context
+//     [leases.AcquireOptions.MaxFailures] failures in a row, the term ends with
+//     [ErrLost] (wrapping [pgfence.ErrLeaseLost]), OnStartedLeading's context
 //     ends, and Run campaigns again once the lease's end is seen.
 //   - The leader is paused (GC, SIGSTOP, a frozen VM) past its trust window:
 //     when it resumes, its term is over (the clock says so before any timer
@@ -74,7 +76,7 @@
 //     and are retried; a term survives when a renewal succeeds within its
 //     trust window, and ends otherwise. Followers' watches retry with
 //     backoff; [Election.Health] reports the failing reads. A standby
-//     answers [leases.ErrNotPrimary]; Run keeps retrying.
+//     answers [pgfence.ErrNotPrimary]; Run keeps retrying.
 //   - A follower misses notifications (LISTEN connection down): it reads at
 //     the leader's last known expiry and every [leases.Config.BackoffMax],
 //     and re-reads when the LISTEN connection is back. Behind PgBouncer in transaction
@@ -92,5 +94,5 @@
 //     resigning leader hands over cleanly; a callback that does not return
 //     keeps the lease (renewed) and blocks Run.
 //   - The election's key is refused for a role without a granted prefix
-//     ([leases.ErrNotGranted]): Run returns the error.
+//     ([pgfence.ErrNotGranted]): Run returns the error.
 package election

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 )
 
 // Defaults for [Config] fields left zero.
@@ -35,7 +36,7 @@ var (
 	// ErrLost: the term ended because its lease was lost (a renewal
 	// refused, the database unreachable for the trust window, the process
 	// paused past it, keep-alive gave up). It wraps the lease's error
-	// ([leases.ErrLeaseLost], [leases.ErrMaxHold]).
+	// ([pgfence.ErrLeaseLost], [leases.ErrMaxHold]).
 	ErrLost = errors.New("election: leadership lost")
 	// ErrRunning: [Election.Campaign] was called while [Election.Run] runs
 	// (or the reverse): one replica campaigns once.
@@ -47,16 +48,16 @@ var (
 type Config struct {
 	// TTL is the leadership lease's TTL. Default [TTLDefault].
 	TTL time.Duration
-	// Hold says how a term's lease is taken and kept. HolderInfo is the value
-	// the leader publishes when elected (default: the client's
+	// AcquireOptions say how a term's lease is taken and kept. HolderInfo is
+	// the value the leader publishes when elected (default: the client's
 	// [leases.Config.HolderInfo], host:pid; [Term.Proclaim] changes it);
 	// RenewInterval defaults to TTL/3; MaxHold defaults to
-	// [leases.NoMaxHold] (a term lasts until its leader resigns or fails);
-	// MaxFailures as in [leases.HoldOptions]. TryOnce makes
-	// [Election.Campaign] return [leases.ErrLeaseHeld] instead of waiting;
-	// MaxWait bounds its wait. Fair is refused: followers do not queue.
-	// Grants and renewals are always announced ([leases.HoldOptions.Announce]).
-	Hold leases.HoldOptions
+	// [leases.NoMaxHold] (a term lasts until its leader resigns or fails).
+	// TryOnce makes [Election.Campaign] return [pgfence.ErrLeaseHeld]
+	// instead of waiting; MaxWait bounds its wait. Fair is refused:
+	// followers do not queue; NoKeepAlive too: a term lasts while it is
+	// renewed. Grants and renewals are always announced.
+	leases.AcquireOptions
 	// PollInterval is how often a follower reads an election without a
 	// leader while wake-ups work (see [leases.WatchOptions.PollInterval]).
 	// Default [PollIntervalDefault]. Without wake-ups followers read every
@@ -91,18 +92,17 @@ func (c *Config) resolve() (Config, error) {
 	}
 	switch {
 	case cfg.TTL < 0:
-		return cfg, fmt.Errorf("%w: Config.TTL: must not be negative, got %s", leases.ErrInvalid, cfg.TTL)
+		return cfg, fmt.Errorf("%w: Config.TTL: must not be negative, got %s", pgfence.ErrInvalid, cfg.TTL)
 	case cfg.PollInterval < 0:
-		return cfg, fmt.Errorf("%w: Config.PollInterval: must not be negative, got %s", leases.ErrInvalid, cfg.PollInterval)
+		return cfg, fmt.Errorf("%w: Config.PollInterval: must not be negative, got %s", pgfence.ErrInvalid, cfg.PollInterval)
 	case cfg.PollInterval > leases.MaxTTLLimit:
-		return cfg, fmt.Errorf("%w: Config.PollInterval: must be at most %s, got %s", leases.ErrInvalid, leases.MaxTTLLimit, cfg.PollInterval)
+		return cfg, fmt.Errorf("%w: Config.PollInterval: must be at most %s, got %s", pgfence.ErrInvalid, leases.MaxTTLLimit, cfg.PollInterval)
 	case cfg.PollInterval > 0 && cfg.PollInterval < leases.MinInterval:
-		return cfg, fmt.Errorf("%w: Config.PollInterval: must be at least %s (0 for the default), got %s", leases.ErrInvalid, leases.MinInterval, cfg.PollInterval)
-	case cfg.Hold.Fair:
-		return cfg, fmt.Errorf("%w: Config.Hold.Fair: elections do not queue (followers wait for the leader's end and race once)", leases.ErrInvalid)
-	}
-	if err := cfg.Hold.Validate(); err != nil {
-		return cfg, err
+		return cfg, fmt.Errorf("%w: Config.PollInterval: must be at least %s (0 for the default), got %s", pgfence.ErrInvalid, leases.MinInterval, cfg.PollInterval)
+	case cfg.Fair:
+		return cfg, fmt.Errorf("%w: Config.Fair: elections do not queue (followers wait for the leader's end and race once)", pgfence.ErrInvalid)
+	case cfg.NoKeepAlive:
+		return cfg, fmt.Errorf("%w: Config.NoKeepAlive: a term lasts while its lease is renewed", pgfence.ErrInvalid)
 	}
 	if cfg.TTL == 0 {
 		cfg.TTL = TTLDefault
@@ -110,10 +110,10 @@ func (c *Config) resolve() (Config, error) {
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = PollIntervalDefault
 	}
-	if cfg.Hold.MaxHold == 0 {
-		cfg.Hold.MaxHold = leases.NoMaxHold
+	if cfg.MaxHold == 0 {
+		cfg.MaxHold = leases.NoMaxHold
 	}
-	cfg.Hold.Announce = true
+	cfg.Announce = true
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -141,22 +141,22 @@ type Election struct {
 // close it.
 func New(client *leases.Client, key string, cfg *Config) (*Election, error) {
 	if client == nil {
-		return nil, fmt.Errorf("%w: client: must not be nil", leases.ErrInvalid)
+		return nil, fmt.Errorf("%w: client: must not be nil", pgfence.ErrInvalid)
 	}
 	if key == "" || len(key) > leases.MaxKeyBytes {
-		return nil, fmt.Errorf("%w: key: must be 1 to %d bytes, got %d", leases.ErrInvalid, leases.MaxKeyBytes, len(key))
+		return nil, fmt.Errorf("%w: key: must be 1 to %d bytes, got %d", pgfence.ErrInvalid, leases.MaxKeyBytes, len(key))
 	}
 	resolved, err := cfg.resolve()
 	if err != nil {
 		return nil, err
 	}
-	if resolved.Hold.RenewInterval == 0 {
-		resolved.Hold.RenewInterval = resolved.TTL / 3
+	if resolved.RenewInterval == 0 {
+		resolved.RenewInterval = resolved.TTL / 3
 	}
 	// What each term's grant and keep-alive would refuse, refused now: a
 	// keep-alive refused later would leave every term to lapse unrenewed.
-	if err := client.CheckHold(key, resolved.TTL, &resolved.Hold); err != nil {
-		return nil, fmt.Errorf("election: Config.TTL %s with Config.Hold: %w", resolved.TTL, err)
+	if err := client.Check(key, resolved.TTL, &resolved.AcquireOptions); err != nil {
+		return nil, fmt.Errorf("election: Config.TTL %s: %w", resolved.TTL, err)
 	}
 	return &Election{client: client, key: key, cfg: resolved, resign: make(chan struct{}, 1)}, nil
 }
@@ -243,7 +243,7 @@ func (e *Election) Resign(ctx context.Context) error {
 func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	st, err := e.client.Get(ctx, e.key)
 	switch {
-	case errors.Is(err, leases.ErrNotFound):
+	case errors.Is(err, pgfence.ErrNotFound):
 		return Leader{}, nil
 	case err != nil:
 		return Leader{}, fmt.Errorf("election %q: %w", e.key, err)
@@ -316,8 +316,8 @@ func (e *Election) Observe(ctx context.Context) (<-chan Leader, error) {
 // the TTL). Otherwise the error says why. It sends nothing to the database.
 func (e *Election) Health() error {
 	// Read under the lock, ask outside it: Term.Err may end a lease whose
-	// trust window has run out, which calls the client's OnEvent, and that
-	// may call back into the election.
+	// trust window has run out, which logs, and a logger may call back
+	// into the election.
 	e.mu.Lock()
 	running, term, health, watch := e.running, e.term, e.health, e.watch
 	e.mu.Unlock()

@@ -44,7 +44,7 @@ func startReplica(t *testing.T, pool *pgxpool.Pool, key, name string, cfg electi
 func startReplicaWith(t *testing.T, client *leases.Client, key, name string, cfg election.Config) *replica {
 	t.Helper()
 	r := &replica{name: name, done: make(chan error, 1), stopped: map[int64]error{}}
-	cfg.Hold.HolderInfo = name
+	cfg.HolderInfo = name
 	cfg.OnStartedLeading = func(ctx context.Context, term *election.Term) {
 		r.mu.Lock()
 		r.started = append(r.started, term.Token())
@@ -76,11 +76,12 @@ func startReplicaWith(t *testing.T, client *leases.Client, key, name string, cfg
 	return r
 }
 
-// close stops Run and waits for it.
+// close stops Run and waits for it: a stop asked for is no failure, and Run
+// returns nil.
 func (r *replica) close(t *testing.T) {
 	r.stop()
-	if err := <-r.done; err != nil && !errors.Is(err, context.Canceled) {
-		t.Errorf("%s: Run returned %v", r.name, err)
+	if err := <-r.done; err != nil {
+		t.Errorf("%s: Run returned %v, want nil", r.name, err)
 	}
 	r.done <- nil // for a later close
 }
@@ -335,7 +336,7 @@ func TestLeaderCutOffStopsBeforeExpiry(t *testing.T) {
 	if leader.e.IsLeader() || follower.e.IsLeader() {
 		t.Fatalf("IsLeader: cut %v, follower %v; want neither while the lease runs out", leader.e.IsLeader(), follower.e.IsLeader())
 	}
-	if err := context.Cause(term.Context()); !errors.Is(err, election.ErrLost) || !errors.Is(err, leases.ErrLeaseLost) {
+	if err := context.Cause(term.Context()); !errors.Is(err, election.ErrLost) || !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("the term ended with %v, want ErrLost wrapping ErrLeaseLost", err)
 	}
 	backdate(t, db.Pool, "leader", 0) // let the remaining TTL pass
@@ -365,20 +366,20 @@ func TestCampaign(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ta.Resign(context.Background()) }) // before the leak check, if the test stops early
-	once, err := election.New(newClient(t, pool, nil), "k", &election.Config{Hold: leases.HoldOptions{TryOnce: true}})
+	once, err := election.New(newClient(t, pool, nil), "k", &election.Config{AcquireOptions: leases.AcquireOptions{TryOnce: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := once.Campaign(ctx); !errors.Is(err, leases.ErrLeaseHeld) {
+	if _, err := once.Campaign(ctx); !errors.Is(err, pgfence.ErrLeaseHeld) {
 		t.Fatalf("TryOnce while led: %v", err)
 	}
 	// MaxWait long enough for the first attempt to find the election led
 	// on a loaded machine: the error says so, not only that time ran out.
-	bounded, err := election.New(newClient(t, pool, nil), "k", &election.Config{Hold: leases.HoldOptions{MaxWait: time.Second}})
+	bounded, err := election.New(newClient(t, pool, nil), "k", &election.Config{AcquireOptions: leases.AcquireOptions{MaxWait: time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bounded.Campaign(ctx); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, leases.ErrLeaseHeld) {
+	if _, err := bounded.Campaign(ctx); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, pgfence.ErrLeaseHeld) {
 		t.Fatalf("MaxWait while led: %v", err)
 	}
 	got := make(chan *election.Term, 1)
@@ -451,7 +452,7 @@ func TestObserve(t *testing.T) {
 	checkLeaks(t)
 	pool := pgfencetest.NewPool(t)
 	ctx := ctxTimeout(t, time.Minute)
-	e, err := election.New(newClient(t, pool, nil), "o", &election.Config{Hold: leases.HoldOptions{HolderInfo: "v1"}})
+	e, err := election.New(newClient(t, pool, nil), "o", &election.Config{AcquireOptions: leases.AcquireOptions{HolderInfo: "v1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -507,22 +508,105 @@ func TestNewRefuses(t *testing.T) {
 	for field, cfg := range map[string]*election.Config{
 		"Config.TTL":          {TTL: -1},
 		"Config.PollInterval": {PollInterval: -1},
-		"Config.Hold.Fair":    {Hold: leases.HoldOptions{Fair: true}},
-		"HoldOptions.MaxWait": {Hold: leases.HoldOptions{MaxWait: -1}},
+		"Config.Fair":         {AcquireOptions: leases.AcquireOptions{Fair: true}},
+		// A term lasts while its lease is renewed.
+		"Config.NoKeepAlive":     {AcquireOptions: leases.AcquireOptions{NoKeepAlive: true}},
+		"AcquireOptions.MaxWait": {AcquireOptions: leases.AcquireOptions{MaxWait: -1}},
 		// Renewals the TTL leaves no room for: every term would lapse
-		// unrenewed (the keep-alive refuses them only once a term began).
-		"HoldOptions.RenewInterval": {Hold: leases.HoldOptions{RenewInterval: 20 * time.Second}},
-		"HoldOptions.HolderInfo":    {Hold: leases.HoldOptions{HolderInfo: strings.Repeat("x", leases.MaxHolderInfoBytes+1)}},
-		"(Config.MaxTTL)":           {TTL: 25 * time.Hour}, // the client's limit
+		// unrenewed (the keep-alive would meet them only once a term began).
+		"AcquireOptions.RenewInterval": {AcquireOptions: leases.AcquireOptions{RenewInterval: 20 * time.Second}},
+		"AcquireOptions.MaxHold":       {AcquireOptions: leases.AcquireOptions{MaxHold: -1}},
+		"AcquireOptions.MaxFailures":   {AcquireOptions: leases.AcquireOptions{MaxFailures: -1}},
+		"AcquireOptions.HolderInfo":    {AcquireOptions: leases.AcquireOptions{HolderInfo: strings.Repeat("x", leases.MaxHolderInfoBytes+1)}},
+		"(Config.MaxTTL)":              {TTL: 25 * time.Hour}, // the client's limit
 	} {
-		if _, err := election.New(c, "k", cfg); !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), field) {
+		if _, err := election.New(c, "k", cfg); !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), field) {
 			t.Errorf("%+v: %v, want ErrInvalid naming %s", cfg, err, field)
 		}
 	}
 	for _, key := range []string{"", "k\x00", "\xff"} {
-		if _, err := election.New(c, key, nil); !errors.Is(err, leases.ErrInvalid) {
+		if _, err := election.New(c, key, nil); !errors.Is(err, pgfence.ErrInvalid) {
 			t.Errorf("key %q: %v", key, err)
 		}
+	}
+}
+
+// Run returns nil when its context ends: a stop asked for is not a failure,
+// whether the context ended before Run began (then it sends nothing and
+// leads nothing), while it follows, or while it leads (it resigns first).
+func TestRunReturnsNilWhenStopped(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	client := newClient(t, pool, nil)
+	ctx := ctxTimeout(t, time.Minute)
+	run := func(e *election.Election, rctx context.Context) chan error {
+		done := make(chan error, 1)
+		go func() { done <- e.Run(rctx) }()
+		return done
+	}
+	returned := func(what string, done chan error) {
+		t.Helper()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s: Run returned %v, want nil", what, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: Run did not return within 10 s", what)
+		}
+	}
+	newElection := func(key string) *election.Election {
+		t.Helper()
+		e, err := election.New(client, key, &election.Config{TTL: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+
+	// Cancelled, and past its deadline, before Run began.
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	expired, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancel()
+	for what, rctx := range map[string]context.Context{"cancelled": cancelled, "deadline passed": expired} {
+		e := newElection("stopped-before")
+		returned(what+" before Run", run(e, rctx))
+		if e.IsLeader() || e.Term() != nil {
+			t.Fatalf("%s before Run: it leads term %v", what, e.Term())
+		}
+		if err := e.Health(); err == nil || !strings.Contains(err.Error(), "not campaigning") {
+			t.Fatalf("%s before Run: Health %v, want not campaigning", what, err)
+		}
+	}
+	if _, err := client.Get(ctx, "stopped-before"); !errors.Is(err, pgfence.ErrNotFound) {
+		t.Fatalf("a Run stopped before it began granted the key: %v", err)
+	}
+
+	// Leading, then a follower, each stopped by its context.
+	leader := newElection("stopped")
+	lctx, stopLeader := context.WithCancel(ctx)
+	defer stopLeader()
+	leaderDone := run(leader, lctx)
+	eventually(t, 10*time.Second, "a leader", leader.IsLeader)
+	term := leader.Term()
+	follower := newElection("stopped")
+	fctx, stopFollower := context.WithCancel(ctx)
+	defer stopFollower()
+	followerDone := run(follower, fctx)
+	eventually(t, 10*time.Second, "the follower healthy", func() bool { return follower.Health() == nil })
+	stopFollower()
+	returned("a follower cancelled", followerDone)
+	if !leader.IsLeader() {
+		t.Fatalf("the leader's term ended when the follower stopped: %v", term.Err())
+	}
+	stopLeader()
+	returned("a leader cancelled", leaderDone)
+	if err := context.Cause(term.Context()); !errors.Is(err, election.ErrResigned) {
+		t.Fatalf("the term of a Run stopped by its context ended with %v, want ErrResigned", err)
+	}
+	if st, err := client.Get(ctx, "stopped"); err != nil || st.Live {
+		t.Fatalf("after the leader's Run returned: %+v %v, want released", st, err)
 	}
 }
 
@@ -560,22 +644,27 @@ func TestRunEndsWhenItsWatchEnds(t *testing.T) {
 		}
 		return cancel, done, termEnded
 	}
-	ended := func(what string, done, termEnded chan error) {
+	ended := func(what string, done, termEnded chan error) error {
 		t.Helper()
+		var err error
 		select {
-		case <-done:
+		case err = <-done:
 		case <-time.After(10 * time.Second):
 			t.Fatalf("%s: Run did not return within 10s", what)
 		}
 		if cause := <-termEnded; !errors.Is(cause, election.ErrResigned) {
 			t.Fatalf("%s: the term ended with %v, want ErrResigned", what, cause)
 		}
+		return err
 	}
 	client := newClient(t, pool, nil)
 	for i := range 30 {
 		cancel, done, termEnded := lead(client, "watch-ends/"+strconv.Itoa(i))
 		cancel()
-		ended("Run's context cancelled", done, termEnded)
+		// A stop asked for is not a failure.
+		if err := ended("Run's context cancelled", done, termEnded); err != nil {
+			t.Fatalf("Run ended by its context: %v, want nil", err)
+		}
 	}
 	closing, err := leases.New(pool, nil)
 	if err != nil {
@@ -586,7 +675,9 @@ func TestRunEndsWhenItsWatchEnds(t *testing.T) {
 	if err := closing.Close(); err != nil {
 		t.Fatal(err)
 	}
-	ended("client closed", done, termEnded)
+	if err := ended("client closed", done, termEnded); !errors.Is(err, leases.ErrClosed) {
+		t.Fatalf("Run under a closed client: %v, want ErrClosed", err)
+	}
 }
 
 // A leader under Run may resign from OnStartedLeading: Term.Resign (with
@@ -680,9 +771,9 @@ func TestResignOfALostTermSparesTheNext(t *testing.T) {
 	)
 	terms := make(chan *election.Term, 4)
 	cfg := election.Config{
-		TTL:          3 * time.Second,
-		PollInterval: 100 * time.Millisecond,
-		Hold:         leases.HoldOptions{RenewInterval: 100 * time.Millisecond},
+		TTL:            3 * time.Second,
+		PollInterval:   100 * time.Millisecond,
+		AcquireOptions: leases.AcquireOptions{RenewInterval: 100 * time.Millisecond},
 		OnStartedLeading: func(cbctx context.Context, term *election.Term) {
 			mu.Lock()
 			started = append(started, term)
@@ -721,7 +812,7 @@ func TestResignOfALostTermSparesTheNext(t *testing.T) {
 	go func() { resigned <- e.Resign(ctx) }()
 	eventually(t, 10*time.Second, "Resign's signal to Run", func() bool { return election.ResignPending(e) == 1 })
 	release()
-	if err := <-resigned; err != nil && !errors.Is(err, leases.ErrLeaseLost) {
+	if err := <-resigned; err != nil && !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("Resign of the lost term: %v", err)
 	}
 	// Had the signal been kept, Run would end the next term with it.

@@ -40,7 +40,7 @@ func Example() {
 	defer client.Close()
 	replica := func(name string) (*election.Election, error) {
 		return election.New(client, "billing/scheduler", &election.Config{
-			Hold: leases.HoldOptions{HolderInfo: name},
+			AcquireOptions: leases.AcquireOptions{HolderInfo: name},
 			OnStartedLeading: func(ctx context.Context, term *election.Term) {
 				// Every write of the leader goes through the fence with its term.
 				if _, err := pgfence.Exec(ctx, db.Pool, term, `INSERT INTO leader_log VALUES ($1, $2)`, term.Token(), name); err != nil {
@@ -79,8 +79,8 @@ func Example() {
 	}
 	fmt.Println("b sees:", leader.Value, "| b leads:", b.IsLeader())
 
-	stopA() // a shuts down: it resigns, and b takes over at once
-	<-doneA
+	stopA()                                   // a shuts down: it resigns, and b takes over at once
+	fmt.Println("a's Run returned:", <-doneA) // a stop asked for is not a failure
 	fmt.Println("elected:", <-elected)
 
 	var terms int
@@ -93,6 +93,7 @@ func Example() {
 	// Output:
 	// elected: a
 	// b sees: a at 10.0.0.7:8080 | b leads: false
+	// a's Run returned: <nil>
 	// elected: b
 	// terms: 2 | increasing: true
 }

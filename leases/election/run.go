@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 )
 
 // attempt makes one grant attempt. It returns the term, or whether the
@@ -15,7 +16,7 @@ import (
 // (unreachable, outcome unknown, grants paused, not a primary) are for the
 // caller to retry; others are final.
 func (e *Election) attempt(ctx context.Context, run bool) (t *Term, held bool, err error) {
-	l, err := e.client.TryAcquire(ctx, e.key, e.cfg.TTL, e.cfg.Hold.AcquireOptions())
+	l, err := e.client.TryAcquire(ctx, e.key, e.cfg.TTL, &e.cfg.AcquireOptions)
 	var he *leases.HeldError
 	switch {
 	case err == nil:
@@ -33,7 +34,7 @@ func (e *Election) attempt(ctx context.Context, run bool) (t *Term, held bool, e
 
 // transient reports whether a failed attempt may succeed later.
 func transient(err error) bool {
-	for _, e := range []error{leases.ErrUnavailable, leases.ErrOutcomeUnknown, leases.ErrGrantsPaused, leases.ErrNotPrimary} {
+	for _, e := range []error{pgfence.ErrUnavailable, pgfence.ErrOutcomeUnknown, pgfence.ErrGrantsPaused, pgfence.ErrNotPrimary} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -45,18 +46,18 @@ func transient(err error) bool {
 // jitter, from 10 ms up to the renewal interval.
 func (e *Election) backoff(n int) time.Duration {
 	d := 10 * time.Millisecond
-	for ; n > 1 && d < e.cfg.Hold.RenewInterval; n-- {
+	for ; n > 1 && d < e.cfg.RenewInterval; n-- {
 		d *= 2
 	}
-	d = min(d, e.cfg.Hold.RenewInterval)
+	d = min(d, e.cfg.RenewInterval)
 	return time.Duration(rand.Int64N(int64(d) + 1))
 }
 
 // Campaign waits until this replica is elected and returns its term, kept
 // alive until it resigns ([Term.Resign]) or loses its lease; then call
 // Campaign again to run for the next term. It waits until ctx ends (or
-// [leases.HoldOptions.MaxWait] passes); with [leases.HoldOptions.TryOnce] it
-// makes one attempt and returns an error wrapping [leases.ErrLeaseHeld] when
+// [leases.AcquireOptions.MaxWait] passes); with [leases.AcquireOptions.TryOnce] it
+// makes one attempt and returns an error wrapping [pgfence.ErrLeaseHeld] when
 // someone else leads. Followers wait without polling: they watch the
 // election's key and race for it when its term ends (a resignation, or the
 // leader's lease running out by the database clock).
@@ -77,15 +78,15 @@ func (e *Election) Campaign(ctx context.Context) (*Term, error) {
 		e.running = false
 		e.mu.Unlock()
 	}()
-	if e.cfg.Hold.MaxWait > 0 {
+	if e.cfg.MaxWait > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, e.cfg.Hold.MaxWait)
+		ctx, cancel = context.WithTimeout(ctx, e.cfg.MaxWait)
 		defer cancel()
 	}
-	if e.cfg.Hold.TryOnce {
+	if e.cfg.TryOnce {
 		t, held, err := e.attempt(ctx, false)
 		if held {
-			return nil, fmt.Errorf("election %q: campaign: %w", e.key, leases.ErrLeaseHeld)
+			return nil, fmt.Errorf("election %q: campaign: %w", e.key, pgfence.ErrLeaseHeld)
 		}
 		return t, err
 	}
@@ -108,7 +109,7 @@ func (e *Election) Campaign(ctx context.Context) (*Term, error) {
 		case t != nil:
 			return t, nil
 		case held:
-			failures, last = 0, leases.ErrLeaseHeld
+			failures, last = 0, pgfence.ErrLeaseHeld
 			if err := e.waitVacancy(ctx, w); err != nil {
 				return nil, fmt.Errorf("election %q: campaign: %w (last attempt: %w)", e.key, err, last)
 			}
@@ -153,9 +154,9 @@ func (e *Election) waitVacancy(ctx context.Context, w *leases.Watcher) error {
 // OnStartedLeading; when the term ends (resigned or lost) it waits for
 // OnStartedLeading to return, releases the lease, calls OnStoppedLeading and
 // campaigns again. Every change of leadership it observes goes to OnLeader.
-// When ctx ends it resigns (the same way) and returns ctx's cause. It returns
-// earlier only for an error no retry can fix ([leases.ErrNotGranted],
-// [leases.ErrInvalid], [leases.ErrClosed]).
+// When ctx ends it resigns (the same way) and returns nil: a stop asked for
+// is not a failure. It returns earlier only with an error no retry can fix
+// ([pgfence.ErrNotGranted], [pgfence.ErrInvalid], [leases.ErrClosed]).
 //
 // Followers send nothing while the leader is healthy and wake-ups work (an
 // election without a leader is read every [Config.PollInterval]): they read the election when
@@ -183,6 +184,9 @@ func (e *Election) Run(ctx context.Context) error {
 		e.mu.Lock()
 		e.running = false
 		e.mu.Unlock()
+		if ctx.Err() != nil {
+			return nil // stopped before it began
+		}
 		return fmt.Errorf("election %q: %w", e.key, err)
 	}
 	e.mu.Lock()
@@ -208,6 +212,7 @@ type runner struct {
 	cbDone   chan struct{} // closed when OnStartedLeading returned
 	tryAt    time.Time     // when to make the next attempt; zero: on the next vacancy
 	holdOff  time.Time     // after a resignation: no attempt before, unless another leader was elected
+	lastTerm int64         // the token of this replica's latest term (0: none yet)
 	failures int           // failed attempts in a row
 }
 
@@ -228,7 +233,7 @@ func (r *runner) loop(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			r.stepDown(ctx, fmt.Errorf("%w: %w", ErrResigned, context.Cause(ctx)))
-			return context.Cause(ctx)
+			return nil
 		case ev, ok := <-r.w.Events():
 			if !ok {
 				// The watch ends with ctx (the watcher may see it first) or
@@ -236,7 +241,7 @@ func (r *runner) loop(ctx context.Context) error {
 				// term must end before OnStartedLeading is waited for.
 				if ctx.Err() != nil {
 					r.stepDown(ctx, fmt.Errorf("%w: %w", ErrResigned, context.Cause(ctx)))
-					return context.Cause(ctx)
+					return nil
 				}
 				r.stepDown(ctx, fmt.Errorf("%w: %w", ErrResigned, leases.ErrClosed))
 				return fmt.Errorf("election %q: %w", e.key, leases.ErrClosed)
@@ -283,7 +288,7 @@ func (r *runner) maybeAttempt(ctx context.Context) error {
 	switch {
 	case t != nil:
 		r.failures = 0
-		r.term, r.cbDone = t, make(chan struct{})
+		r.term, r.cbDone, r.lastTerm = t, make(chan struct{}), t.Token()
 		e.setHealth(nil)
 		go func(done chan struct{}) {
 			defer close(done)
@@ -318,8 +323,11 @@ func (r *runner) observe(ev leases.WatchEvent) {
 		}
 	}
 	switch {
-	case ev.Granted() && (r.term == nil || ev.Token != r.term.Token()):
-		r.holdOff = time.Time{} // someone else leads: the next vacancy is fair game
+	case ev.Granted() && ev.Token > r.lastTerm:
+		// Someone else leads: the next vacancy is fair game. (The grant of
+		// this replica's own term may be seen after that term ended: it
+		// does not lift the hold-off of its resignation.)
+		r.holdOff = time.Time{}
 	case (ev.Ended() || ev.Kind == leases.WatchGap) && r.term == nil:
 		r.tryAt = time.Now()
 	}

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 )
 
 // Term is one replica's leadership: the grant of the election's lease that
@@ -24,9 +25,6 @@ type Term struct {
 	cancel context.CancelCauseFunc
 	run    bool // a term of Run: Run releases it, after OnStartedLeading returned
 
-	stopKeepAlive context.CancelFunc
-	keepAlive     chan struct{} // closed when the keep-alive returned
-
 	releaseMu  sync.Mutex
 	releasing  bool          // a release began (guarded by releaseMu)
 	released   chan struct{} // closed once the release was done (or tried)
@@ -36,20 +34,15 @@ type Term struct {
 	stepped chan struct{}
 }
 
-// newTerm starts a term on l and keeps l alive until the term is released.
+// newTerm starts a term on l, which the client keeps alive until the term
+// is released.
 func (e *Election) newTerm(l *leases.Lease, run bool) *Term {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	t := &Term{e: e, lease: l, ctx: ctx, cancel: cancel, run: run, keepAlive: make(chan struct{}), released: make(chan struct{}),
+	t := &Term{e: e, lease: l, ctx: ctx, cancel: cancel, run: run, released: make(chan struct{}),
 		stepped: make(chan struct{})}
 	// The lease's end ends the term, before the database can elect anyone
 	// else: the lease's context ends with its local trust window.
 	context.AfterFunc(l.Context(), func() { cancel(endCause(l.Err())) })
-	kaCtx, stop := context.WithCancel(context.Background())
-	t.stopKeepAlive = stop
-	go func() {
-		defer close(t.keepAlive)
-		_ = l.KeepAlive(kaCtx, e.cfg.Hold.KeepAliveOptions()) // its outcome ends l's context
-	}()
 	return t
 }
 
@@ -146,10 +139,8 @@ func (t *Term) release(ctx context.Context) error {
 			return context.Cause(ctx)
 		}
 	}
-	t.stopKeepAlive()
-	<-t.keepAlive
 	err := t.lease.Release(ctx)
-	if errors.Is(err, leases.ErrLeaseLost) && t.ctx.Err() != nil && !errors.Is(context.Cause(t.ctx), ErrResigned) {
+	if errors.Is(err, pgfence.ErrLeaseLost) && t.ctx.Err() != nil && !errors.Is(context.Cause(t.ctx), ErrResigned) {
 		err = nil // lost before: the term already says so
 	}
 	t.releaseErr = err

@@ -102,10 +102,7 @@ func serveReplica(ctx context.Context, op string, raw json.RawMessage) (any, err
 		err := <-rep.done
 		rep.client.Close()
 		rep.pool.Close()
-		if errors.Is(err, context.Canceled) {
-			err = nil
-		}
-		return "ok", err
+		return "ok", err // nil: a stop asked for is not a failure
 	}
 	return nil, fmt.Errorf("unknown op %q", op)
 }

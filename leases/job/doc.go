@@ -53,14 +53,14 @@
 //
 //   - The job is running elsewhere: Run waits for the lease like
 //     [leases.Client.Do], and then finds the slot completed; with
-//     [leases.HoldOptions.TryOnce] it returns at once with an error wrapping
-//     [leases.ErrLeaseHeld].
+//     [leases.AcquireOptions.TryOnce] it returns at once with an error wrapping
+//     [pgfence.ErrLeaseHeld].
 //   - The run's lease is lost (renewals fail past the trust window, MaxHold):
 //     the function's context ends; its completion, if it still tries, is
-//     refused ([pgfence.ErrLeaseNotHeld] or [pgfence.ErrStaleToken]) and rolls
+//     refused ([pgfence.ErrLeaseLost] or [pgfence.ErrStaleToken]) and rolls
 //     back with the writes of its transaction; Run returns the error and the
 //     slot stays unfinished for a takeover. A run longer than one hour must
-//     raise [leases.HoldOptions.MaxHold].
+//     raise [leases.AcquireOptions.MaxHold].
 //   - The connection breaks around the completion's commit: the error wraps
 //     [pgfence.ErrOutcomeUnknown]; call Run again: it finds the slot completed
 //     (then the work committed with it) or takes it over.

@@ -45,7 +45,7 @@ func Example() {
 		})
 	}
 	for _, replica := range []string{"a", "b"} {
-		runner, err := job.New(client, db.Pool, "jobs/nightly-report", nil)
+		runner, err := job.New(client, "jobs/nightly-report", nil)
 		if err != nil {
 			fmt.Println(err)
 			return

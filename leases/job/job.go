@@ -17,7 +17,7 @@ import (
 	"github.com/pgfence/pgfence/pgfence"
 )
 
-// Limits, checked before any round trip ([leases.ErrInvalid] names the
+// Limits, checked before any round trip ([pgfence.ErrInvalid] names the
 // argument); pgfence.job_slot_begin and pgfence.job_slot_save enforce the
 // same for other clients (PF008).
 const (
@@ -80,12 +80,12 @@ type Result struct {
 type Config struct {
 	// TTL is the job lease's TTL. Default [TTLDefault].
 	TTL time.Duration
-	// Hold says how the job's lease is taken and kept, as for
+	// AcquireOptions say how the job's lease is taken and kept, as for
 	// [leases.Client.Do]: TryOnce skips the slot when another replica runs
-	// the job now (the error wraps [leases.ErrLeaseHeld]); MaxWait bounds the
+	// the job now (the error wraps [pgfence.ErrLeaseHeld]); MaxWait bounds the
 	// wait for it; MaxHold bounds a run and defaults to
 	// [leases.MaxHoldDefault] (one hour): raise it for longer jobs.
-	Hold leases.HoldOptions
+	leases.AcquireOptions
 	// Takeover says what a run does with a slot an earlier run did not
 	// complete. Default [Resume].
 	Takeover Takeover
@@ -104,16 +104,14 @@ type Runner struct {
 
 // New returns a runner for the job whose lease key is key (members of
 // pgfence_app need a granted prefix of it); every replica uses the same
-// key. pool is where the slots are recorded: the database of the client's
-// leases, and of the job's writes that complete a slot.
-func New(client *leases.Client, pool *pgxpool.Pool, key string, cfg *Config) (*Runner, error) {
+// key. The slots are recorded in the database of the client's leases, where
+// the job's writes that complete a slot go too.
+func New(client *leases.Client, key string, cfg *Config) (*Runner, error) {
 	switch {
 	case client == nil:
-		return nil, fmt.Errorf("%w: client: must not be nil", leases.ErrInvalid)
-	case pool == nil:
-		return nil, fmt.Errorf("%w: pool: must not be nil", leases.ErrInvalid)
+		return nil, fmt.Errorf("%w: client: must not be nil", pgfence.ErrInvalid)
 	case key == "" || len(key) > leases.MaxKeyBytes:
-		return nil, fmt.Errorf("%w: key: must be 1 to %d bytes, got %d", leases.ErrInvalid, leases.MaxKeyBytes, len(key))
+		return nil, fmt.Errorf("%w: key: must be 1 to %d bytes, got %d", pgfence.ErrInvalid, leases.MaxKeyBytes, len(key))
 	}
 	var c Config
 	if cfg != nil {
@@ -121,23 +119,22 @@ func New(client *leases.Client, pool *pgxpool.Pool, key string, cfg *Config) (*R
 	}
 	switch {
 	case c.TTL < 0:
-		return nil, fmt.Errorf("%w: Config.TTL: must not be negative, got %s", leases.ErrInvalid, c.TTL)
+		return nil, fmt.Errorf("%w: Config.TTL: must not be negative, got %s", pgfence.ErrInvalid, c.TTL)
 	case c.Takeover != Resume && c.Takeover != Restart:
-		return nil, fmt.Errorf("%w: Config.Takeover: must be Resume or Restart, got %d", leases.ErrInvalid, c.Takeover)
-	}
-	if err := c.Hold.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: Config.Takeover: must be Resume or Restart, got %d", pgfence.ErrInvalid, c.Takeover)
+	case c.NoKeepAlive:
+		return nil, fmt.Errorf("%w: Config.NoKeepAlive: a run's lease is kept alive while it runs", pgfence.ErrInvalid)
 	}
 	if c.TTL == 0 {
 		c.TTL = TTLDefault
 	}
-	if err := client.CheckHold(key, c.TTL, &c.Hold); err != nil {
-		return nil, fmt.Errorf("job: Config.TTL %s with Config.Hold: %w", c.TTL, err)
+	if err := client.Check(key, c.TTL, &c.AcquireOptions); err != nil {
+		return nil, fmt.Errorf("job: Config.TTL %s: %w", c.TTL, err)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Runner{client: client, pool: pool, key: key, cfg: c}, nil
+	return &Runner{client: client, pool: client.Pool(), key: key, cfg: c}, nil
 }
 
 // Key is the job's lease key: the resource its runs' fenced writes name.
@@ -146,9 +143,9 @@ func (r *Runner) Key() string { return r.key }
 func validSlot(slot string) error {
 	switch {
 	case slot == "" || len(slot) > MaxSlotBytes:
-		return fmt.Errorf("%w: slot: must be 1 to %d bytes, got %d", leases.ErrInvalid, MaxSlotBytes, len(slot))
+		return fmt.Errorf("%w: slot: must be 1 to %d bytes, got %d", pgfence.ErrInvalid, MaxSlotBytes, len(slot))
 	case !utf8.ValidString(slot) || strings.IndexByte(slot, 0) >= 0:
-		return fmt.Errorf("%w: slot: must be UTF-8 without NUL", leases.ErrInvalid)
+		return fmt.Errorf("%w: slot: must be UTF-8 without NUL", pgfence.ErrInvalid)
 	}
 	return nil
 }
@@ -171,7 +168,7 @@ func validSlot(slot string) error {
 // even if the lease is lost or its release fails afterwards (logged).
 //
 // ctx bounds the wait for the lease and the run, as for [leases.Client.Do]:
-// use [leases.HoldOptions.MaxWait] to bound only the wait.
+// use [leases.AcquireOptions.MaxWait] to bound only the wait.
 func (r *Runner) Run(ctx context.Context, slot string, fn func(ctx context.Context, s *Slot) error) (Result, error) {
 	if err := validSlot(slot); err != nil {
 		return Result{}, err
@@ -189,7 +186,7 @@ func (r *Runner) Run(ctx context.Context, slot string, fn func(ctx context.Conte
 // [Runner.Unfinished].
 func (r *Runner) RunPeriod(ctx context.Context, period time.Duration, fn func(ctx context.Context, s *Slot) error) (Result, error) {
 	if period < time.Second {
-		return Result{}, fmt.Errorf("%w: period: must be at least 1s, got %s", leases.ErrInvalid, period)
+		return Result{}, fmt.Errorf("%w: period: must be at least 1s, got %s", pgfence.ErrInvalid, period)
 	}
 	return r.run(ctx, "", func(ctx context.Context, l *leases.Lease) (string, error) {
 		var now time.Time
@@ -215,10 +212,10 @@ const (
 // (RunPeriod).
 func (r *Runner) run(ctx context.Context, slot string, name func(context.Context, *leases.Lease) (string, error), fn func(ctx context.Context, s *Slot) error) (Result, error) {
 	if fn == nil {
-		return Result{}, fmt.Errorf("%w: fn: must not be nil", leases.ErrInvalid)
+		return Result{}, fmt.Errorf("%w: fn: must not be nil", pgfence.ErrInvalid)
 	}
 	res := Result{Slot: slot}
-	err := r.client.Do(ctx, r.key, r.cfg.TTL, &r.cfg.Hold, func(ctx context.Context, l *leases.Lease) error {
+	err := r.client.Do(ctx, r.key, r.cfg.TTL, &r.cfg.AcquireOptions, func(ctx context.Context, l *leases.Lease) error {
 		slot, err := name(ctx, l)
 		if err != nil {
 			return err
@@ -375,7 +372,7 @@ func (s *Slot) Checkpoint() string {
 // returned last.
 func (s *Slot) Save(ctx context.Context, checkpoint string) error {
 	if len(checkpoint) > MaxCheckpointBytes || !utf8.ValidString(checkpoint) || strings.IndexByte(checkpoint, 0) >= 0 {
-		return fmt.Errorf("%w: checkpoint: must be UTF-8 without NUL, at most %d bytes", leases.ErrInvalid, MaxCheckpointBytes)
+		return fmt.Errorf("%w: checkpoint: must be UTF-8 without NUL, at most %d bytes", pgfence.ErrInvalid, MaxCheckpointBytes)
 	}
 	// Saves take turns so that the slot keeps the checkpoint of the last one;
 	// the field lock is taken only to record it: Complete, in a transaction
@@ -400,7 +397,7 @@ func (s *Slot) Save(ctx context.Context, checkpoint string) error {
 // writes of tx with [Slot.Lease] (or use [Slot.Finish], which does both).
 func (s *Slot) Complete(ctx context.Context, tx pgx.Tx) error {
 	if tx == nil {
-		return fmt.Errorf("%w: tx: must not be nil (the transaction of the run's last write)", leases.ErrInvalid)
+		return fmt.Errorf("%w: tx: must not be nil (the transaction of the run's last write)", pgfence.ErrInvalid)
 	}
 	var at time.Time
 	if err := tx.QueryRow(ctx, sqlComplete, s.r.key, s.lease.Holder(), s.lease.Token(), s.name).Scan(&at); err != nil {

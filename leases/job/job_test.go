@@ -26,7 +26,7 @@ const effects = `CREATE TABLE effects (slot text NOT NULL, token bigint NOT NULL
 
 func newRunner(t *testing.T, pool *pgxpool.Pool, cfg *job.Config) *job.Runner {
 	t.Helper()
-	r, err := job.New(newClient(t, pool, nil), pool, "jobs/nightly", cfg)
+	r, err := job.New(newClient(t, pool, nil), "jobs/nightly", cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,8 +207,8 @@ func TestExpiredRunCannotComplete(t *testing.T) {
 		backdate(t, pool, "jobs/nightly")
 		return effect(s, "expired")
 	})
-	if !errors.Is(err, pgfence.ErrLeaseNotHeld) {
-		t.Fatalf("completion by an expired run: %v, want ErrLeaseNotHeld", err)
+	if !errors.Is(err, pgfence.ErrLeaseLost) {
+		t.Fatalf("completion by an expired run: %v, want ErrLeaseLost", err)
 	}
 	if n := countEffects(t, pool, "slot"); n != 0 {
 		t.Fatalf("%d effects of a refused completion", n)
@@ -283,7 +283,7 @@ func TestRunPeriod(t *testing.T) {
 	if err != nil || res.Outcome != job.AlreadyCompleted || ran != 1 {
 		t.Fatalf("second call: %+v %v, ran %d", res, err, ran)
 	}
-	if _, err := r.RunPeriod(ctx, time.Millisecond, func(context.Context, *job.Slot) error { return nil }); !errors.Is(err, leases.ErrInvalid) {
+	if _, err := r.RunPeriod(ctx, time.Millisecond, func(context.Context, *job.Slot) error { return nil }); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Fatalf("a period of 1ms: %v", err)
 	}
 }
@@ -294,7 +294,7 @@ func TestTryOnceSkipsWhileRunning(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	ctx := ctxTimeout(t, time.Minute)
 	a := newRunner(t, pool, nil)
-	b := newRunner(t, pool, &job.Config{Hold: leases.HoldOptions{TryOnce: true}})
+	b := newRunner(t, pool, &job.Config{AcquireOptions: leases.AcquireOptions{TryOnce: true}})
 	running := make(chan struct{})
 	release := make(chan struct{})
 	done := make(chan error, 1)
@@ -304,7 +304,7 @@ func TestTryOnceSkipsWhileRunning(t *testing.T) {
 	}()
 	<-running
 	res, err := b.Run(ctx, "s", func(context.Context, *job.Slot) error { t.Error("ran"); return nil })
-	if !errors.Is(err, leases.ErrLeaseHeld) {
+	if !errors.Is(err, pgfence.ErrLeaseHeld) {
 		t.Fatalf("TryOnce while running: %v", err)
 	}
 	// The result and the error still name the slot that was skipped.
@@ -313,7 +313,7 @@ func TestTryOnceSkipsWhileRunning(t *testing.T) {
 	}
 	// A RunPeriod's slot is decided by its grant: none here.
 	res, err = b.RunPeriod(ctx, time.Hour, func(context.Context, *job.Slot) error { t.Error("ran"); return nil })
-	if !errors.Is(err, leases.ErrLeaseHeld) || res.Slot != "" || strings.Contains(err.Error(), "slot") {
+	if !errors.Is(err, pgfence.ErrLeaseHeld) || res.Slot != "" || strings.Contains(err.Error(), "slot") {
 		t.Errorf("RunPeriod while running: %+v, %q; want ErrLeaseHeld without a slot", res, err)
 	}
 	close(release)
@@ -328,7 +328,8 @@ func TestSlotFunctionsRefuse(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	ctx := ctxTimeout(t, time.Minute)
 	c := newClient(t, pool, nil)
-	l, err := c.TryAcquire(ctx, "jobs/x", time.Minute, nil)
+	// Driven by hand over SQL, and expired below: not kept alive.
+	l, err := c.TryAcquire(ctx, "jobs/x", time.Minute, &leases.AcquireOptions{NoKeepAlive: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,14 +346,14 @@ func TestSlotFunctionsRefuse(t *testing.T) {
 	}
 
 	// Complete needs the transaction of the run's last write.
-	begun, err := job.New(c, pool, "jobs/nil-tx", nil)
+	begun, err := job.New(c, "jobs/nil-tx", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ran := false
 	if _, err := begun.Run(ctx, "s", func(ctx context.Context, s *job.Slot) error {
 		ran = true
-		if err := s.Complete(ctx, nil); !errors.Is(err, leases.ErrInvalid) {
+		if err := s.Complete(ctx, nil); !errors.Is(err, pgfence.ErrInvalid) {
 			t.Errorf("Complete(nil): %v, want ErrInvalid", err)
 		}
 		return errors.New("left unfinished")
@@ -361,19 +362,24 @@ func TestSlotFunctionsRefuse(t *testing.T) {
 	}
 
 	// New refuses what every Run would: the key's text, a renewal interval
-	// the TTL leaves no room for, a holder description over the limit.
+	// the TTL leaves no room for, a holder description over the limit, a
+	// lease not kept alive.
 	for name, bad := range map[string]func() error{
-		"key": func() error { _, err := job.New(c, pool, "jobs/\x00", nil); return err },
-		"HoldOptions.RenewInterval": func() error {
-			_, err := job.New(c, pool, "jobs/y", &job.Config{TTL: time.Second, Hold: leases.HoldOptions{RenewInterval: time.Second}})
+		"key": func() error { _, err := job.New(c, "jobs/\x00", nil); return err },
+		"AcquireOptions.RenewInterval": func() error {
+			_, err := job.New(c, "jobs/y", &job.Config{TTL: time.Second, AcquireOptions: leases.AcquireOptions{RenewInterval: time.Second}})
 			return err
 		},
-		"HoldOptions.HolderInfo": func() error {
-			_, err := job.New(c, pool, "jobs/y", &job.Config{Hold: leases.HoldOptions{HolderInfo: strings.Repeat("x", leases.MaxHolderInfoBytes+1)}})
+		"AcquireOptions.HolderInfo": func() error {
+			_, err := job.New(c, "jobs/y", &job.Config{AcquireOptions: leases.AcquireOptions{HolderInfo: strings.Repeat("x", leases.MaxHolderInfoBytes+1)}})
+			return err
+		},
+		"Config.NoKeepAlive": func() error {
+			_, err := job.New(c, "jobs/y", &job.Config{AcquireOptions: leases.AcquireOptions{NoKeepAlive: true}})
 			return err
 		},
 	} {
-		if err := bad(); !errors.Is(err, leases.ErrInvalid) || !strings.Contains(err.Error(), name) {
+		if err := bad(); !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), name) {
 			t.Errorf("job.New with a bad %s: %v, want ErrInvalid naming it", name, err)
 		}
 	}

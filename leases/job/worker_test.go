@@ -76,7 +76,7 @@ func openJobber(a jobberArgs) error {
 	if err != nil {
 		return err
 	}
-	r, err := job.New(client, pool, a.Key, &job.Config{TTL: a.TTL, Hold: leases.HoldOptions{MaxWait: 5 * time.Second}})
+	r, err := job.New(client, a.Key, &job.Config{TTL: a.TTL, AcquireOptions: leases.AcquireOptions{MaxWait: 5 * time.Second}})
 	if err != nil {
 		return err
 	}

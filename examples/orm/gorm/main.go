@@ -36,7 +36,6 @@ import (
 
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
-	"github.com/pgfence/pgfence/pgfence/sqlfence"
 )
 
 const (
@@ -149,7 +148,7 @@ func run(ctx context.Context, url string, out io.Writer) (result, error) {
 }
 
 // deduct records an order and deducts stock in one GORM transaction; the
-// deduction is fenced by the lease's token. sqlfence runs the fence in a
+// deduction is fenced by the lease's token. pgfence.WriteSQL runs the fence in a
 // savepoint of GORM's *sql.Tx and fn keeps using GORM's tx: everything is
 // one transaction, which GORM commits, or rolls back when an error returns.
 func deduct(ctx context.Context, gdb *gorm.DB, lease pgfence.Lease, holder string) error {
@@ -161,7 +160,7 @@ func deduct(ctx context.Context, gdb *gorm.DB, lease pgfence.Lease, holder strin
 		if !ok {
 			return fmt.Errorf("GORM's transaction is a %T, not a *sql.Tx (PrepareStmt mode?)", tx.Statement.ConnPool)
 		}
-		_, err := sqlfence.Write(ctx, sqlTx, lease, func(ctx context.Context, _ *sql.Tx) error {
+		_, err := pgfence.WriteSQL(ctx, sqlTx, lease, func(ctx context.Context, _ *sql.Tx) error {
 			r := tx.Model(&Item{}).Where("sku = ? AND stock >= ?", sku, quantity).
 				Update("stock", gorm.Expr("stock - ?", quantity))
 			if r.Error == nil && r.RowsAffected != 1 {
@@ -174,7 +173,7 @@ func deduct(ctx context.Context, gdb *gorm.DB, lease pgfence.Lease, holder strin
 }
 
 // acquire grants the lease on key through SQL (autocommit), as a service
-// without the leases package does, and wraps the grant for sqlfence.
+// without the leases package does, and wraps the grant for pgfence.WriteSQL.
 func acquire(ctx context.Context, db *sql.DB, key string) (pgfence.Lease, error) {
 	var ok bool
 	var holder sql.NullString

@@ -6,7 +6,7 @@
 // The queries below have the shape sqlc generates in its database/sql mode
 // (a Queries type over a DBTX interface, WithTx for a transaction); they are
 // written out here so that the example needs no code generation. Generated
-// code is used the same way: pass the *sql.Tx to sqlfence and to
+// code is used the same way: pass the *sql.Tx to pgfence.WriteSQL and to
 // Queries.WithTx.
 //
 // Holder A takes the lease on a SKU and freezes past its expiry; holder B
@@ -33,7 +33,6 @@ import (
 
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
-	"github.com/pgfence/pgfence/pgfence/sqlfence"
 )
 
 const (
@@ -163,7 +162,7 @@ func deduct(ctx context.Context, db *sql.DB, queries *Queries, lease pgfence.Lea
 	if err := qtx.CreateOrder(ctx, sku, quantity, holder); err != nil {
 		return err
 	}
-	if _, err := sqlfence.Write(ctx, tx, lease, func(ctx context.Context, tx *sql.Tx) error {
+	if _, err := pgfence.WriteSQL(ctx, tx, lease, func(ctx context.Context, tx *sql.Tx) error {
 		n, err := qtx.DeductStock(ctx, sku, quantity)
 		if err == nil && n != 1 {
 			err = errors.New("out of stock")
@@ -176,7 +175,7 @@ func deduct(ctx context.Context, db *sql.DB, queries *Queries, lease pgfence.Lea
 }
 
 // acquire grants the lease on key through SQL (autocommit) and wraps the
-// grant for sqlfence.
+// grant for pgfence.WriteSQL.
 func acquire(ctx context.Context, db *sql.DB, key string) (pgfence.Lease, error) {
 	var ok bool
 	var holder sql.NullString

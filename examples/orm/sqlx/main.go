@@ -1,6 +1,6 @@
 // Command sqlx is an idempotent HTTP handler written with sqlx: the
 // Idempotency-Key claim (idempotency.Store.DoSQL), a fenced stock deduction
-// (sqlfence.Write) and the order row are one sqlx transaction, so a retried
+// (pgfence.WriteSQL) and the order row are one sqlx transaction, so a retried
 // request creates one order, and an instance whose lease was taken over
 // writes nothing.
 //
@@ -36,7 +36,6 @@ import (
 	"github.com/pgfence/pgfence/idempotency"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
-	"github.com/pgfence/pgfence/pgfence/sqlfence"
 )
 
 const (
@@ -89,11 +88,11 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit: sql.ErrTxDone
 	// The claim, the fenced deduction and the order share sqlx's
-	// transaction: DoSQL and sqlfence.Write take the *sql.Tx it wraps and
+	// transaction: DoSQL and pgfence.WriteSQL take the *sql.Tx it wraps and
 	// run in savepoints of it; the handler's own statements keep using tx.
 	out, err := a.store.DoSQL(ctx, tx.Tx, idempotency.Request{Scope: "orders", Key: key, Payload: body}, func(ctx context.Context, _ *sql.Tx) ([]byte, error) {
 		var id int64
-		_, err := sqlfence.Write(ctx, tx.Tx, a.lease, func(ctx context.Context, _ *sql.Tx) error {
+		_, err := pgfence.WriteSQL(ctx, tx.Tx, a.lease, func(ctx context.Context, _ *sql.Tx) error {
 			res, err := tx.ExecContext(ctx, `UPDATE example_sqlx_items SET stock = stock - $2 WHERE sku = $1 AND stock >= $2`, sku, req.Quantity)
 			if err != nil {
 				return err
@@ -109,7 +108,7 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return json.Marshal(map[string]any{"order": id, "quantity": req.Quantity})
 	})
 	switch {
-	case errors.Is(err, pgfence.ErrStaleToken), errors.Is(err, pgfence.ErrLeaseNotHeld):
+	case errors.Is(err, pgfence.ErrStaleToken), errors.Is(err, pgfence.ErrLeaseLost):
 		// This instance's lease was taken over: nothing was written and the
 		// key is free, so the client may retry elsewhere.
 		http.Error(w, "this instance no longer holds the lease: "+err.Error(), http.StatusConflict)
@@ -242,7 +241,7 @@ func run(ctx context.Context, url string, out io.Writer) (result, error) {
 }
 
 // acquire grants the lease on key through SQL (autocommit) and wraps the
-// grant for sqlfence.
+// grant for pgfence.WriteSQL.
 func acquire(ctx context.Context, db *sqlx.DB, key string) (pgfence.Lease, error) {
 	var g struct {
 		Acquired bool           `db:"acquired"`

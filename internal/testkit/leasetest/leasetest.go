@@ -36,6 +36,23 @@ func CheckLeaks(t *testing.T) {
 	})
 }
 
+// The channels and the LISTEN connection's application_name of package
+// leases (unexported there: the SQL protocol's names, which tests of other
+// clients rely on too).
+const (
+	// ReleaseChannel is notified by pgfence.release and
+	// pgfence.force_release, with the key as payload.
+	ReleaseChannel = "pgfence_lease_released"
+	// GrantChannel is notified by an announced grant.
+	GrantChannel = "pgfence_lease_granted"
+	// ChangeChannel is notified by an announced renewal or a holder info
+	// change.
+	ChangeChannel = "pgfence_lease_changed"
+	// ListenerApplicationName is the application_name of a client's LISTEN
+	// connection.
+	ListenerApplicationName = "pgfence-leases-listener"
+)
+
 // NewClient returns a leases client on pool, closed when t ends.
 func NewClient(t testing.TB, pool *pgxpool.Pool, cfg *leases.Config) *leases.Client {
 	t.Helper()
@@ -72,7 +89,7 @@ func Backdate(t testing.TB, pool *pgxpool.Pool, key string, d time.Duration) {
 func BackdateAndWake(t testing.TB, pool *pgxpool.Pool, key string, d time.Duration) {
 	t.Helper()
 	Backdate(t, pool, key, d)
-	if _, err := pool.Exec(context.Background(), `SELECT pg_notify($1, $2)`, leases.NotifyChannel, key); err != nil {
+	if _, err := pool.Exec(context.Background(), `SELECT pg_notify($1, $2)`, ReleaseChannel, key); err != nil {
 		t.Fatal(err)
 	}
 }

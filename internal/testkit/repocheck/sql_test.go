@@ -19,7 +19,7 @@ import (
 // dirs are the packages whose statements run in other people's sessions:
 // the libraries (inside the application's pool and transactions) and the
 // CLI (run by operators, often as a privileged role).
-var dirs = []string{"leases", "pgfence", "idempotency", "migrations", "internal/tracesql", "cmd/pgfence"}
+var dirs = []string{"leases", "pgfence", "idempotency", "migrations", "internal/driver", "cmd/pgfence"}
 
 var (
 	// statement: a string literal that starts with an SQL keyword (pgfence

@@ -82,17 +82,29 @@ func (a *actor) lease(key string) *leases.Lease {
 	return a.held[key]
 }
 
-// acquire waits up to wait for the lease on key.
+// acquire waits up to wait for the lease on key. The lease is not kept
+// alive: the actor renews it by hand (renew), and a scenario's holder that
+// stops renewing lets it run out, as a paused or crashed one would.
 func (a *actor) acquire(ctx context.Context, key string, ttl, wait time.Duration) Op {
+	return a.acquireWith(ctx, key, ttl, &leases.AcquireOptions{MaxWait: wait, NoKeepAlive: true})
+}
+
+// acquireKept makes one attempt for the lease on key, kept alive by the
+// client until it ends.
+func (a *actor) acquireKept(ctx context.Context, key string, ttl time.Duration) Op {
+	return a.acquireWith(ctx, key, ttl, nil)
+}
+
+func (a *actor) acquireWith(ctx context.Context, key string, ttl time.Duration, opts *leases.AcquireOptions) Op {
 	op := Op{Kind: Acquire, Key: key}
 	var (
 		l   *leases.Lease
 		err error
 	)
-	if wait > 0 {
-		l, err = a.leases.Acquire(ctx, key, ttl, &leases.AcquireOptions{MaxWait: wait})
+	if opts != nil && opts.MaxWait > 0 {
+		l, err = a.leases.Acquire(ctx, key, ttl, opts)
 	} else {
-		l, err = a.leases.TryAcquire(ctx, key, ttl, nil)
+		l, err = a.leases.TryAcquire(ctx, key, ttl, opts)
 	}
 	if err != nil {
 		op.Outcome, op.Err = classify(err), err.Error()
@@ -138,7 +150,7 @@ const writeSQL = `UPDATE stock SET value = $2, token = $3 WHERE resource = $1`
 // does not look at the lease first: the point is that the database judges.
 func (a *actor) write(ctx context.Context, key string, token int64, value string) Op {
 	op := Op{Kind: Write, Key: key, Token: token, Value: value}
-	_, err := pgfence.WriteToken(ctx, a.pool, key, token, func(ctx context.Context, tx pgx.Tx) error {
+	_, err := pgfence.Write(ctx, a.pool, pgfence.LeaseOf(key, "", token), func(ctx context.Context, tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, writeSQL, key, value, token)
 		if err == nil && tag.RowsAffected() != 1 {
 			err = fmt.Errorf("resource %q: %d rows updated", key, tag.RowsAffected())
@@ -166,7 +178,7 @@ func (a *actor) writeLeased(ctx context.Context, key string, token int64, value 
 	op.Token = l.Token()
 	// The lease-checked write also presents the token to the fence, so the
 	// register's token order is kept even across both kinds of write.
-	err := pgfence.WriteLeased(ctx, a.pool, pgfence.LeaseOf(key, l.Holder(), l.Token()), func(ctx context.Context, tx pgx.Tx) error {
+	_, err := pgfence.Write(ctx, a.pool, pgfence.Checked(l), func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pgfence.fence($1, $2)`, key, l.Token()); err != nil {
 			return err
 		}
@@ -209,8 +221,8 @@ func classify(err error) Outcome {
 	switch {
 	case errors.Is(err, pgfence.ErrStaleToken):
 		return Stale
-	case errors.Is(err, leases.ErrLeaseHeld), errors.Is(err, leases.ErrLeaseLost),
-		errors.Is(err, pgfence.ErrLeaseNotHeld), errors.Is(err, idempotency.ErrInProgress),
+	case errors.Is(err, pgfence.ErrLeaseHeld), errors.Is(err, pgfence.ErrLeaseLost),
+		errors.Is(err, idempotency.ErrInProgress),
 		errors.Is(err, idempotency.ErrMismatch):
 		return Rejected
 	case errors.Is(err, pgerr.ErrOutcomeUnknown):

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
-	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/internal/testkit/leasetest"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
@@ -175,7 +175,7 @@ func (e *env) checkNoConnections() {
 	var n int
 	for {
 		err := e.admin().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-			AND (application_name LIKE 'pf-%' OR application_name = $1)`, leases.ListenerApplicationName).Scan(&n)
+			AND (application_name LIKE 'pf-%' OR application_name = $1)`, leasetest.ListenerApplicationName).Scan(&n)
 		if err != nil {
 			return // the server is gone (a crashed primary): nothing can leak there
 		}

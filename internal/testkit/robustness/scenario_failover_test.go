@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
-	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pgfence"
 )
 
 // Primary failover, asynchronous and synchronous standby. A holds the lease
@@ -49,7 +49,7 @@ func TestScenarioFailover(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := ro.leases.TryAcquire(ctx, "other", time.Minute, nil); !errors.Is(err, leases.ErrNotPrimary) {
+			if _, err := ro.leases.TryAcquire(ctx, "other", time.Minute, nil); !errors.Is(err, pgfence.ErrNotPrimary) {
 				t.Fatalf("grant on a standby: %v, want ErrNotPrimary", err)
 			}
 			ro.close()

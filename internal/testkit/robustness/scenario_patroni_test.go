@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/testkit/patroni"
-	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pgfence"
 )
@@ -275,7 +274,7 @@ func (h *haEnv) write(ctx context.Context, a *actor, key string, token int64, va
 	}
 	defer conn.Release()
 	var ack ackedWrite
-	_, err = pgfence.WriteToken(ctx, conn.Conn(), key, token, func(ctx context.Context, tx pgx.Tx) error {
+	_, err = pgfence.Write(ctx, conn.Conn(), pgfence.LeaseOf(key, "", token), func(ctx context.Context, tx pgx.Tx) error {
 		var before int64
 		if err := tx.QueryRow(ctx, sqlWALPosition).Scan(&ack.timeline, &before); err != nil {
 			return err
@@ -474,7 +473,7 @@ func (h *haEnv) refusesGrants(ctx context.Context, n *patroni.Node) {
 		h.t.Fatal(err)
 	}
 	defer a.close()
-	if l, err := a.leases.TryAcquire(ctx, haResources[0], time.Minute, nil); !errors.Is(err, leases.ErrNotPrimary) {
+	if l, err := a.leases.TryAcquire(ctx, haResources[0], time.Minute, nil); !errors.Is(err, pgfence.ErrNotPrimary) {
 		h.t.Fatalf("a grant on the old primary %s after it rejoined: lease %v, error %v; want ErrNotPrimary", n.Name, l, err)
 	}
 }

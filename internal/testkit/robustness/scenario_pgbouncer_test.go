@@ -90,7 +90,7 @@ func TestScenarioPgBouncerTransactionMode(t *testing.T) {
 						if err := l.Renew(ctx); err != nil {
 							t.Errorf("renew through PgBouncer: %v", err)
 						}
-						if _, err := pgfence.ExecToken(ctx, pool, resource, l.Token(),
+						if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf(resource, "", l.Token()),
 							`INSERT INTO counters VALUES ($1, 1, $2) ON CONFLICT (name) DO UPDATE SET n = counters.n + 1, last_token = $2`, name, l.Token()); err != nil {
 							t.Errorf("fenced write through PgBouncer: %v", err)
 						}
@@ -125,7 +125,7 @@ func TestScenarioPgBouncerTransactionMode(t *testing.T) {
 			}
 
 			// A stale token and an unfenced write are refused through the pooler too.
-			if _, err := pgfence.ExecToken(ctx, pool, resource, tokens[0], `UPDATE counters SET n = 0 WHERE name = $1`, name); !errors.Is(err, pgfence.ErrStaleToken) {
+			if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf(resource, "", tokens[0]), `UPDATE counters SET n = 0 WHERE name = $1`, name); !errors.Is(err, pgfence.ErrStaleToken) {
 				t.Fatalf("stale write through PgBouncer: %v, want ErrStaleToken", err)
 			}
 			if _, err := pool.Exec(ctx, `UPDATE counters SET n = 0 WHERE name = $1`, name); !errors.Is(pgfence.MapError(err), pgfence.ErrUnfencedWrite) {

@@ -111,7 +111,7 @@ func TestScenarioOldPrimaryRestartedAsItWas(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(newPrimary.Close)
-	if _, err := pgfence.ExecToken(ctx, newPrimary, sku, l2.Token(), writeSQL, sku, "a-new", l2.Token()); err != nil {
+	if _, err := pgfence.Exec(ctx, newPrimary, pgfence.LeaseOf(sku, "", l2.Token()), writeSQL, sku, "a-new", l2.Token()); err != nil {
 		t.Fatalf("write on the new primary with its grant: %v", err)
 	}
 	if err := l2.Release(ctx); err != nil {
@@ -129,17 +129,17 @@ func TestScenarioOldPrimaryRestartedAsItWas(t *testing.T) {
 		t.Fatalf("grant of %s on the old primary: token %d, want one of timeline 1, below %d", sku, old.Token, l2.Token())
 	}
 	// The old primary accepts a write with it, into its own history.
-	if _, err := pgfence.ExecToken(ctx, b.pool, sku, old.Token, writeSQL, sku, "b-old", old.Token); err != nil {
+	if _, err := pgfence.Exec(ctx, b.pool, pgfence.LeaseOf(sku, "", old.Token), writeSQL, sku, "b-old", old.Token); err != nil {
 		t.Fatalf("write on the old primary with its own grant: %v", err)
 	}
 	// The new primary refuses it: a higher token was accepted there.
-	if _, err := pgfence.ExecToken(ctx, newPrimary, sku, old.Token, writeSQL, sku, "b-old", old.Token); !errors.Is(err, pgfence.ErrStaleToken) {
+	if _, err := pgfence.Exec(ctx, newPrimary, pgfence.LeaseOf(sku, "", old.Token), writeSQL, sku, "b-old", old.Token); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("write on the new primary with a token of the old primary's timeline: %v, want ErrStaleToken", err)
 	}
 
 	// Pointed back at the old primary, A refuses what it grants.
 	point(primary)
-	if l, err := a.TryAcquire(ctx, "other/"+sku, time.Minute, nil); !errors.Is(err, leases.ErrNotPrimary) {
+	if l, err := a.TryAcquire(ctx, "other/"+sku, time.Minute, nil); !errors.Is(err, pgfence.ErrNotPrimary) {
 		t.Fatalf("grant on the old primary to a client that saw timeline 2: lease %v, error %v; want ErrNotPrimary", l, err)
 	}
 

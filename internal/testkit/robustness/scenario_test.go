@@ -17,7 +17,6 @@ import (
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
-	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
 )
 
@@ -186,7 +185,7 @@ func TestScenarioLostRenewal(t *testing.T) {
 			if !errors.Is(err, pgerr.ErrOutcomeUnknown) && !errors.Is(err, pgerr.ErrUnavailable) {
 				t.Fatalf("renewal error %v, want outcome unknown or unavailable", err)
 			}
-			if errors.Is(err, leases.ErrLeaseLost) {
+			if errors.Is(err, pgfence.ErrLeaseLost) {
 				t.Fatalf("a lost renewal message ended the lease: %v", err)
 			}
 			t.Logf("caller saw after %v: %v", time.Since(start).Round(time.Millisecond), err)
@@ -228,7 +227,7 @@ func TestScenarioTakeover(t *testing.T) {
 	e.backdate(sku)
 	bAcq := want(t, e.recorded(1, func() Op { return b.acquire(ctx, sku, time.Minute, 0) }), OK)
 
-	if err := a.renew(ctx, sku); !errors.Is(err, leases.ErrLeaseLost) {
+	if err := a.renew(ctx, sku); !errors.Is(err, pgfence.ErrLeaseLost) {
 		t.Fatalf("old holder's renewal after takeover: %v, want ErrLeaseLost", err)
 	}
 	want(t, e.recorded(0, func() Op { return a.release(ctx, sku) }), Rejected)
@@ -390,7 +389,7 @@ func TestScenarioUnknownCommitOutcome(t *testing.T) {
 			acq := want(t, e.recorded(0, func() Op { return a.acquire(ctx, sku, time.Minute, 0) }), OK)
 			trig := tc.arm(p, faultproxy.IsCommit)
 			call := e.rec.Now()
-			_, err := pgfence.WriteToken(ctx, a.pool, sku, acq.Token, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := pgfence.Write(ctx, a.pool, pgfence.LeaseOf(sku, "", acq.Token), func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, writeSQL, sku, "v1", acq.Token)
 				return err
 			})

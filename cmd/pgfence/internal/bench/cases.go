@@ -57,6 +57,11 @@ const (
 	sqlFloorRelease = `UPDATE pgfence_bench.locks SET expires_at = pg_catalog.clock_timestamp()
 		WHERE key OPERATOR(pg_catalog.=) $1 AND holder OPERATOR(pg_catalog.=) $2 AND token OPERATOR(pg_catalog.=) $3`
 	sqlUpdate = `UPDATE pgfence_bench.stock SET qty = qty OPERATOR(pg_catalog.+) 1 WHERE id OPERATOR(pg_catalog.=) $1`
+	// A versioned row write (the SQL pattern of pgfence's README): stock row
+	// $1 carries its own token in column fence, and takes qty $3 with token
+	// $2 unless its token is newer.
+	sqlVersionedUpdate = `UPDATE pgfence_bench.stock SET qty = $3, fence = $2
+		WHERE id OPERATOR(pg_catalog.=) $1 AND (fence IS NULL OR fence OPERATOR(pg_catalog.<=) $2)`
 	// The floor of a fence that records each write: a hand-written fence row
 	// update (token check, operation id), sent with sqlUpdate in one batch.
 	sqlFenceRow = `UPDATE pgfence_bench.fences SET token = $2, op = $3
@@ -162,14 +167,10 @@ func prepareProtected(ctx context.Context, lab *Lab, _ int) (benchrun.Op, func()
 	}
 	return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
 		id := w.Key()
-		_, err := pgfence.ExecToken(ctx, lab.pool, "bench/"+strconv.Itoa(id), token, sqlGuardedUpdate, strconv.Itoa(id))
+		_, err := pgfence.Exec(ctx, lab.pool, pgfence.LeaseOf("bench/"+strconv.Itoa(id), "", token), sqlGuardedUpdate, strconv.Itoa(id))
 		return 0, err
 	}, cleanup, nil
 }
-
-// benchStock is pgfence_bench.stock as a versioned table: its rows carry
-// their own fence token.
-var benchStock = pgfence.Table{Name: pgx.Identifier{"pgfence_bench", "stock"}, Key: "id", Fence: "fence"}
 
 // Case is one row of the bench table.
 type Case struct {
@@ -297,7 +298,7 @@ func baseCases() []*Case {
 				}
 				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
 					id := w.Key()
-					_, err := pgfence.ExecToken(ctx, lab.pool, "bench/"+strconv.Itoa(id), token, sqlUpdate, id)
+					_, err := pgfence.Exec(ctx, lab.pool, pgfence.LeaseOf("bench/"+strconv.Itoa(id), "", token), sqlUpdate, id)
 					return 0, err
 				}, func() {}, nil
 			}},
@@ -338,33 +339,38 @@ func baseCases() []*Case {
 					if err != nil {
 						return 0, err
 					}
-					_, err = pgfence.ExecToken(ctx, lab.pool, resource, token, sqlUpdate, w.Key())
+					_, err = pgfence.Exec(ctx, lab.pool, pgfence.LeaseOf(resource, "", token), sqlUpdate, w.Key())
 					return 0, err
 				}, func() {}, nil
 			}},
 		{Name: "protected-update", Group: "fenced write", What: "pgfence.Exec of the same UPDATE on a table protected by pgfence.protect: its trigger checks the fence of the row's resource",
 			prepare: prepareProtected},
-		{Name: "versioned-update", Group: "fenced write", What: "pgfence.UpdateRow: the row carries its own token (column fence); one UPDATE sets qty where the row's token is not newer",
+		{Name: "versioned-update", Group: "fenced write", What: "a versioned row, written by hand: the row carries its own token (column fence); one UPDATE sets qty where the row's token is not newer",
 			prepare: func(ctx context.Context, lab *Lab, _ int) (benchrun.Op, func(), error) {
 				var token int64
 				if err := lab.pool.QueryRow(ctx, sqlNextToken).Scan(&token); err != nil {
 					return nil, nil, err
 				}
 				return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
-					return 0, pgfence.UpdateRow(ctx, lab.pool, benchStock, w.Key(), token, map[string]any{"qty": w.Rand.Int64()})
+					tag, err := lab.pool.Exec(ctx, sqlVersionedUpdate, w.Key(), token, w.Rand.Int64())
+					if err == nil && tag.RowsAffected() != 1 {
+						err = fmt.Errorf("the versioned write of stock row %d was refused", w.Key())
+					}
+					return 0, err
 				}, func() {}, nil
 			}},
-		{Name: "leased-exec", Group: "lease-checked write", What: "pgfence.ExecLeased: the same UPDATE checked against the worker's live lease, one round trip",
+		{Name: "leased-exec", Group: "lease-checked write", What: "pgfence.Exec of pgfence.Checked(lease): the same UPDATE checked against the worker's live lease, one round trip",
 			prepare: prepareLeased(func(ctx context.Context, lab *Lab, l pgfence.Lease, id int) error {
-				_, err := pgfence.ExecLeased(ctx, lab.pool, l, sqlUpdate, id)
+				_, err := pgfence.Exec(ctx, lab.pool, pgfence.Checked(l), sqlUpdate, id)
 				return err
 			})},
-		{Name: "leased-write", Group: "lease-checked write", What: "pgfence.WriteLeased: a transaction that checks the lease, runs the same UPDATE and commits",
+		{Name: "leased-write", Group: "lease-checked write", What: "pgfence.Write of pgfence.Checked(lease): a transaction that checks the lease, runs the same UPDATE and commits",
 			prepare: prepareLeased(func(ctx context.Context, lab *Lab, l pgfence.Lease, id int) error {
-				return pgfence.WriteLeased(ctx, lab.pool, l, func(ctx context.Context, tx pgx.Tx) error {
+				_, err := pgfence.Write(ctx, lab.pool, pgfence.Checked(l), func(ctx context.Context, tx pgx.Tx) error {
 					_, err := tx.Exec(ctx, sqlUpdate, id)
 					return err
 				})
+				return err
 			})},
 		{Name: "raw-insert-tx", Group: "idempotency", What: "a transaction inserting one order row (1 commit)",
 			prepare: simple(func(ctx context.Context, lab *Lab, w *benchrun.Worker) error {
@@ -422,7 +428,7 @@ func prepareLeases(cfg leases.Config) func(context.Context, *Lab, int) (benchrun
 func leaseCycle(client *leases.Client) benchrun.Op {
 	return func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
 		l, err := client.TryAcquire(ctx, benchKey(w), 30*time.Second, nil)
-		if errors.Is(err, leases.ErrLeaseHeld) {
+		if errors.Is(err, pgfence.ErrLeaseHeld) {
 			return 0, benchrun.ErrHeld
 		}
 		if err != nil {

@@ -222,13 +222,13 @@ func compare(runs [][]benchrun.Result) []string {
 		pair("fenced-first", "raw-fence-first", p50Ratio, times, "a resource's first fenced write (pgfence.Exec) p50 %s the hand-written INSERT … ON CONFLICT floor (goal ≤ 1.2×)")
 		pair("raw-fence-row", "raw-update", p50Ratio, times, "the hand-written fence row floor: p50 %s the unfenced UPDATE (what recording each write costs)")
 		pair("fenced-update", "raw-update", p50Ratio, times, "fenced write (pgfence.Exec) p50 %s the unfenced UPDATE")
-		pair("versioned-update", "raw-update", p50Ratio, times, "versioned row write (pgfence.UpdateRow) p50 %s the unfenced UPDATE (no fence row: nothing recorded)")
+		pair("versioned-update", "raw-update", p50Ratio, times, "versioned row write (a hand-written UPDATE … WHERE fence <= token) p50 %s the unfenced UPDATE (no fence row: nothing recorded)")
 		pair("idempotent-tx", "raw-insert-tx", p50Ratio, times, "idempotency.Store.Do p50 %s the same insert in a bare transaction")
 		pair("idempotent-tx", "raw-idempotent-tx", p50Ratio, times, "idempotency.Store.Do p50 %s the hand-written key row of the same design (the library's tax)")
 		pair("raw-idempotent-tx", "raw-insert-tx", p50Ratio, times, "the hand-written key row p50 %s the same insert in a bare transaction (what recording a key costs)")
 		pair("idempotent-http", "raw-http-insert", p50Ratio, times, "an HTTP request behind idemhttp (atomic mode) p50 %s the same handler without it (goal ≤ 1.5×)")
-		pair("sql-fenced-update", "sql-raw-update", p50Ratio, times, "database/sql fenced write (sqlfence.Exec, pgx stdlib) p50 %s the same unfenced UPDATE on database/sql (goal: within 10%% of the pgx ratio)")
-		pair("pq-fenced-update", "pq-raw-update", p50Ratio, times, "database/sql fenced write (sqlfence.Exec, lib/pq) p50 %s the same unfenced UPDATE on lib/pq (goal: within 10%% of the pgx ratio)")
+		pair("sql-fenced-update", "sql-raw-update", p50Ratio, times, "database/sql fenced write (pgfence.ExecSQL, pgx stdlib) p50 %s the same unfenced UPDATE on database/sql (goal: within 10%% of the pgx ratio)")
+		pair("pq-fenced-update", "pq-raw-update", p50Ratio, times, "database/sql fenced write (pgfence.ExecSQL, lib/pq: BEGIN, fence, UPDATE, COMMIT) p50 %s the same unfenced UPDATE on lib/pq")
 		if h := medianOf(find("hot-key", n)); h != nil {
 			out = append(out, fmt.Sprintf("%3d workers: hot-key hand-off p50 %.2f ms (goal ≤ 5 ms)", n, ms(h.P50)))
 		}

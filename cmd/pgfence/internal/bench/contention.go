@@ -64,8 +64,8 @@ type ContentionOptions struct {
 	// MaxWait bounds each Acquire (AcquireOptions.MaxWait); one that waits
 	// longer gives up. 0: wait until the run ends.
 	MaxWait time.Duration
-	// Hold is the business work of each grant before its write, under
-	// Lease.KeepAlive (renewing every TTL/3). 0: write at once.
+	// Hold is the business work of each grant before its write, its lease
+	// renewed every TTL/3 meanwhile. 0: write at once.
 	Hold time.Duration
 	// PauseRate is the share of grants whose holder pauses for Pause (longer
 	// than the TTL) before its write, without renewing. PauseFirst pauses
@@ -90,7 +90,8 @@ type ContentionReport struct {
 	// WaitP50 and WaitP99 are the wait of the successful Acquire calls.
 	WaitP50, WaitP99 time.Duration
 	// GiveUps are the Acquire calls that waited MaxWait in vain.
-	GiveUps  int64
+	GiveUps int64
+	// Renewals are the renewals that committed while grants were held.
 	Renewals int64
 	// Expiries are the grants that expired before their release (the
 	// release said the lease was lost); TakenOver those of them whose key was
@@ -221,11 +222,7 @@ func (lab *Lab) Contention(ctx context.Context, opts ContentionOptions) (*Conten
 		}
 	}()
 	for i := range clients {
-		c, err := leases.New(lab.pool, lab.leasesConfig(&leases.Config{OnEvent: func(e leases.Event) {
-			if e.Kind == leases.EventRenewed {
-				run.renewals.Add(1)
-			}
-		}}))
+		c, err := leases.New(lab.pool, lab.leasesConfig(nil))
 		if err != nil {
 			return nil, err
 		}
@@ -326,7 +323,10 @@ func (lab *Lab) Contention(ctx context.Context, opts ContentionOptions) (*Conten
 // paused holder finishes its write after the run's end, unless ctx ends).
 func (r *contentionRun) worker(ctx, runCtx context.Context, id int, client *leases.Client) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(id)))
-	opts := &leases.AcquireOptions{MaxWait: r.opts.MaxWait, HolderInfo: "pgfence bench contention worker " + strconv.Itoa(id)}
+	// The worker renews its grants itself (hold): a paused grant must not be
+	// renewed, as a stopped process would not renew it, and which grant
+	// pauses is known only once it is granted.
+	opts := &leases.AcquireOptions{MaxWait: r.opts.MaxWait, HolderInfo: "pgfence bench contention worker " + strconv.Itoa(id), NoKeepAlive: true}
 	for runCtx.Err() == nil {
 		k := rng.IntN(len(r.keys))
 		start := time.Now()
@@ -359,6 +359,29 @@ func (r *contentionRun) worker(ctx, runCtx context.Context, id int, client *leas
 	}
 }
 
+// hold keeps l for opts.Hold, or until it ends, renewing it every TTL /
+// leases.RenewFractionDefault as the client's keep-alive would; it counts
+// the renewals that committed. A failed renewal is tried again at the next
+// one: the lease ends when its trust window runs out.
+func (r *contentionRun) hold(l *leases.Lease) {
+	done := time.NewTimer(r.opts.Hold)
+	defer done.Stop()
+	renew := time.NewTicker(l.TTL() / leases.RenewFractionDefault)
+	defer renew.Stop()
+	for {
+		select {
+		case <-done.C:
+			return
+		case <-l.Done():
+			return
+		case <-renew.C:
+			if l.Renew(l.Context()) == nil {
+				r.renewals.Add(1)
+			}
+		}
+	}
+}
+
 // grant does one grant's work: hold (renewing) or pause, the fenced write,
 // the release. The first grant of a key under PauseFirst stalls until
 // another worker has written the key too (or the run ends), so that its
@@ -375,15 +398,7 @@ func (r *contentionRun) grant(ctx, runCtx context.Context, id, k int, l *leases.
 		}
 		writeCtx = ctx
 	} else if r.opts.Hold > 0 {
-		kctx, stop := context.WithCancel(l.Context())
-		kept := make(chan struct{})
-		go func() {
-			defer close(kept)
-			_ = l.KeepAlive(kctx, nil)
-		}()
-		sleep(l.Context(), r.opts.Hold)
-		stop()
-		<-kept
+		r.hold(l)
 	}
 	accepted, err := r.write(ctx, writeCtx, id, k, l, paused)
 	switch {
@@ -414,7 +429,7 @@ func (r *contentionRun) grant(ctx, runCtx context.Context, id, k int, l *leases.
 	defer cancel()
 	switch err := l.Release(rctx); {
 	case err == nil:
-	case errors.Is(err, leases.ErrLeaseLost):
+	case errors.Is(err, pgfence.ErrLeaseLost):
 		r.expiries.Add(1)
 		if r.newest[k].Load() > l.Token() {
 			r.takenOver.Add(1)
@@ -432,11 +447,11 @@ func (r *contentionRun) write(ctx, writeCtx context.Context, id, k int, l *lease
 	if writeCtx.Err() != nil {
 		return false, nil
 	}
-	tag, err := pgfence.Exec(writeCtx, r.lab.pool, l, sqlContentionWrite, r.keys[k], l.Token(), id, paused)
+	n, err := pgfence.Exec(writeCtx, r.lab.pool, l, sqlContentionWrite, r.keys[k], l.Token(), id, paused)
 	var unknown *pgfence.OutcomeUnknownError
 	switch {
-	case err == nil && tag.RowsAffected() != 1:
-		return false, fmt.Errorf("the write for %s inserted %d completion rows, want 1", r.keys[k], tag.RowsAffected())
+	case err == nil && n != 1:
+		return false, fmt.Errorf("the write for %s inserted %d completion rows, want 1", r.keys[k], n)
 	case err == nil:
 		return true, nil
 	case errors.As(err, &unknown):

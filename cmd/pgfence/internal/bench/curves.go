@@ -312,7 +312,7 @@ func (lab *Lab) curveRows(ctx context.Context, sizes []int64, n int, measure mea
 		})
 		measure("acquire-vs-lease-rows", size, n, func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
 			l, err := client.TryAcquire(ctx, curvePrefix+"lease/"+strconv.FormatInt(w.Rand.Int64N(size), 10), 30*time.Second, nil)
-			if errors.Is(err, leases.ErrLeaseHeld) {
+			if errors.Is(err, pgfence.ErrLeaseHeld) {
 				return 0, benchrun.ErrHeld
 			}
 			if err != nil {
@@ -377,7 +377,7 @@ func (lab *Lab) curveResources(ctx context.Context, sizes []int64, n int, measur
 		})
 		measure("fenced-write-vs-resources", size, n, func(ctx context.Context, w *benchrun.Worker) (time.Duration, error) {
 			i := w.Rand.Int64N(size)
-			_, err := pgfence.ExecToken(ctx, lab.pool, curvePrefix+"fence/"+strconv.FormatInt(i, 10), token, sqlUpdate, i%benchrun.Keys)
+			_, err := pgfence.Exec(ctx, lab.pool, pgfence.LeaseOf(curvePrefix+"fence/"+strconv.FormatInt(i, 10), "", token), sqlUpdate, i%benchrun.Keys)
 			return 0, err
 		})
 	}

@@ -11,10 +11,10 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/benchrun"
-	"github.com/pgfence/pgfence/pgfence/sqlfence"
+	"github.com/pgfence/pgfence/pgfence"
 )
 
-// sqlCases are the fenced write on database/sql (package sqlfence) and the
+// sqlCases are the fenced write on database/sql (pgfence.ExecSQL) and the
 // same unfenced UPDATE through the same driver, on pgx's stdlib driver and on
 // lib/pq: their ratio is the cost of the fence for a service whose handle is
 // a *sql.DB, to set beside fenced-update / raw-update on pgx.
@@ -24,17 +24,17 @@ func sqlCases() []*Case {
 		return err
 	}
 	fenced := func(ctx context.Context, db *sql.DB, token int64, id int) error {
-		_, err := sqlfence.ExecToken(ctx, db, "bench/"+strconv.Itoa(id), token, sqlUpdate, id)
+		_, err := pgfence.ExecSQL(ctx, db, pgfence.LeaseOf("bench/"+strconv.Itoa(id), "", token), sqlUpdate, id)
 		return err
 	}
 	return []*Case{
 		{Name: "sql-raw-update", Group: "database/sql", What: "the UPDATE of raw-update on a *sql.DB (pgx's stdlib driver), unfenced (1 statement, 1 commit)",
 			prepare: prepareSQL(openStdlib, unfenced)},
-		{Name: "sql-fenced-update", Group: "database/sql", What: "sqlfence.ExecToken on the same *sql.DB: the same UPDATE fenced by a token, one pipeline (one round trip)",
+		{Name: "sql-fenced-update", Group: "database/sql", What: "pgfence.ExecSQL on the same *sql.DB: the same UPDATE fenced by a token, one pipeline (one round trip)",
 			prepare: prepareSQL(openStdlib, fenced)},
 		{Name: "pq-raw-update", Group: "database/sql", What: "the UPDATE of raw-update on a *sql.DB of lib/pq, unfenced (prepared and run: two round trips)",
 			prepare: prepareSQL(openLibPQ, unfenced)},
-		{Name: "pq-fenced-update", Group: "database/sql", What: "sqlfence.ExecToken on the same lib/pq *sql.DB: the fence and the UPDATE as one simple query (one round trip)",
+		{Name: "pq-fenced-update", Group: "database/sql", What: "pgfence.ExecSQL on the same lib/pq *sql.DB: BEGIN, the fence, the UPDATE, COMMIT (lib/pq cannot pipeline)",
 			prepare: prepareSQL(openLibPQ, fenced)},
 	}
 }

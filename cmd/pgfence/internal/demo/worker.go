@@ -154,7 +154,7 @@ func Worker(ctx context.Context, args []string, stdin io.Reader, stdout io.Write
 	switch {
 	case err == nil:
 		say(workerLine{Result: "released"})
-	case errors.Is(err, leases.ErrLeaseLost):
+	case errors.Is(err, pgfence.ErrLeaseLost):
 		say(workerLine{Result: "lost", Detail: "changes nothing: " + err.Error()})
 	default:
 		say(workerLine{Result: "error", Detail: err.Error()})

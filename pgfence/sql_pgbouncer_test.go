@@ -1,4 +1,4 @@
-package sqlfence_test
+package pgfence_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 // Behind PgBouncer in transaction mode, which hands out its three server
 // connections round robin, so one client's consecutive transactions reach
 // different backends, the guarantee tests hold through every
-// adapter, driver and handle: no helper relies on session state (a prepared
+// API, driver and handle: no helper relies on session state (a prepared
 // statement, a setting) surviving from one transaction to the next. Each
 // driver is configured as PgBouncer 1.18 needs: pgx in exec mode
 // (default_query_exec_mode=exec), lib/pq with binary_parameters=yes —

@@ -1,4 +1,4 @@
-package sqlfence_test
+package pgfence_test
 
 import (
 	"context"
@@ -12,14 +12,13 @@ import (
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
-	"github.com/pgfence/pgfence/pgfence/sqlfence"
 )
 
 // A service that writes through database/sql (here lib/pq) deducts stock in
 // its own transaction, fenced by its lease; when the lease expires and
 // another holder takes over and writes, the first holder's late write is
 // refused by the database, and nothing of its transaction commits.
-func Example() {
+func ExampleWriteSQL() {
 	ctx := context.Background()
 	db, err := pgfencetest.Open()
 	if err != nil {
@@ -59,7 +58,7 @@ func Example() {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO orders VALUES ($1, 'sku-42')`, id); err != nil {
 			return err
 		}
-		_, err = sqlfence.Write(ctx, tx, l, func(ctx context.Context, tx *sql.Tx) error {
+		_, err = pgfence.WriteSQL(ctx, tx, l, func(ctx context.Context, tx *sql.Tx) error {
 			_, err := tx.ExecContext(ctx, `UPDATE stock SET qty = qty - 1 WHERE sku = 'sku-42'`)
 			return err
 		})
@@ -69,7 +68,8 @@ func Example() {
 		return tx.Commit()
 	}
 
-	old, _ := client.TryAcquire(ctx, "stock:sku-42", 100*time.Millisecond, nil)
+	// Not kept alive: the old holder is about to pause.
+	old, _ := client.TryAcquire(ctx, "stock:sku-42", 100*time.Millisecond, &leases.AcquireOptions{NoKeepAlive: true})
 	fmt.Println("old holder's order:", order(old, 1))
 	// The old holder pauses past its lease; the new holder's Acquire waits
 	// until the database says the lease expired.
@@ -96,7 +96,7 @@ func Example() {
 // answer arrives, so the example prints the write's result; the branch that
 // resolves is what a caller writes for the lost answer (the fault tests
 // exercise it).
-func ExampleResolve() {
+func ExampleResolveSQL() {
 	ctx := context.Background()
 	db, err := pgfencetest.Open()
 	if err != nil {
@@ -116,15 +116,14 @@ func ExampleResolve() {
 	_ = sdb.QueryRowContext(ctx, `SELECT holder::text, token FROM pgfence.try_acquire('kv:a', interval '1 minute')`).Scan(&holder, &token)
 	lease := pgfence.LeaseOf("kv:a", holder, token)
 
-	r, err := sqlfence.Exec(ctx, sdb, lease, `INSERT INTO kv VALUES ('a', 'written')`)
+	n, err := pgfence.ExecSQL(ctx, sdb, lease, `INSERT INTO kv VALUES ('a', 'written')`)
 	var unknown *pgfence.OutcomeUnknownError
 	if errors.As(err, &unknown) {
 		// The connection broke around COMMIT: ask the database, never retry blindly.
-		o, err := sqlfence.Resolve(ctx, sdb, unknown)
+		o, err := pgfence.ResolveSQL(ctx, sdb, unknown)
 		fmt.Println("resolved:", o, err)
 		return
 	}
-	n, _ := r.RowsAffected()
 	fmt.Println("rows:", n, "error:", err)
 	// Output:
 	// rows: 1 error: <nil>

@@ -1,4 +1,4 @@
-package idempotency
+package driver
 
 import (
 	"context"
@@ -9,25 +9,25 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// guardedTx is the pgx.Tx an atomic attempt hands out. Once the attempt has
-// ended, every call answers [pgx.ErrTxClosed] and sends nothing: the
-// attempt commits with the stored answer in one pipeline that pgx's own
+// guardedTx is the pgx.Tx a helper's transaction hands out. Once the helper
+// has committed or rolled back, every call answers [pgx.ErrTxClosed] and
+// sends nothing: a commit may travel in one pipeline that pgx's own
 // transaction does not see, and a pooled connection goes back to its pool
 // right after, so a late call on the transaction itself (a deferred
-// Rollback, a goroutine of the handler) would reach a connection that
+// Rollback, a goroutine of the caller's) would reach a connection that
 // another caller may be using by then.
 //
 // It embeds the transaction so that it keeps implementing pgx.Tx if pgx adds
 // methods; those are not guarded.
 type guardedTx struct {
 	pgx.Tx
-	closed *atomic.Bool // shared with the savepoints begun on it
+	closed *closedFlag // shared with the savepoints begun on it
 }
 
-func newGuardedTx(tx pgx.Tx) *guardedTx { return &guardedTx{Tx: tx, closed: new(atomic.Bool)} }
+// closedFlag is set once the helper's transaction has ended.
+type closedFlag struct{ atomic.Bool }
 
-// close makes every later call answer pgx.ErrTxClosed.
-func (g *guardedTx) close() { g.closed.Store(true) }
+func (f *closedFlag) close() { f.Store(true) }
 
 func (g *guardedTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if g.closed.Load() {

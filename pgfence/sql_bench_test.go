@@ -1,4 +1,4 @@
-package sqlfence_test
+package pgfence_test
 
 import (
 	"context"
@@ -9,18 +9,17 @@ import (
 
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
-	"github.com/pgfence/pgfence/pgfence/sqlfence"
 )
 
-// BenchmarkFencedVsUnfenced is the fence's cost on each handle a service may
-// have: it alternates an unfenced UPDATE and the same UPDATE fenced with a
-// token (pgfence.ExecToken on a pgx pool, sqlfence.ExecToken on a *sql.DB of
-// pgx's stdlib driver and of lib/pq), so that both see the same fsync
-// weather, and reports each one's mean latency and their ratio. The goal for
-// database/sql: a ratio within 10% of the pgx pool's. One connection, one
-// writer: the fence's cost, not contention (pgfence bench compare measures
-// 8 workers).
-func BenchmarkFencedVsUnfenced(b *testing.B) {
+// BenchmarkFencedVsUnfencedByDriver is the fence's cost on each handle a
+// service may have: it alternates an unfenced UPDATE and the same UPDATE
+// fenced with a token (Exec on a pgx pool, ExecSQL on a *sql.DB of pgx's
+// stdlib driver and of lib/pq), so that both see the same fsync weather, and
+// reports each one's mean latency and their ratio. The goal for pgx's
+// database/sql driver: a ratio within 10% of the pgx pool's. One connection,
+// one writer: the fence's cost, not contention (pgfence bench compare
+// measures 8 workers).
+func BenchmarkFencedVsUnfencedByDriver(b *testing.B) {
 	db := pgfencetest.NewDatabase(b)
 	ctx := context.Background()
 	const keys = 1000
@@ -40,7 +39,7 @@ func BenchmarkFencedVsUnfenced(b *testing.B) {
 		return pair{
 			unfenced: func(id int) error { _, err := sdb.ExecContext(ctx, update, id); return err },
 			fenced: func(id int) error {
-				_, err := sqlfence.ExecToken(ctx, sdb, "stock:"+strconv.Itoa(id), 5, update, id)
+				_, err := pgfence.ExecSQL(ctx, sdb, pgfence.LeaseOf("stock:"+strconv.Itoa(id), "", 5), update, id)
 				return err
 			},
 		}
@@ -53,16 +52,16 @@ func BenchmarkFencedVsUnfenced(b *testing.B) {
 			return pair{
 				unfenced: func(id int) error { _, err := db.Pool.Exec(ctx, update, id); return err },
 				fenced: func(id int) error {
-					_, err := pgfence.ExecToken(ctx, db.Pool, "stock:"+strconv.Itoa(id), 5, update, id)
+					_, err := pgfence.Exec(ctx, db.Pool, pgfence.LeaseOf("stock:"+strconv.Itoa(id), "", 5), update, id)
 					return err
 				},
 			}
 		}},
 		{"pgx-stdlib", func() pair { return onSQL("pgx", db.URL) }},
-		// lib/pq cannot pipeline: the fenced write is the fence and the
-		// write as one simple query, its arguments as constants (one round
-		// trip); the unfenced write, a statement with parameters, takes two
-		// by default (binary_parameters=yes: one).
+		// lib/pq cannot pipeline: the fenced write is a transaction of its
+		// own, BEGIN, the fence, the write, COMMIT; a statement with
+		// parameters takes two round trips by default (binary_parameters=yes:
+		// one).
 		{"lib-pq", func() pair { return onSQL("postgres", db.URL) }},
 		{"lib-pq-binary", func() pair { return onSQL("postgres", db.URL+"&binary_parameters=yes") }},
 	} {

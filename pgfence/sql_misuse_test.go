@@ -1,16 +1,17 @@
-package sqlfence_test
+package pgfence_test
 
 import (
 	"context"
 	"database/sql"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
-	"github.com/pgfence/pgfence/pgfence/sqlfence"
 )
 
 // sqlDrivers are the database/sql drivers the tests prove.
@@ -26,7 +27,7 @@ func nothingWritten(t *testing.T, db *pgfencetest.Database) {
 	if got := accepted(t, db, "kv:a"); got != 0 {
 		t.Errorf("token %d accepted for kv:a", got)
 	}
-	if v, _ := kv(t, db.Pool); v != "initial" {
+	if v, _ := kvRow(t, db.Pool); v != "initial" {
 		t.Errorf("row a is %q", v)
 	}
 }
@@ -41,7 +42,7 @@ func TestBadInputWritesNothing(t *testing.T) {
 			t.Parallel()
 			ctx := testContext(t)
 			db := pgfencetest.NewDatabase(t)
-			setupKV(t, db.Pool)
+			newKV(t, db.Pool)
 			pgfencetest.IssueToken(t, db.Pool, "kv:a", 100)
 			sdb := openDB(t, d.driver, db.URL)
 			called := false
@@ -61,10 +62,10 @@ func TestBadInputWritesNothing(t *testing.T) {
 			if _, err := tx.ExecContext(ctx, `SELECT 1 / 0`); err == nil {
 				t.Fatal("1 / 0 succeeded")
 			}
-			if _, err := sqlfence.Write(ctx, tx, lease, fn); pgerr.Code(err) != "25P02" {
+			if _, err := pgfence.WriteSQL(ctx, tx, lease, fn); pgerr.Code(err) != "25P02" {
 				t.Errorf("Write in an aborted transaction: %v, want the server's 25P02", err)
 			}
-			if _, err := sqlfence.Exec(ctx, tx, lease, `UPDATE kv SET v = 'written' WHERE k = 'a'`); pgerr.Code(err) != "25P02" {
+			if _, err := pgfence.ExecSQL(ctx, tx, lease, `UPDATE kv SET v = 'written' WHERE k = 'a'`); pgerr.Code(err) != "25P02" {
 				t.Errorf("Exec in an aborted transaction: %v, want the server's 25P02", err)
 			}
 			_ = tx.Rollback()
@@ -77,7 +78,7 @@ func TestBadInputWritesNothing(t *testing.T) {
 			if err := tx.Commit(); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := sqlfence.Write(ctx, tx, lease, fn); !errors.Is(err, sql.ErrTxDone) {
+			if _, err := pgfence.WriteSQL(ctx, tx, lease, fn); !errors.Is(err, sql.ErrTxDone) {
 				t.Errorf("Write in a committed transaction: %v, want sql.ErrTxDone", err)
 			}
 
@@ -85,15 +86,15 @@ func TestBadInputWritesNothing(t *testing.T) {
 			// never an outage or an unknown outcome; the fence rolls back.
 			// (pgx closes a connection whose pipeline it could not encode,
 			// so the *sql.Conn is last used by Exec.)
-			for _, handle := range []sqlfence.DB{sdb, mustConn(t, sdb)} {
-				_, err = sqlfence.Write(ctx, handle, lease, func(ctx context.Context, tx *sql.Tx) error {
+			for _, handle := range []pgfence.SQLDB{sdb, mustConn(t, sdb)} {
+				_, err = pgfence.WriteSQL(ctx, handle, lease, func(ctx context.Context, tx *sql.Tx) error {
 					_, err := tx.ExecContext(ctx, `UPDATE kv SET v = $1 WHERE k = 'a'`, struct{ x int }{1})
 					return err
 				})
 				if err == nil || errors.Is(err, pgfence.ErrUnavailable) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 					t.Errorf("Write on %T whose fn's argument the driver cannot send: %v, want the driver's error", handle, err)
 				}
-				_, err := sqlfence.Exec(ctx, handle, lease, `UPDATE kv SET v = $1 WHERE k = 'a'`, make(chan int))
+				_, err := pgfence.ExecSQL(ctx, handle, lease, `UPDATE kv SET v = $1 WHERE k = 'a'`, make(chan int))
 				if err == nil || errors.Is(err, pgfence.ErrUnavailable) || errors.Is(err, pgfence.ErrOutcomeUnknown) || pgerr.Code(err) != "" {
 					t.Errorf("Exec on %T with an argument the driver cannot send: %v, want the driver's error", handle, err)
 				}
@@ -105,15 +106,18 @@ func TestBadInputWritesNothing(t *testing.T) {
 				err  error
 				want string
 			}{
-				{"a type that only looks like a DB", func() error { _, err := sqlfence.Write(ctx, fakeDB{sdb}, lease, fn); return err }(), "must be a *sql.DB"},
-				{"a transaction type that wraps *sql.Tx", func() error { _, err := sqlfence.Write(ctx, wrappedTx{tx}, lease, fn); return err }(), "pass the *sql.Tx it wraps"},
-				{"nil db", func() error { _, err := sqlfence.Write(ctx, nil, lease, fn); return err }(), "db is nil"},
-				{"nil *sql.DB", func() error { _, err := sqlfence.Write(ctx, (*sql.DB)(nil), lease, fn); return err }(), "nil *sql.DB"},
-				{"nil lease", func() error { _, err := sqlfence.Write(ctx, sdb, nil, fn); return err }(), "lease is nil"},
-				{"nil fn", func() error { _, err := sqlfence.Write(ctx, sdb, lease, nil); return err }(), "fn is nil"},
-				{"invalid holder", sqlfence.WriteLeased(ctx, sdb, pgfence.LeaseOf("kv:a", "not-a-uuid", 5), fn), "not a UUID"},
+				{"a type that only looks like a DB", func() error { _, err := pgfence.WriteSQL(ctx, fakeDB{sdb}, lease, fn); return err }(), "must be a *sql.DB"},
+				{"a transaction type that wraps *sql.Tx", func() error { _, err := pgfence.WriteSQL(ctx, wrappedTx{tx}, lease, fn); return err }(), "pass the *sql.Tx it wraps"},
+				{"nil db", func() error { _, err := pgfence.WriteSQL(ctx, nil, lease, fn); return err }(), "db is nil"},
+				{"nil *sql.DB", func() error { _, err := pgfence.WriteSQL(ctx, (*sql.DB)(nil), lease, fn); return err }(), "nil *sql.DB"},
+				{"nil lease", func() error { _, err := pgfence.WriteSQL(ctx, sdb, nil, fn); return err }(), "lease is nil"},
+				{"nil fn", func() error { _, err := pgfence.WriteSQL(ctx, sdb, lease, nil); return err }(), "fn is nil"},
+				{"invalid holder", func() error {
+					_, err := pgfence.WriteSQL(ctx, sdb, pgfence.Checked(pgfence.LeaseOf("kv:a", "not-a-uuid", 5)), fn)
+					return err
+				}(), "not a UUID"},
 				{"resolve in a transaction", func() error {
-					_, err := sqlfence.Resolve(ctx, tx, &pgfence.OutcomeUnknownError{Resource: "kv:a", Token: 5, Op: pgfence.OpID{1}})
+					_, err := pgfence.ResolveSQL(ctx, tx, &pgfence.OutcomeUnknownError{Resource: "kv:a", Token: 5, Op: pgfence.OpID{1}})
 					return err
 				}(), "not a transaction"},
 			} {
@@ -127,21 +131,21 @@ func TestBadInputWritesNothing(t *testing.T) {
 			if err := closed.Close(); err != nil {
 				t.Fatal(err)
 			}
-			_, err = sqlfence.Write(ctx, closed, lease, fn)
+			_, err = pgfence.WriteSQL(ctx, closed, lease, fn)
 			if err == nil || !strings.Contains(err.Error(), "database is closed") || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 				t.Errorf("Write on a closed *sql.DB: %v, want database/sql's error", err)
 			}
-			if _, err := sqlfence.Exec(ctx, closed, lease, `UPDATE kv SET v = 'written' WHERE k = 'a'`); err == nil || errors.Is(err, pgfence.ErrOutcomeUnknown) {
+			if _, err := pgfence.ExecSQL(ctx, closed, lease, `UPDATE kv SET v = 'written' WHERE k = 'a'`); err == nil || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 				t.Errorf("Exec on a closed *sql.DB: %v", err)
 			}
 
 			// A closed *sql.Conn.
 			c := mustConn(t, sdb)
 			_ = c.Close()
-			if _, err := sqlfence.Write(ctx, c, lease, fn); !errors.Is(err, sql.ErrConnDone) {
+			if _, err := pgfence.WriteSQL(ctx, c, lease, fn); !errors.Is(err, sql.ErrConnDone) {
 				t.Errorf("Write on a closed *sql.Conn: %v, want sql.ErrConnDone", err)
 			}
-			if _, err := sqlfence.Exec(ctx, c, lease, `UPDATE kv SET v = 'written' WHERE k = 'a'`); !errors.Is(err, sql.ErrConnDone) {
+			if _, err := pgfence.ExecSQL(ctx, c, lease, `UPDATE kv SET v = 'written' WHERE k = 'a'`); !errors.Is(err, sql.ErrConnDone) {
 				t.Errorf("Exec on a closed *sql.Conn: %v, want sql.ErrConnDone", err)
 			}
 
@@ -185,11 +189,11 @@ func TestUnreachableIsUnavailable(t *testing.T) {
 			t.Parallel()
 			ctx := testContext(t)
 			dead := openDB(t, d.driver, "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
-			_, err := sqlfence.ExecToken(ctx, dead, "r", 1, `SELECT 1`)
+			_, err := pgfence.ExecSQL(ctx, dead, pgfence.LeaseOf("r", "", 1), `SELECT 1`)
 			if !errors.Is(err, pgfence.ErrUnavailable) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 				t.Errorf("Exec on a dead server: %v, want ErrUnavailable", err)
 			}
-			_, err = sqlfence.WriteToken(ctx, dead, "r", 1, func(context.Context, *sql.Tx) error { return nil })
+			_, err = pgfence.WriteSQL(ctx, dead, pgfence.LeaseOf("r", "", 1), func(context.Context, *sql.Tx) error { return nil })
 			if !errors.Is(err, pgfence.ErrUnavailable) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 				t.Errorf("Write on a dead server: %v, want ErrUnavailable", err)
 			}
@@ -212,15 +216,15 @@ func TestFnEndsTransactionThroughDatabaseSQL(t *testing.T) {
 				t.Parallel()
 				ctx := testContext(t)
 				db := pgfencetest.NewDatabase(t)
-				setupKV(t, db.Pool)
+				newKV(t, db.Pool)
 				pgfencetest.IssueToken(t, db.Pool, "kv:a", 100)
 				f := sqlFencer{db: openDB(t, d.driver, db.URL), handle: handleDB}
 				if inTx {
 					f.handle = handleTx
 				}
 				for i, end := range []func(*sql.Tx) error{(*sql.Tx).Commit, (*sql.Tx).Rollback} {
-					err := f.run(ctx, func(h sqlfence.DB) error {
-						_, err := sqlfence.WriteToken(ctx, h, "kv:a", int64(5+i), func(ctx context.Context, tx *sql.Tx) error {
+					err := f.run(ctx, func(h pgfence.SQLDB) error {
+						_, err := pgfence.WriteSQL(ctx, h, pgfence.LeaseOf("kv:a", "", int64(5+i)), func(ctx context.Context, tx *sql.Tx) error {
 							return end(tx)
 						})
 						return err
@@ -234,41 +238,53 @@ func TestFnEndsTransactionThroughDatabaseSQL(t *testing.T) {
 	}
 }
 
-// Exec and ExecLeased on a *sql.DB send the fence (or the lease check) and
-// the statement in one round trip: with pgx's driver as one pipeline (once
-// the statements are prepared on the connection, one Sync and no simple
-// Query: no BEGIN, no COMMIT), with lib/pq as one simple query (no Sync).
-func TestExecInOneRoundTrip(t *testing.T) {
-	for _, d := range sqlDrivers {
-		t.Run(d.name, func(t *testing.T) {
-			t.Parallel()
-			ctx := testContext(t)
-			db := pgfencetest.NewDatabase(t)
-			setupKV(t, db.Pool)
-			pgfencetest.IssueToken(t, db.Pool, "kv:a", 100)
-			url, p := proxiedURL(t, db)
-			sdb := openDB(t, d.driver, url)
-			sdb.SetMaxOpenConns(1)
-			l := grant(t, db.Pool, "job")
-			write := func(token int64) {
-				if _, err := sqlfence.ExecToken(ctx, sdb, "kv:a", token, `UPDATE kv SET v = $1 WHERE k = 'a'`, "exec"); err != nil {
-					t.Fatal(err)
-				}
-				if _, err := sqlfence.ExecLeased(ctx, sdb, l, `UPDATE kv SET v = $1 WHERE k = 'a'`, "leased"); err != nil {
-					t.Fatal(err)
-				}
-			}
-			write(5) // pgx prepares its statements on the first two rounds
-			write(6)
-			sent := countRequests(p)
-			write(7)
-			s, q := sent()
-			if d.driver == "pgx" && (s != 2 || q != 0) {
-				t.Errorf("pgx's driver: the last Exec and ExecLeased sent %d Syncs and %d simple queries, want 2 and 0", s, q)
-			}
-			if d.driver == "postgres" && (s != 0 || q != 2) {
-				t.Errorf("lib/pq: the last Exec and ExecLeased sent %d Syncs and %d simple queries, want 0 and 2", s, q)
-			}
-		})
+// ExecSQL with pgx's database/sql driver, fenced or lease-checked, sends the
+// fence (or the lease check) and the statement in one round trip, as one
+// pipeline: once the statements are prepared on the connection, one Sync and
+// no simple Query (no BEGIN, no COMMIT).
+func TestExecSQLInOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	db := pgfencetest.NewDatabase(t)
+	newKV(t, db.Pool)
+	pgfencetest.IssueToken(t, db.Pool, "kv:a", 100)
+	url, p := proxiedURL(t, db)
+	sdb := openDB(t, "pgx", url)
+	sdb.SetMaxOpenConns(1)
+	l := acquire(t, db.Pool, "job")
+	write := func(token int64) {
+		if _, err := pgfence.ExecSQL(ctx, sdb, pgfence.LeaseOf("kv:a", "", token), `UPDATE kv SET v = $1 WHERE k = 'a'`, "exec"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pgfence.ExecSQL(ctx, sdb, pgfence.Checked(l), `UPDATE kv SET v = $1 WHERE k = 'a'`, "leased"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(5) // pgx prepares its statements on the first two rounds
+	write(6)
+	sent := countRequests(p)
+	write(7)
+	if s, q := sent(); s != 2 || q != 0 {
+		t.Errorf("the last fenced and lease-checked ExecSQL sent %d Syncs and %d simple queries, want 2 and 0", s, q)
+	}
+}
+
+// countRequests starts counting the requests that reach the server through
+// p: simple queries and Syncs (each closing extended-protocol messages). The
+// function it returns stops and gives both counts.
+func countRequests(p *faultproxy.Proxy) func() (syncs, queries int) {
+	var s, q atomic.Int64
+	trigger := p.CutBefore(func(m faultproxy.Message) bool {
+		switch m.Type {
+		case 'S':
+			s.Add(1)
+		case 'Q':
+			q.Add(1)
+		}
+		return false
+	})
+	return func() (int, int) {
+		trigger.Cancel()
+		return int(s.Load()), int(q.Load())
 	}
 }

@@ -1,4 +1,4 @@
-package sqlfence_test
+package pgfence_test
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/pgfence"
-	"github.com/pgfence/pgfence/pgfence/sqlfence"
 )
 
 // foreignError is an error of a driver that is not PostgreSQL's: no
@@ -90,13 +89,16 @@ func TestForeignDriverErrorWritesNothing(t *testing.T) {
 	}
 	defer tx.Rollback() //nolint:errcheck // the test's own transaction
 	for name, call := range map[string]func() error{
-		"Write":         func() error { _, err := sqlfence.Write(ctx, db, lease, fn); return err },
-		"Write in a tx": func() error { _, err := sqlfence.Write(ctx, tx, lease, fn); return err },
-		"Exec":          func() error { _, err := sqlfence.Exec(ctx, db, lease, `UPDATE kv SET v = 'x'`); return err },
-		"WriteLeased":   func() error { return sqlfence.WriteLeased(ctx, db, lease, fn) },
-		"ExecLeased":    func() error { _, err := sqlfence.ExecLeased(ctx, db, lease, `UPDATE kv SET v = 'x'`); return err },
+		"Write":         func() error { _, err := pgfence.WriteSQL(ctx, db, lease, fn); return err },
+		"Write in a tx": func() error { _, err := pgfence.WriteSQL(ctx, tx, lease, fn); return err },
+		"Exec":          func() error { _, err := pgfence.ExecSQL(ctx, db, lease, `UPDATE kv SET v = 'x'`); return err },
+		"Write checked": func() error { _, err := pgfence.WriteSQL(ctx, db, pgfence.Checked(lease), fn); return err },
+		"Exec checked": func() error {
+			_, err := pgfence.ExecSQL(ctx, db, pgfence.Checked(lease), `UPDATE kv SET v = 'x'`)
+			return err
+		},
 		"Resolve": func() error {
-			_, err := sqlfence.Resolve(ctx, db, &pgfence.OutcomeUnknownError{Resource: "kv:a", Token: 5, Op: pgfence.OpID{1}})
+			_, err := pgfence.ResolveSQL(ctx, db, &pgfence.OutcomeUnknownError{Resource: "kv:a", Token: 5, Op: pgfence.OpID{1}})
 			return err
 		},
 	} {
@@ -106,7 +108,7 @@ func TestForeignDriverErrorWritesNothing(t *testing.T) {
 		if !errors.As(err, &fe) || pgerr.Code(err) != "" {
 			t.Errorf("%s: %v, want the driver's own error", name, err)
 		}
-		for _, sentinel := range []error{pgfence.ErrOutcomeUnknown, pgfence.ErrStaleToken, pgfence.ErrLeaseNotHeld, pgfence.ErrUnavailable, pgfence.ErrInvalid} {
+		for _, sentinel := range []error{pgfence.ErrOutcomeUnknown, pgfence.ErrStaleToken, pgfence.ErrLeaseLost, pgfence.ErrUnavailable, pgfence.ErrInvalid} {
 			if errors.Is(err, sentinel) {
 				t.Errorf("%s: %v, is %v", name, err, sentinel)
 			}

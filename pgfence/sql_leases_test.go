@@ -1,4 +1,4 @@
-package sqlfence_test
+package pgfence_test
 
 import (
 	"database/sql"
@@ -14,7 +14,6 @@ import (
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
-	"github.com/pgfence/pgfence/pgfence/sqlfence"
 )
 
 // The bridge the package documents for a service whose handle is a *sql.DB
@@ -24,7 +23,7 @@ import (
 func TestLeasesFromTheSameDSN(t *testing.T) {
 	ctx := testContext(t)
 	db := pgfencetest.NewDatabase(t)
-	setupKV(t, db.Pool)
+	newKV(t, db.Pool)
 	cfg, err := pgx.ParseConfig(db.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +44,8 @@ func TestLeasesFromTheSameDSN(t *testing.T) {
 			defer client.Close()
 
 			key := "kv:a"
-			old, err := client.TryAcquire(ctx, key, 200*time.Millisecond, nil)
+			// Not kept alive: the old holder pauses past its lease.
+			old, err := client.TryAcquire(ctx, key, 200*time.Millisecond, &leases.AcquireOptions{NoKeepAlive: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -55,7 +55,7 @@ func TestLeasesFromTheSameDSN(t *testing.T) {
 					return err
 				}
 				defer func() { _ = tx.Rollback() }()
-				if _, err := sqlfence.Write(ctx, tx, l, sqlFn(set(v, l.Token()))); err != nil {
+				if _, err := pgfence.WriteSQL(ctx, tx, l, sqlFn(set(v, l.Token()))); err != nil {
 					return err
 				}
 				return tx.Commit()
@@ -80,13 +80,13 @@ func TestLeasesFromTheSameDSN(t *testing.T) {
 			if err := write(old, "late"); !errors.Is(err, pgfence.ErrStaleToken) {
 				t.Fatalf("the old holder's late write: %v, want ErrStaleToken", err)
 			}
-			if err := sqlfence.WriteLeased(ctx, sdb, old, sqlFn(set("late leased", old.Token()))); !errors.Is(err, pgfence.ErrLeaseNotHeld) {
-				t.Fatalf("the old holder's lease-checked write: %v, want ErrLeaseNotHeld", err)
+			if _, err := pgfence.WriteSQL(ctx, sdb, pgfence.Checked(old), sqlFn(set("late leased", old.Token()))); !errors.Is(err, pgfence.ErrLeaseLost) {
+				t.Fatalf("the old holder's lease-checked write: %v, want ErrLeaseLost", err)
 			}
 			if err := current.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if v, _ := kv(t, db.Pool); v != "current" {
+			if v, _ := kvRow(t, db.Pool); v != "current" {
 				t.Fatalf("row %q", v)
 			}
 		})
@@ -98,7 +98,7 @@ func TestLeasesFromTheSameDSN(t *testing.T) {
 func TestLeasesOnePoolWithPgxDriver(t *testing.T) {
 	ctx := testContext(t)
 	db := pgfencetest.NewDatabase(t)
-	setupKV(t, db.Pool)
+	newKV(t, db.Pool)
 	sdb := stdlib.OpenDBFromPool(db.Pool)
 	defer sdb.Close()
 	client, err := leases.New(db.Pool, nil)
@@ -111,13 +111,13 @@ func TestLeasesOnePoolWithPgxDriver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Release(ctx)
-	if err := sqlfence.WriteLeased(ctx, sdb, l, sqlFn(set("one pool", l.Token()))); err != nil {
+	if _, err := pgfence.WriteSQL(ctx, sdb, pgfence.Checked(l), sqlFn(set("one pool", l.Token()))); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sqlfence.Exec(ctx, sdb, l, `UPDATE kv SET token = $1 WHERE k = 'a'`, l.Token()); err != nil {
+	if _, err := pgfence.ExecSQL(ctx, sdb, l, `UPDATE kv SET token = $1 WHERE k = 'a'`, l.Token()); err != nil {
 		t.Fatal(err)
 	}
-	if v, token := kv(t, db.Pool); v != "one pool" || token != l.Token() {
+	if v, token := kvRow(t, db.Pool); v != "one pool" || token != l.Token() {
 		t.Fatalf("row %q token %d", v, token)
 	}
 }
@@ -129,9 +129,9 @@ func TestLeasesOnePoolWithPgxDriver(t *testing.T) {
 func TestLeasesThroughSQL(t *testing.T) {
 	ctx := testContext(t)
 	db := pgfencetest.NewDatabase(t)
-	setupKV(t, db.Pool)
+	newKV(t, db.Pool)
 	sdb := openDB(t, "postgres", db.URL)
-	acquire := func() pgfence.Lease {
+	tryAcquire := func() pgfence.Lease {
 		t.Helper()
 		var ok bool
 		var holder sql.NullString
@@ -141,28 +141,28 @@ func TestLeasesThroughSQL(t *testing.T) {
 		}
 		return pgfence.LeaseOf("kv:a", holder.String, token.Int64)
 	}
-	l := acquire()
+	l := tryAcquire()
 	if _, err := sdb.ExecContext(ctx, `SELECT * FROM pgfence.renew('kv:a', $1, $2, interval '1 minute')`, l.Holder(), l.Token()); err != nil {
 		t.Fatalf("renew: %v", err)
 	}
-	if err := sqlfence.WriteLeased(ctx, sdb, l, sqlFn(set("leased", l.Token()))); err != nil {
+	if _, err := pgfence.WriteSQL(ctx, sdb, pgfence.Checked(l), sqlFn(set("leased", l.Token()))); err != nil {
 		t.Fatalf("lease-checked write: %v", err)
 	}
 	if _, err := sdb.ExecContext(ctx, `SELECT pgfence.release('kv:a', $1, $2)`, l.Holder(), l.Token()); err != nil {
 		t.Fatalf("release: %v", err)
 	}
-	var lost *pgfence.LeaseNotHeldError
-	if err := sqlfence.WriteLeased(ctx, sdb, l, sqlFn(set("released", l.Token()))); !errors.As(err, &lost) || lost.Reason != "released" {
-		t.Fatalf("write after release: %v, want a *LeaseNotHeldError (released)", err)
+	var lost *pgfence.LeaseLostError
+	if _, err := pgfence.WriteSQL(ctx, sdb, pgfence.Checked(l), sqlFn(set("released", l.Token()))); !errors.As(err, &lost) || lost.Reason != "released" {
+		t.Fatalf("write after release: %v, want a *LeaseLostError (released)", err)
 	}
-	next := acquire()
-	if _, err := sqlfence.Write(ctx, sdb, next, sqlFn(set("next", next.Token()))); err != nil {
+	next := tryAcquire()
+	if _, err := pgfence.WriteSQL(ctx, sdb, next, sqlFn(set("next", next.Token()))); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sqlfence.Write(ctx, sdb, l, sqlFn(set("old", l.Token()))); !errors.Is(err, pgfence.ErrStaleToken) {
+	if _, err := pgfence.WriteSQL(ctx, sdb, l, sqlFn(set("old", l.Token()))); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("the released holder's fenced write: %v, want ErrStaleToken", err)
 	}
-	if v, _ := kv(t, db.Pool); v != "next" {
+	if v, _ := kvRow(t, db.Pool); v != "next" {
 		t.Fatalf("row %q", v)
 	}
 }

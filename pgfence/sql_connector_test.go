@@ -1,4 +1,4 @@
-package sqlfence_test
+package pgfence_test
 
 import (
 	"context"
@@ -16,33 +16,30 @@ import (
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
-	"github.com/pgfence/pgfence/pgfence/sqlfence"
 )
 
-func TestMain(m *testing.M) { pgfencetest.Main(m) }
-
 // A connector is one way to reach the database that the guarantee tests run
-// through: an adapter (package pgfence on pgx, package sqlfence on
-// database/sql) over a driver (pgx, pgx's stdlib, lib/pq), on a pool, on one
-// connection, or inside the caller's transaction. Every guarantee test is one
-// body run for each connector.
+// through: the writes on pgx (Write, Exec, Resolve) or on database/sql
+// (WriteSQL, ExecSQL, ResolveSQL), over a driver (pgx, pgx's stdlib, lib/pq),
+// on a pool, on one connection, or inside the caller's transaction. Every
+// guarantee test is one body run for each connector.
 type connector struct {
 	name     string
 	driver   string // pgx, pgx/stdlib, lib/pq
 	inTx     bool   // the helpers run inside a transaction the test commits
-	pipeline bool   // Exec sends the fence and the statement in one round trip
+	pipeline bool   // Exec sends the fence and the statement in one round trip (else BEGIN, both, COMMIT)
 	open     func(t *testing.T, url string) fencer
 }
 
-// connectors are the adapters × drivers × handles.
+// connectors are the drivers × handles.
 var connectors = []connector{
 	{name: "pgx/pool", driver: "pgx", pipeline: true, open: openPgx(false)},
 	{name: "pgx/tx", driver: "pgx", inTx: true, open: openPgx(true)},
 	{name: "stdlib/db", driver: "pgx/stdlib", pipeline: true, open: openSQL("pgx", handleDB)},
 	{name: "stdlib/conn", driver: "pgx/stdlib", pipeline: true, open: openSQL("pgx", handleConn)},
 	{name: "stdlib/tx", driver: "pgx/stdlib", inTx: true, open: openSQL("pgx", handleTx)},
-	{name: "pq/db", driver: "lib/pq", pipeline: true, open: openSQL("postgres", handleDB)},
-	{name: "pq/conn", driver: "lib/pq", pipeline: true, open: openSQL("postgres", handleConn)},
+	{name: "pq/db", driver: "lib/pq", open: openSQL("postgres", handleDB)},
+	{name: "pq/conn", driver: "lib/pq", open: openSQL("postgres", handleConn)},
 	{name: "pq/tx", driver: "lib/pq", inTx: true, open: openSQL("postgres", handleTx)},
 }
 
@@ -57,15 +54,12 @@ func forEach(t *testing.T, body func(t *testing.T, c connector, db *pgfencetest.
 	}
 }
 
-// fencer is the helpers as one connector runs them.
+// fencer is the writes as one connector runs them. A lease-checked write is
+// a write of pgfence.Checked(lease), a bare token's a write of
+// pgfence.LeaseOf(resource, "", token).
 type fencer interface {
 	write(ctx context.Context, lease pgfence.Lease, fn func(ctx context.Context, tx stmts) error) (pgfence.Receipt, error)
-	writeToken(ctx context.Context, resource string, token int64, fn func(ctx context.Context, tx stmts) error) (pgfence.Receipt, error)
 	exec(ctx context.Context, lease pgfence.Lease, query string, args ...any) (int64, error)
-	execToken(ctx context.Context, resource string, token int64, query string, args ...any) (int64, error)
-	writeLeased(ctx context.Context, lease pgfence.Lease, fn func(ctx context.Context, tx stmts) error) error
-	execLeased(ctx context.Context, lease pgfence.Lease, query string, args ...any) (int64, error)
-	updateRow(ctx context.Context, t pgfence.Table, id any, token int64, set map[string]any) error
 	resolve(ctx context.Context, e *pgfence.OutcomeUnknownError) (pgfence.Outcome, error)
 }
 
@@ -75,7 +69,7 @@ type stmts interface {
 	queryInt(ctx context.Context, query string, args ...any) (int64, error)
 }
 
-// pgx: package pgfence on a pool, or inside a pgx.Tx.
+// pgx: Write and Exec on a pool, or inside a pgx.Tx.
 
 type pgxFencer struct {
 	pool *pgxpool.Pool
@@ -135,54 +129,19 @@ func (f pgxFencer) write(ctx context.Context, lease pgfence.Lease, fn func(ctx c
 	return r, err
 }
 
-func (f pgxFencer) writeToken(ctx context.Context, resource string, token int64, fn func(ctx context.Context, tx stmts) error) (r pgfence.Receipt, err error) {
-	err = f.run(ctx, func(db pgfence.DB) error {
-		r, err = pgfence.WriteToken(ctx, db, resource, token, pgxFn(fn))
-		return err
-	})
-	return r, err
-}
-
 func (f pgxFencer) exec(ctx context.Context, lease pgfence.Lease, query string, args ...any) (n int64, err error) {
 	err = f.run(ctx, func(db pgfence.DB) error {
-		tag, err := pgfence.Exec(ctx, db, lease, query, args...)
-		n = tag.RowsAffected()
+		n, err = pgfence.Exec(ctx, db, lease, query, args...)
 		return err
 	})
 	return n, err
-}
-
-func (f pgxFencer) execToken(ctx context.Context, resource string, token int64, query string, args ...any) (n int64, err error) {
-	err = f.run(ctx, func(db pgfence.DB) error {
-		tag, err := pgfence.ExecToken(ctx, db, resource, token, query, args...)
-		n = tag.RowsAffected()
-		return err
-	})
-	return n, err
-}
-
-func (f pgxFencer) writeLeased(ctx context.Context, lease pgfence.Lease, fn func(ctx context.Context, tx stmts) error) error {
-	return f.run(ctx, func(db pgfence.DB) error { return pgfence.WriteLeased(ctx, db, lease, pgxFn(fn)) })
-}
-
-func (f pgxFencer) execLeased(ctx context.Context, lease pgfence.Lease, query string, args ...any) (n int64, err error) {
-	err = f.run(ctx, func(db pgfence.DB) error {
-		tag, err := pgfence.ExecLeased(ctx, db, lease, query, args...)
-		n = tag.RowsAffected()
-		return err
-	})
-	return n, err
-}
-
-func (f pgxFencer) updateRow(ctx context.Context, t pgfence.Table, id any, token int64, set map[string]any) error {
-	return f.run(ctx, func(db pgfence.DB) error { return pgfence.UpdateRow(ctx, db, t, id, token, set) })
 }
 
 func (f pgxFencer) resolve(ctx context.Context, e *pgfence.OutcomeUnknownError) (pgfence.Outcome, error) {
 	return pgfence.Resolve(ctx, f.pool, e)
 }
 
-// database/sql: package sqlfence on a *sql.DB, a *sql.Conn or inside a
+// database/sql: WriteSQL and ExecSQL on a *sql.DB, a *sql.Conn or inside a
 // *sql.Tx.
 
 type handle int
@@ -217,7 +176,7 @@ func openDB(t testing.TB, driverName, url string) *sql.DB {
 
 // run calls call on the handle of the connector: the *sql.DB, a *sql.Conn it
 // closes afterwards, or a *sql.Tx that it commits when call succeeded.
-func (f sqlFencer) run(ctx context.Context, call func(db sqlfence.DB) error) error {
+func (f sqlFencer) run(ctx context.Context, call func(db pgfence.SQLDB) error) error {
 	switch f.handle {
 	case handleConn:
 		c, err := f.db.Conn(ctx)
@@ -257,87 +216,31 @@ func sqlFn(fn func(ctx context.Context, tx stmts) error) func(context.Context, *
 	return func(ctx context.Context, tx *sql.Tx) error { return fn(ctx, sqlStmts{tx}) }
 }
 
-func rows(r sql.Result) int64 {
-	if r == nil {
-		return 0
-	}
-	n, _ := r.RowsAffected()
-	return n
-}
-
 func (f sqlFencer) write(ctx context.Context, lease pgfence.Lease, fn func(ctx context.Context, tx stmts) error) (r pgfence.Receipt, err error) {
-	err = f.run(ctx, func(db sqlfence.DB) error {
-		r, err = sqlfence.Write(ctx, db, lease, sqlFn(fn))
-		return err
-	})
-	return r, err
-}
-
-func (f sqlFencer) writeToken(ctx context.Context, resource string, token int64, fn func(ctx context.Context, tx stmts) error) (r pgfence.Receipt, err error) {
-	err = f.run(ctx, func(db sqlfence.DB) error {
-		r, err = sqlfence.WriteToken(ctx, db, resource, token, sqlFn(fn))
+	err = f.run(ctx, func(db pgfence.SQLDB) error {
+		r, err = pgfence.WriteSQL(ctx, db, lease, sqlFn(fn))
 		return err
 	})
 	return r, err
 }
 
 func (f sqlFencer) exec(ctx context.Context, lease pgfence.Lease, query string, args ...any) (n int64, err error) {
-	err = f.run(ctx, func(db sqlfence.DB) error {
-		r, err := sqlfence.Exec(ctx, db, lease, query, args...)
-		n = rows(r)
+	err = f.run(ctx, func(db pgfence.SQLDB) error {
+		n, err = pgfence.ExecSQL(ctx, db, lease, query, args...)
 		return err
 	})
 	return n, err
-}
-
-func (f sqlFencer) execToken(ctx context.Context, resource string, token int64, query string, args ...any) (n int64, err error) {
-	err = f.run(ctx, func(db sqlfence.DB) error {
-		r, err := sqlfence.ExecToken(ctx, db, resource, token, query, args...)
-		n = rows(r)
-		return err
-	})
-	return n, err
-}
-
-func (f sqlFencer) writeLeased(ctx context.Context, lease pgfence.Lease, fn func(ctx context.Context, tx stmts) error) error {
-	return f.run(ctx, func(db sqlfence.DB) error { return sqlfence.WriteLeased(ctx, db, lease, sqlFn(fn)) })
-}
-
-func (f sqlFencer) execLeased(ctx context.Context, lease pgfence.Lease, query string, args ...any) (n int64, err error) {
-	err = f.run(ctx, func(db sqlfence.DB) error {
-		r, err := sqlfence.ExecLeased(ctx, db, lease, query, args...)
-		n = rows(r)
-		return err
-	})
-	return n, err
-}
-
-func (f sqlFencer) updateRow(ctx context.Context, t pgfence.Table, id any, token int64, set map[string]any) error {
-	return f.run(ctx, func(db sqlfence.DB) error { return sqlfence.UpdateRow(ctx, db, t, id, token, set) })
 }
 
 func (f sqlFencer) resolve(ctx context.Context, e *pgfence.OutcomeUnknownError) (pgfence.Outcome, error) {
-	return sqlfence.Resolve(ctx, f.db, e)
+	return pgfence.ResolveSQL(ctx, f.db, e)
 }
 
 // Shared helpers.
 
-func testContext(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func mustExec(t testing.TB, db *pgxpool.Pool, query string, args ...any) {
-	t.Helper()
-	if _, err := db.Exec(context.Background(), query, args...); err != nil {
-		t.Fatalf("%s: %v", query, err)
-	}
-}
-
-// grant takes lease key through SQL, as a service without the leases
+// acquire takes lease key through SQL, as a service without the leases
 // package does, and returns it.
-func grant(t testing.TB, db *pgxpool.Pool, key string) pgfence.Lease {
+func acquire(t testing.TB, db *pgxpool.Pool, key string) pgfence.Lease {
 	t.Helper()
 	var holder string
 	var token int64
@@ -354,15 +257,17 @@ func expire(t testing.TB, db *pgxpool.Pool, key string) {
 		granted_at = pg_catalog.clock_timestamp() - interval '1 minute' WHERE key = $1`, key)
 }
 
-// setupKV creates the business table the guarantee tests write: one row
-// per key, with the token of its last write.
-func setupKV(t testing.TB, db *pgxpool.Pool) {
+// newKV creates the business table the guarantee tests write: one row per
+// key, with the token of its last write. Unlike setupKV, it lets kv:a's
+// lease issue no token: a test issues those it needs.
+func newKV(t testing.TB, db *pgxpool.Pool) {
 	t.Helper()
-	mustExec(t, db, `CREATE TABLE kv (k text PRIMARY KEY, v text NOT NULL, token bigint, fence bigint)`)
-	mustExec(t, db, `INSERT INTO kv VALUES ('a', 'initial', 0, NULL)`)
+	mustExec(t, db, `CREATE TABLE kv (k text PRIMARY KEY, v text NOT NULL, token bigint)`)
+	mustExec(t, db, `INSERT INTO kv VALUES ('a', 'initial', 0)`)
 }
 
-func kv(t testing.TB, db *pgxpool.Pool) (v string, token int64) {
+// kvRow reads row a.
+func kvRow(t testing.TB, db *pgxpool.Pool) (v string, token int64) {
 	t.Helper()
 	if err := db.QueryRow(context.Background(), `SELECT v, token FROM kv WHERE k = 'a'`).Scan(&v, &token); err != nil {
 		t.Fatal(err)
