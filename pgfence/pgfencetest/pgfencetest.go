@@ -10,7 +10,11 @@
 //  2. a throwaway local cluster started from the PostgreSQL binaries on PATH or
 //     under /usr/lib/postgresql/*/bin, one per test process, on 127.0.0.1 and a
 //     free port, as an unprivileged user when running as root, removed at exit;
-//  3. testcontainers-go's postgres module where a Docker engine answers.
+//  3. with [github.com/pgfence/pgfence/pgfence/pgfencetest/container.Main]
+//     in TestMain instead of [Main], testcontainers-go's postgres module where
+//     a Docker engine answers. It lives in a package of its own so that
+//     programs and tests that never start a container do not link Docker's
+//     client.
 //
 // The shared local cluster runs with fsync off for speed (see [EnvDurable]).
 //
@@ -64,10 +68,9 @@ func Main(m *testing.M) {
 			os.Exit(130)
 		}
 	}()
-	code := m.Run()
+	m.Run() // TestMain returning passes its exit code on
 	signal.Stop(sigs)
 	shutdown()
-	os.Exit(code)
 }
 
 // server is the process-wide source of test databases.
@@ -99,7 +102,7 @@ func unavailable(t testing.TB, err error) {
 	t.Helper()
 	msg := fmt.Sprintf("pgfencetest: no PostgreSQL for tests: %v\n"+
 		"  set %s to a server URL whose role has CREATEDB, or install the server binaries "+
-		"(Debian/Ubuntu: apt-get install postgresql), or run a Docker engine", err, EnvDatabaseURL)
+		"(Debian/Ubuntu: apt-get install postgresql), or run a Docker engine and call pgfencetest/container.Main from TestMain", err, EnvDatabaseURL)
 	if os.Getenv("CI") == "true" {
 		t.Fatal(msg)
 	}
@@ -132,12 +135,7 @@ func startServer() (*server, error) {
 	if err == nil {
 		return &server{adminURL: cluster.ConnString("postgres"), cluster: cluster, stop: func() { _ = cluster.Close() }}, nil
 	}
-	localErr := err
-	url, stop, err := startContainer(ctx)
-	if err == nil {
-		return &server{adminURL: url, stop: stop}, nil
-	}
-	return nil, fmt.Errorf("local cluster: %v; testcontainers: %v", localErr, err)
+	return nil, fmt.Errorf("local cluster: %w", err)
 }
 
 // EnvDurable, set to 1, keeps fsync on in the shared local cluster, for

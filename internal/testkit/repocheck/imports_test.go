@@ -46,15 +46,15 @@ func list(t *testing.T, patterns ...string) []pkg {
 // package, and the examples import public packages only, so a user who
 // copies one can compile it.
 func TestImportsRunOneWay(t *testing.T) {
-	libraries := []string{"leases", "pgfence", "pgfence/sqlfence", "idempotency", "idempotency/idemhttp", "migrations"}
-	for _, p := range list(t, "./leases/...", "./pgfence", "./pgfence/sqlfence", "./idempotency/...", "./migrations") {
+	libraries := []string{"leases", "pgfence", "idempotency", "idempotency/idemhttp", "migrations"}
+	for _, p := range list(t, "./leases/...", "./pgfence", "./idempotency/...", "./migrations") {
 		for _, d := range p.Deps {
 			if strings.HasPrefix(d, module+"/internal/testkit") || strings.HasPrefix(d, module+"/cmd/") {
 				t.Errorf("library %s depends on %s", p.ImportPath, d)
 			}
 		}
 	}
-	for _, p := range list(t, "./internal/pgerr", "./internal/sqlhandle", "./internal/telemetry", "./internal/tracesql") {
+	for _, p := range list(t, "./internal/pgerr", "./internal/driver", "./internal/telemetry") {
 		for _, d := range p.Deps {
 			for _, lib := range libraries {
 				if d == module+"/"+lib {
@@ -104,5 +104,27 @@ func TestNestedExamplesImportPublicPackages(t *testing.T) {
 		if strings.Contains(string(gomod), orm) {
 			t.Errorf("the root go.mod requires %s: the ORMs belong to examples/orm's module", orm)
 		}
+	}
+}
+
+// TestProgramsLinkNoDocker: a program that uses pgfencetest (the examples
+// run on its throwaway database) and never starts a container does not link
+// testcontainers or Docker's client; only pgfencetest/container does.
+func TestProgramsLinkNoDocker(t *testing.T) {
+	for _, p := range list(t, "./examples/quickstart", "./pgfence/pgfencetest") {
+		for _, d := range p.Deps {
+			if strings.Contains(d, "testcontainers") || strings.Contains(d, "docker") {
+				t.Errorf("%s depends on %s", p.ImportPath, d)
+			}
+		}
+	}
+	var docker bool
+	for _, p := range list(t, "./pgfence/pgfencetest/container") {
+		for _, d := range p.Deps {
+			docker = docker || strings.Contains(d, "testcontainers")
+		}
+	}
+	if !docker {
+		t.Error("pgfencetest/container does not reach testcontainers: the check above proves nothing")
 	}
 }
