@@ -115,6 +115,14 @@ type Config struct {
 	// Methods are the covered methods; others pass through. Default
 	// [MethodsDefault].
 	Methods []string
+	// Service names the service whose keys these are, for several services
+	// that share one database: every scope the middleware stores starts with
+	// Service + "/" ([Middleware.ScopePrefix]), so that each service's
+	// database role is granted its own prefix (pgfence.grant_prefix) and
+	// can neither read nor answer with another service's stored responses.
+	// Default "": scopes start with "http:", for a database with one
+	// service. At most 64 bytes of UTF-8, without NUL or "/".
+	Service string
 	// Route names the operation. Default: method + " " + the ServeMux pattern
 	// that matched (r.Pattern; wrap the handler, not the mux, to have it), or
 	// the path when there is none. A route and principal whose scope would
@@ -170,7 +178,8 @@ type Middleware struct {
 	required  bool
 	methods   map[string]bool
 	principal func(*http.Request) string
-	shared    bool // keys are shared by all callers: no principal
+	shared    bool   // keys are shared by all callers: no principal
+	prefix    string // of every scope: Service + "/http:"
 	route     func(*http.Request) string
 	canonical func(*http.Request, []byte) ([]byte, error)
 	maxBody   int64
@@ -216,6 +225,7 @@ func New(store *idempotency.Store, db idempotency.DB, cfg *Config) (*Middleware,
 		cfg = &Config{}
 	}
 	m := &Middleware{
+		prefix:    "http:",
 		store:     store,
 		db:        db,
 		mode:      cfg.Mode,
@@ -231,6 +241,8 @@ func New(store *idempotency.Store, db idempotency.DB, cfg *Config) (*Middleware,
 		logger:    cfg.Logger,
 	}
 	switch {
+	case len(cfg.Service) > 64 || !validText(cfg.Service) || strings.Contains(cfg.Service, "/"):
+		return nil, fmt.Errorf("%w: Config.Service must be at most 64 bytes of UTF-8 without NUL or \"/\", got %q", idempotency.ErrInvalid, cfg.Service)
 	case m.mode != ModeAtomic && m.mode != ModeLeased:
 		return nil, fmt.Errorf("%w: Config.Mode must be ModeAtomic or ModeLeased, got %v", idempotency.ErrInvalid, m.mode)
 	case m.principal == nil && !cfg.KeysSharedByAllCallers:
@@ -247,6 +259,9 @@ func New(store *idempotency.Store, db idempotency.DB, cfg *Config) (*Middleware,
 	}
 	for _, meth := range methods {
 		m.methods[strings.ToUpper(meth)] = true
+	}
+	if cfg.Service != "" {
+		m.prefix = cfg.Service + "/http:"
 	}
 	if m.route == nil {
 		m.route = defaultRoute

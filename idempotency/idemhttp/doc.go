@@ -50,6 +50,13 @@
 // the handler does is not repeated: decide it before the middleware, or fold
 // it into the principal. 401 and 403 answers are never stored.
 //
+// Several services on one database: give each a [Config.Service] and a
+// database role granted only its own prefix (pgfence.grant_prefix(role,
+// service + '/')). Every scope then starts with the service's name
+// ([Middleware.ScopePrefix]), so that one service can neither read another's
+// stored responses nor answer with them. Without it every scope starts with
+// "http:", which suits a database with one service.
+//
 // A duplicate must be the same request: method, URI (path and query), media
 // type (Content-Type, case and parameter order normalised) and the body in a
 // canonical form. For a JSON body (application/json or any +json type) the

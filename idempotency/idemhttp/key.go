@@ -52,19 +52,22 @@ func parseKey(v string) (string, error) {
 	return v, nil
 }
 
-// ScopePrefix starts the scope of every key the middleware stores, for
+// ScopePrefix starts the scope of every key the middleware stores: the
+// service's name and "/" ([Config.Service]), then "http:". Grant it to the
+// service's database role (pgfence.grant_prefix), and give it to
 // [idempotency.RecoverOptions.ScopePrefix].
-const ScopePrefix = "http:"
+func (m *Middleware) ScopePrefix() string { return m.prefix }
 
-// scope keeps keys of different routes and principals apart. A scope that
-// is too long, or is not text PostgreSQL can store (a decoded path or a
-// principal may hold NUL or invalid UTF-8: POST /a%00b), is kept as its
-// SHA-256; "http:sha256:" never starts a scope of the other form.
-func scope(route, principal string) string {
-	s := fmt.Sprintf(ScopePrefix+"%d:%s:%s", len(route), route, principal)
+// scope keeps keys of different routes and principals apart, under the
+// service's prefix. A scope that is too long, or is not text PostgreSQL can
+// store (a decoded path or a principal may hold NUL or invalid UTF-8: POST
+// /a%00b), is kept as its SHA-256; "http:sha256:" never starts a scope of the
+// other form.
+func (m *Middleware) scope(route, principal string) string {
+	s := fmt.Sprintf("%s%d:%s:%s", m.prefix, len(route), route, principal)
 	if len(s) > idempotency.MaxScopeBytes || !validText(s) {
 		sum := sha256.Sum256([]byte(s))
-		s = ScopePrefix + "sha256:" + hex.EncodeToString(sum[:])
+		s = m.prefix + "sha256:" + hex.EncodeToString(sum[:])
 	}
 	return s
 }

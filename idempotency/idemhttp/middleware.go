@@ -141,7 +141,7 @@ func (m *Middleware) serveCovered(w http.ResponseWriter, r *http.Request, next h
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body)) // the hook may have read it
 
-	req := idempotency.Request{Scope: scope(m.route(r), principal), Key: key, Payload: payload(r, canonical)}
+	req := idempotency.Request{Scope: m.scope(m.route(r), principal), Key: key, Payload: payload(r, canonical)}
 	if m.mode == ModeAtomic {
 		return m.serveAtomic(w, r, next, req)
 	}
