@@ -19,9 +19,10 @@ import (
 	"github.com/pgfence/pgfence/idempotency"
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest/container"
 )
 
-func TestMain(m *testing.M) { pgfencetest.Main(m) }
+func TestMain(m *testing.M) { container.Main(m) }
 
 func newStore(t testing.TB, cfg *idempotency.Config) *idempotency.Store {
 	t.Helper()

@@ -6,14 +6,14 @@ import (
 
 	"github.com/pgfence/pgfence/internal/testkit/leasetest"
 	"github.com/pgfence/pgfence/leases"
-	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest/container"
 )
 
 func TestMain(m *testing.M) {
 	if mode := os.Getenv(envWorker); mode != "" {
 		os.Exit(runWorker(mode))
 	}
-	pgfencetest.Main(m)
+	container.Main(m)
 }
 
 // The helpers every leases test package shares.

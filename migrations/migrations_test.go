@@ -20,6 +20,7 @@ import (
 
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest/container"
 )
 
 // envWorkerURL makes the test binary a migrating worker process (see
@@ -30,7 +31,7 @@ func TestMain(m *testing.M) {
 	if url := os.Getenv(envWorkerURL); url != "" {
 		os.Exit(migrateWorker(url))
 	}
-	pgfencetest.Main(m)
+	container.Main(m)
 }
 
 func migrateWorker(url string) int {

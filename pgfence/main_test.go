@@ -12,13 +12,14 @@ import (
 
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest/container"
 )
 
 func TestMain(m *testing.M) {
 	if os.Getenv(workerEnv) != "" {
 		os.Exit(workerMain())
 	}
-	pgfencetest.Main(m)
+	container.Main(m)
 }
 
 // grantSQL grants lease $1 to holder $2 for $3 (an interval) if it is free

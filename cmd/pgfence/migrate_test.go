@@ -15,6 +15,7 @@ import (
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/demo"
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest/container"
 )
 
 func TestMain(m *testing.M) {
@@ -23,7 +24,7 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == demo.WorkerCommand {
 		os.Exit(run(context.Background(), os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}))
 	}
-	pgfencetest.Main(m)
+	container.Main(m)
 }
 
 // cli runs one command line in-process and returns exit code, stdout, stderr.

@@ -9,9 +9,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest/container"
 )
 
-func TestMain(m *testing.M) { pgfencetest.Main(m) }
+func TestMain(m *testing.M) { container.Main(m) }
 
 func TestDevice(t *testing.T) {
 	pool := pgfencetest.NewPool(t)

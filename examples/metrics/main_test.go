@@ -15,9 +15,10 @@ import (
 
 	"github.com/pgfence/pgfence/internal/testkit/telemetrytest"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest/container"
 )
 
-func TestMain(m *testing.M) { pgfencetest.Main(m) }
+func TestMain(m *testing.M) { container.Main(m) }
 
 // TestMetrics checks the business result against the database and the
 // metrics against what happened, twice on the same database: lease rows,

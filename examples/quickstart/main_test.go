@@ -9,9 +9,10 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest/container"
 )
 
-func TestMain(m *testing.M) { pgfencetest.Main(m) }
+func TestMain(m *testing.M) { container.Main(m) }
 
 // The quickstart runs, twice on one database (as a reader reruns it), and
 // does what it says: one unit deducted per run, one order however often it

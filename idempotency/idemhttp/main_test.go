@@ -22,11 +22,12 @@ import (
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/internal/testkit/workerproc"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest/container"
 )
 
 func TestMain(m *testing.M) {
 	workerproc.Serve(map[string]workerproc.Handler{crashWorkerKind: serveCrashWorker})
-	pgfencetest.Main(m)
+	container.Main(m)
 }
 
 var modes = []idemhttp.Mode{idemhttp.ModeAtomic, idemhttp.ModeLeased}

@@ -8,12 +8,12 @@ import (
 
 	"github.com/pgfence/pgfence/internal/testkit/leasetest"
 	"github.com/pgfence/pgfence/internal/testkit/workerproc"
-	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest/container"
 )
 
 func TestMain(m *testing.M) {
 	workerproc.Serve(map[string]workerproc.Handler{"jobber": serveJobber})
-	pgfencetest.Main(m)
+	container.Main(m)
 }
 
 // The helpers every leases test package shares.

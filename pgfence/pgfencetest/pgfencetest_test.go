@@ -10,9 +10,10 @@ import (
 
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest/container"
 )
 
-func TestMain(m *testing.M) { pgfencetest.Main(m) }
+func TestMain(m *testing.M) { container.Main(m) }
 
 // Two parallel tests write the same table name and never see each other.
 func TestIsolatedDatabases(t *testing.T) {

@@ -7,9 +7,10 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest/container"
 )
 
-func TestMain(m *testing.M) { pgfencetest.Main(m) }
+func TestMain(m *testing.M) { container.Main(m) }
 
 func TestSQLCInventory(t *testing.T) {
 	db := pgfencetest.NewDatabase(t)

@@ -16,9 +16,10 @@ import (
 
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest/container"
 )
 
-func TestMain(m *testing.M) { pgfencetest.Main(m) }
+func TestMain(m *testing.M) { container.Main(m) }
 
 // env is one test's database, a proxy in front of it and a direct connection
 // that sees the truth.

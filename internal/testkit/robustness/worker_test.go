@@ -10,12 +10,12 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/internal/testkit/workerproc"
-	"github.com/pgfence/pgfence/pgfence/pgfencetest"
+	"github.com/pgfence/pgfence/pgfence/pgfencetest/container"
 )
 
 func TestMain(m *testing.M) {
 	workerproc.Serve(map[string]workerproc.Handler{"actor": serveActor})
-	pgfencetest.Main(m)
+	container.Main(m)
 }
 
 // opArgs are the arguments of every actor command.
