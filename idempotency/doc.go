@@ -144,9 +144,8 @@
 //     the key: the key is released with its recovery point for the next
 //     retry or completer; a [*Failure] it returns is stored.
 //   - Limits on input (scope and key [MaxScopeBytes] and [MaxKeyBytes],
-//     results [MaxResultBytes], failure codes and messages
-//     [MaxFailureCodeBytes] and [MaxFailureMessageBytes], recovery points
-//     [MaxRecoveryPointBytes] and [MaxRecoveryDataBytes]; every text — scope,
+//     results [MaxResultBytes], failure codes 128 bytes and messages 4096,
+//     recovery points 256 bytes and their data 1 MiB; every text — scope,
 //     key, failure code and message, recovery point — valid UTF-8 without
 //     NUL) are checked before any round trip ([ErrInvalid] names the field
 //     and the limit) and enforced by the SQL functions for other clients
@@ -162,8 +161,7 @@
 // idempotency_claim, idempotency_heartbeat, idempotency_advance,
 // idempotency_complete and idempotency_release (leased mode), and
 // idempotency_gc. The package README lists their arguments, results and
-// SQLSTATEs. The fingerprint is the SHA-256 of the canonical payload
-// ([Fingerprint]).
+// SQLSTATEs. The fingerprint is the SHA-256 of the canonical payload.
 //
 // # Observability
 //

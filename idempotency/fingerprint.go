@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,22 +12,13 @@ import (
 	"unicode/utf8"
 )
 
-// Fingerprint returns the SHA-256 of payload: what is stored with a key and
-// compared with every later request that presents it. Pass a canonical form of
-// the request (see [CanonicalJSON]), so that two encodings of the same request
-// do not count as different payloads.
-func Fingerprint(payload []byte) []byte {
-	sum := sha256.Sum256(payload)
-	return sum[:]
-}
-
 // maxJSONDepth bounds the nesting of a document CanonicalJSON accepts, as
 // encoding/json bounds what it decodes.
 const maxJSONDepth = 10000
 
 // CanonicalJSON re-encodes one JSON value canonically, so that two documents
 // that encode the same value get the same bytes (and so the same
-// [Fingerprint]):
+// fingerprint, the SHA-256 stored with a key):
 //
 //   - object members sorted by name (byte order of their UTF-8), no
 //     insignificant white space;

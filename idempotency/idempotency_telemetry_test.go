@@ -62,7 +62,7 @@ func TestTelemetry(t *testing.T) {
 		t.Fatal(err)
 	}
 	second, err := store.Claim(ctx, pool, lreq)
-	if err != nil || second.Status != idempotency.New || !second.Attempt.TakenOver() {
+	if err != nil || second.Status != idempotency.New || second.Attempt.Epoch() != 2 {
 		t.Fatalf("takeover claim: %v %v", second, err)
 	}
 	if _, err := first.Attempt.Complete(ctx, []byte("late")); !errors.Is(err, idempotency.ErrLeaseLost) {

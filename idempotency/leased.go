@@ -167,20 +167,14 @@ func (a *Attempt) Scope() string { return a.scope }
 // Key returns the key.
 func (a *Attempt) Key() string { return a.key }
 
-// Owner returns this attempt's owner id (a random UUID per claim).
-func (a *Attempt) Owner() string { return a.owner }
-
 // Epoch returns the key's ownership counter: 1 for the first claim, one more
 // for every later one, a takeover or a new intent on the key after its
 // retention ended. A downstream system that accepts a fencing token can be
-// given it.
-func (a *Attempt) Epoch() int64 { return a.epoch }
-
-// TakenOver reports whether the key had an owner before this claim: an
-// earlier attempt whose lease expired or that released the key (then
+// given it. Above 1, the key had an owner before this claim: an earlier
+// attempt whose lease expired or that released the key (then
 // [Attempt.RecoveryPoint] says where it got to), or an earlier intent whose
-// retention ended (then there is no recovery point). It is Epoch() > 1.
-func (a *Attempt) TakenOver() bool { return a.epoch > 1 }
+// retention ended (then there is no recovery point).
+func (a *Attempt) Epoch() int64 { return a.epoch }
 
 // RecoveryPoint returns the last recovery point recorded for the key, by this
 // attempt or a previous owner ("" if none): where the work resumes.
@@ -243,9 +237,9 @@ func (a *Attempt) Heartbeat(ctx context.Context) (err error) {
 	return nil
 }
 
-// Advance records that the work reached point (at most
-// [MaxRecoveryPointBytes] of UTF-8 without NUL) with optional data (for
-// example the id a payment provider returned) and extends the lease. An
+// Advance records that the work reached point (at most 256 bytes of UTF-8
+// without NUL) with optional data (at most 1 MiB; for example the id a
+// payment provider returned) and extends the lease. An
 // attempt that takes the key over after a crash resumes from the last point.
 //
 // Advance commits on its own. When the phase that reached point also wrote
@@ -287,10 +281,10 @@ func (a *Attempt) AdvanceTx(ctx context.Context, db DB, point string, data []byt
 
 func (a *Attempt) advance(ctx context.Context, db DB, point string, data []byte) error {
 	switch {
-	case len(point) > MaxRecoveryPointBytes:
-		return fmt.Errorf("%w: recovery point must be at most %d bytes, got %d", ErrInvalid, MaxRecoveryPointBytes, len(point))
-	case len(data) > MaxRecoveryDataBytes:
-		return fmt.Errorf("%w: recovery data must be at most %d bytes, got %d", ErrInvalid, MaxRecoveryDataBytes, len(data))
+	case len(point) > maxRecoveryPointBytes:
+		return fmt.Errorf("%w: recovery point must be at most %d bytes, got %d", ErrInvalid, maxRecoveryPointBytes, len(point))
+	case len(data) > maxRecoveryDataBytes:
+		return fmt.Errorf("%w: recovery data must be at most %d bytes, got %d", ErrInvalid, maxRecoveryDataBytes, len(data))
 	case !validText(point):
 		return fmt.Errorf("%w: recovery point must be valid UTF-8 without NUL bytes", ErrInvalid)
 	}

@@ -51,8 +51,8 @@ func TestLeasedCrashedOwnerTakenOverResumes(t *testing.T) {
 	req := idempotency.Request{Scope: "payments", Key: "order-1:capture", Payload: []byte(`{"amount":100}`)}
 
 	crashed := claimNew(t, store, pool, req)
-	if crashed.Epoch() != 1 || crashed.TakenOver() || crashed.RecoveryPoint() != "" {
-		t.Fatalf("first claim: epoch %d, taken over %v, point %q", crashed.Epoch(), crashed.TakenOver(), crashed.RecoveryPoint())
+	if crashed.Epoch() != 1 || crashed.RecoveryPoint() != "" {
+		t.Fatalf("first claim: epoch %d, point %q", crashed.Epoch(), crashed.RecoveryPoint())
 	}
 	if time.Until(crashed.TrustedUntil()) <= 0 {
 		t.Fatal("trust window already over")
@@ -73,8 +73,8 @@ func TestLeasedCrashedOwnerTakenOverResumes(t *testing.T) {
 
 	expireLease(t, pool, req.Key)
 	next := claimNew(t, store, pool, req)
-	if !next.TakenOver() || next.Epoch() != 2 || next.Owner() == crashed.Owner() {
-		t.Fatalf("takeover: epoch %d, taken over %v, owner %s (old %s)", next.Epoch(), next.TakenOver(), next.Owner(), crashed.Owner())
+	if next.Epoch() != 2 || next.Owner() == crashed.Owner() {
+		t.Fatalf("takeover: epoch %d, owner %s (old %s)", next.Epoch(), next.Owner(), crashed.Owner())
 	}
 	if next.RecoveryPoint() != "charged" || string(next.RecoveryData()) != "ch_123" {
 		t.Fatalf("takeover resumes from %q %q, want charged ch_123", next.RecoveryPoint(), next.RecoveryData())

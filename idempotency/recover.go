@@ -333,7 +333,7 @@ func abandonedMessage(point string) string {
 		return "abandoned in progress before its first recovery point; marked failed by a completer"
 	}
 	msg := fmt.Sprintf("abandoned in progress at recovery point %q; marked failed by a completer", point)
-	if len(msg) > MaxFailureMessageBytes {
+	if len(msg) > maxFailureMessageBytes {
 		msg = "abandoned in progress; marked failed by a completer"
 	}
 	return msg

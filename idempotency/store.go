@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -35,17 +36,14 @@ const (
 	// RetryAfterDefault is the retry hint of [InProgress] when the database
 	// cannot tell when the key will be free (an uncommitted atomic claim).
 	RetryAfterDefault = time.Second
-	// MaxWaitTimeout is the longest [Config.WaitTimeout]: the wait is a
-	// PostgreSQL lock_timeout, whose largest value is 2^31-1 milliseconds
-	// (about 24.8 days).
-	MaxWaitTimeout = math.MaxInt32 * time.Millisecond
 )
 
 // Limits on input. The Go API checks them before any round trip and returns
 // an [ErrInvalid] error naming the field and the limit; the SQL functions
 // enforce the same limits for other clients (PF008), and a test compares the
 // two. A rejected call writes nothing: the key stays as it was (free, or
-// claimed by the same owner).
+// claimed by the same owner). The limits of other fields are stated where
+// they are documented.
 //
 // A [Request.Payload] has no limit of its own: only its SHA-256 is sent and
 // stored (the schema accepts fingerprints of 16 to 64 bytes). Bound what you
@@ -58,19 +56,15 @@ const (
 	// MaxResultBytes is the largest stored result (a [Func]'s result,
 	// [Attempt.Complete]'s, or [Failure.Data]).
 	MaxResultBytes = 16 << 20
-	// MaxFailureCodeBytes is the longest [Failure.Code].
-	MaxFailureCodeBytes = 128
-	// MaxFailureMessageBytes is the longest [Failure.Message].
-	MaxFailureMessageBytes = 4096
-	// MaxRecoveryPointBytes is the longest recovery point name.
-	MaxRecoveryPointBytes = 256
-	// MaxRecoveryDataBytes is the largest recovery point data.
-	MaxRecoveryDataBytes = 1 << 20
-	// MaxRetention is the longest [Config.Retention] and
-	// [Request.Retention].
-	MaxRetention = 366 * 24 * time.Hour
-	// MaxLease is the longest [Config.Lease].
-	MaxLease = 24 * time.Hour
+
+	maxFailureCodeBytes    = 128
+	maxFailureMessageBytes = 4096
+	maxRecoveryPointBytes  = 256
+	maxRecoveryDataBytes   = 1 << 20
+	maxRetention           = 366 * 24 * time.Hour
+	maxLease               = 24 * time.Hour
+	// maxWaitTimeout is lock_timeout's largest value, 2^31-1 milliseconds.
+	maxWaitTimeout = math.MaxInt32 * time.Millisecond
 )
 
 // Config configures a [Store]. A nil *Config and the zero value use the
@@ -79,18 +73,19 @@ type Config struct {
 	// Retention is how long a completed key answers duplicates with its stored
 	// result; afterwards it is forgotten (the same key starts a new intent) and
 	// [GC] deletes it. A [Request] may override it. Default [RetentionDefault];
-	// 1µs to [MaxRetention].
+	// 1µs to 366 days.
 	Retention time.Duration
 	// WaitTimeout bounds how long an atomic duplicate waits for an uncommitted
 	// first attempt, and how long a leased claim waits for a key row that
 	// another transaction holds locked (an owner completing inside its own
 	// transaction): a lock_timeout on the claim, after which the key is
 	// [InProgress]. The caller's ctx bounds it too. Negative means do not
-	// wait (1 ms). Default [WaitTimeoutDefault]; 1ms to [MaxWaitTimeout].
+	// wait (1 ms). Default [WaitTimeoutDefault]; 1ms to lock_timeout's largest value,
+	// 2^31-1 milliseconds (about 24.8 days).
 	WaitTimeout time.Duration
 	// Lease is how long a leased claim (and each heartbeat or recovery point)
 	// holds the key before another attempt may take it over. Default
-	// [LeaseDefault]; 1ms to [MaxLease].
+	// [LeaseDefault]; 1ms to 24h.
 	Lease time.Duration
 	// RetryAfter is the retry hint of an [InProgress] outcome when the database
 	// has no lease to go by. Default [RetryAfterDefault].
@@ -139,8 +134,8 @@ func NewStore(cfg *Config) (*Store, error) {
 		s.retention = RetentionDefault
 	case s.retention < time.Microsecond:
 		return nil, fmt.Errorf("%w: Config.Retention must be at least 1µs (the database's precision), got %v", ErrInvalid, s.retention)
-	case s.retention > MaxRetention:
-		return nil, fmt.Errorf("%w: Config.Retention must be at most %v (366 days), got %v", ErrInvalid, MaxRetention, s.retention)
+	case s.retention > maxRetention:
+		return nil, fmt.Errorf("%w: Config.Retention must be at most %v (366 days), got %v", ErrInvalid, maxRetention, s.retention)
 	}
 	switch {
 	case s.wait < 0:
@@ -149,8 +144,8 @@ func NewStore(cfg *Config) (*Store, error) {
 		s.wait = WaitTimeoutDefault
 	case s.wait < time.Millisecond:
 		return nil, fmt.Errorf("%w: Config.WaitTimeout must be at least 1ms, got %v", ErrInvalid, s.wait)
-	case s.wait > MaxWaitTimeout:
-		return nil, fmt.Errorf("%w: Config.WaitTimeout must be at most %v (lock_timeout's limit), got %v", ErrInvalid, MaxWaitTimeout, s.wait)
+	case s.wait > maxWaitTimeout:
+		return nil, fmt.Errorf("%w: Config.WaitTimeout must be at most %v (lock_timeout's limit), got %v", ErrInvalid, maxWaitTimeout, s.wait)
 	}
 	switch {
 	case s.lease < 0:
@@ -159,8 +154,8 @@ func NewStore(cfg *Config) (*Store, error) {
 		s.lease = LeaseDefault
 	case s.lease < time.Millisecond:
 		return nil, fmt.Errorf("%w: Config.Lease must be at least 1ms, got %v", ErrInvalid, s.lease)
-	case s.lease > MaxLease:
-		return nil, fmt.Errorf("%w: Config.Lease must be at most %v, got %v", ErrInvalid, MaxLease, s.lease)
+	case s.lease > maxLease:
+		return nil, fmt.Errorf("%w: Config.Lease must be at most %v, got %v", ErrInvalid, maxLease, s.lease)
 	}
 	switch {
 	case s.retryAfter < 0:
@@ -193,7 +188,8 @@ type Request struct {
 	// SHA-256 is stored with the key: the same key with another payload is
 	// refused with [ErrMismatch]. May be empty.
 	Payload []byte
-	// Retention overrides [Config.Retention] for this key when positive.
+	// Retention overrides [Config.Retention] for this key when positive; at
+	// most 366 days.
 	Retention time.Duration
 }
 
@@ -211,14 +207,15 @@ func (s *Store) check(req Request) (fingerprint []byte, retention time.Duration,
 		return nil, 0, fmt.Errorf("%w: Request.Retention must not be negative, got %v", ErrInvalid, req.Retention)
 	case req.Retention > 0 && req.Retention < time.Microsecond:
 		return nil, 0, fmt.Errorf("%w: Request.Retention must be at least 1µs (the database's precision), got %v", ErrInvalid, req.Retention)
-	case req.Retention > MaxRetention:
-		return nil, 0, fmt.Errorf("%w: Request.Retention must be at most %v (366 days), got %v", ErrInvalid, MaxRetention, req.Retention)
+	case req.Retention > maxRetention:
+		return nil, 0, fmt.Errorf("%w: Request.Retention must be at most %v (366 days), got %v", ErrInvalid, maxRetention, req.Retention)
 	}
 	retention = req.Retention
 	if retention == 0 {
 		retention = s.retention
 	}
-	return Fingerprint(req.Payload), retention, nil
+	fp := sha256.Sum256(req.Payload)
+	return fp[:], retention, nil
 }
 
 // validText reports whether s is text PostgreSQL can store: valid UTF-8
@@ -286,10 +283,9 @@ type Outcome struct {
 // transient: never stored, the key stays free for a retry.
 type Failure struct {
 	// Code classifies the failure for programs, e.g. "insufficient_funds".
-	// 1 to [MaxFailureCodeBytes] bytes of UTF-8 without NUL.
+	// 1 to 128 bytes of UTF-8 without NUL.
 	Code string
-	// Message is for people. At most [MaxFailureMessageBytes] bytes of UTF-8
-	// without NUL.
+	// Message is for people. At most 4096 bytes of UTF-8 without NUL.
 	Message string
 	// Data is an optional stored payload (for example an error response body).
 	Data []byte
@@ -304,10 +300,10 @@ func (f *Failure) Error() string {
 
 func (f *Failure) check() error {
 	switch {
-	case len(f.Code) == 0 || len(f.Code) > MaxFailureCodeBytes:
-		return fmt.Errorf("%w: Failure.Code must be 1 to %d bytes, got %d", ErrInvalid, MaxFailureCodeBytes, len(f.Code))
-	case len(f.Message) > MaxFailureMessageBytes:
-		return fmt.Errorf("%w: Failure.Message must be at most %d bytes, got %d", ErrInvalid, MaxFailureMessageBytes, len(f.Message))
+	case len(f.Code) == 0 || len(f.Code) > maxFailureCodeBytes:
+		return fmt.Errorf("%w: Failure.Code must be 1 to %d bytes, got %d", ErrInvalid, maxFailureCodeBytes, len(f.Code))
+	case len(f.Message) > maxFailureMessageBytes:
+		return fmt.Errorf("%w: Failure.Message must be at most %d bytes, got %d", ErrInvalid, maxFailureMessageBytes, len(f.Message))
 	case !validText(f.Code):
 		return fmt.Errorf("%w: Failure.Code must be valid UTF-8 without NUL bytes", ErrInvalid)
 	case !validText(f.Message):
@@ -340,8 +336,6 @@ var (
 	ErrOutcomeUnknown = pgerr.ErrOutcomeUnknown
 	// ErrUnavailable: the database could not be reached; nothing was done.
 	ErrUnavailable = pgerr.ErrUnavailable
-	// ErrLockTimeout: lock_timeout expired in the caller's own statements.
-	ErrLockTimeout = pgerr.ErrLockTimeout
 	// ErrInvalid: an argument was rejected; the error names it.
 	ErrInvalid = pgerr.ErrInvalid
 	// ErrNotGranted: the database role may not use this scope: no prefix of

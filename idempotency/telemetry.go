@@ -65,7 +65,7 @@ func (t *instruments) start(ctx context.Context, mode string, req Request) (cont
 		if out != nil && out.Attempt != nil {
 			a := out.Attempt
 			trace.SpanFromContext(ctx).SetAttributes(attrOwner.String(a.owner), attrEpoch.Int64(a.epoch))
-			if a.TakenOver() {
+			if a.epoch > 1 {
 				outcome = outcomeTakenOver
 				t.log.InfoContext(ctx, "idempotency: leased key taken over", "scope", req.Scope, "key", req.Key,
 					"epoch", a.epoch, "recovery_point", a.RecoveryPoint())

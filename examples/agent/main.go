@@ -167,7 +167,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 				say("%s: task already done, stored result %q", name, o.Result)
 				return nil
 			}
-			if o.Attempt.TakenOver() {
+			if o.Attempt.Epoch() > 1 {
 				say("%s: took the task over (epoch %d)", name, o.Attempt.Epoch())
 			}
 			r, err := work(name, o.Attempt)
@@ -175,7 +175,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 				return err
 			}
 			mu.Lock()
-			res.Results[name], res.TakenOver = r, o.Attempt.TakenOver()
+			res.Results[name], res.TakenOver = r, o.Attempt.Epoch() > 1
 			mu.Unlock()
 			return nil
 		}
