@@ -143,12 +143,13 @@ func runAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request
 // READ COMMITTED transaction on db is opened, the key is claimed in it as
 // [Store.Do] claims it, and the transaction stays open for the caller.
 //
-//   - New: [Outcome.Atomic] holds the claim. Do the work through its
-//     [AtomicAttempt.Tx], then end it with [AtomicAttempt.Complete] or
-//     [AtomicAttempt.Fail] (the answer is stored and commits together with
-//     the work) or [AtomicAttempt.Rollback] (nothing happened, the key is
-//     free). Until then the transaction holds a connection and the key: a
-//     duplicate waits for it (see [Config.WaitTimeout]).
+//   - New: [Outcome.Attempt] holds the claim. Do the work through its
+//     [Attempt.Tx], then end it with [Attempt.Complete] or [Attempt.Fail]
+//     (the answer is stored and commits together with the work) or
+//     [Attempt.Release] (the work is rolled back, the key is free). Until
+//     then the transaction holds a connection and the key: a duplicate
+//     waits for it (see [Config.WaitTimeout]). Like a [pgx.Tx], the attempt
+//     is not safe for concurrent use.
 //   - Replayed, InProgress, Mismatch: as for Do; no transaction stays open.
 //
 // On a pool or a connection a new key costs one round trip (BEGIN and the
@@ -167,7 +168,7 @@ func (s *Store) Begin(ctx context.Context, db DB, req Request) (o *Outcome, err 
 	}
 	out, a, err := beginAtomic(ctx, s, open, req, fp, retention)
 	if a != nil {
-		out.Atomic = &AtomicAttempt{a: a}
+		out.Attempt = &Attempt{store: s, scope: req.Scope, key: req.Key, atomic: a}
 	}
 	return out, err
 }
@@ -191,76 +192,6 @@ func beginAtomic[T any](ctx context.Context, s *Store, open opener[T], req Reque
 	return out, &attempt[T]{store: s, scope: req.Scope, key: req.Key, tx: tx}, nil
 }
 
-// AtomicAttempt is an atomic claim that [Store.Begin] left open: a READ
-// COMMITTED transaction that holds the key. Everything written through
-// [AtomicAttempt.Tx] commits together with the stored answer, or not at all.
-// End it with exactly one of Complete, Fail or Rollback; until then it holds
-// a database connection. Like a [pgx.Tx] it is not safe for concurrent use.
-type AtomicAttempt struct {
-	a *attempt[pgx.Tx]
-}
-
-// Scope returns the key's scope.
-func (a *AtomicAttempt) Scope() string { return a.a.scope }
-
-// Key returns the key.
-func (a *AtomicAttempt) Key() string { return a.a.key }
-
-// Tx is the transaction that holds the claim: do the intent's writes through
-// it. Do not commit or roll it back yourself: a COMMIT without the stored
-// answer is refused by the database (the claim must be completed in its
-// transaction), and either leaves the attempt unable to complete. A
-// [pgx.Tx.Begin] on it is a savepoint, as usual. Once the attempt has ended
-// (Complete, Fail, Rollback), every call on it answers [pgx.ErrTxClosed]
-// and sends nothing, so a deferred Rollback is harmless.
-func (a *AtomicAttempt) Tx() pgx.Tx { return a.a.tx.Handle() }
-
-// Complete stores result (at most [MaxResultBytes]; nil is stored as empty)
-// as the key's answer and commits it together with the writes made through
-// Tx. It returns when the stored result expires. A broken connection while
-// the COMMIT was on its way returns [ErrOutcomeUnknown]: claim the same
-// request again to learn whether it committed. A result over the limit is
-// refused with [ErrInvalid] before anything is sent, and the attempt stays
-// open, its writes kept: complete it with a result that fits, Fail or
-// Rollback. Any other error means nothing was stored and the key is free;
-// the attempt has ended.
-func (a *AtomicAttempt) Complete(ctx context.Context, result []byte) (time.Time, error) {
-	if err := checkResult(result); err != nil && !a.a.ended {
-		return time.Time{}, err
-	}
-	return a.a.complete(ctx, result)
-}
-
-// Fail stores f as the key's permanent answer, replayed to every duplicate,
-// and commits it together with the writes made through Tx (unlike a
-// [*Failure] returned from a [Func], which rolls them back). Errors as for
-// [AtomicAttempt.Complete]: a nil or invalid f is refused with [ErrInvalid]
-// and the attempt stays open.
-func (a *AtomicAttempt) Fail(ctx context.Context, f *Failure) (time.Time, error) {
-	if a.a.ended {
-		return a.a.settle(ctx, nil, f) // reports that it ended
-	}
-	if f == nil {
-		return time.Time{}, fmt.Errorf("%w: failure is nil", ErrInvalid)
-	}
-	if err := f.check(); err != nil {
-		return time.Time{}, err
-	}
-	return a.a.settle(ctx, f.Data, f)
-}
-
-// Rollback abandons the attempt: the writes made through Tx are rolled back,
-// nothing is stored and the key is free for the next claim. It returns the
-// error of the ROLLBACK, if any (the connection is then closed, which rolls
-// back too); on an attempt that has ended it does nothing and returns nil.
-func (a *AtomicAttempt) Rollback(ctx context.Context) error {
-	if a.a.ended {
-		return nil
-	}
-	a.a.ended = true
-	return a.a.tx.Rollback(ctx)
-}
-
 // attempt is an open atomic claim on a transaction of any driver.
 type attempt[T any] struct {
 	store      *Store
@@ -269,7 +200,7 @@ type attempt[T any] struct {
 	ended      bool
 }
 
-// complete stores result and commits (see [AtomicAttempt.Complete]).
+// complete stores result and commits (see [Attempt.Complete]).
 func (a *attempt[T]) complete(ctx context.Context, result []byte) (time.Time, error) {
 	if err := checkResult(result); err != nil {
 		a.end()

@@ -721,25 +721,26 @@ func TestAtomicWaitBoundedByContext(t *testing.T) {
 // TestBeginLeavesTheClaimOpen: Store.Begin claims the key in a transaction
 // that the caller ends. Complete commits the caller's writes with the
 // result; Fail commits them with a stored failure (unlike a Failure
-// returned from a Func, which rolls them back); Rollback leaves nothing and
+// returned from a Func, which rolls them back); Release leaves nothing and
 // the key free. A duplicate of an open claim waits for it within
-// WaitTimeout. An ended attempt cannot complete again.
+// WaitTimeout. An ended attempt cannot complete again. The calls of a leased
+// attempt are refused.
 func TestBeginLeavesTheClaimOpen(t *testing.T) {
 	t.Parallel()
 	db := pgfencetest.NewDatabase(t)
 	createCharges(t, db.Pool)
 	ctx := context.Background()
 	store := newStore(t, &idempotency.Config{WaitTimeout: 50 * time.Millisecond})
-	begin := func(key string) *idempotency.AtomicAttempt {
+	begin := func(key string) *idempotency.Attempt {
 		t.Helper()
 		out, err := store.Begin(ctx, db.Pool, idempotency.Request{Scope: "orders", Key: key, Payload: []byte(key)})
-		if err != nil || out.Status != idempotency.New || out.Atomic == nil {
+		if err != nil || out.Status != idempotency.New || out.Attempt == nil {
 			t.Fatalf("begin %s: %+v, %v", key, out, err)
 		}
-		if _, err := charge(key, 1)(ctx, out.Atomic.Tx()); err != nil {
+		if _, err := charge(key, 1)(ctx, out.Attempt.Tx()); err != nil {
 			t.Fatal(err)
 		}
-		return out.Atomic
+		return out.Attempt
 	}
 
 	a := begin("complete")
@@ -756,11 +757,11 @@ func TestBeginLeavesTheClaimOpen(t *testing.T) {
 	if _, err := a.Complete(ctx, []byte("r2")); !errors.Is(err, pgx.ErrTxClosed) {
 		t.Errorf("second Complete: %v, want ErrTxClosed", err)
 	}
-	if err := a.Rollback(ctx); err != nil {
-		t.Errorf("Rollback after Complete: %v, want nil", err)
+	if err := a.Release(ctx); err != nil {
+		t.Errorf("Release after Complete: %v, want nil", err)
 	}
 	out, err := store.Begin(ctx, db.Pool, idempotency.Request{Scope: "orders", Key: "complete", Payload: []byte("complete")})
-	if err != nil || out.Status != idempotency.Replayed || string(out.Result) != "r1" || out.Atomic != nil {
+	if err != nil || out.Status != idempotency.Replayed || string(out.Result) != "r1" || out.Attempt != nil {
 		t.Fatalf("after Complete: %+v, %v", out, err)
 	}
 
@@ -774,7 +775,19 @@ func TestBeginLeavesTheClaimOpen(t *testing.T) {
 	}
 
 	r := begin("rollback")
-	if err := r.Rollback(ctx); err != nil {
+	// An atomic attempt has no lease: the leased calls are refused and
+	// leave it open.
+	for name, call := range map[string]func() error{
+		"Heartbeat":  func() error { return r.Heartbeat(ctx) },
+		"Advance":    func() error { return r.Advance(ctx, "p", nil) },
+		"AdvanceTx":  func() error { return r.AdvanceTx(ctx, r.Tx(), "p", nil) },
+		"CompleteTx": func() error { _, err := r.CompleteTx(ctx, r.Tx(), nil); return err },
+	} {
+		if err := call(); !errors.Is(err, idempotency.ErrInvalid) {
+			t.Errorf("%s on an atomic attempt: %v, want ErrInvalid", name, err)
+		}
+	}
+	if err := r.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	again := begin("rollback")
@@ -809,10 +822,10 @@ func TestBeginInCallerTransaction(t *testing.T) {
 		if err != nil || out.Status != idempotency.New {
 			t.Fatalf("begin: %+v, %v", out, err)
 		}
-		if _, err := charge("in-tx", 1)(ctx, out.Atomic.Tx()); err != nil {
+		if _, err := charge("in-tx", 1)(ctx, out.Attempt.Tx()); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := out.Atomic.Complete(ctx, []byte("ok")); err != nil {
+		if _, err := out.Attempt.Complete(ctx, []byte("ok")); err != nil {
 			t.Fatal(err)
 		}
 		if commit {

@@ -329,15 +329,15 @@ func TestAtomicCompletionNotPrepared(t *testing.T) {
 	for name, via := range dbs {
 		req := idempotency.Request{Scope: "orders", Key: "unprepared-" + name, Payload: []byte("p")}
 		out, err := store.Begin(context.Background(), via, req)
-		if err != nil || out.Atomic == nil {
+		if err != nil || out.Attempt == nil {
 			t.Fatalf("%s: Begin: %+v, %v", name, out, err)
 		}
-		if _, err := charge(req.Key, 5)(context.Background(), out.Atomic.Tx()); err != nil {
+		if _, err := charge(req.Key, 5)(context.Background(), out.Attempt.Tx()); err != nil {
 			t.Fatal(err)
 		}
 		p.SetHold(faultproxy.ServerToClient, true)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		_, err = out.Atomic.Complete(ctx, []byte("r"))
+		_, err = out.Attempt.Complete(ctx, []byte("r"))
 		cancel()
 		p.SetHold(faultproxy.ServerToClient, false)
 		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, idempotency.ErrOutcomeUnknown) {
@@ -368,14 +368,14 @@ func TestAtomicSavepointReleaseLost(t *testing.T) {
 	defer func() { _ = tx.Rollback(ctx) }()
 	req := idempotency.Request{Scope: "orders", Key: "savepoint-lost", Payload: []byte("p")}
 	out, err := store.Begin(ctx, tx, req)
-	if err != nil || out.Atomic == nil {
+	if err != nil || out.Attempt == nil {
 		t.Fatalf("Begin in the caller's transaction: %+v, %v", out, err)
 	}
-	if _, err := charge(req.Key, 5)(ctx, out.Atomic.Tx()); err != nil {
+	if _, err := charge(req.Key, 5)(ctx, out.Attempt.Tx()); err != nil {
 		t.Fatal(err)
 	}
 	trig := p.CutBefore(faultproxy.SQLContains("release savepoint"))
-	_, err = out.Atomic.Complete(ctx, []byte("r"))
+	_, err = out.Attempt.Complete(ctx, []byte("r"))
 	<-trig.Done()
 	if !trig.Fired() {
 		t.Fatal("the proxy did not cut before the savepoint's release")

@@ -38,9 +38,9 @@
 // dies, the key is simply free again. There is nothing to clean up after a
 // crash. Do works inside the caller's transaction too (pass a [pgx.Tx]).
 // [Store.Begin] is the same claim for a caller that runs the work itself (a
-// middleware, an interceptor): it returns an [AtomicAttempt] holding the open
-// transaction, which [AtomicAttempt.Complete] or [AtomicAttempt.Fail] commit
-// with the stored answer.
+// middleware, an interceptor): it returns an [Attempt] holding the open
+// transaction, which [Attempt.Complete] or [Attempt.Fail] commit with the
+// stored answer.
 //
 // On a pool or a connection a new key costs two round trips besides the
 // work's statements: BEGIN travels with the claim in one message, the stored
@@ -117,7 +117,7 @@
 //     to the same sentinel). On a pool or a connection whose sessions default
 //     to such a level (default_transaction_isolation), Do, Begin and Claim run
 //     in READ COMMITTED transactions of their own.
-//   - The connection breaks while Do (or [AtomicAttempt.Complete]) commits, or
+//   - The connection breaks while Do (or an atomic [Attempt.Complete]) commits, or
 //     around a leased call: [ErrOutcomeUnknown]. Send the same request again:
 //     the key answers with the stored result if it committed, or runs the
 //     intent if it did not. The same holds when the caller's context ends

@@ -142,15 +142,26 @@ func inReadCommitted(ctx context.Context, db DB, fn func(DB) error) error {
 	return tx.Commit(ctx, nil)
 }
 
-// Attempt is one owner's claim on a leased key. Its methods are accepted only
-// while it is the key's current owner; afterwards they return [ErrLeaseLost].
-// It is safe for concurrent use (a heartbeat goroutine next to the work);
-// claimed on one connection (*pgx.Conn) rather than a pool, its statements
-// take turns on it.
+// Attempt is one claim's ownership of a key, the [Outcome.Attempt] of a New
+// outcome; end it with exactly one of Complete, Fail or Release.
+//
+// An atomic attempt ([Store.Begin]) holds the key through an open READ
+// COMMITTED transaction, [Attempt.Tx]: the writes made through it commit
+// together with the stored answer, or not at all. It holds a database
+// connection until it ends and, like a [pgx.Tx], is not safe for
+// concurrent use. It has no lease: Heartbeat, Advance, AdvanceTx and
+// CompleteTx refuse it with [ErrInvalid].
+//
+// A leased attempt ([Store.Claim]) holds the key through a lease that its
+// calls extend. Its methods are accepted only while it is the key's current
+// owner; afterwards they return [ErrLeaseLost]. It is safe for concurrent
+// use (a heartbeat goroutine next to the work); claimed on one connection
+// (*pgx.Conn) rather than a pool, its statements take turns on it.
 type Attempt struct {
 	store      *Store
-	db         DB
 	scope, key string
+	atomic     *attempt[pgx.Tx] // the open transaction of an atomic attempt; nil for a leased one
+	db         DB
 	owner      string
 	epoch      int64
 	turn       chan struct{} // held while a statement runs on a db that is not a pool
@@ -167,7 +178,21 @@ func (a *Attempt) Scope() string { return a.scope }
 // Key returns the key.
 func (a *Attempt) Key() string { return a.key }
 
-// Epoch returns the key's ownership counter: 1 for the first claim, one more
+// Tx is the transaction that holds an atomic attempt's claim (nil for a
+// leased one): do the intent's writes through it. Do not commit or roll it
+// back yourself: a COMMIT without the stored answer is refused by the
+// database (the claim must be completed in its transaction), and either
+// leaves the attempt unable to complete. A [pgx.Tx.Begin] on it is a
+// savepoint, as usual. Once the attempt has ended (Complete, Fail,
+// Release), every call on it answers [pgx.ErrTxClosed] and sends nothing.
+func (a *Attempt) Tx() pgx.Tx {
+	if a.atomic == nil {
+		return nil
+	}
+	return a.atomic.tx.Handle()
+}
+
+// Epoch returns a leased key's ownership counter: 1 for the first claim, one more
 // for every later one, a takeover or a new intent on the key after its
 // retention ended. A downstream system that accepts a fencing token can be
 // given it. Above 1, the key had an owner before this claim: an earlier
@@ -303,10 +328,30 @@ func (a *Attempt) advance(ctx context.Context, db DB, point string, data []byte)
 	return nil
 }
 
-// Complete stores result as the key's answer and ends the claim. A replaced
-// owner's late completion returns [ErrLeaseLost] and stores nothing.
+// Complete stores result (at most [MaxResultBytes]; nil is stored as
+// empty) as the key's answer and ends the claim. It returns when the stored
+// result expires.
+//
+// An atomic attempt commits the result together with the writes made
+// through Tx. A broken connection while the COMMIT was on its way returns
+// [ErrOutcomeUnknown]: claim the same request again to learn whether it
+// committed. Any other error means nothing was stored and the key is free;
+// the attempt has ended.
+//
+// A leased attempt that was replaced as owner gets [ErrLeaseLost] and
+// stores nothing.
+//
+// A result over the limit is refused with [ErrInvalid] before anything is
+// sent, and the attempt stays open (an atomic one with its writes): complete
+// it with a result that fits, Fail or Release.
 func (a *Attempt) Complete(ctx context.Context, result []byte) (time.Time, error) {
-	return a.CompleteTx(ctx, a.db, result)
+	if a.atomic == nil {
+		return a.CompleteTx(ctx, a.db, result)
+	}
+	if err := checkResult(result); err != nil && !a.atomic.ended {
+		return time.Time{}, err
+	}
+	return a.atomic.complete(ctx, result)
 }
 
 // CompleteTx is [Attempt.Complete] through db, for example the transaction
@@ -315,8 +360,8 @@ func (a *Attempt) Complete(ctx context.Context, result []byte) (time.Time, error
 func (a *Attempt) CompleteTx(ctx context.Context, db DB, result []byte) (_ time.Time, err error) {
 	ctx, done := a.store.tel.owned(ctx, "complete", a)
 	defer func() { done(err) }()
-	if len(result) > MaxResultBytes {
-		return time.Time{}, fmt.Errorf("%w: result must be at most %d bytes, got %d", ErrInvalid, MaxResultBytes, len(result))
+	if err := checkResult(result); err != nil {
+		return time.Time{}, err
 	}
 	if err := driver.NilHandle(db); err != nil {
 		return time.Time{}, err
@@ -336,17 +381,27 @@ func (a *Attempt) CompleteTx(ctx context.Context, db DB, result []byte) (_ time.
 	return expires, nil
 }
 
-// Fail stores a permanent failure as the key's answer and ends the claim.
-// Transient errors are not failures: [Attempt.Release] the key instead.
+// Fail stores a permanent failure as the key's answer, replayed to every
+// duplicate, and ends the claim; an atomic attempt commits it together with
+// the writes made through Tx (unlike a [*Failure] returned from a [Func],
+// which rolls them back). Transient errors are not failures: Release the key
+// instead. Errors as for [Attempt.Complete]: a nil or invalid f is refused
+// with [ErrInvalid] and the attempt stays open.
 func (a *Attempt) Fail(ctx context.Context, f *Failure) (_ time.Time, err error) {
-	ctx, done := a.store.tel.owned(ctx, "fail", a)
-	defer func() { done(err) }()
+	if a.atomic != nil && a.atomic.ended {
+		return a.atomic.settle(ctx, nil, f) // reports that it ended
+	}
 	if f == nil {
 		return time.Time{}, fmt.Errorf("%w: failure is nil", ErrInvalid)
 	}
 	if err := f.check(); err != nil {
 		return time.Time{}, err
 	}
+	if a.atomic != nil {
+		return a.atomic.settle(ctx, f.Data, f)
+	}
+	ctx, done := a.store.tel.owned(ctx, "fail", a)
+	defer func() { done(err) }()
 	db, release, err := a.use(ctx, a.db)
 	if err != nil {
 		return time.Time{}, a.notSent("fail", err)
@@ -359,10 +414,21 @@ func (a *Attempt) Fail(ctx context.Context, f *Failure) (_ time.Time, err error)
 	return expires, nil
 }
 
-// Release gives the key up after a transient error without storing a result.
-// The recovery point stays, and the next claim takes the key over at once and
+// Release gives the key up after a transient error without storing a
+// result. An atomic attempt rolls back the writes made through Tx and
+// returns the error of the ROLLBACK, if any (the connection is then closed,
+// which rolls back too); on an atomic attempt that has ended it does nothing
+// and returns nil, so a deferred Release is harmless. A leased attempt keeps
+// its recovery point, and the next claim takes the key over at once and
 // resumes from it.
 func (a *Attempt) Release(ctx context.Context) (err error) {
+	if a.atomic != nil {
+		if a.atomic.ended {
+			return nil
+		}
+		a.atomic.ended = true
+		return a.atomic.tx.Rollback(ctx)
+	}
 	ctx, done := a.store.tel.owned(ctx, "release", a)
 	defer func() { done(err) }()
 	db, release, err := a.use(ctx, a.db)
@@ -382,6 +448,9 @@ func (a *Attempt) Release(ctx context.Context) (err error) {
 // db itself once the attempt's other statements on it are done, as pgx's
 // connections are not safe for concurrent use.
 func (a *Attempt) use(ctx context.Context, db DB) (DB, func(), error) {
+	if a.atomic != nil {
+		return nil, nil, fmt.Errorf("%w: an atomic attempt has no lease and no recovery points: its transaction holds the key until Complete, Fail or Release", ErrInvalid)
+	}
 	if _, pool := db.(*pgxpool.Pool); pool {
 		return acquire(ctx, db)
 	}

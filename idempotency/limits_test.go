@@ -155,8 +155,8 @@ func TestOversizedResultWritesNothing(t *testing.T) {
 	if err != nil || begun.Status != idempotency.New {
 		t.Fatalf("Begin: %+v, %v", begun, err)
 	}
-	aa := begun.Atomic
-	defer func() { _ = aa.Rollback(ctx) }()
+	aa := begun.Attempt
+	defer func() { _ = aa.Release(ctx) }()
 	if _, err := charge("big-3", 5)(ctx, aa.Tx()); err != nil {
 		t.Fatal(err)
 	}

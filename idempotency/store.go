@@ -229,9 +229,8 @@ type Status int
 
 const (
 	// New: this call owns the key and runs the intent ([Store.Do] and
-	// [Store.DoSQL]: it ran and its result is stored; [Store.Begin]:
-	// [Outcome.Atomic] holds the open claim; leased mode: [Outcome.Attempt] is
-	// the work to do).
+	// [Store.DoSQL]: it ran and its result is stored; [Store.Begin] and
+	// [Store.Claim]: [Outcome.Attempt] is the work to do).
 	New Status = iota + 1
 	// Replayed: the intent already completed; [Outcome.Result] or
 	// [Outcome.Failure] is the stored answer. Nothing was executed.
@@ -271,10 +270,9 @@ type Outcome struct {
 	ExpiresAt time.Time
 	// RetryAfter is the hint of an InProgress outcome.
 	RetryAfter time.Duration
-	// Attempt is the claim of a New leased outcome ([Store.Claim]).
+	// Attempt is the claim of a New outcome of [Store.Begin] or
+	// [Store.Claim].
 	Attempt *Attempt
-	// Atomic is the open claim of a New outcome of [Store.Begin].
-	Atomic *AtomicAttempt
 }
 
 // Failure is a permanent failure: it is stored as the key's answer and

@@ -33,22 +33,22 @@ func TestAttemptTxClosedAfterItEnds(t *testing.T) {
 	ctx := context.Background()
 	store := newStore(t, nil)
 
-	for _, end := range []string{"Complete", "Fail", "Rollback"} {
+	for _, end := range []string{"Complete", "Fail", "Release"} {
 		out, err := store.Begin(ctx, pool, idempotency.Request{Scope: "orders", Key: "guard-" + end})
-		if err != nil || out.Atomic == nil {
+		if err != nil || out.Attempt == nil {
 			t.Fatalf("Begin: %+v, %v", out, err)
 		}
-		stale := out.Atomic.Tx()
+		stale := out.Attempt.Tx()
 		if _, err := charge("guard-"+end, 1)(ctx, stale); err != nil {
 			t.Fatal(err)
 		}
 		switch end {
 		case "Complete":
-			_, err = out.Atomic.Complete(ctx, []byte("ok"))
+			_, err = out.Attempt.Complete(ctx, []byte("ok"))
 		case "Fail":
-			_, err = out.Atomic.Fail(ctx, &idempotency.Failure{Code: "declined"})
+			_, err = out.Attempt.Fail(ctx, &idempotency.Failure{Code: "declined"})
 		default:
-			err = out.Atomic.Rollback(ctx)
+			err = out.Attempt.Release(ctx)
 		}
 		if err != nil {
 			t.Fatalf("%s: %v", end, err)

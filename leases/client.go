@@ -234,7 +234,7 @@ func (c *Client) background(f func()) {
 // back a random moment in a window (at most 64 ms) that grows while it loses
 // races for the key and shrinks while it wins (zero when it waits alone), and
 // skips its attempt if another waiter's grant is announced meanwhile
-// (pgfence.lease.acquire.skipped; grants are announced by clients with
+// (an attempt skipped in pgfence.lease.operations; grants are announced by clients with
 // [Config.AnnounceGrants]).
 //
 // While an operator has paused new grants for the key's prefix
@@ -330,7 +330,7 @@ func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Durat
 			default:
 			}
 			if heard {
-				c.tel.skippedAttempt(ctx)
+				c.tel.attempt(ctx, outcomeSkipped)
 			}
 		}
 		if !heard {

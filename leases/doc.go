@@ -152,11 +152,12 @@
 // # Observability
 //
 // [Config.MeterProvider] and [Config.TracerProvider] (default: the global
-// OpenTelemetry providers, no-ops until set) receive the pgfence.lease.*
-// metrics (grant attempts, attempts skipped after a wake-up, wait and hold
-// time, renewals and the trust window left at each, takeovers, releases by
-// non-holders, unknown outcomes, and why each lease's keep-alive stopped) and a
-// span per acquire, renew and release with key, holder and token. When a
+// OpenTelemetry providers, no-ops until set) receive pgfence.lease.operations
+// and pgfence.lease.duration by pgfence.operation and pgfence.outcome (calls
+// of acquire, renew and release; grant attempts, takeovers and attempts
+// skipped after a wake-up; hold time; the trust window left at each renewal;
+// why each keep-alive stopped) and a span per acquire, renew and release with
+// key, holder and token. When a
 // call's context carries a valid span context, its trace id is stored in the
 // lease events it records (pgfence.lease_events.trace_id), set in the same
 // pipeline as the statement.

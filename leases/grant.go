@@ -36,7 +36,7 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 	if err != nil {
 		return nil, fmt.Errorf("leases: acquire %q: %w", key, err)
 	}
-	takenOver, err := c.sendGrant(ctx, conn, key, holder, ttl, info, announce, c.tel.takeovers.Enabled(ctx),
+	takenOver, err := c.sendGrant(ctx, conn, key, holder, ttl, info, announce, c.tel.Enabled(ctx),
 		&acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)
 	conn.Release()
 	c.tel.attempted(ctx, err, acquired, takenOver)

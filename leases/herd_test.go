@@ -196,7 +196,7 @@ func TestReleaseDoesNotStampede(t *testing.T) {
 			})
 			sent := count.started.Load() - before
 			perGrant := float64(sent) / float64(n)
-			skipped := p.Metrics(t).Sum("pgfence.lease.acquire.skipped")
+			skipped := ops(p.Metrics(t), "attempt", "skipped")
 			t.Logf("%d waiting clients: %d grants, %d attempts, %.2f attempts per grant, %d skipped", waiters, n, sent, perGrant, skipped)
 			if sent < n {
 				t.Fatalf("%d attempts counted for %d grants: the counter misses attempts", sent, n)
@@ -212,9 +212,9 @@ func TestReleaseDoesNotStampede(t *testing.T) {
 			switch {
 			case announce && skipped < n:
 				// Most woken waiters hear the winner and skip theirs.
-				t.Errorf("pgfence.lease.acquire.skipped = %d over %d grants, want at least one per grant", skipped, n)
+				t.Errorf("attempt{skipped} = %d over %d grants, want at least one per grant", skipped, n)
 			case !announce && skipped != 0:
-				t.Errorf("pgfence.lease.acquire.skipped = %d without AnnounceGrants: a grant was announced", skipped)
+				t.Errorf("attempt{skipped} = %d without AnnounceGrants: a grant was announced", skipped)
 			}
 		})
 	}
@@ -270,7 +270,7 @@ func TestExpiryDoesNotStampede(t *testing.T) {
 		t.Fatalf("%d attempts counted for %d grants: the counter misses attempts", sent, n)
 	}
 	perGrant := float64(sent) / float64(n)
-	skipped := p.Metrics(t).Sum("pgfence.lease.acquire.skipped")
+	skipped := ops(p.Metrics(t), "attempt", "skipped")
 	t.Logf("%d waiting clients, holders that never release: %d grants in %s, %d attempts (%.2f per grant), %d skipped",
 		waiters, n, time.Since(start).Round(time.Millisecond), sent, perGrant, skipped)
 	// Attempts per grant do not tell here: without the hold-back, waiters

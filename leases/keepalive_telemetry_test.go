@@ -34,7 +34,7 @@ func (b *logBuffer) String() string {
 }
 
 // TestTelemetryKeepAliveStops ends a keep-alive in each way and checks
-// pgfence.lease.keepalive.stops and the log event that names the reason.
+// pgfence.lease.operations{keepalive} and the log event that names the reason.
 func TestTelemetryKeepAliveStops(t *testing.T) {
 	checkLeaks(t)
 	db := pgfencetest.NewDatabase(t)
@@ -98,15 +98,15 @@ func TestTelemetryKeepAliveStops(t *testing.T) {
 
 	m := p.Metrics(t)
 	for _, reason := range []string{"canceled", "released", "lost", "max_hold", "failures"} {
-		if n := m.Sum("pgfence.lease.keepalive.stops", outcome(reason)); n != 1 {
-			t.Errorf("keepalive.stops{%s} = %d, want 1", reason, n)
+		if n := ops(m, "keepalive", reason); n != 1 {
+			t.Errorf("operations{keepalive, %s} = %d, want 1", reason, n)
 		}
 		if !strings.Contains(logs.String(), `msg="pgfence lease keep-alive stopped"`) || !strings.Contains(logs.String(), "reason="+reason) {
 			t.Errorf("no keep-alive stop logged with reason %s", reason)
 		}
 	}
-	if n := m.Sum("pgfence.lease.renewals", outcome("failed")); n != 1 {
-		t.Errorf("renewals{failed} = %d, want 1", n)
+	if n := ops(m, "renew", "unknown"); n != 1 {
+		t.Errorf("operations{renew, unknown} = %d, want 1", n)
 	}
 	if err := l.Release(ctx); err != nil { // a closed client's lease can still be released
 		t.Fatal(err)

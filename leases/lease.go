@@ -484,14 +484,14 @@ func (l *Lease) renewLoop(ctx context.Context, o AcquireOptions) (string, error)
 	defer timer.Stop()
 	ended := func() (string, error) {
 		if err := l.Err(); !errors.Is(err, ErrReleased) {
-			return stopEnded(err), err
+			return endOutcome(err), err
 		}
 		return outcomeReleased, nil
 	}
 	for {
 		select {
 		case <-ctx.Done():
-			return stopCanceled, nil
+			return outcomeCanceled, nil
 		case <-l.ctx.Done():
 			return ended()
 		case <-timer.C:
@@ -502,7 +502,7 @@ func (l *Lease) renewLoop(ctx context.Context, o AcquireOptions) (string, error)
 			// release or for the trust window to run out.
 			select {
 			case <-ctx.Done():
-				return stopCanceled, nil
+				return outcomeCanceled, nil
 			case <-l.ctx.Done():
 				return ended()
 			}
@@ -524,15 +524,15 @@ func (l *Lease) renewLoop(ctx context.Context, o AcquireOptions) (string, error)
 			if errors.Is(l.Err(), ErrReleased) {
 				return outcomeReleased, nil
 			}
-			return stopEnded(l.Err()), l.Err()
+			return endOutcome(l.Err()), l.Err()
 		case ctx.Err() != nil:
-			return stopCanceled, nil
+			return outcomeCanceled, nil
 		default:
 			failures++
 			if failures >= o.MaxFailures {
 				lost := l.lostError(fmt.Sprintf("keep-alive gave up after %d failed renewals", failures), err)
 				l.end(lost)
-				return stopFailures, lost
+				return outcomeFailures, lost
 			}
 			next = max(time.Millisecond, o.RenewInterval/4/2+fullJitter(o.RenewInterval/4/2))
 		}

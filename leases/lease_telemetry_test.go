@@ -20,6 +20,21 @@ import (
 
 func outcome(v string) attribute.KeyValue { return attribute.String("pgfence.outcome", v) }
 
+// ops is the count of operation op with outcome in m.
+func ops(m telemetrytest.Metrics, op, result string) int64 {
+	return m.Sum("pgfence.lease.operations", attribute.String("pgfence.operation", op), outcome(result))
+}
+
+// durations is the count of durations recorded for operation op (with
+// outcome, unless it is "") in m, and their largest.
+func durations(m telemetrytest.Metrics, op, result string) (uint64, float64, float64) {
+	attrs := []attribute.KeyValue{attribute.String("pgfence.operation", op)}
+	if result != "" {
+		attrs = append(attrs, outcome(result))
+	}
+	return m.Histogram("pgfence.lease.duration", attrs...)
+}
+
 // TestTelemetry drives one key through a grant, a refused try, a renewal, an
 // expiry, a takeover, a stale release and a timed-out wait, and checks every
 // metric, the spans and the trace ids stored in the lease history.
@@ -66,53 +81,48 @@ func TestTelemetry(t *testing.T) {
 
 	m := p.Metrics(t)
 	for _, want := range []struct {
-		name    string
-		outcome string
-		n       int64
+		op, outcome string
+		n           int64
 	}{
-		{"pgfence.lease.acquire.attempts", "acquired", 2},
-		{"pgfence.lease.takeovers", "", 1},
-		{"pgfence.lease.renewals", "renewed", 1},
-		{"pgfence.lease.renewals", "lost", 1},
-		{"pgfence.lease.releases", "not_held", 1},
-		{"pgfence.lease.releases", "released", 1},
-		{"pgfence.lease.unknown_outcomes", "", 0},
+		{"attempt", "acquired", 1},
+		{"attempt", "taken_over", 1},
+		{"renew", "renewed", 1},
+		{"renew", "lost", 1},
+		{"release", "not_held", 1},
+		{"release", "released", 1},
+		{"acquire", "unknown", 0},
+		{"renew", "unknown", 0},
+		{"release", "unknown", 0},
 	} {
-		var got int64
-		if want.outcome == "" {
-			got = m.Sum(want.name)
-		} else {
-			got = m.Sum(want.name, outcome(want.outcome))
-		}
-		if got != want.n {
-			t.Errorf("%s{outcome=%q} = %d, want %d", want.name, want.outcome, got, want.n)
+		if got := ops(m, want.op, want.outcome); got != want.n {
+			t.Errorf("operations{%s, %s} = %d, want %d", want.op, want.outcome, got, want.n)
 		}
 	}
 	// The refused TryAcquire, and at least one refused poll of the waiting Acquire.
-	if n := m.Sum("pgfence.lease.acquire.attempts", outcome("held")); n < 2 {
+	if n := ops(m, "attempt", "held"); n < 2 {
 		t.Errorf("held attempts = %d, want >= 2", n)
 	}
 	for _, want := range []struct {
 		outcome string
 		n       uint64
 	}{{"acquired", 2}, {"held", 1}, {"timeout", 1}} {
-		if n, _, _ := m.Histogram("pgfence.lease.acquire.duration", outcome(want.outcome)); n != want.n {
-			t.Errorf("acquire.duration{outcome=%s} count = %d, want %d", want.outcome, n, want.n)
+		if n, _, _ := durations(m, "acquire", want.outcome); n != want.n {
+			t.Errorf("duration{acquire, %s} count = %d, want %d", want.outcome, n, want.n)
 		}
 	}
-	if n, sum, _ := m.Histogram("pgfence.lease.acquire.duration", outcome("timeout")); n != 1 || sum < 0.025 {
+	if n, sum, _ := durations(m, "acquire", "timeout"); n != 1 || sum < 0.025 {
 		t.Errorf("timed-out wait: count %d, %.3fs, want 1 and >= 0.025s", n, sum)
 	}
-	if n, _, maxv := m.Histogram("pgfence.lease.renewal.remaining"); n != 2 || maxv <= 5 || maxv > 9 {
-		t.Errorf("renewal.remaining: count %d max %.3fs, want 2 and a trust window of up to 9s", n, maxv)
+	if n, _, maxv := durations(m, "trust_left", ""); n != 2 || maxv <= 5 || maxv > 9 {
+		t.Errorf("duration{trust_left}: count %d max %.3fs, want 2 and a trust window of up to 9s", n, maxv)
 	}
 	for _, o := range []string{"lost", "released"} {
-		if n, _, _ := m.Histogram("pgfence.lease.hold.duration", outcome(o)); n != 1 {
-			t.Errorf("hold.duration{outcome=%s} count = %d, want 1", o, n)
+		if n, _, _ := durations(m, "hold", o); n != 1 {
+			t.Errorf("duration{hold, %s} count = %d, want 1", o, n)
 		}
 	}
-	if u := m.Unit("pgfence.lease.hold.duration"); u != "s" {
-		t.Errorf("hold.duration unit %q", u)
+	if u := m.Unit("pgfence.lease.duration"); u != "s" {
+		t.Errorf("duration unit %q", u)
 	}
 
 	// Spans: one per call, children of the request, with key, holder and token.
@@ -227,14 +237,11 @@ func TestTelemetryUnknownOutcome(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := p.Metrics(t)
-	if n := m.Sum("pgfence.lease.unknown_outcomes", attribute.String("pgfence.operation", "renew")); n != 1 {
-		t.Errorf("unknown_outcomes{renew} = %d, want 1", n)
+	if n := ops(m, "renew", "unknown"); n != 1 {
+		t.Errorf("operations{renew, unknown} = %d, want 1", n)
 	}
-	if n := m.Sum("pgfence.lease.renewals", outcome("failed")); n != 1 {
-		t.Errorf("renewals{failed} = %d, want 1", n)
-	}
-	if n := m.Sum("pgfence.lease.releases", outcome("released")); n != 1 {
-		t.Errorf("releases{released} = %d, want 1", n)
+	if n := ops(m, "release", "released"); n != 1 {
+		t.Errorf("operations{release, released} = %d, want 1", n)
 	}
 }
 

@@ -59,10 +59,10 @@ func TestReleaseRetryAfterTakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := p.Metrics(t)
-	if n := m.Sum("pgfence.lease.releases", outcome("not_held")); n != 0 {
-		t.Errorf("releases{not_held} = %d, want 0", n)
+	if n := ops(m, "release", "not_held"); n != 0 {
+		t.Errorf("operations{release, not_held} = %d, want 0", n)
 	}
-	if n := m.Sum("pgfence.lease.releases", outcome("released")); n != 1 {
-		t.Errorf("releases{released} = %d, want 1", n)
+	if n := ops(m, "release", "released"); n != 1 {
+		t.Errorf("operations{release, released} = %d, want 1", n)
 	}
 }

@@ -87,7 +87,7 @@ func TestReleaseNotificationWakesWaiter(t *testing.T) {
 		got <- err
 	}()
 	// Release once the waiter has tried and lost.
-	for p.Metrics(t).Sum("pgfence.lease.acquire.attempts", outcome("held")) == 0 {
+	for ops(p.Metrics(t), "attempt", "held") == 0 {
 		select {
 		case err := <-got:
 			t.Fatalf("waiter returned before its first attempt failed: %v", err)

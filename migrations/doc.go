@@ -17,12 +17,12 @@
 // checks and the lock.
 //
 // Teams that apply SQL with another tool read the files from [FS] or print
-// one script with [SQL] or [Script] (`pgfence migrate sql`). A script
+// one script with [Script] (`pgfence migrate sql`). A script
 // records each step in [VersionTable] as a Migrator does, so a Migrator (and
 // `pgfence migrate status`, `pgfence doctor`) sees what it applied, and it
 // refuses to run on a schema at another version than the one it starts from.
 //
-// Status, Version and Pending only read, in one read-only transaction: they
+// Status and Version only read, in one read-only transaction: they
 // take no lock, create nothing, and on a database without pgfence they report
 // version 0 and every migration pending. DownTo on such a database does
 // nothing.
@@ -45,14 +45,14 @@
 //
 // Up and DownTo hold the migration lock: the one row of [LockTable], taken
 // with an INSERT … ON CONFLICT DO UPDATE that succeeds only when there is no
-// row or its lease lapsed by the database clock, renewed every [LockLease]/3
+// row or its lease lapsed by the database clock, renewed every 10 seconds (its lease is 30 seconds)
 // and deleted at the end. No statement relies on session state, so
 // migrations run through a transaction-mode pooler such as PgBouncer. The
 // table is its owner's alone: no other role can take or hold the lock, and
 // advisory locks play no part. A waiting run polls with backoff for at most
 // [Config.LockTimeout] and while its context lasts, then returns a
 // [*LockedError] naming the holder. A crashed migrator's lock lapses after
-// [LockLease]; to clear one at once, make sure the process it names no
+// 30 seconds; to clear one at once, make sure the process it names no
 // longer runs and delete the row.
 //
 // # Roles and privileges
@@ -92,10 +92,9 @@
 //     controls ([ErrUntrusted]).
 //   - Every migration runs in its own transaction: a failure leaves the schema
 //     at the last complete version.
-//   - A binary never migrates, or rolls back, a schema newer than itself: it
-//     returns [ErrSchemaTooNew].
-//   - Nor a schema that a pre-release build of pgfence installed, whose
-//     migrations the current ones replaced: it returns [ErrPreReleaseSchema].
+//   - A binary never migrates, or rolls back, a schema that records a
+//     migration it does not know (a newer build's, or one from before the
+//     first release): it returns [ErrSchemaTooNew].
 //
 // # Failure handling
 //
@@ -107,5 +106,5 @@
 // returns a [*LockedError] ([ErrLocked]); one that loses it while running
 // returns [ErrLockLost] after its migration in progress rolled back. A
 // release that fails is logged, not returned: the lock lapses after
-// [LockLease].
+// 30 seconds.
 package migrations

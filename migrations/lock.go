@@ -23,15 +23,15 @@ import (
 const LockTable = Schema + ".migration_lock"
 
 const (
-	// LockTimeoutDefault is how long [Migrator.Up] and [Migrator.DownTo]
+	// lockTimeoutDefault is how long [Migrator.Up] and [Migrator.DownTo]
 	// wait for the migration lock when [Config.LockTimeout] is zero.
-	LockTimeoutDefault = 5 * time.Minute
+	lockTimeoutDefault = 5 * time.Minute
 
-	// LockLease is how long the migration lock stays taken without a
-	// heartbeat. A migrator renews it every LockLease/3 while it runs, so the
+	// lockLease is how long the migration lock stays taken without a
+	// heartbeat. A migrator renews it every lockLease/3 while it runs, so the
 	// lock of a migrator that crashed or lost the database is free at most
-	// LockLease after its last renewal.
-	LockLease = 30 * time.Second
+	// lockLease after its last renewal.
+	lockLease = 30 * time.Second
 )
 
 // ErrLocked is wrapped by a [*LockedError]: another migration held the
@@ -40,7 +40,7 @@ var ErrLocked = errors.New("migrations: another migration holds the migration lo
 
 // ErrLockLost is returned when a migrator lost the migration lock while it
 // ran: its lease lapsed (the process was paused, or could not reach the
-// database, for longer than [LockLease]) and another migrator took it over,
+// database, for longer than 30 seconds) and another migrator took it over,
 // or an operator cleared it. The migration in progress rolled back, since
 // each migration commits only while its migrator holds the lock; the ones
 // before it stay applied. Run Up again.
@@ -253,7 +253,7 @@ func (m *Migrator) tryLock(ctx context.Context, holder string) (h *LockHolder, w
 			return &h, h.LeaseUntil.Sub(now), false, nil
 		}
 		var got string
-		err = m.db.QueryRowContext(ctx, lockTakeSQL, holder, m.host, m.pid, m.application, LockLease.Seconds()).Scan(&got)
+		err = m.db.QueryRowContext(ctx, lockTakeSQL, holder, m.host, m.pid, m.application, lockLease.Seconds()).Scan(&got)
 		switch {
 		case err == nil && got == holder:
 			return nil, 0, false, nil
@@ -268,12 +268,12 @@ func (m *Migrator) tryLock(ctx context.Context, holder string) (h *LockHolder, w
 	}
 }
 
-// heartbeat renews the lease every LockLease/3 until stopped. When the lock
+// heartbeat renews the lease every lockLease/3 until stopped. When the lock
 // is no longer this holder's, it ends the run with [ErrLockLost]; the fence
 // rolls back a migration that would commit anyway.
 func (l *heldLock) heartbeat(ctx context.Context) {
 	defer close(l.done)
-	t := time.NewTicker(LockLease / 3)
+	t := time.NewTicker(lockLease / 3)
 	defer t.Stop()
 	for {
 		select {
@@ -281,15 +281,15 @@ func (l *heldLock) heartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		rctx, cancel := context.WithTimeout(ctx, LockLease/3)
-		renewed, err := rowsAffected(l.m.db.ExecContext(rctx, lockRenewSQL, l.holder, LockLease.Seconds()))
+		rctx, cancel := context.WithTimeout(ctx, lockLease/3)
+		renewed, err := rowsAffected(l.m.db.ExecContext(rctx, lockRenewSQL, l.holder, lockLease.Seconds()))
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return
 		case err != nil:
 			l.m.logger.WarnContext(ctx, "could not renew the migration lock; it lapses unless a later renewal succeeds",
-				slog.Duration("lease", LockLease), slog.Any("error", err))
+				slog.Duration("lease", lockLease), slog.Any("error", err))
 		case renewed == 0:
 			l.m.logger.ErrorContext(ctx, "lost the migration lock; stopping the migration")
 			l.end(ErrLockLost)
@@ -300,7 +300,7 @@ func (l *heldLock) heartbeat(ctx context.Context) {
 
 // release stops the heartbeat and frees the lock. A release that fails is
 // logged, not returned: the migrations committed, and the lock lapses after
-// LockLease.
+// lockLease.
 func (l *heldLock) release(ctx context.Context) {
 	l.stop()
 	<-l.done
@@ -309,7 +309,7 @@ func (l *heldLock) release(ctx context.Context) {
 	defer cancel()
 	if _, err := l.m.db.ExecContext(rctx, lockReleaseSQL, l.holder); err != nil {
 		l.m.logger.WarnContext(ctx, "could not release the migration lock; it lapses by itself",
-			slog.Duration("lease", LockLease), slog.Any("error", err))
+			slog.Duration("lease", lockLease), slog.Any("error", err))
 		return
 	}
 	l.m.logger.DebugContext(ctx, "released the migration lock", slog.String("holder", l.holder))

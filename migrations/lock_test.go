@@ -120,7 +120,7 @@ func TestLockHeldTimesOut(t *testing.T) {
 	if cur, _, err := m.Version(rctx); err != nil || cur == migrations.Latest() {
 		t.Fatalf("Version while the lock is held: %d, %v; want the version before the pending one", cur, err)
 	}
-	if pending, err := m.Pending(rctx); err != nil || len(pending) != 1 {
+	if pending, err := pendingOf(rctx, m); err != nil || len(pending) != 1 {
 		t.Fatalf("Pending while the lock is held: %v, %v", pending, err)
 	}
 	if vs := appliedVersions(t, db.Pool); len(vs) != len(migrations.Versions())-1 {

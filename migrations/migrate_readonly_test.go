@@ -34,7 +34,7 @@ func TestReadOnlyOnBlankDatabase(t *testing.T) {
 				t.Errorf("%s: Status on a blank database: %+v", name, s)
 			}
 		}
-		if pending, err := m.Pending(ctx); err != nil || len(pending) != len(status) {
+		if pending, err := pendingOf(ctx, m); err != nil || len(pending) != len(status) {
 			t.Errorf("%s: Pending = %d, %v; want %d", name, len(pending), err, len(status))
 		}
 		vs := migrations.Versions()

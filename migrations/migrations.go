@@ -46,38 +46,12 @@ const (
 	VersionTable = Schema + ".goose_db_version"
 )
 
-// ErrSchemaTooNew is returned when the database's pgfence schema has a version
-// this binary does not know: a newer pgfence migrated it. Upgrade the binary.
-var ErrSchemaTooNew = errors.New("migrations: the database schema is newer than this pgfence build")
-
-// ErrPreReleaseSchema is returned when a pre-release build of pgfence
-// installed the database's pgfence schema. Its migrations were replaced by
-// the current ones before the first release, so no build upgrades it, and no
-// build rolls it back: export the rows you need, DROP SCHEMA pgfence CASCADE,
-// and migrate again.
-var ErrPreReleaseSchema = errors.New("migrations: the pgfence schema was installed by a pre-release build of pgfence and cannot be migrated")
-
-// Pre-release builds numbered their migrations 1 to 17. Versions 1 to 4 are
-// the current migrations' too; 5 to 17 are never used again (a test fails if
-// a migration does), so that a schema that records one of them is known to be
-// a pre-release schema; the migrations after them start at 00018.
-const (
-	preReleaseFirst = 5
-	preReleaseLast  = 17
-)
-
-// preReleaseSQL is true on a schema that a pre-release build migrated: it
-// records a version from 5 to 17, or it records a migration but its
-// pgfence.token_floor lacks floor_leaves_room, which the current first
-// migration creates with the table and pre-release builds added only at their
-// version 12. It needs goose's version table.
-var preReleaseSQL = fmt.Sprintf(`EXISTS (SELECT 1 FROM %[1]s v WHERE v.is_applied
-                   AND v.version_id OPERATOR(pg_catalog.>=) %[2]d AND v.version_id OPERATOR(pg_catalog.<=) %[3]d)
-        OR (EXISTS (SELECT 1 FROM %[1]s v WHERE v.is_applied AND v.version_id OPERATOR(pg_catalog.>) 0)
-            AND pg_catalog.to_regclass('pgfence.token_floor') IS NOT NULL
-            AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint c
-                             WHERE c.conrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('pgfence.token_floor')
-                               AND c.conname OPERATOR(pg_catalog.=) 'floor_leaves_room'))`, VersionTable, preReleaseFirst, preReleaseLast)
+// ErrSchemaTooNew is returned when the database's pgfence schema records a
+// migration this build does not know: a newer pgfence migrated it (upgrade
+// the binary), or a build from before the first release did (its
+// migrations were replaced; export the rows you need, DROP SCHEMA pgfence
+// CASCADE, and migrate again).
+var ErrSchemaTooNew = errors.New("migrations: the database schema records a migration this pgfence build does not know")
 
 // Config configures a [Migrator]. A nil *Config and the zero value use the
 // defaults.
@@ -89,7 +63,7 @@ type Config struct {
 	// LockTimeout bounds how long Up and DownTo wait for the migration lock
 	// that another migration holds; they then return a [*LockedError] that
 	// names the holder. The caller's context bounds the wait too. Zero means
-	// [LockTimeoutDefault]; negative is an error.
+	// 5 minutes; negative is an error.
 	LockTimeout time.Duration
 }
 
@@ -157,7 +131,7 @@ func newMigrator(db *sql.DB, cfg *Config, addr, application string) (*Migrator, 
 		cfg = &Config{}
 	}
 	if cfg.LockTimeout < 0 {
-		return nil, fmt.Errorf("migrations: Config.LockTimeout: must be >= 0 (0 means LockTimeoutDefault, %s), got %s", LockTimeoutDefault, cfg.LockTimeout)
+		return nil, fmt.Errorf("migrations: Config.LockTimeout: must be >= 0 (0 means %s), got %s", lockTimeoutDefault, cfg.LockTimeout)
 	}
 	if maxLock := math.MaxInt32 * time.Millisecond; cfg.LockTimeout > maxLock {
 		// Up and DownTo set it as lock_timeout, whose largest value this is:
@@ -186,7 +160,7 @@ func newMigrator(db *sql.DB, cfg *Config, addr, application string) (*Migrator, 
 	host, pid, application := lockIdentity(application)
 	return &Migrator{
 		db: db, provider: provider, addr: addr, logger: logger,
-		lockTimeout: cmp.Or(cfg.LockTimeout, LockTimeoutDefault),
+		lockTimeout: cmp.Or(cfg.LockTimeout, lockTimeoutDefault),
 		host:        host, pid: pid, application: application,
 	}, nil
 }
@@ -213,20 +187,11 @@ func (m *Migrator) Close() error {
 	return m.db.Close()
 }
 
-// Direction is the way a migration runs: [DirectionUp] or [DirectionDown].
-type Direction string
-
-// The two directions.
-const (
-	DirectionUp   Direction = "up"
-	DirectionDown Direction = "down"
-)
-
 // Result is one migration applied or rolled back.
 type Result struct {
 	Version   int64
 	Name      string
-	Direction Direction
+	Direction string // "up" or "down"
 	Duration  time.Duration
 }
 
@@ -239,7 +204,7 @@ func results(rs []*goose.MigrationResult) []Result {
 		out = append(out, Result{
 			Version:   r.Source.Version,
 			Name:      sourceName(r.Source.Path),
-			Direction: Direction(r.Direction),
+			Direction: string(r.Direction),
 			Duration:  r.Duration,
 		})
 	}
@@ -343,21 +308,6 @@ func (m *Migrator) Version(ctx context.Context) (current, latest int64, err erro
 	return st.newest, Latest(), nil
 }
 
-// Pending reports the migrations not applied yet, oldest first.
-func (m *Migrator) Pending(ctx context.Context) ([]Status, error) {
-	ss, err := m.Status(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var out []Status
-	for _, s := range ss {
-		if !s.Applied {
-			out = append(out, s)
-		}
-	}
-	return out, nil
-}
-
 // schemaState is what the version table says.
 type schemaState struct {
 	installed bool                // the version table exists
@@ -366,8 +316,8 @@ type schemaState struct {
 }
 
 // read reads the version table in one read-only transaction, without any
-// lock, and refuses a schema newer than this build ([ErrSchemaTooNew]) or
-// one a pre-release build migrated ([ErrPreReleaseSchema]). It writes
+// lock, and refuses a schema that records a version this build does not
+// know ([ErrSchemaTooNew]). It writes
 // nothing and needs no privilege but SELECT on the version table, so a
 // role without CREATE on the database reads "not installed".
 func (m *Migrator) read(ctx context.Context, applied bool) (st schemaState, err error) {
@@ -401,22 +351,35 @@ func (m *Migrator) read(ctx context.Context, applied bool) (st schemaState, err 
 }
 
 // readVersions reads whether the version table exists and its highest
-// applied version, and refuses a newer or pre-release schema.
+// applied version, and refuses a schema that records a version this build
+// does not know.
 func readVersions(ctx context.Context, tx *sql.Tx) (st schemaState, err error) {
 	if err := tx.QueryRowContext(ctx, `SELECT pg_catalog.to_regclass($1) IS NOT NULL`, VersionTable).Scan(&st.installed); err != nil || !st.installed {
 		return st, err
 	}
-	var preRelease bool
-	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(pg_catalog.max(version_id) FILTER (WHERE is_applied), 0), `+preReleaseSQL+` FROM `+VersionTable).Scan(&st.newest, &preRelease); err != nil {
+	var unknown int64
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(pg_catalog.max(version_id) FILTER (WHERE is_applied), 0),
+	        COALESCE(pg_catalog.max(version_id) FILTER (WHERE is_applied AND version_id OPERATOR(pg_catalog.<>) ALL ($1::pg_catalog.text::pg_catalog.int8[])), 0)
+	   FROM `+VersionTable, knownVersions()).Scan(&st.newest, &unknown); err != nil {
 		return st, err
 	}
-	if preRelease {
-		return st, fmt.Errorf("%w: it records version %d of the pre-release numbering; export the rows you need, DROP SCHEMA %s CASCADE, and migrate again", ErrPreReleaseSchema, st.newest, Schema)
-	}
-	if st.newest > Latest() {
-		return st, fmt.Errorf("%w: database is at version %d, this build knows up to %d; upgrade pgfence", ErrSchemaTooNew, st.newest, Latest())
+	switch {
+	case unknown > Latest():
+		return st, fmt.Errorf("%w: database is at version %d, this build knows up to %d; upgrade pgfence", ErrSchemaTooNew, unknown, Latest())
+	case unknown > 0:
+		return st, fmt.Errorf("%w: it records version %d, which a build from before the first release used; export the rows you need, DROP SCHEMA %s CASCADE, and migrate again", ErrSchemaTooNew, unknown, Schema)
 	}
 	return st, nil
+}
+
+// knownVersions is Versions and 0 as a PostgreSQL array literal.
+func knownVersions() string {
+	var b strings.Builder
+	b.WriteString("{0")
+	for _, v := range Versions() {
+		fmt.Fprintf(&b, ",%d", v)
+	}
+	return b.String() + "}"
 }
 
 // prepare readies a run of Up (create) or DownTo, in one transaction:
@@ -426,8 +389,7 @@ func readVersions(ctx context.Context, tx *sql.Tx) (st schemaState, err error) {
 //   - with create it creates schema pgfence when missing, and when the
 //     schema is installed or created it creates the lock table
 //     ([LockTable]) when missing, then checks again what it created in;
-//   - it refuses a schema newer than this build or one a pre-release build
-//     migrated.
+//   - it refuses a schema that records a version this build does not know.
 //
 // It reports whether goose's version table exists. DownTo does nothing on a
 // database without it, and leaves nothing behind: goose would create its
@@ -513,7 +475,7 @@ func partial(err error) []*goose.MigrationResult {
 // wrap names the database's address when the server never answered, so
 // "context deadline exceeded" says where it was waiting.
 func (m *Migrator) wrap(err error) error {
-	if errors.Is(err, ErrSchemaTooNew) || errors.Is(err, ErrPreReleaseSchema) || errors.Is(err, ErrUntrusted) ||
+	if errors.Is(err, ErrSchemaTooNew) || errors.Is(err, ErrUntrusted) ||
 		errors.Is(err, ErrLocked) || errors.Is(err, ErrLockLost) {
 		return err
 	}
@@ -540,8 +502,8 @@ func Latest() int64 {
 }
 
 // Versions returns the migration versions embedded in this build, oldest
-// first. They are not consecutive: versions 5 to 17 belong to pre-release
-// builds and are never used.
+// first. They are not consecutive: versions 5 to 17 belong to builds from
+// before the first release and are never used again.
 func Versions() []int64 {
 	var vs []int64
 	for _, f := range names() {
@@ -561,22 +523,6 @@ func names() []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-// SQL returns the plain SQL of every migration in one direction (up in version
-// order, down in reverse), with goose's annotations removed, for teams that
-// apply it with another tool. Apply it in one transaction. It is
-// Script(0, Latest()) for [DirectionUp] and Script(Latest(), 0) for
-// [DirectionDown].
-func SQL(direction Direction) (string, error) {
-	switch direction {
-	case DirectionUp:
-		return Script(0, Latest())
-	case DirectionDown:
-		return Script(Latest(), 0)
-	default:
-		return "", fmt.Errorf("migrations: direction %q: want %q or %q", direction, DirectionUp, DirectionDown)
-	}
 }
 
 // versionTableDDL is the table goose's Provider creates for PostgreSQL
@@ -601,8 +547,7 @@ SELECT 0, true WHERE NOT EXISTS (SELECT 1 FROM ` + VersionTable + `);
 // in reverse order when from > to. Each version is 0 or a known migration.
 // Like goose, the script records every step in [VersionTable] (an up script
 // from 0 creates the table), and it starts by checking that the database is
-// at version from, so that it fails cleanly on a schema at another version
-// (or on one a pre-release build installed, see [ErrPreReleaseSchema]).
+// at version from, so that it fails cleanly on a schema at another version.
 // Apply it in one transaction.
 //
 // The script first pins search_path to pg_catalog, pg_temp for its
@@ -647,34 +592,25 @@ func Script(from, to int64) (string, error) {
 		b.WriteString(versionTableDDL)
 		b.WriteString("\n")
 	}
-	fmt.Fprintf(&b, scriptLockSQL, VersionTable, from, lockTableDDL, LockTable, LockLease.Seconds())
-	fmt.Fprintf(&b, `-- Refuse to run on a schema that is not at version %[1]d, or that a pre-release
--- build of pgfence installed.
+	fmt.Fprintf(&b, scriptLockSQL, VersionTable, from, lockTableDDL, LockTable, lockLease.Seconds())
+	fmt.Fprintf(&b, `-- Refuse to run on a schema that is not at version %[1]d.
 DO $pgfence$
 DECLARE
     v_current bigint;
 BEGIN
-    IF to_regclass('%[2]s') IS NULL THEN
-        RAISE EXCEPTION 'pgfence: %[2]s does not exist; this script starts from schema version %[1]d'
-            USING HINT = 'pgfence records its schema version there: is pgfence installed in this database?';
-    END IF;
-    IF %[4]s THEN
-        RAISE EXCEPTION 'pgfence: the pgfence schema was installed by a pre-release build of pgfence and cannot be migrated'
-            USING HINT = 'Export the rows you need, DROP SCHEMA %[5]s CASCADE, and install it again.';
-    END IF;
     SELECT coalesce(max(version_id), 0) INTO v_current FROM %[2]s;
     IF v_current <> %[1]d THEN
         RAISE EXCEPTION 'pgfence: the schema is at version %%, this script starts from version %[1]d', v_current
-            USING HINT = CASE WHEN v_current = %[6]d
-                              THEN 'The schema is already at version %[6]d, where this script ends: there is nothing to run.'
+            USING HINT = CASE WHEN v_current = %[3]d
+                              THEN 'The schema is already at version %[3]d, where this script ends: there is nothing to run.'
                               ELSE 'Generate a script from that version: pgfence migrate sql --direction '
-                                   || CASE WHEN v_current > %[6]d THEN 'down' ELSE 'up' END
-                                   || ' --from ' || v_current || ' --to %[6]d.' END;
+                                   || CASE WHEN v_current > %[3]d THEN 'down' ELSE 'up' END
+                                   || ' --from ' || v_current || ' --to %[3]d.' END;
     END IF;
 END
 $pgfence$;
 
-`, from, VersionTable, direction, preReleaseSQL, Schema, to)
+`, from, VersionTable, to)
 	for _, n := range ns {
 		raw, err := fs.ReadFile(files, n)
 		if err != nil {

@@ -26,50 +26,24 @@ type Finding struct {
 	Problem string
 	// Fix says what to do about it, often as a statement to run.
 	Fix string
-	// Kind says which rule the finding breaks.
-	Kind FindingKind
+	// Kind names the rule the finding breaks, most important first:
+	// "search_path" (the session's search_path puts a schema before
+	// pg_catalog), "schema owner" (another role owns schema pgfence),
+	// "schema create" (another role may create objects in it), "object
+	// owner" (another role owns an object in it), "table grant" (another
+	// role may write a pgfence table or add a trigger to it), "default
+	// privileges" (the role's default privileges would grant another role
+	// that on what the migrations create), "role attributes" (pgfence_app
+	// or pgfence_operator can log in or has an attribute) and "role
+	// membership" (either is a member of another role).
+	Kind string
 }
-
-// FindingKind is the rule a [Finding] breaks.
-type FindingKind string
-
-// The kinds of [Finding], most important first.
-const (
-	// FindingSearchPath: the session's search_path puts a schema before
-	// pg_catalog.
-	FindingSearchPath FindingKind = "search_path"
-	// FindingSchemaOwner: another role owns schema pgfence.
-	FindingSchemaOwner FindingKind = "schema owner"
-	// FindingSchemaCreate: another role may create objects in schema
-	// pgfence.
-	FindingSchemaCreate FindingKind = "schema create"
-	// FindingObjectOwner: another role owns an object in schema pgfence.
-	FindingObjectOwner FindingKind = "object owner"
-	// FindingTableGrant: another role may write a pgfence table or add a
-	// trigger to it.
-	FindingTableGrant FindingKind = "table grant"
-	// FindingDefaultPrivileges: the role's default privileges would grant
-	// another role that on what the migrations create.
-	FindingDefaultPrivileges FindingKind = "default privileges"
-	// FindingRoleAttributes: pgfence_app or pgfence_operator can log in or
-	// has an attribute (SUPERUSER, CREATEDB, CREATEROLE, REPLICATION,
-	// BYPASSRLS).
-	FindingRoleAttributes FindingKind = "role attributes"
-	// FindingRoleMembership: pgfence_app or pgfence_operator is a member of
-	// another role.
-	FindingRoleMembership FindingKind = "role membership"
-)
 
 // findingKinds maps the rank the trust check's query gives a finding to its
 // kind.
-var findingKinds = map[int]FindingKind{
-	1: FindingSchemaOwner,
-	2: FindingSchemaCreate,
-	3: FindingObjectOwner,
-	4: FindingTableGrant,
-	5: FindingDefaultPrivileges,
-	6: FindingRoleAttributes,
-	7: FindingRoleMembership,
+var findingKinds = map[int]string{
+	1: "schema owner", 2: "schema create", 3: "object owner", 4: "table grant",
+	5: "default privileges", 6: "role attributes", 7: "role membership",
 }
 
 // UntrustedError is returned by [Migrator.Up] and [Migrator.DownTo], before
@@ -290,7 +264,7 @@ func searchPathFinding(path []string) (Finding, bool) {
 		return Finding{}, false
 	}
 	return Finding{
-		Kind:   FindingSearchPath,
+		Kind:   "search_path",
 		Object: "search_path",
 		Problem: fmt.Sprintf("puts %s before pg_catalog (effective path %s): the statements that record migrations would resolve built-in functions there, with the rights of the migrating role",
 			strings.Join(before, ", "), strings.Join(path, ", ")),

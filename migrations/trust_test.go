@@ -388,11 +388,11 @@ func TestAudit(t *testing.T) {
 	other := otherRole(t, db)
 	mustExecPool(t, db.Pool, `CREATE SEQUENCE pgfence.s; ALTER SEQUENCE pgfence.s OWNER TO `+other)
 	f, err := migrations.Audit(ctx, db.Pool, owner)
-	if err != nil || len(f) != 1 || f[0].Kind != migrations.FindingObjectOwner || f[0].Object != "sequence pgfence.s" {
+	if err != nil || len(f) != 1 || f[0].Kind != "object owner" || f[0].Object != "sequence pgfence.s" {
 		t.Fatalf("Audit(%s) with a sequence %s owns: %+v, %v", owner, other, f, err)
 	}
 	f, err = migrations.Audit(ctx, db.Pool, other)
-	if err != nil || len(f) == 0 || f[0].Kind != migrations.FindingSchemaOwner || !strings.Contains(f[0].Problem, "is owned by role "+owner) {
+	if err != nil || len(f) == 0 || f[0].Kind != "schema owner" || !strings.Contains(f[0].Problem, "is owned by role "+owner) {
 		t.Fatalf("Audit(%s): %+v, %v; want the schema's owner first", other, f, err)
 	}
 }

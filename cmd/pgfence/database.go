@@ -231,7 +231,7 @@ func unreachable(addr, database string, err error, password string) error {
 // schemaError explains a schema problem found by the migrator.
 func schemaError(err error) error {
 	if errors.Is(err, migrations.ErrSchemaTooNew) {
-		return &cliError{msg: err.Error(), hint: "this binary is older than the schema: upgrade pgfence (go install github.com/pgfence/pgfence/cmd/pgfence@latest)", code: exitSchema, err: err}
+		return &cliError{msg: err.Error(), hint: "when a newer pgfence migrated the schema, upgrade this binary: go install github.com/pgfence/pgfence/cmd/pgfence@latest", code: exitSchema, err: err}
 	}
 	if pgerr.IsConnectionError(err) {
 		return &cliError{msg: "lost the database connection: " + redact(err.Error()), hint: "check that the server is up, then rerun (migrations are transactional and resume where they stopped)", code: exitUnavailable, err: err}

@@ -92,7 +92,7 @@ func trustChecks(ctx context.Context, pool *pgxpool.Pool) []check {
 	if err != nil {
 		return failAll("cannot run the trust check for role %s: %v", migrator, err)
 	}
-	byKind := func(kinds ...migrations.FindingKind) []migrations.Finding {
+	byKind := func(kinds ...string) []migrations.Finding {
 		var out []migrations.Finding
 		for _, f := range findings {
 			for _, k := range kinds {
@@ -122,15 +122,15 @@ func trustChecks(ctx context.Context, pool *pgxpool.Pool) []check {
 	out := []check{
 		// The migrator's fix for a schema another role owns is to migrate
 		// as that role; here the schema is installed, and was handed over.
-		report(ownership, byKind(migrations.FindingSchemaOwner, migrations.FindingObjectOwner), func(f migrations.Finding) string {
-			if f.Kind == migrations.FindingSchemaOwner {
+		report(ownership, byKind("schema owner", "object owner"), func(f migrations.Finding) string {
+			if f.Kind == "schema owner" {
 				return fmt.Sprintf("Find out who handed schema pgfence over and why, then give it back: ALTER SCHEMA pgfence OWNER TO %s;", q)
 			}
 			return f.Fix
 		}, fmt.Sprintf("schema pgfence and every object in it are owned by role %s, the role that migrated (%s)", migrator, how)),
-		report(privileges, byKind(migrations.FindingSchemaCreate, migrations.FindingTableGrant, migrations.FindingDefaultPrivileges), asIs,
+		report(privileges, byKind("schema create", "table grant", "default privileges"), asIs,
 			fmt.Sprintf("no other role may create objects in schema pgfence or write its tables, and the default privileges of %s grant nothing on what migrations create", migrator)),
-		report(roles, byKind(migrations.FindingRoleAttributes, migrations.FindingRoleMembership), asIs,
+		report(roles, byKind("role attributes", "role membership"), asIs,
 			"pgfence_app and pgfence_operator are NOLOGIN groups without attributes, members of no other role"),
 		securityDefiners(ctx, pool, owner, ownerQuoted),
 	}
@@ -253,5 +253,5 @@ func migrationLock(ctx context.Context, pool *pgxpool.Pool) check {
 	}
 	return check{Name: name, Status: statusWarn, Detail: fmt.Sprintf(
 		"held by a running migration: %s, lease until %s (renewed every %s while it runs); other migrations wait for it%s",
-		who, h.LeaseUntil.UTC().Format(time.RFC3339), migrations.LockLease/3, uncommitted)}
+		who, h.LeaseUntil.UTC().Format(time.RFC3339), 10*time.Second, uncommitted)}
 }

@@ -113,7 +113,7 @@ func TestMigrateErrors(t *testing.T) {
 		{"no database", []string{"migrate", "up"}, nil, exitUsage, "no database"},
 		{"bad url", []string{"migrate", "up", "--database-url", "postgres://u:secret@[::1"}, nil, exitUsage, "invalid database URL"},
 		{"unreachable", []string{"migrate", "up", "--database-url", "postgres://u:secret@" + closedAddr + "/db", "--connect-timeout", "2s"}, nil, exitUnavailable, closedAddr},
-		{"schema newer", []string{"migrate", "up"}, map[string]string{"DATABASE_URL": newer.URL}, exitSchema, "newer than this pgfence build"},
+		{"schema newer", []string{"migrate", "up"}, map[string]string{"DATABASE_URL": newer.URL}, exitSchema, "does not know: database is at version"},
 		{"unknown subcommand", []string{"migrate", "sideways"}, nil, exitUsage, "unknown subcommand"},
 		{"unknown command", []string{"frobnicate"}, nil, exitUsage, "unknown command"},
 		{"bad flag", []string{"migrate", "up", "--nope"}, nil, exitUsage, "flag provided but not defined"},

@@ -73,6 +73,7 @@ func checkRun(ctx context.Context, t *testing.T, pool *pgxpool.Pool, reader *sdk
 	}
 	outcome := func(v string) attribute.KeyValue { return attribute.String("pgfence.outcome", v) }
 	mode := attribute.String("pgfence.operation", "atomic")
+	lease := func(op string) attribute.KeyValue { return attribute.String("pgfence.operation", op) }
 	for _, c := range []struct {
 		name string
 		got  int64
@@ -82,17 +83,17 @@ func checkRun(ctx context.Context, t *testing.T, pool *pgxpool.Pool, reader *sdk
 		{"fence writes stale_token", sum("pgfence.fence.writes", outcome("stale_token")), 1},
 		{"idempotency new", sum("pgfence.idempotency.operations", mode, outcome("new")), res.Accepted},
 		{"idempotency replayed", sum("pgfence.idempotency.operations", mode, outcome("replayed")), res.Replays},
-		{"grants", sum("pgfence.lease.acquire.attempts", outcome("acquired")), 2*requests + 2},
-		{"takeovers", sum("pgfence.lease.takeovers"), 1},
-		{"releases not_held", sum("pgfence.lease.releases", outcome("not_held")), 1},
-		{"releases released", sum("pgfence.lease.releases", outcome("released")), 2*requests + 1},
+		{"grants", sum("pgfence.lease.operations", lease("attempt"), outcome("acquired")) + sum("pgfence.lease.operations", lease("attempt"), outcome("taken_over")), 2*requests + 2},
+		{"takeovers", sum("pgfence.lease.operations", lease("attempt"), outcome("taken_over")), 1},
+		{"releases not_held", sum("pgfence.lease.operations", lease("release"), outcome("not_held")), 1},
+		{"releases released", sum("pgfence.lease.operations", lease("release"), outcome("released")), 2*requests + 1},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s: %d, want %d", c.name, c.got, c.want)
 		}
 	}
-	if n := count("pgfence.lease.hold.duration", outcome("lost")); n != 1 {
-		t.Errorf("hold.duration{lost} count %d, want 1 (the frozen worker)", n)
+	if n := count("pgfence.lease.duration", lease("hold"), outcome("lost")); n != 1 {
+		t.Errorf("lease duration{hold, lost} count %d, want 1 (the frozen worker)", n)
 	}
 	// The output shows the series moving round by round.
 	if strings.Count(out.String(), "pgfence.fence.writes{operation=exec,outcome=accepted}") != rounds+1 {

@@ -211,13 +211,13 @@ func (m *Middleware) serveAtomic(w http.ResponseWriter, r *http.Request, next ht
 	if answered, outcome, status := m.answerClaim(w, r, req, out, err); answered {
 		return outcome, status
 	}
-	a := out.Atomic
+	a := out.Attempt
 	ended := false
 	defer func() {
 		if !ended { // the handler panicked: nothing commits
 			rctx, rcancel := context.WithTimeout(context.WithoutCancel(r.Context()), settleTimeout)
 			defer rcancel()
-			_ = a.Rollback(rctx)
+			_ = a.Release(rctx)
 		}
 	}()
 	buf := &buffer{header: http.Header{}, max: m.maxResp}
@@ -229,7 +229,7 @@ func (m *Middleware) serveAtomic(w http.ResponseWriter, r *http.Request, next ht
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(r.Context()), settleTimeout)
 	defer scancel()
 	if buf.overflow {
-		_ = a.Rollback(sctx)
+		_ = a.Release(sctx)
 		m.logger.WarnContext(r.Context(), "idempotency: response too large for the atomic mode; rolled back",
 			"scope", req.Scope, "key", req.Key, "limit", m.maxResp)
 		problem(w, http.StatusInternalServerError, "Response too large",
@@ -244,7 +244,7 @@ func (m *Middleware) serveAtomic(w http.ResponseWriter, r *http.Request, next ht
 		_, err = a.Fail(sctx, httpFailure(status, encode(status, buf.sent, m.headers, buf.body.Bytes(), false)))
 	default:
 		// Not stored: the handler's writes go too, and a retry starts afresh.
-		err = a.Rollback(sctx)
+		err = a.Release(sctx)
 		if err != nil {
 			m.logger.WarnContext(r.Context(), "idempotency: rollback failed", "scope", req.Scope, "key", req.Key, "error", err)
 		}
@@ -263,7 +263,7 @@ func (m *Middleware) serveAtomic(w http.ResponseWriter, r *http.Request, next ht
 	case err != nil:
 		// A refused answer (too large to store) leaves the attempt open:
 		// roll it back, or the key and its connection stay held.
-		_ = a.Rollback(sctx)
+		_ = a.Release(sctx)
 		m.logger.ErrorContext(r.Context(), "idempotency: commit failed", "scope", req.Scope, "key", req.Key, "error", err)
 		problem(w, http.StatusInternalServerError, "Request not committed", "The request was not processed; retry later.")
 		return outcomeError, http.StatusInternalServerError

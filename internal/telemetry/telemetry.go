@@ -91,6 +91,10 @@ func (r *Recorder) Start(ctx context.Context, op string, attrs ...attribute.KeyV
 	}
 }
 
+// Enabled reports whether operations are counted: work done only to count
+// something can be skipped when they are not.
+func (r *Recorder) Enabled(ctx context.Context) bool { return r.ops.Enabled(ctx) }
+
 // Count records n operations that have no span of their own (a step inside
 // another operation's span, or a tally).
 func (r *Recorder) Count(ctx context.Context, op, outcome string, n int64) {
