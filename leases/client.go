@@ -36,10 +36,6 @@ type Client struct {
 	// server on an older timeline: a demoted primary that still accepts writes.
 	seenEpoch atomic.Int64
 
-	// unannounced is set when the schema has no pgfence.announce_renewal
-	// (it was not migrated since): renewals are then sent unannounced.
-	unannounced atomic.Bool
-
 	// clockOffset shifts the wall clock the client reads (now) against the
 	// database's. It is zero except in tests (SetClockOffset in
 	// export_test.go), which show that no trust window or hold time depends
@@ -270,19 +266,8 @@ func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Durat
 	fair := o.Fair
 	announce := o.Announce
 	c.startListener()
-	w := c.enqueue(key, fair, grantTerms{ttl: ttl, margin: margin, info: info})
-	defer func() {
-		c.dequeue(key, w)
-		// A lost grant of this client's that was settled too late for this
-		// call, handed over after it stopped waiting: release it.
-		select {
-		case o := <-w.orphan:
-			if o != l {
-				c.releaseInBackground(ctx, o)
-			}
-		default:
-		}
-	}()
+	w := c.enqueue(key, fair)
+	defer c.dequeue(key, w)
 
 	waiter := newHolderID()
 	// atHead: this fair waiter's last turn found nobody ahead of it.
@@ -377,17 +362,8 @@ func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Durat
 			}
 			last = err
 		}
-		var (
-			stop    error
-			adopted *Lease
-		)
-		if woken, adopted, stop = c.waitTurn(ctx, w, attempt, remaining); adopted != nil {
-			// An attempt of this client whose reply was lost did get the
-			// key, and was settled in the background meanwhile.
-			c.emit(event{Kind: eventAcquired, Key: key, Holder: adopted.holder, Token: adopted.token, Duration: c.since(adopted.start)})
-			return adopted, nil
-		}
-		if stop != nil {
+		var stop error
+		if woken, stop = c.waitTurn(ctx, w, attempt, remaining); stop != nil {
 			if errors.Is(stop, ErrClosed) {
 				return nil, stop
 			}
@@ -397,12 +373,11 @@ func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Durat
 }
 
 // waitTurn sleeps after the head waiter's attempt-th failed try (remaining:
-// the holder's time left, 0 when unknown) until the delay passes, a release
-// of the key is announced, or a lost grant of this client's for the key turns
-// out to have been granted (adopted). It reports whether every waiting client tries now
-// (a release, or the holder's expiry), or why waiting ended: the context's
-// cause, or ErrClosed.
-func (c *Client) waitTurn(ctx context.Context, w *waiter, attempt int, remaining time.Duration) (woken bool, adopted *Lease, stop error) {
+// the holder's time left, 0 when unknown) until the delay passes or a
+// release of the key is announced. It reports whether every waiting client
+// tries now (a release, or the holder's expiry), or why waiting ended: the
+// context's cause, or ErrClosed.
+func (c *Client) waitTurn(ctx context.Context, w *waiter, attempt int, remaining time.Duration) (woken bool, stop error) {
 	d, atExpiry := c.delay(attempt, remaining)
 	timer := time.NewTimer(d)
 	defer timer.Stop()
@@ -410,13 +385,11 @@ func (c *Client) waitTurn(ctx context.Context, w *waiter, attempt int, remaining
 	for {
 		select {
 		case <-ctx.Done():
-			return false, nil, context.Cause(ctx)
+			return false, context.Cause(ctx)
 		case <-c.closing:
-			return false, nil, ErrClosed
-		case l := <-w.orphan:
-			return false, l, nil
+			return false, ErrClosed
 		case <-w.wake:
-			return true, nil, nil
+			return true, nil
 		case lease := <-w.granted:
 			// Another waiter got the key (announced): its expiry is the next
 			// chance if it never releases. A waiter that lost to the
@@ -426,7 +399,7 @@ func (c *Client) waitTurn(ctx context.Context, w *waiter, attempt int, remaining
 				due, atExpiry = time.Now().Add(e), true
 			}
 		case <-timer.C:
-			return atExpiry, nil, nil
+			return atExpiry, nil
 		}
 	}
 }

@@ -88,9 +88,9 @@
 //     transaction pooler too. It either returns the lease or reports that
 //     nothing was granted ([pgfence.ErrUnavailable]); if it cannot tell, the error wraps
 //     [pgfence.ErrOutcomeUnknown] and names the holder id; the settlement goes on in
-//     the background, and a grant it finds goes to a waiting Acquire of the
-//     key in this client or is released (it is left to expire only when the
-//     client is closed first). The caller never waits past its context
+//     the background, and a grant it finds is released, which wakes this
+//     client's waiters of the key (it is left to expire only when the client
+//     is closed first). The caller never waits past its context
 //     for this: when the context ends first, the call returns
 //     [pgfence.ErrOutcomeUnknown] at once and the read-back finishes in the
 //     background, releasing a grant that nobody received.

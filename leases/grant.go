@@ -27,7 +27,6 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 	start := c.now()
 	var (
 		acquired           bool
-		gotHolder          *string
 		token              *int64
 		granted, expiresAt *time.Time
 		remainingMicros    int64
@@ -37,13 +36,13 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 		return nil, fmt.Errorf("leases: acquire %q: %w", key, err)
 	}
 	takenOver, err := c.sendGrant(ctx, conn, key, holder, ttl, info, announce, c.tel.Enabled(ctx),
-		&acquired, &gotHolder, &token, &granted, &expiresAt, &remainingMicros)
+		&acquired, &token, &granted, &expiresAt, &remainingMicros)
 	conn.Release()
 	c.tel.attempted(ctx, err, acquired, takenOver)
 	if err != nil {
 		classified := classify(err)
 		if errors.Is(classified, pgfence.ErrOutcomeUnknown) {
-			return c.resolveGrant(ctx, &orphan{key: key, holder: holder, ttl: ttl, margin: margin, info: info, start: start}, err)
+			return c.resolveGrant(ctx, &orphan{key: key, holder: holder, ttl: ttl, margin: margin, start: start}, err)
 		}
 		return nil, fmt.Errorf("leases: acquire %q: %w", key, classified)
 	}
@@ -67,7 +66,6 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 type orphan struct {
 	key, holder string
 	ttl, margin time.Duration
-	info        string    // the holder info the attempt sent
 	start       time.Time // when the attempt was sent, by the client's clock
 
 	mu      sync.Mutex
@@ -93,9 +91,9 @@ type settlement struct {
 // The settlement runs in the background, retried until it gets both answers
 // (or Close); the caller waits for it no longer than Config.ResolveTimeout
 // and its context. If the caller stops waiting first, it gets
-// pgfence.ErrOutcomeUnknown, and the settlement hands a lease it finds to a waiting
-// Acquire of the same key in this client, or releases it, so that this
-// client's own lost grant never holds the key against it until it expires.
+// pgfence.ErrOutcomeUnknown, and the settlement releases a lease it finds
+// (waking this client's waiters of the key), so that this client's own lost
+// grant never holds the key against it until it expires.
 func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lease, error) {
 	o.waiting = true
 	o.result = make(chan settlement, 1)
@@ -130,13 +128,13 @@ func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lea
 			// Close may have stopped waiting for background work: release
 			// it here, before this call returns.
 			c.releaseNow(ctx, r.l)
-		case !c.adopt(r.l, o.terms()):
+		default:
 			c.releaseInBackground(ctx, r.l)
 		}
 	default:
 		c.cfg.Logger.Debug("pgfence lease: a lost grant reply is settled in the background", "key", o.key, "holder", o.holder)
 	}
-	err := fmt.Errorf("leases: acquire %q: the reply was lost and the grant to holder %s could not be settled yet (it is settled in the background: a lease it finds goes to a waiting Acquire of this client, or is released): %w: %w",
+	err := fmt.Errorf("leases: acquire %q: the reply was lost and the grant to holder %s could not be settled yet (it is settled in the background, and a lease it finds is released): %w: %w",
 		o.key, o.holder, pgfence.ErrOutcomeUnknown, cause)
 	if c.isClosed() {
 		// Close waits for the settlement, which releases a grant it finds.
@@ -147,8 +145,7 @@ func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lea
 
 // settle settles o (see resolveGrant), retrying with capped backoff until
 // the abandonment and the probe both answered, or the client closes. It
-// gives the outcome to the waiting caller, else a lease it found to a
-// waiting Acquire of the key, else releases it.
+// gives the outcome to the waiting caller, or releases a lease it found.
 func (c *Client) settle(ctx context.Context, o *orphan) {
 	bg := context.WithoutCancel(ctx)
 	for attempt := 0; ; attempt++ {
@@ -160,7 +157,7 @@ func (c *Client) settle(ctx context.Context, o *orphan) {
 				o.result <- r
 			}
 			o.mu.Unlock()
-			if !waiting && r.l != nil && !c.adopt(r.l, o.terms()) {
+			if !waiting && r.l != nil {
 				// Released here, not in another goroutine: Close waits
 				// for this settlement, release included.
 				c.releaseNow(bg, r.l)
@@ -210,29 +207,6 @@ func (c *Client) settleOnce(ctx context.Context, o *orphan) (settlement, error) 
 		return settlement{granted: true}, nil
 	}
 	return settlement{granted: true, l: c.newLease(o.key, o.holder, *token, o.ttl, o.margin, o.start, *grantedAt, *expires)}, nil
-}
-
-// terms are what o's attempt asked for.
-func (o *orphan) terms() grantTerms { return grantTerms{ttl: o.ttl, margin: o.margin, info: o.info} }
-
-// adopt gives l, a lost grant reply's lease that its caller no longer waits
-// for, to an Acquire of the same key waiting in this client that asked for
-// the same terms (a lease of another TTL, safety margin or holder info would
-// not be what that call asked for), and reports whether one took it.
-func (c *Client) adopt(l *Lease, terms grantTerms) bool {
-	taken := false
-	c.mu.Lock()
-	c.pollers(l.key, func(w *waiter) {
-		if !taken && w.grant == terms {
-			select {
-			case w.orphan <- l:
-				taken = true
-			default:
-			}
-		}
-	})
-	c.mu.Unlock()
-	return taken
 }
 
 // releaseNow releases l, bounded by Config.ResolveTimeout. A release that

@@ -202,21 +202,11 @@ func (l *Lease) renew(ctx context.Context, announce bool) (err error) {
 	var expiresAt time.Time
 	conn, err := l.c.conn(ctx) // fails only when nothing was sent
 	if err == nil {
-		if announce && !l.c.unannounced.Load() {
-			err = conn.QueryRow(ctx, sqlRenewAnnounced, l.key, l.holder, l.token, l.ttl.Microseconds()).Scan(&expiresAt)
-			if pgerr.Code(err) == pgerr.CodeUndefinedFunction {
-				// A schema not migrated since announcements were signed:
-				// nothing ran. Renew unannounced (watchers read at each
-				// expiry instead), and say so once.
-				if !l.c.unannounced.Swap(true) {
-					l.c.log.WarnContext(ctx, "leases: renewals are not announced: the pgfence schema has no announce_renewal; run the migrations", "err", err)
-				}
-				announce = false
-			}
+		sql := sqlRenew
+		if announce {
+			sql = sqlRenewAnnounced
 		}
-		if !announce || l.c.unannounced.Load() {
-			err = conn.QueryRow(ctx, sqlRenew, l.key, l.holder, l.token, l.ttl.Microseconds()).Scan(&expiresAt)
-		}
+		err = conn.QueryRow(ctx, sql, l.key, l.holder, l.token, l.ttl.Microseconds()).Scan(&expiresAt)
 		conn.Release()
 		if pgerr.Code(err) == pgerr.CodeLeaseNotHeld {
 			if l.releasedMeanwhile(ctx) {

@@ -4,7 +4,7 @@ package leases
 // the migrations, so the Go client and any other SQL client follow the same
 // protocol. Durations travel as microseconds.
 const (
-	sqlTryAcquire = `SELECT acquired, holder::text, token, granted_at, expires_at,
+	sqlTryAcquire = `SELECT acquired, token, granted_at, expires_at,
        (extract(epoch FROM remaining) * 1000000)::bigint
   FROM pgfence.try_acquire($1, $2::bigint * interval '1 microsecond', $3, $4::uuid, $5, $6)`
 

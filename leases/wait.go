@@ -29,22 +29,12 @@ type waiter struct {
 	turn    chan struct{}      // closed when the waiter starts polling
 	wake    chan struct{}      // a release of the key was seen (buffered, 1)
 	granted chan time.Duration // an announced grant of the key, its lease length (buffered, 1)
-	orphan  chan *Lease        // this client's lost grant of the key, settled late (buffered, 1)
 	fair    bool               // polls from its arrival (AcquireOptions.Fair)
 	polling bool               // turn is closed; c.mu guards it
-	grant   grantTerms         // what it asks for: only a lost grant of the same terms is handed to it
 }
 
-// grantTerms are what an Acquire asks for beside the key: a lost grant
-// settled late goes only to a waiter that asked for the same.
-type grantTerms struct {
-	ttl, margin time.Duration
-	info        string
-}
-
-func (c *Client) enqueue(key string, fair bool, terms grantTerms) *waiter {
-	w := &waiter{turn: make(chan struct{}), wake: make(chan struct{}, 1), granted: make(chan time.Duration, 1),
-		orphan: make(chan *Lease, 1), fair: fair, grant: terms}
+func (c *Client) enqueue(key string, fair bool) *waiter {
+	w := &waiter{turn: make(chan struct{}), wake: make(chan struct{}, 1), granted: make(chan time.Duration, 1), fair: fair}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	q := c.queues[key]

@@ -13,8 +13,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // WatchKind says what a [WatchEvent] is.
@@ -469,17 +467,13 @@ func (w *Watcher) run(ctx context.Context) {
 
 // fetchTagKey reads the key renewal announcements are signed with. Until it
 // succeeds announcements are ignored (the watcher reads at each expiry it
-// knows instead); it is tried again after the next read, unless the schema
-// has no pgfence.announce_key.
+// knows instead); it is tried again after the next read.
 func (w *Watcher) fetchTagKey(ctx context.Context) {
 	var k []byte
 	w.reads.Add(1)
 	if err := w.c.pool.QueryRow(ctx, sqlAnnounceKey, w.key).Scan(&k); err != nil {
 		w.c.log.DebugContext(ctx, "leases: watch: renewal announcements of this key are not checked", "key", w.key, "err", err)
-		if pgerr.Code(err) != pgerr.CodeUndefinedFunction {
-			return
-		}
-		k = []byte{} // a schema from before signed announcements: none will check out
+		return
 	}
 	w.mu.Lock()
 	w.tagKey = k

@@ -299,56 +299,6 @@ func TestWatchIgnoresForgedRenewals(t *testing.T) {
 	}
 }
 
-// A client newer than the schema (migrations not yet run) keeps its lease
-// when its renewals cannot be announced: they go out unannounced, and its
-// watchers read the key at each expiry instead, asking for the tag key once.
-func TestAnnouncedRenewalsOnAnOlderSchema(t *testing.T) {
-	checkLeaks(t)
-	db := pgfencetest.NewDatabase(t)
-	ctx := ctxTimeout(t, time.Minute)
-	if _, err := db.Pool.Exec(ctx, `DROP FUNCTION pgfence.announce_renewal(text, uuid, bigint); DROP FUNCTION pgfence.announce_key(text)`); err != nil {
-		t.Fatal(err)
-	}
-	watching := newClient(t, db.Pool, &leases.Config{PollInterval: time.Hour})
-	holders := newClient(t, db.Pool, &leases.Config{DisableWakeups: true})
-	const ttl = time.Second
-	l, err := holders.TryAcquire(ctx, "old-schema", ttl, &leases.AcquireOptions{RenewInterval: ttl / 5, Announce: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, cancel := context.WithCancel(ctx)
-	w, err := watching.Watch(wctx, "old-schema", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stopWatch(cancel, w)
-	waitListening(t, watching, db.Pool)
-	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchAcquired {
-		t.Fatalf("first event %+v", e)
-	}
-	before := leases.WatchReads(w)
-	select {
-	case <-l.Done():
-		t.Fatalf("the keep-alive did not keep the lease: %v", l.Err())
-	case <-time.After(3 * ttl):
-	}
-	// About one read per expiry the watcher knew (3 TTLs), not two: the
-	// missing announce_key is not asked for again at every read.
-	if reads := leases.WatchReads(w) - before; reads < 2 || reads > 5 {
-		t.Errorf("the watcher made %d reads over 3 TTLs of unannounced renewals, want one per expiry (about 3)", reads)
-	}
-	if err := l.Err(); err != nil {
-		t.Fatalf("lease: %v", err)
-	}
-	st, err := holders.Get(ctx, "old-schema")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !st.Live || st.RenewedAt.IsZero() {
-		t.Fatalf("after 3 TTLs of keep-alive: %+v, want live and renewed", st)
-	}
-}
-
 // Without wake-ups a watcher polls, and still sees every grant and release.
 func TestWatchPollsWithoutWakeups(t *testing.T) {
 	checkLeaks(t)
