@@ -231,7 +231,7 @@ func TestAdvanceRetention(t *testing.T) {
 	}
 	// It never passes 2^62, the largest floor: tokens above it are refused
 	// with a clear error, not a constraint violation.
-	if _, err := pgfence.RaiseTokenFloor(ctx, pool, pgfence.MaxTokenFloor, "the end of the range"); err != nil {
+	if _, err := pgfence.RaiseTokenFloor(ctx, pool, 1<<62, "the end of the range"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.TryAcquire(ctx, "past-the-floor", time.Minute, nil); err != nil {

@@ -4,29 +4,11 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/driver"
 )
-
-// MaxReasonLen is the longest reason of [RaiseTokenFloor] and [LowerFence],
-// in characters; the SQL functions enforce the same limit.
-const MaxReasonLen = 1000
-
-// MaxTokenFloor is the highest floor [RaiseTokenFloor] accepts: 2^62, far
-// above any token a real cluster issues (timeline << 40 | counter), and far
-// below the end of the bigint range, so tokens keep room to grow. A floor
-// is never lowered, so one near the end of the range would make every later
-// grant fail for good.
-const MaxTokenFloor int64 = 1 << 62
-
-// MaxToken is the largest token: [MaxTokenFloor] plus room for 2^61 grants
-// above it. Every function refuses a larger one ([ErrInvalid]; PF008 from
-// SQL): no grant issues it, and a resource fenced with it would be out of
-// every later holder's reach.
-const MaxToken int64 = MaxTokenFloor + 1<<61
 
 // RaiseTokenFloor makes every token issued from now on greater than floor,
 // after the schema was rebuilt or restored from an older backup, so tokens
@@ -35,15 +17,13 @@ const MaxToken int64 = MaxTokenFloor + 1<<61
 // granted before acquire again before they write, and [PruneRetired] may
 // delete the rows that only remember retired tokens. It refuses to lower the
 // floor ([ErrFloorLowered]); the current value is a no-op. It returns the
-// floor before. floor must be 0 to [MaxTokenFloor]; reason (1 to
-// [MaxReasonLen] characters) is recorded.
+// floor before. floor must be 0 to 2^62, far above any token a real
+// cluster issues and far below the end of the bigint range, so tokens keep
+// room to grow (a floor is never lowered: one near the end of the range
+// would make every later grant fail for good); reason (1 to 1000
+// characters) is recorded. The database refuses other values
+// ([ErrInvalid]).
 func RaiseTokenFloor(ctx context.Context, db DB, floor int64, reason string) (previous int64, err error) {
-	if floor < 0 || floor > MaxTokenFloor {
-		return 0, fmt.Errorf("%w: floor must be 0 to %d (MaxTokenFloor), got %d", ErrInvalid, MaxTokenFloor, floor)
-	}
-	if n := utf8.RuneCountInString(reason); n < 1 || n > MaxReasonLen {
-		return 0, fmt.Errorf("%w: reason must be 1 to %d characters, got %d", ErrInvalid, MaxReasonLen, n)
-	}
 	err = run(ctx, db, `SELECT pgfence.raise_token_floor($1, $2)`, []any{floor, reason}, &previous)
 	return previous, err
 }

@@ -8,15 +8,15 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// MaxIdentifierLen is the longest table, schema or column name the helpers
+// maxIdentifierLen is the longest table, schema or column name the helpers
 // accept, in bytes: PostgreSQL's NAMEDATALEN - 1. PostgreSQL silently
 // truncates a longer name, which could then name another object, so the
 // helpers refuse it instead.
-const MaxIdentifierLen = 63
+const maxIdentifierLen = 63
 
 // CheckIdentifier reports whether name can be quoted with [pgx.Identifier]
 // and then means exactly the object it spells: 1 to 3 parts (table,
-// schema.table, database.schema.table), each 1 to [MaxIdentifierLen] bytes
+// schema.table, database.schema.table), each 1 to 63 bytes
 // of valid UTF-8 without NUL bytes. pgx drops NUL bytes when it quotes a
 // name and PostgreSQL truncates long ones: both would name another object.
 // Quotes, dots, semicolons, backslashes and any other character are fine:
@@ -46,9 +46,9 @@ func checkName(field, s string) error {
 	switch {
 	case s == "":
 		return fmt.Errorf("%w: %s is empty", ErrInvalid, field)
-	case len(s) > MaxIdentifierLen:
+	case len(s) > maxIdentifierLen:
 		return fmt.Errorf("%w: %s %q… is %d bytes, at most %d allowed (PostgreSQL would truncate it to another name)",
-			ErrInvalid, field, truncate(s, 20), len(s), MaxIdentifierLen)
+			ErrInvalid, field, truncate(s, 20), len(s), maxIdentifierLen)
 	case strings.IndexByte(s, 0) >= 0:
 		return fmt.Errorf("%w: %s %q contains a NUL byte", ErrInvalid, field, s)
 	case !utf8.ValidString(s):

@@ -29,14 +29,14 @@ var hostileNames = []string{
 	`Mixed Case`,
 	" lead\ttab\nnewline",
 	"Ünïcödé",
-	"e\u0301",       // e + combining acute: not the same name as "é"
-	"\u00e9",        // é precomposed
-	"\u202egnp.exe", // right-to-left override
-	"שלום",          // right-to-left script
-	"🐘",             // 4-byte UTF-8
-	strings.Repeat("x", pgfence.MaxIdentifierLen),   // the longest name PostgreSQL keeps
-	strings.Repeat("€", pgfence.MaxIdentifierLen/3), // 63 bytes of 3-byte runes
-	strings.Repeat("y", pgfence.MaxIdentifierLen-1), // 62 bytes
+	"e\u0301",                 // e + combining acute: not the same name as "é"
+	"\u00e9",                  // é precomposed
+	"\u202egnp.exe",           // right-to-left override
+	"שלום",                    // right-to-left script
+	"🐘",                       // 4-byte UTF-8
+	strings.Repeat("x", 63),   // the longest name PostgreSQL keeps
+	strings.Repeat("€", 63/3), // 63 bytes of 3-byte runes
+	strings.Repeat("y", 63-1), // 62 bytes
 }
 
 // TestHostileIdentifiers runs every helper that builds SQL from names on
@@ -109,7 +109,7 @@ func TestRejectedIdentifiers(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	mustExec(t, pool, `CREATE TABLE canary (id int PRIMARY KEY)`)
 	mustExec(t, pool, `INSERT INTO canary VALUES (1), (2), (3)`)
-	long := strings.Repeat("t", pgfence.MaxIdentifierLen)
+	long := strings.Repeat("t", 63)
 	// What the rejected names would turn into: a truncated and a NUL-stripped name.
 	mustExec(t, pool, `CREATE TABLE `+pgx.Identifier{long}.Sanitize()+` (r text, f bigint)`)
 	mustExec(t, pool, `CREATE TABLE ab (r text, f bigint)`)

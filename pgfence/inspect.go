@@ -30,13 +30,6 @@ type FenceRecord struct {
 	Op OpID
 }
 
-// FencesLimitDefault is how many rows [Fences] returns when asked for 0;
-// MaxFencesLimit is the most it returns.
-const (
-	FencesLimitDefault = 1000
-	MaxFencesLimit     = 100_000
-)
-
 const (
 	sqlFences = `SELECT resource, token, writes, accepted_at, op FROM pgfence.fences
  WHERE pg_catalog.starts_with(resource, $1) ORDER BY resource LIMIT $2`
@@ -48,9 +41,8 @@ const (
 )
 
 // Fences returns the fenced resources whose name starts with prefix ("" for
-// every one), ordered by name, at most limit of them (0:
-// [FencesLimitDefault], at most [MaxFencesLimit]). To tell whether more
-// exist, ask for one more than you show.
+// every one), ordered by name, at most limit of them (0: 1000; at most
+// 100,000). To tell whether more exist, ask for one more than you show.
 func Fences(ctx context.Context, db DB, prefix string, limit int) ([]FenceRecord, error) {
 	if err := driver.NilHandle(db); err != nil {
 		return nil, err
@@ -61,10 +53,10 @@ func Fences(ctx context.Context, db DB, prefix string, limit int) ([]FenceRecord
 		}
 	}
 	switch {
-	case limit < 0 || limit > MaxFencesLimit:
-		return nil, fmt.Errorf("%w: limit must be 0 to %d, got %d", ErrInvalid, MaxFencesLimit, limit)
+	case limit < 0 || limit > 100_000:
+		return nil, fmt.Errorf("%w: limit must be 0 to 100000, got %d", ErrInvalid, limit)
 	case limit == 0:
-		limit = FencesLimitDefault
+		limit = 1000
 	}
 	rows, err := db.Query(ctx, sqlFences, prefix, limit)
 	if err != nil {

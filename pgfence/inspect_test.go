@@ -99,7 +99,7 @@ func TestInspectFences(t *testing.T) {
 	}
 	for _, bad := range []error{
 		func() error { _, err := pgfence.Fences(ctx, pool, "", -1); return err }(),
-		func() error { _, err := pgfence.Fences(ctx, pool, "", pgfence.MaxFencesLimit+1); return err }(),
+		func() error { _, err := pgfence.Fences(ctx, pool, "", 100_001); return err }(),
 		func() error { _, err := pgfence.Fences(ctx, pool, "a\x00", 0); return err }(),
 		func() error { _, err := pgfence.LookupFence(ctx, pool, ""); return err }(),
 	} {

@@ -85,8 +85,7 @@ func PrefixGrants(ctx context.Context, db DB) ([]PrefixGrant, error) {
 }
 
 // LowerFence sets the accepted token of resource to token, below the one it
-// has, and records who did it and why (reason, 1 to [MaxReasonLen]
-// characters) in pgfence.fence_resets. It is the recovery path for a
+// has, and records who did it and why (reason, 1 to 1000 characters) in pgfence.fence_resets. It is the recovery path for a
 // resource fenced with a token its lease will not reach again, which every
 // holder would otherwise find stale. Lowering lets writers with tokens
 // between token and the old one in again: give the lease's current token, or
@@ -94,12 +93,6 @@ func PrefixGrants(ctx context.Context, db DB) ([]PrefixGrant, error) {
 func LowerFence(ctx context.Context, db DB, resource string, token int64, reason string) (previous int64, err error) {
 	if err := validateName("resource", resource); err != nil {
 		return 0, err
-	}
-	if token <= 0 || token > MaxToken {
-		return 0, fmt.Errorf("%w: token must be 1 to %d, got %d", ErrInvalid, MaxToken, token)
-	}
-	if n := utf8.RuneCountInString(reason); n < 1 || n > MaxReasonLen {
-		return 0, fmt.Errorf("%w: reason must be 1 to %d characters, got %d", ErrInvalid, MaxReasonLen, n)
 	}
 	err = run(ctx, db, `SELECT pgfence.lower_fence($1, $2, $3)`, []any{resource, token, reason}, &previous)
 	return previous, err
@@ -119,9 +112,6 @@ type Pruned struct {
 // it until it deletes nothing. It is the retention of the tables that
 // otherwise keep a row for every key and resource ever used.
 func PruneRetired(ctx context.Context, db DB, batch int) (Pruned, error) {
-	if batch < 1 || batch > 100000 {
-		return Pruned{}, fmt.Errorf("%w: batch must be 1 to 100000, got %d", ErrInvalid, batch)
-	}
 	var p Pruned
 	err := run(ctx, db, `SELECT leases, events, fences, waiters FROM pgfence.prune_retired($1)`, []any{batch},
 		&p.Leases, &p.Events, &p.Fences, &p.Waiters)

@@ -40,13 +40,6 @@ type Rejection struct {
 	At time.Time
 }
 
-// RejectionsLimitDefault is how many rows [Rejections] returns when asked
-// for 0; MaxRejectionsLimit is the most it returns.
-const (
-	RejectionsLimitDefault = 20
-	MaxRejectionsLimit     = 1000
-)
-
 // recordTimeout bounds the statement that records a rejection: a rejected
 // caller never waits longer than this for its audit row.
 const recordTimeout = time.Second
@@ -59,7 +52,7 @@ const (
 )
 
 // Rejections returns the newest recorded rejections of resource (newest
-// first), at most limit of them (0: [RejectionsLimitDefault]). Rows are kept
+// first), at most limit of them (0: 20; at most 1000). Rows are kept
 // for 7 days.
 //
 // [Write] and [Exec] record a rejection (one extra statement, only on a
@@ -79,10 +72,10 @@ func Rejections(ctx context.Context, db DB, resource string, limit int) ([]Rejec
 		return nil, err
 	}
 	switch {
-	case limit < 0 || limit > MaxRejectionsLimit:
-		return nil, fmt.Errorf("%w: limit must be 0 to %d, got %d", ErrInvalid, MaxRejectionsLimit, limit)
+	case limit < 0 || limit > 1000:
+		return nil, fmt.Errorf("%w: limit must be 0 to 1000, got %d", ErrInvalid, limit)
 	case limit == 0:
-		limit = RejectionsLimitDefault
+		limit = 20
 	}
 	rows, err := db.Query(ctx, sqlRejections, resource, limit)
 	if err != nil {

@@ -140,7 +140,7 @@ func TestRejectionAudit(t *testing.T) {
 			t.Errorf("Rejections(%q): %v, want ErrInvalid", bad, err)
 		}
 	}
-	if _, err := pgfence.Rejections(testContext(t), pool, "kv:a", pgfence.MaxRejectionsLimit+1); !errors.Is(err, pgfence.ErrInvalid) {
+	if _, err := pgfence.Rejections(testContext(t), pool, "kv:a", 1001); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Errorf("Rejections over the limit: %v", err)
 	}
 

@@ -221,8 +221,8 @@ func newWrite(op string, lease Lease) (*aWrite, error) {
 	if err := validateName("resource", w.resource); err != nil {
 		return nil, err
 	}
-	if w.token <= 0 || w.token > MaxToken {
-		return nil, fmt.Errorf("%w: token must be 1 to %d, got %d", ErrInvalid, MaxToken, w.token)
+	if w.token <= 0 {
+		return nil, fmt.Errorf("%w: token must be positive, got %d", ErrInvalid, w.token)
 	}
 	if isChecked {
 		w.op += "_leased"

@@ -68,10 +68,10 @@ type fenceShowJSON struct {
 
 func fencesList(fs *flag.FlagSet) runFunc {
 	prefix := fs.String("prefix", "", "only the resources whose name starts with this")
-	limit := fs.Int("limit", pgfence.FencesLimitDefault, fmt.Sprintf("most resources listed (1 to %d)", pgfence.MaxFencesLimit-1))
+	limit := fs.Int("limit", 1000, "most resources listed (1 to 99999)")
 	return func(ctx context.Context, in *input) error {
-		if *limit < 1 || *limit >= pgfence.MaxFencesLimit {
-			return usageError("--limit must be 1 to %d, got %d", pgfence.MaxFencesLimit-1, *limit)
+		if *limit < 1 || *limit > 99_999 { // Fences returns at most 100,000: one more tells whether others exist
+			return usageError("--limit must be 1 to 99999, got %d", *limit)
 		}
 		pool, err := in.connect(ctx)
 		if err != nil {
@@ -108,11 +108,11 @@ func fencesList(fs *flag.FlagSet) runFunc {
 }
 
 func fencesShow(fs *flag.FlagSet) runFunc {
-	nRejections := fs.Int("rejections", pgfence.RejectionsLimitDefault, fmt.Sprintf("how many recent rejected writes to list (0 to %d)", pgfence.MaxRejectionsLimit))
+	nRejections := fs.Int("rejections", 20, "how many recent rejected writes to list (0 to 1000)")
 	return func(ctx context.Context, in *input) error {
 		resource := in.args[0]
-		if *nRejections < 0 || *nRejections > pgfence.MaxRejectionsLimit {
-			return usageError("--rejections must be 0 to %d, got %d", pgfence.MaxRejectionsLimit, *nRejections)
+		if *nRejections < 0 || *nRejections > 1000 {
+			return usageError("--rejections must be 0 to 1000, got %d", *nRejections)
 		}
 		pool, err := in.connect(ctx)
 		if err != nil {

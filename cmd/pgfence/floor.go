@@ -8,7 +8,6 @@ import (
 	"io"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -104,13 +103,10 @@ func floorRaise(fs *flag.FlagSet) runFunc {
 		if *reason == "" {
 			return usageError("floor raise needs --reason TEXT (it is recorded)")
 		}
-		if n := utf8.RuneCountInString(*reason); n > pgfence.MaxReasonLen {
-			return usageError("--reason must be at most %d characters, got %d", pgfence.MaxReasonLen, n)
-		}
 		// -1, the default, means "the highest stored token"; any other value
-		// is the floor itself.
-		if *to < -1 || *to > pgfence.MaxTokenFloor {
-			return usageError("--to must be 0 to %d, got %d (a floor is never lowered, so one near the end of the bigint range would stop every later grant)", pgfence.MaxTokenFloor, *to)
+		// is the floor itself (the database refuses one above 2^62).
+		if *to < -1 {
+			return usageError("--to must be 0 to 2^62, got %d", *to)
 		}
 		pool, err := in.connect(ctx)
 		if err != nil {

@@ -70,7 +70,7 @@ func FuzzSplitIdentifier(f *testing.F) {
 			if err != nil || len(got) != 1 || got[0] != s {
 				t.Fatalf("quoted %q parses as %q, %v", s, got, err)
 			}
-		} else if utf8.ValidString(s) && !strings.ContainsRune(s, 0) && len(s) > 0 && len(s) <= pgfence.MaxIdentifierLen {
+		} else if utf8.ValidString(s) && !strings.ContainsRune(s, 0) && len(s) > 0 && len(s) <= 63 {
 			t.Fatalf("CheckIdentifier refuses %q", s)
 		}
 	})

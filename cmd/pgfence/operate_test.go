@@ -198,7 +198,7 @@ func TestFloorCommands(t *testing.T) {
 	// as "the highest stored token"), is refused before anything changes.
 	for _, to := range []string{"9223372036854775807", "4611686018427387905", "-5"} {
 		code, _, errOut = cli(t, environ, "floor", "raise", "--to", to, "--reason", "typo")
-		if code != exitUsage || !strings.Contains(errOut, "--to must be") {
+		if code != exitUsage || !strings.Contains(errOut, "must be 0 to") {
 			t.Fatalf("floor raise --to %s: code %d, %s", to, code, errOut)
 		}
 	}
