@@ -36,14 +36,15 @@ const (
 // Do applies an atomic intent once: the claim on req's key, fn's writes and
 // fn's result commit in one READ COMMITTED transaction on db.
 //
-//   - New: fn ran and committed; Result (or Failure) is what it produced.
-//   - Replayed: an earlier attempt committed; its stored answer is returned and
-//     fn does not run. A duplicate that arrives while the first attempt's
-//     transaction is open waits for it (at most [Config.WaitTimeout] and ctx),
-//     then replays its result, or runs fn if the first attempt rolled back.
-//   - InProgress (with an [*InProgressError]): the first attempt did not finish
-//     within the wait.
-//   - Mismatch (with [ErrMismatch]): the key was used with another payload.
+//   - fn ran and committed: Result (or Failure) is what it produced.
+//   - [Outcome.Replayed]: an earlier attempt committed; its stored answer is
+//     returned and fn does not run. A duplicate that arrives while the first
+//     attempt's transaction is open waits for it (at most
+//     [Config.WaitTimeout] and ctx), then replays its result, or runs fn if
+//     the first attempt rolled back.
+//   - An [*InProgressError] (errors.Is [ErrInProgress]): the first attempt
+//     did not finish within the wait.
+//   - [ErrMismatch]: the key was used with another payload.
 //
 // When db is a [pgx.Tx] the work runs under a savepoint of the caller's
 // transaction, and only the caller's COMMIT makes it durable; the caller's
@@ -112,7 +113,7 @@ func doAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request,
 
 func runAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request, fp []byte, retention time.Duration, fn func(context.Context, T) ([]byte, error)) (*Outcome, error) {
 	out, a, err := beginAtomic(ctx, s, open, req, fp, retention)
-	if err != nil || out.Status != New {
+	if err != nil || out.Replayed {
 		return out, err
 	}
 	defer a.end() // rolls back unless committed
@@ -125,7 +126,7 @@ func runAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request
 		if err != nil {
 			return nil, err
 		}
-		return &Outcome{Status: New, Failure: stored.Failure, ExpiresAt: expiresAt}, nil
+		return &Outcome{Failure: stored.Failure, ExpiresAt: expiresAt}, nil
 	case err != nil:
 		return nil, a.tx.Classify(err) // transient (its own statements' errors mapped), or a *Failure for Do to store
 	}
@@ -136,21 +137,21 @@ func runAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request
 	if result == nil {
 		result = []byte{}
 	}
-	return &Outcome{Status: New, Result: result, ExpiresAt: expiresAt}, nil
+	return &Outcome{Result: result, ExpiresAt: expiresAt}, nil
 }
 
 // Begin claims req's key for atomic work that the caller drives itself: a
 // READ COMMITTED transaction on db is opened, the key is claimed in it as
 // [Store.Do] claims it, and the transaction stays open for the caller.
 //
-//   - New: [Outcome.Attempt] holds the claim. Do the work through its
+//   - Not replayed: [Outcome.Attempt] holds the claim. Do the work through its
 //     [Attempt.Tx], then end it with [Attempt.Complete] or [Attempt.Fail]
 //     (the answer is stored and commits together with the work) or
 //     [Attempt.Release] (the work is rolled back, the key is free). Until
 //     then the transaction holds a connection and the key: a duplicate
 //     waits for it (see [Config.WaitTimeout]). Like a [pgx.Tx], the attempt
 //     is not safe for concurrent use.
-//   - Replayed, InProgress, Mismatch: as for Do; no transaction stays open.
+//   - Replayed, in progress, mismatch: as for Do; no transaction stays open.
 //
 // On a pool or a connection a new key costs one round trip (BEGIN and the
 // claim in one message), a duplicate four. db may be a [pgx.Tx] (the work
@@ -181,10 +182,10 @@ func beginAtomic[T any](ctx context.Context, s *Store, open opener[T], req Reque
 	if err != nil {
 		return nil, nil, err
 	}
-	out := &Outcome{Status: New}
+	out := &Outcome{}
 	if !c.claimed {
 		out, err = claimAtomic(ctx, s, tx, req, c)
-		if err != nil || out.Status != New {
+		if err != nil || out.Replayed {
 			_ = driver.Abort(ctx, tx, nil)
 			return out, nil, err
 		}
@@ -361,26 +362,26 @@ func claimAtomic[T any](ctx context.Context, s *Store, tx driver.Tx[T], req Requ
 	}
 	switch outcome {
 	case "new":
-		return &Outcome{Status: New}, nil
+		return &Outcome{}, nil
 	case "replayed":
 		return replayed(*status, result, code, message, expiresAt), nil
 	case "mismatch":
-		return &Outcome{Status: Mismatch}, ErrMismatch
+		return nil, ErrMismatch
 	default:
-		return s.inProgress(req, retryAfter)
+		return nil, s.inProgress(req.Scope, req.Key, retryAfter)
 	}
 }
 
-func (s *Store) inProgress(req Request, retryAfter *int64) (*Outcome, error) {
+func (s *Store) inProgress(scope, key string, retryAfter *int64) error {
 	d := s.retryAfter
 	if retryAfter != nil {
 		d = fromMicros(retryAfter)
 	}
-	return &Outcome{Status: InProgress, RetryAfter: d}, &InProgressError{Scope: req.Scope, Key: req.Key, RetryAfter: d}
+	return &InProgressError{Scope: scope, Key: key, RetryAfter: d}
 }
 
 func replayed(status string, result []byte, code, message *string, expiresAt *time.Time) *Outcome {
-	out := &Outcome{Status: Replayed}
+	out := &Outcome{Replayed: true}
 	if expiresAt != nil {
 		out.ExpiresAt = *expiresAt
 	}

@@ -141,12 +141,8 @@ func TestAtomicConcurrentDuplicatesApplyOnce(t *testing.T) {
 		if errs[i] != nil {
 			t.Fatalf("caller %d: %v", i, errs[i])
 		}
-		switch outcomes[i].Status {
-		case idempotency.New:
+		if !outcomes[i].Replayed {
 			news++
-		case idempotency.Replayed:
-		default:
-			t.Fatalf("caller %d: status %v", i, outcomes[i].Status)
 		}
 		if first == nil {
 			first = outcomes[i].Result
@@ -175,7 +171,7 @@ func TestAtomicReplayReturnsStoredResult(t *testing.T) {
 	req := idempotency.Request{Scope: "charges", Key: "order-2:charge", Payload: []byte("a")}
 
 	out, err := store.Do(ctx, pool, req, charge("order-2", 5))
-	if err != nil || out.Status != idempotency.New {
+	if err != nil || out.Replayed {
 		t.Fatalf("first: %+v, %v", out, err)
 	}
 	if out.ExpiresAt.IsZero() {
@@ -185,7 +181,7 @@ func TestAtomicReplayReturnsStoredResult(t *testing.T) {
 		t.Fatal("fn ran for a replay")
 		return nil, nil
 	})
-	if err != nil || again.Status != idempotency.Replayed || string(again.Result) != string(out.Result) {
+	if err != nil || !again.Replayed || string(again.Result) != string(out.Result) {
 		t.Fatalf("replay: %+v, %v (first result %q)", again, err, out.Result)
 	}
 	if got := countCharges(t, pool, "order-2"); got != 1 {
@@ -198,7 +194,7 @@ func TestAtomicReplayReturnsStoredResult(t *testing.T) {
 	if out, err := store.Do(ctx, pool, empty, noop); err != nil || out.Result == nil || len(out.Result) != 0 {
 		t.Fatalf("empty result: %+v, %v", out, err)
 	}
-	if out, err := store.Do(ctx, pool, empty, noop); err != nil || out.Status != idempotency.Replayed || out.Result == nil {
+	if out, err := store.Do(ctx, pool, empty, noop); err != nil || !out.Replayed || out.Result == nil {
 		t.Fatalf("empty replay: %+v, %v", out, err)
 	}
 }
@@ -221,7 +217,7 @@ func TestAtomicPayloadMismatch(t *testing.T) {
 		if !errors.Is(err, idempotency.ErrMismatch) {
 			t.Fatalf("%s: err = %v, want ErrMismatch", name, err)
 		}
-		if out == nil || out.Status != idempotency.Mismatch || out.Result != nil || out.Failure != nil {
+		if out != nil {
 			t.Fatalf("%s: outcome %+v shows more than a mismatch", name, out)
 		}
 	}
@@ -296,8 +292,8 @@ func TestAtomicDuplicateWhileInProgress(t *testing.T) {
 	if !errors.As(err, &ip) || !errors.Is(err, idempotency.ErrInProgress) {
 		t.Fatalf("err = %v, want *InProgressError", err)
 	}
-	if out.Status != idempotency.InProgress || out.RetryAfter != 3*time.Second || ip.RetryAfter != 3*time.Second {
-		t.Fatalf("outcome %+v / %+v, want InProgress with RetryAfter 3s", out, ip)
+	if out != nil || ip.RetryAfter != 3*time.Second {
+		t.Fatalf("outcome %+v / %+v, want in progress with RetryAfter 3s", out, ip)
 	}
 	// In the caller's transaction the refusal leaves the transaction usable.
 	tx, err := pool.Begin(ctx)
@@ -328,10 +324,10 @@ func TestAtomicDuplicateWhileInProgress(t *testing.T) {
 	close(first.release)
 	<-first.done
 	<-patient
-	if first.err != nil || first.out.Status != idempotency.New {
+	if first.err != nil || first.out.Replayed {
 		t.Fatalf("first: %+v, %v", first.out, first.err)
 	}
-	if perr != nil || pout.Status != idempotency.Replayed || string(pout.Result) != string(first.out.Result) {
+	if perr != nil || !pout.Replayed || string(pout.Result) != string(first.out.Result) {
 		t.Fatalf("patient duplicate: %+v, %v", pout, perr)
 	}
 	if got := countCharges(t, pool, "order-4"); got != 1 {
@@ -383,7 +379,7 @@ func TestAtomicAbortFreesKeyForWaiter(t *testing.T) {
 	if !errors.Is(first.err, transient) {
 		t.Fatalf("first: err = %v, want the transient error", first.err)
 	}
-	if err != nil || out.Status != idempotency.New {
+	if err != nil || out.Replayed {
 		t.Fatalf("waiter after abort: %+v, %v; want New", out, err)
 	}
 	if got := countCharges(t, pool, "order-5"); got != 1 {
@@ -419,14 +415,14 @@ func TestAtomicKilledBackendFreesKey(t *testing.T) {
 	if first.err == nil {
 		t.Fatalf("killed attempt reported success: %+v", first.out)
 	}
-	if err != nil || out.Status != idempotency.New {
+	if err != nil || out.Replayed {
 		t.Fatalf("duplicate after kill: %+v, %v; want New", out, err)
 	}
 	if got := countCharges(t, pool, "order-6"); got != 1 {
 		t.Fatalf("%d charges, want 1", got)
 	}
 	// And the key now replays.
-	if out, err := store.Do(ctx, pool, req, charge("order-6", 1)); err != nil || out.Status != idempotency.Replayed {
+	if out, err := store.Do(ctx, pool, req, charge("order-6", 1)); err != nil || !out.Replayed {
 		t.Fatalf("after: %+v, %v", out, err)
 	}
 }
@@ -478,14 +474,14 @@ func TestAtomicPermanentFailureStoredAndReplayed(t *testing.T) {
 		}
 		return nil, fmt.Errorf("checking stock: %w", &idempotency.Failure{Code: "out_of_stock", Message: "no widgets", Data: []byte("sku-9")})
 	})
-	if err != nil || out.Status != idempotency.New || out.Failure == nil || out.Failure.Code != "out_of_stock" || out.Result != nil {
+	if err != nil || out.Replayed || out.Failure == nil || out.Failure.Code != "out_of_stock" || out.Result != nil {
 		t.Fatalf("first: %+v, %v", out, err)
 	}
 	if got := countCharges(t, pool, "order-7"); got != 0 {
 		t.Fatalf("a failed attempt's writes committed: %d charges", got)
 	}
 	again, err := store.Do(ctx, pool, req, charge("order-7", 1))
-	if err != nil || again.Status != idempotency.Replayed || again.Failure == nil ||
+	if err != nil || !again.Replayed || again.Failure == nil ||
 		again.Failure.Code != "out_of_stock" || again.Failure.Message != "no widgets" || string(again.Failure.Data) != "sku-9" {
 		t.Fatalf("replay: %+v (%+v), %v", again, again.Failure, err)
 	}
@@ -513,7 +509,7 @@ func TestAtomicTransientErrorNotStored(t *testing.T) {
 	if n := keyRows(t, pool); n != 0 {
 		t.Fatalf("a transient failure left %d key rows", n)
 	}
-	if out, err := store.Do(ctx, pool, req, charge("order-8", 1)); err != nil || out.Status != idempotency.New {
+	if out, err := store.Do(ctx, pool, req, charge("order-8", 1)); err != nil || out.Replayed {
 		t.Fatalf("retry: %+v, %v", out, err)
 	}
 	if got := countCharges(t, pool, "order-8"); got != 1 {
@@ -534,11 +530,11 @@ func TestAtomicInCallerTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out, err := store.Do(ctx, tx, req, charge("order-9", 1)); err != nil || out.Status != idempotency.New {
+	if out, err := store.Do(ctx, tx, req, charge("order-9", 1)); err != nil || out.Replayed {
 		t.Fatalf("in tx: %+v, %v", out, err)
 	}
 	// The same transaction asking again sees its own claim.
-	if out, err := store.Do(ctx, tx, req, charge("order-9", 1)); err != nil || out.Status != idempotency.Replayed {
+	if out, err := store.Do(ctx, tx, req, charge("order-9", 1)); err != nil || !out.Replayed {
 		t.Fatalf("same tx again: %+v, %v", out, err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -564,7 +560,7 @@ func TestAtomicInCallerTransaction(t *testing.T) {
 		t.Fatal("transient error lost")
 	}
 	out, err := store.Do(ctx, tx, req, charge("order-9", 1))
-	if err != nil || out.Status != idempotency.New {
+	if err != nil || out.Replayed {
 		t.Fatalf("retry in tx: %+v, %v", out, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -573,7 +569,7 @@ func TestAtomicInCallerTransaction(t *testing.T) {
 	if countCharges(t, pool, "caller") != 1 || countCharges(t, pool, "order-9") != 1 {
 		t.Fatal("caller's writes or the intent's write missing after commit")
 	}
-	if again, err := store.Do(ctx, pool, req, charge("order-9", 1)); err != nil || again.Status != idempotency.Replayed ||
+	if again, err := store.Do(ctx, pool, req, charge("order-9", 1)); err != nil || !again.Replayed ||
 		string(again.Result) != string(out.Result) {
 		t.Fatalf("after commit: %+v, %v", again, err)
 	}
@@ -637,7 +633,7 @@ func TestAtomicExpiredKeyStartsAfresh(t *testing.T) {
 	expireKeys(t, pool)
 	other := req
 	other.Payload = []byte("y") // an expired key is forgotten, payload included
-	if out, err := store.Do(ctx, pool, other, charge("order-10", 2)); err != nil || out.Status != idempotency.New {
+	if out, err := store.Do(ctx, pool, other, charge("order-10", 2)); err != nil || out.Replayed {
 		t.Fatalf("after expiry: %+v, %v", out, err)
 	}
 	if got := countCharges(t, pool, "order-10"); got != 2 {
@@ -673,7 +669,7 @@ func TestWaitTimeoutWithinLockTimeout(t *testing.T) {
 	noop := func(context.Context, pgx.Tx) ([]byte, error) { return []byte("ok"), nil }
 	store := newStore(t, &idempotency.Config{WaitTimeout: idempotency.MaxWaitTimeout})
 	out, err := store.Do(ctx, pool, idempotency.Request{Scope: "wait", Key: "max"}, noop)
-	if err != nil || out.Status != idempotency.New {
+	if err != nil || out.Replayed {
 		t.Fatalf("Do with WaitTimeout %v: %+v, %v; want New", idempotency.MaxWaitTimeout, out, err)
 	}
 	for _, wait := range []time.Duration{idempotency.MaxWaitTimeout + time.Microsecond, idempotency.MaxWaitTimeout + time.Millisecond, 30 * 24 * time.Hour, math.MaxInt64} {
@@ -713,7 +709,7 @@ func TestAtomicWaitBoundedByContext(t *testing.T) {
 	close(first.release)
 	<-first.done
 	t.Logf("first done after %v", time.Since(start))
-	if first.err != nil || first.out.Status != idempotency.New || countCharges(t, pool, "order-11") != 1 {
+	if first.err != nil || first.out.Replayed || countCharges(t, pool, "order-11") != 1 {
 		t.Fatalf("first: %+v, %v", first.out, first.err)
 	}
 }
@@ -734,7 +730,7 @@ func TestBeginLeavesTheClaimOpen(t *testing.T) {
 	begin := func(key string) *idempotency.Attempt {
 		t.Helper()
 		out, err := store.Begin(ctx, db.Pool, idempotency.Request{Scope: "orders", Key: key, Payload: []byte(key)})
-		if err != nil || out.Status != idempotency.New || out.Attempt == nil {
+		if err != nil || out.Replayed || out.Attempt == nil {
 			t.Fatalf("begin %s: %+v, %v", key, out, err)
 		}
 		if _, err := charge(key, 1)(ctx, out.Attempt.Tx()); err != nil {
@@ -745,7 +741,7 @@ func TestBeginLeavesTheClaimOpen(t *testing.T) {
 
 	a := begin("complete")
 	// A duplicate waits for the open claim, then reports it in progress.
-	if out, err := store.Begin(ctx, db.Pool, idempotency.Request{Scope: "orders", Key: "complete", Payload: []byte("complete")}); !errors.Is(err, idempotency.ErrInProgress) || out.Status != idempotency.InProgress {
+	if out, err := store.Begin(ctx, db.Pool, idempotency.Request{Scope: "orders", Key: "complete", Payload: []byte("complete")}); !errors.Is(err, idempotency.ErrInProgress) || out != nil {
 		t.Fatalf("duplicate of an open claim: %+v, %v", out, err)
 	}
 	if countCharges(t, db.Pool, "complete") != 0 {
@@ -761,7 +757,7 @@ func TestBeginLeavesTheClaimOpen(t *testing.T) {
 		t.Errorf("Release after Complete: %v, want nil", err)
 	}
 	out, err := store.Begin(ctx, db.Pool, idempotency.Request{Scope: "orders", Key: "complete", Payload: []byte("complete")})
-	if err != nil || out.Status != idempotency.Replayed || string(out.Result) != "r1" || out.Attempt != nil {
+	if err != nil || !out.Replayed || string(out.Result) != "r1" || out.Attempt != nil {
 		t.Fatalf("after Complete: %+v, %v", out, err)
 	}
 
@@ -770,7 +766,7 @@ func TestBeginLeavesTheClaimOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err = store.Begin(ctx, db.Pool, idempotency.Request{Scope: "orders", Key: "fail", Payload: []byte("fail")})
-	if err != nil || out.Status != idempotency.Replayed || out.Failure == nil || out.Failure.Code != "declined" {
+	if err != nil || !out.Replayed || out.Failure == nil || out.Failure.Code != "declined" {
 		t.Fatalf("after Fail: %+v, %v", out, err)
 	}
 
@@ -819,7 +815,7 @@ func TestBeginInCallerTransaction(t *testing.T) {
 			t.Fatal(err)
 		}
 		out, err := store.Begin(ctx, tx, idempotency.Request{Scope: "orders", Key: "in-tx"})
-		if err != nil || out.Status != idempotency.New {
+		if err != nil || out.Replayed {
 			t.Fatalf("begin: %+v, %v", out, err)
 		}
 		if _, err := charge("in-tx", 1)(ctx, out.Attempt.Tx()); err != nil {

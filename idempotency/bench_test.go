@@ -85,7 +85,7 @@ func BenchmarkReplay(b *testing.B) {
 	b.Run("replay", func(b *testing.B) {
 		for range b.N {
 			out, err := store.Do(ctx, pool, req, fn)
-			if err != nil || out.Status != idempotency.Replayed {
+			if err != nil || !out.Replayed {
 				b.Fatal(out, err)
 			}
 		}
@@ -93,7 +93,7 @@ func BenchmarkReplay(b *testing.B) {
 	b.Run("leased-replay", func(b *testing.B) {
 		for range b.N {
 			out, err := store.Claim(ctx, pool, req)
-			if err != nil || out.Status != idempotency.Replayed {
+			if err != nil || !out.Replayed {
 				b.Fatal(out, err)
 			}
 		}
@@ -121,7 +121,7 @@ func BenchmarkClaimByTableSize(b *testing.B) {
 			for i := range b.N {
 				req := idempotency.Request{Scope: "bench", Key: fmt.Sprintf("new-%d-%d-%d", size, run, i)}
 				start := time.Now()
-				if out, err := store.Do(ctx, pool, req, noop); err != nil || out.Status != idempotency.New {
+				if out, err := store.Do(ctx, pool, req, noop); err != nil || out.Replayed {
 					b.Fatal(out, err)
 				}
 				ops = append(ops, time.Since(start))
@@ -135,7 +135,7 @@ func BenchmarkClaimByTableSize(b *testing.B) {
 				req := idempotency.Request{Scope: "bench", Key: fmt.Sprintf("leased-%d-%d-%d", size, run, i)}
 				start := time.Now()
 				out, err := store.Claim(ctx, pool, req)
-				if err != nil || out.Status != idempotency.New {
+				if err != nil || out.Replayed {
 					b.Fatal(out, err)
 				}
 				if _, err := out.Attempt.Complete(ctx, []byte("ok")); err != nil {

@@ -98,7 +98,7 @@ func atomicCommitReplyLost(t *testing.T, fatal bool) {
 		if err != nil {
 			t.Fatalf("%s: the same request again: %v", name, err)
 		}
-		if out.Status != idempotency.Replayed || len(out.Result) == 0 || runs.Load() != 1 {
+		if !out.Replayed || len(out.Result) == 0 || runs.Load() != 1 {
 			t.Fatalf("%s: the same request again: %+v after %d runs; want the stored result replayed after 1", name, out, runs.Load())
 		}
 		if n := countCharges(t, db.Pool, req.Key); n != 1 {
@@ -129,7 +129,7 @@ func TestPoolerFatalBeforeCommit(t *testing.T) {
 			t.Fatalf("%s: Do whose claim the pooler refused (cut %v): %v, want ErrUnavailable", name, trig.Fired(), err)
 		}
 		out, err := store.Do(ctx, db.Pool, req, counted(&runs, req.Key))
-		if err != nil || out.Status != idempotency.New || runs.Load() != 1 || countCharges(t, db.Pool, req.Key) != 1 {
+		if err != nil || out.Replayed || runs.Load() != 1 || countCharges(t, db.Pool, req.Key) != 1 {
 			t.Fatalf("%s: the same request again: %+v, %v after %d runs; want New, run once", name, out, err, runs.Load())
 		}
 	}
@@ -159,7 +159,7 @@ func TestAtomicCommitRequestLost(t *testing.T) {
 			t.Fatalf("%s: Do with a lost COMMIT: %v, want ErrOutcomeUnknown", name, err)
 		}
 		out, err := store.Do(ctx, db.Pool, req, counted(&runs, req.Key))
-		if err != nil || out.Status != idempotency.New {
+		if err != nil || out.Replayed {
 			t.Fatalf("%s: the same request again: %+v, %v; want New (nothing had committed)", name, out, err)
 		}
 		if runs.Load() != 2 || countCharges(t, db.Pool, req.Key) != 1 {
@@ -208,7 +208,7 @@ func TestAtomicCancelledWhileCommitting(t *testing.T) {
 			t.Fatalf("%s: Do cancelled during its COMMIT: %v, want ErrOutcomeUnknown", name, err)
 		}
 		out, err := store.Do(context.Background(), db.Pool, req, counted(&runs, req.Key))
-		if err != nil || out.Status != idempotency.Replayed {
+		if err != nil || !out.Replayed {
 			t.Fatalf("%s: the same request again: %+v, %v; want Replayed", name, out, err)
 		}
 		if runs.Load() != 1 || countCharges(t, db.Pool, req.Key) != 1 {
@@ -252,7 +252,7 @@ func TestAtomicCancelledBeforeCommit(t *testing.T) {
 		t.Fatalf("after a cancelled attempt: %d keys, %d charges; want none", n, countCharges(t, pool, req.Key))
 	}
 	out, err := store.Do(context.Background(), pool, req, counted(&runs, req.Key))
-	if err != nil || out.Status != idempotency.New || countCharges(t, pool, req.Key) != 1 {
+	if err != nil || out.Replayed || countCharges(t, pool, req.Key) != 1 {
 		t.Fatalf("retry: %+v, %v, %d charges; want New and one charge", out, err, countCharges(t, pool, req.Key))
 	}
 }
@@ -279,7 +279,7 @@ func TestAtomicCompletionRefused(t *testing.T) {
 	if n := keyRows(t, pool); n != 0 || countCharges(t, pool, req.Key) != 0 {
 		t.Fatalf("after a refused completion: %d keys, %d charges; want none", n, countCharges(t, pool, req.Key))
 	}
-	if out, err := store.Do(ctx, pool, req, charge(req.Key, 5)); err != nil || out.Status != idempotency.New {
+	if out, err := store.Do(ctx, pool, req, charge(req.Key, 5)); err != nil || out.Replayed {
 		t.Fatalf("retry: %+v, %v; want New", out, err)
 	}
 }
@@ -310,7 +310,7 @@ INSERT INTO ledger VALUES (1)`); err != nil {
 	if n := keyRows(t, pool); n != 0 {
 		t.Fatalf("after a refused COMMIT: %d keys; want none", n)
 	}
-	if out, err := store.Do(ctx, pool, req, book(2)); err != nil || out.Status != idempotency.New {
+	if out, err := store.Do(ctx, pool, req, book(2)); err != nil || out.Replayed {
 		t.Fatalf("retry: %+v, %v; want New", out, err)
 	}
 }
@@ -344,7 +344,7 @@ func TestAtomicCompletionNotPrepared(t *testing.T) {
 			t.Fatalf("%s: Complete whose deadline passed in the completion's preparation: %v, want context.DeadlineExceeded and not ErrOutcomeUnknown", name, err)
 		}
 		again, err := store.Do(context.Background(), db.Pool, req, charge(req.Key, 5))
-		if err != nil || again.Status != idempotency.New || countCharges(t, db.Pool, req.Key) != 1 {
+		if err != nil || again.Replayed || countCharges(t, db.Pool, req.Key) != 1 {
 			t.Fatalf("%s: the same request again: %+v, %v, %d charges; want New and one charge", name, again, err, countCharges(t, db.Pool, req.Key))
 		}
 	}
@@ -384,7 +384,7 @@ func TestAtomicSavepointReleaseLost(t *testing.T) {
 		t.Fatalf("Complete whose savepoint release was lost: %v, want an error that is not ErrOutcomeUnknown", err)
 	}
 	again, err := store.Do(ctx, db.Pool, req, charge(req.Key, 5))
-	if err != nil || again.Status != idempotency.New || countCharges(t, db.Pool, req.Key) != 1 {
+	if err != nil || again.Replayed || countCharges(t, db.Pool, req.Key) != 1 {
 		t.Fatalf("the same request again: %+v, %v, %d charges; want New and one charge", again, err, countCharges(t, db.Pool, req.Key))
 	}
 }

@@ -89,7 +89,7 @@
 //     permanent failure; never a second execution.
 //   - The same key with a different payload gets [ErrMismatch] and never the
 //     stored result.
-//   - A duplicate of a key in flight gets [InProgress] with a retry hint (or,
+//   - A duplicate of a key in flight gets [ErrInProgress] with a retry hint (or,
 //     in atomic mode, waits up to [Config.WaitTimeout] and gets the result).
 //   - Only the current owner of a leased key can heartbeat, advance, complete,
 //     fail or release it; a replaced owner's late write returns [ErrLeaseLost]
@@ -129,7 +129,7 @@
 //   - The database is unreachable: [ErrUnavailable], nothing was done.
 //   - The caller's context ends while a duplicate waits for the first attempt:
 //     the context's error; the first attempt is unaffected.
-//   - An atomic first attempt holds the key longer than the wait: [InProgress]
+//   - An atomic first attempt holds the key longer than the wait: [ErrInProgress]
 //     with [Config.RetryAfter] as the hint; the caller's transaction stays
 //     usable (the wait is a lock_timeout inside a subtransaction).
 //   - A leased owner stops heartbeating (crash, pause, partition): after its

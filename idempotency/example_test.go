@@ -47,7 +47,7 @@ func ExampleStore_Do() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		fmt.Println(out.Status, string(out.Result))
+		fmt.Println("replayed:", out.Replayed, string(out.Result))
 	}
 
 	req.Payload = []byte(`{"amount":999}`)
@@ -58,8 +58,8 @@ func ExampleStore_Do() {
 	_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM charges`).Scan(&n)
 	fmt.Println("charge rows:", n)
 	// Output:
-	// new charged 100
-	// replayed charged 100
+	// replayed: false charged 100
+	// replayed: true charged 100
 	// true
 	// charge rows: 1
 }
@@ -100,10 +100,10 @@ func ExampleStore_Claim() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(out.Status, string(out.Result))
+	fmt.Println("replayed:", out.Replayed, string(out.Result))
 	// Output:
 	// capture with key 0f5f7a27-3e7f-8430-aea9-46d43435365d
-	// replayed receipt ch_1
+	// replayed: true receipt ch_1
 }
 
 // A worker crashed after the provider call and its recovery point; once its
@@ -142,9 +142,9 @@ func ExampleStore_Recover() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(out.Status, string(out.Result))
+	fmt.Println("replayed:", out.Replayed, string(out.Result))
 	// Output:
 	// resume order-7:capture at "captured" (ch_7)
 	// resumed: 1 <nil>
-	// replayed receipt ch_7
+	// replayed: true receipt ch_7
 }

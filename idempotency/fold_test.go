@@ -93,7 +93,7 @@ func TestAtomicClaimTravelsWithBegin(t *testing.T) {
 	// New: BEGIN with the claim, then the work; the answer and COMMIT go in
 	// one batch (not traced here).
 	out, err := store.Do(ctx, pool, req, charge("order-7", 5))
-	if err != nil || out.Status != idempotency.New {
+	if err != nil || out.Replayed {
 		t.Fatalf("first: %+v, %v", out, err)
 	}
 	sent := sqls(q.take())
@@ -104,7 +104,7 @@ func TestAtomicClaimTravelsWithBegin(t *testing.T) {
 	// Replayed: the folded claim is refused (PF015), then rolled back and
 	// asked again alone, with the store's wait.
 	out, err = store.Do(ctx, pool, req, charge("order-7", 5))
-	if err != nil || out.Status != idempotency.Replayed || string(out.Result) != "1" {
+	if err != nil || !out.Replayed || string(out.Result) != "1" {
 		t.Fatalf("duplicate: %+v, %v, want the stored result 1", out, err)
 	}
 	got := q.take()
@@ -120,7 +120,7 @@ func TestAtomicClaimTravelsWithBegin(t *testing.T) {
 	// Another payload: refused (PF004 in the fold, mismatch alone).
 	other := req
 	other.Payload = []byte(`{"amount":6}`)
-	if out, err := store.Do(ctx, pool, other, charge("order-7", 6)); !errors.Is(err, idempotency.ErrMismatch) || out.Status != idempotency.Mismatch {
+	if out, err := store.Do(ctx, pool, other, charge("order-7", 6)); !errors.Is(err, idempotency.ErrMismatch) || out != nil {
 		t.Fatalf("other payload: %+v, %v, want ErrMismatch", out, err)
 	}
 	q.take()
@@ -133,7 +133,7 @@ func TestAtomicClaimTravelsWithBegin(t *testing.T) {
 	<-first.claimed
 	out, err = store.Do(ctx, pool, busy, charge("order-8", 1))
 	var ip *idempotency.InProgressError
-	if !errors.As(err, &ip) || out.Status != idempotency.InProgress || out.RetryAfter != 3*time.Second {
+	if !errors.As(err, &ip) || out != nil || ip.RetryAfter != 3*time.Second {
 		t.Fatalf("in progress: %+v, %v, want InProgress with RetryAfter 3s", out, err)
 	}
 	got = q.take()
@@ -142,10 +142,10 @@ func TestAtomicClaimTravelsWithBegin(t *testing.T) {
 	}
 	close(first.release)
 	<-first.done
-	if first.err != nil || first.out.Status != idempotency.New {
+	if first.err != nil || first.out.Replayed {
 		t.Fatalf("the holder: %+v, %v", first.out, first.err)
 	}
-	if out, err := store.Do(ctx, pool, busy, charge("order-8", 1)); err != nil || out.Status != idempotency.Replayed {
+	if out, err := store.Do(ctx, pool, busy, charge("order-8", 1)); err != nil || !out.Replayed {
 		t.Fatalf("after the holder committed: %+v, %v, want Replayed", out, err)
 	}
 
@@ -170,9 +170,9 @@ func TestAtomicClaimWithBeginKeepsKeysExact(t *testing.T) {
 	} {
 		scope := `sc'ope` + string(rune('a'+i))
 		req := idempotency.Request{Scope: scope, Key: key, Payload: []byte("x")}
-		for _, want := range []idempotency.Status{idempotency.New, idempotency.Replayed} {
+		for _, want := range []bool{false, true} {
 			out, err := store.Do(ctx, db.Pool, req, charge(key, 1))
-			if err != nil || out.Status != want {
+			if err != nil || out.Replayed != want {
 				t.Fatalf("key %q: %+v, %v, want %v", key, out, err, want)
 			}
 		}

@@ -37,8 +37,8 @@ func TestTelemetry(t *testing.T) {
 		fnSpan = trace.SpanContextFromContext(ctx)
 		return charge("order-1", 5)(ctx, tx)
 	}
-	for i, want := range []idempotency.Status{idempotency.New, idempotency.Replayed} {
-		if out, err := store.Do(ctx, pool, req, work); err != nil || out.Status != want {
+	for i, want := range []bool{false, true} {
+		if out, err := store.Do(ctx, pool, req, work); err != nil || out.Replayed != want {
 			t.Fatalf("Do #%d: %v %v", i, out, err)
 		}
 	}
@@ -52,7 +52,7 @@ func TestTelemetry(t *testing.T) {
 	// completion by the replaced owner, replayed.
 	lreq := idempotency.Request{Scope: "mail", Key: "welcome-7"}
 	first, err := store.Claim(ctx, pool, lreq)
-	if err != nil || first.Status != idempotency.New {
+	if err != nil || first.Replayed {
 		t.Fatalf("first claim: %v %v", first, err)
 	}
 	if _, err := store.Claim(ctx, pool, lreq); !errors.Is(err, idempotency.ErrInProgress) {
@@ -62,7 +62,7 @@ func TestTelemetry(t *testing.T) {
 		t.Fatal(err)
 	}
 	second, err := store.Claim(ctx, pool, lreq)
-	if err != nil || second.Status != idempotency.New || second.Attempt.Epoch() != 2 {
+	if err != nil || second.Replayed || second.Attempt.Epoch() != 2 {
 		t.Fatalf("takeover claim: %v %v", second, err)
 	}
 	if _, err := first.Attempt.Complete(ctx, []byte("late")); !errors.Is(err, idempotency.ErrLeaseLost) {
@@ -71,7 +71,7 @@ func TestTelemetry(t *testing.T) {
 	if _, err := second.Attempt.Complete(ctx, []byte("sent")); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := store.Claim(ctx, pool, lreq); err != nil || out.Status != idempotency.Replayed {
+	if out, err := store.Claim(ctx, pool, lreq); err != nil || !out.Replayed {
 		t.Fatalf("claim after completion: %v %v", out, err)
 	}
 	root.End()

@@ -35,12 +35,13 @@ const (
 // the database (a payment provider, an e-mail, a device command), so it cannot
 // commit together with the claim.
 //
-//   - New: [Outcome.Attempt] owns the key until its lease ends. It may be a
-//     takeover of an attempt whose lease expired (or that released the key);
-//     then [Attempt.RecoveryPoint] says where that attempt got to.
-//   - Replayed: the stored result or failure.
-//   - InProgress (with an [*InProgressError]): another attempt's lease is live.
-//   - Mismatch (with [ErrMismatch]): the key was used with another payload.
+//   - Not replayed: [Outcome.Attempt] owns the key until its lease ends. It
+//     may be a takeover of an attempt whose lease expired (or that released
+//     the key); then [Attempt.RecoveryPoint] says where that attempt got to.
+//   - [Outcome.Replayed]: the stored result or failure.
+//   - An [*InProgressError] (errors.Is [ErrInProgress]): another attempt's
+//     lease is live.
+//   - [ErrMismatch]: the key was used with another payload.
 //
 // The claim is one statement; db should not be a transaction (the claim must
 // be visible before the external call is made). When db's sessions default
@@ -90,7 +91,7 @@ func (s *Store) claim(ctx context.Context, db DB, scope, key string, fp []byte, 
 		err = classify(err, true)
 		switch {
 		case errors.Is(err, ErrMismatch):
-			return &Outcome{Status: Mismatch}, err
+			return nil, err
 		case errors.Is(err, ErrInProgress):
 			var us *int64
 			if rerr := conn.QueryRow(ctx, retryAfterSQL, scope, key).Scan(&us); rerr != nil {
@@ -102,7 +103,7 @@ func (s *Store) claim(ctx context.Context, db DB, scope, key string, fp []byte, 
 				// over): no lease to go by.
 				us = nil
 			}
-			return s.inProgress(Request{Scope: scope, Key: key}, us)
+			return nil, s.inProgress(scope, key, us)
 		}
 		return nil, err
 	}
@@ -123,7 +124,7 @@ func (s *Store) claim(ctx context.Context, db DB, scope, key string, fp []byte, 
 	}
 	s.logger.DebugContext(ctx, "idempotency: leased key claimed", "scope", scope, "key", key,
 		"epoch", epoch, "recovery_point", recoveryPoint)
-	return &Outcome{Status: New, Attempt: a}, nil
+	return &Outcome{Attempt: a}, nil
 }
 
 // inReadCommitted runs fn in a READ COMMITTED transaction on db and commits.

@@ -32,7 +32,7 @@ func expireLease(t testing.TB, pool *pgxpool.Pool, key string) {
 func claimNew(t testing.TB, store *idempotency.Store, pool *pgxpool.Pool, req idempotency.Request) *idempotency.Attempt {
 	t.Helper()
 	out, err := store.Claim(context.Background(), pool, req)
-	if err != nil || out.Status != idempotency.New || out.Attempt == nil {
+	if err != nil || out.Replayed || out.Attempt == nil {
 		t.Fatalf("claim %s: %+v, %v", req.Key, out, err)
 	}
 	return out.Attempt
@@ -64,11 +64,11 @@ func TestLeasedCrashedOwnerTakenOverResumes(t *testing.T) {
 
 	out, err := store.Claim(ctx, pool, req)
 	var ip *idempotency.InProgressError
-	if !errors.As(err, &ip) || out.Status != idempotency.InProgress {
-		t.Fatalf("claim during lease: %+v, %v; want InProgress", out, err)
+	if !errors.As(err, &ip) || out != nil {
+		t.Fatalf("claim during lease: %+v, %v; want in progress", out, err)
 	}
-	if out.RetryAfter < 50*time.Second || out.RetryAfter > time.Minute {
-		t.Fatalf("retry after %v, want about the remaining minute of lease", out.RetryAfter)
+	if ip.RetryAfter < 50*time.Second || ip.RetryAfter > time.Minute {
+		t.Fatalf("retry after %v, want about the remaining minute of lease", ip.RetryAfter)
 	}
 
 	expireLease(t, pool, req.Key)
@@ -110,7 +110,7 @@ func TestLeasedCrashedOwnerTakenOverResumes(t *testing.T) {
 		t.Fatalf("late complete after completion: %v, want ErrLeaseLost", err)
 	}
 	out, err = store.Claim(ctx, pool, req)
-	if err != nil || out.Status != idempotency.Replayed || string(out.Result) != "receipt-1" || out.ExpiresAt.IsZero() {
+	if err != nil || !out.Replayed || string(out.Result) != "receipt-1" || out.ExpiresAt.IsZero() {
 		t.Fatalf("replay: %+v, %v", out, err)
 	}
 	// Completing twice is refused too: the key has no owner any more.
@@ -139,7 +139,7 @@ func TestLeasedTakeoverRace(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
-			case err == nil && out.Status == idempotency.New:
+			case err == nil && !out.Replayed:
 				owners++
 			case errors.Is(err, idempotency.ErrInProgress):
 				inProgress++
@@ -192,7 +192,7 @@ func TestLeasedPermanentFailureReplayed(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err := store.Claim(ctx, pool, req)
-	if err != nil || out.Status != idempotency.Replayed || out.Failure == nil || out.Failure.Code != "device_unknown" ||
+	if err != nil || !out.Replayed || out.Failure == nil || out.Failure.Code != "device_unknown" ||
 		out.Failure.Message != "no such device" || string(out.Failure.Data) != "404" || out.Result != nil {
 		t.Fatalf("replay: %+v, %v", out, err)
 	}
@@ -215,7 +215,7 @@ func TestLeasedMismatchNeverShowsResult(t *testing.T) {
 	other := req
 	other.Payload = []byte("999")
 	// Refused while in progress ...
-	if out, err := store.Claim(ctx, pool, other); !errors.Is(err, idempotency.ErrMismatch) || out.Status != idempotency.Mismatch {
+	if out, err := store.Claim(ctx, pool, other); !errors.Is(err, idempotency.ErrMismatch) || out != nil {
 		t.Fatalf("mismatch in progress: %+v, %v", out, err)
 	}
 	// ... after the lease expired (no takeover with another payload) ...
@@ -228,7 +228,7 @@ func TestLeasedMismatchNeverShowsResult(t *testing.T) {
 	}
 	// ... and after completion, without the stored result.
 	out, err := store.Claim(ctx, pool, other)
-	if !errors.Is(err, idempotency.ErrMismatch) || out.Result != nil || out.Failure != nil {
+	if !errors.Is(err, idempotency.ErrMismatch) || out != nil {
 		t.Fatalf("mismatch after completion: %+v, %v", out, err)
 	}
 }
@@ -307,7 +307,7 @@ func TestLeasedCompleteTxWithBusinessWrite(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := store.Claim(ctx, pool, req); err != nil || out.Status != idempotency.Replayed || countCharges(t, pool, "order-4") != 1 {
+	if out, err := store.Claim(ctx, pool, req); err != nil || !out.Replayed || countCharges(t, pool, "order-4") != 1 {
 		t.Fatalf("after commit: %+v, %v", out, err)
 	}
 }
@@ -335,13 +335,14 @@ func TestRetryAfterOfLeaseLongerThanDuration(t *testing.T) {
 WHERE scope = $1 AND key = $2`, req.Scope, req.Key); err != nil {
 		t.Fatal(err)
 	}
-	out, err := store.Claim(ctx, pool, req)
-	if !errors.Is(err, idempotency.ErrInProgress) || out.RetryAfter != math.MaxInt64 {
-		t.Errorf("Claim: %+v, %v; want in progress, retry after %v", out, err, time.Duration(math.MaxInt64))
+	var ip *idempotency.InProgressError
+	_, err = store.Claim(ctx, pool, req)
+	if !errors.As(err, &ip) || ip.RetryAfter != math.MaxInt64 {
+		t.Errorf("Claim: %v; want in progress, retry after %v", err, time.Duration(math.MaxInt64))
 	}
-	out, err = store.Do(ctx, pool, req, func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil })
-	if !errors.Is(err, idempotency.ErrInProgress) || out.RetryAfter != math.MaxInt64 {
-		t.Errorf("Do: %+v, %v; want in progress, retry after %v", out, err, time.Duration(math.MaxInt64))
+	_, err = store.Do(ctx, pool, req, func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil })
+	if !errors.As(err, &ip) || ip.RetryAfter != math.MaxInt64 {
+		t.Errorf("Do: %v; want in progress, retry after %v", err, time.Duration(math.MaxInt64))
 	}
 }
 
@@ -406,10 +407,10 @@ func TestLeasedClaimOnRepeatableReadDefault(t *testing.T) {
 	store := newStore(t, nil)
 	req := idempotency.Request{Scope: "payments", Key: "rr", Payload: []byte("p")}
 	out, err := store.Claim(ctx, pool, req)
-	if err != nil || out.Status != idempotency.New {
+	if err != nil || out.Replayed {
 		t.Fatalf("claim: %+v, %v; want New", out, err)
 	}
-	if out, err := store.Claim(ctx, pool, req); !errors.Is(err, idempotency.ErrInProgress) || out.Status != idempotency.InProgress {
+	if out, err := store.Claim(ctx, pool, req); !errors.Is(err, idempotency.ErrInProgress) || out != nil {
 		t.Fatalf("duplicate: %+v, %v; want InProgress", out, err)
 	}
 	if _, err := store.Claim(ctx, pool, idempotency.Request{Scope: "payments", Key: "rr", Payload: []byte("q")}); !errors.Is(err, idempotency.ErrMismatch) {
@@ -418,7 +419,7 @@ func TestLeasedClaimOnRepeatableReadDefault(t *testing.T) {
 	if _, err := out.Attempt.Complete(ctx, []byte("done")); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := store.Claim(ctx, pool, req); err != nil || out.Status != idempotency.Replayed || string(out.Result) != "done" {
+	if out, err := store.Claim(ctx, pool, req); err != nil || !out.Replayed || string(out.Result) != "done" {
 		t.Fatalf("replay: %+v, %v", out, err)
 	}
 }
@@ -448,17 +449,17 @@ func TestLeasedClaimWaitsBoundedForLockedRow(t *testing.T) {
 	}
 	out, err := store.Claim(ctx, pool, req)
 	var ip *idempotency.InProgressError
-	if !errors.As(err, &ip) || out == nil || out.Status != idempotency.InProgress {
-		t.Fatalf("claim while the owner's completion is uncommitted: %+v, %v; want InProgress", out, err)
+	if !errors.As(err, &ip) || out != nil {
+		t.Fatalf("claim while the owner's completion is uncommitted: %+v, %v; want in progress", out, err)
 	}
 	// The lease is already over: the hint is the configured one, not 0.
-	if out.RetryAfter != 3*time.Second {
-		t.Errorf("RetryAfter = %v, want the configured 3s", out.RetryAfter)
+	if ip.RetryAfter != 3*time.Second {
+		t.Errorf("RetryAfter = %v, want the configured 3s", ip.RetryAfter)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := store.Claim(ctx, pool, req); err != nil || out.Status != idempotency.Replayed {
+	if out, err := store.Claim(ctx, pool, req); err != nil || !out.Replayed {
 		t.Fatalf("claim after the owner committed: %+v, %v; want Replayed", out, err)
 	}
 }

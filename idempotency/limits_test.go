@@ -143,7 +143,7 @@ func TestOversizedResultWritesNothing(t *testing.T) {
 	}
 	assertRows(t, pool, "orders", "big-1", 0)
 	out, err := store.Do(ctx, pool, req, charge("big-1", 5))
-	if err != nil || out.Status != idempotency.New || countCharges(t, pool, "big-1") != 1 {
+	if err != nil || out.Replayed || countCharges(t, pool, "big-1") != 1 {
 		t.Fatalf("retry after the refused result: %+v, %v; want New and one charge", out, err)
 	}
 
@@ -152,7 +152,7 @@ func TestOversizedResultWritesNothing(t *testing.T) {
 	// a result that fits commits them.
 	breq := idempotency.Request{Scope: "orders", Key: "big-3", Payload: []byte("p")}
 	begun, err := store.Begin(ctx, pool, breq)
-	if err != nil || begun.Status != idempotency.New {
+	if err != nil || begun.Replayed {
 		t.Fatalf("Begin: %+v, %v", begun, err)
 	}
 	aa := begun.Attempt
@@ -175,14 +175,14 @@ func TestOversizedResultWritesNothing(t *testing.T) {
 	if n := countCharges(t, pool, "big-3"); n != 1 {
 		t.Fatalf("the attempt's write after its completion: %d charges, want 1", n)
 	}
-	if replay, err := store.Claim(ctx, pool, breq); err != nil || replay.Status != idempotency.Replayed || string(replay.Result) != "ok" {
+	if replay, err := store.Claim(ctx, pool, breq); err != nil || !replay.Replayed || string(replay.Result) != "ok" {
 		t.Fatalf("replay of big-3: %+v, %v", replay, err)
 	}
 
 	// Leased: refused before the round trip; the owner still holds the key.
 	lreq := idempotency.Request{Scope: "orders", Key: "big-2", Payload: []byte("p")}
 	claimed, err := store.Claim(ctx, pool, lreq)
-	if err != nil || claimed.Status != idempotency.New {
+	if err != nil || claimed.Replayed {
 		t.Fatalf("Claim: %+v, %v", claimed, err)
 	}
 	a := claimed.Attempt
@@ -220,7 +220,7 @@ func TestOversizedResultWritesNothing(t *testing.T) {
 		t.Fatalf("the owner completes with a small result: %v", err)
 	}
 	replay, err := store.Claim(ctx, pool, lreq)
-	if err != nil || replay.Status != idempotency.Replayed || string(replay.Result) != "ok" {
+	if err != nil || !replay.Replayed || string(replay.Result) != "ok" {
 		t.Fatalf("replay: %+v, %v", replay, err)
 	}
 	assertRows(t, pool, "orders", "big-2", 1)
@@ -304,11 +304,11 @@ func TestStoreDurationsWithinSQL(t *testing.T) {
 	ctx := context.Background()
 	store := newStore(t, &idempotency.Config{Retention: idempotency.MaxRetention, Lease: idempotency.MaxLease})
 	noop := func(context.Context, pgx.Tx) ([]byte, error) { return []byte("ok"), nil }
-	if out, err := store.Do(ctx, pool, idempotency.Request{Scope: "limits", Key: "atomic"}, noop); err != nil || out.Status != idempotency.New {
+	if out, err := store.Do(ctx, pool, idempotency.Request{Scope: "limits", Key: "atomic"}, noop); err != nil || out.Replayed {
 		t.Fatalf("Do at the longest retention: %+v, %v", out, err)
 	}
 	out, err := store.Claim(ctx, pool, idempotency.Request{Scope: "limits", Key: "leased"})
-	if err != nil || out.Status != idempotency.New {
+	if err != nil || out.Replayed {
 		t.Fatalf("Claim at the longest retention and lease: %+v, %v", out, err)
 	}
 	if _, err := out.Attempt.Complete(ctx, []byte("ok")); err != nil {
@@ -358,7 +358,7 @@ func TestAttemptOnEndedTx(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err := store.Claim(ctx, tx, idempotency.Request{Scope: "tx", Key: "k"})
-	if err != nil || out.Status != idempotency.New {
+	if err != nil || out.Replayed {
 		t.Fatalf("Claim in a transaction: %+v, %v", out, err)
 	}
 	if err := tx.Commit(ctx); err != nil {

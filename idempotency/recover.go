@@ -206,7 +206,7 @@ func (s *Store) Recover(ctx context.Context, db DB, opts *RecoverOptions, fn Rec
 		}
 		out, err := s.claim(ctx, db, k.Scope, k.Key, k.fingerprint, k.retention)
 		switch {
-		case errors.Is(err, ErrInProgress), errors.Is(err, ErrMismatch), err == nil && out.Status != New:
+		case errors.Is(err, ErrInProgress), errors.Is(err, ErrMismatch), err == nil && out.Replayed:
 			res.Skipped++
 			continue
 		case err != nil:

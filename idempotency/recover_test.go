@@ -162,7 +162,7 @@ func TestRecoverTwoCompletersResumeEachKeyOnce(t *testing.T) {
 			t.Errorf("%s: phases %v, want each once", key, got)
 		}
 		out, err := store.Claim(ctx, pool, idempotency.Request{Scope: "payments", Key: key, Payload: []byte("pay " + key)})
-		if err != nil || out.Status != idempotency.Replayed || string(out.Result) != "done "+key {
+		if err != nil || !out.Replayed || string(out.Result) != "done "+key {
 			t.Errorf("%s afterwards: %+v, %v; want the stored result", key, out, err)
 		}
 	}
@@ -227,7 +227,7 @@ func TestRecoverMarksFailed(t *testing.T) {
 		t.Fatalf("recover: %+v, %v", res, err)
 	}
 	out, err := store.Claim(ctx, pool, idempotency.Request{Scope: "payments/a", Key: "crashed", Payload: []byte("pay crashed")})
-	if err != nil || out.Status != idempotency.Replayed || out.Failure == nil || out.Failure.Code != idempotency.CodeAbandoned ||
+	if err != nil || !out.Replayed || out.Failure == nil || out.Failure.Code != idempotency.CodeAbandoned ||
 		!strings.Contains(out.Failure.Message, `"charged"`) {
 		t.Fatalf("duplicate of the failed key: %+v, %v", out, err)
 	}

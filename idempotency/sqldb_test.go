@@ -170,7 +170,7 @@ func TestDuplicateIntentOnce(t *testing.T) {
 				if errs[i] != nil {
 					t.Fatalf("duplicate %d: %v", i, errs[i])
 				}
-				if outs[i].Status == idempotency.New {
+				if !outs[i].Replayed {
 					news++
 				}
 				if first == nil {
@@ -184,12 +184,12 @@ func TestDuplicateIntentOnce(t *testing.T) {
 				t.Fatalf("%d duplicates: %d new, fn ran %d times, %d charges; want 1 each", n, news, runs.Load(), countCharges(t, db.Pool, "order-1"))
 			}
 			out, err := do(ctx, store, req, chargeOnce(&runs, "order-1"))
-			if err != nil || out.Status != idempotency.Replayed || string(out.Result) != string(first) || runs.Load() != 1 {
+			if err != nil || !out.Replayed || string(out.Result) != string(first) || runs.Load() != 1 {
 				t.Fatalf("retry: %+v, %v (fn ran %d times)", out, err, runs.Load())
 			}
 			other := req
 			other.Payload = []byte(`{"amount":6}`)
-			if out, err := do(ctx, store, other, chargeOnce(&runs, "order-1")); !errors.Is(err, idempotency.ErrMismatch) || out == nil || out.Status != idempotency.Mismatch {
+			if out, err := do(ctx, store, other, chargeOnce(&runs, "order-1")); !errors.Is(err, idempotency.ErrMismatch) || out != nil {
 				t.Fatalf("another payload: %+v, %v; want Mismatch", out, err)
 			}
 
@@ -204,7 +204,7 @@ func TestDuplicateIntentOnce(t *testing.T) {
 			}); !errors.Is(err, boom) {
 				t.Fatalf("transient failure: %v", err)
 			}
-			if out, err := do(ctx, store, req2, chargeOnce(&runs, "order-2")); err != nil || out.Status != idempotency.New {
+			if out, err := do(ctx, store, req2, chargeOnce(&runs, "order-2")); err != nil || out.Replayed {
 				t.Fatalf("after a transient failure: %+v, %v; want New", out, err)
 			}
 			if got := countCharges(t, db.Pool, "order-2"); got != 1 {
@@ -219,10 +219,10 @@ func TestDuplicateIntentOnce(t *testing.T) {
 				}
 				return nil, &idempotency.Failure{Code: "declined", Message: "card declined"}
 			}
-			if out, err := do(ctx, store, req3, declined); err != nil || out.Status != idempotency.New || out.Failure == nil || out.Failure.Code != "declined" {
+			if out, err := do(ctx, store, req3, declined); err != nil || out.Replayed || out.Failure == nil || out.Failure.Code != "declined" {
 				t.Fatalf("permanent failure: %+v, %v", out, err)
 			}
-			if out, err := do(ctx, store, req3, declined); err != nil || out.Status != idempotency.Replayed || out.Failure == nil || out.Failure.Code != "declined" {
+			if out, err := do(ctx, store, req3, declined); err != nil || !out.Replayed || out.Failure == nil || out.Failure.Code != "declined" {
 				t.Fatalf("permanent failure replayed: %+v, %v", out, err)
 			}
 			if got := countCharges(t, db.Pool, "order-3"); got != 0 {
@@ -260,7 +260,7 @@ func TestDoSQLInCallerTransaction(t *testing.T) {
 					t.Fatal(err)
 				}
 				out, err := store.DoSQL(ctx, tx, req, fn)
-				if err != nil || out.Status != idempotency.New {
+				if err != nil || out.Replayed {
 					t.Fatalf("DoSQL in the caller's transaction: %+v, %v", out, err)
 				}
 				if commit {
@@ -277,7 +277,7 @@ func TestDoSQLInCallerTransaction(t *testing.T) {
 					runs.Load(), countCharges(t, db.Pool, "order-1"), countCharges(t, db.Pool, "caller"), keyRows(t, db.Pool))
 			}
 			out, err := store.DoSQL(ctx, sdb, req, fn)
-			if err != nil || out.Status != idempotency.Replayed || string(out.Result) != "charged" || runs.Load() != 2 {
+			if err != nil || !out.Replayed || string(out.Result) != "charged" || runs.Load() != 2 {
 				t.Fatalf("retry after the commit: %+v, %v", out, err)
 			}
 
@@ -335,12 +335,8 @@ func doSQLCommitLost(t *testing.T, driverName string, fatal bool) {
 			t.Fatalf("%s: %v, want ErrOutcomeUnknown", c.orderID, err)
 		}
 		out, err := store.DoSQL(ctx, sdb, req, fn)
-		want := idempotency.New
-		if c.replay {
-			want = idempotency.Replayed
-		}
-		if err != nil || out.Status != want || string(out.Result) != "ok" {
-			t.Fatalf("%s, the same request again: %+v, %v; want %v", c.orderID, out, err, want)
+		if err != nil || out.Replayed != c.replay || string(out.Result) != "ok" {
+			t.Fatalf("%s, the same request again: %+v, %v; want replayed %v", c.orderID, out, err, c.replay)
 		}
 		if got := countCharges(t, db.Pool, c.orderID); got != 1 {
 			t.Fatalf("%s: %d charges, want 1", c.orderID, got)
@@ -489,7 +485,7 @@ func TestDoSQLBadInputWritesNothing(t *testing.T) {
 				t.Fatalf("fn ran %d times, %d keys, %d charges; want nothing", runs.Load(), keyRows(t, db.Pool), countCharges(t, db.Pool, "order-1"))
 			}
 			// The key is free: the same request succeeds once.
-			if out, err := store.DoSQL(ctx, sdb, req, fn); err != nil || out.Status != idempotency.New {
+			if out, err := store.DoSQL(ctx, sdb, req, fn); err != nil || out.Replayed {
 				t.Fatalf("the request after the failures: %+v, %v", out, err)
 			}
 		})

@@ -29,12 +29,13 @@ const (
 	// RetentionDefault is how long a completed key's result is kept.
 	RetentionDefault = 24 * time.Hour
 	// WaitTimeoutDefault bounds how long a claim waits for a key that another
-	// transaction holds before it reports [InProgress] (see [Config.WaitTimeout]).
+	// transaction holds before it reports it in progress (see [Config.WaitTimeout]).
 	WaitTimeoutDefault = 5 * time.Second
 	// LeaseDefault is the lease of a leased claim.
 	LeaseDefault = 30 * time.Second
-	// RetryAfterDefault is the retry hint of [InProgress] when the database
-	// cannot tell when the key will be free (an uncommitted atomic claim).
+	// RetryAfterDefault is the retry hint of an [*InProgressError] when the
+	// database cannot tell when the key will be free (an uncommitted atomic
+	// claim).
 	RetryAfterDefault = time.Second
 )
 
@@ -79,7 +80,7 @@ type Config struct {
 	// first attempt, and how long a leased claim waits for a key row that
 	// another transaction holds locked (an owner completing inside its own
 	// transaction): a lock_timeout on the claim, after which the key is
-	// [InProgress]. The caller's ctx bounds it too. Negative means do not
+	// in progress ([ErrInProgress]). The caller's ctx bounds it too. Negative means do not
 	// wait (1 ms). Default [WaitTimeoutDefault]; 1ms to lock_timeout's largest value,
 	// 2^31-1 milliseconds (about 24.8 days).
 	WaitTimeout time.Duration
@@ -87,7 +88,7 @@ type Config struct {
 	// holds the key before another attempt may take it over. Default
 	// [LeaseDefault]; 1ms to 24h.
 	Lease time.Duration
-	// RetryAfter is the retry hint of an [InProgress] outcome when the database
+	// RetryAfter is the retry hint of an [*InProgressError] when the database
 	// has no lease to go by. Default [RetryAfterDefault].
 	RetryAfter time.Duration
 	// Logger receives debug events (claims, takeovers, releases). Default:
@@ -224,54 +225,25 @@ func validText(s string) bool {
 	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
 }
 
-// Status says what a claim found.
-type Status int
-
-const (
-	// New: this call owns the key and runs the intent ([Store.Do] and
-	// [Store.DoSQL]: it ran and its result is stored; [Store.Begin] and
-	// [Store.Claim]: [Outcome.Attempt] is the work to do).
-	New Status = iota + 1
-	// Replayed: the intent already completed; [Outcome.Result] or
-	// [Outcome.Failure] is the stored answer. Nothing was executed.
-	Replayed
-	// InProgress: another attempt holds the key; retry after
-	// [Outcome.RetryAfter]. Returned together with an [*InProgressError].
-	InProgress
-	// Mismatch: the key was used with a different payload. Nothing stored is
-	// shown. Returned together with [ErrMismatch].
-	Mismatch
-)
-
-func (s Status) String() string {
-	switch s {
-	case New:
-		return "new"
-	case Replayed:
-		return "replayed"
-	case InProgress:
-		return "in_progress"
-	case Mismatch:
-		return "mismatch"
-	}
-	return fmt.Sprintf("Status(%d)", int(s))
-}
-
-// Outcome is the answer for one key.
+// Outcome is the answer for a key that a call owned or found completed. A
+// key that another attempt holds is an [*InProgressError] instead, and a key
+// used with another payload [ErrMismatch].
 type Outcome struct {
-	// Status says which branch the caller is on.
-	Status Status
-	// Result is the stored result of a success (New in atomic mode, Replayed);
-	// never nil for a success (an empty result is an empty slice).
+	// Replayed reports that the intent had completed before: Result or
+	// Failure is the stored answer, and nothing was executed. Otherwise the
+	// call owned the key: [Store.Do] and [Store.DoSQL] ran the intent and
+	// stored its answer; [Store.Begin] and [Store.Claim] give the work to do
+	// in Attempt.
+	Replayed bool
+	// Result is the stored result of a success; never nil for a success (an
+	// empty result is an empty slice).
 	Result []byte
 	// Failure is the stored permanent failure, when the intent failed for good.
 	Failure *Failure
 	// ExpiresAt is when the stored result will be forgotten (database clock).
 	ExpiresAt time.Time
-	// RetryAfter is the hint of an InProgress outcome.
-	RetryAfter time.Duration
-	// Attempt is the claim of a New outcome of [Store.Begin] or
-	// [Store.Claim].
+	// Attempt is the claim of an outcome of [Store.Begin] or [Store.Claim]
+	// that is not Replayed.
 	Attempt *Attempt
 }
 

@@ -18,7 +18,7 @@ import (
 const instrumentationName = "github.com/pgfence/pgfence/idempotency"
 
 // Operations (pgfence.operation, and the span name after
-// "pgfence.idempotency."), and the outcomes besides a [Status] (new,
+// "pgfence.idempotency."), and the outcomes besides those of a claim (new,
 // replayed, in_progress, mismatch).
 const (
 	modeAtomic = "atomic" // Do, DoSQL, Begin
@@ -54,15 +54,18 @@ func (t *instruments) start(ctx context.Context, mode string, req Request) (cont
 	return ctx, func(out *Outcome, err error) {
 		outcome := outcomeError
 		switch {
+		case out != nil && out.Replayed:
+			outcome = "replayed"
 		case out != nil:
-			outcome = out.Status.String()
-			if out.Status == InProgress || out.Status == Mismatch {
-				err = nil // an answer, not a failed operation
-			}
+			outcome = "new"
+		case errors.Is(err, ErrInProgress):
+			outcome, err = "in_progress", nil // an answer, not a failed operation
+		case errors.Is(err, ErrMismatch):
+			outcome, err = "mismatch", nil
 		case errors.Is(err, ErrOutcomeUnknown):
 			outcome = outcomeUnknown
 		}
-		if out != nil && out.Attempt != nil {
+		if out != nil && out.Attempt != nil && out.Attempt.epoch > 0 {
 			a := out.Attempt
 			trace.SpanFromContext(ctx).SetAttributes(attrOwner.String(a.owner), attrEpoch.Int64(a.epoch))
 			if a.epoch > 1 {
@@ -71,7 +74,7 @@ func (t *instruments) start(ctx context.Context, mode string, req Request) (cont
 					"epoch", a.epoch, "recovery_point", a.RecoveryPoint())
 			}
 		}
-		if out != nil && out.Status != New {
+		if outcome != "new" && outcome != outcomeTakenOver && outcome != outcomeError && outcome != outcomeUnknown {
 			t.log.DebugContext(ctx, "idempotency: duplicate answered", "scope", req.Scope, "key", req.Key,
 				"mode", mode, "outcome", outcome)
 		}

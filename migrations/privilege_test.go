@@ -221,11 +221,11 @@ func TestLeastPrivilege(t *testing.T) {
 	out, err := store.Do(ctx, app, idempotency.Request{Scope: "s", Key: "k1"}, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 		return []byte("ok"), nil
 	})
-	if err != nil || out.Status != idempotency.New {
+	if err != nil || out.Replayed {
 		t.Fatalf("app: atomic idempotency = %+v, %v", out, err)
 	}
 	out, err = store.Claim(ctx, app, idempotency.Request{Scope: "s", Key: "k2"})
-	if err != nil || out.Status != idempotency.New {
+	if err != nil || out.Replayed {
 		t.Fatalf("app: leased claim = %+v, %v", out, err)
 	}
 	if _, err := out.Attempt.Complete(ctx, []byte("done")); err != nil {

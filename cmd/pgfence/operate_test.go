@@ -292,7 +292,7 @@ func TestKeysFailAbandoned(t *testing.T) {
 		t.Fatalf("keys fail-abandoned: code %d\n%s%s", code, out, errOut)
 	}
 	retry := claim("dead")
-	if retry.Status != idempotency.Replayed || retry.Failure == nil || retry.Failure.Code != idempotency.CodeAbandoned {
+	if !retry.Replayed || retry.Failure == nil || retry.Failure.Code != idempotency.CodeAbandoned {
 		t.Fatalf("retry of the failed key: %+v, want the stored failure %q", retry, idempotency.CodeAbandoned)
 	}
 	if _, err := live.Attempt.Complete(ctx, []byte("done")); err != nil {

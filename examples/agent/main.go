@@ -160,7 +160,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 				}
 			case err != nil:
 				return err
-			case o.Status == idempotency.Replayed:
+			case o.Replayed:
 				mu.Lock()
 				res.Results[name] = string(o.Result)
 				mu.Unlock()

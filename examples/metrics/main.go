@@ -152,9 +152,9 @@ func run(ctx context.Context, pool *pgxpool.Pool, reader *sdkmetric.ManualReader
 		mu.Lock()
 		switch {
 		case err != nil:
-		case o.Status == idempotency.New:
+		case !o.Replayed:
 			res.Accepted++
-		case o.Status == idempotency.Replayed:
+		case o.Replayed:
 			res.Replays++
 		}
 		mu.Unlock()

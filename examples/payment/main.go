@@ -239,8 +239,8 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 		if err != nil {
 			return res, err
 		}
-		if o.Status != idempotency.Replayed {
-			return res, fmt.Errorf("%s: a retry got %v, want the stored result", order, o.Status)
+		if !o.Replayed {
+			return res, fmt.Errorf("%s: a retry ran again, want the stored result", order)
 		}
 		res.Results[order] = string(o.Result)
 		say("%s: a retry gets %q", order, o.Result)

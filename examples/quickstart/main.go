@@ -99,7 +99,7 @@ func quickstart(ctx context.Context, url string, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "order %s: %s %s\n", order.Key, o.Status, o.Result)
+		fmt.Fprintf(out, "order %s: replayed %t, %s\n", order.Key, o.Replayed, o.Result)
 	}
 	// quickstart:end
 	return nil

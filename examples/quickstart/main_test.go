@@ -26,9 +26,9 @@ func TestQuickstart(t *testing.T) {
 		if err := quickstart(ctx, db.URL, &out); err != nil {
 			t.Fatalf("run %d: %v\n%s", run, err, out.String())
 		}
-		want := "order order-1001: replayed {\"order\":\"order-1001\"}\n"
+		want := "order order-1001: replayed true, {\"order\":\"order-1001\"}\n"
 		if run == 1 {
-			want = "order order-1001: new {\"order\":\"order-1001\"}\n" + want
+			want = "order order-1001: replayed false, {\"order\":\"order-1001\"}\n" + want
 		} else {
 			want = want + want
 		}
@@ -55,7 +55,7 @@ func TestQuickstart(t *testing.T) {
 	if err := quickstart(ctx, db.URL, &out); err != nil {
 		t.Fatalf("run after the key's retention: %v\n%s", err, out.String())
 	}
-	if want := "order order-1001: new {\"order\":\"order-1001\"}\norder order-1001: replayed {\"order\":\"order-1001\"}\n"; out.String() != want {
+	if want := "order order-1001: replayed false, {\"order\":\"order-1001\"}\norder order-1001: replayed true, {\"order\":\"order-1001\"}\n"; out.String() != want {
 		t.Errorf("run after the key's retention printed:\n%s\nwant:\n%s", out.String(), want)
 	}
 	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&orders); err != nil || orders != 1 {

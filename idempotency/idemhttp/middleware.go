@@ -151,13 +151,14 @@ func (m *Middleware) serveCovered(w http.ResponseWriter, r *http.Request, next h
 // answerClaim answers a claim that did not give this request the key: a
 // replay, 409, 422, 503 or 500. It reports false for a New outcome.
 func (m *Middleware) answerClaim(w http.ResponseWriter, r *http.Request, req idempotency.Request, out *idempotency.Outcome, err error) (answered bool, outcome string, status int) {
+	var busy *idempotency.InProgressError
 	switch {
 	case errors.Is(err, idempotency.ErrMismatch):
 		problem(w, http.StatusUnprocessableEntity, "Idempotency-Key reused",
 			"This Idempotency-Key was used with a different request; use a new key for a new request.")
 		return true, outcomeMismatch, http.StatusUnprocessableEntity
-	case errors.Is(err, idempotency.ErrInProgress):
-		w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Max(1, math.Ceil(out.RetryAfter.Seconds()))), 10))
+	case errors.As(err, &busy):
+		w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Max(1, math.Ceil(busy.RetryAfter.Seconds()))), 10))
 		problem(w, http.StatusConflict, "Request in progress",
 			"A request with this Idempotency-Key is still being processed; retry later.")
 		return true, outcomeInProgress, http.StatusConflict
@@ -184,7 +185,7 @@ func (m *Middleware) answerClaim(w http.ResponseWriter, r *http.Request, req ide
 		m.logger.ErrorContext(r.Context(), "idempotency: claim failed", "scope", req.Scope, "key", req.Key, "error", err)
 		problem(w, http.StatusInternalServerError, "Idempotency store error", "The request was not processed; retry later.")
 		return true, outcomeError, http.StatusInternalServerError
-	case out.Status == idempotency.Replayed:
+	case out.Replayed:
 		m.replay(w, out)
 		return true, outcomeReplayed, 0
 	}

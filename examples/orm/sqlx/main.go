@@ -124,7 +124,7 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return
 	}
-	if out.Status == idempotency.Replayed {
+	if out.Replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
 	w.Header().Set("Content-Type", "application/json")

@@ -205,10 +205,10 @@ func (a *actor) effect(ctx context.Context, intent, value string) Op {
 			return []byte(value), nil
 		})
 	switch {
-	case err == nil && (out.Status == idempotency.New || out.Status == idempotency.Replayed) && out.Failure == nil:
+	case err == nil && out.Failure == nil:
 		op.Outcome, op.Result = OK, string(out.Result)
 	case err == nil:
-		op.Outcome, op.Err = Rejected, "status "+out.Status.String()
+		op.Outcome, op.Err = Rejected, "stored failure "+out.Failure.Code
 	default:
 		op.Outcome, op.Err = classify(err), err.Error()
 	}

@@ -560,8 +560,8 @@ func prepareReplay(ctx context.Context, lab *Lab, _ int) (benchrun.Op, func(), e
 		if err != nil {
 			return 0, err
 		}
-		if o.Status != idempotency.Replayed || string(o.Result) != "ok" {
-			return 0, fmt.Errorf("replay: status %s, result %q: not the stored result", o.Status, o.Result)
+		if !o.Replayed || string(o.Result) != "ok" {
+			return 0, fmt.Errorf("replay: replayed %v, result %q: not the stored result", o.Replayed, o.Result)
 		}
 		return 0, nil
 	}, func() {}, nil

@@ -320,14 +320,20 @@ func (s *scene) duplicateOrder(ctx context.Context, lb *leases.Lease) error {
 	if err != nil {
 		return fmt.Errorf("order request: %w", err)
 	}
-	s.add(Event{Actor: "C", Action: "order-1001: deduct 2 (idempotency key order-1001:deduct)", Result: first.Status.String(), Detail: string(first.Result)})
+	outcome := func(o *idempotency.Outcome) string {
+		if o.Replayed {
+			return "replayed"
+		}
+		return "new"
+	}
+	s.add(Event{Actor: "C", Action: "order-1001: deduct 2 (idempotency key order-1001:deduct)", Result: outcome(first), Detail: string(first.Result)})
 	dup, err := placeOrder("retry")
 	if err != nil {
 		return fmt.Errorf("duplicate order request: %w", err)
 	}
-	s.add(Event{Actor: "C", Action: "order-1001: same request again (a client retry)", Result: dup.Status.String(), Detail: string(dup.Result)})
-	s.check("a duplicate request gets the stored result, not a second effect", dup.Status == idempotency.Replayed && string(dup.Result) == string(first.Result),
-		"first %s, duplicate %s", first.Status, dup.Status)
+	s.add(Event{Actor: "C", Action: "order-1001: same request again (a client retry)", Result: outcome(dup), Detail: string(dup.Result)})
+	s.check("a duplicate request gets the stored result, not a second effect", dup.Replayed && string(dup.Result) == string(first.Result),
+		"first %s, duplicate %s", outcome(first), outcome(dup))
 
 	changed := order
 	changed.Payload = []byte(`{"qty":5,"sku":"sku-42"}`)
