@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
-	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -28,10 +27,10 @@ func TestAnnouncementsAreSigned(t *testing.T) {
 	defer cancel()
 	db := pgfencetest.NewDatabase(t)
 	name, app := loginRole(t, db, "pgfence_app")
-	if _, err := pgfence.RevokePrefix(ctx, db.Pool, name, ""); err != nil {
+	if _, err := db.Pool.Exec(ctx, `SELECT pgfence.revoke_prefix($1::regrole, $2)`, name, ""); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pgfence.GrantPrefix(ctx, db.Pool, name, "svc/"); err != nil {
+	if _, err := db.Pool.Exec(ctx, `SELECT pgfence.grant_prefix($1::regrole, $2)`, name, "svc/"); err != nil {
 		t.Fatal(err)
 	}
 	listener, err := pgx.Connect(ctx, db.URL)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
-	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -22,7 +21,7 @@ func TestNameErrorsBeforeGrants(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	appName, app := loginRole(t, db, "pgfence_app")
-	if _, err := pgfence.RevokePrefix(ctx, db.Pool, appName, ""); err != nil {
+	if _, err := db.Pool.Exec(ctx, `SELECT pgfence.revoke_prefix($1::regrole, $2)`, appName, ""); err != nil {
 		t.Fatal(err)
 	}
 	_, operator := loginRole(t, db, "pgfence_operator")

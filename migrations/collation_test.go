@@ -12,7 +12,6 @@ import (
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/migrations"
-	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -195,10 +194,10 @@ func TestServiceRolePrefixWithACaseInsensitiveKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	name, app := loginRole(t, db, "pgfence_app")
-	if _, err := pgfence.RevokePrefix(ctx, db.Pool, name, ""); err != nil {
+	if _, err := db.Pool.Exec(ctx, `SELECT pgfence.revoke_prefix($1::regrole, $2)`, name, ""); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pgfence.GrantPrefix(ctx, db.Pool, name, "case/"); err != nil {
+	if _, err := db.Pool.Exec(ctx, `SELECT pgfence.grant_prefix($1::regrole, $2)`, name, "case/"); err != nil {
 		t.Fatal(err)
 	}
 	var acquired bool

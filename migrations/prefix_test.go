@@ -27,10 +27,11 @@ func TestPrefixGrantsIsolateServices(t *testing.T) {
 	defer cancel()
 	service := func(prefix string) (string, *pgxpool.Pool) {
 		name, pool := loginRole(t, db, "pgfence_app")
-		if _, err := pgfence.RevokePrefix(ctx, db.Pool, name, ""); err != nil {
+		if _, err := db.Pool.Exec(ctx, `SELECT pgfence.revoke_prefix($1::regrole, $2)`, name, ""); err != nil {
 			t.Fatal(err)
 		}
-		if added, err := pgfence.GrantPrefix(ctx, db.Pool, name, prefix); err != nil || !added {
+		var added bool
+		if err := db.Pool.QueryRow(ctx, `SELECT pgfence.grant_prefix($1::regrole, $2)`, name, prefix).Scan(&added); err != nil || !added {
 			t.Fatalf("grant %q to %s: %v %v", prefix, name, added, err)
 		}
 		return name, pool
@@ -132,16 +133,17 @@ func TestPrefixGrantsIsolateServices(t *testing.T) {
 	}
 
 	// A revoked prefix: nothing more under it.
-	if removed, err := pgfence.RevokePrefix(ctx, db.Pool, mustRole(t, ctx, orders), "orders/"); err != nil || !removed {
+	var removed bool
+	if err := db.Pool.QueryRow(ctx, `SELECT pgfence.revoke_prefix($1::regrole, 'orders/')`, mustRole(t, ctx, orders)).Scan(&removed); err != nil || !removed {
 		t.Fatalf("revoke: %v %v", removed, err)
 	}
 	_, err = ordersLeases.TryAcquire(ctx, "orders/42", time.Minute, nil)
 	if !errors.Is(err, pgfence.ErrNotGranted) {
 		t.Errorf("TryAcquire after the revoke: %v, want ErrNotGranted", err)
 	}
-	grants, err := pgfence.PrefixGrants(ctx, db.Pool)
-	if err != nil || len(grants) != 1 || grants[0].Prefix != "billing/" {
-		t.Errorf("PrefixGrants: %+v %v, want billing's only", grants, err)
+	var grants []string
+	if err := db.Pool.QueryRow(ctx, `SELECT array_agg(prefix) FROM pgfence.prefix_grants`).Scan(&grants); err != nil || len(grants) != 1 || grants[0] != "billing/" {
+		t.Errorf("prefix grants: %v %v, want billing's only", grants, err)
 	}
 }
 

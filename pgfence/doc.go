@@ -80,7 +80,7 @@
 //     WHERE runs on the newest version after the row lock). Accepted tokens
 //     per resource never decrease, in commit order.
 //   - The accepted token is never lowered or forgotten by direct DML (only an
-//     operator's [LowerFence], recorded in pgfence.fence_resets, lowers it):
+//     operator's pgfence.lower_fence, recorded in pgfence.fence_resets, lowers it):
 //     triggers on pgfence.fences reject UPDATEs that lower it, DELETE and
 //     TRUNCATE (PF001). Only a row at or below a floor may go
 //     ([PruneRetired]): the token floor ([RaiseTokenFloor]) refuses every
@@ -210,7 +210,8 @@
 //
 // # Observability
 //
-// The writes report to the global OpenTelemetry providers
+// The writes report, as instrumentation scope github.com/pgfence/pgfence/pgfence,
+// to the global OpenTelemetry providers
 // (otel.SetMeterProvider, otel.SetTracerProvider), which are no-ops until
 // the application sets them; their instruments are made once, and follow the
 // first providers the application sets. They log nothing. Metrics:

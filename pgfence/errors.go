@@ -54,7 +54,7 @@ var (
 	ErrAbandoned = pgerr.ErrAbandoned
 	// ErrNotGranted: the database role may not use this lease key,
 	// resource or idempotency scope (PF014): no prefix of it is granted to
-	// the role ([GrantPrefix]). Nothing was done.
+	// the role (pgfence.grant_prefix). Nothing was done.
 	ErrNotGranted = pgerr.ErrNotGranted
 	// ErrOutcomeUnknown: the connection failed after something that could
 	// commit was sent; it may or may not have committed. Read back before

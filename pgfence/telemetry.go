@@ -15,10 +15,10 @@ import (
 	"github.com/pgfence/pgfence/internal/telemetry"
 )
 
-// InstrumentationName is the name of this package's OpenTelemetry meter and
-// tracer. The writes report to the global providers (otel.SetMeterProvider,
+// instrumentationName names this package's OpenTelemetry meter and tracer.
+// The writes report to the global providers (otel.SetMeterProvider,
 // otel.SetTracerProvider), which are no-ops until the application sets them.
-const InstrumentationName = "github.com/pgfence/pgfence/pgfence"
+const instrumentationName = "github.com/pgfence/pgfence/pgfence"
 
 // Operations (the pgfence.operation attribute and the span name suffix; a
 // lease-checked write adds "_leased").
@@ -48,10 +48,10 @@ type instrumentSet struct {
 // instruments are made once, from the global providers, which delegate to
 // the providers the application sets later.
 var instruments = sync.OnceValue(func() instrumentSet {
-	m := otel.GetMeterProvider().Meter(InstrumentationName)
+	m := otel.GetMeterProvider().Meter(instrumentationName)
 	report := func(err error) { otel.Handle(err) }
 	return instrumentSet{
-		tracer: otel.GetTracerProvider().Tracer(InstrumentationName),
+		tracer: otel.GetTracerProvider().Tracer(instrumentationName),
 		writes: telemetry.Counter(m, "pgfence.fence.writes", "{write}",
 			"Fenced and lease-checked writes by pgfence.operation and outcome: accepted, stale_token, lease_not_held, token_not_issued, unfenced, unknown, error.", report),
 		duration: telemetry.Seconds(m, "pgfence.fence.duration",
