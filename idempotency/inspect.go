@@ -12,7 +12,8 @@ import (
 )
 
 // Reads for operators and tools: the state of stored keys, never their
-// fingerprint, result or recovery data. They change nothing and take no
+// fingerprint, result or recovery data (the fingerprint is read for
+// Store.Recover, not shown). They change nothing and take no
 // lock. Every statement is immune to search_path: functions and operators are
 // schema-qualified.
 
@@ -31,6 +32,9 @@ type KeyState struct {
 	// RecoveryPoint is the last point an attempt recorded ([Attempt.Advance]);
 	// empty if none.
 	RecoveryPoint string
+	// Released reports that a leased key in progress was given up by its
+	// last owner ([Attempt.Release]) rather than abandoned by a crash.
+	Released bool
 	// FailureCode is the code of a stored [Failure]; empty unless failed.
 	FailureCode string
 	// CreatedAt is when the key was first claimed (database clock).
@@ -46,6 +50,9 @@ type KeyState struct {
 	// TraceID is the trace of the claim that owns or completed the key, if it
 	// was traced.
 	TraceID string
+
+	fingerprint string // what Store.Recover claims with
+	retention   time.Duration
 }
 
 // KeysLimitDefault is how many keys [Keys] returns when asked for 0;
@@ -56,8 +63,10 @@ const (
 )
 
 const (
-	sqlKeyColumns = `SELECT scope, key, mode, status, epoch, recovery_point, coalesce(failure_code, ''),
-       created_at, completed_at, expires_at, lease_expires_at, coalesce(trace_id, '')
+	sqlKeyColumns = `SELECT scope, key, mode, status, epoch, recovery_point,
+       owner IS NULL AND status OPERATOR(pg_catalog.=) 'in_progress', coalesce(failure_code, ''),
+       created_at, completed_at, expires_at, lease_expires_at, coalesce(trace_id, ''), fingerprint,
+       (extract(epoch FROM retention) OPERATOR(pg_catalog.*) 1e6)::bigint
   FROM pgfence.idempotency_keys`
 	sqlKeys = sqlKeyColumns + `
  WHERE scope OPERATOR(pg_catalog.=) $1 ORDER BY created_at DESC, key LIMIT $2`
@@ -127,10 +136,13 @@ func scanKey(row pgx.Row) (KeyState, error) {
 	var (
 		k                                KeyState
 		completed, expires, leaseExpires *time.Time
+		fingerprint                      []byte
+		retention                        int64
 	)
-	err := row.Scan(&k.Scope, &k.Key, &k.Mode, &k.Status, &k.Epoch, &k.RecoveryPoint, &k.FailureCode,
-		&k.CreatedAt, &completed, &expires, &leaseExpires, &k.TraceID)
+	err := row.Scan(&k.Scope, &k.Key, &k.Mode, &k.Status, &k.Epoch, &k.RecoveryPoint, &k.Released, &k.FailureCode,
+		&k.CreatedAt, &completed, &expires, &leaseExpires, &k.TraceID, &fingerprint, &retention)
 	k.CompletedAt, k.ExpiresAt, k.LeaseExpiresAt = orZero(completed), orZero(expires), orZero(leaseExpires)
+	k.fingerprint, k.retention = string(fingerprint), fromMicros(&retention)
 	return k, err
 }
 

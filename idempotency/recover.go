@@ -44,35 +44,9 @@ type RecoverOptions struct {
 	Limit int
 }
 
-// AbandonedKey is a leased key left in progress after its lease ended: its
-// owner crashed, was paused or cut off, or released it after a transient
-// error, and no retry has taken it over since.
-type AbandonedKey struct {
-	Scope, Key string
-	// Epoch counts the owners the key has had; the next takeover is Epoch+1.
-	Epoch int64
-	// RecoveryPoint is where the last owner got to ("" before the first
-	// point): where a resumption starts.
-	RecoveryPoint string
-	// Released reports that the last owner gave the key up itself
-	// ([Attempt.Release]) rather than vanishing.
-	Released bool
-	// LeaseEnded is when the last lease ended (database clock).
-	LeaseEnded time.Time
-	// CreatedAt is when the intent was first claimed (database clock).
-	CreatedAt time.Time
-	// TraceID is the trace of the claim that last took the key, "" if none.
-	TraceID string
-
-	fingerprint []byte
-	retention   time.Duration
-}
-
 // abandonedSQL lists leased keys in progress whose lease ended at least $1
 // µs ago, oldest first.
-const abandonedSQL = `SELECT scope, key, epoch, recovery_point, owner IS NULL, lease_expires_at, created_at,
-       coalesce(trace_id, ''), fingerprint, (extract(epoch FROM retention) * 1e6)::bigint
-  FROM pgfence.idempotency_keys
+const abandonedSQL = sqlKeyColumns + `
  WHERE status = 'in_progress' AND mode = 'leased'
    AND lease_expires_at <= pg_catalog.clock_timestamp() - $1 * interval '1 microsecond'
    AND ($2 = '' OR pg_catalog.starts_with(scope, $2))
@@ -100,10 +74,13 @@ func (o *RecoverOptions) check() (RecoverOptions, error) {
 }
 
 // Abandoned lists leased keys left in progress after their lease ended
-// (see [RecoverOptions] for which), oldest lease end first. It only reads:
+// (see [RecoverOptions] for which), oldest lease end first: their owner
+// crashed, was paused or cut off, or released the key after a transient
+// error ([KeyState.Released]), and no retry has taken them over since. It
+// only reads:
 // a key listed here may be taken over by a retry or a completer at any
 // moment. pgfence_app may call it.
-func (s *Store) Abandoned(ctx context.Context, db DB, opts *RecoverOptions) ([]AbandonedKey, error) {
+func (s *Store) Abandoned(ctx context.Context, db DB, opts *RecoverOptions) ([]KeyState, error) {
 	o, err := opts.check()
 	if err != nil {
 		return nil, err
@@ -111,7 +88,7 @@ func (s *Store) Abandoned(ctx context.Context, db DB, opts *RecoverOptions) ([]A
 	return s.abandoned(ctx, db, o)
 }
 
-func (s *Store) abandoned(ctx context.Context, db DB, o RecoverOptions) ([]AbandonedKey, error) {
+func (s *Store) abandoned(ctx context.Context, db DB, o RecoverOptions) ([]KeyState, error) {
 	if err := driver.NilHandle(db); err != nil {
 		return nil, err
 	}
@@ -125,14 +102,7 @@ func (s *Store) abandoned(ctx context.Context, db DB, o RecoverOptions) ([]Aband
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: abandoned keys: %w", classify(err, false))
 	}
-	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (AbandonedKey, error) {
-		var k AbandonedKey
-		var retention int64
-		err := row.Scan(&k.Scope, &k.Key, &k.Epoch, &k.RecoveryPoint, &k.Released, &k.LeaseEnded, &k.CreatedAt,
-			&k.TraceID, &k.fingerprint, &retention)
-		k.retention = fromMicros(&retention)
-		return k, err
-	})
+	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (KeyState, error) { return scanKey(row) })
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: abandoned keys: %w", classify(err, false))
 	}
@@ -204,7 +174,7 @@ func (s *Store) Recover(ctx context.Context, db DB, opts *RecoverOptions, fn Rec
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		out, err := s.claim(ctx, db, k.Scope, k.Key, k.fingerprint, k.retention)
+		out, err := s.claim(ctx, db, k.Scope, k.Key, []byte(k.fingerprint), k.retention)
 		switch {
 		case errors.Is(err, ErrInProgress), errors.Is(err, ErrMismatch), err == nil && out.Replayed:
 			res.Skipped++

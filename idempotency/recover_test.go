@@ -210,7 +210,7 @@ func TestRecoverMarksFailed(t *testing.T) {
 	var listed []string
 	for _, k := range list {
 		listed = append(listed, fmt.Sprintf("%s/%s@%q epoch=%d released=%v", k.Scope, k.Key, k.RecoveryPoint, k.Epoch, k.Released))
-		if k.LeaseEnded.IsZero() || k.CreatedAt.IsZero() {
+		if k.LeaseExpiresAt.IsZero() || k.CreatedAt.IsZero() {
 			t.Errorf("%s: times not read: %+v", k.Key, k)
 		}
 	}

@@ -260,7 +260,7 @@ func keysAbandoned(fs *flag.FlagSet) runFunc {
 		keys = keys[:min(len(keys), shown)]
 		for _, k := range keys {
 			out.Keys = append(out.Keys, abandonedKeyJSON{Scope: k.Scope, Key: k.Key, Epoch: k.Epoch, RecoveryPoint: k.RecoveryPoint,
-				Released: k.Released, LeaseEnded: k.LeaseEnded.UTC(), CreatedAt: k.CreatedAt.UTC(), TraceID: k.TraceID})
+				Released: k.Released, LeaseEnded: k.LeaseExpiresAt.UTC(), CreatedAt: k.CreatedAt.UTC(), TraceID: k.TraceID})
 		}
 		return in.print(out, func(w io.Writer) {
 			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -270,7 +270,7 @@ func keysAbandoned(fs *flag.FlagSet) runFunc {
 				if k.Released {
 					how = "released"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cell(k.Scope), cell(k.Key), k.Epoch, dash(cell(k.RecoveryPoint)), stamp(k.LeaseEnded), how, dash(k.TraceID))
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cell(k.Scope), cell(k.Key), k.Epoch, dash(cell(k.RecoveryPoint)), stamp(k.LeaseExpiresAt), how, dash(k.TraceID))
 			}
 			tw.Flush()
 			switch {
