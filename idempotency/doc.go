@@ -76,7 +76,7 @@
 // A key whose owner crashed stays in progress until somebody claims it again.
 // [Store.Recover], a completer to run periodically, takes such keys over the
 // way a retry would and resumes each from its recovery point through a
-// [RecoverFunc] (or marks it failed with [CodeAbandoned]); [Store.Abandoned]
+// [RecoverFunc] (or marks it failed with the code "abandoned"); [Store.Abandoned]
 // lists them.
 //
 // # Guarantees

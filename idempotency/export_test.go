@@ -2,7 +2,8 @@ package idempotency
 
 import "crypto/sha256"
 
-// Limits the tests compare with the SQL functions' and exceed.
+// Limits the tests compare with the SQL functions' and exceed, and the
+// failure code of an abandoned key.
 const (
 	MaxFailureCodeBytes    = maxFailureCodeBytes
 	MaxFailureMessageBytes = maxFailureMessageBytes
@@ -11,6 +12,8 @@ const (
 	MaxRetention           = maxRetention
 	MaxLease               = maxLease
 	MaxWaitTimeout         = maxWaitTimeout
+	MaxKeysLimit           = maxKeysLimit
+	CodeAbandoned          = codeAbandoned
 )
 
 // Fingerprint is what a claim stores of a request's payload.

@@ -8,15 +8,11 @@ import (
 	"github.com/pgfence/pgfence/internal/driver"
 )
 
-// GCBatchSizeDefault is [GCOptions.BatchSize]'s default.
-const GCBatchSizeDefault = 1000
-
 // GCOptions configures [GC]. A nil *GCOptions and the zero value use the
 // defaults.
 type GCOptions struct {
 	// BatchSize is the most keys one statement deletes, at most
-	// math.MaxInt32 (the SQL function takes an integer). Default
-	// [GCBatchSizeDefault].
+	// math.MaxInt32 (the SQL function takes an integer). Default 1000.
 	BatchSize int
 	// MaxBatches stops after this many batches. Default 0: until no expired
 	// key is left (or ctx ends).
@@ -65,7 +61,7 @@ func (s *Store) GC(ctx context.Context, db DB, opts *GCOptions) (res GCResult, e
 	case size > math.MaxInt32:
 		return GCResult{}, fmt.Errorf("%w: GCOptions.BatchSize must be at most %d, got %d", ErrInvalid, math.MaxInt32, size)
 	case size == 0:
-		size = GCBatchSizeDefault
+		size = 1000
 	}
 	if opts.MaxBatches < 0 {
 		return GCResult{}, fmt.Errorf("%w: GCOptions.MaxBatches must not be negative, got %d", ErrInvalid, opts.MaxBatches)

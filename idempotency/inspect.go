@@ -55,12 +55,8 @@ type KeyState struct {
 	retention   time.Duration
 }
 
-// KeysLimitDefault is how many keys [Keys] returns when asked for 0;
-// MaxKeysLimit is the most it returns.
-const (
-	KeysLimitDefault = 50
-	MaxKeysLimit     = 10_000
-)
+// maxKeysLimit is the most keys one call of Keys returns.
+const maxKeysLimit = 10_000
 
 const (
 	sqlKeyColumns = `SELECT scope, key, mode, status, epoch, recovery_point,
@@ -75,17 +71,17 @@ const (
 )
 
 // Keys returns the stored keys of scope, newest first, at most limit of them
-// (0: [KeysLimitDefault], at most [MaxKeysLimit]). To tell whether more
+// (0: 50, at most 10,000). To tell whether more
 // exist, ask for one more than you show.
 func Keys(ctx context.Context, db DB, scope string, limit int) ([]KeyState, error) {
 	if err := checkScope(scope); err != nil {
 		return nil, err
 	}
 	switch {
-	case limit < 0 || limit > MaxKeysLimit:
-		return nil, fmt.Errorf("%w: limit must be 0 to %d, got %d", ErrInvalid, MaxKeysLimit, limit)
+	case limit < 0 || limit > maxKeysLimit:
+		return nil, fmt.Errorf("%w: limit must be 0 to %d, got %d", ErrInvalid, maxKeysLimit, limit)
 	case limit == 0:
-		limit = KeysLimitDefault
+		limit = 50
 	}
 	q, done, err := querier(ctx, db)
 	if err != nil {

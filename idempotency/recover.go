@@ -11,15 +11,9 @@ import (
 	"github.com/pgfence/pgfence/internal/driver"
 )
 
-// Defaults for [RecoverOptions].
-const (
-	// RecoverLimitDefault is how many abandoned keys one call of
-	// [Store.Recover] or [Store.Abandoned] handles at most.
-	RecoverLimitDefault = 100
-	// CodeAbandoned is the [Failure.Code] that [Store.Recover] stores for an
-	// abandoned key when it has no [RecoverFunc] to resume it with.
-	CodeAbandoned = "abandoned"
-)
+// codeAbandoned is the [Failure.Code] that [Store.Recover] stores for an
+// abandoned key when it has no [RecoverFunc] to resume it with.
+const codeAbandoned = "abandoned"
 
 // releaseTimeout bounds the release of a key whose RecoverFunc panicked,
 // which does not end with the caller's context.
@@ -39,7 +33,7 @@ type RecoverOptions struct {
 	// nobody came back for. Default 0: as soon as the lease ended.
 	ExpiredFor time.Duration
 	// Limit is the most keys one call lists or recovers, oldest lease end
-	// first; call again for more. Default [RecoverLimitDefault]; at most
+	// first; call again for more. Default 100; at most
 	// math.MaxInt32.
 	Limit int
 }
@@ -68,7 +62,7 @@ func (o *RecoverOptions) check() (RecoverOptions, error) {
 	case c.Limit < 0 || c.Limit > math.MaxInt32:
 		return c, fmt.Errorf("%w: RecoverOptions.Limit must be 0 to %d, got %d", ErrInvalid, math.MaxInt32, c.Limit)
 	case c.Limit == 0:
-		c.Limit = RecoverLimitDefault
+		c.Limit = 100
 	}
 	return c, nil
 }
@@ -127,7 +121,8 @@ type RecoverResult struct {
 	Found int
 	// Resumed counts keys that the RecoverFunc completed (or failed).
 	Resumed int
-	// Failed counts keys marked failed with [CodeAbandoned] (no RecoverFunc).
+	// Failed counts keys marked failed with the code "abandoned" (no
+	// RecoverFunc).
 	Failed int
 	// Released counts keys whose RecoverFunc failed transiently: released
 	// again, with their recovery point, for a later retry or completer.
@@ -148,7 +143,7 @@ type RecoverResult struct {
 //
 //   - fn != nil: fn resumes the key from its recovery point (see
 //     [RecoverFunc]).
-//   - fn == nil: the key is marked failed: [Failure] with [CodeAbandoned]
+//   - fn == nil: the key is marked failed: a [Failure] with Code "abandoned"
 //     and a message naming the recovery point it was abandoned at, which
 //     every later duplicate gets instead of a second execution. The
 //     takeover and the failure stay in the key's row (epoch, trace id,
@@ -186,7 +181,7 @@ func (s *Store) Recover(ctx context.Context, db DB, opts *RecoverOptions, fn Rec
 		s.tel.log.InfoContext(ctx, "idempotency: abandoned key taken over", "scope", k.Scope, "key", k.Key,
 			"epoch", a.epoch, "recovery_point", a.RecoveryPoint())
 		if fn == nil {
-			f := &Failure{Code: CodeAbandoned, Message: abandonedMessage(a.RecoveryPoint())}
+			f := &Failure{Code: codeAbandoned, Message: abandonedMessage(a.RecoveryPoint())}
 			if _, err := a.Fail(ctx, f); errors.Is(err, ErrLeaseLost) {
 				res.Skipped++ // its lease ran out under us and somebody took it
 				continue

@@ -75,10 +75,13 @@ func keyArgError(err error) error {
 }
 
 func keysList(fs *flag.FlagSet) runFunc {
-	limit := fs.Int("limit", idempotency.KeysLimitDefault, fmt.Sprintf("most keys listed (1 to %d)", idempotency.MaxKeysLimit-1))
+	// idempotency.Keys returns at most 10,000 keys, and one more than
+	// --limit is asked for.
+	const maxLimit = 9_999
+	limit := fs.Int("limit", 50, fmt.Sprintf("most keys listed (1 to %d)", maxLimit))
 	return func(ctx context.Context, in *input) error {
-		if *limit <= 0 || *limit >= idempotency.MaxKeysLimit {
-			return usageError("--limit must be 1 to %d, got %d", idempotency.MaxKeysLimit-1, *limit)
+		if *limit <= 0 || *limit > maxLimit {
+			return usageError("--limit must be 1 to %d, got %d", maxLimit, *limit)
 		}
 		pool, err := in.connect(ctx)
 		if err != nil {
@@ -152,7 +155,7 @@ func printKeys(w io.Writer, keys []idempotency.KeyState) {
 }
 
 func keysGC(fs *flag.FlagSet) runFunc {
-	batch := fs.Int("batch-size", idempotency.GCBatchSizeDefault, "most keys deleted by one statement")
+	batch := fs.Int("batch-size", 1000, "most keys deleted by one statement")
 	maxBatches := fs.Int("max-batches", 0, "stop after this many batches (0: until none is left)")
 	return func(ctx context.Context, in *input) error {
 		if *batch <= 0 || *batch > math.MaxInt32 {
@@ -211,7 +214,7 @@ type keysFailAbandonedJSON struct {
 func recoverFlags(fs *flag.FlagSet) func() (*idempotency.RecoverOptions, error) {
 	prefix := fs.String("scope-prefix", "", "only keys whose scope starts with this ('' = every scope)")
 	expired := fs.Duration("expired-for", 0, "only keys whose lease ended at least this long ago (database clock)")
-	limit := fs.Int("limit", idempotency.RecoverLimitDefault, "most keys handled, oldest lease end first")
+	limit := fs.Int("limit", 100, "most keys handled, oldest lease end first")
 	return func() (*idempotency.RecoverOptions, error) {
 		if *limit <= 0 || *limit >= math.MaxInt32 {
 			return nil, usageError("--limit must be 1 to %d, got %d", math.MaxInt32-1, *limit)
@@ -301,8 +304,8 @@ func keysFailAbandoned(fs *flag.FlagSet) runFunc {
 			return dbError(err)
 		}
 		return in.print(keysFailAbandonedJSON{Found: res.Found, Failed: res.Failed, Skipped: res.Skipped}, func(w io.Writer) {
-			fmt.Fprintf(w, "marked %d abandoned key(s) failed with code %q (%d found, %d taken first by a retry or another completer)\n",
-				res.Failed, idempotency.CodeAbandoned, res.Found, res.Skipped)
+			fmt.Fprintf(w, "marked %d abandoned key(s) failed with code \"abandoned\" (%d found, %d taken first by a retry or another completer)\n",
+				res.Failed, res.Found, res.Skipped)
 		})
 	}
 }
