@@ -151,50 +151,27 @@ func (c *Client) isClosed() bool {
 // Helpers that take a lease later (an election, a job runner) call it when
 // they are built.
 func (c *Client) Check(key string, ttl time.Duration, opts *AcquireOptions) error {
-	_, _, _, err := c.acquireArgs(key, ttl, opts)
-	if errors.Is(err, ErrClosed) {
-		return nil
+	if err := validateKey(key); err != nil {
+		return err
+	}
+	margin, err := c.validateTTL(ttl)
+	if err == nil {
+		_, err = opts.check(ttl, margin)
 	}
 	return err
 }
 
-func (c *Client) acquireArgs(key string, ttl time.Duration, opts *AcquireOptions) (margin time.Duration, info string, o AcquireOptions, err error) {
-	if err := validateKey(key); err != nil {
-		return 0, "", o, err
+// TryAcquire makes one attempt to get the lease on key for ttl: it is
+// [Client.Acquire] with [AcquireOptions.TryOnce]. When another holder has
+// it, the error is a [*HeldError] (errors.Is(err, [pgfence.ErrLeaseHeld]))
+// with the time it has left.
+func (c *Client) TryAcquire(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions) (*Lease, error) {
+	var o AcquireOptions
+	if opts != nil {
+		o = *opts
 	}
-	if margin, err = c.validateTTL(ttl); err != nil {
-		return 0, "", o, err
-	}
-	if o, err = opts.check(ttl, margin); err != nil {
-		return 0, "", o, err
-	}
-	info = c.cfg.HolderInfo
-	if o.HolderInfo != "" {
-		info = o.HolderInfo
-	}
-	if c.isClosed() {
-		return 0, "", o, ErrClosed
-	}
-	return margin, info, o, nil
-}
-
-// TryAcquire makes one attempt to get the lease on key for ttl, and keeps it
-// alive as opts says (see [AcquireOptions]). When another holder has it, the
-// error is a [*HeldError] (errors.Is(err, [pgfence.ErrLeaseHeld])) with the
-// time it has left.
-func (c *Client) TryAcquire(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions) (l *Lease, err error) {
-	ctx, done := c.tel.startAcquire(ctx, key, ttl, false)
-	defer func() { done(l, err) }()
-	margin, info, o, err := c.acquireArgs(key, ttl, opts)
-	if err != nil {
-		return nil, err
-	}
-	l, err = c.tryAcquire(ctx, key, ttl, margin, info, o.Announce)
-	if err != nil {
-		return nil, err
-	}
-	l.keepAlive(o)
-	return l, nil
+	o.TryOnce = true
+	return c.Acquire(ctx, key, ttl, &o)
 }
 
 // background runs f in a goroutine that Close waits for. Once Close has been
@@ -217,21 +194,20 @@ func (c *Client) background(f func()) {
 }
 
 // Acquire gets the lease on key for ttl, waiting while another holder has it
-// until ctx ends (or opts.MaxWait passes), and keeps it alive as opts says:
-// renewed in the background until it is released or lost, for at most
-// [AcquireOptions.MaxHold], one hour by default: a holder that means to hold
-// the key for longer (a singleton worker) sets it, or [NoMaxHold]. Release
-// it when done. Waiting is cheap: within a client,
-// only the first waiter for a key polls (the others queue behind it in FIFO
-// order; fair waiters each poll, see [AcquireOptions.Fair]); it retries with
-// capped exponential backoff and full jitter, right after the holder's
-// expiry, and when a release notification arrives. Waiters
-// in different clients do not all try at once after a release: each holds
-// back a random moment in a window (at most 64 ms) that grows while it loses
-// races for the key and shrinks while it wins (zero when it waits alone), and
-// skips its attempt if another waiter's grant is announced meanwhile
-// (an attempt skipped in pgfence.lease.operations; grants are announced by clients with
-// [Config.AnnounceGrants]).
+// until ctx ends (or opts.MaxWait passes; with opts.TryOnce it makes one
+// attempt), and keeps it alive as opts says: renewed in the background until
+// it is released or lost, for at most [AcquireOptions.MaxHold], one hour by
+// default: a holder that means to hold the key for longer (a singleton
+// worker) sets it, or [NoMaxHold]. Release it when done. Waiting is cheap:
+// within a client, only the first waiter for a key polls (the others queue
+// behind it in FIFO order; fair waiters each poll, see
+// [AcquireOptions.Fair]); it retries with capped exponential backoff and
+// full jitter, right after the holder's expiry, and when a release
+// notification arrives. Waiters in different clients do not all try at once
+// after a release: each holds back a random moment in a window (at most
+// 64 ms) that grows while it loses races for the key and shrinks while it
+// wins (zero when it waits alone), and skips its attempt if another waiter's
+// grant is announced meanwhile ([AcquireOptions.Announce]).
 //
 // While an operator has paused new grants for the key's prefix
 // ([Client.PauseGrants]), it waits the same way and is woken by the resume;
@@ -239,15 +215,27 @@ func (c *Client) background(f func()) {
 //
 // When it gives up, the error wraps the context's error and the last attempt's
 // (usually a [*HeldError]).
-func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions) (*Lease, error) {
-	if opts != nil && opts.TryOnce {
-		return c.TryAcquire(ctx, key, ttl, opts)
+func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions) (l *Lease, err error) {
+	ctx, done := c.tel.startAcquire(ctx, key, ttl, opts == nil || !opts.TryOnce)
+	defer func() { done(l, err) }()
+	if err := validateKey(key); err != nil {
+		return nil, err
 	}
-	margin, info, o, err := c.acquireArgs(key, ttl, opts)
+	margin, err := c.validateTTL(ttl)
 	if err != nil {
 		return nil, err
 	}
-	l, err := c.acquire(ctx, key, ttl, margin, info, o)
+	o, err := opts.check(ttl, margin)
+	switch {
+	case err != nil:
+		return nil, err
+	case c.isClosed():
+		return nil, ErrClosed
+	case o.TryOnce:
+		l, err = c.tryAcquire(ctx, key, ttl, margin, o.HolderInfo, o.Announce)
+	default:
+		l, err = c.acquire(ctx, key, ttl, margin, o)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -255,16 +243,13 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 	return l, nil
 }
 
-func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Duration, info string, o AcquireOptions) (l *Lease, err error) {
-	ctx, done := c.tel.startAcquire(ctx, key, ttl, true)
-	defer func() { done(l, err) }()
+func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Duration, o AcquireOptions) (l *Lease, err error) {
 	if o.MaxWait > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, o.MaxWait)
 		defer cancel()
 	}
 	fair := o.Fair
-	announce := o.Announce
 	c.startListener()
 	w := c.enqueue(key, fair)
 	defer c.dequeue(key, w)
@@ -328,9 +313,7 @@ func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Durat
 				atHead = err == nil
 			}
 			if err == nil {
-				// Once this call has lost the key, its grant is announced
-				// (Config.AnnounceGrants).
-				l, err = c.tryAcquire(ctx, key, ttl, margin, info, announce || attempt > 0 && c.cfg.AnnounceGrants)
+				l, err = c.tryAcquire(ctx, key, ttl, margin, o.HolderInfo, o.Announce)
 			}
 			if err == nil {
 				if woken {

@@ -1,11 +1,13 @@
 package leases
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"math"
 	"os"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -16,59 +18,45 @@ import (
 // Limits on input. The client checks them before any round trip and returns
 // an [pgfence.ErrInvalid] error naming the argument and the limit; the SQL functions
 // enforce the same limits for other clients (PF008, pgfence.lease_check_args),
-// and a test compares the two.
+// and a test compares the two. A TTL is at least 1 ms, and so is every poll,
+// backoff, renewal and resolve interval (a shorter one would send statements
+// back to back).
 const (
 	// MaxTTLLimit is the largest TTL the database accepts
-	// (pgfence.lease_max_ttl()); [Config.MaxTTL] may lower it per client.
+	// (pgfence.lease_max_ttl()), and the longest interval a client accepts.
 	MaxTTLLimit = 24 * time.Hour
-	// MinInterval is the shortest poll, backoff, renewal and resolve interval
-	// a client accepts: a shorter one would send statements back to back.
-	MinInterval = time.Millisecond
-	// MinTTL is the shortest TTL, for the client and the database alike
-	// (pgfence.try_acquire and pgfence.renew refuse a shorter one with PF008).
-	MinTTL = time.Millisecond
 	// MaxKeyBytes is the longest key, in bytes (not characters).
 	MaxKeyBytes = 512
 	// MaxHolderInfoBytes is the longest holder description, in bytes.
 	MaxHolderInfoBytes = 1024
+
+	minTTL      = time.Millisecond
+	minInterval = time.Millisecond
 )
 
-// Defaults for [Config] and [AcquireOptions] fields left zero.
+// Defaults for [Config] and [AcquireOptions] fields left zero; each field's
+// comment gives its own.
 const (
-	// MaxTTLDefault is the default largest TTL a client accepts.
-	MaxTTLDefault = time.Hour
-
-	// BackoffMinDefault is the first retry delay of a waiting Acquire.
-	BackoffMinDefault = 10 * time.Millisecond
-	// BackoffMaxDefault caps the retry delay while no wake-up notifications
-	// arrive (disabled or the LISTEN connection is down).
-	BackoffMaxDefault = time.Second
-	// PollIntervalDefault is the safety-net poll of a waiting Acquire while
-	// wake-up notifications work: a lost notification costs at most this.
-	PollIntervalDefault = 5 * time.Second
-	// ResolveTimeoutDefault bounds reading back the outcome of a grant whose
-	// reply was lost.
-	ResolveTimeoutDefault = 5 * time.Second
+	// MaxHoldDefault is the longest a lease is kept alive.
+	MaxHoldDefault = time.Hour
 	// ReleaseTimeoutDefault bounds the Release run by [Client.Do] after its
 	// function returns.
 	ReleaseTimeoutDefault = 5 * time.Second
 
-	// RenewFractionDefault: a lease is renewed every TTL/RenewFractionDefault.
-	RenewFractionDefault = 3
-	// MaxFailuresDefault is how many renewals in a row may fail before
-	// keep-alive gives up and ends the lease's context.
-	MaxFailuresDefault = 3
-	// MaxHoldDefault is the longest a lease is kept alive.
-	MaxHoldDefault = time.Hour
+	backoffMinDefault     = 10 * time.Millisecond
+	backoffMaxDefault     = time.Second
+	pollIntervalDefault   = 5 * time.Second
+	resolveTimeoutDefault = 5 * time.Second
+	renewFractionDefault  = 3
+	maxFailuresDefault    = 3
 
 	// notifyChannel is the channel pgfence.release and pgfence.force_release
 	// notify, with the key as payload.
 	notifyChannel = "pgfence_lease_released"
-	// grantNotifyChannel is the channel a grant notifies when the waiter that
-	// won it had already lost a race for the key and [Config.AnnounceGrants]
-	// is on, or when it was asked to ([AcquireOptions.Announce]), with the payload "<lease length in
-	// microseconds>:<key>". Other clients' waiters woken by the same release
-	// hear it and skip their attempt; watchers read the grant.
+	// grantNotifyChannel is the channel an announced grant
+	// ([AcquireOptions.Announce]) notifies, with the payload "<lease length
+	// in microseconds>:<key>". Other clients' waiters woken by the same
+	// release hear it and skip their attempt; watchers read the grant.
 	grantNotifyChannel = "pgfence_lease_granted"
 	// changeNotifyChannel is the channel on which a live grant announces that
 	// it changed: after a renewal of a lease granted with [AcquireOptions.Announce]
@@ -97,46 +85,29 @@ type Config struct {
 	// its trace id stored in the lease events the call records.
 	TracerProvider trace.TracerProvider
 
-	// HolderInfo describes this process in the lease rows (at most 1024 bytes).
-	// Default: "host:pid".
-	HolderInfo string
-	// MaxTTL is the largest TTL the client accepts. Default [MaxTTLDefault], at
-	// most [MaxTTLLimit].
-	MaxTTL time.Duration
 	// SafetyMargin is subtracted from a grant's or renewal's TTL, counted from
 	// the moment the request was sent by the local monotonic clock, to get the
 	// local trust window; the lease's context ends when it runs out. It must be
-	// below half of every TTL used ([New] refuses one of half of MaxTTL or
-	// more, which leaves no TTL). Default: TTL/10.
+	// below half of every TTL used. Default: TTL/10.
 	SafetyMargin time.Duration
 
 	// DisableWakeups turns off the LISTEN connection; waiting Acquire calls then
 	// only poll. Use it behind PgBouncer in transaction mode.
 	DisableWakeups bool
-	// AnnounceGrants makes a waiting Acquire that has lost a race for its key
-	// announce its grant (NOTIFY pgfence_lease_granted): waiters of other
-	// clients then skip their attempt and set their timers to the new lease's
-	// expiry. Off by default: a NOTIFY wakes every listening session of the
-	// database and serialises the commits that send one. With many clients
-	// waiting for one key it saves attempts but lengthens hand-offs, and with
-	// a few it makes no difference. Turn it on when statements, not database
-	// CPU, are what you need to save.
-	// Clients that do not announce still act on the announcements of those
-	// that do.
-	AnnounceGrants bool
 	// BackoffMin is the first retry delay of a waiting Acquire (full jitter).
-	// Default [BackoffMinDefault].
+	// Default 10 ms.
 	BackoffMin time.Duration
-	// BackoffMax caps the retry delay when no notifications arrive, at most
-	// [MaxTTLLimit]. Default [BackoffMaxDefault].
+	// BackoffMax caps the retry delay when no notifications arrive. Default
+	// 1 s.
 	BackoffMax time.Duration
-	// PollInterval is the safety-net poll while notifications work, at most
-	// [MaxTTLLimit]. Default [PollIntervalDefault].
+	// PollInterval is the safety-net poll of a waiting Acquire while
+	// notifications work: a lost notification costs at most this. Default
+	// 5 s.
 	PollInterval time.Duration
 	// ResolveTimeout bounds reading back a grant whose reply was lost. The
 	// caller never waits past its own context for it: the read-back goes on in
 	// the background and releases a grant the caller did not receive. Default
-	// [ResolveTimeoutDefault].
+	// 5 s.
 	ResolveTimeout time.Duration
 	// DurableRelease makes releases commit with synchronous_commit = on. By
 	// default they commit with synchronous_commit = off: a release lost in a
@@ -153,69 +124,48 @@ func (c *Config) resolve() (Config, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.HolderInfo == "" {
-		host, _ := os.Hostname()
-		cfg.HolderInfo = fmt.Sprintf("%s:%d", host, os.Getpid())
-		if len(cfg.HolderInfo) > MaxHolderInfoBytes {
-			cfg.HolderInfo = cfg.HolderInfo[:MaxHolderInfoBytes]
-		}
-	}
-	if len(cfg.HolderInfo) > MaxHolderInfoBytes {
-		return cfg, invalid("Config.HolderInfo", "must be at most %d bytes, got %d", MaxHolderInfoBytes, len(cfg.HolderInfo))
-	}
-	if err := validText("Config.HolderInfo", cfg.HolderInfo); err != nil {
-		return cfg, err
-	}
-	durations := []struct {
+	for _, d := range []struct {
 		name string
 		v    *time.Duration
 		def  time.Duration
 	}{
-		{"Config.MaxTTL", &cfg.MaxTTL, MaxTTLDefault},
-		{"Config.BackoffMin", &cfg.BackoffMin, BackoffMinDefault},
-		{"Config.BackoffMax", &cfg.BackoffMax, BackoffMaxDefault},
-		{"Config.PollInterval", &cfg.PollInterval, PollIntervalDefault},
-		{"Config.ResolveTimeout", &cfg.ResolveTimeout, ResolveTimeoutDefault},
-	}
-	for _, d := range durations {
-		if *d.v < 0 {
-			return cfg, invalid(d.name, "must not be negative, got %s", *d.v)
+		{"Config.BackoffMin", &cfg.BackoffMin, backoffMinDefault},
+		{"Config.BackoffMax", &cfg.BackoffMax, backoffMaxDefault},
+		{"Config.PollInterval", &cfg.PollInterval, pollIntervalDefault},
+		{"Config.ResolveTimeout", &cfg.ResolveTimeout, resolveTimeoutDefault},
+	} {
+		if err := checkInterval(d.name, *d.v); err != nil {
+			return cfg, err
 		}
 		if *d.v == 0 {
 			*d.v = d.def
 		}
-		// Shorter would poll or retry the database back to back.
-		if *d.v < MinInterval {
-			return cfg, invalid(d.name, "must be at least %s (0 for the default), got %s", MinInterval, *d.v)
-		}
 	}
-	if cfg.SafetyMargin < 0 {
+	switch {
+	case cfg.SafetyMargin < 0:
 		return cfg, invalid("Config.SafetyMargin", "must not be negative, got %s", cfg.SafetyMargin)
-	}
-	if cfg.MaxTTL > MaxTTLLimit {
-		return cfg, invalid("Config.MaxTTL", "must be at most %s, got %s", MaxTTLLimit, cfg.MaxTTL)
-	}
-	// A waiter polls at least once per MaxTTLLimit; a fair waiter keeps its
-	// place in the queue for twice its longest pause, which must not overflow.
-	if cfg.BackoffMax > MaxTTLLimit {
-		return cfg, invalid("Config.BackoffMax", "must be at most %s, got %s", MaxTTLLimit, cfg.BackoffMax)
-	}
-	if cfg.PollInterval > MaxTTLLimit {
-		return cfg, invalid("Config.PollInterval", "must be at most %s, got %s", MaxTTLLimit, cfg.PollInterval)
-	}
-	// Close waits for settlements, each bounded by it.
-	if cfg.ResolveTimeout > MaxTTLLimit {
-		return cfg, invalid("Config.ResolveTimeout", "must be at most %s, got %s", MaxTTLLimit, cfg.ResolveTimeout)
-	}
-	if cfg.SafetyMargin > (cfg.MaxTTL-1)/2 {
-		// No TTL up to MaxTTL would exceed twice the margin (and twice a huge
-		// margin overflows).
-		return cfg, invalid("Config.SafetyMargin", "must be below half of MaxTTL (%s), got %s", cfg.MaxTTL, cfg.SafetyMargin)
-	}
-	if cfg.BackoffMax < cfg.BackoffMin {
+	case cfg.SafetyMargin > (MaxTTLLimit-1)/2:
+		// No TTL would exceed twice the margin (and twice a huge margin
+		// overflows).
+		return cfg, invalid("Config.SafetyMargin", "must be below half of MaxTTLLimit (%s), got %s", MaxTTLLimit, cfg.SafetyMargin)
+	case cfg.BackoffMax < cfg.BackoffMin:
 		return cfg, invalid("Config.BackoffMax", "must be at least BackoffMin (%s), got %s", cfg.BackoffMin, cfg.BackoffMax)
 	}
 	return cfg, nil
+}
+
+// checkInterval refuses a poll, backoff, renewal or resolve interval outside
+// 1 ms to [MaxTTLLimit]; 0 (the default) passes.
+func checkInterval(name string, d time.Duration) error {
+	switch {
+	case d < 0:
+		return invalid(name, "must not be negative, got %s", d)
+	case d > 0 && d < minInterval:
+		return invalid(name, "must be at least %s (0 for the default), got %s", minInterval, d)
+	case d > MaxTTLLimit:
+		return invalid(name, "must be at most %s, got %s", MaxTTLLimit, d)
+	}
+	return nil
 }
 
 // AcquireOptions says how a lease is taken and kept: by [Client.Acquire],
@@ -238,7 +188,7 @@ type AcquireOptions struct {
 	// (errors.Is [pgfence.ErrLeaseHeld]). MaxWait and Fair do not apply.
 	TryOnce bool
 	// HolderInfo describes this holder in the lease row and the grant's event
-	// (at most [MaxHolderInfoBytes]). Default: [Config.HolderInfo].
+	// (at most [MaxHolderInfoBytes]). Default: "host:pid".
 	HolderInfo string
 	// Fair makes Acquire wait its turn in a queue in the database
 	// (pgfence.lease_waiters), so fair waiters of every client and process
@@ -250,18 +200,19 @@ type AcquireOptions struct {
 	// lease first.
 	Fair bool
 	// Announce makes the grant send NOTIFY pgfence_lease_granted (with the
-	// lease's length and key), whatever [Config.AnnounceGrants] says, and
-	// every renewal a signed announcement of the new expiry on
-	// pgfence_lease_changed, so that watchers ([Client.Watch]) read the grant
-	// at once and wait for the new expiry instead of polling, and waiters of
-	// other clients set their timers to it. It costs a notification that
-	// wakes every listening session per grant and renewal: use it for keys
-	// whose grants others follow (an election), not for hot keys.
+	// lease's length and key), and every renewal a signed announcement of the
+	// new expiry on pgfence_lease_changed, so that watchers ([Client.Watch])
+	// read the grant at once and wait for the new expiry instead of polling,
+	// and waiters of other clients skip the attempt they were about to make
+	// and set their timers to the new lease's expiry. It costs a notification
+	// that wakes every listening session per grant and renewal: use it for
+	// keys whose grants others follow (an election), or when many clients
+	// wait for one key and statements, not database CPU, are what you need to
+	// save; not for hot keys with few waiters.
 	Announce bool
 
-	// RenewInterval is the time between two renewals. Default: the TTL /
-	// [RenewFractionDefault]. It must be below the TTL minus the safety
-	// margin.
+	// RenewInterval is the time between two renewals. Default: the TTL / 3.
+	// It must be below the TTL minus the safety margin.
 	RenewInterval time.Duration
 	// MaxHold is the longest the lease is kept alive, counted from the
 	// grant; then its context ends with [ErrMaxHold]. Default
@@ -270,7 +221,7 @@ type AcquireOptions struct {
 	MaxHold time.Duration
 	// MaxFailures is how many renewals in a row may fail (database
 	// unreachable, outcome unknown) before the keep-alive gives up and ends
-	// the lease's context. Default [MaxFailuresDefault].
+	// the lease's context. Default 3.
 	MaxFailures int
 	// NoKeepAlive grants the lease without keeping it alive: it expires
 	// after its TTL unless the caller renews it ([Lease.Renew]).
@@ -296,12 +247,6 @@ func (o *AcquireOptions) check(ttl, margin time.Duration) (AcquireOptions, error
 		return v, invalid("AcquireOptions.MaxWait", "has no effect with TryOnce (which never waits), got %s", v.MaxWait)
 	case v.TryOnce && v.Fair:
 		return v, invalid("AcquireOptions.Fair", "has no effect with TryOnce (which never waits in the queue)")
-	case len(v.HolderInfo) > MaxHolderInfoBytes:
-		return v, invalid("AcquireOptions.HolderInfo", "must be at most %d bytes, got %d", MaxHolderInfoBytes, len(v.HolderInfo))
-	case v.RenewInterval < 0:
-		return v, invalid("AcquireOptions.RenewInterval", "must not be negative, got %s", v.RenewInterval)
-	case v.RenewInterval > 0 && v.RenewInterval < MinInterval:
-		return v, invalid("AcquireOptions.RenewInterval", "must be at least %s (0 for the default), got %s", MinInterval, v.RenewInterval)
 	case v.RenewInterval >= ttl-margin:
 		return v, invalid("AcquireOptions.RenewInterval", "must be below the TTL minus the safety margin (%s), got %s", ttl-margin, v.RenewInterval)
 	case v.MaxHold < 0:
@@ -309,19 +254,35 @@ func (o *AcquireOptions) check(ttl, margin time.Duration) (AcquireOptions, error
 	case v.MaxFailures < 0:
 		return v, invalid("AcquireOptions.MaxFailures", "must not be negative, got %d", v.MaxFailures)
 	}
-	if err := validText("AcquireOptions.HolderInfo", v.HolderInfo); err != nil {
+	if err := checkInterval("AcquireOptions.RenewInterval", v.RenewInterval); err != nil {
 		return v, err
 	}
-	if v.RenewInterval == 0 {
-		v.RenewInterval = ttl / RenewFractionDefault
+	if v.HolderInfo == "" {
+		v.HolderInfo = defaultHolderInfo()
 	}
-	if v.MaxHold == 0 {
-		v.MaxHold = MaxHoldDefault
+	if err := checkHolderInfo("AcquireOptions.HolderInfo", v.HolderInfo); err != nil {
+		return v, err
 	}
-	if v.MaxFailures == 0 {
-		v.MaxFailures = MaxFailuresDefault
-	}
+	v.RenewInterval = cmp.Or(v.RenewInterval, ttl/renewFractionDefault)
+	v.MaxHold = cmp.Or(v.MaxHold, MaxHoldDefault)
+	v.MaxFailures = cmp.Or(v.MaxFailures, maxFailuresDefault)
 	return v, nil
+}
+
+// defaultHolderInfo is "host:pid", at most MaxHolderInfoBytes.
+var defaultHolderInfo = sync.OnceValue(func() string {
+	host, _ := os.Hostname()
+	info := fmt.Sprintf("%s:%d", host, os.Getpid())
+	return info[:min(len(info), MaxHolderInfoBytes)]
+})
+
+// checkHolderInfo checks a holder description: at most MaxHolderInfoBytes
+// of text PostgreSQL can store.
+func checkHolderInfo(field, info string) error {
+	if len(info) > MaxHolderInfoBytes {
+		return invalid(field, "must be at most %d bytes, got %d", MaxHolderInfoBytes, len(info))
+	}
+	return validText(field, info)
 }
 
 // validateKey checks a lease key: 1 to [MaxKeyBytes] bytes of text
@@ -366,22 +327,18 @@ func validText(field, s string) error {
 	return nil
 }
 
-// validateTTL checks a TTL against the client's limits and returns the safety
-// margin to use with it.
+// validateTTL checks a TTL against the limits and returns the safety margin
+// to use with it.
 func (c *Client) validateTTL(ttl time.Duration) (margin time.Duration, err error) {
-	if ttl <= 0 {
+	switch {
+	case ttl <= 0:
 		return 0, invalid("ttl", "must be positive, got %s", ttl)
+	case ttl > MaxTTLLimit:
+		return 0, invalid("ttl", "must be at most %s, got %s", MaxTTLLimit, ttl)
+	case ttl < minTTL:
+		return 0, invalid("ttl", "must be at least %s, got %s", minTTL, ttl)
 	}
-	if ttl > c.cfg.MaxTTL {
-		return 0, invalid("ttl", "must be at most %s (Config.MaxTTL), got %s", c.cfg.MaxTTL, ttl)
-	}
-	if ttl < MinTTL {
-		return 0, invalid("ttl", "must be at least %s, got %s", MinTTL, ttl)
-	}
-	margin = c.cfg.SafetyMargin
-	if margin == 0 {
-		margin = ttl / 10
-	}
+	margin = cmp.Or(c.cfg.SafetyMargin, ttl/10)
 	if margin >= ttl-margin { // 2*margin >= ttl, without overflow
 		return 0, invalid("ttl", "must exceed twice Config.SafetyMargin (%s), got %s", margin, ttl)
 	}

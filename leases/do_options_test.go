@@ -129,10 +129,10 @@ func TestDoKeepAliveOptions(t *testing.T) {
 	ctx := ctxTimeout(t, time.Minute)
 
 	// HolderInfo and RenewInterval. With a 90 s TTL the default interval
-	// (TTL / RenewFractionDefault) renews first after 30 s; the option's
+	// (TTL / 3) renews first after 30 s; the option's
 	// 50 ms renews twice well within the 15 s allowed.
 	const ttl = 90 * time.Second
-	if d := ttl / leases.RenewFractionDefault; d < 20*time.Second {
+	if d := ttl / 3; d < 20*time.Second {
 		t.Fatalf("default renew interval %s: the test needs it above its 15 s bound", d)
 	}
 	var info string

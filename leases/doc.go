@@ -25,9 +25,8 @@
 // pgfence.force_release, the view pgfence.lease_status); this package calls
 // them, and workers in other languages may call them directly and take part in
 // the same protocol. Releases send NOTIFY pgfence_lease_released with the key
-// as payload; with [Config.AnnounceGrants], a grant won by a waiter that had
-// lost the key before sends NOTIFY pgfence_lease_granted, as does any grant
-// asked to ([AcquireOptions.Announce]; the leases README describes the payloads).
+// as payload; a grant asked to ([AcquireOptions.Announce]) sends NOTIFY
+// pgfence_lease_granted (the leases README describes the payloads).
 //
 // # Guarantees
 //
@@ -56,9 +55,9 @@
 //     stampede: after a release each waits a random moment (a window that
 //     adapts to how often it loses, at most 64 ms); a single waiting client
 //     has no such delay. The same hold-back applies at a crashed holder's
-//     expiry. With [Config.AnnounceGrants], a waiter that lost a race
-//     announces its grant, and waiters that hear it skip their attempt and
-//     set their timers to that lease's expiry. Resuming paused grants wakes waiters at once. With [AcquireOptions.Fair], waiters of
+//     expiry. Waiters that hear a grant announced ([AcquireOptions.Announce])
+//     skip their attempt and set their timers to that lease's expiry.
+//     Resuming paused grants wakes waiters at once. With [AcquireOptions.Fair], waiters of
 //     every client and process take turns in arrival order through a queue in
 //     the database (pgfence.lease_waiters); each fair waiter polls from its
 //     arrival, even behind another waiter of its own client.
@@ -129,10 +128,10 @@
 //   - Limits on input, checked before any round trip ([pgfence.ErrInvalid] names the
 //     argument and the limit) and enforced by pgfence.lease_check_args for
 //     every other client (PF008): a key is 1 to [MaxKeyBytes] bytes of UTF-8
-//     without NUL, a TTL [MinTTL] to [MaxTTLLimit] (and at most
-//     [Config.MaxTTL]), a holder description at most [MaxHolderInfoBytes]. A
-//     refused call writes nothing. Poll, backoff, renewal and watch intervals
-//     are at least [MinInterval]; helpers that hold a lease later (an
+//     without NUL, a TTL 1 ms to [MaxTTLLimit], a holder description at most
+//     [MaxHolderInfoBytes]. A refused call writes nothing. Poll, backoff,
+//     renewal and watch intervals are 1 ms to [MaxTTLLimit]; helpers that
+//     hold a lease later (an
 //     election, a job runner) check their options when built
 //     ([Client.Check]).
 //   - The client was closed ([Client.Close]): its methods return [ErrClosed]

@@ -138,7 +138,7 @@ func awaitWaiter(t *testing.T, got <-chan error, stuck string) {
 // granted in all, calling then with each; it returns how many were granted.
 // The leases are not kept alive: a winner that never releases lets its lease
 // expire, as a crashed holder would.
-func takeTurns(t *testing.T, ctx context.Context, clients []*leases.Client, key string, ttl time.Duration, grants int64, then func(*leases.Lease) error) int64 {
+func takeTurns(t *testing.T, ctx context.Context, clients []*leases.Client, key string, ttl time.Duration, announce bool, grants int64, then func(*leases.Lease) error) int64 {
 	t.Helper()
 	var (
 		granted atomic.Int64
@@ -148,7 +148,7 @@ func takeTurns(t *testing.T, ctx context.Context, clients []*leases.Client, key 
 	for _, c := range clients {
 		wg.Go(func() {
 			for granted.Load() < grants {
-				l, err := c.Acquire(ctx, key, ttl, manual())
+				l, err := c.Acquire(ctx, key, ttl, &leases.AcquireOptions{NoKeepAlive: true, Announce: announce})
 				if err == nil {
 					granted.Add(1)
 					err = then(l)
@@ -172,7 +172,7 @@ func takeTurns(t *testing.T, ctx context.Context, clients []*leases.Client, key 
 // at once: a woken waiter holds back a moment in a window that adapts to how
 // often it loses. Twelve clients taking turns on one key would, without that,
 // send about eleven attempts per hand-off (every woken waiter tries, one
-// wins). With Config.AnnounceGrants a waiter that hears another's grant
+// wins). With AcquireOptions.Announce a waiter that hears another's grant
 // announced also skips its attempt; by default nothing is announced.
 func TestReleaseDoesNotStampede(t *testing.T) {
 	checkLeaks(t)
@@ -187,10 +187,10 @@ func TestReleaseDoesNotStampede(t *testing.T) {
 			ctx := ctxTimeout(t, 2*time.Minute)
 
 			p := telemetrytest.New(t)
-			clients := listeningClients(t, ctx, pool, waiters, leases.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer, AnnounceGrants: announce})
+			clients := listeningClients(t, ctx, pool, waiters, leases.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer})
 			before := count.started.Load()
 
-			n := takeTurns(t, ctx, clients, "hot", time.Minute, grants, func(l *leases.Lease) error {
+			n := takeTurns(t, ctx, clients, "hot", time.Minute, announce, grants, func(l *leases.Lease) error {
 				time.Sleep(time.Millisecond) // the critical section
 				return l.Release(ctx)
 			})
@@ -214,7 +214,7 @@ func TestReleaseDoesNotStampede(t *testing.T) {
 				// Most woken waiters hear the winner and skip theirs.
 				t.Errorf("attempt{skipped} = %d over %d grants, want at least one per grant", skipped, n)
 			case !announce && skipped != 0:
-				t.Errorf("attempt{skipped} = %d without AnnounceGrants: a grant was announced", skipped)
+				t.Errorf("attempt{skipped} = %d without Announce: a grant was announced", skipped)
 			}
 		})
 	}
@@ -244,7 +244,7 @@ func TestResumeWakesWaiters(t *testing.T) {
 
 // A holder that crashes never releases: every waiting client's timer is set
 // to its expiry, and they would all try at once. They hold back there too,
-// and (with AnnounceGrants) a waiter that hears the winner's grant announced
+// and (with Announce) a waiter that hears the winner's grant announced
 // skips its attempt and sets its timer to the new lease's expiry instead of
 // sleeping until its next poll. Each winner here abandons its lease, as a
 // crashed holder would.
@@ -260,11 +260,11 @@ func TestExpiryDoesNotStampede(t *testing.T) {
 	ctx := ctxTimeout(t, 2*time.Minute)
 
 	p := telemetrytest.New(t)
-	clients := listeningClients(t, ctx, pool, waiters, leases.Config{MeterProvider: p.Meter, PollInterval: 2 * time.Second, AnnounceGrants: true})
+	clients := listeningClients(t, ctx, pool, waiters, leases.Config{MeterProvider: p.Meter, PollInterval: 2 * time.Second})
 	before := count.started.Load()
 	start := time.Now()
 	// Each winner never releases: its lease expires, as a crashed holder's.
-	n := takeTurns(t, ctx, clients, "crashy", ttl, grants, func(*leases.Lease) error { return nil })
+	n := takeTurns(t, ctx, clients, "crashy", ttl, true, grants, func(*leases.Lease) error { return nil })
 	sent := count.started.Load() - before
 	if sent < n {
 		t.Fatalf("%d attempts counted for %d grants: the counter misses attempts", sent, n)

@@ -304,7 +304,7 @@ WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err 
 func TestInvalidInput(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	ctx := ctxTimeout(t, 30*time.Second)
-	c := newClient(t, pool, &leases.Config{MaxTTL: time.Minute})
+	c := newClient(t, pool, nil)
 	long := strings.Repeat("x", 513)
 	cases := []struct {
 		name  string
@@ -315,7 +315,7 @@ func TestInvalidInput(t *testing.T) {
 		{"oversize key", "key", func() error { _, err := c.Acquire(ctx, long, time.Second, nil); return err }},
 		{"zero ttl", "ttl", func() error { _, err := c.TryAcquire(ctx, "k", 0, nil); return err }},
 		{"negative ttl", "ttl", func() error { _, err := c.Acquire(ctx, "k", -time.Second, nil); return err }},
-		{"ttl above MaxTTL", "ttl", func() error { _, err := c.TryAcquire(ctx, "k", 2*time.Minute, nil); return err }},
+		{"ttl above MaxTTLLimit", "ttl", func() error { _, err := c.TryAcquire(ctx, "k", 25*time.Hour, nil); return err }},
 		{"negative wait", "AcquireOptions.MaxWait", func() error {
 			_, err := c.Acquire(ctx, "k", time.Second, &leases.AcquireOptions{MaxWait: -time.Second})
 			return err
@@ -328,7 +328,6 @@ func TestInvalidInput(t *testing.T) {
 		{"force release reason", "reason", func() error { _, err := c.ForceRelease(ctx, "k", ""); return err }},
 		{"Do without fn", "fn", func() error { return c.Do(ctx, "k", time.Second, nil, nil) }},
 		{"negative backoff", "Config.BackoffMin", func() error { _, err := leases.New(pool, &leases.Config{BackoffMin: -1}); return err }},
-		{"MaxTTL above limit", "Config.MaxTTL", func() error { _, err := leases.New(pool, &leases.Config{MaxTTL: 25 * time.Hour}); return err }},
 		// Twice the longest pause is a fair waiter's patience: math.MaxInt64
 		// overflowed it into a negative interval the database refused.
 		{"BackoffMax above limit", "Config.BackoffMax", func() error {
@@ -368,7 +367,7 @@ func TestInvalidInput(t *testing.T) {
 			return err
 		}},
 		{"SafetyMargin leaves no TTL", "Config.SafetyMargin", func() error {
-			_, err := leases.New(pool, &leases.Config{MaxTTL: time.Minute, SafetyMargin: 30 * time.Second})
+			_, err := leases.New(pool, &leases.Config{SafetyMargin: 12 * time.Hour})
 			return err
 		}},
 	}

@@ -53,14 +53,17 @@ func TestLimitsMatchSQL(t *testing.T) {
 	if _, err := pool.Exec(ctx, ttl, leases.MaxTTLLimit.Microseconds()+1); pgerr.Code(err) != pgerr.CodeInvalid {
 		t.Errorf("ttl %s + 1µs: %v, want PF008", leases.MaxTTLLimit, err)
 	}
-	if _, err := pool.Exec(ctx, ttl, leases.MinTTL.Microseconds()); err != nil {
-		t.Errorf("ttl %s: %v, want accepted by SQL", leases.MinTTL, err)
+	if _, err := pool.Exec(ctx, ttl, time.Millisecond.Microseconds()); err != nil {
+		t.Errorf("ttl 1ms (the Go minimum): %v, want accepted by SQL", err)
+	}
+	if _, err := pool.Exec(ctx, ttl, time.Millisecond.Microseconds()-1); pgerr.Code(err) != pgerr.CodeInvalid {
+		t.Errorf("ttl 1ms - 1µs: %v, want PF008", err)
 	}
 
 	// The client at the limits: a key of MaxKeyBytes and a TTL of
 	// MaxTTLLimit are granted.
-	client := newClient(t, pool, &leases.Config{DisableWakeups: true, MaxTTL: leases.MaxTTLLimit, HolderInfo: text(leases.MaxHolderInfoBytes)})
-	l, err := client.TryAcquire(ctx, text(leases.MaxKeyBytes), leases.MaxTTLLimit, nil)
+	client := newClient(t, pool, &leases.Config{DisableWakeups: true})
+	l, err := client.TryAcquire(ctx, text(leases.MaxKeyBytes), leases.MaxTTLLimit, &leases.AcquireOptions{HolderInfo: text(leases.MaxHolderInfoBytes)})
 	if err != nil {
 		t.Fatalf("TryAcquire at the limits: %v", err)
 	}
@@ -80,19 +83,7 @@ func TestLimitsCheckedBeforeRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	for _, cfg := range []struct {
-		cfg  leases.Config
-		want string
-	}{
-		{leases.Config{HolderInfo: strings.Repeat("h", leases.MaxHolderInfoBytes+1)}, "Config.HolderInfo: must be at most 1024 bytes, got 1025"},
-		{leases.Config{HolderInfo: "a\x00b"}, "Config.HolderInfo: must not contain a NUL byte"},
-		{leases.Config{MaxTTL: leases.MaxTTLLimit + time.Second}, "Config.MaxTTL: must be at most 24h0m0s"},
-	} {
-		if _, err := leases.New(pool, &cfg.cfg); !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), cfg.want) {
-			t.Errorf("New: %v, want ErrInvalid with %q", err, cfg.want)
-		}
-	}
-	client, err := leases.New(pool, &leases.Config{DisableWakeups: true, MaxTTL: leases.MaxTTLLimit})
+	client, err := leases.New(pool, &leases.Config{DisableWakeups: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,9 +99,10 @@ func TestLimitsCheckedBeforeRoundTrip(t *testing.T) {
 		{"a\x00b", time.Second, nil, "key: must not contain a NUL byte"},
 		{"a\xffb", time.Second, nil, "key: must be valid UTF-8"},
 		{"k", leases.MaxTTLLimit + time.Microsecond, nil, "ttl: must be at most 24h0m0s"},
-		{"k", leases.MinTTL - 1, nil, "ttl: must be at least 1ms"},
+		{"k", time.Millisecond - 1, nil, "ttl: must be at least 1ms"},
 		{"k", 0, nil, "ttl: must be positive"},
-		{"k", time.Second, &leases.AcquireOptions{HolderInfo: strings.Repeat("h", leases.MaxHolderInfoBytes+1)}, "AcquireOptions.HolderInfo: must be at most 1024 bytes"},
+		{"k", time.Second, &leases.AcquireOptions{HolderInfo: strings.Repeat("h", leases.MaxHolderInfoBytes+1)}, "AcquireOptions.HolderInfo: must be at most 1024 bytes, got 1025"},
+		{"k", time.Second, &leases.AcquireOptions{HolderInfo: "a\x00b"}, "AcquireOptions.HolderInfo: must not contain a NUL byte"},
 	} {
 		if _, err := client.TryAcquire(ctx, c.key, c.ttl, c.opts); !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("TryAcquire(%.20q, %s): %v, want ErrInvalid with %q", c.key, c.ttl, err, c.want)

@@ -181,12 +181,9 @@ func (c *Client) Watch(ctx context.Context, key string, opts *WatchOptions) (*Wa
 		return nil, invalid("WatchOptions.History", "must not be negative, got %d", o.History)
 	case o.After > 0 && o.History > 0:
 		return nil, invalid("WatchOptions.History", "cannot be combined with After (%d): After already says where the watch starts", o.After)
-	case o.PollInterval < 0:
-		return nil, invalid("WatchOptions.PollInterval", "must not be negative, got %s", o.PollInterval)
-	case o.PollInterval > 0 && o.PollInterval < MinInterval:
-		return nil, invalid("WatchOptions.PollInterval", "must be at least %s (0 for the default), got %s", MinInterval, o.PollInterval)
-	case o.PollInterval > MaxTTLLimit:
-		return nil, invalid("WatchOptions.PollInterval", "must be at most %s, got %s", MaxTTLLimit, o.PollInterval)
+	}
+	if err := checkInterval("WatchOptions.PollInterval", o.PollInterval); err != nil {
+		return nil, err
 	}
 	if c.isClosed() {
 		return nil, ErrClosed

@@ -47,7 +47,7 @@ func TestWatchSeesEveryTransition(t *testing.T) {
 	checkLeaks(t)
 	db := pgfencetest.NewDatabase(t)
 	watching := newClient(t, db.Pool, &leases.Config{PollInterval: time.Hour})
-	holders := newClient(t, db.Pool, &leases.Config{DisableWakeups: true, HolderInfo: "host-a"})
+	holders := newClient(t, db.Pool, &leases.Config{DisableWakeups: true})
 	ctx := ctxTimeout(t, time.Minute)
 
 	wctx, cancel := context.WithCancel(ctx)
@@ -58,7 +58,7 @@ func TestWatchSeesEveryTransition(t *testing.T) {
 	defer stopWatch(cancel, w)
 	waitListening(t, watching, db.Pool)
 
-	announce := &leases.AcquireOptions{Announce: true}
+	announce := &leases.AcquireOptions{Announce: true, HolderInfo: "host-a"}
 	a, err := holders.TryAcquire(ctx, "leader", time.Minute, announce)
 	if err != nil {
 		t.Fatal(err)

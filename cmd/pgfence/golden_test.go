@@ -336,19 +336,20 @@ func dropSchema(t *testing.T, ctx context.Context, db *pgfencetest.Database) {
 // history, and a paused prefix.
 func goldenLeases(t *testing.T, ctx context.Context, db *pgfencetest.Database) {
 	t.Helper()
-	client, err := leases.New(db.Pool, &leases.Config{DisableWakeups: true, HolderInfo: "worker-1"})
+	client, err := leases.New(db.Pool, &leases.Config{DisableWakeups: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	l, err := client.TryAcquire(ctx, "jobs/nightly", time.Hour, nil)
+	worker1 := &leases.AcquireOptions{HolderInfo: "worker-1"}
+	l, err := client.TryAcquire(ctx, "jobs/nightly", time.Hour, worker1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Renew(ctx); err != nil {
 		t.Fatal(err)
 	}
-	done, err := client.TryAcquire(ctx, "jobs/done", time.Hour, nil)
+	done, err := client.TryAcquire(ctx, "jobs/done", time.Hour, worker1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -113,7 +113,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 	}
 
 	newReplica := func(name string, hold leases.AcquireOptions) (*replica, error) {
-		client, err := leases.New(pool, &leases.Config{HolderInfo: name})
+		client, err := leases.New(pool, nil)
 		if err != nil {
 			return nil, err
 		}

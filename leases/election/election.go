@@ -93,12 +93,8 @@ func (c *Config) resolve() (Config, error) {
 	switch {
 	case cfg.TTL < 0:
 		return cfg, fmt.Errorf("%w: Config.TTL: must not be negative, got %s", pgfence.ErrInvalid, cfg.TTL)
-	case cfg.PollInterval < 0:
-		return cfg, fmt.Errorf("%w: Config.PollInterval: must not be negative, got %s", pgfence.ErrInvalid, cfg.PollInterval)
-	case cfg.PollInterval > leases.MaxTTLLimit:
-		return cfg, fmt.Errorf("%w: Config.PollInterval: must be at most %s, got %s", pgfence.ErrInvalid, leases.MaxTTLLimit, cfg.PollInterval)
-	case cfg.PollInterval > 0 && cfg.PollInterval < leases.MinInterval:
-		return cfg, fmt.Errorf("%w: Config.PollInterval: must be at least %s (0 for the default), got %s", pgfence.ErrInvalid, leases.MinInterval, cfg.PollInterval)
+	case cfg.PollInterval != 0 && (cfg.PollInterval < time.Millisecond || cfg.PollInterval > leases.MaxTTLLimit):
+		return cfg, fmt.Errorf("%w: Config.PollInterval: must be 1ms to %s (0 for the default), got %s", pgfence.ErrInvalid, leases.MaxTTLLimit, cfg.PollInterval)
 	case cfg.Fair:
 		return cfg, fmt.Errorf("%w: Config.Fair: elections do not queue (followers wait for the leader's end and race once)", pgfence.ErrInvalid)
 	case cfg.NoKeepAlive:

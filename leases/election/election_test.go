@@ -518,7 +518,7 @@ func TestNewRefuses(t *testing.T) {
 		"AcquireOptions.MaxHold":       {AcquireOptions: leases.AcquireOptions{MaxHold: -1}},
 		"AcquireOptions.MaxFailures":   {AcquireOptions: leases.AcquireOptions{MaxFailures: -1}},
 		"AcquireOptions.HolderInfo":    {AcquireOptions: leases.AcquireOptions{HolderInfo: strings.Repeat("x", leases.MaxHolderInfoBytes+1)}},
-		"(Config.MaxTTL)":              {TTL: 25 * time.Hour}, // the client's limit
+		"must be at most 24h0m0s":      {TTL: 25 * time.Hour}, // the database's limit
 	} {
 		if _, err := election.New(c, "k", cfg); !errors.Is(err, pgfence.ErrInvalid) || !strings.Contains(err.Error(), field) {
 			t.Errorf("%+v: %v, want ErrInvalid naming %s", cfg, err, field)

@@ -118,12 +118,12 @@ func openReplica(a replicaArgs) error {
 	if err != nil {
 		return err
 	}
-	client, err := leases.New(pool, &leases.Config{HolderInfo: a.Name})
+	client, err := leases.New(pool, nil)
 	if err != nil {
 		return err
 	}
 	e, err := election.New(client, a.Key, &election.Config{
-		TTL: a.TTL, PollInterval: a.Poll,
+		TTL: a.TTL, PollInterval: a.Poll, AcquireOptions: leases.AcquireOptions{HolderInfo: a.Name},
 		OnStartedLeading: lead,
 		OnStoppedLeading: func(term *election.Term, cause error) {
 			rep.mu.Lock()

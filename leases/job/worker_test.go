@@ -72,11 +72,11 @@ func openJobber(a jobberArgs) error {
 	if err != nil {
 		return err
 	}
-	client, err := leases.New(pool, &leases.Config{HolderInfo: a.Name})
+	client, err := leases.New(pool, nil)
 	if err != nil {
 		return err
 	}
-	r, err := job.New(client, a.Key, &job.Config{TTL: a.TTL, AcquireOptions: leases.AcquireOptions{MaxWait: 5 * time.Second}})
+	r, err := job.New(client, a.Key, &job.Config{TTL: a.TTL, AcquireOptions: leases.AcquireOptions{MaxWait: 5 * time.Second, HolderInfo: a.Name}})
 	if err != nil {
 		return err
 	}

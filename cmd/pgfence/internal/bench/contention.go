@@ -359,14 +359,14 @@ func (r *contentionRun) worker(ctx, runCtx context.Context, id int, client *leas
 	}
 }
 
-// hold keeps l for opts.Hold, or until it ends, renewing it every TTL /
-// leases.RenewFractionDefault as the client's keep-alive would; it counts
+// hold keeps l for opts.Hold, or until it ends, renewing it every TTL / 3
+// as the client's keep-alive would; it counts
 // the renewals that committed. A failed renewal is tried again at the next
 // one: the lease ends when its trust window runs out.
 func (r *contentionRun) hold(l *leases.Lease) {
 	done := time.NewTimer(r.opts.Hold)
 	defer done.Stop()
-	renew := time.NewTicker(l.TTL() / leases.RenewFractionDefault)
+	renew := time.NewTicker(r.opts.TTL / 3)
 	defer renew.Stop()
 	for {
 		select {

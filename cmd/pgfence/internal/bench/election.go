@@ -123,12 +123,13 @@ func (lab *Lab) startReplica(ctx context.Context, name string, cfg electionConfi
 	if r.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		return nil, err
 	}
-	if r.client, err = leases.New(r.pool, &leases.Config{HolderInfo: name}); err != nil {
+	if r.client, err = leases.New(r.pool, nil); err != nil {
 		r.pool.Close()
 		return nil, err
 	}
 	r.e, err = election.New(r.client, cfg.key, &election.Config{
-		TTL: cfg.ttl,
+		TTL:            cfg.ttl,
+		AcquireOptions: leases.AcquireOptions{HolderInfo: name},
 		OnStartedLeading: func(ctx context.Context, term *election.Term) {
 			select {
 			case cfg.elected <- elected{r: r, term: term.Token(), at: time.Now()}:

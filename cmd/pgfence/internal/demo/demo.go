@@ -154,7 +154,7 @@ func run(ctx context.Context, d *pgfencetest.Database, ttl time.Duration, progre
 		return nil, err
 	}
 	defer a.kill()
-	client, err := leases.New(d.Pool, &leases.Config{HolderInfo: "demo worker B"})
+	client, err := leases.New(d.Pool, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -235,7 +235,7 @@ func (s *scene) takeover(ctx context.Context, a *worker, client *leases.Client) 
 	fmt.Fprintf(s.progress, "demo: A (token %d) is frozen; B waits for A's lease to expire by the database clock...\n", tokenA)
 
 	actx, cancel := context.WithTimeout(ctx, 10*s.ttl+5*time.Second)
-	lb, err := client.Acquire(actx, s.key, s.ttl*5, nil)
+	lb, err := client.Acquire(actx, s.key, s.ttl*5, &leases.AcquireOptions{HolderInfo: "demo worker B"})
 	cancel()
 	if err != nil {
 		return 0, nil, fmt.Errorf("worker B could not take over: %w", err)

@@ -127,13 +127,13 @@ func Worker(ctx context.Context, args []string, stdin io.Reader, stdout io.Write
 		return err
 	}
 	defer pool.Close()
-	client, err := leases.New(pool, &leases.Config{DisableWakeups: true, HolderInfo: "demo worker A"})
+	client, err := leases.New(pool, &leases.Config{DisableWakeups: true})
 	if err != nil {
 		say(workerLine{Result: "error", Detail: err.Error()})
 		return err
 	}
 	defer client.Close()
-	l, err := client.TryAcquire(ctx, key, *ttl, nil)
+	l, err := client.TryAcquire(ctx, key, *ttl, &leases.AcquireOptions{HolderInfo: "demo worker A"})
 	if err != nil {
 		say(workerLine{Result: "error", Detail: err.Error()})
 		return err
