@@ -15,16 +15,6 @@ import (
 	"github.com/pgfence/pgfence/internal/telemetry"
 )
 
-// Func does the business work of an atomic intent inside tx, the transaction
-// that holds the claim. It returns the result to store and replay (nil is
-// stored as empty), a [*Failure] to store a permanent failure (its writes are
-// rolled back), or any other error for a transient failure (nothing is stored,
-// the key stays free; Do returns it, an error of the Func's own statements
-// mapped to pgfence's sentinels as pgfence.MapError maps it). It must do all
-// its writes through tx; it may run again after a rolled-back attempt, never
-// after a committed one.
-type Func func(ctx context.Context, tx pgx.Tx) ([]byte, error)
-
 const (
 	claimAtomicSQL = `SELECT outcome, status, result, failure_code, failure_message, expires_at,
        (extract(epoch FROM retry_after) * 1e6)::bigint
@@ -35,6 +25,15 @@ const (
 
 // Do applies an atomic intent once: the claim on req's key, fn's writes and
 // fn's result commit in one READ COMMITTED transaction on db.
+//
+// fn does the business work inside tx, the transaction that holds the
+// claim. It returns the result to store and replay (nil is stored as
+// empty), a [*Failure] to store a permanent failure (its writes are rolled
+// back), or any other error for a transient failure (nothing is stored, the
+// key stays free; Do returns it, an error of fn's own statements mapped to
+// pgfence's sentinels as pgfence.MapError maps it). It must do all its
+// writes through tx; it may run again after a rolled-back attempt, never
+// after a committed one.
 //
 //   - fn ran and committed: Result (or Failure) is what it produced.
 //   - [Outcome.Replayed]: an earlier attempt committed; its stored answer is
@@ -57,7 +56,7 @@ const (
 // duplicate costs four round trips (see the package documentation).
 // [Store.Begin] is the same claim for a caller that drives the work itself (a
 // middleware, an interceptor).
-func (s *Store) Do(ctx context.Context, db DB, req Request, fn Func) (o *Outcome, err error) {
+func (s *Store) Do(ctx context.Context, db DB, req Request, fn func(ctx context.Context, tx pgx.Tx) ([]byte, error)) (o *Outcome, err error) {
 	ctx, done := s.tel.start(ctx, modeAtomic, req)
 	defer func() { done(o, err) }()
 	fp, retention, err := s.check(req)
@@ -80,7 +79,7 @@ type storeFailure struct{ *Failure }
 // opener opens the transaction of an atomic claim: on a pool or a
 // connection a READ COMMITTED transaction of its own, inside the caller's
 // transaction a savepoint. An opener that can send the claim in its BEGIN's
-// message does so and sets c.claimed. T is what the [Func] is given.
+// message does so and sets c.claimed. T is what the work is given.
 type opener[T any] func(ctx context.Context, c *claimArgs) (driver.Tx[T], error)
 
 // claimArgs are the arguments of one atomic claim.

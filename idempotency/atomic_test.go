@@ -43,8 +43,14 @@ func createCharges(t testing.TB, pool *pgxpool.Pool) {
 	}
 }
 
+// work is what Store.Do runs; resumer what Store.Recover does.
+type (
+	work    = func(context.Context, pgx.Tx) ([]byte, error)
+	resumer = func(context.Context, *idempotency.Attempt) error
+)
+
 // charge inserts one charge row and returns its id as the result.
-func charge(orderID string, amount int) idempotency.Func {
+func charge(orderID string, amount int) work {
 	return func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 		var id int64
 		if err := tx.QueryRow(ctx, `INSERT INTO charges (order_id, amount) VALUES ($1, $2) RETURNING id`, orderID, amount).Scan(&id); err != nil {
@@ -252,7 +258,7 @@ type heldClaim struct {
 	err     error
 }
 
-func holdClaim(store *idempotency.Store, db idempotency.DB, req idempotency.Request, fn idempotency.Func, failWith error) *heldClaim {
+func holdClaim(store *idempotency.Store, db idempotency.DB, req idempotency.Request, fn work, failWith error) *heldClaim {
 	h := &heldClaim{claimed: make(chan struct{}), release: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(h.done)

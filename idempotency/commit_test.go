@@ -55,7 +55,7 @@ func throughProxy(t *testing.T, db *pgfencetest.Database) (*faultproxy.Proxy, ma
 }
 
 // counted wraps charge and counts its runs.
-func counted(runs *atomic.Int32, orderID string) idempotency.Func {
+func counted(runs *atomic.Int32, orderID string) work {
 	return func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 		runs.Add(1)
 		return charge(orderID, 5)(ctx, tx)
@@ -296,7 +296,7 @@ func TestAtomicCommitRefused(t *testing.T) {
 INSERT INTO ledger VALUES (1)`); err != nil {
 		t.Fatal(err)
 	}
-	book := func(id int) idempotency.Func {
+	book := func(id int) work {
 		return func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 			_, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ($1)`, id)
 			return []byte("booked"), err

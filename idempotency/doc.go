@@ -31,7 +31,7 @@
 // # Atomic mode
 //
 // [Store.Do] is for effects that live in the same database. The claim, the
-// business writes of the [Func] and the stored result commit in one READ
+// business writes of its function and the stored result commit in one READ
 // COMMITTED transaction. A duplicate that arrives meanwhile waits for that
 // transaction (bounded by [Config.WaitTimeout] and its context) and then
 // replays its result; if the first transaction rolls back or its connection
@@ -50,7 +50,7 @@
 //
 // [Store.DoSQL] is Do on database/sql (lib/pq, pgx's stdlib driver, and the
 // ORMs over them): on a *sql.DB or *sql.Conn it runs its own READ COMMITTED
-// transaction; on the caller's *sql.Tx the claim, the [SQLFunc]'s writes and
+// transaction; on the caller's *sql.Tx the claim, the function's writes and
 // the result join that transaction under a savepoint, so they commit with
 // the caller's other writes (a fenced write of package
 // [github.com/pgfence/pgfence/pgfence.WriteSQL], say) or not at all. It runs
@@ -76,13 +76,13 @@
 // A key whose owner crashed stays in progress until somebody claims it again.
 // [Store.Recover], a completer to run periodically, takes such keys over the
 // way a retry would and resumes each from its recovery point through a
-// [RecoverFunc] (or marks it failed with the code "abandoned"); [Store.Abandoned]
-// lists them.
+// function of yours (or marks it failed with the code "abandoned");
+// [Store.Abandoned] lists them.
 //
 // # Guarantees
 //
-//   - At most one effect per key: atomic mode runs the winning Func's writes
-//     once (a Func may run again only after its transaction rolled back);
+//   - At most one effect per key: atomic mode runs the winning function's
+//     writes once (it may run again only after its transaction rolled back);
 //     leased mode has one owner at a time, decided in the database by an
 //     INSERT … ON CONFLICT DO UPDATE … WHERE that runs under the row lock.
 //   - Every duplicate of a completed key gets the stored result or stored
@@ -140,7 +140,7 @@
 //     next owner repeats the call with the same [Attempt.DerivedKey], which
 //     the outside system must deduplicate (or the call must be safe to
 //     repeat). That residual risk is the leased mode's; say so in your design.
-//   - A [RecoverFunc] fails transiently, panics or returns without settling
+//   - Recover's function fails transiently, panics or returns without settling
 //     the key: the key is released with its recovery point for the next
 //     retry or completer; a [*Failure] it returns is stored.
 //   - Limits on input (scope and key [MaxScopeBytes] and [MaxKeyBytes],

@@ -384,7 +384,7 @@ func (a *Attempt) CompleteTx(ctx context.Context, db DB, result []byte) (_ time.
 
 // Fail stores a permanent failure as the key's answer, replayed to every
 // duplicate, and ends the claim; an atomic attempt commits it together with
-// the writes made through Tx (unlike a [*Failure] returned from a [Func],
+// the writes made through Tx (unlike a [*Failure] returned from [Store.Do]'s work,
 // which rolls them back). Transient errors are not failures: Release the key
 // instead. Errors as for [Attempt.Complete]: a nil or invalid f is refused
 // with [ErrInvalid] and the attempt stays open.

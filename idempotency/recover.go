@@ -12,10 +12,10 @@ import (
 )
 
 // codeAbandoned is the [Failure.Code] that [Store.Recover] stores for an
-// abandoned key when it has no [RecoverFunc] to resume it with.
+// abandoned key when it has no function to resume it with.
 const codeAbandoned = "abandoned"
 
-// releaseTimeout bounds the release of a key whose RecoverFunc panicked,
+// releaseTimeout bounds the release of a key whose resumption panicked,
 // which does not end with the caller's context.
 const releaseTimeout = 10 * time.Second
 
@@ -103,33 +103,21 @@ func (s *Store) abandoned(ctx context.Context, db DB, o RecoverOptions) ([]KeySt
 	return keys, nil
 }
 
-// RecoverFunc resumes one abandoned key for [Store.Recover]. a owns the key:
-// Recover took it over exactly as a retry of the original request would
-// have, so [Attempt.RecoveryPoint] and [Attempt.RecoveryData] say where the
-// last owner got to and [Attempt.DerivedKey] gives the downstream keys it
-// used. Do the remaining phases (each with [Attempt.AdvanceTx] in the
-// transaction of its writes) and end with [Attempt.Complete] or
-// [Attempt.CompleteTx]; or return a [*Failure] to store it as the key's
-// permanent answer; or return any other error to release the key for a
-// later retry or completer. Returning nil without completing the key
-// releases it too, and counts as an error.
-type RecoverFunc func(ctx context.Context, a *Attempt) error
-
 // RecoverResult counts what [Store.Recover] did.
 type RecoverResult struct {
 	// Found is the number of abandoned keys listed.
 	Found int
-	// Resumed counts keys that the RecoverFunc completed (or failed).
+	// Resumed counts keys that Recover's function completed (or failed).
 	Resumed int
 	// Failed counts keys marked failed with the code "abandoned" (no
-	// RecoverFunc).
+	// function given).
 	Failed int
-	// Released counts keys whose RecoverFunc failed transiently: released
+	// Released counts keys whose function failed transiently: released
 	// again, with their recovery point, for a later retry or completer.
 	Released int
 	// Skipped counts keys somebody else got first: a retry of the request or
 	// another completer took them over (before the claim, or while the
-	// RecoverFunc ran and its lease ran out), or they were completed
+	// function ran and its lease ran out), or they were completed
 	// meanwhile.
 	Skipped int
 }
@@ -141,8 +129,16 @@ type RecoverResult struct {
 // retry): a key taken by somebody else is skipped, and fn runs at most once
 // per takeover. Then:
 //
-//   - fn != nil: fn resumes the key from its recovery point (see
-//     [RecoverFunc]).
+//   - fn != nil: fn resumes the key from its recovery point. a owns the
+//     key: Recover took it over exactly as a retry of the original request
+//     would have, so [Attempt.RecoveryPoint] and [Attempt.RecoveryData] say
+//     where the last owner got to and [Attempt.DerivedKey] gives the
+//     downstream keys it used. fn does the remaining phases (each with
+//     [Attempt.AdvanceTx] in the transaction of its writes) and ends with
+//     [Attempt.Complete] or [Attempt.CompleteTx]; or returns a [*Failure]
+//     to store it as the key's permanent answer; or returns any other error
+//     to release the key for a later retry or completer. Returning nil
+//     without completing the key releases it too, and counts as an error.
 //   - fn == nil: the key is marked failed: a [Failure] with Code "abandoned"
 //     and a message naming the recovery point it was abandoned at, which
 //     every later duplicate gets instead of a second execution. The
@@ -151,9 +147,10 @@ type RecoverResult struct {
 //     level.
 //
 // Each takeover gets the store's [Config.Lease]; a fn that runs longer must
-// heartbeat. A fn that panics gets the key released, and the panic goes on. Recover stops at the first error that is not about one key
-// (the database is unreachable, ctx ended) and returns what it did so far.
-func (s *Store) Recover(ctx context.Context, db DB, opts *RecoverOptions, fn RecoverFunc) (res RecoverResult, err error) {
+// heartbeat. A fn that panics gets the key released, and the panic goes on.
+// Recover stops at the first error that is not about one key (the database
+// is unreachable, ctx ended) and returns what it did so far.
+func (s *Store) Recover(ctx context.Context, db DB, opts *RecoverOptions, fn func(ctx context.Context, a *Attempt) error) (res RecoverResult, err error) {
 	o, err := opts.check()
 	if err != nil {
 		return res, err
@@ -236,7 +233,7 @@ func releaseDetached(ctx context.Context, a *Attempt) {
 // resume runs fn on a and settles what fn left: a stored failure, or a
 // release. It returns an error only when the database failed. A panic in fn
 // releases the key and goes on unwinding.
-func (s *Store) resume(ctx context.Context, a *Attempt, fn RecoverFunc) (_ recoverOutcome, err error) {
+func (s *Store) resume(ctx context.Context, a *Attempt, fn func(context.Context, *Attempt) error) (_ recoverOutcome, err error) {
 	panicked := true
 	defer func() {
 		if panicked {
@@ -277,11 +274,11 @@ func (s *Store) resume(ctx context.Context, a *Attempt, fn RecoverFunc) (_ recov
 	case settled:
 		return recoverResumed, nil
 	case !owned:
-		s.tel.log.WarnContext(ctx, "idempotency: recover: the key was taken over while the RecoverFunc ran",
+		s.tel.log.WarnContext(ctx, "idempotency: recover: the key was taken over while it was resumed",
 			"scope", a.scope, "key", a.key, "epoch", a.epoch)
 		return recoverLost, nil
 	}
-	s.tel.log.WarnContext(ctx, "idempotency: recover: RecoverFunc returned without completing the key; released",
+	s.tel.log.WarnContext(ctx, "idempotency: recover: the resumption returned without completing the key; released",
 		"scope", a.scope, "key", a.key)
 	return s.release(ctx, a)
 }

@@ -121,7 +121,7 @@ func TestRecoverTwoCompletersResumeEachKeyOnce(t *testing.T) {
 	var mu sync.Mutex
 	runs := map[string][]string{} // key -> "completer@point" per run of fn
 	bDone := make(chan struct{})
-	completer := func(name string) idempotency.RecoverFunc {
+	completer := func(name string) resumer {
 		return func(ctx context.Context, a *idempotency.Attempt) error {
 			mu.Lock()
 			runs[a.Key()] = append(runs[a.Key()], name+"@"+a.RecoveryPoint())
@@ -279,7 +279,7 @@ func TestRecoverFuncErrors(t *testing.T) {
 	ctx := context.Background()
 	store := newStore(t, nil)
 	abandon(t, store, pool, "payments", "k", 1)
-	recoverOnce := func(fn idempotency.RecoverFunc) idempotency.RecoverResult {
+	recoverOnce := func(fn resumer) idempotency.RecoverResult {
 		t.Helper()
 		res, err := store.Recover(ctx, pool, nil, fn)
 		if err != nil {

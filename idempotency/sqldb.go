@@ -15,14 +15,11 @@ import (
 // tx.Statement.ConnPool.(*sql.Tx)).
 type SQLDB = driver.SQLDB
 
-// SQLFunc is a [Func] for database/sql: it does the intent's writes through
-// tx, the transaction that holds the claim, and returns the result to store,
-// a [*Failure], or a transient error, as a Func does.
-type SQLFunc func(ctx context.Context, tx *sql.Tx) ([]byte, error)
-
 // DoSQL is [Store.Do] on database/sql: the claim on req's key, fn's writes
 // and fn's result commit in one READ COMMITTED transaction, with the same
-// outcomes, errors and guarantees.
+// outcomes, errors and guarantees. fn does the intent's writes through tx,
+// the transaction that holds the claim, and returns the result to store, a
+// [*Failure], or a transient error, as Do's does.
 //
 // When db is a *sql.Tx, the claim and fn's writes run under a savepoint of
 // the caller's transaction and fn is given that *sql.Tx: the key, the
@@ -39,7 +36,7 @@ type SQLFunc func(ctx context.Context, tx *sql.Tx) ([]byte, error)
 // COMMIT; database/sql cannot send the result with the COMMIT in one
 // pipeline as [Store.Do] does on pgx, so it is one round trip more. fn must
 // not commit or roll back tx.
-func (s *Store) DoSQL(ctx context.Context, db SQLDB, req Request, fn SQLFunc) (o *Outcome, err error) {
+func (s *Store) DoSQL(ctx context.Context, db SQLDB, req Request, fn func(ctx context.Context, tx *sql.Tx) ([]byte, error)) (o *Outcome, err error) {
 	ctx, done := s.tel.start(ctx, modeAtomic, req)
 	defer func() { done(o, err) }()
 	fp, retention, err := s.check(req)

@@ -54,7 +54,7 @@ const (
 	MaxScopeBytes = 512
 	// MaxKeyBytes is the longest [Request.Key].
 	MaxKeyBytes = 512
-	// MaxResultBytes is the largest stored result (a [Func]'s result,
+	// MaxResultBytes is the largest stored result (the result of Do's work,
 	// [Attempt.Complete]'s, or [Failure.Data]).
 	MaxResultBytes = 16 << 20
 
@@ -249,7 +249,7 @@ type Outcome struct {
 
 // Failure is a permanent failure: it is stored as the key's answer and
 // replayed to every duplicate, like a success. Return it (or wrap it) from a
-// [Func] or pass it to [Attempt.Fail]. Errors that are not a *Failure are
+// [Store.Do]'s work or pass it to [Attempt.Fail]. Errors that are not a *Failure are
 // transient: never stored, the key stays free for a retry.
 type Failure struct {
 	// Code classifies the failure for programs, e.g. "insufficient_funds".

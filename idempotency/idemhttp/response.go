@@ -24,9 +24,10 @@ type storedResponse struct {
 
 // EncodeResponse returns a response in the form the middleware stores it,
 // for code that settles a key the middleware claimed in [ModeLeased]
-// without the handler, such as an [idempotency.RecoverFunc] finishing a
-// request abandoned by a crash: [idempotency.Attempt.Complete] with it (a
-// 2xx or 3xx status), and every duplicate of the request gets this response.
+// without the handler, such as the function given to
+// [idempotency.Store.Recover] finishing a request abandoned by a crash:
+// [idempotency.Attempt.Complete] with it (a 2xx or 3xx status), and every
+// duplicate of the request gets this response.
 // Only the headers in [Config.ReplayHeaders] are replayed.
 func EncodeResponse(status int, header http.Header, body []byte) ([]byte, error) {
 	if status < 200 || status > 599 {
