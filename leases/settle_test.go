@@ -15,6 +15,7 @@ import (
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/internal/testkit/pgbouncer"
+	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
@@ -64,7 +65,7 @@ func TestLostGrantReplyBehindPgBouncer(t *testing.T) {
 	cluster := pgfencetest.NewCluster(t, nil)
 	db := cluster.NewDatabase(t)
 	ctx := ctxTimeout(t, 2*time.Minute)
-	b, err := pgbouncer.Start(ctx, &pgbouncer.Config{Upstream: cluster.Addr(), Credential: cluster.Internal().Credential(), PoolSize: 4})
+	b, err := pgbouncer.Start(ctx, &pgbouncer.Config{Upstream: cluster.Addr(), Credential: pgcluster.At(cluster.Addr()).Credential(), PoolSize: 4})
 	if err != nil {
 		if errors.Is(err, pgbouncer.ErrNotFound) && os.Getenv("CI") != "true" {
 			t.Skip(err)

@@ -404,7 +404,7 @@ func TestRetentionSurvivesACrash(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := cluster.Start(ctx); err != nil {
-			t.Fatalf("start after the crash: %v; log: %s", err, cluster.LogTail(10))
+			t.Fatalf("start after the crash: %v", err)
 		}
 		pool.Reset()
 	}

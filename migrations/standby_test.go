@@ -30,12 +30,12 @@ func TestStandbyRefusesEveryProtocolFunction(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT holder::text, token FROM pgfence.acquire('held', interval '1 hour')`).Scan(&holder, &token); err != nil {
 		t.Fatal(err)
 	}
-	standby, err := cluster.Internal().StartStandby(ctx, &pgcluster.StandbyConfig{})
+	standby, err := pgcluster.At(cluster.Addr()).StartStandby(ctx, &pgcluster.StandbyConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = standby.Close() })
-	if err := cluster.Internal().WaitReplayed(ctx, standby); err != nil {
+	if err := pgcluster.At(cluster.Addr()).WaitReplayed(ctx, standby); err != nil {
 		t.Fatal(err)
 	}
 	replica, err := pgx.Connect(ctx, standby.ConnString(db.Name))

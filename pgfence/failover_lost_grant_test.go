@@ -34,12 +34,12 @@ func TestLostGrantAfterFailoverIsRefused(t *testing.T) {
 	if err := write(primary, l1, "first"); err != nil {
 		t.Fatal(err)
 	}
-	standby, err := cluster.Internal().StartStandby(ctx, &pgcluster.StandbyConfig{})
+	standby, err := pgcluster.At(cluster.Addr()).StartStandby(ctx, &pgcluster.StandbyConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = standby.Close() })
-	if err := cluster.Internal().WaitReplayed(ctx, standby); err != nil {
+	if err := pgcluster.At(cluster.Addr()).WaitReplayed(ctx, standby); err != nil {
 		t.Fatal(err)
 	}
 	if err := standby.Stop(pgcluster.Fast); err != nil { // falls behind

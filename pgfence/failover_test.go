@@ -42,12 +42,12 @@ func testFailover(t *testing.T, sync bool) {
 	if err := fencedWrite(primary, l1.Token, "first"); err != nil {
 		t.Fatal(err)
 	}
-	standby, err := cluster.Internal().StartStandby(ctx, &pgcluster.StandbyConfig{Sync: sync})
+	standby, err := pgcluster.At(cluster.Addr()).StartStandby(ctx, &pgcluster.StandbyConfig{Sync: sync})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = standby.Close() })
-	if err := cluster.Internal().WaitReplayed(ctx, standby); err != nil {
+	if err := pgcluster.At(cluster.Addr()).WaitReplayed(ctx, standby); err != nil {
 		t.Fatal(err)
 	}
 

@@ -86,7 +86,7 @@ const madeUp = 1<<40 - 1
 // issue lets tests fence resources with made-up tokens up to madeUp: it
 // records in pgfence.leases, as their grants would, that their leases issued
 // them.
-func issue(t testing.TB, db pgfencetest.Execer, resources ...string) {
+func issue(t testing.TB, db execer, resources ...string) {
 	t.Helper()
 	for _, r := range resources {
 		pgfencetest.IssueToken(t, db, r, madeUp)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/internal/testkit/pgbouncer"
+	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -27,7 +28,7 @@ func TestBehindPgBouncer(t *testing.T) {
 	cluster := pgfencetest.NewCluster(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b, err := pgbouncer.Start(ctx, &pgbouncer.Config{Upstream: cluster.Addr(), Credential: cluster.Internal().Credential(), RoundRobin: true, PoolSize: 3})
+	b, err := pgbouncer.Start(ctx, &pgbouncer.Config{Upstream: cluster.Addr(), Credential: pgcluster.At(cluster.Addr()).Credential(), RoundRobin: true, PoolSize: 3})
 	if err != nil {
 		if errors.Is(err, pgbouncer.ErrNotFound) && os.Getenv("CI") != "true" {
 			t.Skip(err)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -18,7 +19,7 @@ func TestDoctorServerRole(t *testing.T) {
 	defer cancel()
 	cluster := pgfencetest.NewCluster(t, &pgfencetest.ClusterOptions{Settings: map[string]string{"fsync": "off"}})
 	db := cluster.NewDatabase(t)
-	primary := cluster.Internal()
+	primary := pgcluster.At(cluster.Addr())
 	standby, err := primary.StartStandby(ctx, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -98,7 +98,7 @@ func TestMaintenanceWithPgCron(t *testing.T) {
 	}
 
 	// pg_cron lives in the postgres database; the jobs run in db's.
-	cronURL := cluster.URL("postgres")
+	cronURL := pgcluster.At(cluster.Addr()).ConnString("postgres")
 	admin, err := pgx.Connect(ctx, cronURL)
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/testkit/pgbouncer"
+	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
@@ -25,7 +26,7 @@ import (
 func startPgBouncer(t *testing.T, cluster *pgfencetest.Cluster, cfg pgbouncer.Config) *pgbouncer.PgBouncer {
 	t.Helper()
 	cfg.Upstream = cluster.Addr()
-	cfg.Credential = cluster.Internal().Credential()
+	cfg.Credential = pgcluster.At(cluster.Addr()).Credential()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	b, err := pgbouncer.Start(ctx, &cfg)
@@ -67,8 +68,8 @@ func TestEveryCommandThroughPgBouncer(t *testing.T) {
 			environ := map[string]string{"DATABASE_URL": b.ConnString(db.Name)}
 			code, out, errOut := cli(t, environ, append(slices.Clone(c.args), "--json")...)
 			if code != c.code {
-				t.Fatalf("%q --json through PgBouncer: code %d, want %d\n%s%s\nPgBouncer's log:\n%s\nthe server's log:\n%s",
-					c.args, code, c.code, out, errOut, b.LogTail(20), cluster.LogTail(20))
+				t.Fatalf("%q --json through PgBouncer: code %d, want %d\n%s%s\nPgBouncer's log:\n%s",
+					c.args, code, c.code, out, errOut, b.LogTail(20))
 			}
 			if c.name == "bench_contention" && !strings.Contains(errOut, "wake-ups off") {
 				// LISTEN does not work through a transaction pooler: the
@@ -194,7 +195,7 @@ func TestPgBouncerServerLoginRetry(t *testing.T) {
 	if code, out, errOut := cli(t, environ, "leases", "list"); code != exitOK {
 		t.Fatalf("leases list through PgBouncer: code %d\n%s%s", code, out, errOut)
 	}
-	if err := cluster.Stop(pgfencetest.Fast); err != nil {
+	if err := cluster.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	// PgBouncer accepts the client (it knows the server's parameters) and

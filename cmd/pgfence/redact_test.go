@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -163,7 +164,7 @@ func startPasswordCluster(t *testing.T) string {
 	}
 	c := pgfencetest.NewCluster(t, &pgfencetest.ClusterOptions{Settings: map[string]string{"hba_file": hba}})
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, c.URL("postgres"))
+	admin, err := pgx.Connect(ctx, pgcluster.At(c.Addr()).ConnString("postgres"))
 	if err != nil {
 		t.Fatal(err)
 	}

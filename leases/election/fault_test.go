@@ -221,7 +221,7 @@ func TestElectionUnderFaults(t *testing.T) {
 
 	// 4. Restart PostgreSQL: every connection breaks; a leader leads and
 	// writes again afterwards.
-	if err := cluster.Restart(ctx, pgfencetest.Fast); err != nil {
+	if err := cluster.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
 	var restarted time.Time

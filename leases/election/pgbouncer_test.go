@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/testkit/pgbouncer"
+	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/leases/election"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
@@ -26,7 +27,7 @@ func TestElectionBehindPgBouncer(t *testing.T) {
 	cluster := pgfencetest.NewCluster(t, nil)
 	db := cluster.NewDatabase(t)
 	ctx := ctxTimeout(t, 2*time.Minute)
-	b, err := pgbouncer.Start(ctx, &pgbouncer.Config{Upstream: cluster.Addr(), Credential: cluster.Internal().Credential(), PoolSize: 3})
+	b, err := pgbouncer.Start(ctx, &pgbouncer.Config{Upstream: cluster.Addr(), Credential: pgcluster.At(cluster.Addr()).Credential(), PoolSize: 3})
 	if err != nil {
 		if errors.Is(err, pgbouncer.ErrNotFound) && os.Getenv("CI") != "true" {
 			t.Skip(err)

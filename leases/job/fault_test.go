@@ -77,7 +77,7 @@ func TestJobsUnderFaults(t *testing.T) {
 		switch {
 		case done >= len(slots)/2 && !restarted:
 			restarted = true
-			if err := cluster.Restart(ctx, pgfencetest.Fast); err != nil {
+			if err := cluster.Restart(ctx); err != nil {
 				t.Fatal(err)
 			}
 			t.Logf("restarted PostgreSQL with %d slots completed", done)

@@ -11,18 +11,6 @@ import (
 	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
 )
 
-// ShutdownMode is how [Cluster.Stop] and [Cluster.Restart] shut the server down.
-type ShutdownMode = pgcluster.Mode
-
-// Shutdown modes, as in pg_ctl stop -m.
-const (
-	// Fast rolls back open transactions, disconnects clients and checkpoints.
-	Fast = pgcluster.Fast
-	// Immediate aborts the server without a checkpoint; the next start runs
-	// crash recovery.
-	Immediate = pgcluster.Immediate
-)
-
 // Cluster is a local PostgreSQL cluster owned by one test, for fault tests that
 // stop, restart or kill the server without disturbing other tests.
 type Cluster struct {
@@ -86,20 +74,13 @@ func (c *Cluster) resetPools() {
 	}
 }
 
-// NewPool is NewDatabase(t).Pool.
-func (c *Cluster) NewPool(t testing.TB) *pgxpool.Pool {
-	t.Helper()
-	return c.NewDatabase(t).Pool
-}
-
 // Addr is the server's host:port on 127.0.0.1, for a proxy to sit in front of.
 func (c *Cluster) Addr() string { return c.c.Addr() }
 
-// URL returns a superuser URL for database on this cluster.
-func (c *Cluster) URL(database string) string { return c.c.ConnString(database) }
-
-// Stop shuts the server down in mode and waits until it has exited.
-func (c *Cluster) Stop(mode ShutdownMode) error { return c.c.Stop(mode) }
+// Stop shuts the server down as pg_ctl stop -m fast does (open transactions
+// roll back, clients are disconnected, a checkpoint is written) and waits
+// until it has exited. [Cluster.Kill] crashes it instead.
+func (c *Cluster) Stop() error { return c.c.Stop(pgcluster.Fast) }
 
 // Start starts a stopped server on the same port and waits until it is
 // ready. The pools of the cluster's databases then open new connections.
@@ -108,22 +89,13 @@ func (c *Cluster) Start(ctx context.Context) error {
 	return c.c.Start(ctx)
 }
 
-// Restart stops in mode and starts again on the same port, and resets the
-// pools of the cluster's databases as Start does.
-func (c *Cluster) Restart(ctx context.Context, mode ShutdownMode) error {
+// Restart stops the server as Stop does and starts it again on the same
+// port, and resets the pools of the cluster's databases as Start does.
+func (c *Cluster) Restart(ctx context.Context) error {
 	defer c.resetPools()
-	return c.c.Restart(ctx, mode)
+	return c.c.Restart(ctx, pgcluster.Fast)
 }
 
-// Kill sends SIGKILL to the postmaster (a crash); Start runs crash recovery.
+// Kill sends SIGKILL to the server's processes (a crash); Start runs crash
+// recovery. A test that fails prints the end of the server's log.
 func (c *Cluster) Kill() error { return c.c.Kill() }
-
-// DataDir is the cluster's data directory.
-func (c *Cluster) DataDir() string { return c.c.DataDir() }
-
-// LogTail returns the last n lines of the server log, for failure messages.
-func (c *Cluster) LogTail(n int) string { return c.c.LogTail(n) }
-
-// Internal returns the underlying cluster for pgfence's own fault tooling
-// (standbys, promotion). It is not part of the stable API.
-func (c *Cluster) Internal() *pgcluster.Cluster { return c.c }

@@ -16,7 +16,12 @@
 //     programs and tests that never start a container do not link Docker's
 //     client.
 //
-// The shared local cluster runs with fsync off for speed (see [EnvDurable]).
+// The shared local cluster runs with fsync off for speed; set
+// PGFENCE_TEST_DURABLE=1 to keep it on, for benchmarks whose absolute
+// figures must include the cost of durable commits. Commits still wait for
+// the WAL write (synchronous_commit stays on), so process crashes and server
+// restarts lose nothing; only an OS crash could, and no test crashes the OS.
+// Dedicated clusters from [NewCluster] keep fsync on.
 //
 // When none is available the test is skipped, except under CI=true, where it
 // fails with a message that says what to install.
@@ -53,9 +58,9 @@ import (
 	"github.com/pgfence/pgfence/migrations"
 )
 
-// EnvDatabaseURL names the environment variable with an admin URL of an existing
+// envDatabaseURL names the environment variable with an admin URL of an existing
 // server to create test databases on.
-const EnvDatabaseURL = "PGFENCE_TEST_DATABASE_URL"
+const envDatabaseURL = "PGFENCE_TEST_DATABASE_URL"
 
 // Main runs the tests and then stops the shared local cluster, if one was
 // started. Ctrl-C stops it too. Call it from TestMain.
@@ -102,7 +107,7 @@ func unavailable(t testing.TB, err error) {
 	t.Helper()
 	msg := fmt.Sprintf("pgfencetest: no PostgreSQL for tests: %v\n"+
 		"  set %s to a server URL whose role has CREATEDB, or install the server binaries "+
-		"(Debian/Ubuntu: apt-get install postgresql), or run a Docker engine and call pgfencetest/container.Main from TestMain", err, EnvDatabaseURL)
+		"(Debian/Ubuntu: apt-get install postgresql), or run a Docker engine and call pgfencetest/container.Main from TestMain", err, envDatabaseURL)
 	if os.Getenv("CI") == "true" {
 		t.Fatal(msg)
 	}
@@ -125,9 +130,9 @@ func getServer(t testing.TB) *server {
 func startServer() (*server, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if url := os.Getenv(EnvDatabaseURL); url != "" {
+	if url := os.Getenv(envDatabaseURL); url != "" {
 		if _, err := pgx.ParseConfig(url); err != nil {
-			return nil, fmt.Errorf("%s: %w", EnvDatabaseURL, err)
+			return nil, fmt.Errorf("%s: %w", envDatabaseURL, err)
 		}
 		return &server{adminURL: url}, nil
 	}
@@ -138,17 +143,10 @@ func startServer() (*server, error) {
 	return nil, fmt.Errorf("local cluster: %w", err)
 }
 
-// EnvDurable, set to 1, keeps fsync on in the shared local cluster, for
-// benchmarks whose absolute figures must include the cost of durable commits.
-const EnvDurable = "PGFENCE_TEST_DURABLE"
-
-// sharedSettings turns fsync off in the shared local cluster: a database clone
-// then costs ~40 ms instead of ~150 ms. Commits still wait for the WAL write
-// (synchronous_commit stays on), so process crashes and server restarts lose
-// nothing; only an OS crash could, and no test crashes the OS. Dedicated
-// clusters from NewCluster keep fsync on.
+// sharedSettings turns fsync off in the shared local cluster, unless
+// PGFENCE_TEST_DURABLE=1: a database clone then costs a fraction.
 func sharedSettings() map[string]string {
-	if os.Getenv(EnvDurable) == "1" {
+	if os.Getenv("PGFENCE_TEST_DURABLE") == "1" {
 		return nil
 	}
 	return map[string]string{"fsync": "off", "full_page_writes": "off"}
@@ -360,19 +358,16 @@ func randomSuffix() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Execer is what [IssueToken] runs its statement on: a *pgxpool.Pool, a
-// *pgx.Conn or a pgx.Tx.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
 // IssueToken records in pgfence.leases that lease key has issued tokens up
 // to token, as its grants would have (the lease itself is left released), so
 // that a test may fence resource key with made-up tokens up to token: a
 // fenced write accepts only a token its resource's lease has issued. db must
 // be able to write pgfence.leases, as the harness's own role can; an
 // application's role cannot, and its tokens come from grants.
-func IssueToken(t testing.TB, db Execer, key string, token int64) {
+// db is a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+func IssueToken(t testing.TB, db interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}, key string, token int64) {
 	t.Helper()
 	_, err := db.Exec(context.Background(), `INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, released_at)
 VALUES ($1, pg_catalog.gen_random_uuid(), $2, pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp())

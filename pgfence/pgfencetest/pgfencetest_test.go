@@ -81,7 +81,7 @@ func TestClusterControl(t *testing.T) {
 		t.Helper()
 		conn, err := pgx.Connect(ctx, db.URL)
 		if err != nil {
-			t.Fatalf("connect after restart: %v; log: %s", err, c.LogTail(5))
+			t.Fatalf("connect after restart: %v", err)
 		}
 		defer conn.Close(ctx)
 		var n int
@@ -90,10 +90,16 @@ func TestClusterControl(t *testing.T) {
 		}
 		return n
 	}
-	for _, mode := range []pgfencetest.ShutdownMode{pgfencetest.Fast, pgfencetest.Immediate} {
+	for _, mode := range []string{"restart", "crash"} {
 		addr := c.Addr()
-		if err := c.Restart(ctx, mode); err != nil {
-			t.Fatalf("restart %v: %v", mode, err)
+		var err error
+		if mode == "restart" {
+			err = c.Restart(ctx)
+		} else if err = c.Kill(); err == nil {
+			err = c.Start(ctx)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", mode, err)
 		}
 		if c.Addr() != addr {
 			t.Fatalf("restart moved the server from %s to %s", addr, c.Addr())
@@ -102,7 +108,7 @@ func TestClusterControl(t *testing.T) {
 			t.Fatalf("after %v restart: %d rows, want 1", mode, n)
 		}
 	}
-	if err := c.Stop(pgfencetest.Fast); err != nil {
+	if err := c.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	sctx, cancel := context.WithTimeout(ctx, time.Second)

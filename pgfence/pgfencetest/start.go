@@ -25,15 +25,12 @@ type StartOptions struct {
 	// Progress receives human-readable lines while a throwaway cluster starts.
 	// Default: discard.
 	Progress io.Writer
-	// MaxConns bounds the pool. Default: [StartMaxConnsDefault].
+	// MaxConns bounds the pool. Default: 20.
 	MaxConns int32
 	// Settings are server settings for a throwaway cluster
 	// (postgresql.conf names and values); ignored with a URL.
 	Settings map[string]string
 }
-
-// StartMaxConnsDefault is the pool size of [Start] when none is given.
-const StartMaxConnsDefault = 20
 
 // Start opens a database for a program, such as a demo, an example or a
 // local tool: the database at opts.URL, or else a throwaway local PostgreSQL
@@ -57,7 +54,7 @@ func Start(ctx context.Context, opts *StartOptions) (*Database, error) {
 	}
 	maxConns := opts.MaxConns
 	if maxConns <= 0 {
-		maxConns = StartMaxConnsDefault
+		maxConns = 20
 	}
 	d := &Database{URL: opts.URL}
 	if d.URL == "" {

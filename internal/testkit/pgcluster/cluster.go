@@ -164,7 +164,22 @@ func Start(ctx context.Context, cfg *Config) (*Cluster, error) {
 		c.removeAll()
 		return nil, err
 	}
+	running.Store(c.Addr(), c)
 	return c, nil
+}
+
+// running holds the clusters Start started and Close has not closed, by
+// address, for At.
+var running sync.Map
+
+// At returns the cluster Start started at addr (host:port) in this process,
+// or nil: for the project's fault tests that reach, under a cluster of
+// pgfencetest, what its API does not offer (standbys, the server's OS
+// credential).
+func At(addr string) *Cluster {
+	c, _ := running.Load(addr)
+	cl, _ := c.(*Cluster)
+	return cl
 }
 
 // serverCredential returns the OS user to run the server as: nil when the
@@ -576,6 +591,7 @@ func (c *Cluster) Close() error {
 		return nil
 	}
 	c.closed = true
+	running.Delete(c.Addr())
 	err := c.stopLocked(Immediate)
 	c.removeAll()
 	return err

@@ -30,7 +30,7 @@ var (
 // release cycles on a few resources, each through its own fault proxy, while
 // faults are injected at random (seeded): connection cuts, delays, network
 // partitions, COMMITs whose request or reply is lost, SIGSTOP past the lease,
-// and fast and immediate database restarts. Every operation is recorded with
+// and fast and crash database restarts. Every operation is recorded with
 // monotonic call and return times and the outcome the driver saw (unknown when
 // it could not know). Afterwards the ground truth is read back and the history
 // is checked (Check: invariants + porcupine). A failing history is saved under
@@ -279,8 +279,8 @@ func (r *randomRun) inject(ctx context.Context, rng *rand.Rand) {
 			sleep(6*cycleTTL/5, 5*cycleTTL/2)
 			_ = w.Cont()
 		}},
-		{"restart-fast", 1, func() { r.restart(pgfencetest.Fast) }},
-		{"restart-immediate", 1, func() { r.restart(pgfencetest.Immediate) }},
+		{"restart-fast", 1, func() { r.restart(false) }},
+		{"restart-crash", 1, func() { r.restart(true) }},
 	}
 	total := 0
 	for _, k := range kinds {
@@ -303,13 +303,26 @@ func (r *randomRun) inject(ctx context.Context, rng *rand.Rand) {
 	}
 }
 
-func (r *randomRun) restart(mode pgfencetest.ShutdownMode) {
+// restart restarts the server: a fast shutdown, or a crash.
+func (r *randomRun) restart(crash bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := r.e.cluster.Restart(ctx, mode); err != nil {
-		r.e.t.Errorf("restart (%v): %v; log: %s", mode, err, r.e.cluster.LogTail(10))
+	if err := restart(ctx, r.e.cluster, crash); err != nil {
+		r.e.t.Errorf("restart (crash %v): %v", crash, err)
 	}
 	r.e.admin().Reset()
+}
+
+// restart restarts cluster's server: a fast shutdown, or a crash (SIGKILL,
+// then crash recovery).
+func restart(ctx context.Context, cluster *pgfencetest.Cluster, crash bool) error {
+	if !crash {
+		return cluster.Restart(ctx)
+	}
+	if err := cluster.Kill(); err != nil {
+		return err
+	}
+	return cluster.Start(ctx)
 }
 
 // The harness end to end, on a system with a known bug: an old holder writes

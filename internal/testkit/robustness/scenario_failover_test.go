@@ -33,7 +33,7 @@ func TestScenarioFailover(t *testing.T) {
 			want(t, e.recorded(0, func() Op { return a.write(ctx, sku, t1.Token, "a1") }), OK)
 			want(t, e.recorded(0, func() Op { return a.effect(ctx, "order-1", "a") }), OK)
 
-			primary := e.cluster.Internal()
+			primary := pgcluster.At(e.cluster.Addr())
 			standby, err := primary.StartStandby(ctx, &pgcluster.StandbyConfig{Sync: sync})
 			if err != nil {
 				t.Fatal(err)

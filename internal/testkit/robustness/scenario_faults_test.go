@@ -17,7 +17,6 @@ import (
 	"github.com/pgfence/pgfence/internal/testkit/faultproxy"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
-	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
 // A stale write through an unchecked path: the protected table refuses every
@@ -84,14 +83,14 @@ func TestScenarioStaleWriteThroughUncheckedPath(t *testing.T) {
 	}
 }
 
-// Database restart, fast and immediate, on a server whose default is
+// Database restart, fast and after a crash, on a server whose default is
 // synchronous_commit = off: every grant, fenced write and effect acknowledged
 // before the restart survives it (pgfence forces durable commits where it
 // matters), the holder keeps its lease through the restart, tokens are not
 // reissued, and the old token is rejected once a new holder took over.
 func TestScenarioDatabaseRestart(t *testing.T) {
-	for _, mode := range []pgfencetest.ShutdownMode{pgfencetest.Fast, pgfencetest.Immediate} {
-		t.Run(mode.String(), func(t *testing.T) {
+	for _, mode := range []string{"fast", "crash"} {
+		t.Run(mode, func(t *testing.T) {
 			e := newEnv(t, envOptions{dedicated: true, resources: []string{sku},
 				settings: map[string]string{"synchronous_commit": "off", "wal_writer_delay": "10s"}})
 			ctx := bounded(t, 2*time.Minute)
@@ -116,8 +115,8 @@ func TestScenarioDatabaseRestart(t *testing.T) {
 				}
 			}
 
-			if err := e.cluster.Restart(ctx, mode); err != nil {
-				t.Fatalf("restart: %v; log: %s", err, e.cluster.LogTail(10))
+			if err := restart(ctx, e.cluster, mode == "crash"); err != nil {
+				t.Fatalf("restart: %v", err)
 			}
 			e.admin().Reset()
 			for key, tok := range granted {
@@ -208,7 +207,7 @@ func TestScenarioDatabaseUnreachable(t *testing.T) {
 			func() { p.Heal(); p.CutAll() }},
 		{"server stopped",
 			func() {
-				if err := e.cluster.Stop(pgfencetest.Fast); err != nil {
+				if err := e.cluster.Stop(); err != nil {
 					t.Fatal(err)
 				}
 			},

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgfence/pgfence/idempotency"
 	"github.com/pgfence/pgfence/internal/testkit/pgbouncer"
+	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
@@ -26,7 +27,7 @@ import (
 func TestScenarioPgBouncerTransactionMode(t *testing.T) {
 	cluster := pgfencetest.NewCluster(t, nil)
 	ctx := bounded(t, 2*time.Minute)
-	b, err := pgbouncer.Start(ctx, &pgbouncer.Config{Upstream: cluster.Addr(), Credential: cluster.Internal().Credential(), PoolSize: 3})
+	b, err := pgbouncer.Start(ctx, &pgbouncer.Config{Upstream: cluster.Addr(), Credential: pgcluster.At(cluster.Addr()).Credential(), PoolSize: 3})
 	if err != nil {
 		if errors.Is(err, pgbouncer.ErrNotFound) && os.Getenv("CI") != "true" {
 			t.Skip(err)

@@ -35,7 +35,7 @@ import (
 func TestScenarioOldPrimaryRestartedAsItWas(t *testing.T) {
 	e := newEnv(t, envOptions{dedicated: true, resources: []string{sku}})
 	ctx := bounded(t, 3*time.Minute)
-	primary := e.cluster.Internal()
+	primary := pgcluster.At(e.cluster.Addr())
 	standby, err := primary.StartStandby(ctx, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -30,14 +30,14 @@ import (
 // answers either, the tests that need a database are skipped (or fail under
 // CI=true) as with pgfencetest.Main.
 func Main(m *testing.M) {
-	if os.Getenv(pgfencetest.EnvDatabaseURL) == "" {
+	if os.Getenv("PGFENCE_TEST_DATABASE_URL") == "" {
 		if _, err := pgcluster.FindBinaries(); err != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			url, stop, err := startContainer(ctx)
 			cancel()
 			if err == nil {
 				defer stop()
-				_ = os.Setenv(pgfencetest.EnvDatabaseURL, url)
+				_ = os.Setenv("PGFENCE_TEST_DATABASE_URL", url)
 			}
 		}
 	}
