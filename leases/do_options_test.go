@@ -118,8 +118,8 @@ func TestDoKeepAliveOptions(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	renewed := make(chan struct{}, 64)
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
-	leases.SetOnEvent(c, func(e leases.Event) {
-		if e.Kind == leases.EventRenewed {
+	leases.SetOnEvent(c, func(e leases.LogEvent) {
+		if e.Kind == leases.LogRenewed {
 			select {
 			case renewed <- struct{}{}:
 			default:

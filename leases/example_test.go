@@ -88,7 +88,7 @@ func ExampleClient_Do() {
 		return
 	}
 	for _, e := range hist {
-		fmt.Println(e.Event)
+		fmt.Println(e.Kind)
 	}
 
 	// Output:

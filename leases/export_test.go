@@ -60,26 +60,25 @@ const (
 	ListenerApplicationName = listenerApplicationName
 )
 
-// Event is a lease transition or a client state change, as the client logs
-// it; EventKind names it.
+// LogEvent is a lease transition or a client state change, as the client
+// logs it; LogKind names it.
 type (
-	Event     = event
-	EventKind = eventKind
+	LogEvent = event
+	LogKind  = eventKind
 )
 
-// The kinds of Event.
+// The kinds of LogEvent.
 const (
-	EventAcquired      = eventAcquired
-	EventRenewed       = eventRenewed
-	EventRenewFailed   = eventRenewFailed
-	EventReleased      = eventReleased
-	EventLost          = eventLost
-	EventForceReleased = eventForceReleased
-	EventListenerUp    = eventListenerUp
-	EventListenerDown  = eventListenerDown
+	LogAcquired      = eventAcquired
+	LogRenewed       = eventRenewed
+	LogRenewFailed   = eventRenewFailed
+	LogReleased      = eventReleased
+	LogLost          = eventLost
+	LogForceReleased = eventForceReleased
+	LogListenerUp    = eventListenerUp
+	LogListenerDown  = eventListenerDown
 )
 
 // SetOnEvent makes c call f with every transition it logs, synchronously
-// from the goroutine that made it (as Config.OnEvent did). Call it before c
-// is used.
-func SetOnEvent(c *Client, f func(Event)) { c.onEvent = f }
+// from the goroutine that made it. Call it before c is used.
+func SetOnEvent(c *Client, f func(LogEvent)) { c.onEvent = f }

@@ -27,8 +27,8 @@ func TestKeepAliveCutOffEndsContextBeforeExpiry(t *testing.T) {
 		DisableWakeups: true,
 		SafetyMargin:   time.Second, // room for a loaded machine to run the checks below
 	})
-	leases.SetOnEvent(cut, func(e leases.Event) {
-		if e.Kind == leases.EventRenewed {
+	leases.SetOnEvent(cut, func(e leases.LogEvent) {
+		if e.Kind == leases.LogRenewed {
 			select {
 			case renewed <- struct{}{}:
 			default:
@@ -141,7 +141,7 @@ func TestKilledWorkerTakenOverAfterTTL(t *testing.T) {
 		t.Fatalf("token %d after the dead holder's %d", l.Token(), token)
 	}
 	hist, err := c.History(ctx, "job", 1)
-	if err != nil || hist[0].Event != "taken_over" || !strings.Contains(hist[0].Reason, holder) {
+	if err != nil || hist[0].Kind != "taken_over" || !strings.Contains(hist[0].Reason, holder) {
 		t.Fatalf("history %+v %v", hist, err)
 	}
 	if err := l.Release(ctx); err != nil {
@@ -223,7 +223,7 @@ func TestDoCancelsWhenLost(t *testing.T) {
 		t.Fatalf("Do: %v", err)
 	}
 	hist, _ := c.History(ctx, "k", 1)
-	if hist[0].Event != "force_released" || hist[0].Reason != "operator says stop" {
+	if hist[0].Kind != "force_released" || hist[0].Reason != "operator says stop" {
 		t.Fatalf("history %+v", hist)
 	}
 

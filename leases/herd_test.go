@@ -83,7 +83,7 @@ func listeningClients(t *testing.T, ctx context.Context, pool *pgxpool.Pool, n i
 // waiter without it would poll).
 func listeningClient(t *testing.T, ctx context.Context, pool *pgxpool.Pool, cfg leases.Config) *leases.Client {
 	t.Helper()
-	up, onEvent := events(leases.EventListenerUp)
+	up, onEvent := events(leases.LogListenerUp)
 	c := newClient(t, pool, &cfg)
 	leases.SetOnEvent(c, onEvent)
 	l, err := c.Acquire(ctx, "warm-up", time.Minute, nil)
@@ -93,7 +93,7 @@ func listeningClient(t *testing.T, ctx context.Context, pool *pgxpool.Pool, cfg 
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitEvent(t, up, leases.EventListenerUp, 10*time.Second)
+	waitEvent(t, up, leases.LogListenerUp, 10*time.Second)
 	return c
 }
 

@@ -2,7 +2,6 @@ package leases
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -40,30 +39,6 @@ type Status struct {
 	ClientVersion string
 }
 
-// HistoryEntry is one recorded transition of a key.
-type HistoryEntry struct {
-	// ID orders the entries (larger is later).
-	ID int64
-	// Key is the lease key.
-	Key string
-	// Event is acquired, taken_over (granted after the previous grant
-	// expired unreleased), released, force_released or info_changed
-	// ([Lease.SetHolderInfo]).
-	Event string
-	// Holder and Token identify the grant the event is about.
-	Holder string
-	Token  int64
-	// At is the database time of the event.
-	At time.Time
-	// Reason says more: the expired grant for taken_over, the operator's
-	// reason for force_released, "released after expiry" for a release that
-	// came after the grant had expired.
-	Reason string
-	// ClientVersion is the granting client's library version on acquired and
-	// taken_over entries (see [Status.ClientVersion]); empty otherwise.
-	ClientVersion string
-}
-
 // ForceReleased reports what [Client.ForceRelease] did.
 type ForceReleased struct {
 	// Released is true when a grant was ended.
@@ -75,43 +50,101 @@ type ForceReleased struct {
 	WasLive bool
 }
 
-func scanStatus(row pgx.Row) (Status, error) {
-	var (
-		s                 Status
-		renewed, released *time.Time
-		remainingMicros   int64
-	)
-	err := row.Scan(&s.Key, &s.Holder, &s.Token, &s.GrantedAt, &renewed, &s.ExpiresAt, &released,
-		&s.HolderInfo, &s.Live, &remainingMicros, &s.ClientVersion)
-	if renewed != nil {
-		s.RenewedAt = *renewed
+// statusColumns are the columns of a lease row (pgfence.lease_status AS s),
+// coalesced so that a missing row (of a LEFT JOIN) scans as a zero Status.
+const statusColumns = `coalesce(s.key, ''), coalesce(s.holder::text, ''), coalesce(s.token, 0),
+       coalesce(s.granted_at, 'epoch'), s.renewed_at, coalesce(s.expires_at, 'epoch'), s.released_at,
+       coalesce(s.holder_info, ''), coalesce(s.live, false),
+       coalesce((extract(epoch FROM s.remaining) * 1000000)::bigint, 0), coalesce(s.client_version, '')`
+
+// eventColumns are the columns of an event (pgfence.lease_events AS e),
+// coalesced so that a missing one (of a LEFT JOIN) scans with ID 0.
+const eventColumns = `coalesce(e.id, 0), coalesce(e.key, ''), coalesce(e.event, ''), coalesce(e.holder::text, ''),
+       coalesce(e.token, 0), coalesce(e.at, 'epoch'), coalesce(e.reason, ''), coalesce(e.holder_info, ''),
+       coalesce(e.client_version, '')`
+
+// statusRow scans statusColumns.
+type statusRow struct {
+	Status
+	renewed, released *time.Time
+	remaining         int64
+}
+
+func (r *statusRow) dest() []any {
+	return []any{&r.Key, &r.Holder, &r.Token, &r.GrantedAt, &r.renewed, &r.ExpiresAt, &r.released,
+		&r.HolderInfo, &r.Live, &r.remaining, &r.ClientVersion}
+}
+
+// status is the row scanned: zero when there was none.
+func (r *statusRow) status() Status {
+	if r.Key == "" {
+		return Status{}
 	}
-	if released != nil {
-		s.ReleasedAt = *released
+	s := r.Status
+	s.RenewedAt, s.ReleasedAt = deref(r.renewed), deref(r.released)
+	s.Remaining = time.Duration(r.remaining) * time.Microsecond
+	return s
+}
+
+func scanStatus(row pgx.CollectableRow) (Status, error) {
+	var r statusRow
+	err := row.Scan(r.dest()...)
+	return r.status(), err
+}
+
+func (e *Event) dest() []any {
+	return []any{&e.ID, &e.Key, &e.Kind, &e.Holder, &e.Token, &e.At, &e.Reason, &e.HolderInfo, &e.ClientVersion}
+}
+
+func deref[T any](p *T) (v T) {
+	if p != nil {
+		v = *p
 	}
-	s.Remaining = time.Duration(remainingMicros) * time.Microsecond
-	return s, err
+	return v
+}
+
+// read runs one read-only statement and collects its rows with scan; op
+// names the call in errors.
+func read[T any](ctx context.Context, c *Client, op string, scan pgx.RowToFunc[T], sql string, args ...any) ([]T, error) {
+	if c.isClosed() {
+		return nil, fmt.Errorf("leases: %s: %w", op, ErrClosed)
+	}
+	conn, err := c.conn(ctx) // fails only when nothing was sent
+	if err != nil {
+		return nil, fmt.Errorf("leases: %s: %w", op, err)
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, sql, args...)
+	var out []T
+	if err == nil {
+		out, err = pgx.CollectRows(rows, scan)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("leases: %s: %w", op, classifyRead(ctx, err))
+	}
+	return out, nil
+}
+
+// write sends one statement that changes something, with the context's
+// trace id, and scans its row into dest; op names the call in errors.
+func (c *Client) write(ctx context.Context, op, sql string, args []any, dest ...any) error {
+	if c.isClosed() {
+		return fmt.Errorf("leases: %s: %w", op, ErrClosed)
+	}
+	conn, err := c.conn(ctx) // fails only when nothing was sent: nothing changed
+	if err != nil {
+		return fmt.Errorf("leases: %s: %w", op, err)
+	}
+	defer conn.Release()
+	if err := driver.QueryRow(ctx, conn, driver.Traced(ctx, driver.Stmt{SQL: sql, Args: args}), dest...); err != nil {
+		return fmt.Errorf("leases: %s: %w", op, classify(err))
+	}
+	return nil
 }
 
 // List returns every lease row (one per key ever leased), ordered by key.
 func (c *Client) List(ctx context.Context) ([]Status, error) {
-	if c.isClosed() {
-		return nil, fmt.Errorf("leases: list: %w", ErrClosed)
-	}
-	conn, err := c.conn(ctx) // fails only when nothing was sent
-	if err != nil {
-		return nil, fmt.Errorf("leases: list: %w", err)
-	}
-	defer conn.Release()
-	rows, err := conn.Query(ctx, sqlList)
-	if err != nil {
-		return nil, fmt.Errorf("leases: list: %w", classifyRead(ctx, err))
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Status, error) { return scanStatus(row) })
-	if err != nil {
-		return nil, fmt.Errorf("leases: list: %w", classifyRead(ctx, err))
-	}
-	return out, nil
+	return read(ctx, c, "list", scanStatus, sqlStatus+` ORDER BY s.key`)
 }
 
 // Get returns the lease row of key, or an error wrapping [pgfence.ErrNotFound].
@@ -119,54 +152,28 @@ func (c *Client) Get(ctx context.Context, key string) (Status, error) {
 	if err := validateKey(key); err != nil {
 		return Status{}, err
 	}
-	if c.isClosed() {
-		return Status{}, fmt.Errorf("leases: get %q: %w", key, ErrClosed)
-	}
-	conn, err := c.conn(ctx) // fails only when nothing was sent
-	if err != nil {
-		return Status{}, fmt.Errorf("leases: get %q: %w", key, err)
-	}
-	defer conn.Release()
-	s, err := scanStatus(conn.QueryRow(ctx, sqlGet, key))
-	if errors.Is(err, pgx.ErrNoRows) {
+	out, err := read(ctx, c, fmt.Sprintf("get %q", key), scanStatus, sqlStatus+` WHERE s.key = $1`, key)
+	switch {
+	case err != nil:
+		return Status{}, err
+	case len(out) == 0:
 		return Status{}, fmt.Errorf("%w: %q", pgfence.ErrNotFound, key)
 	}
-	if err != nil {
-		return Status{}, fmt.Errorf("leases: get %q: %w", key, classifyRead(ctx, err))
-	}
-	return s, nil
+	return out[0], nil
 }
 
 // History returns up to limit recorded transitions of key, newest first. The
 // database keeps about the newest 100 per key.
-func (c *Client) History(ctx context.Context, key string, limit int) ([]HistoryEntry, error) {
+func (c *Client) History(ctx context.Context, key string, limit int) ([]Event, error) {
 	if err := validateKey(key); err != nil {
 		return nil, err
 	}
 	if limit <= 0 {
 		return nil, invalid("limit", "must be positive, got %d", limit)
 	}
-	if c.isClosed() {
-		return nil, fmt.Errorf("leases: history %q: %w", key, ErrClosed)
-	}
-	conn, err := c.conn(ctx) // fails only when nothing was sent
-	if err != nil {
-		return nil, fmt.Errorf("leases: history %q: %w", key, err)
-	}
-	defer conn.Release()
-	rows, err := conn.Query(ctx, sqlHistory, key, limit)
-	if err != nil {
-		return nil, fmt.Errorf("leases: history %q: %w", key, classifyRead(ctx, err))
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (HistoryEntry, error) {
-		var e HistoryEntry
-		err := row.Scan(&e.ID, &e.Key, &e.Event, &e.Holder, &e.Token, &e.At, &e.Reason, &e.ClientVersion)
-		return e, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("leases: history %q: %w", key, classifyRead(ctx, err))
-	}
-	return out, nil
+	return read(ctx, c, fmt.Sprintf("history %q", key), func(row pgx.CollectableRow) (e Event, err error) {
+		return e, row.Scan(e.dest()...)
+	}, sqlHistory, key, limit)
 }
 
 // ForceRelease ends the current grant of key whoever holds it, for operators;
@@ -180,32 +187,39 @@ func (c *Client) ForceRelease(ctx context.Context, key, reason string) (ForceRel
 	if err := validateReason(reason, true); err != nil {
 		return ForceReleased{}, err
 	}
-	var (
-		r      ForceReleased
-		holder *string
-		token  *int64
-	)
-	if c.isClosed() {
-		return ForceReleased{}, fmt.Errorf("leases: force release %q: %w", key, ErrClosed)
-	}
-	conn, err := c.conn(ctx) // fails only when nothing was sent: nothing was released
-	if err != nil {
-		return ForceReleased{}, fmt.Errorf("leases: force release %q: %w", key, err)
-	}
-	err = driver.QueryRow(ctx, conn, driver.Traced(ctx, driver.Stmt{SQL: sqlForceRelease, Args: []any{key, reason}}), &r.Released, &holder, &token, &r.WasLive)
-	conn.Release()
-	if err != nil {
-		return ForceReleased{}, fmt.Errorf("leases: force release %q: %w", key, classify(err))
-	}
-	if holder != nil {
-		r.Holder = *holder
-	}
-	if token != nil {
-		r.Token = *token
+	var r ForceReleased
+	if err := c.write(ctx, fmt.Sprintf("force release %q", key), sqlForceRelease, []any{key, reason},
+		&r.Released, &r.Holder, &r.Token, &r.WasLive); err != nil {
+		return ForceReleased{}, err
 	}
 	if r.Released {
 		c.wake(key)
 		c.emit(event{Kind: eventForceReleased, Key: key, Holder: r.Holder, Token: r.Token})
 	}
 	return r, nil
+}
+
+// Counts is how many lease rows are in each state, by the database clock.
+type Counts struct {
+	// Keys counts every lease row: one per key ever leased.
+	Keys int64
+	// Live counts grants neither released nor expired.
+	Live int64
+	// Expired counts grants past their expiry and never released: their
+	// holders died or lost the database; the next acquire takes them over.
+	Expired int64
+	// Released counts grants their holder (or an operator) released.
+	Released int64
+}
+
+// Count counts the lease rows by state in one statement, without reading
+// them: for health checks on a table too large for [Client.List].
+func (c *Client) Count(ctx context.Context) (Counts, error) {
+	n, err := read(ctx, c, "count", func(row pgx.CollectableRow) (n Counts, err error) {
+		return n, row.Scan(&n.Keys, &n.Live, &n.Expired, &n.Released)
+	}, sqlCount)
+	if err != nil {
+		return Counts{}, err
+	}
+	return n[0], nil
 }

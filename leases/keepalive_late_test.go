@@ -26,8 +26,8 @@ func TestKeepAliveStartedLate(t *testing.T) {
 	pool := proxiedPool(t, db.URL, p, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
 	renewed := make(chan struct{}, 1)
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
-	leases.SetOnEvent(c, func(e leases.Event) {
-		if e.Kind == leases.EventRenewed {
+	leases.SetOnEvent(c, func(e leases.LogEvent) {
+		if e.Kind == leases.LogRenewed {
 			select {
 			case renewed <- struct{}{}:
 			default:

@@ -19,9 +19,9 @@ import (
 func TestAcquireRenewRelease(t *testing.T) {
 	checkLeaks(t)
 	pool := pgfencetest.NewPool(t)
-	var events []leases.Event
+	var events []leases.LogEvent
 	c := newClient(t, pool, nil)
-	leases.SetOnEvent(c, func(e leases.Event) { events = append(events, e) })
+	leases.SetOnEvent(c, func(e leases.LogEvent) { events = append(events, e) })
 	ctx := ctxTimeout(t, 30*time.Second)
 
 	// Renewed by hand: the events below count the renewals.
@@ -82,7 +82,7 @@ func TestAcquireRenewRelease(t *testing.T) {
 	}
 	var got []string
 	for _, e := range hist {
-		got = append(got, e.Event)
+		got = append(got, e.Kind)
 	}
 	if strings.Join(got, ",") != "released,acquired,released,acquired" {
 		t.Fatalf("history newest first: %v", got)
@@ -140,7 +140,7 @@ func TestTryAcquireHeld(t *testing.T) {
 		t.Fatalf("takeover token %d <= %d", l2.Token(), l.Token())
 	}
 	hist, _ = c.History(ctx, "k", 1)
-	if hist[0].Event != "taken_over" || !strings.Contains(hist[0].Reason, l.Holder()) {
+	if hist[0].Kind != "taken_over" || !strings.Contains(hist[0].Reason, l.Holder()) {
 		t.Fatalf("takeover event %+v", hist[0])
 	}
 	// The old holder learns it lost the lease at its next renewal.

@@ -37,8 +37,8 @@ func TestKeepAliveMaxHoldFromGrant(t *testing.T) {
 	// statement prepared while the replies are held would never be sent.
 	pool := proxiedPool(t, db.URL, p, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
-	leases.SetOnEvent(c, func(e leases.Event) {
-		if e.Kind == leases.EventRenewed {
+	leases.SetOnEvent(c, func(e leases.LogEvent) {
+		if e.Kind == leases.LogRenewed {
 			mu.Lock()
 			renewals[e.Holder]++
 			mu.Unlock()

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/pgfence/pgfence/internal/driver"
 )
 
 // Pause is one kill switch: new grants of every key that starts with Prefix
@@ -34,29 +33,11 @@ type Pause struct {
 // pgfence.grant_pause_events. It reports whether the prefix was not paused
 // yet; pausing it again replaces the reason. It needs the pgfence_operator
 // role (see the package documentation).
-func (c *Client) PauseGrants(ctx context.Context, prefix, reason string) (bool, error) {
-	if len(prefix) > MaxKeyBytes {
-		return false, invalid("prefix", "must be at most %d bytes, got %d", MaxKeyBytes, len(prefix))
-	}
-	if err := validText("prefix", prefix); err != nil {
+func (c *Client) PauseGrants(ctx context.Context, prefix, reason string) (added bool, err error) {
+	if err := validatePrefix(prefix, reason, true); err != nil {
 		return false, err
 	}
-	if err := validateReason(reason, true); err != nil {
-		return false, err
-	}
-	if c.isClosed() {
-		return false, fmt.Errorf("leases: pause grants %q: %w", prefix, ErrClosed)
-	}
-	conn, err := c.conn(ctx) // fails only when nothing was sent: nothing was paused
-	if err != nil {
-		return false, fmt.Errorf("leases: pause grants %q: %w", prefix, err)
-	}
-	defer conn.Release()
-	var added bool
-	if err := driver.QueryRow(ctx, conn, driver.Traced(ctx, driver.Stmt{SQL: sqlPause, Args: []any{prefix, reason}}), &added); err != nil {
-		return false, fmt.Errorf("leases: pause grants %q: %w", prefix, classify(err))
-	}
-	return added, nil
+	return added, c.write(ctx, fmt.Sprintf("pause grants %q", prefix), sqlPause, []any{prefix, reason}, &added)
 }
 
 // ResumeGrants lifts the pause of exactly prefix (a pause of a shorter prefix
@@ -65,32 +46,16 @@ func (c *Client) PauseGrants(ctx context.Context, prefix, reason string) (bool, 
 // [Client.Acquire] calls of every client are woken at once (within their
 // poll interval when wake-ups are off or missed). It needs the
 // pgfence_operator role.
-func (c *Client) ResumeGrants(ctx context.Context, prefix, reason string) (bool, error) {
-	if len(prefix) > MaxKeyBytes {
-		return false, invalid("prefix", "must be at most %d bytes, got %d", MaxKeyBytes, len(prefix))
-	}
-	if err := validText("prefix", prefix); err != nil {
+func (c *Client) ResumeGrants(ctx context.Context, prefix, reason string) (removed bool, err error) {
+	if err := validatePrefix(prefix, reason, false); err != nil {
 		return false, err
 	}
-	if err := validateReason(reason, false); err != nil {
-		return false, err
-	}
-	var r *string
+	var r *string // "": none
 	if reason != "" {
 		r = &reason
 	}
-	if c.isClosed() {
-		return false, fmt.Errorf("leases: resume grants %q: %w", prefix, ErrClosed)
-	}
-	conn, err := c.conn(ctx) // fails only when nothing was sent: nothing was resumed
-	if err != nil {
-		return false, fmt.Errorf("leases: resume grants %q: %w", prefix, err)
-	}
-	var removed bool
-	err = driver.QueryRow(ctx, conn, driver.Traced(ctx, driver.Stmt{SQL: sqlResume, Args: []any{prefix, r}}), &removed)
-	conn.Release()
-	if err != nil {
-		return false, fmt.Errorf("leases: resume grants %q: %w", prefix, classify(err))
+	if err := c.write(ctx, fmt.Sprintf("resume grants %q", prefix), sqlResume, []any{prefix, r}, &removed); err != nil {
+		return false, err
 	}
 	if removed {
 		c.wakeAll()
@@ -98,27 +63,20 @@ func (c *Client) ResumeGrants(ctx context.Context, prefix, reason string) (bool,
 	return removed, nil
 }
 
+// validatePrefix checks a paused prefix and the operator's reason.
+func validatePrefix(prefix, reason string, reasonRequired bool) error {
+	if len(prefix) > MaxKeyBytes {
+		return invalid("prefix", "must be at most %d bytes, got %d", MaxKeyBytes, len(prefix))
+	}
+	if err := validText("prefix", prefix); err != nil {
+		return err
+	}
+	return validateReason(reason, reasonRequired)
+}
+
 // Pauses returns the paused prefixes, ordered by prefix.
 func (c *Client) Pauses(ctx context.Context) ([]Pause, error) {
-	if c.isClosed() {
-		return nil, fmt.Errorf("leases: pauses: %w", ErrClosed)
-	}
-	conn, err := c.conn(ctx) // fails only when nothing was sent
-	if err != nil {
-		return nil, fmt.Errorf("leases: pauses: %w", err)
-	}
-	defer conn.Release()
-	rows, err := conn.Query(ctx, sqlPauses)
-	if err != nil {
-		return nil, fmt.Errorf("leases: pauses: %w", classifyRead(ctx, err))
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Pause, error) {
-		var p Pause
-		err := row.Scan(&p.Prefix, &p.PausedBy, &p.Reason, &p.PausedAt)
-		return p, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("leases: pauses: %w", classifyRead(ctx, err))
-	}
-	return out, nil
+	return read(ctx, c, "pauses", func(row pgx.CollectableRow) (p Pause, err error) {
+		return p, row.Scan(&p.Prefix, &p.PausedBy, &p.Reason, &p.PausedAt)
+	}, sqlPauses)
 }

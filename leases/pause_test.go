@@ -219,7 +219,7 @@ func TestClientVersionRecorded(t *testing.T) {
 		t.Errorf("Status.ClientVersion = %q, want %q", st.ClientVersion, leases.ClientVersion())
 	}
 	hist, err := c.History(ctx, "v:go", 1)
-	if err != nil || len(hist) != 1 || hist[0].Event != "acquired" || hist[0].ClientVersion != leases.ClientVersion() {
+	if err != nil || len(hist) != 1 || hist[0].Kind != "acquired" || hist[0].ClientVersion != leases.ClientVersion() {
 		t.Errorf("History = %+v, %v; want the acquired entry with the client version", hist, err)
 	}
 	_ = l.Release(ctx)

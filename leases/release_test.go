@@ -23,8 +23,8 @@ func TestReleaseNotSentKeepsLease(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
 	var renewals atomic.Int64
-	leases.SetOnEvent(c, func(e leases.Event) {
-		if e.Kind == leases.EventRenewed {
+	leases.SetOnEvent(c, func(e leases.LogEvent) {
+		if e.Kind == leases.LogRenewed {
 			renewals.Add(1)
 		}
 	})

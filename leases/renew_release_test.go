@@ -75,8 +75,8 @@ func duringRelease(t *testing.T, call func(context.Context, *leases.Lease) error
 	var mu sync.Mutex
 	var lost []error
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
-	leases.SetOnEvent(c, func(e leases.Event) {
-		if e.Kind == leases.EventLost {
+	leases.SetOnEvent(c, func(e leases.LogEvent) {
+		if e.Kind == leases.LogLost {
 			mu.Lock()
 			lost = append(lost, e.Err)
 			mu.Unlock()
@@ -125,8 +125,8 @@ func TestEventSinkMayReleaseAgain(t *testing.T) {
 		inner   = make(chan error, 1)
 	)
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true})
-	leases.SetOnEvent(c, func(e leases.Event) {
-		if e.Kind != leases.EventLost {
+	leases.SetOnEvent(c, func(e leases.LogEvent) {
+		if e.Kind != leases.LogLost {
 			return
 		}
 		mu.Lock()

@@ -31,7 +31,7 @@ const (
  WHERE key = $1 AND holder = $2::uuid AND token = $3 AND event IN ('released', 'force_released')
  ORDER BY id LIMIT 1`
 
-	sqlForceRelease = `SELECT released, holder::text, token, was_live FROM pgfence.force_release($1, $2)`
+	sqlForceRelease = `SELECT released, coalesce(holder::text, ''), coalesce(token, 0), was_live FROM pgfence.force_release($1, $2)`
 
 	// sqlAbandonGrant and sqlGrantProbe settle a grant attempt whose reply was
 	// lost, in two transactions: the first commits that the attempt is
@@ -41,17 +41,19 @@ const (
 	sqlAbandonGrant = `SELECT pgfence.abandon_grant($1, $2::uuid)`
 	sqlGrantProbe   = `SELECT granted, token, granted_at, expires_at, live FROM pgfence.grant_probe($1, $2::uuid)`
 
-	sqlStatusColumns = `SELECT key, holder::text, token, granted_at, renewed_at, expires_at, released_at,
-       holder_info, live, (extract(epoch FROM remaining) * 1000000)::bigint, coalesce(client_version, '')
-  FROM pgfence.lease_status`
+	sqlStatus = `SELECT ` + statusColumns + ` FROM pgfence.lease_status AS s`
 
-	sqlList = sqlStatusColumns + ` ORDER BY key`
-	sqlGet  = sqlStatusColumns + ` WHERE key = $1`
-
-	sqlHistory = `SELECT id, key, event, holder::text, token, at, coalesce(reason, ''), coalesce(client_version, '')
-  FROM pgfence.lease_events WHERE key = $1 ORDER BY id DESC LIMIT $2`
+	sqlHistory = `SELECT ` + eventColumns + ` FROM pgfence.lease_events AS e WHERE e.key = $1 ORDER BY e.id DESC LIMIT $2`
 
 	sqlListen = `LISTEN ` + notifyChannel + `; LISTEN ` + grantNotifyChannel + `; LISTEN ` + changeNotifyChannel
+
+	// sqlCount counts the rows of pgfence.lease_status by state; immune to
+	// search_path (the view's own body was bound when it was created).
+	sqlCount = `SELECT pg_catalog.count(*),
+       pg_catalog.count(*) FILTER (WHERE live),
+       pg_catalog.count(*) FILTER (WHERE NOT live AND released_at IS NULL),
+       pg_catalog.count(*) FILTER (WHERE released_at IS NOT NULL)
+  FROM pgfence.lease_status`
 
 	sqlPause  = `SELECT pgfence.pause_grants($1, $2)`
 	sqlResume = `SELECT pgfence.resume_grants($1, $2)`

@@ -180,28 +180,16 @@ func (c *Client) adapt(key string, won bool) {
 	c.windows[key] = w
 }
 
-// wakeAll wakes the waiters that poll of every key: notifications may have
-// been missed while the LISTEN connection was down.
+// wakeAll wakes the waiters that poll and the watchers of every key:
+// notifications may have been missed (the LISTEN connection was down), or
+// grants were resumed.
 func (c *Client) wakeAll() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	for key := range c.queues {
 		c.pollers(key, func(w *waiter) { offer(w.wake, struct{}{}) })
 	}
-}
-
-// wakeWatchers asks every watcher to read its key: notifications may have
-// been missed while the LISTEN connection was down.
-func (c *Client) wakeWatchers() {
-	c.mu.Lock()
-	var all []*Watcher
-	for _, ws := range c.watchers {
-		all = append(all, ws...)
-	}
-	c.mu.Unlock() // a watcher takes its own lock, and may take c.mu under it
-	for _, w := range all {
-		w.wake()
-	}
+	c.mu.Unlock()
+	c.watching("", (*Watcher).wake)
 }
 
 // delay is how long the head waiter sleeps after its attempt-th failed try.
@@ -252,7 +240,7 @@ func (c *Client) dispatch(channel, payload string) {
 			return
 		}
 		c.wake(payload)
-		c.wakeWatchersOf(payload)
+		c.watching(payload, (*Watcher).wake)
 	case grantNotifyChannel:
 		micros, key, ok := strings.Cut(payload, ":")
 		if !ok {
@@ -261,15 +249,10 @@ func (c *Client) dispatch(channel, payload string) {
 		if n, err := strconv.ParseInt(micros, 10, 64); err == nil && n > 0 {
 			c.granted(key, time.Duration(n)*time.Microsecond)
 		}
-		c.wakeWatchersOf(key)
+		c.watching(key, (*Watcher).wake)
 	case changeNotifyChannel:
 		c.dispatchChange(payload)
 	}
-}
-
-// wakeWatchersOf asks the watchers of key to read it.
-func (c *Client) wakeWatchersOf(key string) {
-	c.watching(key, func(w *Watcher) { w.wake() })
 }
 
 // listener owns the client's dedicated LISTEN connection. It reconnects with
@@ -322,8 +305,7 @@ func (c *Client) listen(ctx context.Context, l *listener) {
 			return
 		}
 		c.emit(event{Kind: eventListenerDown, Err: err})
-		c.wakeAll() // waiters go back to short polling
-		c.wakeWatchers()
+		c.wakeAll() // waiters and watchers go back to short polling
 		if connected {
 			attempt = 0
 		}
@@ -372,7 +354,6 @@ func (c *Client) listenOnce(ctx context.Context, l *listener) (connected bool, e
 	l.up.Store(true)
 	c.emit(event{Kind: eventListenerUp})
 	c.wakeAll() // releases may have been missed before LISTEN
-	c.wakeWatchers()
 	for {
 		wctx, cancel := context.WithTimeout(ctx, listenerPing)
 		n, err := conn.WaitForNotification(wctx)

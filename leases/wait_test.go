@@ -16,9 +16,9 @@ import (
 
 // events collects a client's events of some kinds on a channel; pass the
 // function to leases.SetOnEvent.
-func events(kinds ...leases.EventKind) (chan leases.Event, func(leases.Event)) {
-	ch := make(chan leases.Event, 100)
-	return ch, func(e leases.Event) {
+func events(kinds ...leases.LogKind) (chan leases.LogEvent, func(leases.LogEvent)) {
+	ch := make(chan leases.LogEvent, 100)
+	return ch, func(e leases.LogEvent) {
 		if slices.Contains(kinds, e.Kind) {
 			select {
 			case ch <- e:
@@ -28,7 +28,7 @@ func events(kinds ...leases.EventKind) (chan leases.Event, func(leases.Event)) {
 	}
 }
 
-func waitEvent(t *testing.T, ch chan leases.Event, kind leases.EventKind, timeout time.Duration) {
+func waitEvent(t *testing.T, ch chan leases.LogEvent, kind leases.LogKind, timeout time.Duration) {
 	t.Helper()
 	deadline := time.After(timeout)
 	for {
@@ -53,7 +53,7 @@ func TestReleaseNotificationWakesWaiter(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	holder := newClient(t, pool, &leases.Config{DisableWakeups: true})
 	p := telemetrytest.New(t)
-	up, onEvent := events(leases.EventListenerUp)
+	up, onEvent := events(leases.LogListenerUp)
 	const poll = time.Minute
 	c := newClient(t, pool, &leases.Config{MeterProvider: p.Meter, TracerProvider: p.Tracer,
 		PollInterval: poll, BackoffMax: poll})
@@ -69,7 +69,7 @@ func TestReleaseNotificationWakesWaiter(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitEvent(t, up, leases.EventListenerUp, 10*time.Second)
+	waitEvent(t, up, leases.LogListenerUp, 10*time.Second)
 
 	// The holder's lease outlasts the test: its expiry wakes nobody.
 	held, err := holder.TryAcquire(ctx, "k", 10*time.Minute, nil)
@@ -110,7 +110,7 @@ func TestListenerLossDegradesToPolling(t *testing.T) {
 	checkLeaks(t)
 	db := pgfencetest.NewDatabase(t)
 	p := newProxy(t, db.URL)
-	ch, onEvent := events(leases.EventListenerUp, leases.EventListenerDown)
+	ch, onEvent := events(leases.LogListenerUp, leases.LogListenerDown)
 	c := newClient(t, proxiedPool(t, db.URL, p), &leases.Config{BackoffMax: 200 * time.Millisecond})
 	leases.SetOnEvent(c, onEvent)
 	holder := newClient(t, db.Pool, &leases.Config{DisableWakeups: true})
@@ -128,7 +128,7 @@ func TestListenerLossDegradesToPolling(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitEvent(t, ch, leases.EventListenerUp, 10*time.Second)
+	waitEvent(t, ch, leases.LogListenerUp, 10*time.Second)
 
 	p.SetRefuse(true) // the listener cannot come back; the pool's open connection still works
 	var n int
@@ -136,7 +136,7 @@ func TestListenerLossDegradesToPolling(t *testing.T) {
 WHERE datname = current_database() AND application_name = $1`, leases.ListenerApplicationName).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("terminated %d listeners: %v", n, err)
 	}
-	waitEvent(t, ch, leases.EventListenerDown, 10*time.Second)
+	waitEvent(t, ch, leases.LogListenerDown, 10*time.Second)
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ WHERE datname = current_database() AND application_name = $1`, leases.ListenerAp
 	}
 
 	p.SetRefuse(false)
-	waitEvent(t, ch, leases.EventListenerUp, 15*time.Second)
+	waitEvent(t, ch, leases.LogListenerUp, 15*time.Second)
 }
 
 // Closing the client ends waiting Acquire calls with ErrClosed and stops the
@@ -200,8 +200,8 @@ func TestCloseRefusesLaterCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	var renewals atomic.Int64
-	leases.SetOnEvent(c, func(e leases.Event) {
-		if e.Kind == leases.EventRenewed {
+	leases.SetOnEvent(c, func(e leases.LogEvent) {
+		if e.Kind == leases.LogRenewed {
 			renewals.Add(1)
 		}
 	})

@@ -15,49 +15,32 @@ import (
 	"time"
 )
 
-// WatchKind says what a [WatchEvent] is.
-type WatchKind string
-
-// Watch event kinds. The first five are transitions the database recorded in
-// the key's history (pgfence.lease_events); WatchExpired and WatchGap are what
-// the watcher saw.
-const (
-	// WatchAcquired: a grant of a free key (Holder, Token, HolderInfo are the
-	// new grant's).
-	WatchAcquired WatchKind = "acquired"
-	// WatchTakenOver: a grant of a key whose previous grant had expired
-	// without a release (its holder died or lost the database); Reason names
-	// the expired grant.
-	WatchTakenOver WatchKind = "taken_over"
-	// WatchReleased: the holder released its grant.
-	WatchReleased WatchKind = "released"
-	// WatchForceReleased: an operator ended the grant; Reason is theirs.
-	WatchForceReleased WatchKind = "force_released"
-	// WatchInfoChanged: the holder changed its holder info
-	// ([Lease.SetHolderInfo]).
-	WatchInfoChanged WatchKind = "info_changed"
-	// WatchExpired: the watcher read the key and found its grant expired and
-	// not released: nobody holds it until the next grant (which will be a
-	// taken_over). At is the grant's expiry by the database clock; ID is 0.
-	// A grant taken over before the watcher read it gets no WatchExpired: the
-	// taken_over event says it.
-	WatchExpired WatchKind = "expired"
-	// WatchGap: the database pruned events this watcher had not read yet (it
-	// keeps about the newest 100 per key): some transitions were missed
-	// between the previous event and the next one. ID is 0.
-	WatchGap WatchKind = "gap"
-)
-
-// WatchEvent is one transition of a watched key.
-type WatchEvent struct {
+// Event is one transition of a key: one the database recorded
+// (pgfence.lease_events), as [Client.History] returns it and [Client.Watch]
+// streams it, or one a watcher observed (expired, gap).
+type Event struct {
 	// ID orders the events of a key (pgfence.lease_events.id; later is
-	// larger). Pass the last one seen as [WatchOptions.After] to resume. It
-	// is 0 for WatchExpired and WatchGap.
+	// larger). It is 0 for expired and gap.
 	ID int64
-	// Kind says what happened.
-	Kind WatchKind
-	// Key is the watched key.
+	// Key is the lease key.
 	Key string
+	// Kind says what happened:
+	//   - "acquired": a grant of a free key.
+	//   - "taken_over": a grant of a key whose previous grant had expired
+	//     without a release (its holder died or lost the database); Reason
+	//     names the expired grant.
+	//   - "released": the holder released its grant.
+	//   - "force_released": an operator ended the grant; Reason is theirs.
+	//   - "info_changed": the holder changed its holder info
+	//     ([Lease.SetHolderInfo]).
+	//   - "expired" (a watch only): the watcher read the key and found its
+	//     grant expired and not released: nobody holds it until the next
+	//     grant (a taken_over). At is the grant's expiry. A grant taken over
+	//     before the watcher read it gets none: the taken_over says it.
+	//   - "gap" (a watch only): the database pruned events the watcher had
+	//     not read yet (it keeps about the newest 100 per key): some
+	//     transitions were missed between the previous event and the next.
+	Kind string
 	// Holder and Token identify the grant the event is about.
 	Holder string
 	Token  int64
@@ -69,31 +52,27 @@ type WatchEvent struct {
 	At time.Time
 	// Reason says more: the expired grant for taken_over, the operator's
 	// reason for force_released, "released after expiry" for a release that
-	// came too late.
+	// came after the grant had expired.
 	Reason string
+	// ClientVersion is the granting client's library version on acquired and
+	// taken_over events (see [Status.ClientVersion]); empty otherwise.
+	ClientVersion string
 }
 
 // Granted reports whether e is a new grant (acquired or taken_over).
-func (e WatchEvent) Granted() bool { return e.Kind == WatchAcquired || e.Kind == WatchTakenOver }
+func (e Event) Granted() bool { return e.Kind == "acquired" || e.Kind == "taken_over" }
 
 // Ended reports whether e ends a grant (released, force_released, expired).
-func (e WatchEvent) Ended() bool {
-	return e.Kind == WatchReleased || e.Kind == WatchForceReleased || e.Kind == WatchExpired
+func (e Event) Ended() bool {
+	return e.Kind == "released" || e.Kind == "force_released" || e.Kind == "expired"
 }
 
 // WatchOptions tunes [Client.Watch]. A nil *WatchOptions uses the defaults.
 type WatchOptions struct {
-	// After resumes after the event with this ID (a [WatchEvent.ID] seen
-	// before): every later event still in the history comes first. If the
-	// key's history no longer holds that event (pruned), the watch starts
-	// with one [WatchGap], then the key's events after it. Zero: see
-	// History.
-	After int64
 	// History replays up to this many of the key's newest events first (the
-	// database keeps about 100); it cannot be combined with After. Zero (and
-	// no After): the watch starts with
-	// the events of the key's current (or last) grant, so the first event
-	// says who holds it.
+	// database keeps about 100). Zero: the watch starts with the events of
+	// the key's current (or last) grant, so the first event says who holds
+	// it.
 	History int
 	// PollInterval is the longest time between two reads of a free key
 	// while wake-ups (LISTEN, see [Config.DisableWakeups]) work: it bounds
@@ -131,7 +110,7 @@ type Watcher struct {
 	c      *Client
 	key    string
 	opts   WatchOptions
-	events chan WatchEvent
+	events chan Event
 	signal chan struct{} // a wake-up or an announced expiry (buffered, 1)
 	reads  atomic.Int64  // reads sent (for tests)
 
@@ -162,7 +141,7 @@ type Watcher struct {
 // announces its renewals (a free key is read every
 // [WatchOptions.PollInterval]); it reads the key when a grant, release or change is announced, and when
 // the holder's lease runs out. The events of a key are consecutive, none
-// missing, unless the database pruned them first ([WatchGap]).
+// missing, unless the database pruned them first (a gap event).
 //
 // Members of pgfence_app see only the keys under prefixes granted to their
 // role (others look never leased).
@@ -174,13 +153,8 @@ func (c *Client) Watch(ctx context.Context, key string, opts *WatchOptions) (*Wa
 	if opts != nil {
 		o = *opts
 	}
-	switch {
-	case o.After < 0:
-		return nil, invalid("WatchOptions.After", "must not be negative, got %d", o.After)
-	case o.History < 0:
+	if o.History < 0 {
 		return nil, invalid("WatchOptions.History", "must not be negative, got %d", o.History)
-	case o.After > 0 && o.History > 0:
-		return nil, invalid("WatchOptions.History", "cannot be combined with After (%d): After already says where the watch starts", o.After)
 	}
 	if err := checkInterval("WatchOptions.PollInterval", o.PollInterval); err != nil {
 		return nil, err
@@ -188,16 +162,21 @@ func (c *Client) Watch(ctx context.Context, key string, opts *WatchOptions) (*Wa
 	if c.isClosed() {
 		return nil, ErrClosed
 	}
-	w := &Watcher{c: c, key: key, opts: o, events: make(chan WatchEvent), signal: make(chan struct{}, 1)}
+	w := &Watcher{c: c, key: key, opts: o, events: make(chan Event), signal: make(chan struct{}, 1)}
 	c.startListener()
-	c.addWatcher(w)
+	c.mu.Lock()
+	if c.watchers == nil {
+		c.watchers = make(map[string][]*Watcher)
+	}
+	c.watchers[key] = append(c.watchers[key], w)
+	c.mu.Unlock()
 	go w.run(ctx)
 	return w, nil
 }
 
 // Events delivers the key's transitions; it is closed when the watch's
 // context ends or the client is closed.
-func (w *Watcher) Events() <-chan WatchEvent { return w.events }
+func (w *Watcher) Events() <-chan Event { return w.events }
 
 // State returns what the watcher read last.
 func (w *Watcher) State() WatchState {
@@ -256,22 +235,18 @@ func (w *Watcher) renewed(r renewal) {
 }
 
 const (
-	sqlWatchFromGrant = `SELECT COALESCE(pg_catalog.max(e.id), 0) FROM pgfence.lease_events AS e
- WHERE e.key = $1 AND e.event IN ('acquired', 'taken_over')`
-	sqlWatchHistory = `SELECT COALESCE(pg_catalog.min(t.id), 0)
-  FROM (SELECT e.id FROM pgfence.lease_events AS e WHERE e.key = $1 ORDER BY e.id DESC LIMIT $2) AS t`
+	// sqlWatchStart is the id a watch starts from: the oldest of the key's
+	// newest $2 events, or (with $2 = 0) the current or last grant's.
+	sqlWatchStart = `SELECT COALESCE(CASE WHEN $2 > 0
+  THEN (SELECT pg_catalog.min(t.id) FROM (SELECT e.id FROM pgfence.lease_events AS e WHERE e.key = $1 ORDER BY e.id DESC LIMIT $2) AS t)
+  ELSE (SELECT pg_catalog.max(e.id) FROM pgfence.lease_events AS e WHERE e.key = $1 AND e.event IN ('acquired', 'taken_over')) END, 0)`
 	// sqlWatch reads the key's lease row and its events from id $2 on (at
 	// most $3), in one statement, so both come from one snapshot. Without a
-	// lease row or events, it returns one row of NULLs.
-	sqlWatch = `SELECT s.key, s.holder::text, s.token, s.granted_at, s.renewed_at, s.expires_at, s.released_at,
-       s.holder_info, s.live, (EXTRACT(epoch FROM s.remaining) * 1000000)::bigint, s.client_version,
-       e.id, e.event, e.holder::text, e.token, e.at, e.reason, e.holder_info
+	// lease row or events, it returns one row of NULLs (coalesced).
+	sqlWatch = `SELECT ` + statusColumns + `, ` + eventColumns + `
   FROM (SELECT 1) AS one
   LEFT JOIN pgfence.lease_status AS s ON s.key = $1
-  LEFT JOIN LATERAL (SELECT x.id, x.event, x.holder, x.token, x.at, x.reason, x.holder_info
-                       FROM pgfence.lease_events AS x
-                      WHERE x.key = $1 AND x.id >= $2
-                      ORDER BY x.id LIMIT $3) AS e ON true
+  LEFT JOIN LATERAL (SELECT * FROM pgfence.lease_events AS x WHERE x.key = $1 AND x.id >= $2 ORDER BY x.id LIMIT $3) AS e ON true
  ORDER BY e.id`
 	// sqlWatchKept says whether the key still has events up to id $2.
 	sqlWatchKept = `SELECT EXISTS (SELECT 1 FROM pgfence.lease_events AS e WHERE e.key = $1 AND e.id <= $2)`
@@ -279,7 +254,7 @@ const (
 )
 
 // read is one read: the lease row, and the events from id from on.
-func (w *Watcher) read(ctx context.Context, from int64) (st Status, evs []WatchEvent, err error) {
+func (w *Watcher) read(ctx context.Context, from int64) (st Status, evs []Event, err error) {
 	conn, err := w.c.conn(ctx) // fails only when nothing was sent
 	if err != nil {
 		return st, nil, err
@@ -293,26 +268,15 @@ func (w *Watcher) read(ctx context.Context, from int64) (st Status, evs []WatchE
 	defer rows.Close()
 	for rows.Next() {
 		var (
-			key, holder, info, version          *string
-			token, remaining                    *int64
-			granted, renewed, expires, released *time.Time
-			live                                *bool
-			id, etoken                          *int64
-			event, eholder, reason, einfo       *string
-			at                                  *time.Time
+			s statusRow
+			e Event
 		)
-		if err := rows.Scan(&key, &holder, &token, &granted, &renewed, &expires, &released, &info, &live, &remaining, &version,
-			&id, &event, &eholder, &etoken, &at, &reason, &einfo); err != nil {
+		if err := rows.Scan(append(s.dest(), e.dest()...)...); err != nil {
 			return st, nil, classifyRead(ctx, err)
 		}
-		if key != nil && st.Key == "" {
-			st = Status{Key: *key, Holder: deref(holder), Token: deref(token), GrantedAt: deref(granted), RenewedAt: deref(renewed),
-				ExpiresAt: deref(expires), ReleasedAt: deref(released), HolderInfo: deref(info), Live: deref(live),
-				Remaining: time.Duration(deref(remaining)) * time.Microsecond, ClientVersion: deref(version)}
-		}
-		if id != nil {
-			evs = append(evs, WatchEvent{ID: *id, Kind: WatchKind(deref(event)), Key: w.key, Holder: deref(eholder), Token: deref(etoken),
-				HolderInfo: deref(einfo), At: deref(at), Reason: deref(reason)})
+		st = s.status()
+		if e.ID != 0 {
+			evs = append(evs, e)
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -321,34 +285,12 @@ func (w *Watcher) read(ctx context.Context, from int64) (st Status, evs []WatchE
 	return st, evs, nil
 }
 
-func deref[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
-}
-
-// start finds the id the watch starts from (without After).
-func (w *Watcher) start(ctx context.Context) (int64, error) {
-	var start int64
-	var err error
-	switch {
-	case w.opts.History > 0:
-		err = w.c.pool.QueryRow(ctx, sqlWatchHistory, w.key, w.opts.History).Scan(&start)
-	default:
-		err = w.c.pool.QueryRow(ctx, sqlWatchFromGrant, w.key).Scan(&start)
-	}
-	if err != nil {
-		return 0, classifyRead(ctx, err)
-	}
-	return start, nil
-}
-
 func (w *Watcher) run(ctx context.Context) {
 	defer close(w.events)
-	defer w.c.removeWatcher(w)
 	defer func() {
+		w.c.mu.Lock()
+		w.c.watchers[w.key] = slices.DeleteFunc(w.c.watchers[w.key], func(x *Watcher) bool { return x == w })
+		w.c.mu.Unlock()
 		// Ended by Close, not by its context: State says so.
 		if ctx.Err() == nil && w.c.isClosed() {
 			w.mu.Lock()
@@ -358,13 +300,13 @@ func (w *Watcher) run(ctx context.Context) {
 	}()
 	var (
 		started   bool
-		from      int64      // events from this id on are new, until one is delivered
-		last      int64      // the last event delivered, 0 before the first
-		lastGrant WatchEvent // the newest grant delivered
-		expired   int64      // the token whose expiry was delivered
+		from      int64 // events from this id on are new, until one is delivered
+		last      int64 // the last event delivered, 0 before the first
+		lastGrant Event // the newest grant delivered
+		expired   int64 // the token whose expiry was delivered
 		failures  int
 	)
-	send := func(e WatchEvent) bool {
+	send := func(e Event) bool {
 		select {
 		case w.events <- e:
 			return true
@@ -380,15 +322,11 @@ func (w *Watcher) run(ctx context.Context) {
 		w.mu.Unlock()
 		var (
 			st  Status
-			evs []WatchEvent
+			evs []Event
 			err error
 		)
 		if !started {
-			if w.opts.After > 0 {
-				last = w.opts.After // as if delivered: the next one follows it
-			} else {
-				from, err = w.start(ctx)
-			}
+			err = classifyRead(ctx, w.c.pool.QueryRow(ctx, sqlWatchStart, w.key, w.opts.History).Scan(&from))
 			started = err == nil
 		}
 		if err == nil {
@@ -404,7 +342,7 @@ func (w *Watcher) run(ctx context.Context) {
 			w.mu.Lock()
 			w.state.Err = fmt.Errorf("leases: watch %q: %w", w.key, err)
 			w.mu.Unlock()
-			if !w.sleep(ctx, fullJitter(capped(w.c.cfg.BackoffMin, failures, w.poll()))) {
+			if !w.wait(ctx, max(time.Millisecond, fullJitter(capped(w.c.cfg.BackoffMin, failures, w.poll())))) {
 				return
 			}
 			continue
@@ -415,7 +353,7 @@ func (w *Watcher) run(ctx context.Context) {
 			if len(evs) > 0 && evs[0].ID == last {
 				evs = evs[1:]
 			} else if pruned, perr := w.pruned(ctx, last); perr == nil && pruned {
-				if !send(WatchEvent{Kind: WatchGap, Key: w.key}) {
+				if !send(Event{Kind: "gap", Key: w.key}) {
 					return
 				}
 				// Said once: from here on the watch goes on after the lost
@@ -449,14 +387,11 @@ func (w *Watcher) run(ctx context.Context) {
 		}
 		if st.Key != "" && !st.Live && st.ReleasedAt.IsZero() && st.Token >= lastGrant.Token && expired != st.Token {
 			expired = st.Token
-			if !send(WatchEvent{Kind: WatchExpired, Key: w.key, Holder: st.Holder, Token: st.Token, HolderInfo: st.HolderInfo, At: st.ExpiresAt}) {
+			if !send(Event{Kind: "expired", Key: w.key, Holder: st.Holder, Token: st.Token, HolderInfo: st.HolderInfo, At: st.ExpiresAt}) {
 				return
 			}
 		}
-		if more {
-			continue // more events wait
-		}
-		if !w.wait(ctx) {
+		if !more && !w.wait(ctx, 0) {
 			return
 		}
 	}
@@ -499,11 +434,12 @@ func (w *Watcher) poll() time.Duration {
 }
 
 // wait waits until the next read is due: a wake-up, the current grant's
-// expiry (plus a jitter), or the poll interval after the last read. It
-// returns false when the watch ends.
-func (w *Watcher) wait(ctx context.Context) bool {
+// expiry (plus a jitter), the poll interval after the last read, or (after
+// a failed read) retry. It returns false when the watch ends.
+func (w *Watcher) wait(ctx context.Context, retry time.Duration) bool {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	retryAt := w.c.now().Add(retry)
 	for {
 		poll, listening := w.poll(), w.c.listening() // take the client's lock: not under w.mu
 		w.mu.Lock()
@@ -523,6 +459,9 @@ func (w *Watcher) wait(ctx context.Context) bool {
 			}
 		}
 		w.mu.Unlock()
+		if retry > 0 {
+			d = min(d, w.c.until(retryAt))
+		}
 		if d <= 0 {
 			return true
 		}
@@ -545,53 +484,17 @@ func (w *Watcher) wait(ctx context.Context) bool {
 	}
 }
 
-// sleep sleeps for d unless a wake-up comes first; false when the watch ends.
-func (w *Watcher) sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(max(d, time.Millisecond))
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-w.c.closing:
-		return false
-	case <-w.signal:
-		return true
-	case <-t.C:
-		return true
-	}
-}
-
-func (c *Client) addWatcher(w *Watcher) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.watchers == nil {
-		c.watchers = make(map[string][]*Watcher)
-	}
-	c.watchers[w.key] = append(c.watchers[w.key], w)
-}
-
-func (c *Client) removeWatcher(w *Watcher) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ws := c.watchers[w.key]
-	for i, x := range ws {
-		if x == w {
-			ws = append(ws[:i], ws[i+1:]...)
-			break
-		}
-	}
-	if len(ws) == 0 {
-		delete(c.watchers, w.key)
-	} else {
-		c.watchers[w.key] = ws
-	}
-}
-
-// watching calls f for every watcher of key, without holding c.mu (a
-// watcher takes its own lock, and may take c.mu under it).
+// watching calls f for every watcher of key (of every key when key is ""),
+// without holding c.mu (a watcher takes its own lock, and may take c.mu
+// under it).
 func (c *Client) watching(key string, f func(*Watcher)) {
 	c.mu.Lock()
 	ws := slices.Clone(c.watchers[key])
+	if key == "" {
+		for _, kw := range c.watchers {
+			ws = append(ws, kw...)
+		}
+	}
 	c.mu.Unlock()
 	for _, w := range ws {
 		f(w)
@@ -602,45 +505,26 @@ func (c *Client) watching(key string, f func(*Watcher)) {
 // "renewed:<remaining µs>:<token>:<expiry µs>:<tag>:<key>" or
 // "<event>:<remaining µs>:<key>". A renewal that does not parse is ignored.
 func (c *Client) dispatchChange(payload string) {
-	event, rest, ok := strings.Cut(payload, ":")
-	if !ok {
+	f := strings.SplitN(payload, ":", 3)
+	if len(f) != 3 {
 		return
 	}
-	micros, rest, ok := strings.Cut(rest, ":")
-	if !ok {
+	if n, err := strconv.ParseInt(f[1], 10, 64); err != nil || n < 0 {
 		return
 	}
-	if n, err := strconv.ParseInt(micros, 10, 64); err != nil || n < 0 {
+	if f[0] != "renewed" {
+		c.watching(f[2], (*Watcher).wake)
 		return
 	}
-	if event != "renewed" {
-		c.wakeWatchersOf(rest)
+	// "<token>:<expiry µs>:<tag>:<key>"
+	r := strings.SplitN(f[2], ":", 4)
+	if len(r) != 4 {
 		return
 	}
-	r, key, ok := parseRenewal(rest)
-	if !ok {
-		return
+	token, err1 := strconv.ParseInt(r[0], 10, 64)
+	expiry, err2 := strconv.ParseInt(r[1], 10, 64)
+	tag, err3 := hex.DecodeString(r[2])
+	if err1 == nil && err2 == nil && err3 == nil {
+		c.watching(r[3], func(w *Watcher) { w.renewed(renewal{token: token, expiry: expiry, tag: tag}) })
 	}
-	c.watching(key, func(w *Watcher) { w.renewed(r) })
-}
-
-// parseRenewal parses "<token>:<expiry µs>:<tag>:<key>".
-func parseRenewal(s string) (r renewal, key string, ok bool) {
-	token, s, ok1 := strings.Cut(s, ":")
-	expiry, s, ok2 := strings.Cut(s, ":")
-	tag, key, ok3 := strings.Cut(s, ":")
-	if !ok1 || !ok2 || !ok3 {
-		return r, "", false
-	}
-	var err error
-	if r.token, err = strconv.ParseInt(token, 10, 64); err != nil {
-		return r, "", false
-	}
-	if r.expiry, err = strconv.ParseInt(expiry, 10, 64); err != nil {
-		return r, "", false
-	}
-	if r.tag, err = hex.DecodeString(tag); err != nil {
-		return r, "", false
-	}
-	return r, key, true
 }

@@ -18,7 +18,7 @@ import (
 )
 
 // next returns the watcher's next event, failing after d.
-func next(t *testing.T, w *leases.Watcher, d time.Duration) leases.WatchEvent {
+func next(t *testing.T, w *leases.Watcher, d time.Duration) leases.Event {
 	t.Helper()
 	select {
 	case e, ok := <-w.Events():
@@ -29,7 +29,7 @@ func next(t *testing.T, w *leases.Watcher, d time.Duration) leases.WatchEvent {
 	case <-time.After(d):
 		t.Fatalf("no watch event within %s (state %+v)", d, w.State())
 	}
-	return leases.WatchEvent{}
+	return leases.Event{}
 }
 
 // stopWatch ends a watch and waits until its channel is closed.
@@ -64,19 +64,19 @@ func TestWatchSeesEveryTransition(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := next(t, w, 5*time.Second)
-	if e.Kind != leases.WatchAcquired || e.Holder != a.Holder() || e.Token != a.Token() || e.HolderInfo != "host-a" || e.At.Before(a.GrantedAt()) {
+	if e.Kind != "acquired" || e.Holder != a.Holder() || e.Token != a.Token() || e.HolderInfo != "host-a" || e.At.Before(a.GrantedAt()) {
 		t.Fatalf("first event %+v, want a's grant (token %d, holder info host-a, at %v)", e, a.Token(), a.GrantedAt())
 	}
 	if _, err := a.SetHolderInfo(ctx, "host-a:8080"); err != nil {
 		t.Fatal(err)
 	}
-	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchInfoChanged || e.HolderInfo != "host-a:8080" || e.Token != a.Token() {
+	if e := next(t, w, 5*time.Second); e.Kind != "info_changed" || e.HolderInfo != "host-a:8080" || e.Token != a.Token() {
 		t.Fatalf("after SetHolderInfo: %+v", e)
 	}
 	if err := a.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchReleased || e.Token != a.Token() || !e.Ended() {
+	if e := next(t, w, 5*time.Second); e.Kind != "released" || e.Token != a.Token() || !e.Ended() {
 		t.Fatalf("after Release: %+v", e)
 	}
 
@@ -86,7 +86,7 @@ func TestWatchSeesEveryTransition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchAcquired || e.Token != b.Token() || e.HolderInfo != "host-b" {
+	if e := next(t, w, 5*time.Second); e.Kind != "acquired" || e.Token != b.Token() || e.HolderInfo != "host-b" {
 		t.Fatalf("b's grant: %+v", e)
 	}
 	backdate(t, db.Pool, "leader", 0)
@@ -96,20 +96,20 @@ func TestWatchSeesEveryTransition(t *testing.T) {
 		t.Fatal(err)
 	}
 	e = next(t, w, 5*time.Second)
-	if e.Kind != leases.WatchExpired || e.Token != b.Token() || e.ID != 0 || e.HolderInfo != "host-b" {
+	if e.Kind != "expired" || e.Token != b.Token() || e.ID != 0 || e.HolderInfo != "host-b" {
 		t.Fatalf("after b's expiry: %+v", e)
 	}
 	c, err := holders.TryAcquire(ctx, "leader", time.Minute, announce)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchTakenOver || e.Token != c.Token() || e.Reason == "" {
+	if e := next(t, w, 5*time.Second); e.Kind != "taken_over" || e.Token != c.Token() || e.Reason == "" {
 		t.Fatalf("c's takeover: %+v", e)
 	}
 	if _, err := holders.ForceRelease(ctx, "leader", "drill"); err != nil {
 		t.Fatal(err)
 	}
-	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchForceReleased || e.Reason != "drill" {
+	if e := next(t, w, 5*time.Second); e.Kind != "force_released" || e.Reason != "drill" {
 		t.Fatalf("after ForceRelease: %+v", e)
 	}
 	if st := w.State(); st.Err != nil || st.Lease.Live || st.Lease.Token != c.Token() {
@@ -181,7 +181,7 @@ func TestWatchFollowsAnnouncedRenewals(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitListening(t, watching, db.Pool)
-		if e := next(t, w, 5*time.Second); e.Kind != leases.WatchAcquired {
+		if e := next(t, w, 5*time.Second); e.Kind != "acquired" {
 			t.Fatalf("%s: first event %+v", key, e)
 		}
 		// Reads the listener's (re)connection asked for are done by now.
@@ -240,7 +240,7 @@ func TestWatchIgnoresForgedRenewals(t *testing.T) {
 	}
 	defer stopWatch(cancel, w)
 	waitListening(t, watching, db.Pool)
-	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchAcquired {
+	if e := next(t, w, 5*time.Second); e.Kind != "acquired" {
 		t.Fatalf("first event %+v", e)
 	}
 	var genuine []string
@@ -291,7 +291,7 @@ func TestWatchIgnoresForgedRenewals(t *testing.T) {
 	if err := <-forgerDone; err != nil {
 		t.Fatal(err)
 	}
-	if e.Kind != leases.WatchExpired || e.Token != token {
+	if e.Kind != "expired" || e.Token != token {
 		t.Fatalf("after the forgeries: %+v, want the grant's expiry", e)
 	}
 	if late := time.Since(lastExpiry); late > 5*time.Second {
@@ -327,17 +327,17 @@ func TestWatchPollsWithoutWakeups(t *testing.T) {
 		}
 	}
 	for _, token := range tokens {
-		if e := next(t, w, 5*time.Second); e.Kind != leases.WatchAcquired || e.Token != token {
+		if e := next(t, w, 5*time.Second); e.Kind != "acquired" || e.Token != token {
 			t.Fatalf("got %+v, want the grant of token %d", e, token)
 		}
-		if e := next(t, w, 5*time.Second); e.Kind != leases.WatchReleased || e.Token != token {
+		if e := next(t, w, 5*time.Second); e.Kind != "released" || e.Token != token {
 			t.Fatalf("got %+v, want the release of token %d", e, token)
 		}
 	}
 }
 
-// History replays the newest events; After resumes after an event, and
-// says so when the history was pruned past it.
+// History replays the newest events; by default the watch starts at the
+// last grant.
 func TestWatchReplay(t *testing.T) {
 	checkLeaks(t)
 	pool := pgfencetest.NewPool(t)
@@ -361,7 +361,7 @@ func TestWatchReplay(t *testing.T) {
 		ids = append(ids, hist[i].ID)
 	}
 
-	watch := func(opts *leases.WatchOptions, n int) []leases.WatchEvent {
+	watch := func(opts *leases.WatchOptions, n int) []leases.Event {
 		t.Helper()
 		wctx, cancel := context.WithCancel(ctx)
 		w, err := c.Watch(wctx, "k", opts)
@@ -369,7 +369,7 @@ func TestWatchReplay(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer stopWatch(cancel, w)
-		var got []leases.WatchEvent
+		var got []leases.Event
 		for range n {
 			got = append(got, next(t, w, 5*time.Second))
 		}
@@ -378,31 +378,30 @@ func TestWatchReplay(t *testing.T) {
 	if got := watch(&leases.WatchOptions{History: 3}, 3); got[0].ID != ids[3] || got[2].ID != ids[5] {
 		t.Errorf("History 3: %+v, want ids %v", got, ids[3:])
 	}
-	if got := watch(&leases.WatchOptions{After: ids[1]}, 4); got[0].ID != ids[2] || got[3].ID != ids[5] {
-		t.Errorf("After %d: %+v, want ids %v", ids[1], got, ids[2:])
-	}
 	// The default starts at the last grant.
-	if got := watch(nil, 2); got[0].ID != ids[4] || got[0].Kind != leases.WatchAcquired || got[1].ID != ids[5] {
+	if got := watch(nil, 2); got[0].ID != ids[4] || got[0].Kind != "acquired" || got[1].ID != ids[5] {
 		t.Errorf("from the last grant: %+v, want ids %v", got, ids[4:])
-	}
-	if _, err := pool.Exec(ctx, `SELECT pgfence.prune_lease_events('k', 2)`); err != nil {
-		t.Fatal(err)
-	}
-	got := watch(&leases.WatchOptions{After: ids[1]}, 3)
-	if got[0].Kind != leases.WatchGap || got[1].ID != ids[4] {
-		t.Errorf("After a pruned event: %+v, want a gap, then ids %v", got, ids[4:])
 	}
 }
 
-// A watch resumed after an event the key's history no longer holds reports
-// the gap once, then goes on with the key's events: it does not report the
-// gap again at every read. After and History together are refused.
+// When the database prunes the events a watcher has not read yet (past the
+// last one it delivered), the watch reports the gap once, then goes on with
+// the key's events: it does not report the gap again at every read.
 func TestWatchReportsAGapOnce(t *testing.T) {
 	checkLeaks(t)
 	pool := pgfencetest.NewPool(t)
 	// Without wake-ups a watcher reads every BackoffMax.
 	c := newClient(t, pool, &leases.Config{DisableWakeups: true, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond})
 	ctx := ctxTimeout(t, time.Minute)
+	if _, err := c.Watch(ctx, "gap", &leases.WatchOptions{History: -1}); !errors.Is(err, pgfence.ErrInvalid) {
+		t.Fatalf("negative History: %v, want ErrInvalid", err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	w, err := c.Watch(wctx, "gap", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopWatch(cancel, w)
 	l, err := c.TryAcquire(ctx, "gap", time.Minute, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -410,25 +409,16 @@ func TestWatchReportsAGapOnce(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	hist, err := c.History(ctx, "gap", 10)
-	if err != nil || len(hist) != 2 {
-		t.Fatalf("history %+v %v", hist, err)
+	for _, kind := range []string{"acquired", "released"} {
+		if e := next(t, w, 5*time.Second); e.Kind != kind {
+			t.Fatalf("got %+v, want %s", e, kind)
+		}
 	}
 	if _, err := pool.Exec(ctx, `SELECT pgfence.prune_lease_events('gap', 0)`); err != nil {
 		t.Fatal(err)
 	}
-
-	if _, err := c.Watch(ctx, "gap", &leases.WatchOptions{After: hist[0].ID, History: 5}); !errors.Is(err, pgfence.ErrInvalid) {
-		t.Fatalf("After with History: %v, want ErrInvalid", err)
-	}
-	wctx, cancel := context.WithCancel(ctx)
-	w, err := c.Watch(wctx, "gap", &leases.WatchOptions{After: hist[0].ID, PollInterval: 5 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stopWatch(cancel, w)
-	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchGap {
-		t.Fatalf("first event %+v, want a gap", e)
+	if e := next(t, w, 5*time.Second); e.Kind != "gap" {
+		t.Fatalf("after the history was pruned: %+v, want a gap", e)
 	}
 	// Events is unbuffered: a second gap would stop the reads until taken.
 	reads := leases.WatchReads(w)
@@ -448,13 +438,13 @@ func TestWatchReportsAGapOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchAcquired || e.Token != l.Token() {
+	if e := next(t, w, 5*time.Second); e.Kind != "acquired" || e.Token != l.Token() {
 		t.Fatalf("after the gap: %+v, want the grant of token %d", e, l.Token())
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if e := next(t, w, 5*time.Second); e.Kind != leases.WatchReleased {
+	if e := next(t, w, 5*time.Second); e.Kind != "released" {
 		t.Fatalf("after the grant: %+v, want its release", e)
 	}
 }
@@ -527,7 +517,7 @@ func TestWatchUnderNotificationStorm(t *testing.T) {
 	}
 	waitListening(t, c, db.Pool)
 	for _, w := range ws {
-		if e := next(t, w, 5*time.Second); e.Kind != leases.WatchAcquired {
+		if e := next(t, w, 5*time.Second); e.Kind != "acquired" {
 			t.Fatalf("first event %+v", e)
 		}
 	}
@@ -558,7 +548,7 @@ func TestWatchUnderNotificationStorm(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, w := range ws {
-		if e := next(t, w, 20*time.Second); e.Kind != leases.WatchReleased {
+		if e := next(t, w, 20*time.Second); e.Kind != "released" {
 			t.Fatalf("after the storm: %+v", e)
 		}
 	}

@@ -175,7 +175,7 @@ func leasesShow(fs *flag.FlagSet) runFunc {
 		hist = hist[:min(len(hist), *history)]
 		out := leaseShowJSON{Lease: newLeaseJSON(l), History: make([]historyJSON, 0, len(hist))}
 		for _, h := range hist {
-			out.History = append(out.History, historyJSON{ID: h.ID, At: h.At.UTC(), Event: h.Event, Token: h.Token, Holder: h.Holder, Reason: h.Reason, ClientVersion: h.ClientVersion})
+			out.History = append(out.History, historyJSON{ID: h.ID, At: h.At.UTC(), Event: h.Kind, Token: h.Token, Holder: h.Holder, Reason: h.Reason, ClientVersion: h.ClientVersion})
 		}
 		return in.print(out, func(w io.Writer) {
 			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -199,10 +199,10 @@ func leasesShow(fs *flag.FlagSet) runFunc {
 			fmt.Fprintln(tw, "AT\tEVENT\tTOKEN\tHOLDER\tCLIENT\tREASON")
 			for _, h := range hist {
 				client := "-"
-				if h.Event == "acquired" || h.Event == "taken_over" {
+				if h.Granted() {
 					client = clientVersion(h.ClientVersion)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", stamp(h.At), h.Event, h.Token, h.Holder, cell(client), cell(h.Reason))
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", stamp(h.At), h.Kind, h.Token, h.Holder, cell(client), cell(h.Reason))
 			}
 			tw.Flush()
 		})

@@ -115,14 +115,14 @@ func leasesWatch(fs *flag.FlagSet) runFunc {
 	}
 }
 
-func newWatchEventJSON(e leases.WatchEvent) watchEventJSON {
-	return watchEventJSON{ID: e.ID, At: optionalTime(e.At), Event: string(e.Kind), Key: e.Key, Token: e.Token,
+func newWatchEventJSON(e leases.Event) watchEventJSON {
+	return watchEventJSON{ID: e.ID, At: optionalTime(e.At), Event: e.Kind, Key: e.Key, Token: e.Token,
 		Holder: e.Holder, HolderInfo: e.HolderInfo, Reason: e.Reason}
 }
 
 // printWatchEvent prints one event as a line of text.
-func printWatchEvent(in *input, e leases.WatchEvent) {
-	if e.Kind == leases.WatchGap {
+func printWatchEvent(in *input, e leases.Event) {
+	if e.Kind == "gap" {
 		fmt.Fprintf(in.stdout, "%-24s %-14s (the database pruned events this watch had not read)\n", "-", e.Kind)
 		return
 	}

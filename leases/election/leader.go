@@ -25,11 +25,11 @@ type Leader struct {
 }
 
 // apply returns the leadership after ev, and whether it changed.
-func (l Leader) apply(ev leases.WatchEvent) (Leader, bool) {
+func (l Leader) apply(ev leases.Event) (Leader, bool) {
 	switch {
 	case ev.Granted():
 		return Leader{Term: ev.Token, Holder: ev.Holder, Value: ev.HolderInfo, Since: ev.At}, true
-	case ev.Kind == leases.WatchInfoChanged && ev.Token == l.Term:
+	case ev.Kind == "info_changed" && ev.Token == l.Term:
 		if ev.HolderInfo == l.Value {
 			return l, false
 		}

@@ -142,7 +142,7 @@ func (e *Election) waitVacancy(ctx context.Context, w *leases.Watcher) error {
 				}
 				return leases.ErrClosed
 			}
-			if ev.Ended() || ev.Kind == leases.WatchGap {
+			if ev.Ended() || ev.Kind == "gap" {
 				return nil
 			}
 		}
@@ -314,7 +314,7 @@ func (r *runner) maybeAttempt(ctx context.Context) error {
 }
 
 // observe takes in one event of the election's key.
-func (r *runner) observe(ev leases.WatchEvent) {
+func (r *runner) observe(ev leases.Event) {
 	e := r.e
 	if next, changed := r.leader.apply(ev); changed {
 		r.leader = next
@@ -328,7 +328,7 @@ func (r *runner) observe(ev leases.WatchEvent) {
 		// this replica's own term may be seen after that term ended: it
 		// does not lift the hold-off of its resignation.)
 		r.holdOff = time.Time{}
-	case (ev.Ended() || ev.Kind == leases.WatchGap) && r.term == nil:
+	case (ev.Ended() || ev.Kind == "gap") && r.term == nil:
 		r.tryAt = time.Now()
 	}
 }
