@@ -73,9 +73,6 @@ func (s *Store) Do(ctx context.Context, db DB, req Request, fn func(ctx context.
 	return doAtomic(ctx, s, open, req, fp, retention, fn)
 }
 
-// storeFailure asks runAtomic to store a failure instead of a result.
-type storeFailure struct{ *Failure }
-
 // opener opens the transaction of an atomic claim: on a pool or a
 // connection a READ COMMITTED transaction of its own, inside the caller's
 // transaction a savepoint. An opener that can send the claim in its BEGIN's
@@ -93,50 +90,42 @@ type claimArgs struct {
 
 // doAtomic is Do on the transactions open opens: fn's writes, the claim and
 // the result commit together; a [*Failure] from fn is stored in a
-// transaction of its own.
+// transaction of its own, unless a concurrent attempt completed the key
+// meanwhile.
 func doAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request, fp []byte, retention time.Duration, fn func(context.Context, T) ([]byte, error)) (*Outcome, error) {
-	out, err := runAtomic(ctx, s, open, req, fp, retention, fn)
-	var failure *Failure
-	if errors.As(err, &failure) {
+	out, err := runAtomic(ctx, s, open, req, fp, retention, fn, nil)
+	if failure := (*Failure)(nil); errors.As(err, &failure) {
 		if err := failure.check(); err != nil {
 			return nil, err
 		}
-		// fn's writes were rolled back; store the failure in a transaction of
-		// its own, unless a concurrent attempt completed the key meanwhile.
-		return runAtomic(ctx, s, open, req, fp, retention, func(context.Context, T) ([]byte, error) {
-			return nil, &storeFailure{failure}
-		})
+		return runAtomic(ctx, s, open, req, fp, retention, nil, failure)
 	}
 	return out, err
 }
 
-func runAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request, fp []byte, retention time.Duration, fn func(context.Context, T) ([]byte, error)) (*Outcome, error) {
+// runAtomic claims req's key and, for a new key, commits fn's writes and
+// result, or failure without running fn.
+func runAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request, fp []byte, retention time.Duration, fn func(context.Context, T) ([]byte, error), failure *Failure) (*Outcome, error) {
 	out, a, err := beginAtomic(ctx, s, open, req, fp, retention)
 	if err != nil || out.Replayed {
 		return out, err
 	}
 	defer a.end() // rolls back unless committed
-
-	result, err := fn(ctx, a.tx.Handle())
-	var stored *storeFailure
-	switch {
-	case errors.As(err, &stored):
-		expiresAt, err := a.settle(ctx, stored.Data, stored.Failure)
-		if err != nil {
+	var result []byte
+	if failure == nil {
+		if result, err = fn(ctx, a.tx.Handle()); err != nil {
+			return nil, a.tx.Classify(err) // transient (its own statements' errors mapped), or a *Failure for doAtomic
+		}
+		if err := checkSize("result", result, MaxResultBytes); err != nil {
 			return nil, err
 		}
-		return &Outcome{Failure: stored.Failure, ExpiresAt: expiresAt}, nil
-	case err != nil:
-		return nil, a.tx.Classify(err) // transient (its own statements' errors mapped), or a *Failure for Do to store
+		result = nonNil(result)
 	}
-	expiresAt, err := a.complete(ctx, result)
+	expiresAt, err := a.settle(ctx, result, failure)
 	if err != nil {
 		return nil, err
 	}
-	if result == nil {
-		result = []byte{}
-	}
-	return &Outcome{Result: result, ExpiresAt: expiresAt}, nil
+	return &Outcome{Result: result, Failure: failure, ExpiresAt: expiresAt}, nil
 }
 
 // Begin claims req's key for atomic work that the caller drives itself: a
@@ -200,26 +189,7 @@ type attempt[T any] struct {
 	ended      bool
 }
 
-// complete stores result and commits (see [Attempt.Complete]).
-func (a *attempt[T]) complete(ctx context.Context, result []byte) (time.Time, error) {
-	if err := checkResult(result); err != nil {
-		a.end()
-		return time.Time{}, err
-	}
-	if result == nil {
-		result = []byte{}
-	}
-	return a.settle(ctx, result, nil)
-}
-
-// checkResult refuses a result the database would not store.
-func checkResult(result []byte) error {
-	if len(result) > MaxResultBytes {
-		return fmt.Errorf("%w: result must be at most %d bytes, got %d", ErrInvalid, MaxResultBytes, len(result))
-	}
-	return nil
-}
-
+// settle stores result, or f, and commits.
 func (a *attempt[T]) settle(ctx context.Context, result []byte, f *Failure) (time.Time, error) {
 	if a.ended {
 		return time.Time{}, fmt.Errorf("idempotency: atomic attempt on %s/%s: %w", a.scope, a.key, pgx.ErrTxClosed)
@@ -227,13 +197,13 @@ func (a *attempt[T]) settle(ctx context.Context, result []byte, f *Failure) (tim
 	defer a.end()
 	var code, message *string
 	if f != nil {
-		code, message = &f.Code, &f.Message
+		result, code, message = f.Data, &f.Code, &f.Message
 	}
 	var expiresAt time.Time
 	if err := a.tx.Commit(ctx, &driver.Stmt{SQL: completeAtomicSQL, Args: []any{a.scope, a.key, result, code, message}}, &expiresAt); err != nil {
 		return time.Time{}, err
 	}
-	a.store.logger.DebugContext(ctx, "idempotency: atomic key applied", "scope", a.scope, "key", a.key, "failed", f != nil)
+	a.store.tel.log.DebugContext(ctx, "idempotency: atomic key applied", "scope", a.scope, "key", a.key, "failed", f != nil)
 	return expiresAt, nil
 }
 
@@ -321,7 +291,7 @@ func (c *claimArgs) beginSQL(traceID string) string {
 	writeText(&b, c.key)
 	b.WriteString(", ")
 	writeBytea(&b, c.fingerprint)
-	fmt.Fprintf(&b, ", %d * interval '1 microsecond', %d * interval '1 microsecond')", micros(c.wait), micros(c.retention))
+	fmt.Fprintf(&b, ", %d * interval '1 microsecond', %d * interval '1 microsecond')", c.wait.Microseconds(), c.retention.Microseconds())
 	return b.String()
 }
 
@@ -355,7 +325,7 @@ func claimAtomic[T any](ctx context.Context, s *Store, tx driver.Tx[T], req Requ
 		retryAfter            *int64
 	)
 	err := tx.Query(ctx, []any{&outcome, &status, &result, &code, &message, &expiresAt, &retryAfter},
-		driver.Traced(ctx, driver.Stmt{SQL: claimAtomicSQL, Args: []any{c.scope, c.key, c.fingerprint, micros(c.wait), micros(c.retention)}})...)
+		driver.Traced(ctx, driver.Stmt{SQL: claimAtomicSQL, Args: []any{c.scope, c.key, c.fingerprint, c.wait.Microseconds(), c.retention.Microseconds()}})...)
 	if err != nil {
 		return nil, classify(tx.Classify(err), false)
 	}

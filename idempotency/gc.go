@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -42,43 +43,31 @@ const gcSQL = `SELECT pgfence.idempotency_gc($1)`
 // It is recorded as the operation gc (and the keys as gc_deleted) and
 // logged at debug level.
 func (s *Store) GC(ctx context.Context, db DB, opts *GCOptions) (res GCResult, err error) {
-	if opts == nil {
-		opts = &GCOptions{}
-	}
 	ctx, done := s.tel.Start(ctx, "gc")
 	defer func() {
 		s.tel.Count(ctx, "gc_deleted", outcomeOK, res.Deleted)
-		s.logger.DebugContext(ctx, "idempotency: gc", "deleted", res.Deleted, "batches", res.Batches, "error", err)
+		s.tel.log.DebugContext(ctx, "idempotency: gc", "deleted", res.Deleted, "batches", res.Batches, "error", err)
 		done(outcomeOf(err), err)
 	}()
-	if err := driver.NilHandle(db); err != nil {
-		return GCResult{}, err
-	}
-	size := opts.BatchSize
+	o := cmp.Or(opts, &GCOptions{})
 	switch {
-	case size < 0:
-		return GCResult{}, fmt.Errorf("%w: GCOptions.BatchSize must not be negative, got %d", ErrInvalid, size)
-	case size > math.MaxInt32:
-		return GCResult{}, fmt.Errorf("%w: GCOptions.BatchSize must be at most %d, got %d", ErrInvalid, math.MaxInt32, size)
-	case size == 0:
-		size = 1000
+	case o.BatchSize < 0 || o.BatchSize > math.MaxInt32:
+		return res, fmt.Errorf("%w: GCOptions.BatchSize must be 0 to %d, got %d", ErrInvalid, math.MaxInt32, o.BatchSize)
+	case o.MaxBatches < 0:
+		return res, fmt.Errorf("%w: GCOptions.MaxBatches must not be negative, got %d", ErrInvalid, o.MaxBatches)
 	}
-	if opts.MaxBatches < 0 {
-		return GCResult{}, fmt.Errorf("%w: GCOptions.MaxBatches must not be negative, got %d", ErrInvalid, opts.MaxBatches)
+	h, err := driver.Pgx(db)
+	if err != nil {
+		return res, err
 	}
-	for opts.MaxBatches == 0 || res.Batches < opts.MaxBatches {
+	size := cmp.Or(o.BatchSize, 1000)
+	for o.MaxBatches == 0 || res.Batches < o.MaxBatches {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		conn, release, err := acquire(ctx, db)
-		if err != nil {
-			return res, fmt.Errorf("idempotency: gc: %w", err)
-		}
 		var deleted int64
-		err = conn.QueryRow(ctx, gcSQL, size).Scan(&deleted)
-		release()
-		if err != nil {
-			return res, fmt.Errorf("idempotency: gc: %w", classify(err, true))
+		if err := h.QueryRow(ctx, gcSQL, size).Scan(&deleted); err != nil {
+			return res, fmt.Errorf("idempotency: gc: %w", err)
 		}
 		res.Batches++
 		res.Deleted += deleted

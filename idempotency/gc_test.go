@@ -93,7 +93,7 @@ SELECT 'gc', 'expired-' || i, sha256(''), CASE WHEN i % 2 = 0 THEN 'atomic' ELSE
 	// not sent (pgx would fail to encode it, reported as an unknown outcome).
 	if over := int64(math.MaxInt32) + 1; int64(int(over)) == over { // 64-bit int
 		if _, err := gcStore.GC(ctx, pool, &idempotency.GCOptions{BatchSize: int(over)}); !errors.Is(err, idempotency.ErrInvalid) ||
-			!strings.Contains(err.Error(), "GCOptions.BatchSize must be at most 2147483647") {
+			!strings.Contains(err.Error(), "GCOptions.BatchSize must be 0 to 2147483647") {
 			t.Fatalf("batch over int32: %v, want ErrInvalid naming GCOptions.BatchSize", err)
 		}
 	}

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -71,64 +72,47 @@ const (
 )
 
 // Keys returns the stored keys of scope, newest first, at most limit of them
-// (0: 50, at most 10,000). To tell whether more
-// exist, ask for one more than you show.
+// (0: 50, at most 10,000). To tell whether more exist, ask for one more than
+// you show.
 func Keys(ctx context.Context, db DB, scope string, limit int) ([]KeyState, error) {
-	if err := checkScope(scope); err != nil {
-		return nil, err
-	}
-	switch {
-	case limit < 0 || limit > maxKeysLimit:
+	if limit < 0 || limit > maxKeysLimit {
 		return nil, fmt.Errorf("%w: limit must be 0 to %d, got %d", ErrInvalid, maxKeysLimit, limit)
-	case limit == 0:
-		limit = 50
 	}
-	q, done, err := querier(ctx, db)
-	if err != nil {
-		return nil, err
-	}
-	defer done()
-	rows, err := q.Query(ctx, sqlKeys, scope, limit)
-	if err != nil {
-		return nil, classify(err, false)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (KeyState, error) { return scanKey(row) })
-	if err != nil {
-		return nil, classify(err, false)
-	}
-	return out, nil
+	return listKeys(ctx, db, checkText("scope", scope, 1, MaxScopeBytes), sqlKeys, scope, cmp.Or(limit, 50))
 }
 
 // LookupKey returns the state of one key, and false when it is not stored
 // (never claimed, or deleted by [GC]).
 func LookupKey(ctx context.Context, db DB, scope, key string) (KeyState, bool, error) {
-	if err := checkScope(scope); err != nil {
+	keys, err := listKeys(ctx, db, errors.Join(checkText("scope", scope, 1, MaxScopeBytes), checkText("key", key, 1, MaxKeyBytes)),
+		sqlLookupKey, scope, key)
+	if err != nil || len(keys) == 0 {
 		return KeyState{}, false, err
 	}
-	if len(key) == 0 || len(key) > MaxKeyBytes || !validText(key) {
-		return KeyState{}, false, fmt.Errorf("%w: key must be 1 to %d bytes of UTF-8 without NUL, got %d bytes", ErrInvalid, MaxKeyBytes, len(key))
+	return keys[0], true, nil
+}
+
+// listKeys returns the keys query selects, unless the arguments were
+// refused (invalid).
+func listKeys(ctx context.Context, db DB, invalid error, query string, args ...any) ([]KeyState, error) {
+	if invalid != nil {
+		return nil, invalid
 	}
 	if err := driver.NilHandle(db); err != nil {
-		return KeyState{}, false, err
+		return nil, err
 	}
-	k, err := scanKey(db.QueryRow(ctx, sqlLookupKey, scope, key))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return KeyState{}, false, nil
-	}
+	rows, err := db.Query(ctx, query, args...)
 	if err != nil {
-		return KeyState{}, false, classify(err, false)
+		return nil, fmt.Errorf("idempotency: keys: %w", classify(err, false))
 	}
-	return k, true, nil
+	keys, err := pgx.CollectRows(rows, scanKey)
+	if err != nil {
+		return nil, fmt.Errorf("idempotency: keys: %w", classify(err, false))
+	}
+	return keys, nil
 }
 
-func checkScope(scope string) error {
-	if len(scope) == 0 || len(scope) > MaxScopeBytes || !validText(scope) {
-		return fmt.Errorf("%w: scope must be 1 to %d bytes of UTF-8 without NUL, got %d bytes", ErrInvalid, MaxScopeBytes, len(scope))
-	}
-	return nil
-}
-
-func scanKey(row pgx.Row) (KeyState, error) {
+func scanKey(row pgx.CollectableRow) (KeyState, error) {
 	var (
 		k                                KeyState
 		completed, expires, leaseExpires *time.Time
@@ -148,12 +132,4 @@ func orZero(t *time.Time) time.Time {
 		return time.Time{}
 	}
 	return *t
-}
-
-// querier returns db, refusing a nil one.
-func querier(_ context.Context, db DB) (DB, func(), error) {
-	if err := driver.NilHandle(db); err != nil {
-		return nil, nil, err
-	}
-	return db, func() {}, nil
 }

@@ -77,7 +77,7 @@ func (s *Store) claim(ctx context.Context, db DB, scope, key string, fp []byte, 
 	defer release()
 	start := time.Now()
 	claim := func(db DB) error {
-		return driver.QueryRow(ctx, db, driver.Traced(ctx, driver.Stmt{SQL: claimSQL, Args: []any{scope, key, fp, micros(s.lease), micros(retention), micros(s.wait)}}),
+		return driver.QueryRow(ctx, db, driver.Traced(ctx, driver.Stmt{SQL: claimSQL, Args: []any{scope, key, fp, s.lease.Microseconds(), retention.Microseconds(), s.wait.Microseconds()}}),
 			&outcome, &owner, &epoch, &recoveryPoint, &recoveryData, &status, &result, &code, &message, &expiresAt)
 	}
 	err = claim(conn)
@@ -122,7 +122,7 @@ func (s *Store) claim(ctx context.Context, db DB, scope, key string, fp []byte, 
 		recoveryData:  recoveryData,
 		trustedUntil:  start.Add(s.lease),
 	}
-	s.logger.DebugContext(ctx, "idempotency: leased key claimed", "scope", scope, "key", key,
+	s.tel.log.DebugContext(ctx, "idempotency: leased key claimed", "scope", scope, "key", key,
 		"epoch", epoch, "recovery_point", recoveryPoint)
 	return &Outcome{Attempt: a}, nil
 }
@@ -246,42 +246,22 @@ func (a *Attempt) DerivedKey(step string) string {
 }
 
 // Heartbeat extends the lease to now + [Config.Lease] (database clock).
-func (a *Attempt) Heartbeat(ctx context.Context) (err error) {
-	ctx, done := a.store.tel.owned(ctx, "heartbeat", a)
-	defer func() { done(err) }()
-	start := time.Now()
-	db, release, err := a.use(ctx, a.db)
-	if err != nil {
-		return a.notSent("heartbeat", err)
-	}
-	defer release()
-	var until time.Time
-	if err := db.QueryRow(ctx, heartbeatSQL, a.scope, a.key, a.owner, micros(a.store.lease)).Scan(&until); err != nil {
-		return a.fail("heartbeat", err)
-	}
-	a.extended(start)
-	return nil
+func (a *Attempt) Heartbeat(ctx context.Context) error {
+	return a.call(ctx, "heartbeat", a.db, heartbeatSQL, []any{a.store.lease.Microseconds()}, new(time.Time))
 }
 
 // Advance records that the work reached point (at most 256 bytes of UTF-8
 // without NUL) with optional data (at most 1 MiB; for example the id a
-// payment provider returned) and extends the lease. An
-// attempt that takes the key over after a crash resumes from the last point.
+// payment provider returned) and extends the lease. An attempt that takes
+// the key over after a crash resumes from the last point.
 //
 // Advance commits on its own. When the phase that reached point also wrote
 // to the database, use [Attempt.AdvanceTx] in that transaction instead: a
 // crash between two commits would otherwise leave the writes without the
 // recovery point (and the next owner would do the phase again) or the point
 // without the writes.
-func (a *Attempt) Advance(ctx context.Context, point string, data []byte) (err error) {
-	ctx, done := a.store.tel.owned(ctx, "advance", a)
-	defer func() { done(err) }()
-	start := time.Now()
-	if err := a.advance(ctx, a.db, point, data); err != nil {
-		return err
-	}
-	a.extended(start)
-	return nil
+func (a *Attempt) Advance(ctx context.Context, point string, data []byte) error {
+	return a.AdvanceTx(ctx, a.db, point, data)
 }
 
 // AdvanceTx is [Attempt.Advance] through db, normally the transaction that
@@ -292,36 +272,16 @@ func (a *Attempt) Advance(ctx context.Context, point string, data []byte) (err e
 // aborted, so the phase's writes cannot commit either. The row lock taken by
 // AdvanceTx holds any takeover back until db's transaction ends.
 //
-// [Attempt.RecoveryPoint] reports point at once. [Attempt.TrustedUntil] is
-// not extended: the attempt cannot tell whether db's transaction commits.
-// Call [Attempt.Heartbeat] after the commit when the next phase needs the
-// longer window.
-func (a *Attempt) AdvanceTx(ctx context.Context, db DB, point string, data []byte) (err error) {
-	ctx, done := a.store.tel.owned(ctx, "advance", a)
-	defer func() { done(err) }()
-	if err := driver.NilHandle(db); err != nil {
+// [Attempt.RecoveryPoint] reports point at once. In a transaction,
+// [Attempt.TrustedUntil] is not extended: the attempt cannot tell whether
+// db's transaction commits. Call [Attempt.Heartbeat] after the commit when
+// the next phase needs the longer window.
+func (a *Attempt) AdvanceTx(ctx context.Context, db DB, point string, data []byte) error {
+	if err := errors.Join(checkText("recovery point", point, 0, maxRecoveryPointBytes), checkSize("recovery data", data, maxRecoveryDataBytes)); err != nil {
 		return err
 	}
-	return a.advance(ctx, db, point, data)
-}
-
-func (a *Attempt) advance(ctx context.Context, db DB, point string, data []byte) error {
-	switch {
-	case len(point) > maxRecoveryPointBytes:
-		return fmt.Errorf("%w: recovery point must be at most %d bytes, got %d", ErrInvalid, maxRecoveryPointBytes, len(point))
-	case len(data) > maxRecoveryDataBytes:
-		return fmt.Errorf("%w: recovery data must be at most %d bytes, got %d", ErrInvalid, maxRecoveryDataBytes, len(data))
-	case !validText(point):
-		return fmt.Errorf("%w: recovery point must be valid UTF-8 without NUL bytes", ErrInvalid)
-	}
-	db, release, err := a.use(ctx, db)
-	if err != nil {
-		return a.notSent("advance", err)
-	}
-	defer release()
-	var until time.Time
-	if err := db.QueryRow(ctx, advanceSQL, a.scope, a.key, a.owner, point, data, micros(a.store.lease)).Scan(&until); err != nil {
-		return a.fail("advance", err)
+	if err := a.call(ctx, "advance", db, advanceSQL, []any{point, data, a.store.lease.Microseconds()}, new(time.Time)); err != nil {
+		return err
 	}
 	a.mu.Lock()
 	a.recoveryPoint, a.recoveryData = point, data
@@ -349,70 +309,36 @@ func (a *Attempt) Complete(ctx context.Context, result []byte) (time.Time, error
 	if a.atomic == nil {
 		return a.CompleteTx(ctx, a.db, result)
 	}
-	if err := checkResult(result); err != nil && !a.atomic.ended {
+	if err := checkSize("result", result, MaxResultBytes); err != nil {
 		return time.Time{}, err
 	}
-	return a.atomic.complete(ctx, result)
+	return a.atomic.settle(ctx, nonNil(result), nil)
 }
 
 // CompleteTx is [Attempt.Complete] through db, for example the transaction
 // that also records the effect in business tables: the result is stored only
 // if that transaction commits.
-func (a *Attempt) CompleteTx(ctx context.Context, db DB, result []byte) (_ time.Time, err error) {
-	ctx, done := a.store.tel.owned(ctx, "complete", a)
-	defer func() { done(err) }()
-	if err := checkResult(result); err != nil {
+func (a *Attempt) CompleteTx(ctx context.Context, db DB, result []byte) (expires time.Time, err error) {
+	if err := checkSize("result", result, MaxResultBytes); err != nil {
 		return time.Time{}, err
 	}
-	if err := driver.NilHandle(db); err != nil {
-		return time.Time{}, err
-	}
-	if result == nil {
-		result = []byte{}
-	}
-	db, release, err := a.use(ctx, db)
-	if err != nil {
-		return time.Time{}, a.notSent("complete", err)
-	}
-	defer release()
-	var expires time.Time
-	if err := db.QueryRow(ctx, completeSQL, a.scope, a.key, a.owner, result, nil, nil).Scan(&expires); err != nil {
-		return time.Time{}, a.fail("complete", err)
-	}
-	return expires, nil
+	return expires, a.call(ctx, "complete", db, completeSQL, []any{nonNil(result), nil, nil}, &expires)
 }
 
 // Fail stores a permanent failure as the key's answer, replayed to every
 // duplicate, and ends the claim; an atomic attempt commits it together with
-// the writes made through Tx (unlike a [*Failure] returned from [Store.Do]'s work,
-// which rolls them back). Transient errors are not failures: Release the key
-// instead. Errors as for [Attempt.Complete]: a nil or invalid f is refused
-// with [ErrInvalid] and the attempt stays open.
-func (a *Attempt) Fail(ctx context.Context, f *Failure) (_ time.Time, err error) {
-	if a.atomic != nil && a.atomic.ended {
-		return a.atomic.settle(ctx, nil, f) // reports that it ended
-	}
-	if f == nil {
-		return time.Time{}, fmt.Errorf("%w: failure is nil", ErrInvalid)
-	}
+// the writes made through Tx (unlike a [*Failure] returned from [Store.Do]'s
+// work, which rolls them back). Transient errors are not failures: Release
+// the key instead. Errors as for [Attempt.Complete]: a nil or invalid f is
+// refused with [ErrInvalid] and the attempt stays open.
+func (a *Attempt) Fail(ctx context.Context, f *Failure) (expires time.Time, err error) {
 	if err := f.check(); err != nil {
 		return time.Time{}, err
 	}
 	if a.atomic != nil {
-		return a.atomic.settle(ctx, f.Data, f)
+		return a.atomic.settle(ctx, nil, f)
 	}
-	ctx, done := a.store.tel.owned(ctx, "fail", a)
-	defer func() { done(err) }()
-	db, release, err := a.use(ctx, a.db)
-	if err != nil {
-		return time.Time{}, a.notSent("fail", err)
-	}
-	defer release()
-	var expires time.Time
-	if err := db.QueryRow(ctx, completeSQL, a.scope, a.key, a.owner, f.Data, f.Code, f.Message).Scan(&expires); err != nil {
-		return time.Time{}, a.fail("fail", err)
-	}
-	return expires, nil
+	return expires, a.call(ctx, "fail", a.db, completeSQL, []any{f.Data, f.Code, f.Message}, &expires)
 }
 
 // Release gives the key up after a transient error without storing a
@@ -422,35 +348,50 @@ func (a *Attempt) Fail(ctx context.Context, f *Failure) (_ time.Time, err error)
 // and returns nil, so a deferred Release is harmless. A leased attempt keeps
 // its recovery point, and the next claim takes the key over at once and
 // resumes from it.
-func (a *Attempt) Release(ctx context.Context) (err error) {
+func (a *Attempt) Release(ctx context.Context) error {
 	if a.atomic != nil {
-		if a.atomic.ended {
-			return nil
-		}
 		a.atomic.ended = true
-		return a.atomic.tx.Rollback(ctx)
+		return a.atomic.tx.Rollback(ctx) // nil once the transaction has ended
 	}
-	ctx, done := a.store.tel.owned(ctx, "release", a)
+	return a.call(ctx, "release", a.db, releaseSQL, nil, new(any))
+}
+
+// call runs op, one statement of a leased attempt, on db with the key, the
+// owner and args, and scans its row into dest. A heartbeat or recovery
+// point that commits on its own extends the trust window.
+func (a *Attempt) call(ctx context.Context, op string, db DB, sql string, args []any, dest ...any) (err error) {
+	ctx, done := a.store.tel.owned(ctx, op, a)
 	defer func() { done(err) }()
-	db, release, err := a.use(ctx, a.db)
+	start := time.Now()
+	conn, release, err := a.use(ctx, db)
+	if err == nil {
+		defer release()
+		err = classify(conn.QueryRow(ctx, sql, append([]any{a.scope, a.key, a.owner}, args...)...).Scan(dest...), true)
+	}
 	if err != nil {
-		return a.notSent("release", err)
+		return fmt.Errorf("idempotency: %s %s/%s (epoch %d): %w", op, a.scope, a.key, a.epoch, err)
 	}
-	defer release()
-	if _, err := db.Exec(ctx, releaseSQL, a.scope, a.key, a.owner); err != nil {
-		return a.fail("release", err)
+	if _, inTx := db.(pgx.Tx); !inTx && (op == "heartbeat" || op == "advance") {
+		a.mu.Lock()
+		if t := start.Add(a.store.lease); t.After(a.trustedUntil) {
+			a.trustedUntil = t
+		}
+		a.mu.Unlock()
 	}
-	a.store.logger.DebugContext(ctx, "idempotency: leased key released", "scope", a.scope, "key", a.key, "epoch", a.epoch)
 	return nil
 }
 
 // use returns what one of the attempt's statements runs on: for a pool one
 // of its connections (see acquire); for one connection, or a transaction,
 // db itself once the attempt's other statements on it are done, as pgx's
-// connections are not safe for concurrent use.
+// connections are not safe for concurrent use. Its error is classified:
+// nothing was sent.
 func (a *Attempt) use(ctx context.Context, db DB) (DB, func(), error) {
 	if a.atomic != nil {
 		return nil, nil, fmt.Errorf("%w: an atomic attempt has no lease and no recovery points: its transaction holds the key until Complete, Fail or Release", ErrInvalid)
+	}
+	if err := driver.NilHandle(db); err != nil {
+		return nil, nil, err
 	}
 	if _, pool := db.(*pgxpool.Pool); pool {
 		return acquire(ctx, db)
@@ -461,21 +402,4 @@ func (a *Attempt) use(ctx context.Context, db DB) (DB, func(), error) {
 	case <-ctx.Done():
 		return nil, nil, context.Cause(ctx)
 	}
-}
-
-func (a *Attempt) extended(start time.Time) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if t := start.Add(a.store.lease); t.After(a.trustedUntil) {
-		a.trustedUntil = t
-	}
-}
-
-func (a *Attempt) fail(op string, err error) error {
-	return fmt.Errorf("idempotency: %s %s/%s (epoch %d): %w", op, a.scope, a.key, a.epoch, classify(err, true))
-}
-
-// notSent wraps err, already classified, of an op that sent nothing.
-func (a *Attempt) notSent(op string, err error) error {
-	return fmt.Errorf("idempotency: %s %s/%s (epoch %d): %w", op, a.scope, a.key, a.epoch, err)
 }

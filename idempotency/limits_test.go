@@ -102,7 +102,7 @@ func TestLimitsCheckedBeforeRoundTrip(t *testing.T) {
 		{idempotency.Request{Scope: "\xff", Key: "k"}, "Request.Scope must be valid UTF-8 without NUL bytes"},
 		{idempotency.Request{Scope: "s", Key: "k\x00"}, "Request.Key must be valid UTF-8 without NUL bytes"},
 		{idempotency.Request{Scope: "s", Key: "\xc3"}, "Request.Key must be valid UTF-8 without NUL bytes"},
-		{idempotency.Request{Scope: "s", Key: "k", Retention: idempotency.MaxRetention + time.Microsecond}, "Request.Retention must be at most 8784h0m0s (366 days)"},
+		{idempotency.Request{Scope: "s", Key: "k", Retention: idempotency.MaxRetention + time.Microsecond}, "Request.Retention must be 1µs to 8784h0m0s"},
 	} {
 		for name, call := range map[string]func() error{
 			"Do":    func() error { _, err := store.Do(ctx, pool, c.req, noop); return err },
@@ -292,9 +292,9 @@ func TestStoreDurationsWithinSQL(t *testing.T) {
 		cfg  idempotency.Config
 		want string
 	}{
-		{idempotency.Config{Retention: idempotency.MaxRetention + time.Microsecond}, "Config.Retention must be at most 8784h0m0s"},
-		{idempotency.Config{Retention: 10 * 365 * 24 * time.Hour}, "Config.Retention must be at most 8784h0m0s"},
-		{idempotency.Config{Lease: idempotency.MaxLease + time.Millisecond}, "Config.Lease must be at most 24h0m0s"},
+		{idempotency.Config{Retention: idempotency.MaxRetention + time.Microsecond}, "Config.Retention must be 1µs to 8784h0m0s"},
+		{idempotency.Config{Retention: 10 * 365 * 24 * time.Hour}, "Config.Retention must be 1µs to 8784h0m0s"},
+		{idempotency.Config{Lease: idempotency.MaxLease + time.Millisecond}, "Config.Lease must be 1ms to 24h0m0s"},
 	} {
 		if _, err := idempotency.NewStore(&c.cfg); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("NewStore(%+v): %v, want ErrInvalid with %q", c.cfg, err, c.want)

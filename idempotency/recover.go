@@ -1,14 +1,12 @@
 package idempotency
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/pgfence/pgfence/internal/driver"
 )
 
 // codeAbandoned is the [Failure.Code] that [Store.Recover] stores for an
@@ -53,54 +51,24 @@ func (o *RecoverOptions) check() (RecoverOptions, error) {
 		c = *o
 	}
 	switch {
-	case len(c.ScopePrefix) > MaxScopeBytes:
-		return c, fmt.Errorf("%w: RecoverOptions.ScopePrefix must be at most %d bytes, got %d", ErrInvalid, MaxScopeBytes, len(c.ScopePrefix))
-	case !validText(c.ScopePrefix):
-		return c, fmt.Errorf("%w: RecoverOptions.ScopePrefix must be valid UTF-8 without NUL bytes", ErrInvalid)
 	case c.ExpiredFor < 0:
 		return c, fmt.Errorf("%w: RecoverOptions.ExpiredFor must not be negative, got %v", ErrInvalid, c.ExpiredFor)
 	case c.Limit < 0 || c.Limit > math.MaxInt32:
 		return c, fmt.Errorf("%w: RecoverOptions.Limit must be 0 to %d, got %d", ErrInvalid, math.MaxInt32, c.Limit)
-	case c.Limit == 0:
-		c.Limit = 100
 	}
-	return c, nil
+	c.Limit = cmp.Or(c.Limit, 100)
+	return c, checkText("RecoverOptions.ScopePrefix", c.ScopePrefix, 0, MaxScopeBytes)
 }
 
 // Abandoned lists leased keys left in progress after their lease ended
 // (see [RecoverOptions] for which), oldest lease end first: their owner
 // crashed, was paused or cut off, or released the key after a transient
 // error ([KeyState.Released]), and no retry has taken them over since. It
-// only reads:
-// a key listed here may be taken over by a retry or a completer at any
-// moment. pgfence_app may call it.
+// only reads: a key listed here may be taken over by a retry or a completer
+// at any moment. pgfence_app may call it.
 func (s *Store) Abandoned(ctx context.Context, db DB, opts *RecoverOptions) ([]KeyState, error) {
 	o, err := opts.check()
-	if err != nil {
-		return nil, err
-	}
-	return s.abandoned(ctx, db, o)
-}
-
-func (s *Store) abandoned(ctx context.Context, db DB, o RecoverOptions) ([]KeyState, error) {
-	if err := driver.NilHandle(db); err != nil {
-		return nil, err
-	}
-	q, ok := db.(interface {
-		Query(context.Context, string, ...any) (pgx.Rows, error)
-	})
-	if !ok {
-		return nil, fmt.Errorf("%w: db cannot run a query that returns rows", ErrInvalid)
-	}
-	rows, err := q.Query(ctx, abandonedSQL, micros(o.ExpiredFor), o.ScopePrefix, o.Limit)
-	if err != nil {
-		return nil, fmt.Errorf("idempotency: abandoned keys: %w", classify(err, false))
-	}
-	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (KeyState, error) { return scanKey(row) })
-	if err != nil {
-		return nil, fmt.Errorf("idempotency: abandoned keys: %w", classify(err, false))
-	}
-	return keys, nil
+	return listKeys(ctx, db, err, abandonedSQL, o.ExpiredFor.Microseconds(), o.ScopePrefix, o.Limit)
 }
 
 // RecoverResult counts what [Store.Recover] did.
@@ -157,7 +125,7 @@ func (s *Store) Recover(ctx context.Context, db DB, opts *RecoverOptions, fn fun
 	}
 	ctx, done := s.tel.recovered(ctx)
 	defer func() { done(&res, err) }()
-	keys, err := s.abandoned(ctx, db, o)
+	keys, err := listKeys(ctx, db, nil, abandonedSQL, o.ExpiredFor.Microseconds(), o.ScopePrefix, o.Limit)
 	if err != nil {
 		return res, err
 	}

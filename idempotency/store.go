@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -108,12 +109,8 @@ type Config struct {
 // It holds configuration only, no connection: every call takes the [DB] to
 // use. It is safe for concurrent use.
 type Store struct {
-	retention  time.Duration
-	wait       time.Duration
-	lease      time.Duration
-	retryAfter time.Duration
-	logger     *slog.Logger
-	tel        *instruments
+	retention, wait, lease, retryAfter time.Duration
+	tel                                *instruments
 }
 
 // NewStore returns a Store configured by cfg (nil for the defaults).
@@ -121,54 +118,33 @@ func NewStore(cfg *Config) (*Store, error) {
 	if cfg == nil {
 		cfg = &Config{}
 	}
-	s := &Store{
-		retention:  cfg.Retention,
-		wait:       cfg.WaitTimeout,
-		lease:      cfg.Lease,
-		retryAfter: cfg.RetryAfter,
-		logger:     cfg.Logger,
+	wait := cfg.WaitTimeout
+	if wait < 0 {
+		wait = time.Millisecond
 	}
-	switch {
-	case s.retention < 0:
-		return nil, fmt.Errorf("%w: Config.Retention must not be negative, got %v", ErrInvalid, s.retention)
-	case s.retention == 0:
-		s.retention = RetentionDefault
-	case s.retention < time.Microsecond:
-		return nil, fmt.Errorf("%w: Config.Retention must be at least 1µs (the database's precision), got %v", ErrInvalid, s.retention)
-	case s.retention > maxRetention:
-		return nil, fmt.Errorf("%w: Config.Retention must be at most %v (366 days), got %v", ErrInvalid, maxRetention, s.retention)
+	s := &Store{}
+	var errs [4]error
+	s.retention, errs[0] = duration("Config.Retention", cfg.Retention, RetentionDefault, time.Microsecond, maxRetention)
+	s.wait, errs[1] = duration("Config.WaitTimeout", wait, WaitTimeoutDefault, time.Millisecond, maxWaitTimeout)
+	s.lease, errs[2] = duration("Config.Lease", cfg.Lease, LeaseDefault, time.Millisecond, maxLease)
+	s.retryAfter, errs[3] = duration("Config.RetryAfter", cfg.RetryAfter, RetryAfterDefault, 1, math.MaxInt64)
+	if err := errors.Join(errs[:]...); err != nil {
+		return nil, err
 	}
-	switch {
-	case s.wait < 0:
-		s.wait = time.Millisecond
-	case s.wait == 0:
-		s.wait = WaitTimeoutDefault
-	case s.wait < time.Millisecond:
-		return nil, fmt.Errorf("%w: Config.WaitTimeout must be at least 1ms, got %v", ErrInvalid, s.wait)
-	case s.wait > maxWaitTimeout:
-		return nil, fmt.Errorf("%w: Config.WaitTimeout must be at most %v (lock_timeout's limit), got %v", ErrInvalid, maxWaitTimeout, s.wait)
-	}
-	switch {
-	case s.lease < 0:
-		return nil, fmt.Errorf("%w: Config.Lease must not be negative, got %v", ErrInvalid, s.lease)
-	case s.lease == 0:
-		s.lease = LeaseDefault
-	case s.lease < time.Millisecond:
-		return nil, fmt.Errorf("%w: Config.Lease must be at least 1ms, got %v", ErrInvalid, s.lease)
-	case s.lease > maxLease:
-		return nil, fmt.Errorf("%w: Config.Lease must be at most %v, got %v", ErrInvalid, maxLease, s.lease)
-	}
-	switch {
-	case s.retryAfter < 0:
-		return nil, fmt.Errorf("%w: Config.RetryAfter must not be negative, got %v", ErrInvalid, s.retryAfter)
-	case s.retryAfter == 0:
-		s.retryAfter = RetryAfterDefault
-	}
-	if s.logger == nil {
-		s.logger = slog.New(slog.DiscardHandler)
-	}
-	s.tel = newInstruments(cfg.MeterProvider, cfg.TracerProvider, s.logger)
+	s.tel = newInstruments(cfg.MeterProvider, cfg.TracerProvider, cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)))
 	return s, nil
+}
+
+// duration returns d, or def when d is 0, and refuses d outside [lo, hi]
+// (the database keeps microseconds).
+func duration(field string, d, def, lo, hi time.Duration) (time.Duration, error) {
+	switch {
+	case d == 0:
+		return def, nil
+	case d < lo || d > hi:
+		return 0, fmt.Errorf("%w: %s must be %v to %v, got %v", ErrInvalid, field, lo, hi, d)
+	}
+	return d, nil
 }
 
 // Lease returns how long a leased claim, heartbeat or recovery point holds
@@ -195,34 +171,32 @@ type Request struct {
 }
 
 func (s *Store) check(req Request) (fingerprint []byte, retention time.Duration, err error) {
-	switch {
-	case len(req.Scope) == 0 || len(req.Scope) > MaxScopeBytes:
-		return nil, 0, fmt.Errorf("%w: Request.Scope must be 1 to %d bytes, got %d", ErrInvalid, MaxScopeBytes, len(req.Scope))
-	case len(req.Key) == 0 || len(req.Key) > MaxKeyBytes:
-		return nil, 0, fmt.Errorf("%w: Request.Key must be 1 to %d bytes, got %d", ErrInvalid, MaxKeyBytes, len(req.Key))
-	case !validText(req.Scope):
-		return nil, 0, fmt.Errorf("%w: Request.Scope must be valid UTF-8 without NUL bytes", ErrInvalid)
-	case !validText(req.Key):
-		return nil, 0, fmt.Errorf("%w: Request.Key must be valid UTF-8 without NUL bytes", ErrInvalid)
-	case req.Retention < 0:
-		return nil, 0, fmt.Errorf("%w: Request.Retention must not be negative, got %v", ErrInvalid, req.Retention)
-	case req.Retention > 0 && req.Retention < time.Microsecond:
-		return nil, 0, fmt.Errorf("%w: Request.Retention must be at least 1µs (the database's precision), got %v", ErrInvalid, req.Retention)
-	case req.Retention > maxRetention:
-		return nil, 0, fmt.Errorf("%w: Request.Retention must be at most %v (366 days), got %v", ErrInvalid, maxRetention, req.Retention)
-	}
-	retention = req.Retention
-	if retention == 0 {
-		retention = s.retention
+	retention, err = duration("Request.Retention", req.Retention, s.retention, time.Microsecond, maxRetention)
+	if err := errors.Join(checkText("Request.Scope", req.Scope, 1, MaxScopeBytes), checkText("Request.Key", req.Key, 1, MaxKeyBytes), err); err != nil {
+		return nil, 0, err
 	}
 	fp := sha256.Sum256(req.Payload)
 	return fp[:], retention, nil
 }
 
-// validText reports whether s is text PostgreSQL can store: valid UTF-8
-// without NUL bytes.
-func validText(s string) bool {
-	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
+// checkText refuses s unless it is text PostgreSQL can store (valid UTF-8
+// without NUL bytes) of lo to hi bytes.
+func checkText(field, s string, lo, hi int) error {
+	if len(s) < lo || len(s) > hi {
+		return fmt.Errorf("%w: %s must be %d to %d bytes, got %d", ErrInvalid, field, lo, hi, len(s))
+	}
+	if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+		return fmt.Errorf("%w: %s must be valid UTF-8 without NUL bytes", ErrInvalid, field)
+	}
+	return nil
+}
+
+// checkSize refuses bytes larger than the database stores.
+func checkSize(field string, b []byte, hi int) error {
+	if len(b) > hi {
+		return fmt.Errorf("%w: %s must be at most %d bytes, got %d", ErrInvalid, field, hi, len(b))
+	}
+	return nil
 }
 
 // Outcome is the answer for a key that a call owned or found completed. A
@@ -268,20 +242,13 @@ func (f *Failure) Error() string {
 	return "idempotency: permanent failure: " + f.Code + ": " + f.Message
 }
 
+// check refuses a nil failure or one the database would not store.
 func (f *Failure) check() error {
-	switch {
-	case len(f.Code) == 0 || len(f.Code) > maxFailureCodeBytes:
-		return fmt.Errorf("%w: Failure.Code must be 1 to %d bytes, got %d", ErrInvalid, maxFailureCodeBytes, len(f.Code))
-	case len(f.Message) > maxFailureMessageBytes:
-		return fmt.Errorf("%w: Failure.Message must be at most %d bytes, got %d", ErrInvalid, maxFailureMessageBytes, len(f.Message))
-	case !validText(f.Code):
-		return fmt.Errorf("%w: Failure.Code must be valid UTF-8 without NUL bytes", ErrInvalid)
-	case !validText(f.Message):
-		return fmt.Errorf("%w: Failure.Message must be valid UTF-8 without NUL bytes", ErrInvalid)
-	case len(f.Data) > MaxResultBytes:
-		return fmt.Errorf("%w: Failure.Data must be at most %d bytes, got %d", ErrInvalid, MaxResultBytes, len(f.Data))
+	if f == nil {
+		return fmt.Errorf("%w: failure is nil", ErrInvalid)
 	}
-	return nil
+	return errors.Join(checkText("Failure.Code", f.Code, 1, maxFailureCodeBytes),
+		checkText("Failure.Message", f.Message, 0, maxFailureMessageBytes), checkSize("Failure.Data", f.Data, MaxResultBytes))
 }
 
 // Errors. ErrMismatch and ErrInProgress are this package's failures; the
@@ -335,9 +302,6 @@ func (e *InProgressError) Unwrap() error { return ErrInProgress }
 // classify maps err to the package's errors, keeping the original in the
 // chain. sent reports whether a change may have reached the server.
 func classify(err error, sent bool) error {
-	if !sent && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
-		return err // the caller's own deadline, not an outage
-	}
 	if errors.Is(err, pgx.ErrTxClosed) {
 		// Nothing was sent: the db given (a transaction) had ended. An
 		// attempt claimed on a transaction cannot outlive it.
@@ -357,7 +321,14 @@ func acquire(ctx context.Context, db DB) (DB, func(), error) {
 	return c, release, nil
 }
 
-func micros(d time.Duration) int64 { return d.Microseconds() }
+// nonNil returns b, or an empty slice for nil: a stored result is never
+// NULL.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
 
 // fromMicros converts microseconds read from the database. Another client
 // may have set a lease longer than a time.Duration holds (about 292 years);
