@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/driver"
 	"github.com/pgfence/pgfence/pgfence"
 )
 
@@ -114,16 +114,10 @@ func (c *Client) Close() error {
 // [pgfence.ErrUnavailable] (the database could not be reached, or the pool is closed).
 func (c *Client) conn(ctx context.Context) (*pgxpool.Conn, error) {
 	conn, err := c.pool.Acquire(ctx)
-	switch {
-	case err == nil:
-		return conn, nil
-	case ctx.Err() != nil:
-		return nil, context.Cause(ctx)
+	if err != nil {
+		return nil, driver.Acquired(ctx, err)
 	}
-	if classified := pgerr.Classify(err, false); errors.Is(classified, pgfence.ErrUnavailable) {
-		return nil, classified
-	}
-	return nil, fmt.Errorf("%w: %w", pgfence.ErrUnavailable, err)
+	return conn, nil
 }
 
 // now reads the client's clock: time.Now (shifted by clockOffset in tests).

@@ -74,7 +74,7 @@ func TestTrustWindowIgnoresClientWallClock(t *testing.T) {
 			defer tick.Stop()
 			for ended := false; !ended; {
 				select {
-				case <-l.Done():
+				case <-l.Context().Done():
 					ended = true
 				case <-tick.C:
 					if !leaseLive(t, db.Pool, l) {

@@ -268,7 +268,7 @@ func TestErrChecksTrustWindow(t *testing.T) {
 		t.Fatalf("Err after the trust window ran out: %v, want ErrLeaseLost", err)
 	}
 	select {
-	case <-l.Done():
+	case <-l.Context().Done():
 	default:
 		t.Fatal("Err reported the loss but the lease's context is still open")
 	}

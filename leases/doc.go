@@ -102,7 +102,7 @@
 //     after [AcquireOptions.MaxFailures] failures in a row; it never keeps a
 //     lease past [AcquireOptions.MaxHold] (an hour by default), counted from
 //     the grant ([ErrMaxHold]). Work under the lease must stop when
-//     [Lease.Done] is closed.
+//     [Lease.Context] is done.
 //   - A release whose reply is lost is retried (it is idempotent). A release
 //     that finds the grant already released (or, after a lost reply, the key
 //     granted to another holder) reads the lease's history: a

@@ -3,7 +3,6 @@ package leases
 import (
 	"context"
 	"log/slog"
-	"time"
 )
 
 // eventKind names a lease transition or a client state change, logged to
@@ -11,38 +10,25 @@ import (
 type eventKind string
 
 const (
-	// eventAcquired: a grant committed (Token is the new token).
-	eventAcquired eventKind = "acquired"
-	// eventRenewed: a renewal committed.
-	eventRenewed eventKind = "renewed"
-	// eventRenewFailed: a renewal failed without losing the lease (yet).
-	eventRenewFailed eventKind = "renew_failed"
-	// eventReleased: the holder released the lease (or found it already ended).
-	eventReleased eventKind = "released"
-	// eventLost: the lease's context ended without a release; Err says why.
-	eventLost eventKind = "lost"
-	// eventForceReleased: [Client.ForceRelease] ended a grant.
-	eventForceReleased eventKind = "force_released"
-	// eventListenerUp: the LISTEN connection is (re)connected.
-	eventListenerUp eventKind = "listener_up"
-	// eventListenerDown: the LISTEN connection failed; waiters poll meanwhile.
-	eventListenerDown eventKind = "listener_down"
+	eventAcquired      eventKind = "acquired"       // a grant committed
+	eventRenewed       eventKind = "renewed"        // a renewal committed
+	eventRenewFailed   eventKind = "renew_failed"   // a renewal failed without losing the lease (yet)
+	eventReleased      eventKind = "released"       // the holder released the lease (or found it already ended)
+	eventLost          eventKind = "lost"           // the lease's context ended without a release; Err says why
+	eventForceReleased eventKind = "force_released" // [Client.ForceRelease] ended a grant
+	eventListenerUp    eventKind = "listener_up"    // the LISTEN connection is (re)connected
+	eventListenerDown  eventKind = "listener_down"  // the LISTEN connection failed; waiters poll meanwhile
 )
 
-// event describes one transition.
+// event describes one transition: Key, Holder and Token name the grant
+// (none for listener events), Err is the cause for lost, renew_failed and
+// listener_down.
 type event struct {
-	// Kind says what happened.
-	Kind eventKind
-	// Key is the lease key; empty for listener events.
-	Key string
-	// Holder and Token identify the grant concerned.
+	Kind   eventKind
+	Key    string
 	Holder string
 	Token  int64
-	// Duration is the statement's latency for acquired/renewed/released, and
-	// the time waited for an acquire.
-	Duration time.Duration
-	// Err is the cause for lost, renew_failed and listener_down.
-	Err error
+	Err    error
 }
 
 func (c *Client) emit(e event) {
@@ -57,9 +43,6 @@ func (c *Client) emit(e event) {
 		attrs := []slog.Attr{slog.String("event", string(e.Kind))}
 		if e.Key != "" {
 			attrs = append(attrs, slog.String("key", e.Key), slog.String("holder", e.Holder), slog.Int64("token", e.Token))
-		}
-		if e.Duration > 0 {
-			attrs = append(attrs, slog.Duration("duration", e.Duration))
 		}
 		if e.Err != nil {
 			attrs = append(attrs, slog.Any("err", e.Err))

@@ -52,7 +52,7 @@ func TestKeepAliveCutOffEndsContextBeforeExpiry(t *testing.T) {
 	p.SetBlackhole(faultproxy.ClientToServer, true)
 	p.SetBlackhole(faultproxy.ServerToClient, true)
 	select {
-	case <-l.Done():
+	case <-l.Context().Done():
 	case <-time.After(5 * time.Second):
 		t.Fatal("lease context still open 5s after the partition")
 	}
@@ -134,15 +134,15 @@ func TestKilledWorkerTakenOverAfterTTL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.GrantedAt().Before(expiresAt) {
-		t.Fatalf("taken over at %v, before the dead holder's expiry %v", l.GrantedAt(), expiresAt)
-	}
 	if l.Token() <= token {
 		t.Fatalf("token %d after the dead holder's %d", l.Token(), token)
 	}
 	hist, err := c.History(ctx, "job", 1)
 	if err != nil || hist[0].Kind != "taken_over" || !strings.Contains(hist[0].Reason, holder) {
 		t.Fatalf("history %+v %v", hist, err)
+	}
+	if hist[0].At.Before(expiresAt) {
+		t.Fatalf("taken over at %v, before the dead holder's expiry %v", hist[0].At, expiresAt)
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)

@@ -26,17 +26,17 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 	holder := newHolderID()
 	start := c.now()
 	var (
-		acquired           bool
-		token              *int64
-		granted, expiresAt *time.Time
-		remainingMicros    int64
+		acquired        bool
+		token           *int64
+		expiresAt       *time.Time
+		remainingMicros int64
 	)
 	conn, err := c.conn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("leases: acquire %q: %w", key, err)
 	}
 	takenOver, err := c.sendGrant(ctx, conn, key, holder, ttl, info, announce, c.tel.Enabled(ctx),
-		&acquired, &token, &granted, &expiresAt, &remainingMicros)
+		&acquired, &token, &expiresAt, &remainingMicros)
 	conn.Release()
 	c.tel.attempted(ctx, err, acquired, takenOver)
 	if err != nil {
@@ -56,8 +56,8 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 	if err := c.observeEpoch(key, *token); err != nil {
 		return nil, err
 	}
-	l := c.newLease(key, holder, *token, ttl, margin, start, *granted, *expiresAt)
-	c.emit(event{Kind: eventAcquired, Key: key, Holder: holder, Token: *token, Duration: c.since(start)})
+	l := c.newLease(key, holder, *token, ttl, margin, start, *expiresAt)
+	c.emit(event{Kind: eventAcquired, Key: key, Holder: holder, Token: *token})
 	return l, nil
 }
 
@@ -104,7 +104,7 @@ func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lea
 	case r := <-o.result:
 		switch {
 		case r.l != nil:
-			c.emit(event{Kind: eventAcquired, Key: o.key, Holder: o.holder, Token: r.l.Token(), Duration: c.since(o.start)})
+			c.emit(event{Kind: eventAcquired, Key: o.key, Holder: o.holder, Token: r.l.Token()})
 			return r.l, nil
 		case r.granted:
 			return nil, fmt.Errorf("leases: acquire %q: the reply was lost; the grant to holder %s had already ended when it was read back: %w: %w",
@@ -185,11 +185,11 @@ func (c *Client) settleOnce(ctx context.Context, o *orphan) (settlement, error) 
 		return settlement{}, err
 	}
 	var (
-		granted, live      bool
-		token              *int64
-		grantedAt, expires *time.Time
+		granted, live bool
+		token         *int64
+		expires       *time.Time
 	)
-	if err := c.pool.QueryRow(ctx, sqlGrantProbe, o.key, o.holder).Scan(&granted, &token, &grantedAt, &expires, &live); err != nil {
+	if err := c.pool.QueryRow(ctx, sqlGrantProbe, o.key, o.holder).Scan(&granted, &token, &expires, &live); err != nil {
 		return settlement{}, err
 	}
 	if !granted {
@@ -198,7 +198,7 @@ func (c *Client) settleOnce(ctx context.Context, o *orphan) (settlement, error) 
 	if !live || c.until(o.start.Add(o.ttl-o.margin)) <= 0 {
 		// Granted, but it has ended, or this client may no longer trust it.
 		if live {
-			l := c.newLease(o.key, o.holder, *token, o.ttl, o.margin, o.start, *grantedAt, *expires)
+			l := c.newLease(o.key, o.holder, *token, o.ttl, o.margin, o.start, *expires)
 			c.releaseNow(ctx, l)
 		}
 		return settlement{granted: true}, nil
@@ -206,7 +206,7 @@ func (c *Client) settleOnce(ctx context.Context, o *orphan) (settlement, error) 
 	if err := c.observeEpoch(o.key, *token); err != nil {
 		return settlement{granted: true}, nil
 	}
-	return settlement{granted: true, l: c.newLease(o.key, o.holder, *token, o.ttl, o.margin, o.start, *grantedAt, *expires)}, nil
+	return settlement{granted: true, l: c.newLease(o.key, o.holder, *token, o.ttl, o.margin, o.start, *expires)}, nil
 }
 
 // releaseNow releases l, bounded by Config.ResolveTimeout. A release that

@@ -23,32 +23,24 @@ import (
 // the lease is released, not lost. Other failures ([pgfence.ErrUnavailable],
 // [pgfence.ErrOutcomeUnknown], the context's error) leave the lease as it was.
 func (l *Lease) SetHolderInfo(ctx context.Context, info string) (time.Time, error) {
-	if len(info) > MaxHolderInfoBytes {
-		return time.Time{}, invalid("info", "must be at most %d bytes, got %d", MaxHolderInfoBytes, len(info))
-	}
-	if err := validText("info", info); err != nil {
+	if err := checkHolderInfo("info", info); err != nil {
 		return time.Time{}, err
 	}
 	if err := l.Err(); err != nil {
 		return time.Time{}, err
 	}
-	conn, err := l.c.conn(ctx) // fails only when nothing was sent
-	if err != nil {
-		return time.Time{}, fmt.Errorf("leases: set holder info of %q (holder %s, token %d): %w", l.key, l.holder, l.token, err)
-	}
 	var at time.Time
-	err = conn.QueryRow(ctx, sqlSetHolderInfo, l.key, l.holder, l.token, info).Scan(&at)
-	conn.Release()
-	if pgerr.Code(err) == pgerr.CodeLeaseNotHeld {
-		if l.releasedMeanwhile(ctx) {
-			return time.Time{}, l.Err()
+	conn, err := l.c.conn(ctx) // fails only when nothing was sent
+	if err == nil {
+		err = conn.QueryRow(ctx, sqlSetHolderInfo, l.key, l.holder, l.token, info).Scan(&at)
+		conn.Release()
+		if pgerr.Code(err) == pgerr.CodeLeaseNotHeld {
+			return time.Time{}, l.refused(ctx, "to change the holder info", err)
 		}
-		lost := l.lostError("the database refused to change the holder info", err)
-		l.end(lost)
-		return time.Time{}, lost
+		err = classify(err)
 	}
 	if err != nil {
-		return time.Time{}, fmt.Errorf("leases: set holder info of %q (holder %s, token %d): %w", l.key, l.holder, l.token, classify(err))
+		return time.Time{}, fmt.Errorf("leases: set holder info of %s: %w", l.id(), err)
 	}
 	return at, nil
 }

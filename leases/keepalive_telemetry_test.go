@@ -55,7 +55,7 @@ func TestTelemetryKeepAliveStops(t *testing.T) {
 	ended := func(l *leases.Lease) error {
 		t.Helper()
 		select {
-		case <-l.Done():
+		case <-l.Context().Done():
 			return l.Err()
 		case <-ctx.Done():
 			t.Fatalf("lease %q still open", l.Key())

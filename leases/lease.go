@@ -1,10 +1,12 @@
 package leases
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,17 +23,26 @@ import (
 // done under the lease should run under that context and carry [Lease.Token]
 // to the resource it protects. Its methods are safe for concurrent use.
 type Lease struct {
-	c         *Client
-	key       string
-	holder    string
-	token     int64
-	ttl       time.Duration
-	margin    time.Duration
-	grantedAt time.Time
-	start     time.Time // local monotonic send time of the grant
+	c      *Client
+	key    string
+	holder string
+	token  int64
+	ttl    time.Duration
+	margin time.Duration
+	start  time.Time // local monotonic send time of the grant
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	// releaseAsked: Release was called. Until a release is confirmed, the
+	// lease may still be held (the release was not sent or its outcome is
+	// unknown): the keep-alive no longer renews it, and its trust window runs out.
+	releaseAsked atomic.Bool
+	relSem       chan struct{} // one Release at a time
+	// releaseSent: a release of this lease was sent and its reply lost, so it
+	// may have committed. Without it, a release that finds the grant already
+	// released knows someone else ended it. Only Release (under relSem)
+	// touches it.
+	releaseSent bool
 
 	mu         sync.Mutex
 	expiresAt  time.Time   // database clock, last known
@@ -40,25 +51,12 @@ type Lease struct {
 	ended      bool
 	released   bool  // a Release call got a conclusive answer ...
 	releaseErr error // ... and returned this (later calls return it too)
-	// releaseSent: a release of this lease was sent and its reply lost, so it
-	// may have committed. Without it, a release that finds the grant already
-	// released knows someone else ended it.
-	releaseSent bool
-	relSem      chan struct{} // one Release at a time
-	// releaseAsked: Release was called. Until a release is confirmed, the
-	// lease may still be held (the release was not sent or its outcome is
-	// unknown): the keep-alive no longer renews it, and its trust window runs out.
-	releaseAsked bool
 }
 
-func (c *Client) newLease(key, holder string, token int64, ttl, margin time.Duration, start, grantedAt, expiresAt time.Time) *Lease {
+func (c *Client) newLease(key, holder string, token int64, ttl, margin time.Duration, start, expiresAt time.Time) *Lease {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	l := &Lease{
-		c: c, key: key, holder: holder, token: token, ttl: ttl, margin: margin,
-		grantedAt: grantedAt, start: start, ctx: ctx, cancel: cancel,
-		expiresAt: expiresAt, trustUntil: start.Add(ttl - margin),
-		relSem: make(chan struct{}, 1),
-	}
+	l := &Lease{c: c, key: key, holder: holder, token: token, ttl: ttl, margin: margin, start: start, ctx: ctx, cancel: cancel,
+		expiresAt: expiresAt, trustUntil: start.Add(ttl - margin), relSem: make(chan struct{}, 1)}
 	l.mu.Lock()
 	l.timer = time.AfterFunc(c.until(l.trustUntil), l.trustExpired)
 	l.mu.Unlock()
@@ -75,12 +73,6 @@ func (l *Lease) Holder() string { return l.holder }
 // issued for the key before. Pass it to the resource the lease protects.
 func (l *Lease) Token() int64 { return l.token }
 
-// TTL is the lease's time to live, used by grants and renewals.
-func (l *Lease) TTL() time.Duration { return l.ttl }
-
-// GrantedAt is the grant time by the database clock.
-func (l *Lease) GrantedAt() time.Time { return l.grantedAt }
-
 // ExpiresAt is the expiry by the database clock as of the last grant or
 // renewal this client saw commit. Compare it only with database times.
 func (l *Lease) ExpiresAt() time.Time {
@@ -90,11 +82,9 @@ func (l *Lease) ExpiresAt() time.Time {
 }
 
 // Context ends when the lease is released, lost or its trust window runs out.
-// [context.Cause] (or [Lease.Err]) says which.
+// [context.Cause] (or [Lease.Err]) says which. Work under the lease must
+// stop when its Done channel is closed.
 func (l *Lease) Context() context.Context { return l.ctx }
-
-// Done is Context().Done().
-func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err is nil while the lease is held. Afterwards it is [ErrReleased] after a
 // confirmed Release, [ErrMaxHold] when keep-alive reached its limit, and
@@ -115,16 +105,16 @@ func (l *Lease) Err() error {
 
 func (l *Lease) trustExpired() {
 	awaited := "renewal"
-	if l.releaseRequested() {
+	if l.releaseAsked.Load() {
 		awaited = "release"
 	}
 	l.end(l.lostError("the local trust window ran out before a "+awaited+" was confirmed", nil))
 }
 
-func (l *Lease) releaseRequested() bool {
+func (l *Lease) trustDeadline() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.releaseAsked
+	return l.trustUntil
 }
 
 // end ends the lease's context with cause (once), and reports it.
@@ -157,22 +147,18 @@ func (l *Lease) reportEnd(cause error) {
 	}
 }
 
-// releasedMeanwhile reports, after the database refused a call of the lease
-// because the grant had ended, whether the holder's own Release (running
-// meanwhile, say, with the keep-alive's renewal sent just after it committed)
-// ended it; then the lease ends as released, not lost.
-func (l *Lease) releasedMeanwhile(ctx context.Context) bool {
-	if !l.releaseRequested() || l.releasedBy(ctx, false, false) != nil {
-		return false
+// refused handles the database's refusal (PF002, err) of a call of the lease
+// (what) because the grant had ended: the lease is lost, unless the holder's
+// own Release, running meanwhile (say, with the keep-alive's renewal sent
+// just after it committed), ended it; then the lease ends as released.
+func (l *Lease) refused(ctx context.Context, what string, err error) error {
+	if l.releaseAsked.Load() && l.releasedBy(ctx, false, false) == nil {
+		l.end(ErrReleased)
+		return l.Err()
 	}
-	l.end(ErrReleased)
-	return true
-}
-
-func (l *Lease) trustDeadline() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.trustUntil
+	lost := l.lostError("the database refused "+what, err)
+	l.end(lost)
+	return lost
 }
 
 // Renew extends the lease to the database's clock_timestamp() + TTL, if this
@@ -209,18 +195,13 @@ func (l *Lease) renew(ctx context.Context, announce bool) (err error) {
 		err = conn.QueryRow(ctx, sql, l.key, l.holder, l.token, l.ttl.Microseconds()).Scan(&expiresAt)
 		conn.Release()
 		if pgerr.Code(err) == pgerr.CodeLeaseNotHeld {
-			if l.releasedMeanwhile(ctx) {
-				return l.Err()
-			}
-			lost := l.lostError("the database refused the renewal", err)
-			l.end(lost)
-			return lost
+			return l.refused(ctx, "the renewal", err)
 		}
 		err = classify(err)
 	}
 	if err != nil {
-		err = fmt.Errorf("leases: renew %q (holder %s, token %d): %w", l.key, l.holder, l.token, err)
-		l.c.emit(event{Kind: eventRenewFailed, Key: l.key, Holder: l.holder, Token: l.token, Err: err, Duration: l.c.since(start)})
+		err = fmt.Errorf("leases: renew %s: %w", l.id(), err)
+		l.c.emit(event{Kind: eventRenewFailed, Key: l.key, Holder: l.holder, Token: l.token, Err: err})
 		return err
 	}
 	l.mu.Lock()
@@ -236,9 +217,12 @@ func (l *Lease) renew(ctx context.Context, announce bool) (err error) {
 	if ended {
 		return l.Err()
 	}
-	l.c.emit(event{Kind: eventRenewed, Key: l.key, Holder: l.holder, Token: l.token, Duration: l.c.since(start)})
+	l.c.emit(event{Kind: eventRenewed, Key: l.key, Holder: l.holder, Token: l.token})
 	return nil
 }
+
+// id names the lease in errors.
+func (l *Lease) id() string { return fmt.Sprintf("%q (holder %s, token %d)", l.key, l.holder, l.token) }
 
 // Release ends the grant and ends the lease's context with [ErrReleased]. It
 // never frees another holder's grant and is idempotent: releasing twice (or
@@ -261,9 +245,7 @@ func (l *Lease) renew(ctx context.Context, announce bool) (err error) {
 // later Release is confirmed; call Release again to free the key before its
 // TTL. The keep-alive no longer renews a lease whose holder called Release.
 func (l *Lease) Release(ctx context.Context) (err error) {
-	l.mu.Lock()
-	l.releaseAsked = true
-	l.mu.Unlock()
+	l.releaseAsked.Store(true)
 	// One release at a time: a call that finds the grant released by another
 	// call of this lease would otherwise take it for an operator's doing.
 	select {
@@ -272,7 +254,7 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 		if released, result := l.releaseResult(); released {
 			return result
 		}
-		return fmt.Errorf("leases: release %q (holder %s, token %d): %w", l.key, l.holder, l.token, context.Cause(ctx))
+		return fmt.Errorf("leases: release %s: %w", l.id(), context.Cause(ctx))
 	}
 	// Let go of it before the lease's end and the events reach the
 	// client's logger.
@@ -281,7 +263,6 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	if released, result := l.releaseResult(); released {
 		return result
 	}
-	start := l.c.now()
 	var (
 		changed bool
 		status  string
@@ -290,87 +271,61 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	defer func() { done(status, err) }()
 	for attempt := 0; attempt < 3; attempt++ {
 		changed, status, err = l.releaseOnce(ctx)
-		if err == nil {
-			break
-		}
-		if errors.Is(err, pgfence.ErrOutcomeUnknown) {
-			l.mu.Lock()
-			l.releaseSent = true
-			l.mu.Unlock()
-		}
-		if !errors.Is(err, pgfence.ErrUnavailable) && !errors.Is(err, pgfence.ErrOutcomeUnknown) {
-			break
-		}
-		if !sleepCtx(ctx, fullJitter(l.c.cfg.BackoffMin<<attempt)) {
+		l.releaseSent = l.releaseSent || errors.Is(err, pgfence.ErrOutcomeUnknown)
+		if !errors.Is(err, pgfence.ErrUnavailable) && !errors.Is(err, pgfence.ErrOutcomeUnknown) ||
+			!sleepCtx(ctx, fullJitter(l.c.cfg.BackoffMin<<attempt)) {
 			break
 		}
 	}
-	l.mu.Lock()
 	sent := l.releaseSent
-	l.mu.Unlock()
 	if err != nil {
 		// Not sent, or the outcome is unknown: the lease may still be held
 		// (until its trust window runs out), so it is not ended as released.
 		if sent && !errors.Is(err, pgfence.ErrOutcomeUnknown) {
 			err = fmt.Errorf("%w: the reply to an earlier attempt was lost; the last attempt: %w", pgfence.ErrOutcomeUnknown, err)
 		}
-		return fmt.Errorf("leases: release %q (holder %s, token %d): %w", l.key, l.holder, l.token, err)
+		return fmt.Errorf("leases: release %s: %w", l.id(), err)
 	}
 	var result error
-	switch status {
-	case "released":
-	case "already_released":
-		if result = l.releasedBy(ctx, sent, false); errors.Is(result, pgfence.ErrOutcomeUnknown) {
-			// The grant is not held any more, whoever ended it.
-			ended := l.endQuietly(result)
-			unlock()
-			if ended {
-				l.reportEnd(result)
-			}
-			return result
-		}
-	case "expired":
+	switch {
+	case status == "released":
+	case status == "expired":
 		result = l.lostError("the lease had expired before the release (now released)", nil)
+	case status == "not_held" && !sent:
+		result = l.lostError("the key was granted to another holder before the release; nothing changed", nil)
 	default:
-		if !sent {
-			result = l.lostError("the key was granted to another holder before the release; nothing changed", nil)
-			break
-		}
-		// An earlier attempt whose reply was lost may have released the
-		// grant, and a waiter taken the key before this attempt: the
+		// Already released, or (after a lost reply) granted to another
+		// holder, whom a release by the lost attempt may have let in: the
 		// history says whether this grant was released, and how.
-		if result = l.releasedBy(ctx, sent, true); errors.Is(result, pgfence.ErrOutcomeUnknown) {
-			ended := l.endQuietly(result)
-			unlock()
-			if ended {
-				l.reportEnd(result)
-			}
-			return result
-		}
+		result = l.releasedBy(ctx, sent, status == "not_held")
 	}
 	if result == nil && sent {
 		// The history confirmed the release of an earlier attempt whose
 		// reply was lost: count it as what it was.
 		status = outcomeReleased
 	}
-	cause := result
-	if cause == nil {
-		cause = ErrReleased
-	}
+	cause := cmp.Or(result, ErrReleased)
 	// The lease ends before a second Release waiting for the lock returns
-	// this result; the events go out after the lock is given up.
+	// this result (the grant is not held any more, whoever ended it); the
+	// events go out after the lock is given up. An outcome the history
+	// could not tell is not final: a later Release tries again.
+	unknown := errors.Is(result, pgfence.ErrOutcomeUnknown)
 	ended := l.endQuietly(cause)
-	l.mu.Lock()
-	l.released, l.releaseErr = true, result
-	l.mu.Unlock()
+	if !unknown {
+		l.mu.Lock()
+		l.released, l.releaseErr = true, result
+		l.mu.Unlock()
+	}
 	unlock()
 	if ended {
 		l.reportEnd(cause)
 	}
-	if changed {
-		l.c.wake(l.key) // local waiters need not wait for the notification
+	if !unknown {
+		if changed {
+			l.c.wake(l.key) // local waiters need not wait for the notification
+		}
+		l.c.emit(event{Kind: eventReleased, Key: l.key, Holder: l.holder, Token: l.token})
 	}
-	l.c.emit(event{Kind: eventReleased, Key: l.key, Holder: l.holder, Token: l.token, Duration: l.c.since(start)})
 	return result
 }
 
@@ -455,30 +410,27 @@ func (l *Lease) keepAlive(o AcquireOptions) {
 func (l *Lease) renewLoop(ctx context.Context, o AcquireOptions) (string, error) {
 	holdUntil := l.start.Add(o.MaxHold)
 	limited := o.MaxHold != NoMaxHold
-	failures := 0
-	// The first renewal is due one interval into the current trust window
-	// (from the grant or the last renewal), not one interval after the loop
-	// started: a grant whose reply came late would otherwise let the window
-	// run out before its first renewal.
-	l.mu.Lock()
-	windowStart := l.trustUntil.Add(-(l.ttl - l.margin))
-	l.mu.Unlock()
-	next := max(0, l.c.until(windowStart.Add(o.RenewInterval)))
 	untilHold := func() time.Duration {
 		if !limited {
 			return NoMaxHold
 		}
 		return max(0, l.c.until(holdUntil))
 	}
+	// The first renewal is due one interval into the current trust window
+	// (from the grant or the last renewal), not one interval after the loop
+	// started: a grant whose reply came late would otherwise let the window
+	// run out before its first renewal.
+	next := max(0, l.c.until(l.trustDeadline().Add(o.RenewInterval-(l.ttl-l.margin))))
 	timer := time.NewTimer(min(next, untilHold()))
 	defer timer.Stop()
 	ended := func() (string, error) {
-		if err := l.Err(); !errors.Is(err, ErrReleased) {
-			return endOutcome(err), err
+		err := l.Err()
+		if errors.Is(err, ErrReleased) {
+			return outcomeReleased, nil
 		}
-		return outcomeReleased, nil
+		return endOutcome(err), err
 	}
-	for {
+	for failures := 0; ; {
 		select {
 		case <-ctx.Done():
 			return outcomeCanceled, nil
@@ -486,16 +438,12 @@ func (l *Lease) renewLoop(ctx context.Context, o AcquireOptions) (string, error)
 			return ended()
 		case <-timer.C:
 		}
-		if l.releaseRequested() {
+		if l.releaseAsked.Load() {
 			// The holder asked to give the lease up, but no release was
-			// confirmed: renewing would keep it held. Wait for a confirmed
-			// release or for the trust window to run out.
-			select {
-			case <-ctx.Done():
-				return outcomeCanceled, nil
-			case <-l.ctx.Done():
-				return ended()
-			}
+			// confirmed: renewing would keep it held. Wait (the timer is
+			// not set again) for a confirmed release or for the trust
+			// window to run out.
+			continue
 		}
 		if limited && !l.c.now().Before(holdUntil) {
 			err := fmt.Errorf("%w: lease %q (holder %s, token %d) kept for %s, its maximum hold (AcquireOptions.MaxHold): raise it for work that runs longer",
@@ -508,13 +456,9 @@ func (l *Lease) renewLoop(ctx context.Context, o AcquireOptions) (string, error)
 		cancel()
 		switch {
 		case err == nil:
-			failures = 0
-			next = o.RenewInterval
+			failures, next = 0, o.RenewInterval
 		case l.Err() != nil:
-			if errors.Is(l.Err(), ErrReleased) {
-				return outcomeReleased, nil
-			}
-			return endOutcome(l.Err()), l.Err()
+			return ended()
 		case ctx.Err() != nil:
 			return outcomeCanceled, nil
 		default:

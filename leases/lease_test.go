@@ -54,7 +54,7 @@ func TestAcquireRenewRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-l.Done():
+	case <-l.Context().Done():
 	default:
 		t.Fatal("lease context not done after Release")
 	}

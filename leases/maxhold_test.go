@@ -96,7 +96,7 @@ func TestKeepAliveMaxHoldFromGrant(t *testing.T) {
 		}
 		l := r.l
 		select {
-		case <-l.Done():
+		case <-l.Context().Done():
 		case <-ctx.Done():
 			t.Fatalf("lease with MaxHold %s still held after %s", maxHold, time.Since(t0))
 		}

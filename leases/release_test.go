@@ -66,7 +66,7 @@ func TestReleaseNotSentKeepsLease(t *testing.T) {
 	}
 	for renewals.Load() < 2 {
 		select {
-		case <-l.Done():
+		case <-l.Context().Done():
 			t.Fatalf("lease ended while kept alive: %v", l.Err())
 		case <-time.After(5 * time.Millisecond):
 		}
@@ -77,7 +77,7 @@ func TestReleaseNotSentKeepsLease(t *testing.T) {
 	start := time.Now()
 	before := renewals.Load()
 	select {
-	case <-l.Done():
+	case <-l.Context().Done():
 	case <-time.After(5 * time.Second):
 		t.Fatalf("lease still held 5 s after a release that was not sent (%d renewals since): the keep-alive renewed it", renewals.Load()-before)
 	}

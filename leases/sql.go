@@ -4,7 +4,7 @@ package leases
 // the migrations, so the Go client and any other SQL client follow the same
 // protocol. Durations travel as microseconds.
 const (
-	sqlTryAcquire = `SELECT acquired, token, granted_at, expires_at,
+	sqlTryAcquire = `SELECT acquired, token, expires_at,
        (extract(epoch FROM remaining) * 1000000)::bigint
   FROM pgfence.try_acquire($1, $2::bigint * interval '1 microsecond', $3, $4::uuid, $5, $6)`
 
@@ -39,7 +39,7 @@ const (
 	// any transaction holding the key's row and reads whether the attempt's
 	// holder got the lease.
 	sqlAbandonGrant = `SELECT pgfence.abandon_grant($1, $2::uuid)`
-	sqlGrantProbe   = `SELECT granted, token, granted_at, expires_at, live FROM pgfence.grant_probe($1, $2::uuid)`
+	sqlGrantProbe   = `SELECT granted, token, expires_at, live FROM pgfence.grant_probe($1, $2::uuid)`
 
 	sqlStatus = `SELECT ` + statusColumns + ` FROM pgfence.lease_status AS s`
 

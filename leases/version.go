@@ -1,6 +1,7 @@
 package leases
 
 import (
+	"cmp"
 	"runtime/debug"
 	"sync"
 )
@@ -28,22 +29,14 @@ var clientVersion = sync.OnceValue(func() string {
 
 // moduleVersion is the version of this module in bi (see clientVersion).
 func moduleVersion(bi *debug.BuildInfo) string {
-	v := "(devel)"
-	if bi.Main.Path == modulePath && bi.Main.Version != "" {
-		v = bi.Main.Version
-	}
-	for _, d := range bi.Deps {
-		if d.Path != modulePath {
+	for _, m := range append([]*debug.Module{&bi.Main}, bi.Deps...) {
+		if m.Path != modulePath {
 			continue
 		}
-		switch {
-		case d.Replace == nil:
-			return d.Version
-		case d.Replace.Version != "":
-			return d.Replace.Version
-		default: // a directory: not the required version's code
-			return "(devel)"
+		if m.Replace != nil { // a directory has no version: not the required version's code
+			m = m.Replace
 		}
+		return cmp.Or(m.Version, "(devel)")
 	}
-	return v
+	return "(devel)"
 }

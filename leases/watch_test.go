@@ -64,8 +64,8 @@ func TestWatchSeesEveryTransition(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := next(t, w, 5*time.Second)
-	if e.Kind != "acquired" || e.Holder != a.Holder() || e.Token != a.Token() || e.HolderInfo != "host-a" || e.At.Before(a.GrantedAt()) {
-		t.Fatalf("first event %+v, want a's grant (token %d, holder info host-a, at %v)", e, a.Token(), a.GrantedAt())
+	if e.Kind != "acquired" || e.Holder != a.Holder() || e.Token != a.Token() || e.HolderInfo != "host-a" || e.At.IsZero() {
+		t.Fatalf("first event %+v, want a's grant (token %d, holder info host-a, a database time)", e, a.Token())
 	}
 	if _, err := a.SetHolderInfo(ctx, "host-a:8080"); err != nil {
 		t.Fatal(err)

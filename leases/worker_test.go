@@ -71,7 +71,7 @@ func runWorker(mode string) int {
 			return 1
 		}
 		fmt.Println("held", l.Token(), l.Holder())
-		<-l.Done()
+		<-l.Context().Done()
 		fmt.Println("error keep-alive ended:", l.Err())
 		return 1
 	}

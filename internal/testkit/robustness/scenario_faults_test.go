@@ -181,14 +181,7 @@ func TestScenarioDatabaseUnreachable(t *testing.T) {
 	}{
 		{"TryAcquire", 0, func(ctx context.Context) Op { return a.acquire(ctx, "other", time.Minute, 0) }},
 		{"Acquire(MaxWait 10s)", 0, func(ctx context.Context) Op { return a.acquire(ctx, "other", time.Minute, 10*time.Second) }},
-		{"Renew", 0, func(ctx context.Context) Op {
-			err := a.renew(ctx, sku)
-			op := Op{Kind: Renew, Key: sku, Outcome: OK}
-			if err != nil {
-				op.Outcome, op.Err = classify(err), err.Error()
-			}
-			return op
-		}},
+		{"Renew", 0, func(ctx context.Context) Op { return a.renewOp(ctx, sku) }},
 		{"fenced Write", 0, func(ctx context.Context) Op { return a.write(ctx, sku, acq.Token, "during-outage") }},
 		{"idempotent Do", 0, func(ctx context.Context) Op { return a.effect(ctx, "order-1", "during-outage") }},
 	}
@@ -254,7 +247,7 @@ func TestScenarioDatabaseUnreachable(t *testing.T) {
 	p.SetBlackhole(faultproxy.ClientToServer, true)
 	p.SetBlackhole(faultproxy.ServerToClient, true)
 	select {
-	case <-lease.Done():
+	case <-lease.Context().Done():
 		if !errors.Is(lease.Err(), pgfence.ErrLeaseLost) {
 			t.Fatalf("lease ended with %v, want ErrLeaseLost", lease.Err())
 		}

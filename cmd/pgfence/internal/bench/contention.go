@@ -372,7 +372,7 @@ func (r *contentionRun) hold(l *leases.Lease) {
 		select {
 		case <-done.C:
 			return
-		case <-l.Done():
+		case <-l.Context().Done():
 			return
 		case <-renew.C:
 			if l.Renew(l.Context()) == nil {
