@@ -126,6 +126,23 @@ func (a *actor) renew(ctx context.Context, key string) error {
 	return l.Renew(ctx)
 }
 
+// renewOp renews the lease this actor holds on key and returns the
+// operation: Rejected only when the database refused the renewal, Failed when
+// the client refused it itself (its trust window had run out: nothing sent).
+func (a *actor) renewOp(ctx context.Context, key string) Op {
+	op := Op{Kind: Renew, Key: key, Outcome: OK}
+	if l := a.lease(key); l != nil {
+		op.Token = l.Token()
+	}
+	if err := a.renew(ctx, key); err != nil {
+		op.Outcome, op.Err = classify(err), err.Error()
+		if op.Outcome == Rejected && pgerr.Code(err) != pgerr.CodeLeaseNotHeld {
+			op.Outcome = Failed
+		}
+	}
+	return op
+}
+
 // release releases the lease this actor holds on key.
 func (a *actor) release(ctx context.Context, key string) Op {
 	op := Op{Kind: Release, Key: key}

@@ -30,8 +30,11 @@ const (
 	Effect Kind = "effect"
 	// EffectRead reads the stored result of intent Key ("" when none).
 	EffectRead Kind = "effect-read"
-	// Renew renews the lease on Key. It is recorded but not checked: a lost
-	// renewal shows up in the grants and writes that follow.
+	// Renew renews the lease on Key (Token: the grant's). It is recorded but
+	// not checked: a lost renewal shows up in the grants and writes that
+	// follow. Rejected means the database refused it (the grant no longer
+	// held the key); a holder that stopped trusting its lease first sends
+	// nothing (Failed).
 	Renew Kind = "renew"
 )
 

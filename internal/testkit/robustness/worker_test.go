@@ -77,11 +77,7 @@ func serveActor(ctx context.Context, op string, raw json.RawMessage) (any, error
 	case "release":
 		return a.release(ctx, args.Key), nil
 	case "renew":
-		err := a.renew(ctx, args.Key)
-		if err != nil {
-			return nil, &workerproc.CodedError{Code: string(classify(err)), Err: err}
-		}
-		return "ok", nil
+		return a.renewOp(ctx, args.Key), nil
 	case "close":
 		a.close()
 		return "ok", nil
@@ -118,6 +114,8 @@ func kindOf(cmd string) Kind {
 		return Release
 	case "effect":
 		return Effect
+	case "renew":
+		return Renew
 	default:
 		return Write
 	}
