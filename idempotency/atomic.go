@@ -1,7 +1,9 @@
 package idempotency
 
 import (
+	"cmp"
 	"context"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -16,7 +18,7 @@ import (
 )
 
 const (
-	claimAtomicSQL = `SELECT outcome, status, result, failure_code, failure_message, expires_at,
+	claimAtomicSQL = `SELECT outcome, coalesce(status, ''), result, coalesce(failure_code, ''), coalesce(failure_message, ''), expires_at,
        (extract(epoch FROM retry_after) * 1e6)::bigint
   FROM pgfence.idempotency_claim_atomic($1, $2, $3, $4 * interval '1 microsecond', $5 * interval '1 microsecond')`
 
@@ -59,7 +61,7 @@ const (
 func (s *Store) Do(ctx context.Context, db DB, req Request, fn func(ctx context.Context, tx pgx.Tx) ([]byte, error)) (o *Outcome, err error) {
 	ctx, done := s.tel.start(ctx, modeAtomic, req)
 	defer func() { done(o, err) }()
-	fp, retention, err := s.check(req)
+	c, err := s.check(req)
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +72,54 @@ func (s *Store) Do(ctx context.Context, db DB, req Request, fn func(ctx context.
 	if err != nil {
 		return nil, err
 	}
-	return doAtomic(ctx, s, open, req, fp, retention, fn)
+	return doAtomic(ctx, *c, open, fn)
+}
+
+// SQLDB is what [Store.DoSQL] runs on: a [*sql.DB] (or a type that embeds
+// one, such as *sqlx.DB), a [*sql.Conn], or the caller's [*sql.Tx], from any
+// PostgreSQL driver (lib/pq, pgx's stdlib). An ORM's transaction is passed as
+// the *sql.Tx it wraps (sqlx and bun: tx.Tx; GORM:
+// tx.Statement.ConnPool.(*sql.Tx)).
+type SQLDB = driver.SQLDB
+
+// DoSQL is [Store.Do] on database/sql: the claim on req's key, fn's writes
+// and fn's result commit in one READ COMMITTED transaction, with the same
+// outcomes, errors and guarantees. fn does the intent's writes through tx,
+// the transaction that holds the claim, and returns the result to store, a
+// [*Failure], or a transient error, as Do's does.
+//
+// When db is a *sql.Tx, the claim and fn's writes run under a savepoint of
+// the caller's transaction and fn is given that *sql.Tx: the key, the
+// intent's writes and everything else the caller writes in the transaction
+// (a fenced write of pgfence.WriteSQL, say) commit together when the caller
+// commits, or not at all; the caller's transaction must be READ COMMITTED
+// ([ErrIsolation] otherwise). On a *sql.DB or a *sql.Conn, DoSQL runs a READ
+// COMMITTED transaction of its own and commits it; a connection lost while
+// the COMMIT was on its way returns [ErrOutcomeUnknown] (with lib/pq too,
+// whose driver.ErrBadConn does not say whether the COMMIT was sent): call
+// DoSQL again with the same request to learn the answer.
+//
+// A new key costs BEGIN, the claim, fn's statements, the stored result and
+// COMMIT; database/sql cannot send the result with the COMMIT in one
+// pipeline as [Store.Do] does on pgx, so it is one round trip more. fn must
+// not commit or roll back tx.
+func (s *Store) DoSQL(ctx context.Context, db SQLDB, req Request, fn func(ctx context.Context, tx *sql.Tx) ([]byte, error)) (o *Outcome, err error) {
+	ctx, done := s.tel.start(ctx, modeAtomic, req)
+	defer func() { done(o, err) }()
+	c, err := s.check(req)
+	if err != nil {
+		return nil, err
+	}
+	if fn == nil {
+		return nil, fmt.Errorf("%w: fn is nil", ErrInvalid)
+	}
+	h, err := driver.SQL(db)
+	if err != nil {
+		return nil, err
+	}
+	return doAtomic(ctx, *c, func(ctx context.Context, _ *claimArgs) (driver.Tx[*sql.Tx], error) {
+		return h.Begin(ctx, true)
+	}, fn)
 }
 
 // opener opens the transaction of an atomic claim: on a pool or a
@@ -79,34 +128,25 @@ func (s *Store) Do(ctx context.Context, db DB, req Request, fn func(ctx context.
 // message does so and sets c.claimed. T is what the work is given.
 type opener[T any] func(ctx context.Context, c *claimArgs) (driver.Tx[T], error)
 
-// claimArgs are the arguments of one atomic claim.
-type claimArgs struct {
-	scope, key      string
-	fingerprint     []byte
-	wait, retention time.Duration
-	// claimed: the opener claimed the key (outcome new) with its BEGIN.
-	claimed bool
-}
-
 // doAtomic is Do on the transactions open opens: fn's writes, the claim and
 // the result commit together; a [*Failure] from fn is stored in a
 // transaction of its own, unless a concurrent attempt completed the key
 // meanwhile.
-func doAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request, fp []byte, retention time.Duration, fn func(context.Context, T) ([]byte, error)) (*Outcome, error) {
-	out, err := runAtomic(ctx, s, open, req, fp, retention, fn, nil)
+func doAtomic[T any](ctx context.Context, c claimArgs, open opener[T], fn func(context.Context, T) ([]byte, error)) (*Outcome, error) {
+	out, err := runAtomic(ctx, c, open, fn, nil)
 	if failure := (*Failure)(nil); errors.As(err, &failure) {
 		if err := failure.check(); err != nil {
 			return nil, err
 		}
-		return runAtomic(ctx, s, open, req, fp, retention, nil, failure)
+		return runAtomic(ctx, c, open, fn, failure)
 	}
 	return out, err
 }
 
-// runAtomic claims req's key and, for a new key, commits fn's writes and
+// runAtomic claims c's key and, for a new key, commits fn's writes and
 // result, or failure without running fn.
-func runAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request, fp []byte, retention time.Duration, fn func(context.Context, T) ([]byte, error), failure *Failure) (*Outcome, error) {
-	out, a, err := beginAtomic(ctx, s, open, req, fp, retention)
+func runAtomic[T any](ctx context.Context, c claimArgs, open opener[T], fn func(context.Context, T) ([]byte, error), failure *Failure) (*Outcome, error) {
+	out, a, err := beginAtomic(ctx, c, open)
 	if err != nil || out.Replayed {
 		return out, err
 	}
@@ -147,7 +187,7 @@ func runAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request
 func (s *Store) Begin(ctx context.Context, db DB, req Request) (o *Outcome, err error) {
 	ctx, done := s.tel.start(ctx, modeAtomic, req)
 	defer func() { done(o, err) }()
-	fp, retention, err := s.check(req)
+	c, err := s.check(req)
 	if err != nil {
 		return nil, err
 	}
@@ -155,7 +195,7 @@ func (s *Store) Begin(ctx context.Context, db DB, req Request) (o *Outcome, err 
 	if err != nil {
 		return nil, err
 	}
-	out, a, err := beginAtomic(ctx, s, open, req, fp, retention)
+	out, a, err := beginAtomic(ctx, *c, open)
 	if a != nil {
 		out.Attempt = &Attempt{store: s, scope: req.Scope, key: req.Key, atomic: a}
 	}
@@ -164,21 +204,20 @@ func (s *Store) Begin(ctx context.Context, db DB, req Request) (o *Outcome, err 
 
 // beginAtomic opens a transaction and claims req's key in it. For a new key
 // it returns the open attempt; otherwise the transaction has ended.
-func beginAtomic[T any](ctx context.Context, s *Store, open opener[T], req Request, fp []byte, retention time.Duration) (*Outcome, *attempt[T], error) {
-	c := &claimArgs{scope: req.Scope, key: req.Key, fingerprint: fp, wait: s.wait, retention: retention}
-	tx, err := open(ctx, c)
+func beginAtomic[T any](ctx context.Context, c claimArgs, open opener[T]) (*Outcome, *attempt[T], error) {
+	tx, err := open(ctx, &c)
 	if err != nil {
 		return nil, nil, err
 	}
 	out := &Outcome{}
 	if !c.claimed {
-		out, err = claimAtomic(ctx, s, tx, req, c)
+		out, err = claimAtomic(ctx, tx, &c)
 		if err != nil || out.Replayed {
 			_ = driver.Abort(ctx, tx, nil)
 			return out, nil, err
 		}
 	}
-	return out, &attempt[T]{store: s, scope: req.Scope, key: req.Key, tx: tx}, nil
+	return out, &attempt[T]{store: c.store, scope: c.scope, key: c.key, tx: tx}, nil
 }
 
 // attempt is an open atomic claim on a transaction of any driver.
@@ -316,57 +355,39 @@ func writeText(b *strings.Builder, s string) {
 // claimAtomic claims the key in tx or reports what holds it. The claim
 // travels with the statement that names the context's trace, in one round
 // trip where the driver pipelines.
-func claimAtomic[T any](ctx context.Context, s *Store, tx driver.Tx[T], req Request, c *claimArgs) (*Outcome, error) {
+func claimAtomic[T any](ctx context.Context, tx driver.Tx[T], c *claimArgs) (*Outcome, error) {
 	var (
-		outcome               string
-		status, code, message *string
-		result                []byte
-		expiresAt             *time.Time
-		retryAfter            *int64
+		outcome, status, code, message string
+		result                         []byte
+		expiresAt                      *time.Time
+		retryAfter                     *int64
 	)
 	err := tx.Query(ctx, []any{&outcome, &status, &result, &code, &message, &expiresAt, &retryAfter},
 		driver.Traced(ctx, driver.Stmt{SQL: claimAtomicSQL, Args: []any{c.scope, c.key, c.fingerprint, c.wait.Microseconds(), c.retention.Microseconds()}})...)
-	if err != nil {
+	switch {
+	case err != nil:
 		return nil, classify(tx.Classify(err), false)
-	}
-	switch outcome {
-	case "new":
+	case outcome == "new":
 		return &Outcome{}, nil
-	case "replayed":
-		return replayed(*status, result, code, message, expiresAt), nil
-	case "mismatch":
+	case outcome == "replayed":
+		return replayed(status, result, code, message, expiresAt), nil
+	case outcome == "mismatch":
 		return nil, ErrMismatch
-	default:
-		return nil, s.inProgress(req.Scope, req.Key, retryAfter)
 	}
+	return nil, c.inProgress(retryAfter)
 }
 
-func (s *Store) inProgress(scope, key string, retryAfter *int64) error {
-	d := s.retryAfter
-	if retryAfter != nil {
-		d = fromMicros(retryAfter)
-	}
-	return &InProgressError{Scope: scope, Key: key, RetryAfter: d}
+// inProgress is the error of a key another attempt holds, with the rest of
+// its lease as the hint, or the store's [Config.RetryAfter] when there is
+// none.
+func (c *claimArgs) inProgress(retryAfter *int64) error {
+	return &InProgressError{Scope: c.scope, Key: c.key, RetryAfter: cmp.Or(fromMicros(retryAfter), c.store.retryAfter)}
 }
 
-func replayed(status string, result []byte, code, message *string, expiresAt *time.Time) *Outcome {
-	out := &Outcome{Replayed: true}
-	if expiresAt != nil {
-		out.ExpiresAt = *expiresAt
-	}
+// replayed is the stored answer of a completed key.
+func replayed(status string, result []byte, code, message string, expiresAt *time.Time) *Outcome {
 	if status == "failed" {
-		out.Failure = &Failure{Data: result}
-		if code != nil {
-			out.Failure.Code = *code
-		}
-		if message != nil {
-			out.Failure.Message = *message
-		}
-		return out
+		return &Outcome{Replayed: true, Failure: &Failure{Code: code, Message: message, Data: result}, ExpiresAt: orZero(expiresAt)}
 	}
-	if result == nil {
-		result = []byte{}
-	}
-	out.Result = result
-	return out
+	return &Outcome{Replayed: true, Result: nonNil(result), ExpiresAt: orZero(expiresAt)}
 }

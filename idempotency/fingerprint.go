@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/big"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -99,20 +100,8 @@ func hex4(data []byte, at int) (rune, bool) {
 	if at+4 > len(data) {
 		return 0, false
 	}
-	var r rune
-	for _, c := range data[at : at+4] {
-		switch {
-		case c >= '0' && c <= '9':
-			r = r<<4 | rune(c-'0')
-		case c >= 'a' && c <= 'f':
-			r = r<<4 | rune(c-'a'+10)
-		case c >= 'A' && c <= 'F':
-			r = r<<4 | rune(c-'A'+10)
-		default:
-			return 0, false
-		}
-	}
-	return r, true
+	r, err := strconv.ParseUint(string(data[at:at+4]), 16, 16)
+	return rune(r), err == nil
 }
 
 // canonicalValue reads one value from dec and writes its canonical form.

@@ -45,9 +45,9 @@ const gcSQL = `SELECT pgfence.idempotency_gc($1)`
 func (s *Store) GC(ctx context.Context, db DB, opts *GCOptions) (res GCResult, err error) {
 	ctx, done := s.tel.Start(ctx, "gc")
 	defer func() {
-		s.tel.Count(ctx, "gc_deleted", outcomeOK, res.Deleted)
+		s.tel.Count(ctx, "gc_deleted", "ok", res.Deleted)
 		s.tel.log.DebugContext(ctx, "idempotency: gc", "deleted", res.Deleted, "batches", res.Batches, "error", err)
-		done(outcomeOf(err), err)
+		done(outcomeOf(err))
 	}()
 	o := cmp.Or(opts, &GCOptions{})
 	switch {

@@ -16,8 +16,8 @@ import (
 )
 
 const (
-	claimSQL = `SELECT outcome, owner::text, epoch, recovery_point, recovery_data,
-       status, result, failure_code, failure_message, expires_at
+	claimSQL = `SELECT outcome, coalesce(owner::text, ''), epoch, recovery_point, recovery_data,
+       coalesce(status, ''), result, coalesce(failure_code, ''), coalesce(failure_message, ''), expires_at
   FROM pgfence.idempotency_claim($1, $2, $3, $4 * interval '1 microsecond', $5 * interval '1 microsecond',
                                  $6 * interval '1 microsecond')`
 
@@ -50,34 +50,34 @@ const (
 func (s *Store) Claim(ctx context.Context, db DB, req Request) (o *Outcome, err error) {
 	ctx, done := s.tel.start(ctx, modeLeased, req)
 	defer func() { done(o, err) }()
-	fp, retention, err := s.check(req)
+	c, err := s.check(req)
 	if err != nil {
 		return nil, err
 	}
 	if err := driver.NilHandle(db); err != nil {
 		return nil, err
 	}
-	return s.claim(ctx, db, req.Scope, req.Key, fp, retention)
+	return c.claim(ctx, db)
 }
 
-// claim claims (scope, key) for leased work with fingerprint fp: a new key,
-// a key free again, or a takeover of an expired or released lease.
-func (s *Store) claim(ctx context.Context, db DB, scope, key string, fp []byte, retention time.Duration) (*Outcome, error) {
+// claim claims c's key for leased work: a new key, a key free again, or a
+// takeover of an expired or released lease.
+func (c *claimArgs) claim(ctx context.Context, db DB) (*Outcome, error) {
 	var (
-		outcome, recoveryPoint, status string
-		owner, code, message           *string
-		epoch                          int64
-		recoveryData, result           []byte
-		expiresAt                      *time.Time
+		outcome, owner, recoveryPoint, status, code, message string
+		epoch                                                int64
+		recoveryData, result                                 []byte
+		expiresAt                                            *time.Time
 	)
 	conn, release, err := acquire(ctx, db) // db stays the attempt's
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	start := time.Now()
+	s, start := c.store, time.Now()
 	claim := func(db DB) error {
-		return driver.QueryRow(ctx, db, driver.Traced(ctx, driver.Stmt{SQL: claimSQL, Args: []any{scope, key, fp, s.lease.Microseconds(), retention.Microseconds(), s.wait.Microseconds()}}),
+		return driver.QueryRow(ctx, db, driver.Traced(ctx, driver.Stmt{SQL: claimSQL,
+			Args: []any{c.scope, c.key, c.fingerprint, s.lease.Microseconds(), c.retention.Microseconds(), c.wait.Microseconds()}}),
 			&outcome, &owner, &epoch, &recoveryPoint, &recoveryData, &status, &result, &code, &message, &expiresAt)
 	}
 	err = claim(conn)
@@ -87,42 +87,24 @@ func (s *Store) claim(ctx context.Context, db DB, scope, key string, fp []byte, 
 		// anything is written): claim in a READ COMMITTED transaction.
 		err = inReadCommitted(ctx, conn, claim)
 	}
-	if err != nil {
-		err = classify(err, true)
-		switch {
-		case errors.Is(err, ErrMismatch):
-			return nil, err
-		case errors.Is(err, ErrInProgress):
-			var us *int64
-			if rerr := conn.QueryRow(ctx, retryAfterSQL, scope, key).Scan(&us); rerr != nil {
-				us = nil // the hint is best effort; the default applies
-			}
-			if us != nil && *us <= 0 {
-				// The lease is over but the row was locked (its owner is
-				// completing in a transaction, or another claim is taking it
-				// over): no lease to go by.
-				us = nil
-			}
-			return nil, s.inProgress(scope, key, us)
+	switch err = classify(err, true); {
+	case errors.Is(err, ErrInProgress):
+		// The hint is best effort. A lease that is over while the row is
+		// locked (its owner completing in a transaction, or another claim
+		// taking it over) gives none: the default applies.
+		var us *int64
+		if conn.QueryRow(ctx, retryAfterSQL, c.scope, c.key).Scan(&us) != nil {
+			us = nil
 		}
+		return nil, c.inProgress(us)
+	case err != nil:
 		return nil, err
-	}
-	if outcome == "replayed" {
+	case outcome == "replayed":
 		return replayed(status, result, code, message, expiresAt), nil
 	}
-	a := &Attempt{
-		store:         s,
-		db:            db,
-		scope:         scope,
-		key:           key,
-		owner:         *owner,
-		epoch:         epoch,
-		turn:          make(chan struct{}, 1),
-		recoveryPoint: recoveryPoint,
-		recoveryData:  recoveryData,
-		trustedUntil:  start.Add(s.lease),
-	}
-	s.tel.log.DebugContext(ctx, "idempotency: leased key claimed", "scope", scope, "key", key,
+	a := &Attempt{store: s, db: db, scope: c.scope, key: c.key, owner: owner, epoch: epoch, turn: make(chan struct{}, 1),
+		recoveryPoint: recoveryPoint, recoveryData: recoveryData, trustedUntil: start.Add(s.lease)}
+	s.tel.log.DebugContext(ctx, "idempotency: leased key claimed", "scope", c.scope, "key", c.key,
 		"epoch", epoch, "recovery_point", recoveryPoint)
 	return &Outcome{Attempt: a}, nil
 }

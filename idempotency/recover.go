@@ -130,11 +130,18 @@ func (s *Store) Recover(ctx context.Context, db DB, opts *RecoverOptions, fn fun
 		return res, err
 	}
 	res.Found = len(keys)
+	failed := fn == nil
+	if failed {
+		fn = func(_ context.Context, a *Attempt) error {
+			return &Failure{Code: codeAbandoned, Message: abandonedMessage(a.RecoveryPoint())}
+		}
+	}
 	for _, k := range keys {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		out, err := s.claim(ctx, db, k.Scope, k.Key, []byte(k.fingerprint), k.retention)
+		c := claimArgs{store: s, scope: k.Scope, key: k.Key, fingerprint: []byte(k.fingerprint), wait: s.wait, retention: k.retention}
+		out, err := c.claim(ctx, db)
 		switch {
 		case errors.Is(err, ErrInProgress), errors.Is(err, ErrMismatch), err == nil && out.Replayed:
 			res.Skipped++
@@ -145,27 +152,17 @@ func (s *Store) Recover(ctx context.Context, db DB, opts *RecoverOptions, fn fun
 		a := out.Attempt
 		s.tel.log.InfoContext(ctx, "idempotency: abandoned key taken over", "scope", k.Scope, "key", k.Key,
 			"epoch", a.epoch, "recovery_point", a.RecoveryPoint())
-		if fn == nil {
-			f := &Failure{Code: codeAbandoned, Message: abandonedMessage(a.RecoveryPoint())}
-			if _, err := a.Fail(ctx, f); errors.Is(err, ErrLeaseLost) {
-				res.Skipped++ // its lease ran out under us and somebody took it
-				continue
-			} else if err != nil {
-				releaseDetached(ctx, a) // do not hold the key for a lease
-				return res, err
-			}
+		outcome, err := s.resume(ctx, a, fn)
+		switch {
+		case outcome == recoverResumed && failed:
 			s.tel.log.InfoContext(ctx, "idempotency: abandoned key marked failed", "scope", k.Scope, "key", k.Key,
 				"epoch", a.epoch, "recovery_point", a.RecoveryPoint())
 			res.Failed++
-			continue
-		}
-		outcome, err := s.resume(ctx, a, fn)
-		switch outcome {
-		case recoverResumed:
+		case outcome == recoverResumed:
 			res.Resumed++
-		case recoverReleased:
+		case outcome == recoverReleased:
 			res.Released++
-		case recoverLost:
+		case outcome == recoverLost:
 			res.Skipped++
 		}
 		if err != nil {
@@ -218,7 +215,7 @@ func (s *Store) resume(ctx context.Context, a *Attempt, fn func(context.Context,
 		case ferr == nil:
 			return recoverResumed, nil
 		case errors.Is(ferr, ErrLeaseLost):
-			return 0, nil // fn completed the key after all, or lost it
+			return recoverLost, nil // its lease ran out and somebody took it, or fn completed it after all
 		case errors.Is(ferr, ErrInvalid):
 			s.tel.log.WarnContext(ctx, "idempotency: recover: the failure could not be stored; key released",
 				"scope", a.scope, "key", a.key, "error", ferr)
@@ -258,13 +255,11 @@ func (s *Store) release(ctx context.Context, a *Attempt) (recoverOutcome, error)
 	return recoverReleased, nil
 }
 
+// abandonedMessage is the failure message of an abandoned key; a recovery
+// point of at most 256 bytes keeps it far below the message's limit.
 func abandonedMessage(point string) string {
 	if point == "" {
 		return "abandoned in progress before its first recovery point; marked failed by a completer"
 	}
-	msg := fmt.Sprintf("abandoned in progress at recovery point %q; marked failed by a completer", point)
-	if len(msg) > maxFailureMessageBytes {
-		msg = "abandoned in progress; marked failed by a completer"
-	}
-	return msg
+	return fmt.Sprintf("abandoned in progress at recovery point %q; marked failed by a completer", point)
 }

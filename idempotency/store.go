@@ -170,13 +170,26 @@ type Request struct {
 	Retention time.Duration
 }
 
-func (s *Store) check(req Request) (fingerprint []byte, retention time.Duration, err error) {
-	retention, err = duration("Request.Retention", req.Retention, s.retention, time.Microsecond, maxRetention)
+// claimArgs are the checked arguments of one claim.
+type claimArgs struct {
+	store           *Store
+	scope, key      string
+	fingerprint     []byte
+	wait, retention time.Duration
+	// claimed: the opener of an atomic claim claimed the key (outcome new)
+	// with its BEGIN.
+	claimed bool
+}
+
+// check refuses req unless the database would accept it, and returns the
+// arguments of its claim.
+func (s *Store) check(req Request) (*claimArgs, error) {
+	retention, err := duration("Request.Retention", req.Retention, s.retention, time.Microsecond, maxRetention)
 	if err := errors.Join(checkText("Request.Scope", req.Scope, 1, MaxScopeBytes), checkText("Request.Key", req.Key, 1, MaxKeyBytes), err); err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	fp := sha256.Sum256(req.Payload)
-	return fp[:], retention, nil
+	return &claimArgs{store: s, scope: req.Scope, key: req.Key, fingerprint: fp[:], wait: s.wait, retention: retention}, nil
 }
 
 // checkText refuses s unless it is text PostgreSQL can store (valid UTF-8

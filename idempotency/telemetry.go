@@ -17,18 +17,11 @@ import (
 // pgfence.idempotency.duration.
 const instrumentationName = "github.com/pgfence/pgfence/idempotency"
 
-// Operations (pgfence.operation, and the span name after
-// "pgfence.idempotency."), and the outcomes besides those of a claim (new,
-// replayed, in_progress, mismatch).
+// The operations of a claim (pgfence.operation, and the span name after
+// "pgfence.idempotency."); the others are named where they are recorded.
 const (
 	modeAtomic = "atomic" // Do, DoSQL, Begin
 	modeLeased = "leased" // Claim
-
-	outcomeTakenOver = "taken_over" // a leased claim that took the key over
-	outcomeUnknown   = "unknown"
-	outcomeError     = "error"
-	outcomeOK        = "ok"
-	outcomeNotOwner  = "not_owner" // a replaced owner's late write
 )
 
 var (
@@ -48,33 +41,28 @@ func newInstruments(mp metric.MeterProvider, tp trace.TracerProvider, log *slog.
 	return &instruments{telemetry.New(instrumentationName, "pgfence.idempotency", mp, tp), log}
 }
 
-// start records a claim (Do, Begin, Claim) in mode.
+// start records a claim (Do, Begin, Claim) in mode: new, taken_over (a
+// leased claim that took the key over), replayed, or as outcomeOf names
+// its error.
 func (t *instruments) start(ctx context.Context, mode string, req Request) (context.Context, func(*Outcome, error)) {
 	ctx, done := t.Start(ctx, mode, attrScope.String(req.Scope), attrKey.String(req.Key))
 	return ctx, func(out *Outcome, err error) {
-		outcome := outcomeError
+		outcome, err := outcomeOf(err)
 		switch {
-		case out != nil && out.Replayed:
+		case out == nil:
+		case out.Replayed:
 			outcome = "replayed"
-		case out != nil:
+		case out.Attempt != nil && out.Attempt.epoch > 1:
+			outcome = "taken_over"
+			t.log.InfoContext(ctx, "idempotency: leased key taken over", "scope", req.Scope, "key", req.Key,
+				"epoch", out.Attempt.epoch, "recovery_point", out.Attempt.RecoveryPoint())
+		default:
 			outcome = "new"
-		case errors.Is(err, ErrInProgress):
-			outcome, err = "in_progress", nil // an answer, not a failed operation
-		case errors.Is(err, ErrMismatch):
-			outcome, err = "mismatch", nil
-		case errors.Is(err, ErrOutcomeUnknown):
-			outcome = outcomeUnknown
 		}
 		if out != nil && out.Attempt != nil && out.Attempt.epoch > 0 {
-			a := out.Attempt
-			trace.SpanFromContext(ctx).SetAttributes(attrOwner.String(a.owner), attrEpoch.Int64(a.epoch))
-			if a.epoch > 1 {
-				outcome = outcomeTakenOver
-				t.log.InfoContext(ctx, "idempotency: leased key taken over", "scope", req.Scope, "key", req.Key,
-					"epoch", a.epoch, "recovery_point", a.RecoveryPoint())
-			}
+			trace.SpanFromContext(ctx).SetAttributes(attrOwner.String(out.Attempt.owner), attrEpoch.Int64(out.Attempt.epoch))
 		}
-		if outcome != "new" && outcome != outcomeTakenOver && outcome != outcomeError && outcome != outcomeUnknown {
+		if outcome == "replayed" || outcome == "in_progress" || outcome == "mismatch" {
 			t.log.DebugContext(ctx, "idempotency: duplicate answered", "scope", req.Scope, "key", req.Key,
 				"mode", mode, "outcome", outcome)
 		}
@@ -83,22 +71,17 @@ func (t *instruments) start(ctx context.Context, mode string, req Request) (cont
 }
 
 // owned records op (heartbeat, advance, complete, fail, release) of a
-// leased attempt.
+// leased attempt; a replaced owner's late write is the outcome not_owner.
 func (t *instruments) owned(ctx context.Context, op string, a *Attempt) (context.Context, func(error)) {
 	ctx, done := t.Start(ctx, op, attrScope.String(a.scope), attrKey.String(a.key),
 		attrOwner.String(a.owner), attrEpoch.Int64(a.epoch))
 	return ctx, func(err error) {
-		outcome := outcomeOK
-		switch {
-		case err == nil:
+		outcome, _ := outcomeOf(err)
+		switch outcome {
+		case "ok":
 			t.log.DebugContext(ctx, "idempotency: leased key "+op, "scope", a.scope, "key", a.key, "epoch", a.epoch)
-		case errors.Is(err, ErrLeaseLost):
-			outcome = outcomeNotOwner
+		case "not_owner":
 			t.log.InfoContext(ctx, "idempotency: late "+op+" by a replaced owner refused", "scope", a.scope, "key", a.key, "epoch", a.epoch)
-		case errors.Is(err, ErrOutcomeUnknown):
-			outcome = outcomeUnknown
-		default:
-			outcome = outcomeError
 		}
 		done(outcome, err)
 	}
@@ -116,14 +99,25 @@ func (t *instruments) recovered(ctx context.Context) (context.Context, func(*Rec
 		}
 		t.log.DebugContext(ctx, "idempotency: recover", "found", res.Found, "resumed", res.Resumed, "failed", res.Failed,
 			"released", res.Released, "skipped", res.Skipped, "error", err)
-		done(outcomeOf(err), err)
+		done(outcomeOf(err))
 	}
 }
 
-// outcomeOf is ok or error.
-func outcomeOf(err error) string {
-	if err != nil {
-		return outcomeError
+// outcomeOf names the outcome of an operation that returned err: ok,
+// in_progress and mismatch (answers, so the error is dropped from the
+// span), not_owner, unknown or error.
+func outcomeOf(err error) (string, error) {
+	switch {
+	case err == nil:
+		return "ok", nil
+	case errors.Is(err, ErrInProgress):
+		return "in_progress", nil
+	case errors.Is(err, ErrMismatch):
+		return "mismatch", nil
+	case errors.Is(err, ErrLeaseLost):
+		return "not_owner", err
+	case errors.Is(err, ErrOutcomeUnknown):
+		return "unknown", err
 	}
-	return outcomeOK
+	return "error", err
 }
