@@ -42,12 +42,15 @@ type Client struct {
 	// on the client's wall clock.
 	clockOffset time.Duration
 
-	mu       sync.Mutex
-	closed   bool
-	queues   map[string]*queue        // waiting Acquire calls per key
-	windows  map[string]time.Duration // hold-back window after a wake-up, per contended key
-	listener *listener                // started by the first waiting Acquire or Watch
-	watchers map[string][]*Watcher    // running watches per key
+	// listenUp: the LISTEN connection is up, and releases are announced.
+	listenUp atomic.Bool
+
+	mu           sync.Mutex
+	closed       bool
+	queues       map[string][]*waiter     // waiting Acquire calls per key, in arrival order
+	windows      map[string]time.Duration // hold-back window after a wake-up, per contended key
+	listenerDone chan struct{}            // the LISTEN connection's goroutine ended; started by the first waiting Acquire or Watch
+	watchers     map[string][]*Watcher    // running watches per key
 
 	onEvent func(event) // tests observe transitions (export_test.go)
 }
@@ -71,7 +74,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		closing:  make(chan struct{}),
 		lifetime: lifetime,
 		stop:     stop,
-		queues:   make(map[string]*queue),
+		queues:   make(map[string][]*waiter),
 		windows:  make(map[string]time.Duration),
 	}, nil
 }
@@ -98,11 +101,11 @@ func (c *Client) Close() error {
 	}
 	c.closed = true
 	close(c.closing)
-	c.stop() // the keep-alives
-	l := c.listener
+	c.stop() // the keep-alives and the LISTEN connection
+	done := c.listenerDone
 	c.mu.Unlock()
-	if l != nil {
-		l.stop()
+	if done != nil {
+		<-done
 	}
 	c.bg.Wait() // bounded by Config.ResolveTimeout
 	return nil

@@ -42,10 +42,7 @@ func WatchReads(w *Watcher) int64 { return w.reads.Load() }
 func Waiters(c *Client, key string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if q := c.queues[key]; q != nil {
-		return len(q.waiters)
-	}
-	return 0
+	return len(c.queues[key])
 }
 
 // ClientVersion is what c records with every grant it makes.

@@ -170,7 +170,7 @@ func (c *Client) settle(ctx context.Context, o *orphan) {
 			c.cfg.Logger.Warn("pgfence lease: client closed before a lost grant reply was settled; if it was granted, the lease expires on its own",
 				"key", o.key, "holder", o.holder, "ttl", o.ttl)
 			return
-		case <-time.After(fullJitter(min(c.cfg.BackoffMin<<min(attempt, 10), c.cfg.BackoffMax))):
+		case <-time.After(fullJitter(capped(c.cfg.BackoffMin, attempt, c.cfg.BackoffMax))):
 		}
 	}
 }

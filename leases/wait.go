@@ -4,27 +4,22 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// queue holds the waiting Acquire calls of one client for one key, in arrival
-// order. Only the head polls the database and receives wake-ups, so a release
-// wakes one waiter per client, not all of them, and N idle waiters cost the
-// statements of one. Fair waiters (AcquireOptions.Fair) are the exception:
-// each polls from its arrival, because its place in the database queue
-// (pgfence.lease_waiters), shared by every client, counts from its first
-// poll; one queued behind another waiter of its own client would get its
-// place only after waiters of other clients that arrived later.
-type queue struct {
-	waiters []*waiter
-}
-
+// The waiting Acquire calls of one client for one key queue in arrival order
+// (Client.queues). Only the head polls the database and receives wake-ups,
+// so a release wakes one waiter per client, not all of them, and N idle
+// waiters cost the statements of one. Fair waiters (AcquireOptions.Fair) are
+// the exception: each polls from its arrival, because its place in the
+// database queue (pgfence.lease_waiters), shared by every client, counts
+// from its first poll; one queued behind another waiter of its own client
+// would get its place only after waiters of other clients that arrived later.
 type waiter struct {
 	turn    chan struct{}      // closed when the waiter starts polling
 	wake    chan struct{}      // a release of the key was seen (buffered, 1)
@@ -37,54 +32,45 @@ func (c *Client) enqueue(key string, fair bool) *waiter {
 	w := &waiter{turn: make(chan struct{}), wake: make(chan struct{}, 1), granted: make(chan time.Duration, 1), fair: fair}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	q := c.queues[key]
-	if q == nil {
-		q = &queue{}
-		c.queues[key] = q
-	}
-	q.waiters = append(q.waiters, w)
-	q.handOut()
+	c.queues[key] = append(c.queues[key], w)
+	handOut(c.queues[key])
 	return w
 }
 
 func (c *Client) dequeue(key string, w *waiter) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	q := c.queues[key]
-	if q == nil {
-		return
-	}
-	for i, x := range q.waiters {
-		if x == w {
-			q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
-			break
-		}
-	}
-	q.handOut() // the next waiter polls now
-	if len(q.waiters) == 0 {
+	q := slices.DeleteFunc(c.queues[key], func(x *waiter) bool { return x == w })
+	handOut(q) // the next waiter polls now
+	if c.queues[key] = q; len(q) == 0 {
 		delete(c.queues, key)
 	}
 }
 
-// handOut lets the first waiter that is not fair, and every fair waiter,
-// poll. c.mu is held.
-func (q *queue) handOut() {
+// handOut lets the first waiter of q that is not fair, and every fair
+// waiter, poll. c.mu is held.
+func handOut(q []*waiter) {
 	head := true
-	for _, w := range q.waiters {
+	for _, w := range q {
 		if (head || w.fair) && !w.polling {
 			w.polling = true
 			close(w.turn)
 		}
-		if !w.fair {
-			head = false
-		}
+		head = head && w.fair
 	}
 }
 
-// pollers calls f for every waiter of key that polls. c.mu is held.
+// pollers calls f, under c.mu, for every waiter of key (of every key when
+// key is "") that polls.
 func (c *Client) pollers(key string, f func(*waiter)) {
-	if q := c.queues[key]; q != nil {
-		for _, w := range q.waiters {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	queues := map[string][]*waiter{key: c.queues[key]}
+	if key == "" {
+		queues = c.queues
+	}
+	for _, q := range queues {
+		for _, w := range q {
 			if w.polling {
 				f(w)
 			}
@@ -101,19 +87,10 @@ func offer[T any](ch chan T, v T) {
 	}
 }
 
-// wake tells the waiters for key that poll (if any) to try now.
+// wake tells the waiters for key (every key when key is "") that poll to
+// try now.
 func (c *Client) wake(key string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.pollers(key, func(w *waiter) { offer(w.wake, struct{}{}) })
-}
-
-// granted tells the waiters for key that poll (if any) that another waiter's
-// grant of it was announced, with that lease's length.
-func (c *Client) granted(key string, lease time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.pollers(key, func(w *waiter) { offer(w.granted, lease) })
 }
 
 // Hold-back after a wake-up. A release wakes one waiter in every client that
@@ -184,11 +161,7 @@ func (c *Client) adapt(key string, won bool) {
 // notifications may have been missed (the LISTEN connection was down), or
 // grants were resumed.
 func (c *Client) wakeAll() {
-	c.mu.Lock()
-	for key := range c.queues {
-		c.pollers(key, func(w *waiter) { offer(w.wake, struct{}{}) })
-	}
-	c.mu.Unlock()
+	c.wake("")
 	c.watching("", (*Watcher).wake)
 }
 
@@ -196,7 +169,7 @@ func (c *Client) wakeAll() {
 // remaining is the holder's time left (0 when unknown). atExpiry reports that
 // the sleep ends at the holder's expiry, when every waiting client tries.
 func (c *Client) delay(attempt int, remaining time.Duration) (d time.Duration, atExpiry bool) {
-	if c.listening() {
+	if c.listenUp.Load() {
 		// Releases are announced: poll rarely, as a safety net.
 		d = c.cfg.PollInterval/2 + fullJitter(c.cfg.PollInterval/2)
 	} else {
@@ -247,7 +220,7 @@ func (c *Client) dispatch(channel, payload string) {
 			return
 		}
 		if n, err := strconv.ParseInt(micros, 10, 64); err == nil && n > 0 {
-			c.granted(key, time.Duration(n)*time.Microsecond)
+			c.pollers(key, func(w *waiter) { offer(w.granted, time.Duration(n)*time.Microsecond) })
 		}
 		c.watching(key, (*Watcher).wake)
 	case changeNotifyChannel:
@@ -255,40 +228,19 @@ func (c *Client) dispatch(channel, payload string) {
 	}
 }
 
-// listener owns the client's dedicated LISTEN connection. It reconnects with
-// backoff until the client closes; while it is down, waiters poll.
-type listener struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	up     atomic.Bool
-	once   sync.Once
-}
-
-func (c *Client) listening() bool {
-	c.mu.Lock()
-	l := c.listener
-	c.mu.Unlock()
-	return l != nil && l.up.Load()
-}
-
+// startListener starts the client's dedicated LISTEN connection, once. It
+// reconnects with backoff until the client closes; while it is down,
+// waiters and watchers poll.
 func (c *Client) startListener() {
 	if c.cfg.DisableWakeups {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.listener != nil || c.closed {
-		return
+	if c.listenerDone == nil && !c.closed {
+		c.listenerDone = make(chan struct{})
+		go c.listen(c.lifetime, c.listenerDone)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	l := &listener{cancel: cancel, done: make(chan struct{})}
-	c.listener = l
-	go c.listen(ctx, l)
-}
-
-func (l *listener) stop() {
-	l.once.Do(l.cancel)
-	<-l.done
 }
 
 const (
@@ -296,11 +248,11 @@ const (
 	listenerBackoffMax = 5 * time.Second
 )
 
-func (c *Client) listen(ctx context.Context, l *listener) {
-	defer close(l.done)
+func (c *Client) listen(ctx context.Context, done chan struct{}) {
+	defer close(done)
 	for attempt := 0; ctx.Err() == nil; attempt++ {
-		connected, err := c.listenOnce(ctx, l)
-		l.up.Store(false)
+		connected, err := c.listenOnce(ctx)
+		c.listenUp.Store(false)
 		if ctx.Err() != nil {
 			return
 		}
@@ -334,7 +286,7 @@ func capped(base time.Duration, n int, limit time.Duration) time.Duration {
 
 // listenOnce connects, listens and dispatches notifications until the
 // connection fails or ctx ends.
-func (c *Client) listenOnce(ctx context.Context, l *listener) (connected bool, err error) {
+func (c *Client) listenOnce(ctx context.Context) (connected bool, err error) {
 	cfg := c.pool.Config().ConnConfig.Copy()
 	cfg.RuntimeParams["application_name"] = listenerApplicationName
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -351,7 +303,7 @@ func (c *Client) listenOnce(ctx context.Context, l *listener) (connected bool, e
 	if _, err := conn.Exec(ctx, sqlListen); err != nil {
 		return false, err
 	}
-	l.up.Store(true)
+	c.listenUp.Store(true)
 	c.emit(event{Kind: eventListenerUp})
 	c.wakeAll() // releases may have been missed before LISTEN
 	for {

@@ -425,7 +425,7 @@ func (w *Watcher) pruned(ctx context.Context, last int64) (bool, error) {
 // poll is the longest time between two reads now.
 func (w *Watcher) poll() time.Duration {
 	switch {
-	case !w.c.listening():
+	case !w.c.listenUp.Load():
 		return w.c.cfg.BackoffMax
 	case w.opts.PollInterval > 0:
 		return w.opts.PollInterval
@@ -441,7 +441,7 @@ func (w *Watcher) wait(ctx context.Context, retry time.Duration) bool {
 	defer timer.Stop()
 	retryAt := w.c.now().Add(retry)
 	for {
-		poll, listening := w.poll(), w.c.listening() // take the client's lock: not under w.mu
+		poll, listening := w.poll(), w.c.listenUp.Load()
 		w.mu.Lock()
 		if w.readNow {
 			w.mu.Unlock()
