@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -10,8 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgfence/pgfence/idempotency"
 	"github.com/pgfence/pgfence/internal/driver"
@@ -25,26 +24,17 @@ const (
 	HeaderReplayed = "Idempotent-Replayed"
 )
 
-// Defaults and limits for [Config].
+// Defaults for [Config].
 const (
 	// MaxBodyBytesDefault bounds the request body read for the fingerprint.
 	MaxBodyBytesDefault = 1 << 20
 	// MaxResponseBytesDefault bounds the stored response body, and in
 	// [ModeAtomic] the response a handler may write.
 	MaxResponseBytesDefault = 1 << 20
-	// MaxKeyBytes is the longest accepted Idempotency-Key value.
-	MaxKeyBytes = 255
 )
 
-// MethodsDefault are the methods the middleware covers by default: the
-// ones that are not idempotent by definition.
-var MethodsDefault = []string{http.MethodPost, http.MethodPatch}
-
-// ReplayHeadersDefault are the response headers stored and replayed by
-// default. Anything else (Set-Cookie, per-request ids, Date) is not replayed.
-var ReplayHeadersDefault = []string{
-	"Content-Type", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified",
-}
+// maxKeyBytes is the longest accepted Idempotency-Key value.
+const maxKeyBytes = 255
 
 // Mode says how the middleware runs a handler under a key.
 type Mode int
@@ -71,18 +61,6 @@ const (
 	// for responses that stream or exceed [Config.MaxResponseBytes].
 	ModeLeased
 )
-
-// String returns "atomic" or "leased", the value of the
-// pgfence.idempotency.mode span attribute.
-func (m Mode) String() string {
-	switch m {
-	case ModeAtomic:
-		return "atomic"
-	case ModeLeased:
-		return "leased"
-	}
-	return fmt.Sprintf("Mode(%d)", int(m))
-}
 
 // Config configures [New]. A nil *Config is refused: the middleware needs a
 // [Config.Principal] (or an explicit [Config.KeysSharedByAllCallers]).
@@ -112,8 +90,8 @@ type Config struct {
 	// Required makes a covered request without an Idempotency-Key fail with
 	// 400. Default false: such requests run unprotected.
 	Required bool
-	// Methods are the covered methods; others pass through. Default
-	// [MethodsDefault].
+	// Methods are the covered methods; others pass through. Default POST
+	// and PATCH, the methods that are not idempotent by definition.
 	Methods []string
 	// Service names the service whose keys these are, for several services
 	// that share one database: every scope the middleware stores starts with
@@ -149,45 +127,31 @@ type Config struct {
 	// of [idempotency.MaxResultBytes].
 	MaxResponseBytes int
 	// ReplayHeaders are the response headers stored and replayed. Default
-	// [ReplayHeadersDefault]. Content-Encoding is always kept too: the
-	// body is stored as sent, and a replay without it would pass compressed
-	// bytes off as the body.
+	// Content-Type, Content-Language, Content-Location, Location, ETag and
+	// Last-Modified; anything else (Set-Cookie, per-request ids, Date) is
+	// not replayed. Content-Encoding is always kept too: the body is stored
+	// as sent, and a replay without it would pass compressed bytes off as
+	// the body.
 	ReplayHeaders []string
 	// Heartbeat is how often [ModeLeased] extends the lease while the
 	// handler runs. Default a third of the store's [idempotency.Config.Lease];
 	// 1 ms to half the lease (a heartbeat nearer the lease could arrive after
 	// it lapsed, and a retry take the key over from a running handler).
 	Heartbeat time.Duration
-	// Logger receives a debug event per covered request, and warnings when a
-	// key cannot be settled. Default: discard.
+	// Logger receives warnings when a key cannot be claimed or settled.
+	// Default: discard. The claims themselves are recorded by the store
+	// ([idempotency.Config]).
 	Logger *slog.Logger
-	// MeterProvider receives pgfence.idempotency.http.requests. Default: the
-	// global otel.GetMeterProvider().
-	MeterProvider metric.MeterProvider
-	// TracerProvider receives a pgfence.idempotency.http span per covered
-	// request. Default: the global otel.GetTracerProvider().
-	TracerProvider trace.TracerProvider
 }
 
 // Middleware applies idempotency keys to net/http handlers; see the package
 // documentation. It is safe for concurrent use.
 type Middleware struct {
-	store     *idempotency.Store
-	db        idempotency.DB
-	mode      Mode
-	required  bool
-	methods   map[string]bool
-	principal func(*http.Request) string
-	shared    bool   // keys are shared by all callers: no principal
-	prefix    string // of every scope: Service + "/http:"
-	route     func(*http.Request) string
-	canonical func(*http.Request, []byte) ([]byte, error)
-	maxBody   int64
-	maxResp   int
-	headers   []string
-	heartbeat time.Duration
-	logger    *slog.Logger
-	tel       *instruments
+	cfg     Config // with the defaults
+	store   *idempotency.Store
+	db      idempotency.DB
+	methods map[string]bool
+	prefix  string // of every scope: Service + "/http:"
 }
 
 // New returns a Middleware that keeps keys through store in db, normally a
@@ -221,85 +185,53 @@ func New(store *idempotency.Store, db idempotency.DB, cfg *Config) (*Middleware,
 	if store.Lease() == 0 { // NewStore always sets one
 		return nil, fmt.Errorf("%w: store: make it with idempotency.NewStore (a zero Store has no configuration)", idempotency.ErrInvalid)
 	}
-	if cfg == nil {
-		cfg = &Config{}
-	}
-	m := &Middleware{
-		prefix:    "http:",
-		store:     store,
-		db:        db,
-		mode:      cfg.Mode,
-		required:  cfg.Required,
-		methods:   map[string]bool{},
-		principal: cfg.Principal,
-		route:     cfg.Route,
-		canonical: cfg.CanonicalBody,
-		maxBody:   cfg.MaxBodyBytes,
-		maxResp:   cfg.MaxResponseBytes,
-		headers:   cfg.ReplayHeaders,
-		heartbeat: cfg.Heartbeat,
-		logger:    cfg.Logger,
-	}
+	m := &Middleware{cfg: *cmp.Or(cfg, &Config{}), store: store, db: db, methods: map[string]bool{}, prefix: "http:"}
+	c, lease := &m.cfg, store.Lease()
 	switch {
-	case len(cfg.Service) > 64 || !validText(cfg.Service) || strings.Contains(cfg.Service, "/"):
-		return nil, fmt.Errorf("%w: Config.Service must be at most 64 bytes of UTF-8 without NUL or \"/\", got %q", idempotency.ErrInvalid, cfg.Service)
-	case m.mode != ModeAtomic && m.mode != ModeLeased:
-		return nil, fmt.Errorf("%w: Config.Mode must be ModeAtomic or ModeLeased, got %v", idempotency.ErrInvalid, m.mode)
-	case m.principal == nil && !cfg.KeysSharedByAllCallers:
+	case len(c.Service) > 64 || !validText(c.Service) || strings.Contains(c.Service, "/"):
+		return nil, fmt.Errorf("%w: Config.Service must be at most 64 bytes of UTF-8 without NUL or \"/\", got %q", idempotency.ErrInvalid, c.Service)
+	case c.Mode != ModeAtomic && c.Mode != ModeLeased:
+		return nil, fmt.Errorf("%w: Config.Mode must be ModeAtomic or ModeLeased, got %d", idempotency.ErrInvalid, c.Mode)
+	case c.Principal == nil && !c.KeysSharedByAllCallers:
 		return nil, fmt.Errorf("%w: Config.Principal is required: without it one caller's stored response is replayed to any other caller "+
 			"who sends the same key and request (set Config.KeysSharedByAllCallers only if keys are secret)", idempotency.ErrInvalid)
-	case m.principal != nil && cfg.KeysSharedByAllCallers:
+	case c.Principal != nil && c.KeysSharedByAllCallers:
 		return nil, fmt.Errorf("%w: Config.Principal and Config.KeysSharedByAllCallers exclude each other", idempotency.ErrInvalid)
-	case m.principal == nil:
-		m.principal, m.shared = sharedPrincipal, true
+	case c.MaxBodyBytes < 0:
+		return nil, fmt.Errorf("%w: Config.MaxBodyBytes must not be negative, got %d", idempotency.ErrInvalid, c.MaxBodyBytes)
+	case c.MaxResponseBytes < 0 || c.MaxResponseBytes > idempotency.MaxResultBytes/2:
+		return nil, fmt.Errorf("%w: Config.MaxResponseBytes must be 0 to %d, got %d", idempotency.ErrInvalid, idempotency.MaxResultBytes/2, c.MaxResponseBytes)
+	case c.Heartbeat != 0 && (c.Heartbeat < time.Millisecond || c.Heartbeat > lease/2):
+		return nil, fmt.Errorf("%w: Config.Heartbeat must be 1ms to half the store's lease (%v), got %v", idempotency.ErrInvalid, lease/2, c.Heartbeat)
 	}
-	methods := cfg.Methods
-	if len(methods) == 0 {
-		methods = MethodsDefault
+	if len(c.Methods) == 0 {
+		c.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
-	for _, meth := range methods {
+	for _, meth := range c.Methods {
 		m.methods[strings.ToUpper(meth)] = true
 	}
-	if cfg.Service != "" {
-		m.prefix = cfg.Service + "/http:"
+	if c.Service != "" {
+		m.prefix = c.Service + "/http:"
 	}
-	if m.route == nil {
-		m.route = defaultRoute
+	if c.Principal == nil {
+		c.Principal = sharedPrincipal
 	}
-	if m.canonical == nil {
-		m.canonical = defaultCanonicalBody
+	if c.Route == nil {
+		c.Route = defaultRoute
 	}
-	switch {
-	case m.maxBody < 0:
-		return nil, fmt.Errorf("%w: Config.MaxBodyBytes must not be negative, got %d", idempotency.ErrInvalid, m.maxBody)
-	case m.maxBody == 0:
-		m.maxBody = MaxBodyBytesDefault
+	if c.CanonicalBody == nil {
+		c.CanonicalBody = defaultCanonicalBody
 	}
-	switch {
-	case m.maxResp < 0 || m.maxResp > idempotency.MaxResultBytes/2:
-		return nil, fmt.Errorf("%w: Config.MaxResponseBytes must be 0 to %d, got %d", idempotency.ErrInvalid, idempotency.MaxResultBytes/2, m.maxResp)
-	case m.maxResp == 0:
-		m.maxResp = MaxResponseBytesDefault
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, MaxBodyBytesDefault)
+	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, MaxResponseBytesDefault)
+	if c.ReplayHeaders == nil {
+		c.ReplayHeaders = []string{"Content-Type", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified"}
 	}
-	if m.headers == nil {
-		m.headers = ReplayHeadersDefault
+	if !slices.ContainsFunc(c.ReplayHeaders, func(h string) bool { return strings.EqualFold(h, "Content-Encoding") }) {
+		c.ReplayHeaders = append(slices.Clip(c.ReplayHeaders), "Content-Encoding")
 	}
-	if !slices.ContainsFunc(m.headers, func(h string) bool { return strings.EqualFold(h, "Content-Encoding") }) {
-		m.headers = append(slices.Clip(m.headers), "Content-Encoding")
-	}
-	lease := store.Lease()
-	switch {
-	case m.heartbeat < 0:
-		return nil, fmt.Errorf("%w: Config.Heartbeat must not be negative, got %v", idempotency.ErrInvalid, m.heartbeat)
-	case m.heartbeat == 0:
-		m.heartbeat = lease / 3
-	case m.heartbeat < time.Millisecond || m.heartbeat > lease/2:
-		return nil, fmt.Errorf("%w: Config.Heartbeat must be 1ms to half the store's lease (%v), got %v", idempotency.ErrInvalid, lease/2, m.heartbeat)
-	}
-	if m.logger == nil {
-		m.logger = slog.New(slog.DiscardHandler)
-	}
-	m.tel = newInstruments(cfg.MeterProvider, cfg.TracerProvider, m.logger)
+	c.Heartbeat = cmp.Or(c.Heartbeat, lease/3)
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return m, nil
 }
 

@@ -50,7 +50,7 @@ var crashPoints = []string{"before-commit", "after-commit", "before-write"}
 func TestCrash(t *testing.T) {
 	for _, mode := range modes {
 		for _, point := range crashPoints {
-			t.Run(mode.String()+"/"+point, func(t *testing.T) {
+			t.Run(modeName(mode)+"/"+point, func(t *testing.T) {
 				t.Parallel()
 				testCrash(t, mode, point)
 			})

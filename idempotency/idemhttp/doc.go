@@ -143,9 +143,11 @@
 //     lease ends, then a retry (409 until then) or [idempotency.Store.Recover]
 //     takes it over.
 //
-// Every covered request is counted in pgfence.idempotency.http.requests by
-// outcome (executed, replayed, in_progress, mismatch, unprotected, bad_key,
-// bad_body, unauthenticated, unavailable, unknown, error, panicked), traced
-// as a pgfence.idempotency.http span and logged at debug level; the outcome is
-// also set on the request's own span. Bodies are never recorded.
+// The store records every claim the middleware makes (pgfence.idempotency.
+// operations by mode and outcome, a span per claim with scope and key; see
+// [idempotency.Config]); the answers the middleware gives without a claim
+// (400, 401, 413) are its status codes, which HTTP instrumentation such as
+// otelhttp records, and a replay carries Idempotent-Replayed: true.
+// [Config.Logger] gets the claims and settlements that fail. Bodies are
+// never recorded.
 package idemhttp

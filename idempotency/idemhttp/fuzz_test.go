@@ -6,7 +6,7 @@ import (
 )
 
 // FuzzParseKey: the Idempotency-Key parser never panics, accepts only 1 to
-// MaxKeyBytes of printable ASCII, and reads back every such key sent as a
+// maxKeyBytes of printable ASCII, and reads back every such key sent as a
 // quoted sf-string.
 func FuzzParseKey(f *testing.F) {
 	for _, s := range []string{`"8e03978e-40d5-43e8-bc93-6894a57f9324"`, `abc`, `"a\"b\\c"`, `"`, `""`, `"\x"`, " \"k\" ", "k;x", strings.Repeat("k", 256), "\"é\""} {
@@ -15,7 +15,7 @@ func FuzzParseKey(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		key, err := parseKey(s)
 		if err == nil {
-			if len(key) == 0 || len(key) > MaxKeyBytes {
+			if len(key) == 0 || len(key) > maxKeyBytes {
 				t.Fatalf("parseKey(%q) = %q: %d bytes", s, key, len(key))
 			}
 			for i := 0; i < len(key); i++ {
@@ -24,7 +24,7 @@ func FuzzParseKey(f *testing.F) {
 				}
 			}
 		}
-		printable := s != "" && len(s) <= MaxKeyBytes
+		printable := s != "" && len(s) <= maxKeyBytes
 		for i := 0; i < len(s); i++ {
 			printable = printable && s[i] >= 0x20 && s[i] <= 0x7e
 		}

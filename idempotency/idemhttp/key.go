@@ -46,8 +46,8 @@ func parseKey(v string) (string, error) {
 			}
 		}
 	}
-	if len(v) == 0 || len(v) > MaxKeyBytes {
-		return "", fmt.Errorf("the key must be 1 to %d characters", MaxKeyBytes)
+	if len(v) == 0 || len(v) > maxKeyBytes {
+		return "", fmt.Errorf("the key must be 1 to %d characters", maxKeyBytes)
 	}
 	return v, nil
 }

@@ -32,10 +32,18 @@ func TestMain(m *testing.M) {
 
 var modes = []idemhttp.Mode{idemhttp.ModeAtomic, idemhttp.ModeLeased}
 
+// modeName names a mode in the subtests' names.
+func modeName(mode idemhttp.Mode) string {
+	if mode == idemhttp.ModeLeased {
+		return "leased"
+	}
+	return "atomic"
+}
+
 // forModes runs test once per mode, in parallel subtests.
 func forModes(t *testing.T, test func(t *testing.T, mode idemhttp.Mode)) {
 	for _, mode := range modes {
-		t.Run(mode.String(), func(t *testing.T) {
+		t.Run(modeName(mode), func(t *testing.T) {
 			t.Parallel()
 			test(t, mode)
 		})

@@ -79,7 +79,7 @@ func TestBadKeys(t *testing.T) {
 			{"inner quote", `"a"b"`, "unescaped quote inside the key"},
 			{"bad escape", `"a\nb"`, `a quoted key may escape only \" and \\`},
 			{"non-ascii", `"schlüssel"`, "the key must be printable ASCII"},
-			{"too long", `"` + strings.Repeat("x", idemhttp.MaxKeyBytes+1) + `"`, "the key must be 1 to 255 characters"},
+			{"too long", `"` + strings.Repeat("x", 255+1) + `"`, "the key must be 1 to 255 characters"},
 			{"empty", `""`, "the key must be 1 to 255 characters"},
 		} {
 			r := f.do(t, "POST", "/orders/1", c.key, "{}")
@@ -446,7 +446,7 @@ func TestPanicLeavesKeyFree(t *testing.T) {
 func TestConcurrentDuplicates(t *testing.T) {
 	verifyNoLeaks(t)
 	for _, mode := range modes {
-		t.Run(mode.String(), func(t *testing.T) {
+		t.Run(modeName(mode), func(t *testing.T) {
 			f := newFixture(t, mode, &idempotency.Config{WaitTimeout: 20 * time.Millisecond}, nil)
 			f.api.gate = make(chan struct{})
 			const n = 16

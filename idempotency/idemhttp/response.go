@@ -83,7 +83,7 @@ func (m *Middleware) replay(w http.ResponseWriter, out *idempotency.Outcome) {
 		problem(w, http.StatusInternalServerError, "Stored response unreadable", "The request was already processed.")
 		return
 	}
-	for _, name := range m.headers {
+	for _, name := range m.cfg.ReplayHeaders {
 		if vs := resp.Header.Values(name); len(vs) > 0 {
 			w.Header()[http.CanonicalHeaderKey(name)] = vs
 		}
