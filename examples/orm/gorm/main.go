@@ -105,7 +105,7 @@ func run(ctx context.Context, url string, out io.Writer) (result, error) {
 	}
 
 	// A takes the lease, then freezes past its expiry.
-	a, err := acquire(ctx, sqlDB, "stock/"+sku)
+	a, err := acquire(ctx, sqlDB, "stock:"+sku)
 	if err != nil {
 		return res, err
 	}
@@ -113,7 +113,7 @@ func run(ctx context.Context, url string, out io.Writer) (result, error) {
 	time.Sleep(leaseTTL + 200*time.Millisecond)
 
 	// B takes it over and deducts.
-	b, err := acquire(ctx, sqlDB, "stock/"+sku)
+	b, err := acquire(ctx, sqlDB, "stock:"+sku)
 	if err != nil {
 		return res, err
 	}

@@ -113,14 +113,14 @@ func run(ctx context.Context, url string, out io.Writer) (result, error) {
 	}
 	queries := New(db)
 
-	a, err := acquire(ctx, db, "stock/"+sku)
+	a, err := acquire(ctx, db, "stock:"+sku)
 	if err != nil {
 		return res, err
 	}
 	fmt.Fprintf(out, "  A holds the lease (token %d) and freezes\n", a.Token())
 	time.Sleep(leaseTTL + 200*time.Millisecond)
 
-	b, err := acquire(ctx, db, "stock/"+sku)
+	b, err := acquire(ctx, db, "stock:"+sku)
 	if err != nil {
 		return res, err
 	}

@@ -164,13 +164,13 @@ func run(ctx context.Context, url string, out io.Writer) (result, error) {
 	}
 	run := time.Now().UnixNano() // keys of earlier runs on the same database do not replay
 
-	la, err := acquire(ctx, db, "stock/"+sku)
+	la, err := acquire(ctx, db, "stock:"+sku)
 	if err != nil {
 		return res, err
 	}
 	fmt.Fprintf(out, "  instance A holds the lease (token %d) and freezes\n", la.Token())
 	time.Sleep(leaseTTL + 200*time.Millisecond)
-	lb, err := acquire(ctx, db, "stock/"+sku)
+	lb, err := acquire(ctx, db, "stock:"+sku)
 	if err != nil {
 		return res, err
 	}
