@@ -72,7 +72,7 @@ func (s *Store) Do(ctx context.Context, db DB, req Request, fn func(ctx context.
 	if err != nil {
 		return nil, err
 	}
-	return doAtomic(ctx, *c, open, fn)
+	return doAtomic(ctx, c, open, fn)
 }
 
 // SQLDB is what [Store.DoSQL] runs on: a [*sql.DB] (or a type that embeds
@@ -117,7 +117,7 @@ func (s *Store) DoSQL(ctx context.Context, db SQLDB, req Request, fn func(ctx co
 	if err != nil {
 		return nil, err
 	}
-	return doAtomic(ctx, *c, func(ctx context.Context, _ *claimArgs) (driver.Tx[*sql.Tx], error) {
+	return doAtomic(ctx, c, func(ctx context.Context, _ *claimArgs) (driver.Tx[*sql.Tx], error) {
 		return h.Begin(ctx, true)
 	}, fn)
 }
@@ -195,14 +195,14 @@ func (s *Store) Begin(ctx context.Context, db DB, req Request) (o *Outcome, err 
 	if err != nil {
 		return nil, err
 	}
-	out, a, err := beginAtomic(ctx, *c, open)
+	out, a, err := beginAtomic(ctx, c, open)
 	if a != nil {
 		out.Attempt = &Attempt{store: s, scope: req.Scope, key: req.Key, atomic: a}
 	}
 	return out, err
 }
 
-// beginAtomic opens a transaction and claims req's key in it. For a new key
+// beginAtomic opens a transaction and claims c's key in it. For a new key
 // it returns the open attempt; otherwise the transaction has ended.
 func beginAtomic[T any](ctx context.Context, c claimArgs, open opener[T]) (*Outcome, *attempt[T], error) {
 	tx, err := open(ctx, &c)

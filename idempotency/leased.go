@@ -125,8 +125,9 @@ func inReadCommitted(ctx context.Context, db DB, fn func(DB) error) error {
 	return tx.Commit(ctx, nil)
 }
 
-// Attempt is one claim's ownership of a key, the [Outcome.Attempt] of a New
-// outcome; end it with exactly one of Complete, Fail or Release.
+// Attempt is one claim's ownership of a key, the [Outcome.Attempt] of a
+// claim that was not replayed; end it with exactly one of Complete, Fail or
+// Release.
 //
 // An atomic attempt ([Store.Begin]) holds the key through an open READ
 // COMMITTED transaction, [Attempt.Tx]: the writes made through it commit
@@ -309,8 +310,8 @@ func (a *Attempt) CompleteTx(ctx context.Context, db DB, result []byte) (expires
 
 // Fail stores a permanent failure as the key's answer, replayed to every
 // duplicate, and ends the claim; an atomic attempt commits it together with
-// the writes made through Tx (unlike a [*Failure] returned from [Store.Do]'s
-// work, which rolls them back). Transient errors are not failures: Release
+// the writes made through Tx (unlike a [*Failure] returned from the work of
+// [Store.Do], which rolls them back). Transient errors are not failures: Release
 // the key instead. Errors as for [Attempt.Complete]: a nil or invalid f is
 // refused with [ErrInvalid] and the attempt stays open.
 func (a *Attempt) Fail(ctx context.Context, f *Failure) (expires time.Time, err error) {

@@ -55,8 +55,8 @@ const (
 	MaxScopeBytes = 512
 	// MaxKeyBytes is the longest [Request.Key].
 	MaxKeyBytes = 512
-	// MaxResultBytes is the largest stored result (the result of Do's work,
-	// [Attempt.Complete]'s, or [Failure.Data]).
+	// MaxResultBytes is the largest stored result (what the work of
+	// [Store.Do] returns, [Attempt.Complete]'s, or [Failure.Data]).
 	MaxResultBytes = 16 << 20
 
 	maxFailureCodeBytes    = 128
@@ -183,13 +183,13 @@ type claimArgs struct {
 
 // check refuses req unless the database would accept it, and returns the
 // arguments of its claim.
-func (s *Store) check(req Request) (*claimArgs, error) {
+func (s *Store) check(req Request) (claimArgs, error) {
 	retention, err := duration("Request.Retention", req.Retention, s.retention, time.Microsecond, maxRetention)
 	if err := errors.Join(checkText("Request.Scope", req.Scope, 1, MaxScopeBytes), checkText("Request.Key", req.Key, 1, MaxKeyBytes), err); err != nil {
-		return nil, err
+		return claimArgs{}, err
 	}
 	fp := sha256.Sum256(req.Payload)
-	return &claimArgs{store: s, scope: req.Scope, key: req.Key, fingerprint: fp[:], wait: s.wait, retention: retention}, nil
+	return claimArgs{store: s, scope: req.Scope, key: req.Key, fingerprint: fp[:], wait: s.wait, retention: retention}, nil
 }
 
 // checkText refuses s unless it is text PostgreSQL can store (valid UTF-8
@@ -235,9 +235,10 @@ type Outcome struct {
 }
 
 // Failure is a permanent failure: it is stored as the key's answer and
-// replayed to every duplicate, like a success. Return it (or wrap it) from a
-// [Store.Do]'s work or pass it to [Attempt.Fail]. Errors that are not a *Failure are
-// transient: never stored, the key stays free for a retry.
+// replayed to every duplicate, like a success. Return it (or wrap it) from
+// the work of [Store.Do] or [Store.DoSQL], or pass it to [Attempt.Fail].
+// Errors that are not a *Failure are transient: never stored, the key stays
+// free for a retry.
 type Failure struct {
 	// Code classifies the failure for programs, e.g. "insufficient_funds".
 	// 1 to 128 bytes of UTF-8 without NUL.
