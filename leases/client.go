@@ -75,6 +75,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		lifetime: lifetime,
 		stop:     stop,
 		queues:   make(map[string][]*waiter),
+		watchers: make(map[string][]*Watcher),
 		windows:  make(map[string]time.Duration),
 	}, nil
 }
@@ -148,14 +149,22 @@ func (c *Client) isClosed() bool {
 // Helpers that take a lease later (an election, a job runner) call it when
 // they are built.
 func (c *Client) Check(key string, ttl time.Duration, opts *AcquireOptions) error {
+	_, _, err := c.args(key, ttl, opts)
+	return err
+}
+
+// args checks key, ttl and opts, and returns the safety margin to use and
+// the options with their defaults.
+func (c *Client) args(key string, ttl time.Duration, opts *AcquireOptions) (time.Duration, AcquireOptions, error) {
 	if err := validateKey(key); err != nil {
-		return err
+		return 0, AcquireOptions{}, err
 	}
 	margin, err := c.validateTTL(ttl)
-	if err == nil {
-		_, err = opts.check(ttl, margin)
+	if err != nil {
+		return 0, AcquireOptions{}, err
 	}
-	return err
+	o, err := opts.check(ttl, margin)
+	return margin, o, err
 }
 
 // TryAcquire makes one attempt to get the lease on key for ttl: it is
@@ -215,14 +224,7 @@ func (c *Client) background(f func()) {
 func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions) (l *Lease, err error) {
 	ctx, done := c.tel.startAcquire(ctx, key, ttl, opts == nil || !opts.TryOnce)
 	defer func() { done(l, err) }()
-	if err := validateKey(key); err != nil {
-		return nil, err
-	}
-	margin, err := c.validateTTL(ttl)
-	if err != nil {
-		return nil, err
-	}
-	o, err := opts.check(ttl, margin)
+	margin, o, err := c.args(key, ttl, opts)
 	switch {
 	case err != nil:
 		return nil, err
@@ -236,7 +238,12 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 	if err != nil {
 		return nil, err
 	}
-	l.keepAlive(o)
+	if !o.NoKeepAlive {
+		c.background(func() {
+			reason, err := l.renewLoop(c.lifetime, o)
+			c.tel.keepAliveStopped(l, reason, err)
+		})
+	}
 	return l, nil
 }
 
@@ -394,21 +401,18 @@ const (
 	sqlQueueLeaveWake = `SELECT pgfence.lease_queue_leave($1, $2::uuid), pg_catalog.pg_notify($3, $1)`
 )
 
-// queuePatience is how long a fair waiter keeps its place without polling:
-// longer than the longest pause between two polls of a waiting Acquire.
-func (c *Client) queuePatience() time.Duration {
-	return 2*max(c.cfg.PollInterval, c.cfg.BackoffMax) + time.Second
-}
-
 // queueTurn refreshes waiter's place in key's queue; it returns a *HeldError
-// while other fair waiters are ahead.
+// while other fair waiters are ahead. A waiter keeps its place without
+// polling for longer than the longest pause between two polls of a waiting
+// Acquire.
 func (c *Client) queueTurn(ctx context.Context, key, waiter string) error {
 	conn, err := c.conn(ctx) // fails only when nothing was sent
 	if err != nil {
 		return fmt.Errorf("leases: acquire %q: queue: %w", key, err)
 	}
 	var ahead int64
-	err = conn.QueryRow(ctx, sqlQueueTurn, key, waiter, c.queuePatience().Microseconds()).Scan(&ahead)
+	patience := 2*max(c.cfg.PollInterval, c.cfg.BackoffMax) + time.Second
+	err = conn.QueryRow(ctx, sqlQueueTurn, key, waiter, patience.Microseconds()).Scan(&ahead)
 	conn.Release()
 	if err != nil {
 		if ctx.Err() != nil {

@@ -260,7 +260,7 @@ func (o *AcquireOptions) check(ttl, margin time.Duration) (AcquireOptions, error
 	if v.HolderInfo == "" {
 		v.HolderInfo = defaultHolderInfo()
 	}
-	if err := checkHolderInfo("AcquireOptions.HolderInfo", v.HolderInfo); err != nil {
+	if err := checkText("AcquireOptions.HolderInfo", v.HolderInfo, MaxHolderInfoBytes, false); err != nil {
 		return v, err
 	}
 	v.RenewInterval = cmp.Or(v.RenewInterval, ttl/renewFractionDefault)
@@ -276,26 +276,26 @@ var defaultHolderInfo = sync.OnceValue(func() string {
 	return info[:min(len(info), MaxHolderInfoBytes)]
 })
 
-// checkHolderInfo checks a holder description: at most MaxHolderInfoBytes
-// of text PostgreSQL can store.
-func checkHolderInfo(field, info string) error {
-	if len(info) > MaxHolderInfoBytes {
-		return invalid(field, "must be at most %d bytes, got %d", MaxHolderInfoBytes, len(info))
+// checkText refuses text of more than maxLen bytes (or none, when
+// required), and what a PostgreSQL text value cannot hold, before the server
+// does it with a less clear error.
+func checkText(field, s string, maxLen int, required bool) error {
+	switch {
+	case required && s == "":
+		return invalid(field, "must not be empty")
+	case len(s) > maxLen:
+		return invalid(field, "must be at most %d bytes, got %d", maxLen, len(s))
+	case strings.IndexByte(s, 0) >= 0:
+		return invalid(field, "must not contain a NUL byte")
+	case !utf8.ValidString(s):
+		return invalid(field, "must be valid UTF-8")
 	}
-	return validText(field, info)
+	return nil
 }
 
 // validateKey checks a lease key: 1 to [MaxKeyBytes] bytes of text
 // PostgreSQL can store (valid UTF-8, no NUL byte).
-func validateKey(key string) error {
-	if len(key) == 0 {
-		return invalid("key", "must not be empty")
-	}
-	if len(key) > MaxKeyBytes {
-		return invalid("key", "must be at most %d bytes, got %d", MaxKeyBytes, len(key))
-	}
-	return validText("key", key)
-}
+func validateKey(key string) error { return checkText("key", key, MaxKeyBytes, true) }
 
 // maxReasonChars is the longest operator reason ([Client.ForceRelease],
 // [Client.PauseGrants], [Client.ResumeGrants]), in characters; the SQL
@@ -312,19 +312,7 @@ func validateReason(reason string, required bool) error {
 	case n > maxReasonChars:
 		return invalid("reason", "must be at most %d characters, got %d", maxReasonChars, n)
 	}
-	return validText("reason", reason)
-}
-
-// validText refuses what a PostgreSQL text value cannot hold, before the
-// server does it with a less clear error.
-func validText(field, s string) error {
-	if strings.IndexByte(s, 0) >= 0 {
-		return invalid(field, "must not contain a NUL byte")
-	}
-	if !utf8.ValidString(s) {
-		return invalid(field, "must be valid UTF-8")
-	}
-	return nil
+	return checkText("reason", reason, len(reason), false)
 }
 
 // validateTTL checks a TTL against the limits and returns the safety margin

@@ -1,6 +1,7 @@
 package leases
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
@@ -38,7 +39,7 @@ import (
 // release the lease itself ([Lease.Release]) to free the key early: that ends
 // it as released, not lost. If fn panics, Do releases the lease before the
 // panic continues.
-func (c *Client) Do(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions, fn func(ctx context.Context, l *Lease) error) error {
+func (c *Client) Do(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions, fn func(ctx context.Context, l *Lease) error) (err error) {
 	if fn == nil {
 		return invalid("fn", "must not be nil")
 	}
@@ -51,34 +52,21 @@ func (c *Client) Do(ctx context.Context, key string, ttl time.Duration, opts *Ac
 	}
 	fnCtx, cancelFn := context.WithCancelCause(ctx)
 	stopWatch := context.AfterFunc(l.ctx, func() { cancelFn(context.Cause(l.ctx)) })
-	var lostErr, relErr error
-	finish := func() {
+	// Also when fn panics (or calls runtime.Goexit): the lease is not left
+	// held, and the panic goes on.
+	defer func() {
 		stopWatch()
-		if lostErr = l.Err(); errors.Is(lostErr, ErrReleased) {
+		lostErr := l.Err()
+		if errors.Is(lostErr, ErrReleased) {
 			lostErr = nil // fn released the lease: not lost
 		}
 		cancelFn(nil)
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ReleaseTimeoutDefault)
-		relErr = l.Release(rctx)
-		cancel()
-	}
-	returned := false
-	defer func() {
-		if !returned {
-			// fn panicked (or called runtime.Goexit): do not leave the lease
-			// held; the panic goes on.
-			finish()
+		defer cancel()
+		relErr := l.Release(rctx)
+		if err == nil {
+			err = cmp.Or(lostErr, relErr)
 		}
 	}()
-	fnErr := fn(fnCtx, l)
-	returned = true
-	finish()
-	switch {
-	case fnErr != nil:
-		return fnErr
-	case lostErr != nil:
-		return lostErr
-	default:
-		return relErr
-	}
+	return fn(fnCtx, l)
 }

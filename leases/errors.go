@@ -70,10 +70,12 @@ func classifyRead(ctx context.Context, err error) error {
 	return pgerr.Classify(err, false)
 }
 
-// lost returns an pgfence.ErrLeaseLost error for l with the given reason.
+// lostError returns a pgfence.ErrLeaseLost error for l with the given
+// reason, wrapping cause if any.
 func (l *Lease) lostError(reason string, cause error) error {
+	err := fmt.Errorf("%w: lease %s: %s", pgfence.ErrLeaseLost, l.id(), reason)
 	if cause != nil {
-		return fmt.Errorf("%w: lease %q (holder %s, token %d): %s: %w", pgfence.ErrLeaseLost, l.key, l.holder, l.token, reason, cause)
+		err = fmt.Errorf("%w: %w", err, cause)
 	}
-	return fmt.Errorf("%w: lease %q (holder %s, token %d): %s", pgfence.ErrLeaseLost, l.key, l.holder, l.token, reason)
+	return err
 }

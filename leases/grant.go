@@ -69,15 +69,8 @@ type orphan struct {
 	start       time.Time // when the attempt was sent, by the client's clock
 
 	mu      sync.Mutex
-	waiting bool            // the caller still waits for the settlement
-	result  chan settlement // to the waiting caller (buffered, 1)
-}
-
-// settlement is what settling an orphan found: the lease if it was granted
-// and is still live, or that nothing (live) was granted.
-type settlement struct {
-	l       *Lease
-	granted bool // the attempt got the lease (it may have ended since)
+	waiting bool        // the caller still waits for the settlement
+	result  chan *Lease // to the waiting caller (buffered, 1): the live grant, or nil
 }
 
 // resolveGrant settles the grant attempt o whose reply was lost, by its
@@ -85,8 +78,8 @@ type settlement struct {
 // that the attempt is given up (from then on it is refused if it arrives),
 // then pgfence.grant_probe waits for any transaction still holding the key's
 // row and reads whether the attempt got there first. Either answer is final:
-// the attempt's lease is returned, or nothing was granted. No backend pid is
-// involved, so it holds behind a pooler too.
+// the attempt's lease is returned, or nothing (live) was granted. No backend
+// pid is involved, so it holds behind a pooler too.
 //
 // The settlement runs in the background, retried until it gets both answers
 // (or Close); the caller waits for it no longer than Config.ResolveTimeout
@@ -96,23 +89,18 @@ type settlement struct {
 // grant never holds the key against it until it expires.
 func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lease, error) {
 	o.waiting = true
-	o.result = make(chan settlement, 1)
+	o.result = make(chan *Lease, 1)
 	c.background(func() { c.settle(ctx, o) })
 	timer := time.NewTimer(c.cfg.ResolveTimeout)
 	defer timer.Stop()
 	select {
-	case r := <-o.result:
-		switch {
-		case r.l != nil:
-			c.emit(event{Kind: eventAcquired, Key: o.key, Holder: o.holder, Token: r.l.Token()})
-			return r.l, nil
-		case r.granted:
-			return nil, fmt.Errorf("leases: acquire %q: the reply was lost; the grant to holder %s had already ended when it was read back: %w: %w",
-				o.key, o.holder, pgfence.ErrUnavailable, cause)
-		default:
-			return nil, fmt.Errorf("leases: acquire %q: the reply was lost and nothing was granted (the attempt of holder %s is abandoned: it is refused if it still arrives): %w: %w",
-				o.key, o.holder, pgfence.ErrUnavailable, cause)
+	case l := <-o.result:
+		if l != nil {
+			c.emit(event{Kind: eventAcquired, Key: o.key, Holder: o.holder, Token: l.Token()})
+			return l, nil
 		}
+		return nil, fmt.Errorf("leases: acquire %q: the reply was lost and no live grant was found (the attempt of holder %s is abandoned: it is refused if it still arrives): %w: %w",
+			o.key, o.holder, pgfence.ErrUnavailable, cause)
 	case <-ctx.Done():
 	case <-timer.C:
 	case <-c.closing:
@@ -121,15 +109,15 @@ func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lea
 	o.waiting = false
 	o.mu.Unlock()
 	select {
-	case r := <-o.result: // settled just now
+	case l := <-o.result: // settled just now
 		switch {
-		case r.l == nil:
+		case l == nil:
 		case c.isClosed():
 			// Close may have stopped waiting for background work: release
 			// it here, before this call returns.
-			c.releaseNow(ctx, r.l)
+			c.releaseNow(ctx, l)
 		default:
-			c.releaseInBackground(ctx, r.l)
+			c.background(func() { c.releaseNow(ctx, l) })
 		}
 	default:
 		c.cfg.Logger.Debug("pgfence lease: a lost grant reply is settled in the background", "key", o.key, "holder", o.holder)
@@ -149,18 +137,18 @@ func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lea
 func (c *Client) settle(ctx context.Context, o *orphan) {
 	bg := context.WithoutCancel(ctx)
 	for attempt := 0; ; attempt++ {
-		r, err := c.settleOnce(bg, o)
+		l, err := c.settleOnce(bg, o)
 		if err == nil {
 			o.mu.Lock()
 			waiting := o.waiting
 			if waiting {
-				o.result <- r
+				o.result <- l
 			}
 			o.mu.Unlock()
-			if !waiting && r.l != nil {
+			if !waiting && l != nil {
 				// Released here, not in another goroutine: Close waits
 				// for this settlement, release included.
-				c.releaseNow(bg, r.l)
+				c.releaseNow(bg, l)
 			}
 			return
 		}
@@ -176,37 +164,33 @@ func (c *Client) settle(ctx context.Context, o *orphan) {
 }
 
 // settleOnce abandons o's attempt and probes for its grant, each statement
-// its own transaction, bounded by Config.ResolveTimeout.
-func (c *Client) settleOnce(ctx context.Context, o *orphan) (settlement, error) {
+// its own transaction, bounded by Config.ResolveTimeout. It returns the
+// attempt's lease, or nil when nothing was granted, the grant has ended, or
+// this client may no longer trust it (then it is released).
+func (c *Client) settleOnce(ctx context.Context, o *orphan) (*Lease, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.ResolveTimeout)
 	defer cancel()
-	var abandoned bool
-	if err := c.pool.QueryRow(ctx, sqlAbandonGrant, o.key, o.holder).Scan(&abandoned); err != nil {
-		return settlement{}, err
-	}
 	var (
-		granted, live bool
-		token         *int64
-		expires       *time.Time
+		abandoned, granted, live bool
+		token                    *int64
+		expires                  *time.Time
 	)
-	if err := c.pool.QueryRow(ctx, sqlGrantProbe, o.key, o.holder).Scan(&granted, &token, &expires, &live); err != nil {
-		return settlement{}, err
+	if err := c.pool.QueryRow(ctx, sqlAbandonGrant, o.key, o.holder).Scan(&abandoned); err != nil {
+		return nil, err
 	}
-	if !granted {
-		return settlement{}, nil
+	if err := c.pool.QueryRow(ctx, sqlGrantProbe, o.key, o.holder).Scan(&granted, &token, &expires, &live); err != nil || !granted {
+		return nil, err
 	}
 	if !live || c.until(o.start.Add(o.ttl-o.margin)) <= 0 {
-		// Granted, but it has ended, or this client may no longer trust it.
-		if live {
-			l := c.newLease(o.key, o.holder, *token, o.ttl, o.margin, o.start, *expires)
-			c.releaseNow(ctx, l)
+		if live { // granted, but this client may no longer trust it
+			c.releaseNow(ctx, c.newLease(o.key, o.holder, *token, o.ttl, o.margin, o.start, *expires))
 		}
-		return settlement{granted: true}, nil
+		return nil, nil
 	}
-	if err := c.observeEpoch(o.key, *token); err != nil {
-		return settlement{granted: true}, nil
+	if c.observeEpoch(o.key, *token) != nil {
+		return nil, nil
 	}
-	return settlement{granted: true, l: c.newLease(o.key, o.holder, *token, o.ttl, o.margin, o.start, *expires)}, nil
+	return c.newLease(o.key, o.holder, *token, o.ttl, o.margin, o.start, *expires), nil
 }
 
 // releaseNow releases l, bounded by Config.ResolveTimeout. A release that
@@ -221,25 +205,15 @@ func (c *Client) releaseNow(ctx context.Context, l *Lease) {
 	}
 }
 
-// releaseInBackground releases l in a goroutine of its own, bounded by
-// Config.ResolveTimeout.
-func (c *Client) releaseInBackground(ctx context.Context, l *Lease) {
-	c.background(func() { c.releaseNow(ctx, l) })
-}
-
 // sendGrant runs one grant attempt (pgfence.try_acquire) and scans its row
-// into acquired and rest. When ctx carries a trace id, the id is set for the
-// grant's transaction in the same pipeline (it is stored in the lease event);
-// with countTakeovers, the event the grant recorded is read back in the same
+// into dest. When ctx carries a trace id, the id is set for the grant's
+// transaction in the same pipeline (it is stored in the lease event); with
+// countTakeovers, the event the grant recorded is read back in the same
 // pipeline too (takenOver). Neither costs a round trip.
 func (c *Client) sendGrant(ctx context.Context, conn *pgxpool.Conn, key, holder string, ttl time.Duration, info string, announce, countTakeovers bool,
-	acquired *bool, rest ...any) (takenOver bool, err error) {
-	traceID := telemetry.TraceID(ctx)
-	dest := append([]any{acquired}, rest...)
-	if traceID == "" && !countTakeovers {
-		return false, conn.QueryRow(ctx, sqlTryAcquire, key, ttl.Microseconds(), info, holder, clientVersion(), announce).Scan(dest...)
-	}
+	dest ...any) (takenOver bool, err error) {
 	b := &pgx.Batch{}
+	traceID := telemetry.TraceID(ctx)
 	if traceID != "" {
 		b.Queue(driver.SetTraceIDSQL, traceID)
 	}

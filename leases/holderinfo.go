@@ -23,7 +23,7 @@ import (
 // the lease is released, not lost. Other failures ([pgfence.ErrUnavailable],
 // [pgfence.ErrOutcomeUnknown], the context's error) leave the lease as it was.
 func (l *Lease) SetHolderInfo(ctx context.Context, info string) (time.Time, error) {
-	if err := checkHolderInfo("info", info); err != nil {
+	if err := checkText("info", info, MaxHolderInfoBytes, false); err != nil {
 		return time.Time{}, err
 	}
 	if err := l.Err(); err != nil {

@@ -385,28 +385,16 @@ func (l *Lease) releaseOnce(ctx context.Context) (changed bool, status string, e
 	return changed, status, classify(err)
 }
 
-// keepAlive starts renewing the lease in the background as o says (see
-// [AcquireOptions]): every o.RenewInterval, counted from the grant or the
-// last renewal, until the lease ends (released or lost), o.MaxHold passes
-// (the lease's context then ends with [ErrMaxHold]), o.MaxFailures renewals
-// in a row fail (it ends with an [pgfence.ErrLeaseLost] error) or the client
-// is closed. No renewal attempt outlives the trust window, so a renewal
-// whose outcome stays unknown ends the lease's context when the window runs
-// out, before the database could grant the key to anyone else. Once
-// [Lease.Release] has been called it renews no more.
-func (l *Lease) keepAlive(o AcquireOptions) {
-	if o.NoKeepAlive {
-		return
-	}
-	l.c.background(func() {
-		reason, err := l.renewLoop(l.c.lifetime, o)
-		l.c.tel.keepAliveStopped(l, reason, err)
-	})
-}
-
-// renewLoop is the keep-alive's loop, until ctx ends; it returns why it
-// stopped (an outcome of pgfence.lease.keepalive.stops) and the error that
-// ended the lease, if any.
+// renewLoop keeps the lease alive as o says (see [AcquireOptions]): it
+// renews it every o.RenewInterval, counted from the grant or the last
+// renewal, until the lease ends (released or lost), o.MaxHold passes (the
+// lease's context then ends with [ErrMaxHold]), o.MaxFailures renewals in a
+// row fail (it ends with an [pgfence.ErrLeaseLost] error) or ctx (the
+// client's lifetime) ends. No renewal attempt outlives the trust window, so
+// a renewal whose outcome stays unknown ends the lease's context when the
+// window runs out, before the database could grant the key to anyone else.
+// Once [Lease.Release] has been called it renews no more. It returns why it
+// stopped (a keepalive outcome) and the error that ended the lease, if any.
 func (l *Lease) renewLoop(ctx context.Context, o AcquireOptions) (string, error) {
 	holdUntil := l.start.Add(o.MaxHold)
 	limited := o.MaxHold != NoMaxHold

@@ -65,10 +65,7 @@ func (c *Client) ResumeGrants(ctx context.Context, prefix, reason string) (remov
 
 // validatePrefix checks a paused prefix and the operator's reason.
 func validatePrefix(prefix, reason string, reasonRequired bool) error {
-	if len(prefix) > MaxKeyBytes {
-		return invalid("prefix", "must be at most %d bytes, got %d", MaxKeyBytes, len(prefix))
-	}
-	if err := validText("prefix", prefix); err != nil {
+	if err := checkText("prefix", prefix, MaxKeyBytes, false); err != nil {
 		return err
 	}
 	return validateReason(reason, reasonRequired)

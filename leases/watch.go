@@ -165,9 +165,6 @@ func (c *Client) Watch(ctx context.Context, key string, opts *WatchOptions) (*Wa
 	w := &Watcher{c: c, key: key, opts: o, events: make(chan Event), signal: make(chan struct{}, 1)}
 	c.startListener()
 	c.mu.Lock()
-	if c.watchers == nil {
-		c.watchers = make(map[string][]*Watcher)
-	}
 	c.watchers[key] = append(c.watchers[key], w)
 	c.mu.Unlock()
 	go w.run(ctx)
