@@ -237,7 +237,7 @@ func (m *Middleware) runLeased(w http.ResponseWriter, r *http.Request, next http
 	defer cancel(nil)
 	stopBeat := m.keepAlive(context.WithoutCancel(r.Context()), a, cancel)
 
-	rec := &recorder{ResponseWriter: w, max: m.cfg.MaxResponseBytes, allowed: m.cfg.ReplayHeaders}
+	rec := &recorder{ResponseWriter: w, max: m.cfg.MaxResponseBytes}
 	finished := false
 	defer func() {
 		stopBeat()
@@ -324,7 +324,7 @@ func (m *Middleware) settle(ctx context.Context, a *idempotency.Attempt, rec *re
 		status = http.StatusOK // the handler wrote nothing
 		rec.snapshot(status)
 	}
-	stored := encode(status, rec.header, nil, rec.body.Bytes(), rec.overflow)
+	stored := encode(status, rec.header, m.cfg.ReplayHeaders, rec.body.Bytes(), rec.overflow)
 	for delay := settleRetryMin; ; delay = min(2*delay, settleRetryMax) {
 		kept, err := keep(ctx, a, status, stored)
 		if !kept || err == nil || errors.Is(err, idempotency.ErrLeaseLost) || errors.Is(err, idempotency.ErrInvalid) {

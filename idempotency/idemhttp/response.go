@@ -36,8 +36,8 @@ func EncodeResponse(status int, header http.Header, body []byte) ([]byte, error)
 	return encode(status, header, nil, body, false), nil
 }
 
-// encode stores a response; only the allowed headers when allowed is not
-// nil (the recorder has kept only those already).
+// encode stores a response, with only the allowed headers when allowed is
+// not nil.
 func encode(status int, header http.Header, allowed []string, body []byte, truncated bool) []byte {
 	h := header
 	if allowed != nil {
@@ -161,21 +161,15 @@ func (b *buffer) send(w http.ResponseWriter) {
 type recorder struct {
 	http.ResponseWriter
 	max      int
-	allowed  []string
 	status   int
-	header   http.Header
+	header   http.Header // as of the status
 	body     bytes.Buffer
 	overflow bool
 }
 
+// snapshot keeps the answer's status and its header as sent.
 func (w *recorder) snapshot(status int) {
-	w.status = status
-	w.header = http.Header{}
-	for _, name := range w.allowed {
-		if vs := w.ResponseWriter.Header().Values(name); len(vs) > 0 {
-			w.header[http.CanonicalHeaderKey(name)] = append([]string(nil), vs...)
-		}
-	}
+	w.status, w.header = status, w.ResponseWriter.Header().Clone()
 }
 
 func (w *recorder) WriteHeader(code int) {
