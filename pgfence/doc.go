@@ -215,7 +215,7 @@
 // (otel.SetMeterProvider, otel.SetTracerProvider), which are no-ops until
 // the application sets them; their instruments are made once, and follow the
 // first providers the application sets. They log nothing. Metrics:
-// pgfence.fence.writes and pgfence.fence.duration by operation (write, exec,
+// pgfence.fence.operations and pgfence.fence.duration by operation (write, exec,
 // write_leased, exec_leased) and outcome (accepted, stale_token,
 // lease_not_held, token_not_issued, unfenced, unknown, error); a span
 // pgfence.fence.<operation> per write with the resource, token and operation

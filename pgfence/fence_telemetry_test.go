@@ -149,7 +149,7 @@ func TestWritesReportToGlobalProviders(t *testing.T) {
 	if _, err := pgfence.Exec(ctx, pool, pgfence.LeaseOf("global/a", "", 2), `SELECT 1`); err != nil {
 		t.Fatal(err)
 	}
-	if n := o.Sum(t, "pgfence.fence.writes", attribute.String("pgfence.operation", "exec"), attribute.String("pgfence.outcome", "accepted")); n != 1 {
+	if n := o.Sum(t, "pgfence.fence.operations", attribute.String("pgfence.operation", "exec"), attribute.String("pgfence.outcome", "accepted")); n != 1 {
 		t.Errorf("writes{exec,accepted} on the global provider = %d, want 1", n)
 	}
 	if spans := o.Ended("pgfence.fence.exec"); len(spans) != 1 {
@@ -206,12 +206,12 @@ func TestTelemetry(t *testing.T) {
 		{"exec", "accepted"}, {"exec", "stale_token"}, {"write", "stale_token"}, {"exec_leased", "accepted"},
 		{"write_leased", "lease_not_held"},
 	} {
-		if n := o.Sum(t, "pgfence.fence.writes", kv(want.op, want.outcome)...); n != 1 {
-			t.Errorf("pgfence.fence.writes{%s,%s} = %d, want 1", want.op, want.outcome, n)
+		if n := o.Sum(t, "pgfence.fence.operations", kv(want.op, want.outcome)...); n != 1 {
+			t.Errorf("pgfence.fence.operations{%s,%s} = %d, want 1", want.op, want.outcome, n)
 		}
 	}
-	if n := o.Sum(t, "pgfence.fence.writes"); n != 5 {
-		t.Errorf("pgfence.fence.writes = %d, want 5", n)
+	if n := o.Sum(t, "pgfence.fence.operations"); n != 5 {
+		t.Errorf("pgfence.fence.operations = %d, want 5", n)
 	}
 	if n := o.Count(t, "pgfence.fence.duration"); n != 5 || o.Metrics(t).Unit("pgfence.fence.duration") != "s" {
 		t.Errorf("pgfence.fence.duration count %d unit %q", n, o.Metrics(t).Unit("pgfence.fence.duration"))
@@ -279,8 +279,8 @@ func TestTelemetry(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT trace_id FROM pgfence.fences WHERE resource = 'kv:a'`).Scan(&id); err != nil || id != nil {
 		t.Fatalf("trace id after an untraced write: %v %v", id, err)
 	}
-	if n := o.Sum(t, "pgfence.fence.writes"); n != 7 {
-		t.Errorf("pgfence.fence.writes = %d after the untraced writes, want 7", n)
+	if n := o.Sum(t, "pgfence.fence.operations"); n != 7 {
+		t.Errorf("pgfence.fence.operations = %d after the untraced writes, want 7", n)
 	}
 }
 
@@ -301,7 +301,7 @@ func TestTelemetryUnknownOutcome(t *testing.T) {
 		t.Fatalf("write with a lost COMMIT reply: %v", err)
 	}
 	<-trig.Done()
-	if n := o.Sum(t, "pgfence.fence.writes", attribute.String("pgfence.operation", "write"), attribute.String("pgfence.outcome", "unknown")); n != 1 {
+	if n := o.Sum(t, "pgfence.fence.operations", attribute.String("pgfence.operation", "write"), attribute.String("pgfence.outcome", "unknown")); n != 1 {
 		t.Errorf("writes{write,unknown} = %d, want 1", n)
 	}
 	spans := o.Ended("pgfence.fence.write")
@@ -384,10 +384,10 @@ func TestTelemetryPanicInFn(t *testing.T) {
 	mustPanic(t, func() {
 		_, _ = pgfence.Write(ctx, pool, pgfence.LeaseOf("panic/t", "", 1), func(context.Context, pgx.Tx) error { panic("boom") })
 	})
-	if n := o.Sum(t, "pgfence.fence.writes", attribute.String("pgfence.operation", "write"), attribute.String("pgfence.outcome", "accepted")); n != 0 {
+	if n := o.Sum(t, "pgfence.fence.operations", attribute.String("pgfence.operation", "write"), attribute.String("pgfence.outcome", "accepted")); n != 0 {
 		t.Errorf("writes{write,accepted} = %d after fn panicked, want 0", n)
 	}
-	if n := o.Sum(t, "pgfence.fence.writes", attribute.String("pgfence.operation", "write"), attribute.String("pgfence.outcome", "error")); n != 1 {
+	if n := o.Sum(t, "pgfence.fence.operations", attribute.String("pgfence.operation", "write"), attribute.String("pgfence.outcome", "error")); n != 1 {
 		t.Errorf("writes{write,error} = %d after fn panicked, want 1", n)
 	}
 	spans := o.Ended("pgfence.fence.write")

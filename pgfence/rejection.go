@@ -59,7 +59,7 @@ const (
 // rejection) when they ran in their own transaction: on a pool or a
 // connection. Inside a caller's transaction the rejection aborts or rolls
 // back with the caller's work, so it is recorded only in the span and the
-// pgfence.fence.writes metric. The record is best effort: it commits with
+// pgfence.fence.operations metric. The record is best effort: it commits with
 // synchronous_commit off and a failure to record never changes the write's
 // error.
 func Rejections(ctx context.Context, db DB, resource string, limit int) ([]Rejection, error) {

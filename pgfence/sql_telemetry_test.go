@@ -56,8 +56,8 @@ func TestTelemetrySQL(t *testing.T) {
 			for _, c := range []struct {
 				op, outcome string
 			}{{"write", "accepted"}, {"exec", "stale_token"}, {"write_leased", "accepted"}} {
-				if n := o.Sum(t, "pgfence.fence.writes", attribute.String("pgfence.operation", c.op), attribute.String("pgfence.outcome", c.outcome)); n != 1 {
-					t.Errorf("pgfence.fence.writes{%s,%s} = %d, want 1", c.op, c.outcome, n)
+				if n := o.Sum(t, "pgfence.fence.operations", attribute.String("pgfence.operation", c.op), attribute.String("pgfence.outcome", c.outcome)); n != 1 {
+					t.Errorf("pgfence.fence.operations{%s,%s} = %d, want 1", c.op, c.outcome, n)
 				}
 			}
 			if spans := o.Ended("pgfence.fence.exec"); len(spans) != 1 {

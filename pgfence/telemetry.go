@@ -4,12 +4,8 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"time"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgfence/pgfence/internal/driver"
 	"github.com/pgfence/pgfence/internal/telemetry"
@@ -38,53 +34,29 @@ const (
 	outcomeError        = "error"
 )
 
-// instrumentSet is the tracer and instruments of the writes.
-type instrumentSet struct {
-	tracer   trace.Tracer
-	writes   metric.Int64Counter
-	duration metric.Float64Histogram
-}
-
-// instruments are made once, from the global providers, which delegate to
-// the providers the application sets later.
-var instruments = sync.OnceValue(func() instrumentSet {
-	m := otel.GetMeterProvider().Meter(instrumentationName)
-	report := func(err error) { otel.Handle(err) }
-	return instrumentSet{
-		tracer: otel.GetTracerProvider().Tracer(instrumentationName),
-		writes: telemetry.Counter(m, "pgfence.fence.writes", "{write}",
-			"Fenced and lease-checked writes by pgfence.operation and outcome: accepted, stale_token, lease_not_held, token_not_issued, unfenced, unknown, error.", report),
-		duration: telemetry.Seconds(m, "pgfence.fence.duration",
-			"Duration of fenced and lease-checked writes, by pgfence.operation and outcome.", report),
-	}
+// recorder is made once, from the global providers, which delegate to the
+// providers the application sets later.
+var recorder = sync.OnceValue(func() *telemetry.Recorder {
+	return telemetry.New(instrumentationName, "pgfence.fence", nil, nil)
 })
 
 // observe runs body as the write w on h: a span and the metrics around it
 // (observation only), then, for a rejection on h's own transaction, its
 // audit record in pgfence.fence_rejections ([Rejections]).
 func observe[T any](ctx context.Context, h driver.Handle[T], w *aWrite, body func(ctx context.Context) error) (err error) {
-	tel := instruments()
-	start := time.Now()
-	attrs := []attribute.KeyValue{telemetry.DBSystem, telemetry.Operation.String(w.op),
-		attribute.String("pgfence.fence.resource", w.resource), attribute.Int64("pgfence.fence.token", w.token)}
+	attrs := []attribute.KeyValue{attribute.String("pgfence.fence.resource", w.resource), attribute.Int64("pgfence.fence.token", w.token)}
 	if w.holder != "" {
 		attrs = append(attrs, attribute.String("pgfence.lease.holder", w.holder))
 	} else {
 		attrs = append(attrs, attribute.String("pgfence.fence.op", w.id.String()))
 	}
-	ctx, span := tel.tracer.Start(ctx, "pgfence.fence."+w.op, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	ctx, end := recorder().Start(ctx, w.op, attrs...)
 	returned := false
 	defer func() {
 		if !returned {
 			err = errors.New("pgfence: fn panicked") // recorded; the panic goes on
 		}
-		outcome := outcomeOf(err)
-		set := metric.WithAttributeSet(attribute.NewSet(telemetry.Operation.String(w.op), telemetry.Outcome.String(outcome)))
-		mctx := context.WithoutCancel(ctx)
-		tel.writes.Add(mctx, 1, set)
-		tel.duration.Record(mctx, time.Since(start).Seconds(), set)
-		span.SetAttributes(telemetry.Outcome.String(outcome))
-		telemetry.End(span, err)
+		end(outcomeOf(err), err)
 		if r, ok := rejectionOf(err, w); ok && returned {
 			record(ctx, h, r)
 		}

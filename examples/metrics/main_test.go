@@ -79,8 +79,8 @@ func checkRun(ctx context.Context, t *testing.T, pool *pgxpool.Pool, reader *sdk
 		got  int64
 		want int64
 	}{
-		{"fence writes accepted", sum("pgfence.fence.writes", outcome("accepted")), res.Accepted},
-		{"fence writes stale_token", sum("pgfence.fence.writes", outcome("stale_token")), 1},
+		{"fence writes accepted", sum("pgfence.fence.operations", outcome("accepted")), res.Accepted},
+		{"fence writes stale_token", sum("pgfence.fence.operations", outcome("stale_token")), 1},
 		{"idempotency new", sum("pgfence.idempotency.operations", mode, outcome("new")), res.Accepted},
 		{"idempotency replayed", sum("pgfence.idempotency.operations", mode, outcome("replayed")), res.Replays},
 		{"grants", sum("pgfence.lease.operations", lease("attempt"), outcome("acquired")) + sum("pgfence.lease.operations", lease("attempt"), outcome("taken_over")), 2*requests + 2},
@@ -96,7 +96,7 @@ func checkRun(ctx context.Context, t *testing.T, pool *pgxpool.Pool, reader *sdk
 		t.Errorf("lease duration{hold, lost} count %d, want 1 (the frozen worker)", n)
 	}
 	// The output shows the series moving round by round.
-	if strings.Count(out.String(), "pgfence.fence.writes{operation=exec,outcome=accepted}") != rounds+1 {
+	if strings.Count(out.String(), "pgfence.fence.operations{operation=exec,outcome=accepted}") != rounds+1 {
 		t.Errorf("the accepted writes are not printed after every round:\n%s", out.String())
 	}
 	return after

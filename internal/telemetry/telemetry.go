@@ -76,7 +76,7 @@ func New(scope, prefix string, mp metric.MeterProvider, tp trace.TracerProvider)
 func (r *Recorder) Start(ctx context.Context, op string, attrs ...attribute.KeyValue) (context.Context, func(outcome string, err error)) {
 	start := time.Now()
 	ctx, span := r.tracer.Start(ctx, r.prefix+"."+op, trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(append(attrs, DBSystem)...))
+		trace.WithAttributes(append(attrs, DBSystem, Operation.String(op))...))
 	return ctx, func(outcome string, err error) {
 		set := metric.WithAttributeSet(attribute.NewSet(Operation.String(op), Outcome.String(outcome)))
 		mctx := context.WithoutCancel(ctx)
@@ -138,34 +138,4 @@ func ErrorTypeOf(err error) string {
 		}
 	}
 	return reflect.TypeOf(err).String()
-}
-
-// End ends span, marking it as failed with err (if any).
-func End(span trace.Span, err error) {
-	if err != nil && span.IsRecording() {
-		span.SetStatus(codes.Error, err.Error())
-		span.SetAttributes(ErrorType.String(ErrorTypeOf(err)))
-	}
-	span.End()
-}
-
-// Counter creates a counter, reporting a creation error (there is none with
-// valid names) to report.
-func Counter(m metric.Meter, name, unit, desc string, report func(error)) metric.Int64Counter {
-	c, err := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
-	if err != nil {
-		report(err)
-	}
-	return c
-}
-
-// Seconds creates a float64 duration histogram in seconds with
-// DurationBuckets.
-func Seconds(m metric.Meter, name, desc string, report func(error)) metric.Float64Histogram {
-	h, err := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
-		metric.WithExplicitBucketBoundaries(DurationBuckets...))
-	if err != nil {
-		report(err)
-	}
-	return h
 }
