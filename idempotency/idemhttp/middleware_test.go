@@ -43,6 +43,12 @@ func TestReplay(t *testing.T) {
 		if again.header.Get("Set-Cookie") != "" || again.header.Get("X-Request-Id") != "" {
 			t.Fatalf("headers outside the allow-list replayed: %v", again.header)
 		}
+		// Nor are they stored.
+		var stored int
+		if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pgfence.idempotency_keys
+			WHERE position('session=secret' in convert_from(result, 'UTF8')) > 0 OR position('X-Request-Id' in convert_from(result, 'UTF8')) > 0`).Scan(&stored); err != nil || stored != 0 {
+			t.Fatalf("headers outside the allow-list stored: %d rows, %v", stored, err)
+		}
 		// The live answer carries the handler's own headers.
 		if first.header.Get("Set-Cookie") == "" || first.header.Get("X-Request-Id") != "1" {
 			t.Fatalf("the first answer lost the handler's headers: %v", first.header)
