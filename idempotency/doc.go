@@ -105,8 +105,8 @@
 //   - Lease expiry and result retention are decided by the database clock
 //     (clock_timestamp()), never a client's.
 //   - Transient failures are never stored: the key stays free for a retry.
-//   - [GC] deletes only completed keys whose retention ended, never a key in
-//     progress.
+//   - [Store.GC] deletes only completed keys whose retention ended, never a
+//     key in progress.
 //   - A committed atomic claim always has its result: a transaction that
 //     claims and commits without storing one is refused at COMMIT.
 //
@@ -166,18 +166,19 @@
 // # Observability
 //
 // [Config.MeterProvider] and [Config.TracerProvider] (default: the global
-// OpenTelemetry providers) receive pgfence.idempotency.requests and
-// .duration by mode and outcome (new, replayed, in_progress, mismatch,
-// unknown, error), takeovers, settlements (not_owner counts a replaced
-// owner's late write), lease extensions (Heartbeat, Advance, AdvanceTx),
-// recoveries (Store.Recover: resumed, failed, released, skipped), and spans
-// with scope, key, owner and epoch — never the payload or the result.
-// [Config.Logger] gets claims, duplicates, takeovers, recoveries and
-// settlements. [GC] takes its providers and logger in [GCOptions]:
-// pgfence.idempotency.gc.deleted, a span per call and a debug event. Nothing
-// records request or response bodies, and there is no option to: the result
-// is stored in pgfence.idempotency_keys.result (replays need it), the request
-// only as its SHA-256.
+// OpenTelemetry providers) receive pgfence.idempotency.operations and
+// pgfence.idempotency.duration by pgfence.operation and pgfence.outcome: the
+// claims (atomic or leased: new, taken_over, replayed, in_progress,
+// mismatch, unknown, error), a leased attempt's heartbeat, advance,
+// complete, fail and release (not_owner counts a replaced owner's late
+// write), [Store.Recover] (recover, and recover_key by resumed, failed,
+// released, skipped) and [Store.GC] (gc, and gc_deleted counting the keys);
+// and a span for each with scope, key, owner and epoch — never the payload
+// or the result. [Config.Logger] gets claims, duplicates, takeovers,
+// recoveries, settlements and GC runs. Nothing records request or response
+// bodies, and there is no option to: the result is stored in
+// pgfence.idempotency_keys.result (replays need it), the request only as
+// its SHA-256.
 //
 // When the context carries a valid span context, the claim (Do, Begin or
 // Claim) sets its trace id for the claim's transaction in the same pipeline

@@ -9,8 +9,8 @@ import (
 	"github.com/pgfence/pgfence/internal/driver"
 )
 
-// GCOptions configures [GC]. A nil *GCOptions and the zero value use the
-// defaults.
+// GCOptions configures [Store.GC]. A nil *GCOptions and the zero value use
+// the defaults.
 type GCOptions struct {
 	// BatchSize is the most keys one statement deletes, at most
 	// math.MaxInt32 (the SQL function takes an integer). Default 1000.
@@ -20,7 +20,7 @@ type GCOptions struct {
 	MaxBatches int
 }
 
-// GCResult counts what [GC] did.
+// GCResult counts what [Store.GC] did.
 type GCResult struct {
 	// Deleted is the number of expired keys deleted.
 	Deleted int64

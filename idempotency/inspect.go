@@ -42,8 +42,8 @@ type KeyState struct {
 	CreatedAt time.Time
 	// CompletedAt is when it completed; zero while in progress.
 	CompletedAt time.Time
-	// ExpiresAt is when its retention ends and [GC] may delete it; zero while
-	// in progress.
+	// ExpiresAt is when its retention ends and [Store.GC] may delete it;
+	// zero while in progress.
 	ExpiresAt time.Time
 	// LeaseExpiresAt is when a leased attempt's claim runs out; zero for
 	// atomic and completed keys.
@@ -82,7 +82,7 @@ func Keys(ctx context.Context, db DB, scope string, limit int) ([]KeyState, erro
 }
 
 // LookupKey returns the state of one key, and false when it is not stored
-// (never claimed, or deleted by [GC]).
+// (never claimed, or deleted by [Store.GC]).
 func LookupKey(ctx context.Context, db DB, scope, key string) (KeyState, bool, error) {
 	keys, err := listKeys(ctx, db, errors.Join(checkText("scope", scope, 1, MaxScopeBytes), checkText("key", key, 1, MaxKeyBytes)),
 		sqlLookupKey, scope, key)

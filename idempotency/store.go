@@ -74,8 +74,8 @@ const (
 type Config struct {
 	// Retention is how long a completed key answers duplicates with its stored
 	// result; afterwards it is forgotten (the same key starts a new intent) and
-	// [GC] deletes it. A [Request] may override it. Default [RetentionDefault];
-	// 1µs to 366 days.
+	// [Store.GC] deletes it. A [Request] may override it. Default
+	// [RetentionDefault]; 1µs to 366 days.
 	Retention time.Duration
 	// WaitTimeout bounds how long an atomic duplicate waits for an uncommitted
 	// first attempt, and how long a leased claim waits for a key row that
