@@ -22,12 +22,15 @@ type AcceptedWrite struct {
 	Seq int64 `json:"seq"`
 }
 
-// Grant is one lease grant, read back from pgfence.lease_events.
+// Grant is one lease grant, as pgfence.lease_events recorded it.
 type Grant struct {
 	Key    string `json:"key"`
 	Token  int64  `json:"token"`
 	Holder string `json:"holder,omitempty"`
 	Seq    int64  `json:"seq"` // lease_events.id
+	// Event is "acquired", or "taken_over" when the grant replaced one that
+	// had expired without a release.
+	Event string `json:"event,omitempty"`
 }
 
 // Register is the business state of one resource: the last accepted write.

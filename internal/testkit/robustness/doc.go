@@ -10,8 +10,8 @@
 // later time, so its return time is [Never]. After the run the ground truth
 // ([Truth]) is read back from the database: every accepted fenced write (from
 // an audit table written in the same transaction), the final business rows,
-// every lease grant (pgfence.lease_events), every side effect and every stored
-// idempotent result.
+// every lease grant (a trigger copies them out of pgfence.lease_events, which
+// is pruned), every side effect and every stored idempotent result.
 //
 // [Check] then verifies:
 //

@@ -23,7 +23,9 @@ import (
 // per resource (the fenced register), an audit log written by a trigger in the
 // same transaction as every accepted write (the ground truth of accepted
 // writes, in commit order per resource), and a side-effect table with no
-// unique constraint, so a duplicate execution would be visible.
+// unique constraint, so a duplicate execution would be visible. grant_log
+// keeps every lease grant the same way: pgfence.lease_events is pruned to a
+// key's newest events, so a long run could not be checked against it.
 const businessSchema = `
 CREATE TABLE stock (
     resource text   PRIMARY KEY,
@@ -42,6 +44,20 @@ BEGIN
     RETURN NEW;
 END $$;
 CREATE TRIGGER stock_audit AFTER UPDATE ON stock FOR EACH ROW EXECUTE FUNCTION stock_audit();
+CREATE TABLE grant_log (
+    id     bigint PRIMARY KEY, -- pgfence.lease_events.id
+    key    text   NOT NULL,
+    event  text   NOT NULL,
+    holder uuid   NOT NULL,
+    token  bigint NOT NULL
+);
+CREATE FUNCTION grant_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.grant_log (id, key, event, holder, token) VALUES (NEW.id, NEW.key, NEW.event, NEW.holder, NEW.token);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER grant_audit AFTER INSERT ON pgfence.lease_events FOR EACH ROW
+    WHEN (NEW.event IN ('acquired', 'taken_over')) EXECUTE FUNCTION public.grant_audit();
 CREATE TABLE shipments (
     id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     intent text   NOT NULL,
@@ -218,14 +234,13 @@ func (e *env) truth(ctx context.Context) (Truth, error) {
 	if err != nil {
 		return tr, err
 	}
-	rows, err = db.Query(ctx, `SELECT key, token, holder::text, id FROM pgfence.lease_events
-		WHERE event IN ('acquired', 'taken_over') ORDER BY id`)
+	rows, err = db.Query(ctx, `SELECT key, token, holder::text, id, event FROM grant_log ORDER BY id`)
 	if err != nil {
 		return tr, err
 	}
 	tr.Grants, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Grant, error) {
 		var g Grant
-		return g, r.Scan(&g.Key, &g.Token, &g.Holder, &g.Seq)
+		return g, r.Scan(&g.Key, &g.Token, &g.Holder, &g.Seq, &g.Event)
 	})
 	if err != nil {
 		return tr, err
