@@ -166,6 +166,12 @@ const writeSQL = `UPDATE stock SET value = $2, token = $3 WHERE resource = $1`
 // write sets resource key to value with a fenced write carrying token. It
 // does not look at the lease first: the point is that the database judges.
 func (a *actor) write(ctx context.Context, key string, token int64, value string) Op {
+	op, _ := a.fencedWrite(ctx, key, token, value)
+	return op
+}
+
+// fencedWrite is write; it also returns the error behind the outcome.
+func (a *actor) fencedWrite(ctx context.Context, key string, token int64, value string) (Op, error) {
 	op := Op{Kind: Write, Key: key, Token: token, Value: value}
 	_, err := pgfence.Write(ctx, a.pool, pgfence.LeaseOf(key, "", token), func(ctx context.Context, tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, writeSQL, key, value, token)
@@ -176,9 +182,37 @@ func (a *actor) write(ctx context.Context, key string, token int64, value string
 	})
 	if err != nil {
 		op.Outcome, op.Err = classify(err), err.Error()
-		return op
+		return op, err
 	}
 	op.Outcome = OK
+	return op, nil
+}
+
+// writeResolved is write, but a write whose outcome is unknown is read back
+// with pgfence.Resolve before it returns, as a careful caller does: applied
+// is OK, not applied (final: the write can no longer land) is Failed, and
+// superseded (it may have landed before a newer write) stays Unknown. The
+// checker then holds Resolve to its answer.
+func (a *actor) writeResolved(ctx context.Context, key string, token int64, value string) Op {
+	op, err := a.fencedWrite(ctx, key, token, value)
+	var unknown *pgfence.OutcomeUnknownError
+	if op.Outcome != Unknown || !errors.As(err, &unknown) {
+		return op
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
+	defer cancel()
+	got, err := pgfence.Resolve(rctx, a.pool, unknown)
+	if err != nil {
+		op.Err += "; resolve: " + err.Error()
+		return op
+	}
+	op.Resolved = got.String()
+	switch got {
+	case pgfence.Applied:
+		op.Outcome = OK
+	case pgfence.NotApplied:
+		op.Outcome = Failed
+	}
 	return op
 }
 
@@ -230,6 +264,31 @@ func (a *actor) effect(ctx context.Context, intent, value string) Op {
 		op.Outcome, op.Err = classify(err), err.Error()
 	}
 	return op
+}
+
+// effectResolved is effect, but an effect whose outcome is unknown is asked
+// again with the same key and value until it gets the intent's answer (at
+// most resolveTimeout longer), as a client retries an idempotent request:
+// the stored result, whichever attempt executed.
+func (a *actor) effectResolved(ctx context.Context, intent, value string) Op {
+	op := a.effect(ctx, intent, value)
+	if op.Outcome != Unknown {
+		return op
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
+	defer cancel()
+	for {
+		again := a.effect(rctx, intent, value)
+		if again.Outcome == OK {
+			op.Outcome, op.Result, op.Resolved = OK, again.Result, "retried"
+			return op
+		}
+		select {
+		case <-rctx.Done():
+			return op
+		case <-time.After(10 * time.Millisecond): // the first attempt may still be in flight
+		}
+	}
 }
 
 // classify maps an error to the outcome the caller can rely on. Anything not

@@ -3,15 +3,18 @@
 // tests whose history is checked here.
 //
 // A history is a list of [Op]s recorded by the test driver: every lease
-// acquire and release, fenced write, idempotent side effect and read, with
-// monotonic call and return times and the outcome its caller saw. An outcome
-// the caller could not learn (a lost reply, a cut around COMMIT, a worker
-// stopped past its caller's deadline) is [Unknown]: it may take effect at any
-// later time, so its return time is [Never]. After the run the ground truth
-// ([Truth]) is read back from the database: every accepted fenced write (from
-// an audit table written in the same transaction), the final business rows,
-// every lease grant (a trigger copies them out of pgfence.lease_events, which
-// is pruned), every side effect and every stored idempotent result.
+// acquire, renewal and release, fenced write, idempotent side effect and
+// read, with monotonic call and return times and the outcome its caller saw.
+// An outcome the caller could not learn (a lost reply, a cut around COMMIT, a
+// worker stopped past its caller's deadline) is [Unknown]: it may take effect
+// at any later time, so its return time is [Never]; one the caller read back
+// before returning (pgfence.Resolve, a retry with the same idempotency key)
+// is what the read-back said, and the check holds the read-back to it. After
+// the run the ground truth ([Truth]) is read back from the database: every
+// accepted fenced write (from an audit table written in the same
+// transaction), the final business rows, every lease grant (a trigger copies
+// them out of pgfence.lease_events, which is pruned), every side effect and
+// every stored idempotent result.
 //
 // [Check] then verifies:
 //

@@ -74,6 +74,11 @@ type Op struct {
 	Call   int64  `json:"call"`
 	Return int64  `json:"return"`
 	Err    string `json:"err,omitempty"`
+	// Resolved is set when the caller first got no answer and read the
+	// outcome back before returning: pgfence.Resolve's answer for a fenced
+	// write ("applied" is OK, "not applied" is Failed, "superseded" stays
+	// Unknown), "retried" for an effect asked again with the same key.
+	Resolved string `json:"resolved,omitempty"`
 }
 
 // Never is the return time of an operation whose effect may come at any time.
@@ -90,7 +95,11 @@ func (o Op) String() string {
 	if o.Result != "" {
 		s += " → " + o.Result
 	}
-	return s + " " + string(o.Outcome)
+	s += " " + string(o.Outcome)
+	if o.Resolved != "" {
+		s += " (read back: " + o.Resolved + ")"
+	}
+	return s
 }
 
 // Recorder collects a history from concurrent clients. Times come from the

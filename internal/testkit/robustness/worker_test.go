@@ -27,6 +27,9 @@ type opArgs struct {
 	Wait  time.Duration `json:"wait,omitempty"`
 	// Timeout bounds the operation inside the worker.
 	Timeout time.Duration `json:"timeout,omitempty"`
+	// Resolve reads an unknown outcome of a fenced write or an effect back
+	// before answering (writeResolved, effectResolved).
+	Resolve bool `json:"resolve,omitempty"`
 }
 
 var worker struct {
@@ -69,10 +72,16 @@ func serveActor(ctx context.Context, op string, raw json.RawMessage) (any, error
 	case "acquire":
 		return a.acquire(ctx, args.Key, args.TTL, args.Wait), nil
 	case "write":
+		if args.Resolve {
+			return a.writeResolved(ctx, args.Key, args.Token, args.Value), nil
+		}
 		return a.write(ctx, args.Key, args.Token, args.Value), nil
 	case "write_leased":
 		return a.writeLeased(ctx, args.Key, args.Token, args.Value), nil
 	case "effect":
+		if args.Resolve {
+			return a.effectResolved(ctx, args.Key, args.Value), nil
+		}
 		return a.effect(ctx, args.Key, args.Value), nil
 	case "release":
 		return a.release(ctx, args.Key), nil
