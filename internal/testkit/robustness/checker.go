@@ -424,6 +424,12 @@ func step(s state, op Op) []state {
 	return []state{s} // Release and anything else: no observable state
 }
 
+// Part is one kind of completed operation and how many a run completed.
+type Part struct {
+	Name  string
+	Count int
+}
+
 // Summary is what a run proved, printed at its end.
 type Summary struct {
 	Seed       int64
@@ -435,6 +441,7 @@ type Summary struct {
 	Accepted   int // accepted fenced writes in the database
 	Grants     int
 	Effects    int
+	Parts      []Part // completed operations of each kind the run exercises
 	Result     porcupine.CheckResult
 	Violations []string
 }
@@ -460,6 +467,16 @@ func (s Summary) String() string {
 	sort.Strings(outcomes)
 	fmt.Fprintf(&b, "  operations:  %d (%s)\n", s.Ops, strings.Join(outcomes, " "))
 	fmt.Fprintf(&b, "  database:    %d accepted fenced writes, %d lease grants, %d side effects\n", s.Accepted, s.Grants, s.Effects)
+	if len(s.Parts) > 0 {
+		width := 0
+		for _, p := range s.Parts {
+			width = max(width, len(p.Name))
+		}
+		fmt.Fprintf(&b, "  completed:\n")
+		for _, p := range s.Parts {
+			fmt.Fprintf(&b, "    %-*s %8d\n", width, p.Name, p.Count)
+		}
+	}
 	fmt.Fprintf(&b, "  porcupine:   %s\n", s.Result)
 	fmt.Fprintf(&b, "  violations:  %d\n", len(s.Violations))
 	for _, v := range s.Violations {

@@ -54,9 +54,12 @@
 //
 //	go test -race -run TestScenarioPatroni -v ./internal/testkit/robustness -patroni.rounds=5 -timeout=60m
 //
-// The randomized run prints a summary: the random seed, the faults injected by kind, the operations
-// by outcome, what the database accepted, porcupine's verdict and the
-// violations (which must be none).
+// The randomized run prints a summary: the random seed, the faults injected
+// by kind, the operations by outcome, what the database accepted, how many
+// operations of each part of a cycle completed (lease grants, takeovers,
+// renewals refused, fenced writes accepted and refused as stale, idempotent
+// effects, unknown outcomes resolved, releases), porcupine's verdict and the
+// violations (which must be none). A run fails if a part never completed.
 //
 // # Guarantees
 //

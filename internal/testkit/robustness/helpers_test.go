@@ -25,15 +25,18 @@ func (e *env) local(client int, p *faultproxy.Proxy) *actor {
 	return a
 }
 
-// backdate makes the lease on key expire now by the database clock, as if
-// its TTL had run out: time is moved in the row, not slept through.
+// backdateSQL makes the lease on key ($1) expire now by the database clock,
+// as if its TTL had run out: time is moved in the row, not slept through.
+const backdateSQL = `UPDATE pgfence.leases
+	SET granted_at = granted_at - interval '1 hour',
+	    renewed_at = renewed_at - interval '1 hour',
+	    expires_at = clock_timestamp() - interval '1 second'
+	WHERE key = $1`
+
+// backdate makes the lease on key expire now by the database clock (backdateSQL).
 func (e *env) backdate(key string) {
 	e.t.Helper()
-	tag, err := e.admin().Exec(context.Background(), `UPDATE pgfence.leases
-		SET granted_at = granted_at - interval '1 hour',
-		    renewed_at = renewed_at - interval '1 hour',
-		    expires_at = clock_timestamp() - interval '1 second'
-		WHERE key = $1`, key)
+	tag, err := e.admin().Exec(context.Background(), backdateSQL, key)
 	if err != nil || tag.RowsAffected() != 1 {
 		e.t.Fatalf("backdate lease %q: %v (%d rows)", key, err, tag.RowsAffected())
 	}

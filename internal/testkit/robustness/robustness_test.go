@@ -26,15 +26,21 @@ var (
 )
 
 // The randomized robustness run, in the style of etcd's robustness tests: a
-// few worker processes run lease → fenced writes → idempotent effect →
-// release cycles on a few resources, each through its own fault proxy, while
-// faults are injected at random (seeded): connection cuts, delays, network
-// partitions, COMMITs whose request or reply is lost, SIGSTOP past the lease,
-// and fast and crash database restarts. Every operation is recorded with
-// monotonic call and return times and the outcome the driver saw (unknown when
-// it could not know). Afterwards the ground truth is read back and the history
-// is checked (Check: invariants + porcupine). A failing history is saved under
-// testdata/ with porcupine's HTML view.
+// few worker processes run lease → fenced writes → renewal → idempotent
+// effect → release cycles on a few resources, each through its own fault
+// proxy. The cycles play faults of their own (seeded): a holder paused past
+// its lease without noticing, whose renewal is refused, whose lease the next
+// holder takes over and whose write arriving after the next holder's is
+// stale; a COMMIT or release whose request or reply is lost, which the worker
+// reads back (pgfence.Resolve, the idempotency key); a duplicate request for
+// a recent intent. Meanwhile faults are injected at random: connection cuts,
+// delays, network partitions, SIGSTOP past the lease, and fast and crash
+// database restarts. Every operation is recorded with monotonic call and
+// return times and the outcome the driver saw (unknown when it could not
+// know). Afterwards the ground truth is read back and the history is checked
+// (Check: invariants + porcupine). A failing history is saved under testdata/
+// with porcupine's HTML view. The summary counts the completed operations of
+// each part of a cycle.
 func TestRobustnessRandomized(t *testing.T) {
 	if testing.Short() {
 		t.Skip("randomized fault run; skipped with -short")
@@ -47,7 +53,7 @@ func TestRobustnessRandomized(t *testing.T) {
 	t.Logf("seed %d (rerun with -robustness.seed=%d), faults for %v", seed, seed, duration)
 	started := time.Now()
 
-	resources := []string{"res-0", "res-1"}
+	resources := []string{"res-0", "res-1", "res-2", "res-3"}
 	e := newEnv(t, envOptions{dedicated: true, resources: resources})
 	const workers = 4
 	proxies := make([]*faultproxy.Proxy, workers)
@@ -57,7 +63,8 @@ func TestRobustnessRandomized(t *testing.T) {
 		remotes[i] = e.startRemote(i, e.url(proxies[i]))
 	}
 
-	run := &randomRun{e: e, proxies: proxies, remotes: remotes, resources: resources, faults: map[string]int{}, holding: map[int]bool{}}
+	run := &randomRun{e: e, proxies: proxies, remotes: remotes, resources: resources, faults: map[string]int{}, holding: map[int]bool{},
+		written: map[string]int64{}}
 	ctx, cancel := context.WithTimeout(context.Background(), duration)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -97,12 +104,13 @@ func TestRobustnessRandomized(t *testing.T) {
 	sum := Summary{
 		Seed:       int64(seed),
 		Duration:   time.Since(started),
-		Scenarios:  []string{"lease → fenced writes → idempotent effect → release cycles", fmt.Sprintf("%d worker processes", workers), fmt.Sprintf("%d resources", len(resources))},
+		Scenarios:  []string{"lease → fenced writes → renewal → idempotent effect → release cycles", fmt.Sprintf("%d worker processes", workers), fmt.Sprintf("%d resources", len(resources))},
 		Faults:     run.faultCounts(),
 		Ops:        len(ops),
 		ByOutcome:  map[Outcome]int{},
 		Accepted:   len(truth.Writes),
 		Grants:     len(truth.Grants),
+		Parts:      parts(ops, truth),
 		Result:     rep.Linearizable,
 		Violations: rep.Violations,
 	}
@@ -125,6 +133,60 @@ func TestRobustnessRandomized(t *testing.T) {
 	if rep.Ops < 50 {
 		t.Fatalf("only %d operations ran: the run proved little", rep.Ops)
 	}
+	for _, p := range sum.Parts {
+		if p.Count == 0 {
+			t.Errorf("no %s: the run did not exercise every part", p.Name)
+		}
+	}
+}
+
+// parts counts the completed operations of each part of a cycle, as the
+// driver saw them; a takeover is a grant the database recorded as replacing
+// a grant that had expired unreleased.
+func parts(ops []Op, truth Truth) []Part {
+	takeover := map[grant]bool{}
+	for _, g := range truth.Grants {
+		takeover[grant{g.Key, g.Token}] = g.Event == "taken_over"
+	}
+	var grants, takeovers, refused, accepted, stale, effects, resolved, releases int
+	for _, op := range ops {
+		if op.Resolved != "" && op.Outcome != Unknown {
+			resolved++
+		}
+		switch {
+		case op.Kind == Acquire && op.Outcome == OK:
+			grants++
+			if takeover[grant{op.Key, op.Token}] {
+				takeovers++
+			}
+		case op.Kind == Renew && op.Outcome == Rejected:
+			refused++
+		case op.Kind == Write && op.Outcome == OK:
+			accepted++
+		case op.Kind == Write && op.Outcome == Stale:
+			stale++
+		case op.Kind == Effect && op.Outcome == OK && op.Result == op.Value:
+			effects++
+		case op.Kind == Release && op.Outcome == OK:
+			releases++
+		}
+	}
+	return []Part{
+		{"lease grants", grants},
+		{"takeovers of an expired lease", takeovers},
+		{"renewals refused by the database", refused},
+		{"fenced writes accepted", accepted},
+		{"fenced writes refused as stale", stale},
+		{"idempotent effects executed", effects},
+		{"unknown outcomes resolved", resolved},
+		{"releases", releases},
+	}
+}
+
+// grant names one grant of a lease.
+type grant struct {
+	key   string
+	token int64
 }
 
 // randomRun is the state of one randomized run.
@@ -137,7 +199,11 @@ type randomRun struct {
 	mu      sync.Mutex
 	faults  map[string]int
 	seq     int
-	holding map[int]bool // workers between a granted acquire and their release
+	holding map[int]bool     // workers between a granted acquire and their release
+	written map[string]int64 // highest token of an acknowledged write per resource
+	// intents counts the intents made so far; recent are the newest.
+	intents int
+	recent  []string
 }
 
 func (r *randomRun) setHolding(i int, on bool) {
@@ -187,20 +253,55 @@ func (r *randomRun) next() int {
 }
 
 // Timing of a cycle. The lease TTL is short so that pauses and partitions
-// outlast it; the driver waits longer than the worker's own timeout, so an
-// unanswered call means the worker was stopped or cut off.
+// outlast it; the driver waits longer than the worker's own timeout plus its
+// read-back of an unknown outcome, so an unanswered call means the worker
+// was stopped or cut off.
 const (
-	cycleTTL     = time.Second
-	cycleWait    = 500 * time.Millisecond
-	opTimeout    = 2 * time.Second
-	driverWait   = 4 * time.Second
-	intentsCount = 40
+	cycleTTL   = time.Second
+	cycleWait  = 250 * time.Millisecond
+	opTimeout  = 2 * time.Second
+	driverWait = 4 * time.Second
+)
+
+// The mix of a cycle: one holder in pauseOneIn is paused past its lease;
+// one fenced write, effect or release in cutOneIn loses its request or its
+// reply; one cycle in duplicateOneIn repeats one of the last recentIntents
+// intents instead of starting a new one.
+const (
+	pauseOneIn     = 2
+	cutOneIn       = 4
+	duplicateOneIn = 4
+	recentIntents  = 8
+)
+
+// A cut is a message of a cycle whose request or reply may be lost.
+type cut struct {
+	name  string
+	match func(faultproxy.Message) bool
+}
+
+var (
+	commitCut  = &cut{"commit", faultproxy.IsCommit}
+	releaseCut = &cut{"release", faultproxy.SQLContains("pgfence.release(")}
 )
 
 // cycles runs lease cycles for worker i until ctx ends.
 func (r *randomRun) cycles(ctx context.Context, i int, rng *rand.Rand) {
 	w := r.remotes[i]
+	var paused []grant // grants of holders paused past their lease, with a write still on its way
 	for ctx.Err() == nil {
+		// A paused holder's write that arrives after the next holder's
+		// is stale.
+		waiting := paused[:0]
+		for _, g := range paused {
+			if !r.overwritten(g.key, g.token) {
+				waiting = append(waiting, g)
+				continue
+			}
+			r.do(i, rng, "write", opArgs{Key: g.key, Token: g.token, Value: fmt.Sprintf("w%d-%d", i, r.next()), Resolve: true, Timeout: opTimeout}, commitCut)
+		}
+		paused = waiting
+
 		key := r.resources[rng.IntN(len(r.resources))]
 		acq := w.do("acquire", opArgs{Key: key, TTL: cycleTTL, Wait: cycleWait, Timeout: opTimeout}, driverWait)
 		if acq.Outcome != OK {
@@ -208,22 +309,108 @@ func (r *randomRun) cycles(ctx context.Context, i int, rng *rand.Rand) {
 			continue
 		}
 		r.setHolding(i, true)
-		for range 1 + rng.IntN(3) {
-			value := fmt.Sprintf("w%d-%d", i, r.next())
+		for range 1 + rng.IntN(2) {
+			args := opArgs{Key: key, Token: acq.Token, Value: fmt.Sprintf("w%d-%d", i, r.next()), Timeout: opTimeout}
 			if rng.IntN(4) == 0 {
-				w.do("write_leased", opArgs{Key: key, Token: acq.Token, Value: value, Timeout: opTimeout}, driverWait)
+				r.do(i, rng, "write_leased", args, nil)
 			} else {
-				w.do("write", opArgs{Key: key, Token: acq.Token, Value: value, Timeout: opTimeout}, driverWait)
+				args.Resolve = true
+				r.do(i, rng, "write", args, commitCut)
 			}
 		}
-		intent := fmt.Sprintf("intent-%d", rng.IntN(intentsCount))
-		w.do("effect", opArgs{Key: intent, Value: fmt.Sprintf("e%d-%d", i, r.next()), Timeout: opTimeout}, driverWait)
-		w.do("release", opArgs{Key: key, Timeout: opTimeout}, driverWait)
+		// A holder paused past its lease without noticing: its renewal is
+		// refused, and it releases nothing, so the next holder takes over.
+		pause := rng.IntN(pauseOneIn) == 0 && r.expire(key, acq.Token)
+		r.do(i, rng, "renew", opArgs{Key: key, Timeout: opTimeout}, nil)
+		r.do(i, rng, "effect", opArgs{Key: r.intent(rng), Value: fmt.Sprintf("e%d-%d", i, r.next()), Resolve: true, Timeout: opTimeout}, commitCut)
+		if pause {
+			paused = append(paused, grant{key, acq.Token})
+		} else {
+			r.do(i, rng, "release", opArgs{Key: key, Timeout: opTimeout}, releaseCut)
+		}
 		r.setHolding(i, false)
 	}
 }
 
-// inject injects one random fault at a time until ctx ends.
+// do runs cmd on worker i and records it. With c, one time in cutOneIn it
+// first arms a one-shot cut of the worker's next message that c matches,
+// before the message reaches the server (a lost request) or after the
+// server has answered it (a lost reply).
+func (r *randomRun) do(i int, rng *rand.Rand, cmd string, args opArgs, c *cut) Op {
+	var (
+		trig  *faultproxy.Trigger
+		fault string
+	)
+	if c != nil && rng.IntN(cutOneIn) == 0 {
+		if rng.IntN(2) == 0 {
+			trig, fault = r.proxies[i].CutBefore(c.match), "lost-"+c.name+"-request"
+		} else {
+			trig, fault = r.proxies[i].CutAfter(c.match), "lost-"+c.name+"-reply"
+		}
+	}
+	op := r.remotes[i].do(cmd, args, driverWait)
+	if trig != nil {
+		trig.Cancel()
+		if trig.Fired() {
+			r.count(fault)
+		}
+	}
+	if op.Kind == Write && op.Outcome == OK {
+		r.wrote(op.Key, op.Token)
+	}
+	return op
+}
+
+// expire ends the grant of key with token by the database clock, as if its
+// holder had been paused past its TTL without noticing (a frozen VM whose
+// clock stood still too): the lease row is backdated, the holder is not
+// told. It reports whether the grant was still current.
+func (r *randomRun) expire(key string, token int64) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	tag, err := r.e.admin().Exec(ctx, backdateSQL+` AND token = $2 AND released_at IS NULL`, key, token)
+	if err != nil || tag.RowsAffected() != 1 {
+		return false
+	}
+	r.count("pause-unnoticed")
+	return true
+}
+
+// wrote notes an acknowledged write with token on key.
+func (r *randomRun) wrote(key string, token int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.written[key] = max(r.written[key], token)
+}
+
+// overwritten reports whether a write with a token above token was
+// acknowledged on key.
+func (r *randomRun) overwritten(key string, token int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.written[key] > token
+}
+
+// intent picks a cycle's business intent: a new one, or one time in
+// duplicateOneIn one of the newest (a duplicate request, perhaps while the
+// first is still in flight).
+func (r *randomRun) intent(rng *rand.Rand) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.recent) > 0 && rng.IntN(duplicateOneIn) == 0 {
+		return r.recent[rng.IntN(len(r.recent))]
+	}
+	r.intents++
+	intent := fmt.Sprintf("intent-%d", r.intents)
+	r.recent = append(r.recent, intent)
+	if len(r.recent) > recentIntents {
+		r.recent = r.recent[1:]
+	}
+	return intent
+}
+
+// inject injects one random fault at a time until ctx ends; the lost
+// requests and replies are the cycles' own.
 func (r *randomRun) inject(ctx context.Context, rng *rand.Rand) {
 	sleep := func(min, max time.Duration) {
 		d := min + time.Duration(rng.Int64N(int64(max-min)))
@@ -255,21 +442,6 @@ func (r *randomRun) inject(ctx context.Context, rng *rand.Rand) {
 			p.SetBlackhole(faultproxy.ClientToServer, false)
 			p.SetBlackhole(faultproxy.ServerToClient, false)
 			p.CutAll() // the swallowed bytes left the streams unusable
-		}},
-		{"lost-commit-reply", 2, func() {
-			trig := r.proxies[rng.IntN(len(r.proxies))].CutAfter(faultproxy.IsCommit)
-			sleep(500*time.Millisecond, 1500*time.Millisecond)
-			trig.Cancel()
-		}},
-		{"lost-commit-request", 1, func() {
-			trig := r.proxies[rng.IntN(len(r.proxies))].CutBefore(faultproxy.IsCommit)
-			sleep(500*time.Millisecond, 1500*time.Millisecond)
-			trig.Cancel()
-		}},
-		{"lost-release-reply", 1, func() {
-			trig := r.proxies[rng.IntN(len(r.proxies))].CutAfter(faultproxy.SQLContains("pgfence.release("))
-			sleep(500*time.Millisecond, 1500*time.Millisecond)
-			trig.Cancel()
 		}},
 		{"sigstop-past-lease", 5, func() {
 			w := r.victim(rng).w

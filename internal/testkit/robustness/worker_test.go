@@ -107,7 +107,8 @@ func (e *env) startRemote(client int, url string) *remote {
 	w := workerproc.Start(e.t, "actor", nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cfg := actorConfig{URL: url, App: fmt.Sprintf("pf-worker-%d", client), MaxConns: 4}
+	// With wake-ups, as by default: a release wakes the workers waiting for the key.
+	cfg := actorConfig{URL: url, App: fmt.Sprintf("pf-worker-%d", client), MaxConns: 4, Wakeups: true}
 	if err := w.Call(ctx, "open", cfg, nil); err != nil {
 		e.t.Fatalf("open worker %d: %v", client, err)
 	}
