@@ -212,8 +212,11 @@ func (c *Client) releaseNow(ctx context.Context, l *Lease) {
 // pipeline too (takenOver). Neither costs a round trip.
 func (c *Client) sendGrant(ctx context.Context, conn *pgxpool.Conn, key, holder string, ttl time.Duration, info string, announce, countTakeovers bool,
 	dest ...any) (takenOver bool, err error) {
-	b := &pgx.Batch{}
 	traceID := telemetry.TraceID(ctx)
+	if traceID == "" && !countTakeovers {
+		return false, conn.QueryRow(ctx, sqlTryAcquire, key, ttl.Microseconds(), info, holder, clientVersion(), announce).Scan(dest...)
+	}
+	b := &pgx.Batch{}
 	if traceID != "" {
 		b.Queue(driver.SetTraceIDSQL, traceID)
 	}
