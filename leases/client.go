@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,7 +20,6 @@ import (
 type Client struct {
 	pool *pgxpool.Pool
 	cfg  Config
-	log  *slog.Logger
 	tel  *instruments
 
 	closing chan struct{}  // closed by Close
@@ -69,7 +67,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	return &Client{
 		pool:     pool,
 		cfg:      resolved,
-		log:      resolved.Logger,
 		tel:      newTelemetry(&resolved),
 		closing:  make(chan struct{}),
 		lifetime: lifetime,
@@ -253,15 +250,14 @@ func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Durat
 		ctx, cancel = context.WithTimeout(ctx, o.MaxWait)
 		defer cancel()
 	}
-	fair := o.Fair
 	c.startListener()
-	w := c.enqueue(key, fair)
+	w := c.enqueue(key, o.Fair)
 	defer c.dequeue(key, w)
 
 	waiter := newHolderID()
 	// atHead: this fair waiter's last turn found nobody ahead of it.
 	atHead := false
-	if fair {
+	if o.Fair {
 		defer func() {
 			if l != nil {
 				c.leaveQueue(ctx, key, waiter, false)
@@ -292,18 +288,14 @@ func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Durat
 			remaining time.Duration
 			heard     bool
 		)
-		if woken && !fair {
+		if woken && !o.Fair {
 			// Every client waiting for the key heard the release (or saw
 			// the expiry). Hold back a moment; if another waiter's grant is
 			// announced meanwhile, the key is taken and an attempt would
 			// only cost a statement.
-			remaining, heard = c.holdBack(ctx, key, w)
-			select {
-			case <-c.closing:
+			if remaining, heard = c.holdBack(ctx, key, w); c.isClosed() {
 				return nil, ErrClosed
-			default:
-			}
-			if heard {
+			} else if heard {
 				c.tel.attempt(ctx, outcomeSkipped)
 			}
 		}
@@ -312,21 +304,21 @@ func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Durat
 			case <-w.wake: // this attempt covers it
 			default:
 			}
-			if fair {
+			if o.Fair {
 				err = c.queueTurn(ctx, key, waiter)
 				atHead = err == nil
 			}
 			if err == nil {
 				l, err = c.tryAcquire(ctx, key, ttl, margin, o.HolderInfo, o.Announce)
 			}
-			if err == nil {
-				if woken {
-					c.adapt(key, true)
-				}
-				return l, nil
-			}
 			var held *HeldError
+			isHeld := errors.As(err, &held)
+			if woken && (err == nil || isHeld) {
+				c.adapt(key, err == nil) // won, or lost the race that followed a release or expiry
+			}
 			switch {
+			case err == nil:
+				return l, nil
 			case ctx.Err() != nil:
 				if last != nil && errors.Is(err, context.Cause(ctx)) && !errors.Is(err, pgfence.ErrOutcomeUnknown) {
 					// This attempt ended with the context and says nothing
@@ -334,11 +326,8 @@ func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Durat
 					err = last
 				}
 				return nil, fmt.Errorf("leases: acquire %q: gave up waiting: %w (last attempt: %w)", key, context.Cause(ctx), err)
-			case errors.As(err, &held):
+			case isHeld:
 				remaining = held.Remaining
-				if woken {
-					c.adapt(key, false) // lost the race that followed a release or expiry
-				}
 			case errors.Is(err, pgfence.ErrUnavailable), errors.Is(err, pgfence.ErrOutcomeUnknown):
 				// Transient: retry with backoff until the deadline.
 			case errors.Is(err, pgfence.ErrGrantsPaused):

@@ -137,9 +137,7 @@ func (c *Config) resolve() (Config, error) {
 		if err := checkInterval(d.name, *d.v); err != nil {
 			return cfg, err
 		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
+		*d.v = cmp.Or(*d.v, d.def)
 	}
 	switch {
 	case cfg.SafetyMargin < 0:

@@ -39,7 +39,7 @@ func (c *Client) emit(e event) {
 	case eventRenewFailed, eventForceReleased:
 		level = slog.LevelInfo
 	}
-	if c.log.Enabled(context.Background(), level) {
+	if c.cfg.Logger.Enabled(context.Background(), level) {
 		attrs := []slog.Attr{slog.String("event", string(e.Kind))}
 		if e.Key != "" {
 			attrs = append(attrs, slog.String("key", e.Key), slog.String("holder", e.Holder), slog.Int64("token", e.Token))
@@ -47,7 +47,7 @@ func (c *Client) emit(e event) {
 		if e.Err != nil {
 			attrs = append(attrs, slog.Any("err", e.Err))
 		}
-		c.log.LogAttrs(context.Background(), level, "pgfence lease "+string(e.Kind), attrs...)
+		c.cfg.Logger.LogAttrs(context.Background(), level, "pgfence lease "+string(e.Kind), attrs...)
 	}
 	if c.onEvent != nil { // tests only
 		c.onEvent(e)

@@ -47,11 +47,7 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 		return nil, fmt.Errorf("leases: acquire %q: %w", key, classified)
 	}
 	if !acquired {
-		held := &HeldError{Key: key, Remaining: time.Duration(remainingMicros) * time.Microsecond}
-		if expiresAt != nil {
-			held.ExpiresAt = *expiresAt
-		}
-		return nil, held
+		return nil, &HeldError{Key: key, Remaining: time.Duration(remainingMicros) * time.Microsecond, ExpiresAt: deref(expiresAt)}
 	}
 	if err := c.observeEpoch(key, *token); err != nil {
 		return nil, err

@@ -396,13 +396,11 @@ func (l *Lease) releaseOnce(ctx context.Context) (changed bool, status string, e
 // Once [Lease.Release] has been called it renews no more. It returns why it
 // stopped (a keepalive outcome) and the error that ended the lease, if any.
 func (l *Lease) renewLoop(ctx context.Context, o AcquireOptions) (string, error) {
-	holdUntil := l.start.Add(o.MaxHold)
-	limited := o.MaxHold != NoMaxHold
-	untilHold := func() time.Duration {
-		if !limited {
+	untilHold := func() time.Duration { // MaxHold, counted from the grant
+		if o.MaxHold == NoMaxHold {
 			return NoMaxHold
 		}
-		return max(0, l.c.until(holdUntil))
+		return max(0, l.c.until(l.start.Add(o.MaxHold)))
 	}
 	// The first renewal is due one interval into the current trust window
 	// (from the grant or the last renewal), not one interval after the loop
@@ -433,7 +431,7 @@ func (l *Lease) renewLoop(ctx context.Context, o AcquireOptions) (string, error)
 			// window to run out.
 			continue
 		}
-		if limited && !l.c.now().Before(holdUntil) {
+		if untilHold() == 0 {
 			err := fmt.Errorf("%w: lease %q (holder %s, token %d) kept for %s, its maximum hold (AcquireOptions.MaxHold): raise it for work that runs longer",
 				ErrMaxHold, l.key, l.holder, l.token, o.MaxHold)
 			l.end(err)

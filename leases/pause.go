@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Pause is one kill switch: new grants of every key that starts with Prefix
@@ -50,10 +51,7 @@ func (c *Client) ResumeGrants(ctx context.Context, prefix, reason string) (remov
 	if err := validatePrefix(prefix, reason, false); err != nil {
 		return false, err
 	}
-	var r *string // "": none
-	if reason != "" {
-		r = &reason
-	}
+	r := pgtype.Text{String: reason, Valid: reason != ""} // "": none
 	if err := c.write(ctx, fmt.Sprintf("resume grants %q", prefix), sqlResume, []any{prefix, r}, &removed); err != nil {
 		return false, err
 	}

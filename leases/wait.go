@@ -185,12 +185,7 @@ func (c *Client) delay(attempt int, remaining time.Duration) (d time.Duration, a
 }
 
 // fullJitter returns a random duration in [0, d].
-func fullJitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return 0
-	}
-	return rand.N(d + 1)
-}
+func fullJitter(d time.Duration) time.Duration { return rand.N(max(d, 0) + 1) }
 
 // sleepCtx sleeps for d, or returns false when ctx ends first.
 func sleepCtx(ctx context.Context, d time.Duration) bool {

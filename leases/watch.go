@@ -237,49 +237,48 @@ const (
 	sqlWatchStart = `SELECT COALESCE(CASE WHEN $2 > 0
   THEN (SELECT pg_catalog.min(t.id) FROM (SELECT e.id FROM pgfence.lease_events AS e WHERE e.key = $1 ORDER BY e.id DESC LIMIT $2) AS t)
   ELSE (SELECT pg_catalog.max(e.id) FROM pgfence.lease_events AS e WHERE e.key = $1 AND e.event IN ('acquired', 'taken_over')) END, 0)`
-	// sqlWatch reads the key's lease row and its events from id $2 on (at
-	// most $3), in one statement, so both come from one snapshot. Without a
-	// lease row or events, it returns one row of NULLs (coalesced).
-	sqlWatch = `SELECT ` + statusColumns + `, ` + eventColumns + `
+	// sqlWatch reads the key's lease row, its events from id $2 on (at most
+	// $3) and whether the key still has events up to id $2, in one statement,
+	// so all come from one snapshot. Without a lease row or events, it returns
+	// one row of NULLs (coalesced).
+	sqlWatch = `SELECT ` + statusColumns + `, ` + eventColumns + `,
+       EXISTS (SELECT 1 FROM pgfence.lease_events AS k WHERE k.key = $1 AND k.id <= $2)
   FROM (SELECT 1) AS one
   LEFT JOIN pgfence.lease_status AS s ON s.key = $1
   LEFT JOIN LATERAL (SELECT * FROM pgfence.lease_events AS x WHERE x.key = $1 AND x.id >= $2 ORDER BY x.id LIMIT $3) AS e ON true
  ORDER BY e.id`
-	// sqlWatchKept says whether the key still has events up to id $2.
-	sqlWatchKept = `SELECT EXISTS (SELECT 1 FROM pgfence.lease_events AS e WHERE e.key = $1 AND e.id <= $2)`
-	watchBatch   = 100
+	watchBatch = 100
 )
 
-// read is one read: the lease row, and the events from id from on.
-func (w *Watcher) read(ctx context.Context, from int64) (st Status, evs []Event, err error) {
+// read is one read: the lease row, the events from id from on, and whether
+// the key still has events up to id from (pruning drops the oldest first: if
+// none is left, events after from may be missing; an info_changed event
+// replaced by a newer one of its grant is not missed, the newer one follows).
+func (w *Watcher) read(ctx context.Context, from int64) (st Status, evs []Event, kept bool, err error) {
 	conn, err := w.c.conn(ctx) // fails only when nothing was sent
 	if err != nil {
-		return st, nil, err
+		return st, nil, false, err
 	}
 	defer conn.Release()
 	w.reads.Add(1)
 	rows, err := conn.Query(ctx, sqlWatch, w.key, from, watchBatch)
-	if err != nil {
-		return st, nil, classifyRead(ctx, err)
+	if err == nil {
+		defer rows.Close()
 	}
-	defer rows.Close()
-	for rows.Next() {
+	for err == nil && rows.Next() {
 		var (
 			s statusRow
 			e Event
 		)
-		if err := rows.Scan(append(s.dest(), e.dest()...)...); err != nil {
-			return st, nil, classifyRead(ctx, err)
-		}
-		st = s.status()
-		if e.ID != 0 {
+		if err = rows.Scan(append(append(s.dest(), e.dest()...), &kept)...); e.ID != 0 {
 			evs = append(evs, e)
 		}
+		st = s.status()
 	}
-	if err := rows.Err(); err != nil {
-		return st, nil, classifyRead(ctx, err)
+	if err == nil {
+		err = rows.Err()
 	}
-	return st, evs, nil
+	return st, evs, kept, classifyRead(ctx, err)
 }
 
 func (w *Watcher) run(ctx context.Context) {
@@ -299,28 +298,20 @@ func (w *Watcher) run(ctx context.Context) {
 		started   bool
 		from      int64 // events from this id on are new, until one is delivered
 		last      int64 // the last event delivered, 0 before the first
-		lastGrant Event // the newest grant delivered
+		lastGrant int64 // the token of the newest grant delivered
 		expired   int64 // the token whose expiry was delivered
 		failures  int
 	)
-	send := func(e Event) bool {
-		select {
-		case w.events <- e:
-			return true
-		case <-ctx.Done():
-		case <-w.c.closing:
-		}
-		return false
-	}
 	for {
 		w.mu.Lock()
 		w.readNow = false
 		w.lastRead = w.c.now()
 		w.mu.Unlock()
 		var (
-			st  Status
-			evs []Event
-			err error
+			st   Status
+			evs  []Event
+			kept bool
+			err  error
 		)
 		if !started {
 			err = classifyRead(ctx, w.c.pool.QueryRow(ctx, sqlWatchStart, w.key, w.opts.History).Scan(&from))
@@ -329,7 +320,7 @@ func (w *Watcher) run(ctx context.Context) {
 		if err == nil {
 			// Read from the last event delivered, to see that it is still
 			// there: if it is not, the history was pruned past it.
-			st, evs, err = w.read(ctx, max(from, last))
+			st, evs, kept, err = w.read(ctx, max(from, last))
 		}
 		if ctx.Err() != nil {
 			return
@@ -346,22 +337,37 @@ func (w *Watcher) run(ctx context.Context) {
 		}
 		failures = 0
 		more := len(evs) == watchBatch
+		var out []Event
 		if last > 0 {
 			if len(evs) > 0 && evs[0].ID == last {
 				evs = evs[1:]
-			} else if pruned, perr := w.pruned(ctx, last); perr == nil && pruned {
-				if !send(Event{Kind: "gap", Key: w.key}) {
-					return
-				}
+			} else if !kept {
 				// Said once: from here on the watch goes on after the lost
 				// event (the events read above all follow it) without
 				// checking for it again, or a key whose history has nothing
 				// up to it would report the gap at every read.
+				out = append(out, Event{Kind: "gap", Key: w.key})
 				from, last = last+1, 0
 			}
 		}
-		if w.tagKey == nil {
-			w.fetchTagKey(ctx)
+		out = append(out, evs...)
+		for _, e := range evs {
+			if e.Granted() {
+				lastGrant = e.Token
+			}
+		}
+		if st.Key != "" && !st.Live && st.ReleasedAt.IsZero() && st.Token >= lastGrant && expired != st.Token {
+			expired = st.Token
+			out = append(out, Event{Kind: "expired", Key: w.key, Holder: st.Holder, Token: st.Token, HolderInfo: st.HolderInfo, At: st.ExpiresAt})
+		}
+		if w.tagKey == nil { // renewal announcements are ignored until it is read
+			var k []byte
+			w.reads.Add(1)
+			if w.c.pool.QueryRow(ctx, sqlAnnounceKey, w.key).Scan(&k) == nil {
+				w.mu.Lock()
+				w.tagKey = k
+				w.mu.Unlock()
+			}
 		}
 		// The state first: a consumer that got the events sees it.
 		now := w.c.now()
@@ -373,50 +379,20 @@ func (w *Watcher) run(ctx context.Context) {
 			w.readAtLocal, w.readAtDB = now, st.ExpiresAt.Add(-st.Remaining)
 		}
 		w.mu.Unlock()
-		for _, e := range evs {
-			if !send(e) {
+		for _, e := range out {
+			select {
+			case w.events <- e:
+			case <-ctx.Done():
+				return
+			case <-w.c.closing:
 				return
 			}
-			last = e.ID
-			if e.Granted() {
-				lastGrant = e
-			}
-		}
-		if st.Key != "" && !st.Live && st.ReleasedAt.IsZero() && st.Token >= lastGrant.Token && expired != st.Token {
-			expired = st.Token
-			if !send(Event{Kind: "expired", Key: w.key, Holder: st.Holder, Token: st.Token, HolderInfo: st.HolderInfo, At: st.ExpiresAt}) {
-				return
-			}
+			last = max(last, e.ID)
 		}
 		if !more && !w.wait(ctx, 0) {
 			return
 		}
 	}
-}
-
-// fetchTagKey reads the key renewal announcements are signed with. Until it
-// succeeds announcements are ignored (the watcher reads at each expiry it
-// knows instead); it is tried again after the next read.
-func (w *Watcher) fetchTagKey(ctx context.Context) {
-	var k []byte
-	w.reads.Add(1)
-	if err := w.c.pool.QueryRow(ctx, sqlAnnounceKey, w.key).Scan(&k); err != nil {
-		w.c.log.DebugContext(ctx, "leases: watch: renewal announcements of this key are not checked", "key", w.key, "err", err)
-		return
-	}
-	w.mu.Lock()
-	w.tagKey = k
-	w.mu.Unlock()
-}
-
-// pruned reports whether the history of the key lost every event up to id
-// last (pruning drops the oldest first), so that events after it may be
-// missing. (An info_changed event replaced by a newer one of its grant is
-// not missed: the newer one follows.)
-func (w *Watcher) pruned(ctx context.Context, last int64) (bool, error) {
-	var kept bool
-	err := w.c.pool.QueryRow(ctx, sqlWatchKept, w.key, last).Scan(&kept)
-	return !kept, err
 }
 
 // poll is the longest time between two reads now.
@@ -434,7 +410,7 @@ func (w *Watcher) poll() time.Duration {
 // expiry (plus a jitter), the poll interval after the last read, or (after
 // a failed read) retry. It returns false when the watch ends.
 func (w *Watcher) wait(ctx context.Context, retry time.Duration) bool {
-	timer := time.NewTimer(time.Hour)
+	timer := time.NewTimer(time.Hour) // Reset discards a stale tick (Go 1.23)
 	defer timer.Stop()
 	retryAt := w.c.now().Add(retry)
 	for {
@@ -471,12 +447,6 @@ func (w *Watcher) wait(ctx context.Context, retry time.Duration) bool {
 		case <-w.signal:
 		case <-timer.C:
 			return true
-		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
 		}
 	}
 }
