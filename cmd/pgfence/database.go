@@ -265,7 +265,11 @@ func dbError(err error) error {
 	case pgerr.Code(err) == "42501":
 		return &cliError{msg: redact(err.Error()), hint: "the role lacks a privilege: run operating commands as a member of pgfence_operator (protect and unprotect as the table's owner); see \"Roles and the threat model\" in pgfence/README.md", code: exitFailure, err: err}
 	case errors.Is(err, pgerr.ErrInvalid):
-		return &cliError{msg: redact(err.Error()), hint: "see `pgfence help` for the command's arguments", code: exitUsage, err: err}
+		msg := err.Error()
+		if se, ok := pgerr.Server(err); ok { // the server's words, without the SQLSTATE
+			msg = se.Message
+		}
+		return &cliError{msg: redact(msg), hint: "see `pgfence help` for the command's arguments", code: exitUsage, err: err}
 	case pgerr.Code(err) == pgerr.CodeNotGranted:
 		return &cliError{msg: redact(err.Error()), hint: "no prefix of that name is granted to this role: the schema's owner (or an operator) grants one with SELECT pgfence.grant_prefix('ROLE', 'PREFIX'), or run the command as the schema's owner; see \"Roles and the threat model\" in pgfence/README.md", code: exitFailure, err: err}
 	}

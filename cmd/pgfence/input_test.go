@@ -9,7 +9,7 @@ import (
 )
 
 // Input no command could act on is a usage error (exit 2, with a hint), said
-// before anything is sent, never a raw server error or a bare exit 1.
+// before anything changes, never a raw server error or a bare exit 1.
 func TestBadInputIsAUsageError(t *testing.T) {
 	db := pgfencetest.NewDatabase(t)
 	environ := map[string]string{"DATABASE_URL": db.URL}
