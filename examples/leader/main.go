@@ -172,7 +172,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 							res.StaleRejected = true
 							mu.Unlock()
 							say("%s woke up and wrote with term %d: REJECTED (term %d has written since); its term ended: %v",
-								name, n, number(stale.Accepted), errors.Is(term.Err(), election.ErrLost))
+								name, n, number(stale.Accepted), errors.Is(term.Err(), pgfence.ErrLeaseLost))
 						} else {
 							say("%s woke up and wrote with term %d: ACCEPTED (the fence did not hold!)", name, n)
 						}

@@ -12,8 +12,7 @@
 // leader's term, holder id and the value it publishes ([Term.Proclaim], like
 // etcd's Proclaim). [Election.IsLeader], [Election.Leader] and
 // [Election.Health] (for a readiness probe) answer questions; [Election.Resign]
-// steps down. [Election.Campaign] and [Term.Resign] are the building blocks,
-// for callers that run their own loop.
+// steps down.
 //
 // A [Term] implements pgfence.Lease: pgfence.Write(ctx, db, term, fn) and
 // pgfence.Exec fence the resource named by the election's key with the
@@ -67,7 +66,7 @@
 //   - The leader's renewals fail (database unreachable, outcome unknown):
 //     keep-alive retries within the trust window; when it runs out, or after
 //     [leases.AcquireOptions.MaxFailures] failures in a row, the term ends with
-//     [ErrLost] (wrapping [pgfence.ErrLeaseLost]), OnStartedLeading's context
+//     the lease's error (wrapping [pgfence.ErrLeaseLost]), OnStartedLeading's context
 //     ends, and Run campaigns again once the lease's end is seen.
 //   - The leader is paused (GC, SIGSTOP, a frozen VM) past its trust window:
 //     when it resumes, its term is over (the clock says so before any timer

@@ -1,6 +1,7 @@
 package election
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,59 +15,50 @@ import (
 
 // Defaults for [Config] fields left zero.
 const (
-	// TTLDefault is the leadership lease's TTL: a leader that dies is
-	// replaced about this long after its last renewal. The same as
-	// client-go's LeaseDuration default.
-	TTLDefault = 15 * time.Second
-	// PollIntervalDefault is how often a follower reads an election that
-	// has no leader while wake-ups work. A follower of a leader does not
-	// poll: grants, resignations and published values are announced, the
-	// leader's signed renewal announcements move its expiry, and the
-	// follower reads the election at that expiry.
-	PollIntervalDefault = 30 * time.Second
+	ttlDefault          = 15 * time.Second
+	pollIntervalDefault = 30 * time.Second
 )
 
-// Sentinels. Test with [errors.Is].
+// Sentinels. Test with [errors.Is]. A term whose lease was lost ends with
+// the lease's error ([pgfence.ErrLeaseLost], or [leases.ErrMaxHold] with a
+// MaxHold).
 var (
-	// ErrNotLeader: the call needs this replica to lead, and it does not.
-	ErrNotLeader = errors.New("election: not the leader")
-	// ErrResigned: the term ended because its leader resigned ([Term.Resign],
-	// [Election.Resign], or the context of [Election.Run] ended).
+	// ErrResigned: the term ended because its leader resigned
+	// ([Election.Resign], or the context of [Election.Run] ended).
 	ErrResigned = errors.New("election: resigned")
-	// ErrLost: the term ended because its lease was lost (a renewal
-	// refused, the database unreachable for the trust window, the process
-	// paused past it, keep-alive gave up). It wraps the lease's error
-	// ([pgfence.ErrLeaseLost], [leases.ErrMaxHold]).
-	ErrLost = errors.New("election: leadership lost")
-	// ErrRunning: [Election.Campaign] was called while [Election.Run] runs
-	// (or the reverse): one replica campaigns once.
+	// ErrRunning: [Election.Run] was called while it runs: one replica
+	// campaigns once.
 	ErrRunning = errors.New("election: already campaigning")
 )
 
 // Config configures an [Election]. A nil *Config and zero fields use the
 // defaults.
 type Config struct {
-	// TTL is the leadership lease's TTL. Default [TTLDefault].
+	// TTL is the leadership lease's TTL: a leader that dies is replaced
+	// about this long after its last renewal. Default 15 s (client-go's
+	// LeaseDuration).
 	TTL time.Duration
 	// AcquireOptions say how a term's lease is taken and kept. HolderInfo is
 	// the value the leader publishes when elected (default: the client's
 	// [leases.Config.HolderInfo], host:pid; [Term.Proclaim] changes it);
 	// RenewInterval defaults to TTL/3; MaxHold defaults to
 	// [leases.NoMaxHold] (a term lasts until its leader resigns or fails).
-	// TryOnce makes [Election.Campaign] return [pgfence.ErrLeaseHeld]
-	// instead of waiting; MaxWait bounds its wait. Fair is refused:
-	// followers do not queue; NoKeepAlive too: a term lasts while it is
-	// renewed. Grants and renewals are always announced.
+	// Fair, TryOnce and MaxWait are refused: followers do not queue, and
+	// Run campaigns until its context ends; NoKeepAlive too: a term lasts
+	// while it is renewed. Grants and renewals are always announced.
 	leases.AcquireOptions
 	// PollInterval is how often a follower reads an election without a
 	// leader while wake-ups work (see [leases.WatchOptions.PollInterval]).
-	// Default [PollIntervalDefault]. Without wake-ups followers read every
+	// Default 30 s. A follower of a leader does not poll: grants,
+	// resignations and published values are announced, the leader's signed
+	// renewal announcements move its expiry, and the follower reads the
+	// election at that expiry. Without wake-ups followers read every
 	// [leases.Config.BackoffMax] of the client, and at the leader's expiry.
 	PollInterval time.Duration
 
 	// OnStartedLeading is called by [Election.Run], in a goroutine of its
 	// own, when this replica is elected. ctx ends when the term ends
-	// (context.Cause says why: [ErrResigned] or [ErrLost]); the function
+	// (context.Cause says why: [ErrResigned], or the lost lease's error); the function
 	// must return then. Everything it writes should go through the fence
 	// with term ([pgfence.Write] and friends take it as the lease). The
 	// next term starts only after it returned.
@@ -97,22 +89,17 @@ func (c *Config) resolve() (Config, error) {
 		return cfg, fmt.Errorf("%w: Config.PollInterval: must be 1ms to %s (0 for the default), got %s", pgfence.ErrInvalid, leases.MaxTTLLimit, cfg.PollInterval)
 	case cfg.Fair:
 		return cfg, fmt.Errorf("%w: Config.Fair: elections do not queue (followers wait for the leader's end and race once)", pgfence.ErrInvalid)
+	case cfg.TryOnce || cfg.MaxWait != 0:
+		return cfg, fmt.Errorf("%w: Config.TryOnce, Config.MaxWait: Run campaigns until its context ends", pgfence.ErrInvalid)
 	case cfg.NoKeepAlive:
 		return cfg, fmt.Errorf("%w: Config.NoKeepAlive: a term lasts while its lease is renewed", pgfence.ErrInvalid)
 	}
-	if cfg.TTL == 0 {
-		cfg.TTL = TTLDefault
-	}
-	if cfg.PollInterval == 0 {
-		cfg.PollInterval = PollIntervalDefault
-	}
-	if cfg.MaxHold == 0 {
-		cfg.MaxHold = leases.NoMaxHold
-	}
+	cfg.TTL = cmp.Or(cfg.TTL, ttlDefault)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, pollIntervalDefault)
+	cfg.MaxHold = cmp.Or(cfg.MaxHold, leases.NoMaxHold)
+	cfg.RenewInterval = cmp.Or(cfg.RenewInterval, cfg.TTL/3)
 	cfg.Announce = true
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	return cfg, nil
 }
 
@@ -124,7 +111,7 @@ type Election struct {
 	cfg    Config
 
 	mu      sync.Mutex
-	running bool // Run or Campaign is active
+	running bool // Run is active
 	term    *Term
 	resign  chan struct{} // Run: Resign asks to step down (buffered, 1)
 	watch   *leases.Watcher
@@ -139,27 +126,18 @@ func New(client *leases.Client, key string, cfg *Config) (*Election, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: client: must not be nil", pgfence.ErrInvalid)
 	}
-	if key == "" || len(key) > leases.MaxKeyBytes {
-		return nil, fmt.Errorf("%w: key: must be 1 to %d bytes, got %d", pgfence.ErrInvalid, leases.MaxKeyBytes, len(key))
-	}
 	resolved, err := cfg.resolve()
 	if err != nil {
 		return nil, err
 	}
-	if resolved.RenewInterval == 0 {
-		resolved.RenewInterval = resolved.TTL / 3
-	}
-	// What each term's grant and keep-alive would refuse, refused now: a
-	// keep-alive refused later would leave every term to lapse unrenewed.
+	// What each term's grant and keep-alive would refuse (the key
+	// included), refused now: a keep-alive refused later would leave every
+	// term to lapse unrenewed.
 	if err := client.Check(key, resolved.TTL, &resolved.AcquireOptions); err != nil {
 		return nil, fmt.Errorf("election: Config.TTL %s: %w", resolved.TTL, err)
 	}
 	return &Election{client: client, key: key, cfg: resolved, resign: make(chan struct{}, 1)}, nil
 }
-
-// Key is the election's lease key: the resource a leader's fenced writes
-// name.
-func (e *Election) Key() string { return e.key }
 
 // Term returns this replica's current term, or nil when it does not lead.
 // A term that has just ended may still be returned: check [Term.Err].
@@ -179,35 +157,24 @@ func (e *Election) IsLeader() bool {
 	return t != nil && t.Err() == nil
 }
 
-// Proclaim publishes value as the current leader's (see [Term.Proclaim]).
-// It returns an error wrapping [ErrNotLeader] when this replica does not
-// lead.
-func (e *Election) Proclaim(ctx context.Context, value string) error {
-	t := e.Term()
-	if t == nil || t.Err() != nil {
-		return fmt.Errorf("election %q: proclaim: %w", e.key, ErrNotLeader)
-	}
-	return t.Proclaim(ctx, value)
-}
-
-// Resign steps down from the current term: the term's context ends with
-// [ErrResigned] and, once the leader's work returned (under [Election.Run],
-// OnStartedLeading), the lease is released so that another replica is
-// elected at once. Under Run it returns once Run has stepped down
-// (OnStartedLeading returned, the lease was released, OnStoppedLeading
-// returned), and this replica campaigns again, but not before the TTL has
-// passed or another leader has been elected. It returns the release's
-// error, or nil when this replica does not lead.
+// Resign steps down from the current term of [Election.Run]: the term's
+// context ends with [ErrResigned] and, once the leader's work returned
+// (OnStartedLeading), the lease is released so that another replica is
+// elected at once. It returns once Run has stepped down (OnStartedLeading
+// returned, the lease was released, OnStoppedLeading returned), with the
+// release's error, or nil when this replica does not lead; this replica
+// campaigns again, but not before the TTL has passed or another leader has
+// been elected.
 //
-// From OnStartedLeading, which Run waits for, pass the callback's context
-// (or call [Term.Resign]): Resign then returns nil as soon as the term has
-// ended, and Run releases the lease when the callback returns. With another
-// context it would wait for the callback, until that context ends. Do not
-// call it from OnStoppedLeading or OnLeader, which Run also waits for.
+// From OnStartedLeading, which Run waits for, pass the callback's context:
+// Resign then returns nil as soon as the term has ended, and Run releases
+// the lease when the callback returns. With another context it would wait
+// for the callback, until that context ends. Do not call it from
+// OnStoppedLeading or OnLeader, which Run also waits for.
 func (e *Election) Resign(ctx context.Context) error {
 	e.mu.Lock()
-	t, running := e.term, e.running
-	if t != nil && running && t.run {
+	t := e.term
+	if t != nil {
 		// Signalled under the lock: stepDown clears the term and drains the
 		// signal under it too, so a signal meant for a term that ended by
 		// itself never ends the next one.
@@ -220,18 +187,15 @@ func (e *Election) Resign(ctx context.Context) error {
 	if t == nil {
 		return nil
 	}
-	if running && t.run {
-		select {
-		case <-t.stepped:
-			return t.releaseErr
-		case <-ctx.Done():
-			if errors.Is(context.Cause(ctx), ErrResigned) && errors.Is(context.Cause(t.ctx), ErrResigned) {
-				return nil // called with the term's own context: it ended by this resignation
-			}
-			return context.Cause(ctx)
+	select {
+	case <-t.stepped:
+		return t.releaseErr
+	case <-ctx.Done():
+		if errors.Is(context.Cause(ctx), ErrResigned) && errors.Is(context.Cause(t.ctx), ErrResigned) {
+			return nil // called with the term's own context: it ended by this resignation
 		}
+		return context.Cause(ctx)
 	}
-	return t.Resign(ctx)
 }
 
 // Leader reads the current leader from the database: its term, holder and

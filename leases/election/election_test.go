@@ -167,7 +167,7 @@ func TestRunElectsOneLeaderAndHandsOver(t *testing.T) {
 	if seen := rs[0].lastSeen(); seen.Value != first.name || seen.Holder != term1.Holder() {
 		t.Fatalf("seen %+v, want %s's term %d", seen, first.name, term1.Token())
 	}
-	if err := first.e.Proclaim(ctx, first.name+" at 10.0.0.7:8080"); err != nil {
+	if err := term1.Proclaim(ctx, first.name+" at 10.0.0.7:8080"); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "the proclaimed value seen by all", func() bool {
@@ -182,10 +182,8 @@ func TestRunElectsOneLeaderAndHandsOver(t *testing.T) {
 		t.Fatalf("Leader() = %+v, %v", l, err)
 	}
 	for _, r := range rs {
-		if r != first {
-			if err := r.e.Proclaim(ctx, "usurper"); !errors.Is(err, election.ErrNotLeader) {
-				t.Errorf("%s (a follower) proclaimed: %v", r.name, err)
-			}
+		if r != first && r.e.Term() != nil {
+			t.Errorf("%s (a follower) has a term", r.name)
 		}
 	}
 
@@ -246,37 +244,43 @@ func TestTermFencesEarlierTerms(t *testing.T) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE config (k text PRIMARY KEY, v text, term bigint)`); err != nil {
 		t.Fatal(err)
 	}
-	a, err := election.New(newClient(t, pool, nil), "config-leader", &election.Config{TTL: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := election.New(newClient(t, pool, nil), "config-leader", &election.Config{TTL: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	write := func(term *election.Term, v string) error {
 		_, err := pgfence.Exec(ctx, pool, term, `INSERT INTO config VALUES ('mode', $1, $2) ON CONFLICT (k) DO UPDATE SET v = $1, term = $2`, v, term.Token())
 		return err
 	}
-	ta, err := a.Campaign(ctx)
-	if err != nil {
-		t.Fatal(err)
+	// run runs an election on a client of its own and returns its first term.
+	run := func() (*election.Election, *election.Term) {
+		t.Helper()
+		terms := make(chan *election.Term, 4)
+		e, err := election.New(newClient(t, pool, nil), "config-leader", &election.Config{TTL: 10 * time.Second,
+			OnStartedLeading: func(ctx context.Context, term *election.Term) { terms <- term; <-ctx.Done() }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- e.Run(rctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		select {
+		case term := <-terms:
+			return e, term
+		case <-ctx.Done():
+			t.Fatal("not elected")
+		}
+		return nil, nil
 	}
-	defer ta.Resign(context.Background()) //nolint:errcheck // lost by then
+	_, ta := run()
 	if err := write(ta, "a"); err != nil {
 		t.Fatal(err)
 	}
-	// a's lease runs out by the database clock (a is paused, say); b wins.
+	// a's lease runs out by the database clock (a is paused, say); b wins
+	// while a still believes it leads.
 	backdate(t, pool, "config-leader", 0)
-	tb, err := b.Campaign(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tb.Resign(context.Background()) //nolint:errcheck
+	b, tb := run()
 	if err := write(tb, "b"); err != nil {
 		t.Fatal(err)
 	}
-	err = write(ta, "a, late")
+	err := write(ta, "a, late")
 	var stale *pgfence.StaleTokenError
 	if !errors.As(err, &stale) || stale.Presented != ta.Token() || stale.Accepted != tb.Token() {
 		t.Fatalf("the earlier term's write after the later term's: %v, want a stale token", err)
@@ -322,7 +326,7 @@ func TestLeaderCutOffStopsBeforeExpiry(t *testing.T) {
 	p.SetBlackhole(faultproxy.ClientToServer, true)
 	p.SetBlackhole(faultproxy.ServerToClient, true)
 	select {
-	case <-term.Done():
+	case <-term.Context().Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the cut-off leader still leads after 10 s")
 	}
@@ -336,8 +340,8 @@ func TestLeaderCutOffStopsBeforeExpiry(t *testing.T) {
 	if leader.e.IsLeader() || follower.e.IsLeader() {
 		t.Fatalf("IsLeader: cut %v, follower %v; want neither while the lease runs out", leader.e.IsLeader(), follower.e.IsLeader())
 	}
-	if err := context.Cause(term.Context()); !errors.Is(err, election.ErrLost) || !errors.Is(err, pgfence.ErrLeaseLost) {
-		t.Fatalf("the term ended with %v, want ErrLost wrapping ErrLeaseLost", err)
+	if err := context.Cause(term.Context()); !errors.Is(err, pgfence.ErrLeaseLost) {
+		t.Fatalf("the term ended with %v, want ErrLeaseLost", err)
 	}
 	backdate(t, db.Pool, "leader", 0) // let the remaining TTL pass
 	eventually(t, 10*time.Second, "the follower leads", follower.e.IsLeader)
@@ -348,57 +352,6 @@ func TestLeaderCutOffStopsBeforeExpiry(t *testing.T) {
 	p.CutAll()
 	if err := leader.e.Health(); err == nil && !leader.e.IsLeader() {
 		t.Logf("the cut-off replica is healthy again as a follower")
-	}
-}
-
-// Campaign: TryOnce returns at once when someone leads, MaxWait gives up;
-// otherwise it waits for the leader's end.
-func TestCampaign(t *testing.T) {
-	checkLeaks(t)
-	pool := pgfencetest.NewPool(t)
-	ctx := ctxTimeout(t, time.Minute)
-	a, err := election.New(newClient(t, pool, nil), "k", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ta, err := a.Campaign(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ta.Resign(context.Background()) }) // before the leak check, if the test stops early
-	once, err := election.New(newClient(t, pool, nil), "k", &election.Config{AcquireOptions: leases.AcquireOptions{TryOnce: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := once.Campaign(ctx); !errors.Is(err, pgfence.ErrLeaseHeld) {
-		t.Fatalf("TryOnce while led: %v", err)
-	}
-	// MaxWait long enough for the first attempt to find the election led
-	// on a loaded machine: the error says so, not only that time ran out.
-	bounded, err := election.New(newClient(t, pool, nil), "k", &election.Config{AcquireOptions: leases.AcquireOptions{MaxWait: time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := bounded.Campaign(ctx); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, pgfence.ErrLeaseHeld) {
-		t.Fatalf("MaxWait while led: %v", err)
-	}
-	got := make(chan *election.Term, 1)
-	go func() {
-		tb, err := bounded.Campaign(context.Background())
-		if err != nil {
-			t.Error(err) // MaxWait again: the resignation below comes first
-		}
-		got <- tb
-	}()
-	time.Sleep(20 * time.Millisecond)
-	if err := ta.Resign(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if tb := <-got; tb != nil {
-		if tb.Token() <= ta.Token() {
-			t.Fatalf("term %d after %d", tb.Token(), ta.Token())
-		}
-		_ = tb.Resign(ctx)
 	}
 }
 
@@ -452,7 +405,9 @@ func TestObserve(t *testing.T) {
 	checkLeaks(t)
 	pool := pgfencetest.NewPool(t)
 	ctx := ctxTimeout(t, time.Minute)
-	e, err := election.New(newClient(t, pool, nil), "o", &election.Config{AcquireOptions: leases.AcquireOptions{HolderInfo: "v1"}})
+	terms := make(chan *election.Term, 1)
+	e, err := election.New(newClient(t, pool, nil), "o", &election.Config{AcquireOptions: leases.AcquireOptions{HolderInfo: "v1"},
+		OnStartedLeading: func(ctx context.Context, term *election.Term) { terms <- term; <-ctx.Done() }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,10 +429,11 @@ func TestObserve(t *testing.T) {
 	if l := next(); l.Term != 0 {
 		t.Fatalf("first: %+v, want no leader", l)
 	}
-	term, err := e.Campaign(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- e.Run(rctx) }()
+	defer func() { stop(); <-done }()
+	term := <-terms
 	if l := next(); l.Term != term.Token() || l.Value != "v1" || l.Holder != term.Holder() {
 		t.Fatalf("after the campaign: %+v", l)
 	}
@@ -487,13 +443,13 @@ func TestObserve(t *testing.T) {
 	if l := next(); l.Term != term.Token() || l.Value != "v2" {
 		t.Fatalf("after Proclaim: %+v", l)
 	}
-	if err := term.Resign(ctx); err != nil {
+	if err := e.Resign(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if l := next(); l.Term != 0 || l.Since.IsZero() {
 		t.Fatalf("after Resign: %+v", l)
 	}
-	if err := term.Proclaim(ctx, "v3"); !errors.Is(err, election.ErrNotLeader) {
+	if err := term.Proclaim(ctx, "v3"); !errors.Is(err, election.ErrResigned) {
 		t.Fatalf("Proclaim after Resign: %v", err)
 	}
 	cancel()
@@ -509,9 +465,10 @@ func TestNewRefuses(t *testing.T) {
 		"Config.TTL":          {TTL: -1},
 		"Config.PollInterval": {PollInterval: -1},
 		"Config.Fair":         {AcquireOptions: leases.AcquireOptions{Fair: true}},
+		"Config.TryOnce":      {AcquireOptions: leases.AcquireOptions{TryOnce: true}},
+		"Config.MaxWait":      {AcquireOptions: leases.AcquireOptions{MaxWait: time.Second}},
 		// A term lasts while its lease is renewed.
-		"Config.NoKeepAlive":     {AcquireOptions: leases.AcquireOptions{NoKeepAlive: true}},
-		"AcquireOptions.MaxWait": {AcquireOptions: leases.AcquireOptions{MaxWait: -1}},
+		"Config.NoKeepAlive": {AcquireOptions: leases.AcquireOptions{NoKeepAlive: true}},
 		// Renewals the TTL leaves no room for: every term would lapse
 		// unrenewed (the keep-alive would meet them only once a term began).
 		"AcquireOptions.RenewInterval": {AcquireOptions: leases.AcquireOptions{RenewInterval: 20 * time.Second}},
@@ -680,12 +637,12 @@ func TestRunEndsWhenItsWatchEnds(t *testing.T) {
 	}
 }
 
-// A leader under Run may resign from OnStartedLeading: Term.Resign (with
-// any context) and Election.Resign (with the callback's context) end the
-// term and return at once, and the lease stays granted until the callback
-// returns, so the leader's work stops before another replica may begin.
+// A leader under Run may resign from OnStartedLeading: Election.Resign with
+// the callback's context ends the term and returns at once, and the lease
+// stays granted until the callback returns, so the leader's work stops
+// before another replica may begin.
 func TestResignFromOnStartedLeading(t *testing.T) {
-	for _, via := range []string{"Term.Resign", "Election.Resign"} {
+	for _, via := range []string{"Election.Resign"} {
 		t.Run(via, func(t *testing.T) {
 			checkLeaks(t)
 			pool := pgfencetest.NewPool(t)
@@ -699,13 +656,7 @@ func TestResignFromOnStartedLeading(t *testing.T) {
 			cfg := election.Config{
 				TTL: 10 * time.Second,
 				OnStartedLeading: func(cbctx context.Context, term *election.Term) {
-					var err error
-					if via == "Term.Resign" {
-						err = term.Resign(context.Background())
-					} else {
-						err = e.Resign(cbctx)
-					}
-					if err != nil {
+					if err := e.Resign(cbctx); err != nil {
 						inside <- fmt.Errorf("%s from the callback: %w", via, err)
 						return
 					}
@@ -804,9 +755,9 @@ func TestResignOfALostTermSparesTheNext(t *testing.T) {
 	if _, err := operator.ForceRelease(ctx, "resign-lost", "test: the first term is lost"); err != nil {
 		t.Fatal(err)
 	}
-	<-t1.Done() // lost at its next renewal; Run waits for its callback
-	if !errors.Is(context.Cause(t1.Context()), election.ErrLost) {
-		t.Fatalf("the first term ended with %v, want ErrLost", context.Cause(t1.Context()))
+	<-t1.Context().Done() // lost at its next renewal; Run waits for its callback
+	if !errors.Is(context.Cause(t1.Context()), pgfence.ErrLeaseLost) {
+		t.Fatalf("the first term ended with %v, want ErrLeaseLost", context.Cause(t1.Context()))
 	}
 	resigned := make(chan error, 1)
 	go func() { resigned <- e.Resign(ctx) }()
@@ -844,22 +795,17 @@ func TestSecondResignKeepsItsDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	e, err := election.New(newClient(t, pool, &leases.Config{DisableWakeups: true}), "second-resign", &election.Config{TTL: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	term, err := e.Campaign(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := startReplicaWith(t, newClient(t, pool, &leases.Config{DisableWakeups: true}), "second-resign", "solo", election.Config{TTL: 10 * time.Second})
+	eventually(t, 10*time.Second, "a leader", r.e.IsLeader)
+	term := r.e.Term()
 	p.SetHold(faultproxy.ServerToClient, true) // the release's reply waits
 	first := make(chan error, 1)
-	go func() { first <- term.Resign(ctx) }()
+	go func() { first <- r.e.Resign(ctx) }()
 	eventually(t, 10*time.Second, "the first resignation under way", func() bool { return term.Err() != nil })
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
 	second := make(chan error, 1)
-	go func() { second <- term.Resign(short) }()
+	go func() { second <- r.e.Resign(short) }()
 	select {
 	case err := <-second:
 		if !errors.Is(err, context.DeadlineExceeded) {

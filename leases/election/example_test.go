@@ -66,7 +66,7 @@ func Example() {
 	doneA := make(chan error, 1)
 	go func() { doneA <- a.Run(runA) }()
 	fmt.Println("elected:", <-elected)
-	if err := a.Proclaim(ctx, "a at 10.0.0.7:8080"); err != nil {
+	if err := a.Term().Proclaim(ctx, "a at 10.0.0.7:8080"); err != nil {
 		fmt.Println(err)
 	}
 

@@ -193,7 +193,7 @@ func TestElectionUnderFaults(t *testing.T) {
 	}
 	eventually(t, 10*time.Second, "the resumed leader no longer leads", func() bool {
 		rep := f.report(paused)
-		return !rep.Leading && strings.Contains(rep.Stopped[term], "leadership lost")
+		return !rep.Leading && strings.Contains(rep.Stopped[term], "pgfence: lease lost")
 	})
 	t.Logf("the resumed leader's term ended: %s", f.reports[paused.name].Stopped[term])
 

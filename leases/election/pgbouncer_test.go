@@ -14,6 +14,7 @@ import (
 	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/leases/election"
+	"github.com/pgfence/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -78,7 +79,7 @@ func TestElectionBehindPgBouncer(t *testing.T) {
 	t.Logf("after an expiry, %s leads, found by polling in %s", third.name, time.Since(start))
 	eventually(t, 10*time.Second, "the replaced leader's term ends as lost", func() bool {
 		cause, ok := second.stopCause(term2.Token())
-		return ok && errors.Is(cause, election.ErrLost)
+		return ok && errors.Is(cause, pgfence.ErrLeaseLost)
 	})
 
 	// Every replica saw the same terms in the same order, each once.

@@ -15,21 +15,17 @@ import (
 // election is led by someone else (held), or an error: transient ones
 // (unreachable, outcome unknown, grants paused, not a primary) are for the
 // caller to retry; others are final.
-func (e *Election) attempt(ctx context.Context, run bool) (t *Term, held bool, err error) {
+func (e *Election) attempt(ctx context.Context) (t *Term, held bool, err error) {
 	l, err := e.client.TryAcquire(ctx, e.key, e.cfg.TTL, &e.cfg.AcquireOptions)
-	var he *leases.HeldError
-	switch {
-	case err == nil:
-		t = e.newTerm(l, run)
-		e.mu.Lock()
-		e.term = t
-		e.mu.Unlock()
-		e.cfg.Logger.Info("pgfence election: elected", "key", e.key, "term", l.Token(), "holder", l.Holder())
-		return t, false, nil
-	case errors.As(err, &he):
-		return nil, true, nil
+	if err != nil {
+		return nil, errors.Is(err, pgfence.ErrLeaseHeld), err
 	}
-	return nil, false, err
+	t = newTerm(l)
+	e.mu.Lock()
+	e.term = t
+	e.mu.Unlock()
+	e.cfg.Logger.Info("pgfence election: elected", "key", e.key, "term", l.Token(), "holder", l.Holder())
+	return t, false, nil
 }
 
 // transient reports whether a failed attempt may succeed later.
@@ -49,104 +45,7 @@ func (e *Election) backoff(n int) time.Duration {
 	for ; n > 1 && d < e.cfg.RenewInterval; n-- {
 		d *= 2
 	}
-	d = min(d, e.cfg.RenewInterval)
-	return time.Duration(rand.Int64N(int64(d) + 1))
-}
-
-// Campaign waits until this replica is elected and returns its term, kept
-// alive until it resigns ([Term.Resign]) or loses its lease; then call
-// Campaign again to run for the next term. It waits until ctx ends (or
-// [leases.AcquireOptions.MaxWait] passes); with [leases.AcquireOptions.TryOnce] it
-// makes one attempt and returns an error wrapping [pgfence.ErrLeaseHeld] when
-// someone else leads. Followers wait without polling: they watch the
-// election's key and race for it when its term ends (a resignation, or the
-// leader's lease running out by the database clock).
-//
-// Campaign is the building block of [Election.Run], which also calls the
-// callbacks, resigns when its context ends and campaigns again after a
-// term; use one or the other.
-func (e *Election) Campaign(ctx context.Context) (*Term, error) {
-	e.mu.Lock()
-	if e.running {
-		e.mu.Unlock()
-		return nil, ErrRunning
-	}
-	e.running = true
-	e.mu.Unlock()
-	defer func() {
-		e.mu.Lock()
-		e.running = false
-		e.mu.Unlock()
-	}()
-	if e.cfg.MaxWait > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, e.cfg.MaxWait)
-		defer cancel()
-	}
-	if e.cfg.TryOnce {
-		t, held, err := e.attempt(ctx, false)
-		if held {
-			return nil, fmt.Errorf("election %q: campaign: %w", e.key, pgfence.ErrLeaseHeld)
-		}
-		return t, err
-	}
-	wctx, stop := context.WithCancel(ctx)
-	w, err := e.client.Watch(wctx, e.key, &leases.WatchOptions{PollInterval: e.cfg.PollInterval})
-	if err != nil {
-		stop()
-		return nil, fmt.Errorf("election %q: campaign: %w", e.key, err)
-	}
-	defer func() {
-		stop()
-		for range w.Events() {
-		}
-	}()
-	failures := 0
-	var last error
-	for {
-		t, held, err := e.attempt(ctx, false)
-		switch {
-		case t != nil:
-			return t, nil
-		case held:
-			failures, last = 0, pgfence.ErrLeaseHeld
-			if err := e.waitVacancy(ctx, w); err != nil {
-				return nil, fmt.Errorf("election %q: campaign: %w (last attempt: %w)", e.key, err, last)
-			}
-			continue
-		case ctx.Err() != nil:
-			return nil, fmt.Errorf("election %q: campaign: %w (last attempt: %w)", e.key, context.Cause(ctx), err)
-		case !transient(err):
-			return nil, fmt.Errorf("election %q: campaign: %w", e.key, err)
-		}
-		failures, last = failures+1, err
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("election %q: campaign: %w (last attempt: %w)", e.key, context.Cause(ctx), last)
-		case <-time.After(e.backoff(failures)):
-		}
-	}
-}
-
-// waitVacancy waits until w reports that the election's term ended (or that
-// events were missed).
-func (e *Election) waitVacancy(ctx context.Context, w *leases.Watcher) error {
-	for {
-		select {
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case ev, ok := <-w.Events():
-			if !ok {
-				if ctx.Err() != nil {
-					return context.Cause(ctx)
-				}
-				return leases.ErrClosed
-			}
-			if ev.Ended() || ev.Kind == "gap" {
-				return nil
-			}
-		}
-	}
+	return rand.N(min(d, e.cfg.RenewInterval) + 1)
 }
 
 // Run takes part in the election until ctx ends: it campaigns, and while
@@ -227,7 +126,7 @@ func (r *runner) loop(ctx context.Context) error {
 		}
 		var termDone <-chan struct{}
 		if r.term != nil {
-			termDone = r.term.Done()
+			termDone = r.term.ctx.Done()
 		}
 		timer.Reset(r.nextWake())
 		select {
@@ -255,12 +154,6 @@ func (r *runner) loop(ctx context.Context) error {
 			}
 		case <-timer.C:
 		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
 	}
 }
 
@@ -284,7 +177,7 @@ func (r *runner) maybeAttempt(ctx context.Context) error {
 		return nil
 	}
 	r.tryAt = time.Time{}
-	t, held, err := e.attempt(ctx, true)
+	t, held, err := e.attempt(ctx)
 	switch {
 	case t != nil:
 		r.failures = 0
@@ -328,7 +221,7 @@ func (r *runner) observe(ev leases.Event) {
 		// this replica's own term may be seen after that term ended: it
 		// does not lift the hold-off of its resignation.)
 		r.holdOff = time.Time{}
-	case (ev.Ended() || ev.Kind == "gap") && r.term == nil:
+	case (ev.Ended() || ev.Kind == "gap") && r.term == nil: // a vacancy, or events missed
 		r.tryAt = time.Now()
 	}
 }
@@ -349,9 +242,12 @@ func (r *runner) stepDown(ctx context.Context, cause error) {
 	}
 	<-r.cbDone
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leases.ReleaseTimeoutDefault)
-	err := t.release(rctx)
+	err := t.lease.Release(rctx)
 	cancel()
 	why := context.Cause(t.ctx)
+	if errors.Is(err, pgfence.ErrLeaseLost) && !errors.Is(why, ErrResigned) {
+		err = nil // lost before: the term already says so
+	}
 	e.cfg.Logger.Info("pgfence election: term ended", "key", e.key, "term", t.Token(), "why", why, "release", err)
 	e.mu.Lock()
 	if e.term == t {
@@ -366,6 +262,7 @@ func (r *runner) stepDown(ctx context.Context, cause error) {
 	if e.cfg.OnStoppedLeading != nil {
 		e.cfg.OnStoppedLeading(t, why)
 	}
+	t.releaseErr = err
 	close(t.stepped)
 	if errors.Is(why, ErrResigned) {
 		r.holdOff = time.Now().Add(e.cfg.TTL)
