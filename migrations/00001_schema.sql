@@ -287,6 +287,32 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- Row checks of the hot tables, as domains. A column of one of these types
+-- checks a value whenever one is stored in it (an INSERT, or an UPDATE that
+-- sets the column), whoever writes it, with SQLSTATE 23514 as a CHECK
+-- constraint. PostgreSQL keeps a domain's checks compiled in its type cache,
+-- while it reads back and plans a table's CHECK expressions for every
+-- statement that writes the table, and a CHECK that calls a function runs a
+-- function frame for every row: a fenced write that sets the token and the
+-- write count pays for two comparisons, not for a plan or a frame. Checks
+-- that compare two columns stay table CHECKs.
+--
+-- key_name is a lease key, a fenced resource or an idempotency scope or key:
+-- 1 to 512 bytes.
+-- +goose StatementBegin
+CREATE DOMAIN pgfence.key_name AS text CHECK (octet_length(VALUE) BETWEEN 1 AND 512);
+-- +goose StatementEnd
+
+-- token_value is a token some grant issued: above 0.
+-- +goose StatementBegin
+CREATE DOMAIN pgfence.token_value AS bigint CHECK (VALUE > 0);
+-- +goose StatementEnd
+
+-- write_count counts writes: 0 or more.
+-- +goose StatementBegin
+CREATE DOMAIN pgfence.write_count AS bigint CHECK (VALUE >= 0);
+-- +goose StatementEnd
+
 -- The token floor: tokens issued from now on are strictly greater than this
 -- value. An operator raises it after restoring or rebuilding the schema so that
 -- tokens never restart below tokens already stored in business tables.
@@ -699,6 +725,9 @@ DROP FUNCTION pgfence.raise_token_floor(bigint, text);
 DROP FUNCTION pgfence.next_token(bigint);
 DROP FUNCTION pgfence.token_epoch();
 DROP TABLE pgfence.token_floor;
+DROP DOMAIN pgfence.write_count;
+DROP DOMAIN pgfence.token_value;
+DROP DOMAIN pgfence.key_name;
 
 -- +goose StatementBegin
 DO $$

@@ -45,14 +45,16 @@
 -- One row per fenced resource: the highest token accepted so far. Rows are
 -- never deleted and their token never decreases (triggers fences_before_update,
 -- fences_no_delete and fences_no_truncate). trace_id is the trace of the last
--- accepted write (see pgfence.current_trace_id); it is deliberately not
--- indexed, so fence updates stay HOT.
+-- accepted write (see pgfence.current_trace_id), set by the function that
+-- accepts it; it is deliberately not indexed, so fence updates stay HOT. The
+-- columns' types check their values (see pgfence.key_name): a resource of 1
+-- to 512 bytes, a token above 0, a write count of 0 or more.
 -- +goose StatementBegin
 CREATE TABLE pgfence.fences (
-    resource     text        PRIMARY KEY,
-    token        bigint      NOT NULL,
+    resource     pgfence.key_name    PRIMARY KEY,
+    token        pgfence.token_value NOT NULL,
     accepted_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
-    writes       bigint      NOT NULL DEFAULT 1,
+    writes       pgfence.write_count NOT NULL DEFAULT 1,
     -- the operation id of the last accepted write, for read-back after an
     -- unknown commit outcome (NULL when the writer gave none)
     op           uuid,
@@ -63,58 +65,35 @@ CREATE TABLE pgfence.fences (
 ) WITH (fillfactor = 50); -- room for HOT updates: every accepted write updates its row
 -- +goose StatementEnd
 
--- The rules of pgfence.fences are checked without per-statement planning.
--- Trigger WHEN clauses and CHECK expressions are read back from the catalog
--- and planned again for every statement that updates the table (~75k and
--- ~60k CPU instructions per fenced write, measured with callgrind): the rules
--- are one plpgsql BEFORE UPDATE trigger without a WHEN clause, and one CHECK
--- calling a plpgsql function (plpgsql keeps its compiled expressions for the
--- session). NOT VALID: PostgreSQL checks every row inserted or updated once
--- the constraint exists; NOT VALID only records that rows already there were
--- not scanned.
--- +goose StatementBegin
-CREATE FUNCTION pgfence.fence_row_valid(f pgfence.fences) RETURNS boolean
-LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    RETURN octet_length(f.resource) BETWEEN 1 AND 512 AND f.token > 0 AND f.writes >= 0;
-END;
-$$;
--- +goose StatementEnd
-
--- +goose StatementBegin
-ALTER TABLE pgfence.fences
-    ADD CONSTRAINT valid_row CHECK (pgfence.fence_row_valid(fences)) NOT VALID;
--- +goose StatementEnd
-
 -- fences_before_update refuses an UPDATE that would lower an accepted token or
--- move it to another resource (a stale writer must not be able to reset the
--- fence), and stamps the current transaction's trace id on an accepted write.
+-- move it to another resource: a stale writer must not be able to reset the
+-- fence. It fires for an UPDATE that sets token or resource (UPDATE OF): no
+-- other UPDATE can change them. pgfence.fence() sets token only when a
+-- higher token is accepted, not for the next write with the same token, so
+-- the writes of one holder run no trigger (a BEFORE UPDATE trigger without
+-- a column list ran a PL/pgSQL frame for every fenced write; a WHEN clause
+-- is read back and planned for every statement, which costs more).
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.fences_before_update() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    -- A stale writer must not reset the fence: no lower token, no other
-    -- resource. The one exception is an operator's lower_fence, which records
-    -- the change in pgfence.fence_resets in the same transaction first.
-    IF NEW.token < OLD.token AND NEW.resource = OLD.resource
-       AND EXISTS (SELECT 1 FROM pgfence.fence_resets r
-                    WHERE r.resource = OLD.resource AND r.xid = pg_current_xact_id() AND r.to_token = NEW.token) THEN
-        RETURN NEW;
-    END IF;
     IF NEW.resource <> OLD.resource THEN
         RAISE EXCEPTION 'pgfence: the fence of resource % may not be moved to resource %', OLD.resource, NEW.resource
             USING ERRCODE = 'PF001',
                   DETAIL = format('accepted=%s presented=%s resource=%s', OLD.token, NEW.token, OLD.resource);
-    ELSIF NEW.token < OLD.token THEN
+    END IF;
+    IF NEW.token < OLD.token THEN
+        -- The one exception is an operator's lower_fence, which records the
+        -- change in pgfence.fence_resets in the same transaction first.
+        -- (A separate IF: one expression with the EXISTS would be planned
+        -- again for every row, its cheapest plan depending on the tokens.)
+        IF EXISTS (SELECT 1 FROM pgfence.fence_resets r
+                    WHERE r.resource = OLD.resource AND r.xid = pg_current_xact_id() AND r.to_token = NEW.token) THEN
+            RETURN NEW;
+        END IF;
         RAISE EXCEPTION 'pgfence: token for resource % may not be lowered from % to %', OLD.resource, OLD.token, NEW.token
             USING ERRCODE = 'PF001',
                   DETAIL = format('accepted=%s presented=%s resource=%s', OLD.token, NEW.token, OLD.resource);
-    END IF;
-    -- An UPDATE that does not set trace_id itself (pgfence.fence() accepting a
-    -- new write) takes the current transaction's trace id.
-    IF (OLD.trace_id IS NOT NULL OR current_setting('pgfence.trace_id', true) <> '')
-       AND NEW.trace_id IS NOT DISTINCT FROM OLD.trace_id THEN
-        NEW.trace_id := pgfence.current_trace_id();
     END IF;
     RETURN NEW;
 END;
@@ -122,7 +101,7 @@ $$;
 -- +goose StatementEnd
 
 -- +goose StatementBegin
-CREATE TRIGGER fences_before_update BEFORE UPDATE ON pgfence.fences
+CREATE TRIGGER fences_before_update BEFORE UPDATE OF token, resource ON pgfence.fences
     FOR EACH ROW EXECUTE FUNCTION pgfence.fences_before_update();
 -- +goose StatementEnd
 
@@ -168,11 +147,14 @@ CREATE TRIGGER fences_no_truncate BEFORE TRUNCATE ON pgfence.fences
 -- locked until that transaction ends. op is an optional operation id stored for
 -- read-back after a commit with unknown outcome.
 --
--- It tries a plain UPDATE first: for a resource fenced before it is cheaper
--- than an upsert (no lock record, no insert tuple). Otherwise one INSERT ...
--- ON CONFLICT DO UPDATE ... WHERE f.token <= excluded.token decides: its WHERE
--- is evaluated on the newest row version after the row lock, so no retry loop
--- is needed.
+-- The accepted write costs one read (the lease row and the floors), one
+-- UPDATE of the fence row and one read of pgfence.abandoned_requests after
+-- the row lock; the checks that only tell which error to raise run after a
+-- refusal. A resource fenced before with the same token is updated without
+-- setting token, so the fence's UPDATE OF token trigger does not fire; a
+-- higher token sets it. Otherwise one INSERT ... ON CONFLICT DO UPDATE ...
+-- WHERE f.token <= excluded.token decides: its WHERE is evaluated on the
+-- newest row version after the row lock, so no retry loop is needed.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.fence(resource text, token bigint, op uuid DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -182,6 +164,7 @@ DECLARE
     issued    bigint;
     retired   bigint;
     retention bigint;
+    trace     text;
 BEGIN
     IF pg_is_in_recovery() THEN
         PERFORM pgfence.require_primary();
@@ -200,30 +183,31 @@ BEGIN
     -- the newest token the key issued. A token above it is from a grant that
     -- has not committed, that rolled back (its number is issued again), that
     -- a failover lost, or from another key's lease: counted per key, it says
-    -- nothing about this resource.
-    SELECT l.token INTO issued FROM pgfence.leases l WHERE l.key = fence.resource COLLATE pg_catalog."default";
-    IF issued IS NULL OR issued < fence.token THEN
-        RAISE EXCEPTION 'pgfence: token % was not issued by lease %', fence.token, quote_literal(fence.resource)
-            USING ERRCODE = 'PF012',
-                  DETAIL = format('issued=%s presented=%s resource=%s', coalesce(issued, 0), fence.token, fence.resource),
-                  HINT = CASE WHEN issued IS NULL
-                              THEN 'The key has no lease row: no lease of it was granted, or its ended lease was pruned (prune_retired). Fence a resource with a token of the lease whose key is the resource, acquired anew.'
-                              ELSE 'Use the token after its grant committed, of the lease whose key is the resource.' END;
-    END IF;
-    -- Tokens at or below the floor are retired (raise_token_floor): their
-    -- rows may have been pruned, so nothing else would remember them.
-    SELECT f.floor, f.retention INTO retired, retention FROM pgfence.token_floor f;
-    IF fence.token <= retired THEN
-        RAISE EXCEPTION 'pgfence: stale token % for resource %: tokens up to the floor % are retired', fence.token, quote_literal(fence.resource), retired
-            USING ERRCODE = 'PF001',
-                  DETAIL = format('accepted=%s presented=%s resource=%s', retired, fence.token, fence.resource),
-                  HINT = 'The token floor was raised above this token: acquire the lease again.';
-    END IF;
-    -- At or below the retention floor only the newest token of its key is
-    -- taken: an older one was superseded by a later grant, and the fence row
-    -- that would have refused it may have been pruned (advance_retention).
-    -- The newest token is never stale: no later one exists to have written.
-    IF fence.token <= retention AND fence.token < issued THEN
+    -- nothing about this resource. Tokens at or below the floor are retired
+    -- (raise_token_floor): their rows may have been pruned, so nothing else
+    -- would remember them. At or below the retention floor only the newest
+    -- token of its key is taken: an older one was superseded by a later
+    -- grant, and the fence row that would have refused it may have been
+    -- pruned (advance_retention). The newest token is never stale: no later
+    -- one exists to have written.
+    SELECT l.token, f.floor, f.retention INTO issued, retired, retention
+      FROM pgfence.leases l, pgfence.token_floor f
+     WHERE l.key = fence.resource COLLATE pg_catalog."default";
+    IF issued IS NULL OR NOT (issued >= fence.token AND fence.token > retired AND (fence.token > retention OR fence.token = issued)) THEN
+        IF issued IS NULL OR issued < fence.token THEN
+            RAISE EXCEPTION 'pgfence: token % was not issued by lease %', fence.token, quote_literal(fence.resource)
+                USING ERRCODE = 'PF012',
+                      DETAIL = format('issued=%s presented=%s resource=%s', coalesce(issued, 0), fence.token, fence.resource),
+                      HINT = CASE WHEN issued IS NULL
+                                  THEN 'The key has no lease row: no lease of it was granted, or its ended lease was pruned (prune_retired). Fence a resource with a token of the lease whose key is the resource, acquired anew.'
+                                  ELSE 'Use the token after its grant committed, of the lease whose key is the resource.' END;
+        END IF;
+        IF fence.token <= retired THEN
+            RAISE EXCEPTION 'pgfence: stale token % for resource %: tokens up to the floor % are retired', fence.token, quote_literal(fence.resource), retired
+                USING ERRCODE = 'PF001',
+                      DETAIL = format('accepted=%s presented=%s resource=%s', retired, fence.token, fence.resource),
+                      HINT = 'The token floor was raised above this token: acquire the lease again.';
+        END IF;
         RAISE EXCEPTION 'pgfence: stale token % for resource %: the lease has issued % since, and superseded tokens up to % are retired', fence.token, quote_literal(fence.resource), issued, retention
             USING ERRCODE = 'PF001',
                   DETAIL = format('accepted=%s presented=%s resource=%s', issued, fence.token, fence.resource),
@@ -233,20 +217,32 @@ BEGIN
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
         PERFORM set_config('synchronous_commit', 'on', true);
     END IF;
+    -- The trace of the accepted write (see pgfence.current_trace_id), NULL
+    -- when the transaction names none.
+    IF current_setting('pgfence.trace_id', true) <> '' THEN
+        trace := pgfence.current_trace_id();
+    END IF;
     -- The common case: the resource was fenced before. Under READ COMMITTED
-    -- a row changed by a concurrent writer is waited for and this WHERE is
+    -- a row changed by a concurrent writer is waited for and the WHERE is
     -- re-checked on its newest version, so a higher token committed meanwhile
     -- is never overwritten. The row stays locked until our transaction ends.
     UPDATE pgfence.fences AS f
-       SET token = fence.token, accepted_at = clock_timestamp(), writes = f.writes + 1,
-           op = fence.op, fenced_xid = pg_current_xact_id()
-     WHERE f.resource = fence.resource COLLATE pg_catalog."default" AND f.token <= fence.token;
+       SET accepted_at = clock_timestamp(), writes = f.writes + 1,
+           op = fence.op, fenced_xid = pg_current_xact_id(), trace_id = trace
+     WHERE f.resource = fence.resource COLLATE pg_catalog."default" AND f.token = fence.token;
+    IF NOT FOUND THEN
+        UPDATE pgfence.fences AS f
+           SET token = fence.token, accepted_at = clock_timestamp(), writes = f.writes + 1,
+               op = fence.op, fenced_xid = pg_current_xact_id(), trace_id = trace
+         WHERE f.resource = fence.resource COLLATE pg_catalog."default" AND f.token < fence.token;
+    END IF;
     IF FOUND THEN
         -- The row is ours now; a write whose client abandoned it must not
         -- commit (checked in a statement of its own: a snapshot taken after
         -- the lock). See pgfence.abandoned_requests.
         IF fence.op IS NOT NULL THEN
-            IF EXISTS (SELECT 1 FROM pgfence.abandoned_requests ab WHERE ab.id = fence.op) THEN
+            PERFORM FROM pgfence.abandoned_requests ab WHERE ab.id = fence.op;
+            IF FOUND THEN
                 PERFORM pgfence.raise_if_abandoned('fence', fence.resource, fence.op);
             END IF;
         END IF;
@@ -265,15 +261,16 @@ BEGIN
     -- Otherwise ON CONFLICT waits for a concurrent first writer and evaluates
     -- its WHERE on the newest version after the row lock: one statement
     -- decides, no retry loop.
-    INSERT INTO pgfence.fences AS f (resource, token, op)
-    VALUES (fence.resource, fence.token, fence.op)
+    INSERT INTO pgfence.fences AS f (resource, token, op, trace_id)
+    VALUES (fence.resource, fence.token, fence.op, trace)
     ON CONFLICT (resource) DO UPDATE
        SET token = excluded.token, accepted_at = clock_timestamp(), writes = f.writes + 1,
-           op = excluded.op, fenced_xid = pg_current_xact_id()
+           op = excluded.op, fenced_xid = pg_current_xact_id(), trace_id = excluded.trace_id
      WHERE f.token <= excluded.token;
     IF FOUND THEN
         IF fence.op IS NOT NULL THEN
-            IF EXISTS (SELECT 1 FROM pgfence.abandoned_requests ab WHERE ab.id = fence.op) THEN
+            PERFORM FROM pgfence.abandoned_requests ab WHERE ab.id = fence.op;
+            IF FOUND THEN
                 PERFORM pgfence.raise_if_abandoned('fence', fence.resource, fence.op);
             END IF;
         END IF;
@@ -905,7 +902,8 @@ BEGIN
             USING ERRCODE = 'PF008';
     END IF;
     INSERT INTO pgfence.fence_resets (resource, from_token, to_token, reason) VALUES (p_resource, v_old, p_token, p_reason);
-    UPDATE pgfence.fences f SET token = p_token WHERE f.resource = p_resource COLLATE pg_catalog."default";
+    UPDATE pgfence.fences f SET token = p_token, trace_id = pgfence.current_trace_id()
+     WHERE f.resource = p_resource COLLATE pg_catalog."default";
     RETURN v_old;
 END;
 $$;
@@ -1084,10 +1082,7 @@ DROP FUNCTION pgfence.guard();
 DROP FUNCTION pgfence.check_lease(text, uuid, bigint);
 DROP FUNCTION pgfence.fence_probe(text);
 DROP FUNCTION pgfence.fence(text, bigint, uuid);
--- A row check's function takes the table's row type: it goes before the
--- table, and the table before its trigger functions.
-ALTER TABLE pgfence.fences DROP CONSTRAINT valid_row;
-DROP FUNCTION pgfence.fence_row_valid(pgfence.fences);
+-- The table goes before its trigger functions.
 DROP TABLE pgfence.fences;
 DROP FUNCTION pgfence.reject_fence_change();
 DROP FUNCTION pgfence.fences_before_update();

@@ -16,6 +16,27 @@
 CREATE SCHEMA pgfence;
 
 --
+-- Name: key_name; Type: DOMAIN; Schema: pgfence; Owner: -
+--
+
+CREATE DOMAIN pgfence.key_name AS text
+	CONSTRAINT key_name_check CHECK (((octet_length(VALUE) >= 1) AND (octet_length(VALUE) <= 512)));
+
+--
+-- Name: token_value; Type: DOMAIN; Schema: pgfence; Owner: -
+--
+
+CREATE DOMAIN pgfence.token_value AS bigint
+	CONSTRAINT token_value_check CHECK ((VALUE > 0));
+
+--
+-- Name: write_count; Type: DOMAIN; Schema: pgfence; Owner: -
+--
+
+CREATE DOMAIN pgfence.write_count AS bigint
+	CONSTRAINT write_count_check CHECK ((VALUE >= 0));
+
+--
 -- Name: abandon_fence(text, uuid); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -269,6 +290,7 @@ DECLARE
     issued    bigint;
     retired   bigint;
     retention bigint;
+    trace     text;
 BEGIN
     IF pg_is_in_recovery() THEN
         PERFORM pgfence.require_primary();
@@ -287,30 +309,31 @@ BEGIN
     -- the newest token the key issued. A token above it is from a grant that
     -- has not committed, that rolled back (its number is issued again), that
     -- a failover lost, or from another key's lease: counted per key, it says
-    -- nothing about this resource.
-    SELECT l.token INTO issued FROM pgfence.leases l WHERE l.key = fence.resource COLLATE pg_catalog."default";
-    IF issued IS NULL OR issued < fence.token THEN
-        RAISE EXCEPTION 'pgfence: token % was not issued by lease %', fence.token, quote_literal(fence.resource)
-            USING ERRCODE = 'PF012',
-                  DETAIL = format('issued=%s presented=%s resource=%s', coalesce(issued, 0), fence.token, fence.resource),
-                  HINT = CASE WHEN issued IS NULL
-                              THEN 'The key has no lease row: no lease of it was granted, or its ended lease was pruned (prune_retired). Fence a resource with a token of the lease whose key is the resource, acquired anew.'
-                              ELSE 'Use the token after its grant committed, of the lease whose key is the resource.' END;
-    END IF;
-    -- Tokens at or below the floor are retired (raise_token_floor): their
-    -- rows may have been pruned, so nothing else would remember them.
-    SELECT f.floor, f.retention INTO retired, retention FROM pgfence.token_floor f;
-    IF fence.token <= retired THEN
-        RAISE EXCEPTION 'pgfence: stale token % for resource %: tokens up to the floor % are retired', fence.token, quote_literal(fence.resource), retired
-            USING ERRCODE = 'PF001',
-                  DETAIL = format('accepted=%s presented=%s resource=%s', retired, fence.token, fence.resource),
-                  HINT = 'The token floor was raised above this token: acquire the lease again.';
-    END IF;
-    -- At or below the retention floor only the newest token of its key is
-    -- taken: an older one was superseded by a later grant, and the fence row
-    -- that would have refused it may have been pruned (advance_retention).
-    -- The newest token is never stale: no later one exists to have written.
-    IF fence.token <= retention AND fence.token < issued THEN
+    -- nothing about this resource. Tokens at or below the floor are retired
+    -- (raise_token_floor): their rows may have been pruned, so nothing else
+    -- would remember them. At or below the retention floor only the newest
+    -- token of its key is taken: an older one was superseded by a later
+    -- grant, and the fence row that would have refused it may have been
+    -- pruned (advance_retention). The newest token is never stale: no later
+    -- one exists to have written.
+    SELECT l.token, f.floor, f.retention INTO issued, retired, retention
+      FROM pgfence.leases l, pgfence.token_floor f
+     WHERE l.key = fence.resource COLLATE pg_catalog."default";
+    IF issued IS NULL OR NOT (issued >= fence.token AND fence.token > retired AND (fence.token > retention OR fence.token = issued)) THEN
+        IF issued IS NULL OR issued < fence.token THEN
+            RAISE EXCEPTION 'pgfence: token % was not issued by lease %', fence.token, quote_literal(fence.resource)
+                USING ERRCODE = 'PF012',
+                      DETAIL = format('issued=%s presented=%s resource=%s', coalesce(issued, 0), fence.token, fence.resource),
+                      HINT = CASE WHEN issued IS NULL
+                                  THEN 'The key has no lease row: no lease of it was granted, or its ended lease was pruned (prune_retired). Fence a resource with a token of the lease whose key is the resource, acquired anew.'
+                                  ELSE 'Use the token after its grant committed, of the lease whose key is the resource.' END;
+        END IF;
+        IF fence.token <= retired THEN
+            RAISE EXCEPTION 'pgfence: stale token % for resource %: tokens up to the floor % are retired', fence.token, quote_literal(fence.resource), retired
+                USING ERRCODE = 'PF001',
+                      DETAIL = format('accepted=%s presented=%s resource=%s', retired, fence.token, fence.resource),
+                      HINT = 'The token floor was raised above this token: acquire the lease again.';
+        END IF;
         RAISE EXCEPTION 'pgfence: stale token % for resource %: the lease has issued % since, and superseded tokens up to % are retired', fence.token, quote_literal(fence.resource), issued, retention
             USING ERRCODE = 'PF001',
                   DETAIL = format('accepted=%s presented=%s resource=%s', issued, fence.token, fence.resource),
@@ -320,20 +343,32 @@ BEGIN
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
         PERFORM set_config('synchronous_commit', 'on', true);
     END IF;
+    -- The trace of the accepted write (see pgfence.current_trace_id), NULL
+    -- when the transaction names none.
+    IF current_setting('pgfence.trace_id', true) <> '' THEN
+        trace := pgfence.current_trace_id();
+    END IF;
     -- The common case: the resource was fenced before. Under READ COMMITTED
-    -- a row changed by a concurrent writer is waited for and this WHERE is
+    -- a row changed by a concurrent writer is waited for and the WHERE is
     -- re-checked on its newest version, so a higher token committed meanwhile
     -- is never overwritten. The row stays locked until our transaction ends.
     UPDATE pgfence.fences AS f
-       SET token = fence.token, accepted_at = clock_timestamp(), writes = f.writes + 1,
-           op = fence.op, fenced_xid = pg_current_xact_id()
-     WHERE f.resource = fence.resource COLLATE pg_catalog."default" AND f.token <= fence.token;
+       SET accepted_at = clock_timestamp(), writes = f.writes + 1,
+           op = fence.op, fenced_xid = pg_current_xact_id(), trace_id = trace
+     WHERE f.resource = fence.resource COLLATE pg_catalog."default" AND f.token = fence.token;
+    IF NOT FOUND THEN
+        UPDATE pgfence.fences AS f
+           SET token = fence.token, accepted_at = clock_timestamp(), writes = f.writes + 1,
+               op = fence.op, fenced_xid = pg_current_xact_id(), trace_id = trace
+         WHERE f.resource = fence.resource COLLATE pg_catalog."default" AND f.token < fence.token;
+    END IF;
     IF FOUND THEN
         -- The row is ours now; a write whose client abandoned it must not
         -- commit (checked in a statement of its own: a snapshot taken after
         -- the lock). See pgfence.abandoned_requests.
         IF fence.op IS NOT NULL THEN
-            IF EXISTS (SELECT 1 FROM pgfence.abandoned_requests ab WHERE ab.id = fence.op) THEN
+            PERFORM FROM pgfence.abandoned_requests ab WHERE ab.id = fence.op;
+            IF FOUND THEN
                 PERFORM pgfence.raise_if_abandoned('fence', fence.resource, fence.op);
             END IF;
         END IF;
@@ -352,15 +387,16 @@ BEGIN
     -- Otherwise ON CONFLICT waits for a concurrent first writer and evaluates
     -- its WHERE on the newest version after the row lock: one statement
     -- decides, no retry loop.
-    INSERT INTO pgfence.fences AS f (resource, token, op)
-    VALUES (fence.resource, fence.token, fence.op)
+    INSERT INTO pgfence.fences AS f (resource, token, op, trace_id)
+    VALUES (fence.resource, fence.token, fence.op, trace)
     ON CONFLICT (resource) DO UPDATE
        SET token = excluded.token, accepted_at = clock_timestamp(), writes = f.writes + 1,
-           op = excluded.op, fenced_xid = pg_current_xact_id()
+           op = excluded.op, fenced_xid = pg_current_xact_id(), trace_id = excluded.trace_id
      WHERE f.token <= excluded.token;
     IF FOUND THEN
         IF fence.op IS NOT NULL THEN
-            IF EXISTS (SELECT 1 FROM pgfence.abandoned_requests ab WHERE ab.id = fence.op) THEN
+            PERFORM FROM pgfence.abandoned_requests ab WHERE ab.id = fence.op;
+            IF FOUND THEN
                 PERFORM pgfence.raise_if_abandoned('fence', fence.resource, fence.op);
             END IF;
         END IF;
@@ -409,33 +445,6 @@ END;
 $$;
 
 --
--- Name: fences; Type: TABLE; Schema: pgfence; Owner: -
---
-
-CREATE TABLE pgfence.fences (
-    resource text NOT NULL,
-    token bigint NOT NULL,
-    accepted_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    writes bigint DEFAULT 1 NOT NULL,
-    op uuid,
-    fenced_xid xid8 DEFAULT pg_current_xact_id() NOT NULL,
-    trace_id text DEFAULT pgfence.current_trace_id()
-)
-WITH (fillfactor='50');
-
---
--- Name: fence_row_valid(pgfence.fences); Type: FUNCTION; Schema: pgfence; Owner: -
---
-
-CREATE FUNCTION pgfence.fence_row_valid(f pgfence.fences) RETURNS boolean
-    LANGUAGE plpgsql IMMUTABLE
-    AS $$
-BEGIN
-    RETURN octet_length(f.resource) BETWEEN 1 AND 512 AND f.token > 0 AND f.writes >= 0;
-END;
-$$;
-
---
 -- Name: fences_before_update(); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -443,28 +452,23 @@ CREATE FUNCTION pgfence.fences_before_update() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    -- A stale writer must not reset the fence: no lower token, no other
-    -- resource. The one exception is an operator's lower_fence, which records
-    -- the change in pgfence.fence_resets in the same transaction first.
-    IF NEW.token < OLD.token AND NEW.resource = OLD.resource
-       AND EXISTS (SELECT 1 FROM pgfence.fence_resets r
-                    WHERE r.resource = OLD.resource AND r.xid = pg_current_xact_id() AND r.to_token = NEW.token) THEN
-        RETURN NEW;
-    END IF;
     IF NEW.resource <> OLD.resource THEN
         RAISE EXCEPTION 'pgfence: the fence of resource % may not be moved to resource %', OLD.resource, NEW.resource
             USING ERRCODE = 'PF001',
                   DETAIL = format('accepted=%s presented=%s resource=%s', OLD.token, NEW.token, OLD.resource);
-    ELSIF NEW.token < OLD.token THEN
+    END IF;
+    IF NEW.token < OLD.token THEN
+        -- The one exception is an operator's lower_fence, which records the
+        -- change in pgfence.fence_resets in the same transaction first.
+        -- (A separate IF: one expression with the EXISTS would be planned
+        -- again for every row, its cheapest plan depending on the tokens.)
+        IF EXISTS (SELECT 1 FROM pgfence.fence_resets r
+                    WHERE r.resource = OLD.resource AND r.xid = pg_current_xact_id() AND r.to_token = NEW.token) THEN
+            RETURN NEW;
+        END IF;
         RAISE EXCEPTION 'pgfence: token for resource % may not be lowered from % to %', OLD.resource, OLD.token, NEW.token
             USING ERRCODE = 'PF001',
                   DETAIL = format('accepted=%s presented=%s resource=%s', OLD.token, NEW.token, OLD.resource);
-    END IF;
-    -- An UPDATE that does not set trace_id itself (pgfence.fence() accepting a
-    -- new write) takes the current transaction's trace id.
-    IF (OLD.trace_id IS NOT NULL OR current_setting('pgfence.trace_id', true) <> '')
-       AND NEW.trace_id IS NOT DISTINCT FROM OLD.trace_id THEN
-        NEW.trace_id := pgfence.current_trace_id();
     END IF;
     RETURN NEW;
 END;
@@ -1632,7 +1636,8 @@ BEGIN
             USING ERRCODE = 'PF008';
     END IF;
     INSERT INTO pgfence.fence_resets (resource, from_token, to_token, reason) VALUES (p_resource, v_old, p_token, p_reason);
-    UPDATE pgfence.fences f SET token = p_token WHERE f.resource = p_resource COLLATE pg_catalog."default";
+    UPDATE pgfence.fences f SET token = p_token, trace_id = pgfence.current_trace_id()
+     WHERE f.resource = p_resource COLLATE pg_catalog."default";
     RETURN v_old;
 END;
 $$;
@@ -2764,6 +2769,21 @@ ALTER TABLE pgfence.fence_resets ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTIT
 );
 
 --
+-- Name: fences; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.fences (
+    resource pgfence.key_name NOT NULL,
+    token pgfence.token_value NOT NULL,
+    accepted_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    writes pgfence.write_count DEFAULT 1 NOT NULL,
+    op uuid,
+    fenced_xid xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    trace_id text DEFAULT pgfence.current_trace_id()
+)
+WITH (fillfactor='50');
+
+--
 -- Name: goose_db_version; Type: TABLE; Schema: pgfence; Owner: -
 --
 
@@ -3068,13 +3088,6 @@ ALTER TABLE ONLY pgfence.token_floor
     ADD CONSTRAINT token_floor_pkey PRIMARY KEY (singleton);
 
 --
--- Name: fences valid_row; Type: CHECK CONSTRAINT; Schema: pgfence; Owner: -
---
-
-ALTER TABLE pgfence.fences
-    ADD CONSTRAINT valid_row CHECK (pgfence.fence_row_valid(fences.*)) NOT VALID;
-
---
 -- Name: idempotency_keys valid_row; Type: CHECK CONSTRAINT; Schema: pgfence; Owner: -
 --
 
@@ -3147,7 +3160,7 @@ CREATE INDEX lease_waiters_order ON pgfence.lease_waiters USING btree (key, enqu
 -- Name: fences fences_before_update; Type: TRIGGER; Schema: pgfence; Owner: -
 --
 
-CREATE TRIGGER fences_before_update BEFORE UPDATE ON pgfence.fences FOR EACH ROW EXECUTE FUNCTION pgfence.fences_before_update();
+CREATE TRIGGER fences_before_update BEFORE UPDATE OF token, resource ON pgfence.fences FOR EACH ROW EXECUTE FUNCTION pgfence.fences_before_update();
 
 --
 -- Name: fences fences_no_delete; Type: TRIGGER; Schema: pgfence; Owner: -
@@ -3195,7 +3208,7 @@ CREATE POLICY granted ON pgfence.fence_rejections FOR SELECT TO pgfence_app USIN
 -- Name: fences granted; Type: POLICY; Schema: pgfence; Owner: -
 --
 
-CREATE POLICY granted ON pgfence.fences FOR SELECT TO pgfence_app USING (pgfence.may_use(resource));
+CREATE POLICY granted ON pgfence.fences FOR SELECT TO pgfence_app USING (pgfence.may_use((resource)::text));
 
 --
 -- Name: idempotency_keys granted; Type: POLICY; Schema: pgfence; Owner: -
@@ -3396,19 +3409,6 @@ GRANT ALL ON FUNCTION pgfence.fence(resource text, token bigint, op uuid) TO pgf
 REVOKE ALL ON FUNCTION pgfence.fence_probe(p_resource text) FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.fence_probe(p_resource text) TO pgfence_app;
 GRANT ALL ON FUNCTION pgfence.fence_probe(p_resource text) TO pgfence_operator;
-
---
--- Name: TABLE fences; Type: ACL; Schema: pgfence; Owner: -
---
-
-GRANT SELECT ON TABLE pgfence.fences TO pgfence_app;
-GRANT SELECT ON TABLE pgfence.fences TO pgfence_operator;
-
---
--- Name: FUNCTION fence_row_valid(f pgfence.fences); Type: ACL; Schema: pgfence; Owner: -
---
-
-REVOKE ALL ON FUNCTION pgfence.fence_row_valid(f pgfence.fences) FROM PUBLIC;
 
 --
 -- Name: FUNCTION fences_before_update(); Type: ACL; Schema: pgfence; Owner: -
@@ -3897,6 +3897,13 @@ GRANT SELECT ON TABLE pgfence.fence_rejections TO pgfence_operator;
 --
 
 GRANT SELECT ON TABLE pgfence.fence_resets TO pgfence_operator;
+
+--
+-- Name: TABLE fences; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.fences TO pgfence_app;
+GRANT SELECT ON TABLE pgfence.fences TO pgfence_operator;
 
 --
 -- Name: TABLE goose_db_version; Type: ACL; Schema: pgfence; Owner: -
