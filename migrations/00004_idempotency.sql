@@ -47,8 +47,8 @@
 
 -- trace_id is the trace of the claim that created or last took over (or
 -- reused) the key (see pgfence.current_trace_id): a column default on INSERT,
--- and on UPDATE a trigger that fires only when a claim bumps the epoch
--- (heartbeats, recovery points and completions do not fire it).
+-- set by the claim's ON CONFLICT DO UPDATE when it bumps the epoch
+-- (heartbeats, recovery points and completions keep it).
 -- +goose StatementBegin
 CREATE TABLE pgfence.idempotency_keys (
     scope            text        NOT NULL,
@@ -284,7 +284,7 @@ BEGIN
                     clock_timestamp(), clock_timestamp())
             ON CONFLICT (scope, key) DO UPDATE
                SET fingerprint = excluded.fingerprint, mode = 'atomic', status = 'in_progress',
-                   owner = NULL, epoch = k.epoch + 1, lease_expires_at = NULL,
+                   owner = NULL, epoch = k.epoch + 1, trace_id = excluded.trace_id, lease_expires_at = NULL,
                    recovery_point = '', recovery_data = NULL, result = NULL,
                    failure_code = NULL, failure_message = NULL, retention = excluded.retention,
                    created_at = excluded.created_at, updated_at = excluded.updated_at,
@@ -397,11 +397,18 @@ $$;
 -- +goose StatementEnd
 
 -- An atomic claim must be completed in its own transaction: refuse a commit
--- that would leave it in progress forever.
+-- that would leave it in progress forever. The constraint trigger fires for
+-- every row inserted and every UPDATE that sets status or mode (no other
+-- UPDATE can make a row an atomic claim in progress), without a WHEN
+-- clause: a WHEN is read back and planned for every statement that writes
+-- the table, which cost more than the function's own test of the row.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.idempotency_atomic_completed() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    IF NEW.mode <> 'atomic' OR NEW.status <> 'in_progress' THEN
+        RETURN NULL;
+    END IF;
     IF EXISTS (SELECT 1 FROM pgfence.idempotency_keys k
                 WHERE k.scope = NEW.scope AND k.key = NEW.key
                   AND k.mode = 'atomic' AND k.status = 'in_progress') THEN
@@ -416,9 +423,9 @@ $$;
 
 -- +goose StatementBegin
 CREATE CONSTRAINT TRIGGER idempotency_atomic_completed
-    AFTER INSERT OR UPDATE ON pgfence.idempotency_keys
+    AFTER INSERT OR UPDATE OF status, mode ON pgfence.idempotency_keys
     DEFERRABLE INITIALLY DEFERRED
-    FOR EACH ROW WHEN (NEW.mode = 'atomic' AND NEW.status = 'in_progress')
+    FOR EACH ROW
     EXECUTE FUNCTION pgfence.idempotency_atomic_completed();
 -- +goose StatementEnd
 
@@ -517,7 +524,7 @@ BEGIN
                     clock_timestamp() + p_lease, p_retention, clock_timestamp(), clock_timestamp())
             ON CONFLICT (scope, key) DO UPDATE
                SET fingerprint = excluded.fingerprint, mode = 'leased', status = 'in_progress',
-                   owner = excluded.owner, epoch = k.epoch + 1,
+                   owner = excluded.owner, epoch = k.epoch + 1, trace_id = excluded.trace_id,
                    lease_expires_at = clock_timestamp() + p_lease,
                    -- a takeover resumes from the recovery point; a reused expired key starts afresh
                    recovery_point = CASE WHEN k.status = 'in_progress' THEN k.recovery_point ELSE '' END,
@@ -711,25 +718,6 @@ END;
 $$;
 -- +goose StatementEnd
 
--- A claim that takes a key over or reuses an expired one bumps the epoch: it
--- takes the current transaction's trace id (NULL when untraced).
--- +goose StatementBegin
-CREATE FUNCTION pgfence.idempotency_keys_set_trace_id() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    NEW.trace_id := pgfence.current_trace_id();
-    RETURN NEW;
-END;
-$$;
--- +goose StatementEnd
-
--- +goose StatementBegin
-CREATE TRIGGER idempotency_keys_trace_id BEFORE UPDATE ON pgfence.idempotency_keys
-    FOR EACH ROW
-    WHEN (NEW.epoch IS DISTINCT FROM OLD.epoch)
-    EXECUTE FUNCTION pgfence.idempotency_keys_set_trace_id();
--- +goose StatementEnd
-
 -- idempotency_gc deletes up to p_batch completed keys whose retention ended
 -- (database clock) and returns how many. In-progress keys have no expires_at
 -- and are never selected; rows a claim is reusing right now are skipped.
@@ -793,8 +781,6 @@ CREATE POLICY operators ON pgfence.idempotency_keys FOR SELECT TO pgfence_operat
 
 -- +goose Down
 DROP FUNCTION pgfence.idempotency_gc(integer);
-DROP TRIGGER idempotency_keys_trace_id ON pgfence.idempotency_keys;
-DROP FUNCTION pgfence.idempotency_keys_set_trace_id();
 DROP FUNCTION pgfence.idempotency_release(text, text, uuid);
 DROP FUNCTION pgfence.idempotency_complete(text, text, uuid, bytea, text, text);
 DROP FUNCTION pgfence.idempotency_advance(text, text, uuid, text, bytea, interval);

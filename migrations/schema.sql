@@ -726,6 +726,9 @@ CREATE FUNCTION pgfence.idempotency_atomic_completed() RETURNS trigger
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
+    IF NEW.mode <> 'atomic' OR NEW.status <> 'in_progress' THEN
+        RETURN NULL;
+    END IF;
     IF EXISTS (SELECT 1 FROM pgfence.idempotency_keys k
                 WHERE k.scope = NEW.scope AND k.key = NEW.key
                   AND k.mode = 'atomic' AND k.status = 'in_progress') THEN
@@ -869,7 +872,7 @@ BEGIN
                     clock_timestamp() + p_lease, p_retention, clock_timestamp(), clock_timestamp())
             ON CONFLICT (scope, key) DO UPDATE
                SET fingerprint = excluded.fingerprint, mode = 'leased', status = 'in_progress',
-                   owner = excluded.owner, epoch = k.epoch + 1,
+                   owner = excluded.owner, epoch = k.epoch + 1, trace_id = excluded.trace_id,
                    lease_expires_at = clock_timestamp() + p_lease,
                    -- a takeover resumes from the recovery point; a reused expired key starts afresh
                    recovery_point = CASE WHEN k.status = 'in_progress' THEN k.recovery_point ELSE '' END,
@@ -969,7 +972,7 @@ BEGIN
                     clock_timestamp(), clock_timestamp())
             ON CONFLICT (scope, key) DO UPDATE
                SET fingerprint = excluded.fingerprint, mode = 'atomic', status = 'in_progress',
-                   owner = NULL, epoch = k.epoch + 1, lease_expires_at = NULL,
+                   owner = NULL, epoch = k.epoch + 1, trace_id = excluded.trace_id, lease_expires_at = NULL,
                    recovery_point = '', recovery_data = NULL, result = NULL,
                    failure_code = NULL, failure_message = NULL, retention = excluded.retention,
                    created_at = excluded.created_at, updated_at = excluded.updated_at,
@@ -1242,20 +1245,6 @@ BEGIN
         WHEN 'failed' THEN coalesce(k.expires_at > k.completed_at, false) AND k.failure_code IS NOT NULL
              AND k.owner IS NULL AND k.lease_expires_at IS NULL AND k.mode IN ('atomic', 'leased')
         ELSE false END;
-END;
-$$;
-
---
--- Name: idempotency_keys_set_trace_id(); Type: FUNCTION; Schema: pgfence; Owner: -
---
-
-CREATE FUNCTION pgfence.idempotency_keys_set_trace_id() RETURNS trigger
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-BEGIN
-    NEW.trace_id := pgfence.current_trace_id();
-    RETURN NEW;
 END;
 $$;
 
@@ -3178,13 +3167,7 @@ CREATE TRIGGER fences_no_truncate BEFORE TRUNCATE ON pgfence.fences FOR EACH STA
 -- Name: idempotency_keys idempotency_atomic_completed; Type: TRIGGER; Schema: pgfence; Owner: -
 --
 
-CREATE CONSTRAINT TRIGGER idempotency_atomic_completed AFTER INSERT OR UPDATE ON pgfence.idempotency_keys DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((new.mode = 'atomic'::text) AND (new.status = 'in_progress'::text))) EXECUTE FUNCTION pgfence.idempotency_atomic_completed();
-
---
--- Name: idempotency_keys idempotency_keys_trace_id; Type: TRIGGER; Schema: pgfence; Owner: -
---
-
-CREATE TRIGGER idempotency_keys_trace_id BEFORE UPDATE ON pgfence.idempotency_keys FOR EACH ROW WHEN ((new.epoch IS DISTINCT FROM old.epoch)) EXECUTE FUNCTION pgfence.idempotency_keys_set_trace_id();
+CREATE CONSTRAINT TRIGGER idempotency_atomic_completed AFTER INSERT OR UPDATE OF status, mode ON pgfence.idempotency_keys DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pgfence.idempotency_atomic_completed();
 
 --
 -- Name: fence_rejections; Type: ROW SECURITY; Schema: pgfence; Owner: -
@@ -3556,12 +3539,6 @@ GRANT SELECT ON TABLE pgfence.idempotency_keys TO pgfence_operator;
 --
 
 REVOKE ALL ON FUNCTION pgfence.idempotency_key_valid(k pgfence.idempotency_keys) FROM PUBLIC;
-
---
--- Name: FUNCTION idempotency_keys_set_trace_id(); Type: ACL; Schema: pgfence; Owner: -
---
-
-REVOKE ALL ON FUNCTION pgfence.idempotency_keys_set_trace_id() FROM PUBLIC;
 
 --
 -- Name: FUNCTION idempotency_not_owner(p_scope text, p_key text, p_owner uuid); Type: ACL; Schema: pgfence; Owner: -
