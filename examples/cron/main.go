@@ -176,7 +176,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (result, error)
 			return nil // the frozen run, refused: reported above
 		case err != nil:
 			return err
-		case outcome.Outcome == job.AlreadyCompleted:
+		case !outcome.Ran:
 			mu.Lock()
 			res.Skipped++
 			mu.Unlock()

@@ -20,7 +20,7 @@
 //		})
 //	})
 //
-// The slots live in pgfence.job_slots (the newest [KeptSlots] per job),
+// The slots live in pgfence.job_slots (the newest 1000 per job),
 // written only by the SQL functions pgfence.job_slot_begin,
 // pgfence.job_slot_save and pgfence.job_slot_complete, which check the job's
 // lease like pgfence.check_lease; a worker in another language can take part
@@ -43,7 +43,7 @@
 //     or its function failed) is taken over by the next [Runner.Run] of the
 //     slot on any replica, once the lease is free (after the dead runner's
 //     TTL): it resumes from the last checkpoint ([Slot.Save]) or restarts
-//     ([Config.Takeover]). [Slot.Runs] counts the runs.
+//     ([Config.Restart]). [Slot.Runs] counts the runs.
 //   - At least once requires a replica to ask again: RunPeriod asks for the
 //     current period only; [Runner.Unfinished] lists the slots of earlier
 //     periods left unfinished.

@@ -55,14 +55,14 @@ func Example() {
 			fmt.Println(err)
 			return
 		}
-		fmt.Println(replica+":", res.Outcome, "run", res.Runs)
+		fmt.Println(replica+": ran", res.Ran, "| runs:", res.Runs)
 	}
 	var n int
 	_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM reports`).Scan(&n)
 	fmt.Println("reports:", n)
 
 	// Output:
-	// a: completed run 1
-	// b: already_completed run 1
+	// a: ran true | runs: 1
+	// b: ran false | runs: 1
 	// reports: 1
 }

@@ -1,6 +1,7 @@
 package job
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,42 +20,13 @@ import (
 
 // Limits, checked before any round trip ([pgfence.ErrInvalid] names the
 // argument); pgfence.job_slot_begin and pgfence.job_slot_save enforce the
-// same for other clients (PF008).
+// same for other clients (PF008): a slot name is 1 to 256 bytes, a
+// checkpoint at most 64 KiB. The database remembers the newest 1000 slots
+// of a job (by start): an older slot counts as never run.
 const (
-	// MaxSlotBytes is the longest slot name, in bytes.
-	MaxSlotBytes = 256
-	// MaxCheckpointBytes is the longest checkpoint, in bytes.
-	MaxCheckpointBytes = 65536
-	// KeptSlots is how many slots of a job the database remembers (the
-	// newest by start): an older slot counts as never run.
-	KeptSlots = 1000
-)
-
-// TTLDefault is the job lease's TTL: a runner that dies mid-run is taken
-// over about this long after its last renewal.
-const TTLDefault = 30 * time.Second
-
-// Takeover says what a run does with a slot that an earlier run started and
-// did not complete (its runner died, lost its lease, or its work failed).
-type Takeover int
-
-const (
-	// Resume: the run gets the checkpoint the earlier run saved
-	// ([Slot.Checkpoint]) and goes on from there.
-	Resume Takeover = iota
-	// Restart: the checkpoint is dropped; the run starts over.
-	Restart
-)
-
-// Outcome says what [Runner.Run] did with a slot.
-type Outcome string
-
-const (
-	// Completed: this call ran the slot and recorded its completion.
-	Completed Outcome = "completed"
-	// AlreadyCompleted: the slot had been completed before (by any replica);
-	// nothing ran.
-	AlreadyCompleted Outcome = "already_completed"
+	maxSlotBytes       = 256
+	maxCheckpointBytes = 65536
+	ttlDefault         = 30 * time.Second
 )
 
 // Result reports one [Runner.Run].
@@ -63,22 +35,25 @@ type Result struct {
 	// [Runner.RunPeriod] that failed before its lease was granted (its slot
 	// is decided by the grant), where it is "".
 	Slot string
-	// Outcome says whether this call completed it or found it completed.
-	Outcome Outcome
+	// Ran is true when this call ran the slot and recorded its completion,
+	// false when the slot had been completed before (by any replica) and
+	// nothing ran.
+	Ran bool
 	// Runs is how many runs the slot had, this one included when it ran: 1
 	// unless earlier runs were taken over.
 	Runs int
 	// CompletedAt is the completion time by the database clock.
 	CompletedAt time.Time
 	// Token is the fencing token of the run that completed the slot (this
-	// one's when Outcome is Completed).
+	// one's when Ran).
 	Token int64
 }
 
 // Config configures a [Runner]. A nil *Config and zero fields use the
 // defaults.
 type Config struct {
-	// TTL is the job lease's TTL. Default [TTLDefault].
+	// TTL is the job lease's TTL: a runner that dies mid-run is taken over
+	// about this long after its last renewal. Default 30 s.
 	TTL time.Duration
 	// AcquireOptions say how the job's lease is taken and kept, as for
 	// [leases.Client.Do]: TryOnce skips the slot when another replica runs
@@ -86,9 +61,11 @@ type Config struct {
 	// wait for it; MaxHold bounds a run and defaults to
 	// [leases.MaxHoldDefault] (one hour): raise it for longer jobs.
 	leases.AcquireOptions
-	// Takeover says what a run does with a slot an earlier run did not
-	// complete. Default [Resume].
-	Takeover Takeover
+	// Restart makes a run that takes over a slot an earlier run started and
+	// did not complete (its runner died, lost its lease, or its work failed)
+	// start over: the checkpoint is dropped. By default the run resumes: it
+	// gets the checkpoint the earlier run saved ([Slot.Checkpoint]).
+	Restart bool
 	// Logger receives one event per run. Default: discard.
 	Logger *slog.Logger
 }
@@ -107,43 +84,31 @@ type Runner struct {
 // key. The slots are recorded in the database of the client's leases, where
 // the job's writes that complete a slot go too.
 func New(client *leases.Client, key string, cfg *Config) (*Runner, error) {
-	switch {
-	case client == nil:
-		return nil, fmt.Errorf("%w: client: must not be nil", pgfence.ErrInvalid)
-	case key == "" || len(key) > leases.MaxKeyBytes:
-		return nil, fmt.Errorf("%w: key: must be 1 to %d bytes, got %d", pgfence.ErrInvalid, leases.MaxKeyBytes, len(key))
-	}
 	var c Config
 	if cfg != nil {
 		c = *cfg
 	}
 	switch {
+	case client == nil:
+		return nil, fmt.Errorf("%w: client: must not be nil", pgfence.ErrInvalid)
 	case c.TTL < 0:
 		return nil, fmt.Errorf("%w: Config.TTL: must not be negative, got %s", pgfence.ErrInvalid, c.TTL)
-	case c.Takeover != Resume && c.Takeover != Restart:
-		return nil, fmt.Errorf("%w: Config.Takeover: must be Resume or Restart, got %d", pgfence.ErrInvalid, c.Takeover)
 	case c.NoKeepAlive:
 		return nil, fmt.Errorf("%w: Config.NoKeepAlive: a run's lease is kept alive while it runs", pgfence.ErrInvalid)
 	}
-	if c.TTL == 0 {
-		c.TTL = TTLDefault
-	}
+	c.TTL = cmp.Or(c.TTL, ttlDefault)
+	// The key and what the run's grant and keep-alive would refuse.
 	if err := client.Check(key, c.TTL, &c.AcquireOptions); err != nil {
 		return nil, fmt.Errorf("job: Config.TTL %s: %w", c.TTL, err)
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return &Runner{client: client, pool: client.Pool(), key: key, cfg: c}, nil
 }
 
-// Key is the job's lease key: the resource its runs' fenced writes name.
-func (r *Runner) Key() string { return r.key }
-
 func validSlot(slot string) error {
 	switch {
-	case slot == "" || len(slot) > MaxSlotBytes:
-		return fmt.Errorf("%w: slot: must be 1 to %d bytes, got %d", pgfence.ErrInvalid, MaxSlotBytes, len(slot))
+	case slot == "" || len(slot) > maxSlotBytes:
+		return fmt.Errorf("%w: slot: must be 1 to %d bytes, got %d", pgfence.ErrInvalid, maxSlotBytes, len(slot))
 	case !utf8.ValidString(slot) || strings.IndexByte(slot, 0) >= 0:
 		return fmt.Errorf("%w: slot: must be UTF-8 without NUL", pgfence.ErrInvalid)
 	}
@@ -152,8 +117,8 @@ func validSlot(slot string) error {
 
 // Run runs fn for slot once across replicas: it takes the job's lease (as
 // [leases.Client.Do] does, with [Config.Hold]), and under it begins the slot.
-// A slot completed before is skipped (Outcome [AlreadyCompleted]; fn does
-// not run). Otherwise fn runs under the kept-alive lease, its context ending
+// A slot completed before is skipped ([Result.Ran] false; fn does not
+// run). Otherwise fn runs under the kept-alive lease, its context ending
 // if the lease is lost; it completes the slot with [Slot.Finish] (or
 // [Slot.Complete] in its own transaction) together with its last write, and
 // if it returns nil without doing so, Run records the completion itself.
@@ -163,8 +128,8 @@ func validSlot(slot string) error {
 // When fn fails (or the lease is lost), the slot stays unfinished and Run
 // returns the error; the next Run of the slot, here or on any replica, takes
 // it over: it resumes from the last checkpoint ([Slot.Save]) or restarts
-// ([Config.Takeover]), and [Slot.Runs] counts the runs. Once the slot's
-// completion has committed, Run reports it (Outcome [Completed], nil error)
+// ([Config.Restart]), and [Slot.Runs] counts the runs. Once the slot's
+// completion has committed, Run reports it ([Result.Ran], nil error)
 // even if the lease is lost or its release fails afterwards (logged).
 //
 // ctx bounds the wait for the lease and the run, as for [leases.Client.Do]:
@@ -199,7 +164,7 @@ func (r *Runner) RunPeriod(ctx context.Context, period time.Duration, fn func(ct
 
 const (
 	sqlNow   = `SELECT pg_catalog.clock_timestamp()`
-	sqlBegin = `SELECT completed, runs, checkpoint, previous_token, started_at, completed_at
+	sqlBegin = `SELECT completed, runs, coalesce(checkpoint, ''), coalesce(previous_token, 0), completed_at
   FROM pgfence.job_slot_begin($1, $2::uuid, $3, $4, $5)`
 	sqlSave       = `SELECT pgfence.job_slot_save($1, $2::uuid, $3, $4, $5)`
 	sqlComplete   = `SELECT pgfence.job_slot_complete($1, $2::uuid, $3, $4)`
@@ -226,7 +191,7 @@ func (r *Runner) run(ctx context.Context, slot string, name func(context.Context
 			return err
 		}
 		if s.done {
-			res.Outcome, res.Runs, res.CompletedAt, res.Token = AlreadyCompleted, s.runs, s.completedAt, s.doneBy
+			res.Runs, res.CompletedAt, res.Token = s.runs, s.completedAt, s.previous
 			r.cfg.Logger.Debug("pgfence job: slot already completed", "key", r.key, "slot", slot)
 			return nil
 		}
@@ -249,19 +214,19 @@ func (r *Runner) run(ctx context.Context, slot string, name func(context.Context
 			}
 		}
 		s.mu.Lock()
-		res.Outcome, res.Runs, res.CompletedAt, res.Token = Completed, s.runs, s.completedAt, l.Token()
+		res.Ran, res.Runs, res.CompletedAt, res.Token = true, s.runs, s.completedAt, l.Token()
 		s.mu.Unlock()
 		return nil
 	})
 	switch {
 	case err == nil:
 		return res, nil
-	case res.Outcome != "":
+	case !res.CompletedAt.IsZero():
 		// The slot was settled (its completion committed, or it had been
 		// completed before); the lease was lost or its release failed only
 		// afterwards, which changes nothing for the slot.
 		r.cfg.Logger.Warn("pgfence job: the lease ended badly after the slot was settled", "key", r.key, "slot", res.Slot,
-			"outcome", res.Outcome, "err", err)
+			"ran", res.Ran, "err", err)
 		return res, nil
 	case res.Slot == "":
 		return res, fmt.Errorf("job %q: %w", r.key, err) // RunPeriod before its slot was known
@@ -275,28 +240,13 @@ func (r *Runner) run(ctx context.Context, slot string, name func(context.Context
 func (r *Runner) begin(ctx context.Context, l *leases.Lease, slot string) (*Slot, error) {
 	s := &Slot{r: r, lease: l, name: slot}
 	_, err := pgfence.Write(ctx, r.pool, l, func(ctx context.Context, tx pgx.Tx) error {
-		var (
-			checkpoint         *string
-			previous           *int64
-			started, completed *time.Time
-		)
-		if err := tx.QueryRow(ctx, sqlBegin, r.key, l.Holder(), l.Token(), slot, r.cfg.Takeover == Restart).
-			Scan(&s.done, &s.runs, &checkpoint, &previous, &started, &completed); err != nil {
-			return err
-		}
-		if checkpoint != nil {
-			s.checkpoint = *checkpoint
-		}
-		if previous != nil {
-			s.previous = *previous
-		}
+		var completed *time.Time
+		err := tx.QueryRow(ctx, sqlBegin, r.key, l.Holder(), l.Token(), slot, r.cfg.Restart).
+			Scan(&s.done, &s.runs, &s.checkpoint, &s.previous, &completed)
 		if completed != nil {
 			s.completedAt = *completed
 		}
-		if s.done && previous != nil {
-			s.doneBy = *previous
-		}
-		return nil
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
@@ -327,14 +277,13 @@ type Slot struct {
 	lease    *leases.Lease
 	name     string
 	runs     int
-	previous int64 // the token of the run taken over, 0 if none
+	previous int64 // the token of the run taken over (0 if none), or of the one that completed the slot
 
 	saveMu     sync.Mutex // serialises Save (never held by the other methods)
 	mu         sync.Mutex // guards what follows; never held across a statement
 	checkpoint string
 
-	done        bool  // begin found it completed
-	doneBy      int64 // ... by this token
+	done        bool // begin found it completed
 	completedAt time.Time
 	finished    bool // this run completed it (Finish), or asked to (Complete)
 	inTx        bool // ... in the caller's transaction (Complete)
@@ -352,27 +301,23 @@ func (s *Slot) Lease() *leases.Lease { return s.lease }
 // this run took over from earlier ones.
 func (s *Slot) Runs() int { return s.runs }
 
-// TakenOverFrom is the fencing token of the earlier run this one took over,
-// or 0.
-func (s *Slot) TakenOverFrom() int64 { return s.previous }
-
 // Checkpoint is the last checkpoint saved for the slot ([Slot.Save]): by an
-// earlier run it took over (with [Resume]) or by this run; "" when none.
+// earlier run it took over (unless [Config.Restart]) or by this run; "" when none.
 func (s *Slot) Checkpoint() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.checkpoint
 }
 
-// Save records checkpoint (at most [MaxCheckpointBytes]) for the slot,
+// Save records checkpoint (at most 64 KiB) for the slot,
 // durably, while this run holds the job's lease: a run that takes the slot
 // over later starts from it. It fails with [pgfence.ErrLeaseNotHeld] when
 // the lease was lost or the slot taken over. Saves made at the same time
 // are sent one at a time: the slot keeps the checkpoint of the one that
 // returned last.
 func (s *Slot) Save(ctx context.Context, checkpoint string) error {
-	if len(checkpoint) > MaxCheckpointBytes || !utf8.ValidString(checkpoint) || strings.IndexByte(checkpoint, 0) >= 0 {
-		return fmt.Errorf("%w: checkpoint: must be UTF-8 without NUL, at most %d bytes", pgfence.ErrInvalid, MaxCheckpointBytes)
+	if len(checkpoint) > maxCheckpointBytes || !utf8.ValidString(checkpoint) || strings.IndexByte(checkpoint, 0) >= 0 {
+		return fmt.Errorf("%w: checkpoint: must be UTF-8 without NUL, at most %d bytes", pgfence.ErrInvalid, maxCheckpointBytes)
 	}
 	// Saves take turns so that the slot keeps the checkpoint of the last one;
 	// the field lock is taken only to record it: Complete, in a transaction

@@ -79,9 +79,9 @@ func TestRunOncePerSlot(t *testing.T) {
 	wg.Wait()
 	completed := 0
 	for _, res := range results {
-		if res.Outcome == job.Completed {
+		if res.Ran {
 			completed++
-		} else if res.Outcome != job.AlreadyCompleted || res.CompletedAt.IsZero() || res.Token == 0 {
+		} else if res.CompletedAt.IsZero() || res.Token == 0 {
 			t.Errorf("result %+v", res)
 		}
 	}
@@ -100,9 +100,9 @@ func TestTakeoverResumesOrRestarts(t *testing.T) {
 	if _, err := pool.Exec(ctx, effects); err != nil {
 		t.Fatal(err)
 	}
-	for _, takeover := range []job.Takeover{job.Resume, job.Restart} {
-		slot := map[job.Takeover]string{job.Resume: "resume", job.Restart: "restart"}[takeover]
-		r := newRunner(t, pool, &job.Config{Takeover: takeover})
+	for _, restart := range []bool{false, true} {
+		slot := map[bool]string{false: "resume", true: "restart"}[restart]
+		r := newRunner(t, pool, &job.Config{Restart: restart})
 		var first int64
 		_, err := r.Run(ctx, slot, func(ctx context.Context, s *job.Slot) error {
 			first = s.Lease().Token()
@@ -121,13 +121,13 @@ func TestTakeoverResumesOrRestarts(t *testing.T) {
 			t.Fatalf("Unfinished = %v, %v", got, err)
 		}
 		res, err := r.Run(ctx, slot, func(ctx context.Context, s *job.Slot) error {
-			want := map[job.Takeover]string{job.Resume: "step 1 of 2", job.Restart: ""}[takeover]
-			if s.Runs() != 2 || s.TakenOverFrom() != first || s.Checkpoint() != want {
-				t.Errorf("%s: the takeover sees runs %d, taken over from %d, checkpoint %q; want 2, %d, %q", slot, s.Runs(), s.TakenOverFrom(), s.Checkpoint(), first, want)
+			want := map[bool]string{false: "step 1 of 2", true: ""}[restart]
+			if s.Runs() != 2 || job.TakenOverFrom(s) != first || s.Checkpoint() != want {
+				t.Errorf("%s: the takeover sees runs %d, taken over from %d, checkpoint %q; want 2, %d, %q", slot, s.Runs(), job.TakenOverFrom(s), s.Checkpoint(), first, want)
 			}
 			return effect(s, "second")
 		})
-		if err != nil || res.Outcome != job.Completed || res.Runs != 2 {
+		if err != nil || !res.Ran || res.Runs != 2 {
 			t.Fatalf("takeover: %+v %v", res, err)
 		}
 		if got, err := r.Unfinished(ctx); err != nil || len(got) != 0 {
@@ -178,7 +178,7 @@ func TestFrozenRunRefused(t *testing.T) {
 		}
 		return effect(s, "other")
 	})
-	if err != nil || res.Outcome != job.Completed {
+	if err != nil || !res.Ran {
 		t.Fatalf("takeover: %+v %v", res, err)
 	}
 	if err := <-done; err == nil {
@@ -251,10 +251,10 @@ func TestCompleteInCallersTransaction(t *testing.T) {
 		t.Fatalf("a completion rolled back: %v, want an error", err)
 	}
 	res, err := r.Run(ctx, "s", inTx(true))
-	if err != nil || res.Outcome != job.Completed || countEffects(t, pool, "s") != 1 {
+	if err != nil || !res.Ran || countEffects(t, pool, "s") != 1 {
 		t.Fatalf("a completion committed: %+v %v, %d effects", res, err, countEffects(t, pool, "s"))
 	}
-	if res, err := r.Run(ctx, "s", inTx(true)); err != nil || res.Outcome != job.AlreadyCompleted {
+	if res, err := r.Run(ctx, "s", inTx(true)); err != nil || res.Ran {
 		t.Fatalf("again: %+v %v", res, err)
 	}
 }
@@ -273,14 +273,14 @@ func TestRunPeriod(t *testing.T) {
 	}
 	ran := 0
 	res, err := r.RunPeriod(ctx, 24*time.Hour, func(context.Context, *job.Slot) error { ran++; return nil })
-	if err != nil || res.Outcome != job.Completed {
+	if err != nil || !res.Ran {
 		t.Fatal(res, err)
 	}
 	if want := now.UTC().Truncate(24 * time.Hour).Format(time.RFC3339); res.Slot != want || !strings.HasSuffix(want, "T00:00:00Z") {
 		t.Fatalf("slot %q, want %q", res.Slot, want)
 	}
 	res, err = r.RunPeriod(ctx, 24*time.Hour, func(context.Context, *job.Slot) error { ran++; return nil })
-	if err != nil || res.Outcome != job.AlreadyCompleted || ran != 1 {
+	if err != nil || res.Ran || ran != 1 {
 		t.Fatalf("second call: %+v %v, ran %d", res, err, ran)
 	}
 	if _, err := r.RunPeriod(ctx, time.Millisecond, func(context.Context, *job.Slot) error { return nil }); !errors.Is(err, pgfence.ErrInvalid) {
@@ -467,12 +467,12 @@ func TestCompletedRunSurvivesALaterLoss(t *testing.T) {
 		_, err := operator.ForceRelease(ctx, "jobs/nightly", "test: lost after the completion")
 		return err
 	})
-	if err != nil || res.Outcome != job.Completed || res.Slot != "s" {
-		t.Fatalf("Run: %+v, %v; want Completed without an error", res, err)
+	if err != nil || !res.Ran || res.Slot != "s" {
+		t.Fatalf("Run: %+v, %v; want it ran, without an error", res, err)
 	}
 	again, err := r.Run(ctx, "s", func(context.Context, *job.Slot) error { t.Error("ran again"); return nil })
-	if err != nil || again.Outcome != job.AlreadyCompleted {
-		t.Fatalf("the next Run: %+v, %v; want AlreadyCompleted", again, err)
+	if err != nil || again.Ran {
+		t.Fatalf("the next Run: %+v, %v; want it completed before", again, err)
 	}
 }
 
@@ -516,7 +516,7 @@ func TestSaveWaitingForCompleteDoesNotBlockIt(t *testing.T) {
 		}
 		return tx.Commit(ctx)
 	})
-	if err != nil || res.Outcome != job.Completed {
+	if err != nil || !res.Ran {
 		t.Fatalf("Run: %+v, %v", res, err)
 	}
 	if err := <-saved; err == nil {
@@ -552,7 +552,7 @@ func TestCompletionAnsweredByPoolerFatal(t *testing.T) {
 		t.Fatalf("completion answered by the pooler's FATAL (server finished %v): %v, want ErrOutcomeUnknown", trig.Replied(), err)
 	}
 	res, err := newRunner(t, db.Pool, nil).Run(ctx, "2026-12-07", func(ctx context.Context, s *job.Slot) error { return effect(s, "b") })
-	if err != nil || res.Outcome != job.AlreadyCompleted || res.Token != token || countEffects(t, db.Pool, "2026-12-07") != 1 {
+	if err != nil || res.Ran || res.Token != token || countEffects(t, db.Pool, "2026-12-07") != 1 {
 		t.Fatalf("the slot after its completion's reply was lost: %+v, %v, %d effects; want completed by token %d, one effect",
 			res, err, countEffects(t, db.Pool, "2026-12-07"), token)
 	}

@@ -93,7 +93,7 @@ func openJobber(a jobberArgs) error {
 				switch {
 				case err != nil:
 					jobber.status.Errors = append(jobber.status.Errors, err.Error())
-				case res.Outcome == job.Completed:
+				case res.Ran:
 					jobber.status.Completed++
 				default:
 					jobber.status.Skipped++
