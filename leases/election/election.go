@@ -39,8 +39,8 @@ type Config struct {
 	// LeaseDuration).
 	TTL time.Duration
 	// AcquireOptions say how a term's lease is taken and kept. HolderInfo is
-	// the value the leader publishes when elected (default: the client's
-	// [leases.Config.HolderInfo], host:pid; [Term.Proclaim] changes it);
+	// the value the leader publishes when elected (default host:pid;
+	// [Term.Proclaim] changes it);
 	// RenewInterval defaults to TTL/3; MaxHold defaults to
 	// [leases.NoMaxHold] (a term lasts until its leader resigns or fails).
 	// Fair, TryOnce and MaxWait are refused: followers do not queue, and
