@@ -241,10 +241,7 @@ func (m *Migrator) lockedError(ctx context.Context, h LockHolder, start time.Tim
 // which waits while another transaction holds an uncommitted lock row.
 func (m *Migrator) tryLock(ctx context.Context, holder string) (h *LockHolder, wait time.Duration, inserting bool, err error) {
 	for {
-		var h LockHolder
-		var id string
-		var now time.Time
-		err := m.db.QueryRowContext(ctx, lockReadSQL).Scan(&id, &h.Host, &h.PID, &h.Application, &h.User, &h.LockedAt, &h.LeaseUntil, &now)
+		h, now, err := scanLock(m.db.QueryRowContext(ctx, lockReadSQL).Scan)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:
@@ -381,31 +378,26 @@ func lockIdentity(application string) (host string, pid int, _ string) {
 // permission error.
 func ReadLock(ctx context.Context, q Querier) (holder *LockHolder, lapsed bool, err error) {
 	rows, err := q.Query(ctx, lockReadSQL)
-	if err != nil {
-		if pgerr.Code(err) == "42P01" { // undefined_table: nothing migrated yet
-			return nil, false, nil
-		}
-		return nil, false, err
-	}
-	defer rows.Close()
-	var h LockHolder
-	var id string
-	var now time.Time
-	found := false
-	for rows.Next() {
-		if err := rows.Scan(&id, &h.Host, &h.PID, &h.Application, &h.User, &h.LockedAt, &h.LeaseUntil, &now); err != nil {
+	if err == nil {
+		defer rows.Close()
+		if rows.Next() {
+			h, now, err := scanLock(rows.Scan)
+			if err == nil {
+				return &h, !h.LeaseUntil.After(now), nil
+			}
 			return nil, false, err
 		}
-		found = true
+		err = rows.Err()
 	}
-	if err := rows.Err(); err != nil {
-		if pgerr.Code(err) == "42P01" { // undefined_table: nothing migrated yet
-			return nil, false, nil
-		}
-		return nil, false, err
-	}
-	if !found {
+	if pgerr.Code(err) == "42P01" { // undefined_table: nothing migrated yet
 		return nil, false, nil
 	}
-	return &h, !h.LeaseUntil.After(now), nil
+	return nil, false, err
+}
+
+// scanLock scans a row of lockReadSQL: the holder and the database's clock.
+func scanLock(scan func(dest ...any) error) (h LockHolder, now time.Time, err error) {
+	var id string
+	err = scan(&id, &h.Host, &h.PID, &h.Application, &h.User, &h.LockedAt, &h.LeaseUntil, &now)
+	return h, now, err
 }

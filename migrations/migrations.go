@@ -507,10 +507,15 @@ func Latest() int64 {
 func Versions() []int64 {
 	var vs []int64
 	for _, f := range names() {
-		v, _ := strconv.ParseInt(migrationName.FindStringSubmatch(f)[1], 10, 64)
-		vs = append(vs, v)
+		vs = append(vs, versionOf(f))
 	}
 	return vs
+}
+
+// versionOf is the version of a migration's file name.
+func versionOf(name string) int64 {
+	v, _ := strconv.ParseInt(migrationName.FindStringSubmatch(name)[1], 10, 64)
+	return v
 }
 
 func names() []string {
@@ -559,7 +564,7 @@ func Script(from, to int64) (string, error) {
 	known := map[int64]string{0: ""}
 	var ns []string
 	for _, n := range names() {
-		v, _ := strconv.ParseInt(migrationName.FindStringSubmatch(n)[1], 10, 64)
+		v := versionOf(n)
 		known[v] = n
 		if up := from <= to; (up && v > from && v <= to) || (!up && v > to && v <= from) {
 			ns = append(ns, n)
@@ -574,9 +579,7 @@ func Script(from, to int64) (string, error) {
 	direction := "up"
 	if !up {
 		direction = "down"
-		for i, j := 0, len(ns)-1; i < j; i, j = i+1, j-1 {
-			ns[i], ns[j] = ns[j], ns[i]
-		}
+		slices.Reverse(ns)
 	}
 	trust, err := trustSQL(trustBlockBegin, trustBlockEnd)
 	if err != nil {
@@ -616,7 +619,7 @@ $pgfence$;
 		if err != nil {
 			return "", err
 		}
-		v, _ := strconv.ParseInt(migrationName.FindStringSubmatch(n)[1], 10, 64)
+		v := versionOf(n)
 		fmt.Fprintf(&b, "-- pgfence migration %s (%s)\n", n, direction)
 		b.WriteString(section(string(raw), up))
 		if up {

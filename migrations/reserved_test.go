@@ -1,7 +1,6 @@
 package migrations
 
 import (
-	"strconv"
 	"testing"
 )
 
@@ -10,8 +9,7 @@ import (
 // theirs (ErrSchemaTooNew): no migration may use those versions.
 func TestPreReleaseVersionsStayUnused(t *testing.T) {
 	for _, n := range names() {
-		v, _ := strconv.ParseInt(migrationName.FindStringSubmatch(n)[1], 10, 64)
-		if v >= 5 && v <= 17 {
+		if v := versionOf(n); v >= 5 && v <= 17 {
 			t.Errorf("%s: versions 5 to 17 belong to builds from before the first release; number it above 17", n)
 		}
 	}
