@@ -33,7 +33,7 @@ func main() {
 	})
 }
 
-func quickstart(ctx context.Context, url string, out io.Writer) error {
+func quickstart(ctx context.Context, url string, out io.Writer) (err error) {
 	// quickstart:begin
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
@@ -64,7 +64,10 @@ func quickstart(ctx context.Context, url string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer lease.Release(context.WithoutCancel(ctx))
+	// The lease is kept alive until released. Release reports a lease lost
+	// meanwhile (a pause past its TTL, the database out of reach): the
+	// fence below refused any stale write, and the caller hears of it.
+	defer func() { err = errors.Join(err, lease.Release(context.WithoutCancel(ctx))) }()
 
 	// The fenced write: the database accepts it only if no newer holder of
 	// the lease has written, in the same transaction as the business write.
