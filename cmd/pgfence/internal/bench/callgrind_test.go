@@ -120,16 +120,6 @@ func findCase(name string) *Case {
 	return nil
 }
 
-// outFiles lists the callgrind outputs in dir.
-func outFiles(t *testing.T, dir string) []string {
-	t.Helper()
-	files, err := filepath.Glob(filepath.Join(dir, "callgrind.out.*"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return files
-}
-
 // closePool closes the connections of the lab's pool and returns the
 // callgrind outputs their backends wrote when they exited.
 func closePool(t *testing.T, lab *Lab, dir string) []string {
