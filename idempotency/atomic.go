@@ -156,9 +156,6 @@ func runAtomic[T any](ctx context.Context, c claimArgs, open opener[T], fn func(
 		if result, err = fn(ctx, a.tx.Handle()); err != nil {
 			return nil, a.tx.Classify(err) // transient (its own statements' errors mapped), or a *Failure for doAtomic
 		}
-		if err := checkSize("result", result, MaxResultBytes); err != nil {
-			return nil, err
-		}
 		result = nonNil(result)
 	}
 	expiresAt, err := a.settle(ctx, result, failure)
@@ -228,16 +225,19 @@ type attempt[T any] struct {
 	ended      bool
 }
 
-// settle stores result, or f, and commits.
+// settle stores result, or f, and commits. A result over the limit is
+// refused before anything is sent, and the attempt stays open.
 func (a *attempt[T]) settle(ctx context.Context, result []byte, f *Failure) (time.Time, error) {
 	if a.ended {
 		return time.Time{}, fmt.Errorf("idempotency: atomic attempt on %s/%s: %w", a.scope, a.key, pgx.ErrTxClosed)
 	}
-	defer a.end()
 	var code, message *string
 	if f != nil {
 		result, code, message = f.Data, &f.Code, &f.Message
+	} else if err := checkSize("result", result, MaxResultBytes); err != nil {
+		return time.Time{}, err
 	}
+	defer a.end()
 	var expiresAt time.Time
 	if err := a.tx.Commit(ctx, &driver.Stmt{SQL: completeAtomicSQL, Args: []any{a.scope, a.key, result, code, message}}, &expiresAt); err != nil {
 		return time.Time{}, err

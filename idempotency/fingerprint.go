@@ -58,50 +58,43 @@ func CanonicalJSON(data []byte) ([]byte, error) {
 	return out.Bytes(), nil
 }
 
-// loneSurrogate reports whether a string of data has a \u escape of a high
-// surrogate not followed by one of a low surrogate, or of a low surrogate
-// alone. Malformed escapes are left to the decoder, which refuses them.
+// loneSurrogate reports whether data has a \u escape of a high surrogate not
+// followed by one of a low surrogate, or of a low surrogate alone. A document
+// the decoder accepts has backslashes only inside strings, each starting an
+// escape; malformed escapes are left to the decoder, which refuses them.
 func loneSurrogate(data []byte) bool {
-	inString := false
-	for i := 0; i < len(data); i++ {
-		c := data[i]
-		switch {
-		case !inString:
-			inString = c == '"'
-		case c == '"':
-			inString = false
-		case c == '\\' && i+1 < len(data) && data[i+1] != 'u':
-			i++ // a one-character escape, \" included
-		case c == '\\':
-			r, ok := hex4(data, i+2)
-			if !ok {
-				return false
-			}
-			i += 5 // the escape's last digit
-			switch {
-			case r >= 0xDC00 && r <= 0xDFFF:
+	for i := 0; i+1 < len(data); i++ {
+		if data[i] != '\\' {
+			continue
+		}
+		i++ // the escaped character: \\ and \" are skipped whole
+		switch surrogate(data, i) {
+		case 'l':
+			return true
+		case 'h':
+			if i+5 >= len(data) || data[i+5] != '\\' || surrogate(data, i+6) != 'l' {
 				return true
-			case r >= 0xD800 && r <= 0xDBFF:
-				if i+6 >= len(data) || data[i+1] != '\\' || data[i+2] != 'u' {
-					return true
-				}
-				if low, ok := hex4(data, i+3); !ok || low < 0xDC00 || low > 0xDFFF {
-					return true
-				}
-				i += 6
 			}
+			i += 10 // the low half's last digit
 		}
 	}
 	return false
 }
 
-// hex4 reads the four hex digits of a \u escape at data[at:].
-func hex4(data []byte, at int) (rune, bool) {
-	if at+4 > len(data) {
-		return 0, false
+// surrogate returns which half of a surrogate pair the \u escape whose u is
+// at data[at] is: 'h' (high), 'l' (low), or 0 for none.
+func surrogate(data []byte, at int) byte {
+	if at+5 > len(data) || data[at] != 'u' {
+		return 0
 	}
-	r, err := strconv.ParseUint(string(data[at:at+4]), 16, 16)
-	return rune(r), err == nil
+	r, err := strconv.ParseUint(string(data[at+1:at+5]), 16, 16)
+	switch {
+	case err != nil || r < 0xD800 || r > 0xDFFF:
+		return 0
+	case r < 0xDC00:
+		return 'h'
+	}
+	return 'l'
 }
 
 // canonicalValue reads one value from dec and writes its canonical form.

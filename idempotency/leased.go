@@ -292,9 +292,6 @@ func (a *Attempt) Complete(ctx context.Context, result []byte) (time.Time, error
 	if a.atomic == nil {
 		return a.CompleteTx(ctx, a.db, result)
 	}
-	if err := checkSize("result", result, MaxResultBytes); err != nil {
-		return time.Time{}, err
-	}
 	return a.atomic.settle(ctx, nonNil(result), nil)
 }
 

@@ -130,8 +130,9 @@ func (s *Store) Recover(ctx context.Context, db DB, opts *RecoverOptions, fn fun
 		return res, err
 	}
 	res.Found = len(keys)
-	failed := fn == nil
-	if failed {
+	completed := &res.Resumed
+	if fn == nil {
+		completed = &res.Failed
 		fn = func(_ context.Context, a *Attempt) error {
 			return &Failure{Code: codeAbandoned, Message: abandonedMessage(a.RecoveryPoint())}
 		}
@@ -152,33 +153,18 @@ func (s *Store) Recover(ctx context.Context, db DB, opts *RecoverOptions, fn fun
 		a := out.Attempt
 		s.tel.log.InfoContext(ctx, "idempotency: abandoned key taken over", "scope", k.Scope, "key", k.Key,
 			"epoch", a.epoch, "recovery_point", a.RecoveryPoint())
-		outcome, err := s.resume(ctx, a, fn)
-		switch {
-		case outcome == recoverResumed && failed:
-			s.tel.log.InfoContext(ctx, "idempotency: abandoned key marked failed", "scope", k.Scope, "key", k.Key,
-				"epoch", a.epoch, "recovery_point", a.RecoveryPoint())
-			res.Failed++
-		case outcome == recoverResumed:
-			res.Resumed++
-		case outcome == recoverReleased:
-			res.Released++
-		case outcome == recoverLost:
-			res.Skipped++
-		}
+		n, err := s.resume(ctx, a, fn, &res, completed)
 		if err != nil {
 			return res, err
+		}
+		*n++
+		if n == &res.Failed {
+			s.tel.log.InfoContext(ctx, "idempotency: abandoned key marked failed", "scope", k.Scope, "key", k.Key,
+				"epoch", a.epoch, "recovery_point", a.RecoveryPoint())
 		}
 	}
 	return res, nil
 }
-
-type recoverOutcome int
-
-const (
-	recoverResumed recoverOutcome = iota + 1
-	recoverReleased
-	recoverLost // taken over (or completed) by somebody else meanwhile
-)
 
 // settledSQL reads whether an attempt still owns its key in progress, and
 // whether the key was settled by the attempt's own epoch (a takeover raises
@@ -196,9 +182,11 @@ func releaseDetached(ctx context.Context, a *Attempt) {
 }
 
 // resume runs fn on a and settles what fn left: a stored failure, or a
-// release. It returns an error only when the database failed. A panic in fn
-// releases the key and goes on unwinding.
-func (s *Store) resume(ctx context.Context, a *Attempt, fn func(context.Context, *Attempt) error) (_ recoverOutcome, err error) {
+// release. It returns the counter of res that the key adds to: completed,
+// Released, or Skipped when somebody else took the key over (or completed
+// it) meanwhile; and an error, without a counter, only when the database
+// failed. A panic in fn releases the key and goes on unwinding.
+func (s *Store) resume(ctx context.Context, a *Attempt, fn func(context.Context, *Attempt) error, res *RecoverResult, completed *int) (_ *int, err error) {
 	panicked := true
 	defer func() {
 		if panicked {
@@ -207,52 +195,51 @@ func (s *Store) resume(ctx context.Context, a *Attempt, fn func(context.Context,
 	}()
 	err = fn(ctx, a)
 	panicked = false
+	release := func() (*int, error) {
+		if err := a.Release(ctx); err != nil && !errors.Is(err, ErrLeaseLost) {
+			return nil, err
+		}
+		return &res.Released, nil
+	}
 	var failure *Failure
 	switch {
 	case errors.As(err, &failure):
 		_, ferr := a.Fail(ctx, failure)
 		switch {
 		case ferr == nil:
-			return recoverResumed, nil
+			return completed, nil
 		case errors.Is(ferr, ErrLeaseLost):
-			return recoverLost, nil // its lease ran out and somebody took it, or fn completed it after all
+			return &res.Skipped, nil // its lease ran out and somebody took it, or fn completed it after all
 		case errors.Is(ferr, ErrInvalid):
 			s.tel.log.WarnContext(ctx, "idempotency: recover: the failure could not be stored; key released",
 				"scope", a.scope, "key", a.key, "error", ferr)
-			return s.release(ctx, a)
+			return release()
 		}
 		releaseDetached(ctx, a)
-		return 0, ferr
+		return nil, ferr
 	case err != nil:
 		s.tel.log.WarnContext(ctx, "idempotency: recover: resuming failed; key released", "scope", a.scope, "key", a.key,
 			"recovery_point", a.RecoveryPoint(), "error", err)
-		return s.release(ctx, a)
+		return release()
 	}
 	// fn returned nil: it completed the key (perhaps in a transaction of its
 	// own, which the attempt cannot see), or it forgot to, or the key was
 	// taken from it meanwhile (its lease ran out).
 	var owned, settled bool
 	if err := a.db.QueryRow(ctx, settledSQL, a.scope, a.key, a.owner, a.epoch).Scan(&owned, &settled); err != nil {
-		return 0, fmt.Errorf("idempotency: recover %s/%s: %w", a.scope, a.key, classify(err, false))
+		return nil, fmt.Errorf("idempotency: recover %s/%s: %w", a.scope, a.key, classify(err, false))
 	}
 	switch {
 	case settled:
-		return recoverResumed, nil
+		return completed, nil
 	case !owned:
 		s.tel.log.WarnContext(ctx, "idempotency: recover: the key was taken over while it was resumed",
 			"scope", a.scope, "key", a.key, "epoch", a.epoch)
-		return recoverLost, nil
+		return &res.Skipped, nil
 	}
 	s.tel.log.WarnContext(ctx, "idempotency: recover: the resumption returned without completing the key; released",
 		"scope", a.scope, "key", a.key)
-	return s.release(ctx, a)
-}
-
-func (s *Store) release(ctx context.Context, a *Attempt) (recoverOutcome, error) {
-	if err := a.Release(ctx); err != nil && !errors.Is(err, ErrLeaseLost) {
-		return 0, err
-	}
-	return recoverReleased, nil
+	return release()
 }
 
 // abandonedMessage is the failure message of an abandoned key; a recovery
