@@ -22,10 +22,11 @@ type Client struct {
 	cfg  Config
 	tel  *instruments
 
-	closing chan struct{}  // closed by Close
-	bg      sync.WaitGroup // keep-alives, background read-backs of lost grant replies
+	bg sync.WaitGroup // keep-alives, background read-backs of lost grant replies
 
-	// lifetime ends when the client is closed: the keep-alives stop.
+	// lifetime ends when the client is closed (Close calls stop, under mu):
+	// the keep-alives, the LISTEN connection, waits and watches stop, and
+	// nothing new starts.
 	lifetime context.Context
 	stop     context.CancelFunc
 
@@ -44,7 +45,6 @@ type Client struct {
 	listenUp atomic.Bool
 
 	mu           sync.Mutex
-	closed       bool
 	queues       map[string][]*waiter     // waiting Acquire calls per key, in arrival order
 	windows      map[string]time.Duration // hold-back window after a wake-up, per contended key
 	listenerDone chan struct{}            // the LISTEN connection's goroutine ended; started by the first waiting Acquire or Watch
@@ -68,7 +68,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		pool:     pool,
 		cfg:      resolved,
 		tel:      newTelemetry(&resolved),
-		closing:  make(chan struct{}),
 		lifetime: lifetime,
 		stop:     stop,
 		queues:   make(map[string][]*waiter),
@@ -93,13 +92,7 @@ func (c *Client) Pool() *pgxpool.Pool { return c.pool }
 // fair waiters that gave up to leave the database queue (2 s at most).
 func (c *Client) Close() error {
 	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil
-	}
-	c.closed = true
-	close(c.closing)
-	c.stop() // the keep-alives and the LISTEN connection
+	c.stop()
 	done := c.listenerDone
 	c.mu.Unlock()
 	if done != nil {
@@ -133,11 +126,7 @@ func (c *Client) until(t time.Time) time.Duration { return t.Sub(c.now()) }
 // since is the time from t, a time read with now, to now.
 func (c *Client) since(t time.Time) time.Duration { return c.now().Sub(t) }
 
-func (c *Client) isClosed() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.closed
-}
+func (c *Client) isClosed() bool { return c.lifetime.Err() != nil }
 
 // Check reports what [Client.Acquire] (or [Client.Do]) would refuse for
 // key, ttl and opts before anything is sent, including what only the
@@ -183,7 +172,7 @@ func (c *Client) TryAcquire(ctx context.Context, key string, ttl time.Duration, 
 // data race, or a panic).
 func (c *Client) background(f func()) {
 	c.mu.Lock()
-	tracked := !c.closed
+	tracked := !c.isClosed()
 	if tracked {
 		c.bg.Add(1)
 	}
@@ -275,7 +264,7 @@ func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Durat
 	case <-w.turn:
 	case <-ctx.Done():
 		return nil, fmt.Errorf("leases: acquire %q: gave up waiting behind other waiters: %w", key, context.Cause(ctx))
-	case <-c.closing:
+	case <-c.lifetime.Done():
 		return nil, ErrClosed
 	}
 	// woken: the last wait ended with a release of the key, or at the
@@ -362,7 +351,7 @@ func (c *Client) waitTurn(ctx context.Context, w *waiter, attempt int, remaining
 		select {
 		case <-ctx.Done():
 			return false, context.Cause(ctx)
-		case <-c.closing:
+		case <-c.lifetime.Done():
 			return false, ErrClosed
 		case <-w.wake:
 			return true, nil

@@ -99,7 +99,7 @@ func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lea
 			o.key, o.holder, pgfence.ErrUnavailable, cause)
 	case <-ctx.Done():
 	case <-timer.C:
-	case <-c.closing:
+	case <-c.lifetime.Done():
 	}
 	o.mu.Lock()
 	o.waiting = false
@@ -150,7 +150,7 @@ func (c *Client) settle(ctx context.Context, o *orphan) {
 		}
 		c.cfg.Logger.Debug("pgfence lease: settling a lost grant reply failed; retrying", "key", o.key, "holder", o.holder, "err", err)
 		select {
-		case <-c.closing:
+		case <-c.lifetime.Done():
 			c.cfg.Logger.Warn("pgfence lease: client closed before a lost grant reply was settled; if it was granted, the lease expires on its own",
 				"key", o.key, "holder", o.holder, "ttl", o.ttl)
 			return

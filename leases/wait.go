@@ -128,7 +128,7 @@ func (c *Client) holdBack(ctx context.Context, key string, w *waiter) (lease tim
 	case lease := <-w.granted:
 		return lease, true
 	case <-ctx.Done():
-	case <-c.closing:
+	case <-c.lifetime.Done():
 	case <-t.C:
 	}
 	return 0, false
@@ -232,7 +232,7 @@ func (c *Client) startListener() {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.listenerDone == nil && !c.closed {
+	if c.listenerDone == nil && !c.isClosed() {
 		c.listenerDone = make(chan struct{})
 		go c.listen(c.lifetime, c.listenerDone)
 	}

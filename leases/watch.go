@@ -384,7 +384,7 @@ func (w *Watcher) run(ctx context.Context) {
 			case w.events <- e:
 			case <-ctx.Done():
 				return
-			case <-w.c.closing:
+			case <-w.c.lifetime.Done():
 				return
 			}
 			last = max(last, e.ID)
@@ -442,7 +442,7 @@ func (w *Watcher) wait(ctx context.Context, retry time.Duration) bool {
 		select {
 		case <-ctx.Done():
 			return false
-		case <-w.c.closing:
+		case <-w.c.lifetime.Done():
 			return false
 		case <-w.signal:
 		case <-timer.C:
