@@ -76,6 +76,7 @@
 -- lives in pg_catalog, so no object a caller creates can be picked up instead.
 
 -- +goose Up
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 -- The Go migrator runs the query between the "findings" markers on its own
 -- (and a SQL script starts with this whole statement): keep the markers.
 -- +goose StatementBegin
@@ -707,6 +708,7 @@ GRANT EXECUTE ON FUNCTION
   TO pgfence_operator;
 
 -- +goose Down
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 -- The schema itself stays: goose's version table lives in it. So do the
 -- roles (see above).
 DROP FUNCTION pgfence.revoke_prefix(regrole, text);

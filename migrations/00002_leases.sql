@@ -96,6 +96,7 @@
 -- clients that do not pass it show NULL.
 
 -- +goose Up
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 
 -- Lease rows. A row is created by the first grant for a key and is never deleted
 -- while tokens matter: "token" is the last token issued for the key and the next
@@ -1228,6 +1229,7 @@ CREATE POLICY operators ON pgfence.job_slots FOR SELECT TO pgfence_operator USIN
 ALTER VIEW pgfence.lease_status SET (security_invoker = true);
 
 -- +goose Down
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 DROP VIEW pgfence.lease_status;
 DROP FUNCTION pgfence.raise_not_slot_run(text, text, bigint);
 DROP FUNCTION pgfence.job_slot_complete(text, uuid, bigint, text);

@@ -41,6 +41,7 @@
 -- application can neither drop nor disable the guard trigger.
 
 -- +goose Up
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 
 -- One row per fenced resource: the highest token accepted so far. Rows are
 -- never deleted and their token never decreases (triggers fences_before_update,
@@ -1050,6 +1051,7 @@ CREATE POLICY operators ON pgfence.fences FOR SELECT TO pgfence_operator USING (
 CREATE POLICY operators ON pgfence.fence_rejections FOR SELECT TO pgfence_operator USING (true);
 
 -- +goose Down
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 DROP EVENT TRIGGER IF EXISTS pgfence_guard_new_tables;
 DROP FUNCTION pgfence.guard_new_tables();
 -- The guards go first: their triggers depend on guard and reject_truncate.

@@ -44,6 +44,7 @@
 -- the key already has a stored answer (idempotency_claim_atomic_new only).
 
 -- +goose Up
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 
 -- trace_id is the trace of the claim that created or last took over (or
 -- reused) the key (see pgfence.current_trace_id): a column default on INSERT,
@@ -780,6 +781,7 @@ CREATE POLICY granted ON pgfence.idempotency_keys FOR SELECT TO pgfence_app USIN
 CREATE POLICY operators ON pgfence.idempotency_keys FOR SELECT TO pgfence_operator USING (true);
 
 -- +goose Down
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 DROP FUNCTION pgfence.idempotency_gc(integer);
 DROP FUNCTION pgfence.idempotency_release(text, text, uuid);
 DROP FUNCTION pgfence.idempotency_complete(text, text, uuid, bytea, text, text);

@@ -30,6 +30,7 @@
 -- says, so no caller can make the database sign an expiry it did not grant.
 
 -- +goose Up
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 
 -- +goose StatementBegin
 CREATE TABLE pgfence.announce_secret (
@@ -98,6 +99,7 @@ GRANT EXECUTE ON FUNCTION pgfence.announce_key(text), pgfence.announce_renewal(t
   TO pgfence_app, pgfence_operator;
 
 -- +goose Down
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 DROP FUNCTION pgfence.announce_renewal(text, uuid, bigint);
 DROP FUNCTION pgfence.announce_key(text);
 DROP TABLE pgfence.announce_secret;
