@@ -99,6 +99,7 @@ func (c *Config) resolve() (Config, error) {
 	cfg.MaxHold = cmp.Or(cfg.MaxHold, leases.NoMaxHold)
 	cfg.RenewInterval = cmp.Or(cfg.RenewInterval, cfg.TTL/3)
 	cfg.Announce = true
+	cfg.TryOnce = true // an attempt per vacancy
 	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	return cfg, nil
 }
@@ -203,12 +204,10 @@ func (e *Election) Resign(ctx context.Context) error {
 func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	st, err := e.client.Get(ctx, e.key)
 	switch {
-	case errors.Is(err, pgfence.ErrNotFound):
+	case errors.Is(err, pgfence.ErrNotFound) || err == nil && !st.Live:
 		return Leader{}, nil
 	case err != nil:
 		return Leader{}, fmt.Errorf("election %q: %w", e.key, err)
-	case !st.Live:
-		return Leader{}, nil
 	}
 	return Leader{Term: st.Token, Holder: st.Holder, Value: st.HolderInfo, Since: st.GrantedAt}, nil
 }

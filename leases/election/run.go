@@ -1,6 +1,7 @@
 package election
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,33 +11,6 @@ import (
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
 )
-
-// attempt makes one grant attempt. It returns the term, or whether the
-// election is led by someone else (held), or an error: transient ones
-// (unreachable, outcome unknown, grants paused, not a primary) are for the
-// caller to retry; others are final.
-func (e *Election) attempt(ctx context.Context) (t *Term, held bool, err error) {
-	l, err := e.client.TryAcquire(ctx, e.key, e.cfg.TTL, &e.cfg.AcquireOptions)
-	if err != nil {
-		return nil, errors.Is(err, pgfence.ErrLeaseHeld), err
-	}
-	t = newTerm(l)
-	e.mu.Lock()
-	e.term = t
-	e.mu.Unlock()
-	e.cfg.Logger.Info("pgfence election: elected", "key", e.key, "term", l.Token(), "holder", l.Holder())
-	return t, false, nil
-}
-
-// transient reports whether a failed attempt may succeed later.
-func transient(err error) bool {
-	for _, e := range []error{pgfence.ErrUnavailable, pgfence.ErrOutcomeUnknown, pgfence.ErrGrantsPaused, pgfence.ErrNotPrimary} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
-}
 
 // backoff is the pause before the attempt after n failures in a row: full
 // jitter, from 10 ms up to the renewal interval.
@@ -75,17 +49,19 @@ func (e *Election) Run(ctx context.Context) error {
 	default:
 	}
 	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.running, e.watch = false, nil
+		e.mu.Unlock()
+	}()
 
 	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
 	w, err := e.client.Watch(wctx, e.key, &leases.WatchOptions{PollInterval: e.cfg.PollInterval})
-	if err != nil {
-		stopWatch()
-		e.mu.Lock()
-		e.running = false
-		e.mu.Unlock()
-		if ctx.Err() != nil {
-			return nil // stopped before it began
-		}
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil // stopped before it began
+	case err != nil:
 		return fmt.Errorf("election %q: %w", e.key, err)
 	}
 	e.mu.Lock()
@@ -93,12 +69,13 @@ func (e *Election) Run(ctx context.Context) error {
 	e.mu.Unlock()
 	r := &runner{e: e, w: w, tryAt: time.Now()}
 	err = r.loop(ctx)
+	// This replica resigns (its context ended, or the client was closed):
+	// its term ends before OnStartedLeading is waited for.
+	r.stepDown(ctx, fmt.Errorf("%w: %w", ErrResigned, cmp.Or(context.Cause(ctx), leases.ErrClosed)))
+	r.endCampaign(ctx)
 	stopWatch()
 	for range w.Events() {
 	}
-	e.mu.Lock()
-	e.running, e.watch = false, nil
-	e.mu.Unlock()
 	return err
 }
 
@@ -113,6 +90,16 @@ type runner struct {
 	holdOff  time.Time     // after a resignation: no attempt before, unless another leader was elected
 	lastTerm int64         // the token of this replica's latest term (0: none yet)
 	failures int           // failed attempts in a row
+	// campaign receives the end of a campaign while one runs; nil
+	// otherwise.
+	campaign     chan campaign
+	stopCampaign context.CancelFunc
+}
+
+// campaign is how a campaign ended: elected (l), or why not.
+type campaign struct {
+	l   *leases.Lease
+	err error
 }
 
 func (r *runner) loop(ctx context.Context) error {
@@ -120,10 +107,7 @@ func (r *runner) loop(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		if err := r.maybeAttempt(ctx); err != nil {
-			r.stepDown(ctx, nil)
-			return err
-		}
+		r.maybeAttempt(ctx)
 		var termDone <-chan struct{}
 		if r.term != nil {
 			termDone = r.term.ctx.Done()
@@ -131,21 +115,21 @@ func (r *runner) loop(ctx context.Context) error {
 		timer.Reset(r.nextWake())
 		select {
 		case <-ctx.Done():
-			r.stepDown(ctx, fmt.Errorf("%w: %w", ErrResigned, context.Cause(ctx)))
 			return nil
 		case ev, ok := <-r.w.Events():
-			if !ok {
-				// The watch ends with ctx (the watcher may see it first) or
-				// with the client: either way this replica resigns, and its
-				// term must end before OnStartedLeading is waited for.
+			if !ok { // the watch ends with ctx (the watcher may see it first) or with the client
 				if ctx.Err() != nil {
-					r.stepDown(ctx, fmt.Errorf("%w: %w", ErrResigned, context.Cause(ctx)))
 					return nil
 				}
-				r.stepDown(ctx, fmt.Errorf("%w: %w", ErrResigned, leases.ErrClosed))
 				return fmt.Errorf("election %q: %w", e.key, leases.ErrClosed)
 			}
 			r.observe(ev)
+		case c := <-r.campaign:
+			r.campaign = nil
+			r.stopCampaign()
+			if err := r.attempted(ctx, c.l, c.err); err != nil {
+				return err
+			}
 		case <-termDone:
 			r.stepDown(ctx, nil)
 		case <-e.resign:
@@ -159,51 +143,80 @@ func (r *runner) loop(ctx context.Context) error {
 
 // nextWake is how long the loop may sleep without a wake-up.
 func (r *runner) nextWake() time.Duration {
-	if r.term != nil || r.tryAt.IsZero() {
+	if r.term != nil || r.campaign != nil || r.tryAt.IsZero() {
 		return time.Hour
 	}
-	at := r.tryAt
-	if r.holdOff.After(at) {
-		at = r.holdOff
-	}
-	return max(time.Until(at), 0)
+	return max(time.Until(r.tryAt), time.Until(r.holdOff), 0)
 }
 
-// maybeAttempt campaigns when an attempt is due.
-func (r *runner) maybeAttempt(ctx context.Context) error {
+// maybeAttempt campaigns when an attempt is due: one grant attempt, in a
+// goroutine whose end the loop receives.
+func (r *runner) maybeAttempt(ctx context.Context) {
 	e := r.e
 	now := time.Now()
-	if r.term != nil || r.tryAt.IsZero() || now.Before(r.tryAt) || now.Before(r.holdOff) || ctx.Err() != nil {
-		return nil
+	if r.term != nil || r.campaign != nil || r.tryAt.IsZero() || now.Before(r.tryAt) || now.Before(r.holdOff) || ctx.Err() != nil {
+		return
 	}
 	r.tryAt = time.Time{}
-	t, held, err := e.attempt(ctx)
+	cctx, cancel := context.WithCancel(ctx)
+	r.campaign, r.stopCampaign = make(chan campaign, 1), cancel
+	go func(ch chan campaign) {
+		l, err := e.client.Acquire(cctx, e.key, e.cfg.TTL, &e.cfg.AcquireOptions)
+		ch <- campaign{l, err}
+	}(r.campaign)
+}
+
+// attempted takes in the end of a campaign: this replica leads (l), the
+// election is led by someone else, or an error: transient ones
+// (unreachable, outcome unknown, grants paused, not a primary) are retried
+// with backoff; others are final.
+func (r *runner) attempted(ctx context.Context, l *leases.Lease, err error) error {
+	e := r.e
 	switch {
-	case t != nil:
-		r.failures = 0
-		r.term, r.cbDone, r.lastTerm = t, make(chan struct{}), t.Token()
-		e.setHealth(nil)
-		go func(done chan struct{}) {
-			defer close(done)
-			if e.cfg.OnStartedLeading != nil {
-				e.cfg.OnStartedLeading(t.ctx, t)
-			}
-		}(r.cbDone)
+	case l == nil && ctx.Err() != nil:
 		return nil
-	case held:
-		r.failures = 0
-		e.setHealth(nil)
-		return nil // the leader's end is announced, or read at its expiry
-	case ctx.Err() != nil:
-		return nil
-	case transient(err):
+	case errors.Is(err, pgfence.ErrUnavailable), errors.Is(err, pgfence.ErrOutcomeUnknown),
+		errors.Is(err, pgfence.ErrGrantsPaused), errors.Is(err, pgfence.ErrNotPrimary):
 		r.failures++
-		r.tryAt = now.Add(e.backoff(r.failures))
+		r.tryAt = time.Now().Add(e.backoff(r.failures))
 		e.setHealth(fmt.Errorf("election %q: campaign: %w", e.key, err))
 		e.cfg.Logger.Warn("pgfence election: attempt failed; retrying", "key", e.key, "err", err)
 		return nil
+	case err != nil && !errors.Is(err, pgfence.ErrLeaseHeld):
+		return fmt.Errorf("election %q: campaign: %w", e.key, err)
 	}
-	return fmt.Errorf("election %q: campaign: %w", e.key, err)
+	r.failures = 0
+	e.setHealth(nil)
+	if l == nil {
+		return nil // held: the leader's end is announced, or read at its expiry
+	}
+	t := newTerm(l)
+	e.mu.Lock()
+	e.term = t
+	e.mu.Unlock()
+	e.cfg.Logger.Info("pgfence election: elected", "key", e.key, "term", l.Token(), "holder", l.Holder())
+	r.term, r.cbDone, r.lastTerm = t, make(chan struct{}), t.Token()
+	go func(done chan struct{}) {
+		defer close(done)
+		if e.cfg.OnStartedLeading != nil {
+			e.cfg.OnStartedLeading(t.ctx, t)
+		}
+	}(r.cbDone)
+	return nil
+}
+
+// endCampaign stops a campaign that still runs, and releases the lease it
+// may have won meanwhile.
+func (r *runner) endCampaign(ctx context.Context) {
+	if r.campaign == nil {
+		return
+	}
+	r.stopCampaign()
+	if c := <-r.campaign; c.l != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leases.ReleaseTimeoutDefault)
+		_ = c.l.Release(rctx)
+		cancel()
+	}
 }
 
 // observe takes in one event of the election's key.
@@ -258,22 +271,19 @@ func (r *runner) stepDown(ctx context.Context, cause error) {
 	default:
 	}
 	e.mu.Unlock()
-	r.term, r.cbDone = nil, nil
+	r.term, r.cbDone, r.tryAt = nil, nil, time.Time{}
 	if e.cfg.OnStoppedLeading != nil {
 		e.cfg.OnStoppedLeading(t, why)
 	}
 	t.releaseErr = err
 	close(t.stepped)
+	// Lost: campaign again when the lease's end is seen (its expiry by the
+	// database clock, or the release above).
 	if errors.Is(why, ErrResigned) {
 		r.holdOff = time.Now().Add(e.cfg.TTL)
 		r.tryAt = r.holdOff
-	} else {
-		// Lost: race again when the lease's end is seen (its expiry by the
-		// database clock, or the release above).
-		r.tryAt = time.Time{}
-		if err == nil {
-			r.tryAt = time.Now()
-		}
+	} else if err == nil {
+		r.tryAt = time.Now()
 	}
 }
 
