@@ -12,7 +12,9 @@
 // leader's term, holder id and the value it publishes ([Term.Proclaim], like
 // etcd's Proclaim). [Election.IsLeader], [Election.Leader] and
 // [Election.Health] (for a readiness probe) answer questions; [Election.Resign]
-// steps down.
+// steps down. Candidates race for each vacancy, or, with
+// [leases.AcquireOptions.Fair] in the Config, lead in the order they began to
+// campaign (like etcd's Campaign).
 //
 // A [Term] implements pgfence.Lease: pgfence.Write(ctx, db, term, fn) and
 // pgfence.Exec fence the resource named by the election's key with the
@@ -52,7 +54,12 @@
 //     announced); a leader that dies is replaced right after its lease
 //     expires by the database clock: at most the TTL after its last renewal,
 //     plus one read and one grant.
-//   - Idle followers of a leader send the database nothing, however many
+//   - With Fair, candidates lead in the order they joined the database's
+//     queue of candidates: when Run began, and for a leader when its term
+//     ended (after a resignation: once another was elected). A replica
+//     without Fair can still take a vacancy first.
+//   - Idle followers of a leader send the database nothing (without Fair;
+//     fair candidates poll their place in the queue), however many
 //     they are: the leader announces each renewal, signed by the database
 //     (pgfence.announce_renewal), followers move their timers to the
 //     announced expiry, and read the election only when a term ends or
@@ -92,6 +99,10 @@
 //     lease (and lets the next leader in) only after it returned, so a
 //     resigning leader hands over cleanly; a callback that does not return
 //     keeps the lease (renewed) and blocks Run.
+//   - A fair candidate that stops polling its place (paused, cut off, or
+//     stopped while a poll was on its way) keeps it until the queue's
+//     patience runs out (about twice its client's PollInterval): the
+//     candidates behind it wait that much longer for their turn.
 //   - The election's key is refused for a role without a granted prefix
 //     ([pgfence.ErrNotGranted]): Run returns the error.
 package election

@@ -43,9 +43,16 @@ type Config struct {
 	// [Term.Proclaim] changes it);
 	// RenewInterval defaults to TTL/3; MaxHold defaults to
 	// [leases.NoMaxHold] (a term lasts until its leader resigns or fails).
-	// Fair, TryOnce and MaxWait are refused: followers do not queue, and
-	// Run campaigns until its context ends; NoKeepAlive too: a term lasts
-	// while it is renewed. Grants and renewals are always announced.
+	// Fair makes candidates lead in the order they began to campaign (set
+	// it on every replica): each waits in the database's queue
+	// (pgfence.lease_waiters), a resigned leader joins its end once its
+	// successor is elected, and each candidate polls its place: about one
+	// statement per [leases.Config.PollInterval] of its client
+	// ([leases.Config.BackoffMax] without wake-ups). Without it,
+	// followers send nothing while the leader is healthy and race for each
+	// vacancy. TryOnce and MaxWait are refused: Run campaigns until its
+	// context ends; NoKeepAlive too: a term lasts while it is renewed.
+	// Grants and renewals are always announced.
 	leases.AcquireOptions
 	// PollInterval is how often a follower reads an election without a
 	// leader while wake-ups work (see [leases.WatchOptions.PollInterval]).
@@ -87,8 +94,6 @@ func (c *Config) resolve() (Config, error) {
 		return cfg, fmt.Errorf("%w: Config.TTL: must not be negative, got %s", pgfence.ErrInvalid, cfg.TTL)
 	case cfg.PollInterval != 0 && (cfg.PollInterval < time.Millisecond || cfg.PollInterval > leases.MaxTTLLimit):
 		return cfg, fmt.Errorf("%w: Config.PollInterval: must be 1ms to %s (0 for the default), got %s", pgfence.ErrInvalid, leases.MaxTTLLimit, cfg.PollInterval)
-	case cfg.Fair:
-		return cfg, fmt.Errorf("%w: Config.Fair: elections do not queue (followers wait for the leader's end and race once)", pgfence.ErrInvalid)
 	case cfg.TryOnce || cfg.MaxWait != 0:
 		return cfg, fmt.Errorf("%w: Config.TryOnce, Config.MaxWait: Run campaigns until its context ends", pgfence.ErrInvalid)
 	case cfg.NoKeepAlive:
@@ -99,7 +104,7 @@ func (c *Config) resolve() (Config, error) {
 	cfg.MaxHold = cmp.Or(cfg.MaxHold, leases.NoMaxHold)
 	cfg.RenewInterval = cmp.Or(cfg.RenewInterval, cfg.TTL/3)
 	cfg.Announce = true
-	cfg.TryOnce = true // an attempt per vacancy
+	cfg.TryOnce = !cfg.Fair // an attempt per vacancy, or a place in the queue
 	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	return cfg, nil
 }

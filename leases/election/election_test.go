@@ -464,7 +464,6 @@ func TestNewRefuses(t *testing.T) {
 	for field, cfg := range map[string]*election.Config{
 		"Config.TTL":          {TTL: -1},
 		"Config.PollInterval": {PollInterval: -1},
-		"Config.Fair":         {AcquireOptions: leases.AcquireOptions{Fair: true}},
 		"Config.TryOnce":      {AcquireOptions: leases.AcquireOptions{TryOnce: true}},
 		"Config.MaxWait":      {AcquireOptions: leases.AcquireOptions{MaxWait: time.Second}},
 		// A term lasts while its lease is renewed.

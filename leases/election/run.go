@@ -149,8 +149,9 @@ func (r *runner) nextWake() time.Duration {
 	return max(time.Until(r.tryAt), time.Until(r.holdOff), 0)
 }
 
-// maybeAttempt campaigns when an attempt is due: one grant attempt, in a
-// goroutine whose end the loop receives.
+// maybeAttempt campaigns when an attempt is due: in a goroutine, whose
+// end the loop receives, one grant attempt, or with Fair a waiting Acquire
+// in the database's queue of candidates.
 func (r *runner) maybeAttempt(ctx context.Context) {
 	e := r.e
 	now := time.Now()
@@ -230,10 +231,14 @@ func (r *runner) observe(ev leases.Event) {
 	}
 	switch {
 	case ev.Granted() && ev.Token > r.lastTerm:
-		// Someone else leads: the next vacancy is fair game. (The grant of
-		// this replica's own term may be seen after that term ended: it
-		// does not lift the hold-off of its resignation.)
+		// Someone else leads: the next vacancy is fair game, and a fair
+		// candidate queues behind those who waited. (The grant of this
+		// replica's own term may be seen after that term ended: it does
+		// not lift the hold-off of its resignation.)
 		r.holdOff = time.Time{}
+		if e.cfg.Fair && r.term == nil {
+			r.tryAt = time.Now()
+		}
 	case (ev.Ended() || ev.Kind == "gap") && r.term == nil: // a vacancy, or events missed
 		r.tryAt = time.Now()
 	}
