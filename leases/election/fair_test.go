@@ -62,3 +62,39 @@ func TestFairCandidatesLeadInArrivalOrder(t *testing.T) {
 		t.Fatalf("c, stopped while queued, has a term")
 	}
 }
+
+// A fair leader that loses its lease is replaced by the head of the queue,
+// not by whoever tries first, and queues again behind the others.
+func TestFairTakeoverFollowsTheQueue(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	queued := func() (n int) {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.lease_waiters WHERE key = 'fifo-lost'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	cfg := election.Config{TTL: 5 * time.Second, AcquireOptions: leases.AcquireOptions{Fair: true}}
+	var rs []*replica
+	for i, name := range []string{"a", "b", "c"} {
+		rs = append(rs, startReplica(t, pool, "fifo-lost", name, cfg))
+		if i == 0 {
+			oneLeader(t, rs, nil)
+			continue
+		}
+		eventually(t, 10*time.Second, name+" queued", func() bool { return queued() == i })
+	}
+	// a's lease expires by the database clock, as if a had stopped renewing.
+	backdate(t, pool, "fifo-lost", 0)
+	if next := oneLeader(t, rs, rs[0]); next != rs[1] {
+		t.Fatalf("a's lease expired and %s leads, want b (the head of the queue)", next.name)
+	}
+	eventually(t, 10*time.Second, "a and c queued", func() bool { return queued() == 2 })
+	if err := rs[1].e.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if next := oneLeader(t, rs, rs[1]); next != rs[2] {
+		t.Fatalf("b resigned and %s leads, want c (queued before a)", next.name)
+	}
+}
