@@ -72,7 +72,14 @@ func (e *Election) Run(ctx context.Context) error {
 	// This replica resigns (its context ended, or the client was closed):
 	// its term ends before OnStartedLeading is waited for.
 	r.stepDown(ctx, fmt.Errorf("%w: %w", ErrResigned, cmp.Or(context.Cause(ctx), leases.ErrClosed)))
-	r.endCampaign(ctx)
+	if r.campaign != nil { // a campaign still runs: stop it, and release a lease it won meanwhile
+		r.stopCampaign()
+		if c := <-r.campaign; c.l != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leases.ReleaseTimeoutDefault)
+			_ = c.l.Release(rctx)
+			cancel()
+		}
+	}
 	stopWatch()
 	for range w.Events() {
 	}
@@ -204,20 +211,6 @@ func (r *runner) attempted(ctx context.Context, l *leases.Lease, err error) erro
 		}
 	}(r.cbDone)
 	return nil
-}
-
-// endCampaign stops a campaign that still runs, and releases the lease it
-// may have won meanwhile.
-func (r *runner) endCampaign(ctx context.Context) {
-	if r.campaign == nil {
-		return
-	}
-	r.stopCampaign()
-	if c := <-r.campaign; c.l != nil {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leases.ReleaseTimeoutDefault)
-		_ = c.l.Release(rctx)
-		cancel()
-	}
 }
 
 // observe takes in one event of the election's key.
