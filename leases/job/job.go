@@ -12,7 +12,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
@@ -74,7 +73,6 @@ type Config struct {
 // restart and takeover. It is safe for concurrent use.
 type Runner struct {
 	client *leases.Client
-	pool   *pgxpool.Pool
 	key    string
 	cfg    Config
 }
@@ -102,7 +100,7 @@ func New(client *leases.Client, key string, cfg *Config) (*Runner, error) {
 		return nil, fmt.Errorf("job: Config.TTL %s: %w", c.TTL, err)
 	}
 	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
-	return &Runner{client: client, pool: client.Pool(), key: key, cfg: c}, nil
+	return &Runner{client: client, key: key, cfg: c}, nil
 }
 
 func validSlot(slot string) error {
@@ -155,7 +153,7 @@ func (r *Runner) RunPeriod(ctx context.Context, period time.Duration, fn func(ct
 	}
 	return r.run(ctx, "", func(ctx context.Context, l *leases.Lease) (string, error) {
 		var now time.Time
-		if err := r.pool.QueryRow(ctx, sqlNow).Scan(&now); err != nil {
+		if err := r.client.Pool().QueryRow(ctx, sqlNow).Scan(&now); err != nil {
 			return "", fmt.Errorf("job %q: read the database clock: %w", r.key, pgfence.MapError(err))
 		}
 		return now.UTC().Truncate(period).Format(time.RFC3339), nil
@@ -168,7 +166,7 @@ const (
   FROM pgfence.job_slot_begin($1, $2::uuid, $3, $4, $5)`
 	sqlSave       = `SELECT pgfence.job_slot_save($1, $2::uuid, $3, $4, $5)`
 	sqlComplete   = `SELECT pgfence.job_slot_complete($1, $2::uuid, $3, $4)`
-	sqlCompletion = `SELECT token, runs, completed_at FROM pgfence.job_slots WHERE key = $1 AND slot = $2`
+	sqlCompletion = `SELECT token, completed_at FROM pgfence.job_slots WHERE key = $1 AND slot = $2`
 	sqlUnfinished = `SELECT slot FROM pgfence.job_slots WHERE key = $1 AND completed_at IS NULL ORDER BY started_at, slot`
 )
 
@@ -239,7 +237,7 @@ func (r *Runner) run(ctx context.Context, slot string, name func(context.Context
 // then on, fenced writes of earlier runs are refused.
 func (r *Runner) begin(ctx context.Context, l *leases.Lease, slot string) (*Slot, error) {
 	s := &Slot{r: r, lease: l, name: slot}
-	_, err := pgfence.Write(ctx, r.pool, l, func(ctx context.Context, tx pgx.Tx) error {
+	_, err := pgfence.Write(ctx, r.client.Pool(), l, func(ctx context.Context, tx pgx.Tx) error {
 		var completed *time.Time
 		err := tx.QueryRow(ctx, sqlBegin, r.key, l.Holder(), l.Token(), slot, r.cfg.Restart).
 			Scan(&s.done, &s.runs, &s.checkpoint, &s.previous, &completed)
@@ -258,10 +256,7 @@ func (r *Runner) begin(ctx context.Context, l *leases.Lease, slot string) (*Slot
 // oldest first: runs that failed or whose runner died, in periods no
 // replica asked for since. [Runner.Run] them by name to take them over.
 func (r *Runner) Unfinished(ctx context.Context) ([]string, error) {
-	rows, err := r.pool.Query(ctx, sqlUnfinished, r.key)
-	if err != nil {
-		return nil, fmt.Errorf("job %q: unfinished: %w", r.key, pgfence.MapError(err))
-	}
+	rows, _ := r.client.Pool().Query(ctx, sqlUnfinished, r.key) // an error shows in CollectRows
 	slots, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, fmt.Errorf("job %q: unfinished: %w", r.key, pgfence.MapError(err))
@@ -325,7 +320,7 @@ func (s *Slot) Save(ctx context.Context, checkpoint string) error {
 	// row.
 	s.saveMu.Lock()
 	defer s.saveMu.Unlock()
-	if _, err := s.r.pool.Exec(ctx, sqlSave, s.r.key, s.lease.Holder(), s.lease.Token(), s.name, checkpoint); err != nil {
+	if _, err := s.r.client.Pool().Exec(ctx, sqlSave, s.r.key, s.lease.Holder(), s.lease.Token(), s.name, checkpoint); err != nil {
 		return fmt.Errorf("save checkpoint: %w", pgfence.MapError(err))
 	}
 	s.mu.Lock()
@@ -363,7 +358,7 @@ func (s *Slot) Complete(ctx context.Context, tx pgx.Tx) error {
 // taken over).
 func (s *Slot) Finish(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	var at time.Time
-	_, err := pgfence.Write(ctx, s.r.pool, s.lease, func(ctx context.Context, tx pgx.Tx) error {
+	_, err := pgfence.Write(ctx, s.r.client.Pool(), s.lease, func(ctx context.Context, tx pgx.Tx) error {
 		if fn != nil {
 			if err := fn(ctx, tx); err != nil {
 				return err
@@ -386,10 +381,9 @@ func (s *Slot) Finish(ctx context.Context, fn func(ctx context.Context, tx pgx.T
 func (s *Slot) committed(ctx context.Context) error {
 	var (
 		token int64
-		runs  int
 		at    *time.Time
 	)
-	if err := s.r.pool.QueryRow(ctx, sqlCompletion, s.r.key, s.name).Scan(&token, &runs, &at); err != nil {
+	if err := s.r.client.Pool().QueryRow(ctx, sqlCompletion, s.r.key, s.name).Scan(&token, &at); err != nil {
 		return fmt.Errorf("read the completion back: %w", pgfence.MapError(err))
 	}
 	if at == nil || token != s.lease.Token() {
