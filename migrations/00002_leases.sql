@@ -26,6 +26,7 @@
 --       -> (completed, runs, checkpoint, previous_token, started_at, completed_at)
 --   pgfence.job_slot_save(key, holder, token, slot, checkpoint) -> timestamptz
 --   pgfence.job_slot_complete(key, holder, token, slot) -> timestamptz
+--   pgfence.job_slot_missed(key, holder, token, before, period) -> text[] (the missed slots)
 --   pgfence.lease_status (view): every lease row with live and remaining,
 --       computed by the database clock.
 --
@@ -232,15 +233,17 @@ CREATE TABLE pgfence.grant_pause_events (
 -- Job slots: one row per slot of a periodic job that a run started, keyed by
 -- the job's lease key (see job_slot_begin). A slot is completed once, by the
 -- run whose transaction called job_slot_complete; an unfinished slot is taken
--- over by the next grant of the job's lease. Retention: the newest 1000 slots
--- of each job (by start); an older slot counts as never run.
+-- over by the next grant of the job's lease. runs = 0: a missed slot, which no
+-- run began (job_slot_missed); started_at is then when it was recorded.
+-- Retention: the newest 1000 slots of each job (by start); an older slot
+-- counts as never run.
 -- +goose StatementBegin
 CREATE TABLE pgfence.job_slots (
     key          text        NOT NULL CHECK (octet_length(key) BETWEEN 1 AND 512),
     slot         text        NOT NULL CHECK (octet_length(slot) BETWEEN 1 AND 256),
     holder       uuid        NOT NULL,
     token        bigint      NOT NULL CHECK (token > 0),
-    runs         integer     NOT NULL CHECK (runs >= 1),
+    runs         integer     NOT NULL CHECK (runs >= 0),
     started_at   timestamptz NOT NULL,
     run_at       timestamptz NOT NULL,
     checkpoint   text        CHECK (octet_length(checkpoint) <= 65536),
@@ -1006,8 +1009,9 @@ $$;
 -- When an earlier grant started it and never completed it (its runner died
 -- or lost the lease), this grant takes the run over: runs counts the runs,
 -- previous_token names the grant that ran it last, and checkpoint is what
--- that run saved (job_slot_save), or NULL with p_restart. Calling it again
--- with the same grant returns the same run. It commits durably. Each new
+-- that run saved (job_slot_save), or NULL with p_restart. A missed slot
+-- (job_slot_missed) is begun as run 1, without previous_token. Calling it
+-- again with the same grant returns the same run. It commits durably. Each new
 -- slot row prunes the job's rows beyond its newest 1000 slots (by start).
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.job_slot_begin(p_key text, p_holder uuid, p_token bigint, p_slot text, p_restart boolean DEFAULT false)
@@ -1040,7 +1044,7 @@ BEGIN
     END IF;
 
     SELECT s.* INTO cur FROM pgfence.job_slots s WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot FOR UPDATE;
-    IF cur.completed_at IS NOT NULL OR cur.token = p_token THEN
+    IF cur.completed_at IS NOT NULL OR (cur.token = p_token AND cur.runs > 0) THEN
         RETURN QUERY SELECT cur.completed_at IS NOT NULL, cur.runs, cur.checkpoint,
                             CASE WHEN cur.completed_at IS NOT NULL THEN cur.token END, cur.started_at, cur.completed_at;
         RETURN;
@@ -1052,7 +1056,7 @@ BEGIN
            saved_at = CASE WHEN p_restart THEN NULL ELSE s.saved_at END
      WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot
     RETURNING s.* INTO cur;
-    RETURN QUERY SELECT false, cur.runs, cur.checkpoint, prev, cur.started_at, NULL::timestamptz;
+    RETURN QUERY SELECT false, cur.runs, cur.checkpoint, CASE WHEN cur.runs > 1 THEN prev END, cur.started_at, NULL::timestamptz;
 END;
 $$;
 -- +goose StatementEnd
@@ -1080,7 +1084,7 @@ BEGIN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     END IF;
     UPDATE pgfence.job_slots s SET checkpoint = p_checkpoint, saved_at = pg_catalog.clock_timestamp()
-     WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL
+     WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL AND s.runs > 0
     RETURNING s.saved_at INTO v_at;
     IF v_at IS NULL THEN
         PERFORM pgfence.raise_not_slot_run(p_key, p_slot, p_token);
@@ -1114,7 +1118,7 @@ BEGIN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     END IF;
     UPDATE pgfence.job_slots s SET completed_at = pg_catalog.clock_timestamp()
-     WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL
+     WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL AND s.runs > 0
     RETURNING s.completed_at INTO v_at;
     IF v_at IS NULL THEN
         SELECT s.completed_at INTO v_at FROM pgfence.job_slots s
@@ -1128,6 +1132,46 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- job_slot_missed records as missed, for the live grant (p_holder, p_token)
+-- of the job whose lease is p_key, the periods of length p_period before the
+-- one that starts at p_before that have no slot, back to the job's newest slot
+-- named like a period before it (its start in UTC, 'YYYY-MM-DDTHH:MI:SSZ'),
+-- at most 999: periods in which no run began the slot. A missed slot has
+-- runs = 0 and counts as unfinished; job_slot_begin runs it (run 1). It
+-- returns the slots it found missed, oldest first (none for a job without an
+-- earlier period slot).
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.job_slot_missed(p_key text, p_holder uuid, p_token bigint, p_before timestamptz, p_period interval)
+RETURNS text[]
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET timezone = 'UTC' AS $$
+DECLARE
+    v_newest text;
+    v_missed text[];
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.job_check_args(p_key, p_holder, p_token, 'period'); -- the key, holder and token
+    IF p_before IS NULL OR p_period IS NULL OR p_period < interval '1 second' THEN
+        RAISE EXCEPTION 'pgfence: job_slot_missed needs a period start and a period of at least 1 second, got % and %',
+            coalesce(p_before::text, 'NULL'), coalesce(p_period::text, 'NULL') USING ERRCODE = 'PF008';
+    END IF;
+    PERFORM pgfence.require_granted('lease', p_key);
+    PERFORM pgfence.require_lease(p_key, p_holder, p_token);
+    SELECT pg_catalog.max(s.slot COLLATE "C") INTO v_newest FROM pgfence.job_slots s
+     WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot ~ '^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$'
+       AND s.slot COLLATE "C" < pg_catalog.to_char(p_before, 'YYYY-MM-DD"T"HH24:MI:SS"Z"');
+    SELECT pg_catalog.array_agg(m.slot ORDER BY m.slot COLLATE "C") INTO v_missed
+      FROM (SELECT pg_catalog.to_char(p_before - p_period * k, 'YYYY-MM-DD"T"HH24:MI:SS"Z"') AS slot
+              FROM pg_catalog.generate_series(1, 999) AS k) m
+     WHERE m.slot COLLATE "C" > v_newest;
+    INSERT INTO pgfence.job_slots (key, slot, holder, token, runs, started_at, run_at)
+    SELECT p_key, m.slot, p_holder, p_token, 0, pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp()
+      FROM pg_catalog.unnest(v_missed) AS m(slot)
+    ON CONFLICT (key, slot) DO NOTHING;
+    RETURN coalesce(v_missed, '{}');
+END;
+$$;
+-- +goose StatementEnd
+
 -- raise_not_slot_run raises PF002 for a slot that is not the run of token
 -- p_token, saying whose it is.
 -- +goose StatementBegin
@@ -1137,7 +1181,7 @@ DECLARE
     s pgfence.job_slots%ROWTYPE;
 BEGIN
     SELECT x.* INTO s FROM pgfence.job_slots x WHERE x.key = p_key COLLATE pg_catalog."default" AND x.slot = p_slot;
-    IF NOT FOUND THEN
+    IF NOT FOUND OR s.runs = 0 THEN
         RAISE EXCEPTION 'pgfence: slot % of job % was never begun', pg_catalog.quote_literal(p_slot), pg_catalog.quote_literal(p_key)
             USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=slot_not_begun key=%s', p_key);
     ELSIF s.completed_at IS NOT NULL AND s.token = p_token THEN
@@ -1199,7 +1243,8 @@ GRANT EXECUTE ON FUNCTION
     pgfence.set_holder_info(text, uuid, bigint, text),
     pgfence.job_slot_begin(text, uuid, bigint, text, boolean),
     pgfence.job_slot_save(text, uuid, bigint, text, text),
-    pgfence.job_slot_complete(text, uuid, bigint, text)
+    pgfence.job_slot_complete(text, uuid, bigint, text),
+    pgfence.job_slot_missed(text, uuid, bigint, timestamptz, interval)
   TO pgfence_app, pgfence_operator;
 
 -- Operations: the operator role only.
@@ -1232,6 +1277,7 @@ ALTER VIEW pgfence.lease_status SET (security_invoker = true);
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 DROP VIEW pgfence.lease_status;
 DROP FUNCTION pgfence.raise_not_slot_run(text, text, bigint);
+DROP FUNCTION pgfence.job_slot_missed(text, uuid, bigint, timestamptz, interval);
 DROP FUNCTION pgfence.job_slot_complete(text, uuid, bigint, text);
 DROP FUNCTION pgfence.job_slot_save(text, uuid, bigint, text, text);
 DROP FUNCTION pgfence.job_slot_begin(text, uuid, bigint, text, boolean);

@@ -59,6 +59,7 @@ func TestNameErrorsBeforeGrants(t *testing.T) {
 		"idempotency_release":          {`SELECT pgfence.idempotency_release($N, 'k', ` + h + `)`, false, true},
 		"job_slot_begin":               {`SELECT * FROM pgfence.job_slot_begin($N, ` + h + `, 1, 'slot')`, false, true},
 		"job_slot_complete":            {`SELECT pgfence.job_slot_complete($N, ` + h + `, 1, 'slot')`, false, true},
+		"job_slot_missed":              {`SELECT pgfence.job_slot_missed($N, ` + h + `, 1, now(), interval '1 day')`, false, true},
 		"job_slot_save":                {`SELECT pgfence.job_slot_save($N, ` + h + `, 1, 'slot', 'step')`, false, true},
 		"lease_queue_leave":            {`SELECT pgfence.lease_queue_leave($N, ` + h + `)`, false, true},
 		"lease_queue_turn":             {`SELECT pgfence.lease_queue_turn($N, ` + h + `, interval '1 minute')`, false, true},

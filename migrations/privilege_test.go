@@ -485,6 +485,7 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.idempotency_release(text,text,uuid)",
 		"pgfence.job_slot_begin(text,uuid,bigint,text,boolean)",
 		"pgfence.job_slot_complete(text,uuid,bigint,text)",
+		"pgfence.job_slot_missed(text,uuid,bigint,timestamp with time zone,interval)",
 		"pgfence.job_slot_save(text,uuid,bigint,text,text)",
 		"pgfence.lease_max_ttl()",
 		"pgfence.lease_queue_leave(text,uuid)",

@@ -1359,7 +1359,7 @@ BEGIN
     END IF;
 
     SELECT s.* INTO cur FROM pgfence.job_slots s WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot FOR UPDATE;
-    IF cur.completed_at IS NOT NULL OR cur.token = p_token THEN
+    IF cur.completed_at IS NOT NULL OR (cur.token = p_token AND cur.runs > 0) THEN
         RETURN QUERY SELECT cur.completed_at IS NOT NULL, cur.runs, cur.checkpoint,
                             CASE WHEN cur.completed_at IS NOT NULL THEN cur.token END, cur.started_at, cur.completed_at;
         RETURN;
@@ -1371,7 +1371,7 @@ BEGIN
            saved_at = CASE WHEN p_restart THEN NULL ELSE s.saved_at END
      WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot
     RETURNING s.* INTO cur;
-    RETURN QUERY SELECT false, cur.runs, cur.checkpoint, prev, cur.started_at, NULL::timestamptz;
+    RETURN QUERY SELECT false, cur.runs, cur.checkpoint, CASE WHEN cur.runs > 1 THEN prev END, cur.started_at, NULL::timestamptz;
 END;
 $$;
 
@@ -1394,7 +1394,7 @@ BEGIN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     END IF;
     UPDATE pgfence.job_slots s SET completed_at = pg_catalog.clock_timestamp()
-     WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL
+     WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL AND s.runs > 0
     RETURNING s.completed_at INTO v_at;
     IF v_at IS NULL THEN
         SELECT s.completed_at INTO v_at FROM pgfence.job_slots s
@@ -1406,6 +1406,42 @@ BEGIN
     RETURN v_at;
 END;
 $$;
+
+--
+-- Name: job_slot_missed(text, uuid, bigint, timestamp with time zone, interval); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.job_slot_missed(p_key text, p_holder uuid, p_token bigint, p_before timestamp with time zone, p_period interval) RETURNS text[]
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET "TimeZone" TO 'UTC'
+    AS $_$
+DECLARE
+    v_newest text;
+    v_missed text[];
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.job_check_args(p_key, p_holder, p_token, 'period'); -- the key, holder and token
+    IF p_before IS NULL OR p_period IS NULL OR p_period < interval '1 second' THEN
+        RAISE EXCEPTION 'pgfence: job_slot_missed needs a period start and a period of at least 1 second, got % and %',
+            coalesce(p_before::text, 'NULL'), coalesce(p_period::text, 'NULL') USING ERRCODE = 'PF008';
+    END IF;
+    PERFORM pgfence.require_granted('lease', p_key);
+    PERFORM pgfence.require_lease(p_key, p_holder, p_token);
+    SELECT pg_catalog.max(s.slot COLLATE "C") INTO v_newest FROM pgfence.job_slots s
+     WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot ~ '^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$'
+       AND s.slot COLLATE "C" < pg_catalog.to_char(p_before, 'YYYY-MM-DD"T"HH24:MI:SS"Z"');
+    SELECT pg_catalog.array_agg(m.slot ORDER BY m.slot COLLATE "C") INTO v_missed
+      FROM (SELECT pg_catalog.to_char(p_before - p_period * k, 'YYYY-MM-DD"T"HH24:MI:SS"Z"') AS slot
+              FROM pg_catalog.generate_series(1, 999) AS k) m
+     WHERE m.slot COLLATE "C" > v_newest;
+    INSERT INTO pgfence.job_slots (key, slot, holder, token, runs, started_at, run_at)
+    SELECT p_key, m.slot, p_holder, p_token, 0, pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp()
+      FROM pg_catalog.unnest(v_missed) AS m(slot)
+    ON CONFLICT (key, slot) DO NOTHING;
+    RETURN coalesce(v_missed, '{}');
+END;
+$_$;
 
 --
 -- Name: job_slot_save(text, uuid, bigint, text, text); Type: FUNCTION; Schema: pgfence; Owner: -
@@ -1430,7 +1466,7 @@ BEGIN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     END IF;
     UPDATE pgfence.job_slots s SET checkpoint = p_checkpoint, saved_at = pg_catalog.clock_timestamp()
-     WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL
+     WHERE s.key = p_key COLLATE pg_catalog."default" AND s.slot = p_slot AND s.token = p_token AND s.completed_at IS NULL AND s.runs > 0
     RETURNING s.saved_at INTO v_at;
     IF v_at IS NULL THEN
         PERFORM pgfence.raise_not_slot_run(p_key, p_slot, p_token);
@@ -2009,7 +2045,7 @@ DECLARE
     s pgfence.job_slots%ROWTYPE;
 BEGIN
     SELECT x.* INTO s FROM pgfence.job_slots x WHERE x.key = p_key COLLATE pg_catalog."default" AND x.slot = p_slot;
-    IF NOT FOUND THEN
+    IF NOT FOUND OR s.runs = 0 THEN
         RAISE EXCEPTION 'pgfence: slot % of job % was never begun', pg_catalog.quote_literal(p_slot), pg_catalog.quote_literal(p_key)
             USING ERRCODE = 'PF002', DETAIL = pg_catalog.format('reason=slot_not_begun key=%s', p_key);
     ELSIF s.completed_at IS NOT NULL AND s.token = p_token THEN
@@ -2854,7 +2890,7 @@ CREATE TABLE pgfence.job_slots (
     completed_at timestamp with time zone,
     CONSTRAINT job_slots_checkpoint_check CHECK ((octet_length(checkpoint) <= 65536)),
     CONSTRAINT job_slots_key_check CHECK (((octet_length(key) >= 1) AND (octet_length(key) <= 512))),
-    CONSTRAINT job_slots_runs_check CHECK ((runs >= 1)),
+    CONSTRAINT job_slots_runs_check CHECK ((runs >= 0)),
     CONSTRAINT job_slots_slot_check CHECK (((octet_length(slot) >= 1) AND (octet_length(slot) <= 256))),
     CONSTRAINT job_slots_token_check CHECK ((token > 0))
 );
@@ -3581,6 +3617,14 @@ GRANT ALL ON FUNCTION pgfence.job_slot_begin(p_key text, p_holder uuid, p_token 
 REVOKE ALL ON FUNCTION pgfence.job_slot_complete(p_key text, p_holder uuid, p_token bigint, p_slot text) FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.job_slot_complete(p_key text, p_holder uuid, p_token bigint, p_slot text) TO pgfence_app;
 GRANT ALL ON FUNCTION pgfence.job_slot_complete(p_key text, p_holder uuid, p_token bigint, p_slot text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION job_slot_missed(p_key text, p_holder uuid, p_token bigint, p_before timestamp with time zone, p_period interval); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.job_slot_missed(p_key text, p_holder uuid, p_token bigint, p_before timestamp with time zone, p_period interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.job_slot_missed(p_key text, p_holder uuid, p_token bigint, p_before timestamp with time zone, p_period interval) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.job_slot_missed(p_key text, p_holder uuid, p_token bigint, p_before timestamp with time zone, p_period interval) TO pgfence_operator;
 
 --
 -- Name: FUNCTION job_slot_save(p_key text, p_holder uuid, p_token bigint, p_slot text, p_checkpoint text); Type: ACL; Schema: pgfence; Owner: -

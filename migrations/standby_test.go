@@ -65,6 +65,7 @@ func TestStandbyRefusesEveryProtocolFunction(t *testing.T) {
 		`SELECT * FROM pgfence.job_slot_begin('held', $1, $2, 'slot')`:                                                   {holder, token},
 		`SELECT pgfence.job_slot_save('held', $1, $2, 'slot', 'step 2')`:                                                 {holder, token},
 		`SELECT pgfence.job_slot_complete('held', $1, $2, 'slot')`:                                                       {holder, token},
+		`SELECT pgfence.job_slot_missed('held', $1, $2, now(), interval '1 day')`:                                        {holder, token},
 		`SELECT pgfence.fence('held', $1)`:                                                                               {token},
 		`SELECT * FROM pgfence.fence_probe('held')`:                                                                      nil,
 		`SELECT pgfence.abandon_fence('held', '` + h + `')`:                                                              nil,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -334,11 +335,14 @@ func TestSlotFunctionsRefuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	for q, code := range map[string]string{
-		`SELECT * FROM pgfence.job_slot_begin($1, $2, $3, repeat('s', 257))`: pgerr.CodeInvalid,
-		`SELECT * FROM pgfence.job_slot_begin($1, $2, $3, '')`:               pgerr.CodeInvalid,
-		`SELECT * FROM pgfence.job_slot_begin($1, $2, $3::bigint + 1, 's')`:  pgerr.CodeLeaseNotHeld,
-		`SELECT pgfence.job_slot_save($1, $2, $3, 's', repeat('x', 65537))`:  pgerr.CodeInvalid,
-		`SELECT pgfence.job_slot_complete($1, $2, $3, 'never begun')`:        pgerr.CodeLeaseNotHeld,
+		`SELECT * FROM pgfence.job_slot_begin($1, $2, $3, repeat('s', 257))`:              pgerr.CodeInvalid,
+		`SELECT * FROM pgfence.job_slot_begin($1, $2, $3, '')`:                            pgerr.CodeInvalid,
+		`SELECT * FROM pgfence.job_slot_begin($1, $2, $3::bigint + 1, 's')`:               pgerr.CodeLeaseNotHeld,
+		`SELECT pgfence.job_slot_save($1, $2, $3, 's', repeat('x', 65537))`:               pgerr.CodeInvalid,
+		`SELECT pgfence.job_slot_complete($1, $2, $3, 'never begun')`:                     pgerr.CodeLeaseNotHeld,
+		`SELECT pgfence.job_slot_missed($1, $2, $3, now(), interval '0.5 s')`:             pgerr.CodeInvalid,
+		`SELECT pgfence.job_slot_missed($1, $2, $3, NULL, interval '1 day')`:              pgerr.CodeInvalid,
+		`SELECT pgfence.job_slot_missed($1, $2, $3::bigint + 1, now(), interval '1 day')`: pgerr.CodeLeaseNotHeld,
 	} {
 		if _, err := pool.Exec(ctx, q, "jobs/x", l.Holder(), l.Token()); pgerr.Code(err) != code {
 			t.Errorf("%s: %v, want %s", q, err, code)
@@ -398,12 +402,32 @@ func TestSlotFunctionsRefuse(t *testing.T) {
 		`SELECT * FROM pgfence.job_slot_begin($1, $2, $3, 'done')`,
 		`SELECT pgfence.job_slot_complete($1, $2, $3, 'done')`,
 		`SELECT * FROM pgfence.job_slot_begin($1, $2, $3, 'left')`,
+		`SELECT * FROM pgfence.job_slot_begin($1, $2, $3, '2026-12-01T00:00:00Z')`,
 	} {
 		if _, err := pool.Exec(ctx, q, "jobs/x", l.Holder(), l.Token()); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
 	refused(l, "done", "was already completed")
+	// The day between the job's last period slot and the given one is missed;
+	// a missed slot was begun by no run, not even the grant that recorded it.
+	var missed []string
+	if err := pool.QueryRow(ctx, `SELECT pgfence.job_slot_missed($1, $2, $3, '2026-12-03T00:00:00Z', interval '1 day')`, "jobs/x", l.Holder(), l.Token()).
+		Scan(&missed); err != nil || !slices.Equal(missed, []string{"2026-12-02T00:00:00Z"}) {
+		t.Fatalf("job_slot_missed: %v, %v; want the day between", missed, err)
+	}
+	refused(l, "2026-12-02T00:00:00Z", "was never begun")
+	if _, err := pool.Exec(ctx, `SELECT pgfence.job_slot_complete($1, $2, $3, '2026-12-02T00:00:00Z')`, "jobs/x", l.Holder(), l.Token()); pgerr.Code(err) != pgerr.CodeLeaseNotHeld {
+		t.Errorf("completing a missed slot never begun: %v, want PF002", err)
+	}
+	var (
+		runs     int
+		previous *int64
+	)
+	if err := pool.QueryRow(ctx, `SELECT runs, previous_token FROM pgfence.job_slot_begin($1, $2, $3, '2026-12-02T00:00:00Z')`, "jobs/x", l.Holder(), l.Token()).
+		Scan(&runs, &previous); err != nil || runs != 1 || previous != nil {
+		t.Errorf("a missed slot begun: run %d, previous token %v, %v; want run 1, none", runs, previous, err)
+	}
 	if _, err := pool.Exec(ctx, `UPDATE pgfence.leases SET expires_at = granted_at WHERE key = 'jobs/x'`); err != nil {
 		t.Fatal(err)
 	}
