@@ -22,9 +22,10 @@
 //
 // The slots live in pgfence.job_slots (the newest 1000 per job),
 // written only by the SQL functions pgfence.job_slot_begin,
-// pgfence.job_slot_save and pgfence.job_slot_complete, which check the job's
-// lease like pgfence.check_lease; a worker in another language can take part
-// by calling them.
+// pgfence.job_slot_save, pgfence.job_slot_complete and
+// pgfence.job_slot_missed, which check the job's lease like
+// pgfence.check_lease; a worker in another language can take part by calling
+// them.
 //
 // # Guarantees
 //
@@ -44,9 +45,18 @@
 //     slot on any replica, once the lease is free (after the dead runner's
 //     TTL): it resumes from the last checkpoint ([Slot.Save]) or restarts
 //     ([Config.Restart]). [Slot.Runs] counts the runs.
-//   - At least once requires a replica to ask again: RunPeriod asks for the
-//     current period only; [Runner.Unfinished] lists the slots of earlier
-//     periods left unfinished.
+//   - Every period, at most once, while at least one replica runs: each
+//     period is run in its time or late, or reported, never skipped without
+//     a trace. When RunPeriod begins a period, it records each earlier
+//     period since the job's newest period slot that no run began (the
+//     replicas were all busy with an earlier period, waiting out a dead
+//     runner's lease, or stopped) as missed, and logs it.
+//     [Runner.Unfinished] lists the missed periods and the slots begun and
+//     left unfinished until a [Runner.Run] of the slot completes it.
+//     pgfence cannot tell a period in which no replica ran from one in which
+//     none began it: both are recorded. A gap longer
+//     than 999 periods is recorded from its newest 999 (the database keeps
+//     the newest 1000 slots of a job).
 //   - Slot names by period come from the database clock, not the replicas'.
 //
 // # Failure handling

@@ -144,9 +144,13 @@ func (r *Runner) Run(ctx context.Context, slot string, fn func(ctx context.Conte
 // name is the period's start in RFC 3339, UTC ("2026-12-03T00:00:00Z" for a
 // day), periods counted from 0001-01-01T00:00:00Z (so a day starts at
 // midnight UTC, an hour on the hour). Replicas that call it every minute
-// with a period of 24 h run the day's job once. A slot of an earlier
-// period that was never completed is not run again by RunPeriod: see
-// [Runner.Unfinished].
+// with a period of 24 h run the day's job once.
+//
+// Under the same grant, RunPeriod first records as missed the periods
+// between the job's newest slot named like a period and the current one, at
+// most the 999 newest, and logs them: no run began them (the replicas were
+// stopped, busy with an earlier period, or waiting out a dead runner's
+// lease). [Runner.Unfinished] lists them with the slots left unfinished.
 func (r *Runner) RunPeriod(ctx context.Context, period time.Duration, fn func(ctx context.Context, s *Slot) error) (Result, error) {
 	if period < time.Second {
 		return Result{}, fmt.Errorf("%w: period: must be at least 1s, got %s", pgfence.ErrInvalid, period)
@@ -156,13 +160,22 @@ func (r *Runner) RunPeriod(ctx context.Context, period time.Duration, fn func(ct
 		if err := r.client.Pool().QueryRow(ctx, sqlNow).Scan(&now); err != nil {
 			return "", fmt.Errorf("job %q: read the database clock: %w", r.key, pgfence.MapError(err))
 		}
-		return now.UTC().Truncate(period).Format(time.RFC3339), nil
+		cur := now.UTC().Truncate(period)
+		var missed []string
+		if err := r.client.Pool().QueryRow(ctx, sqlMissed, r.key, l.Holder(), l.Token(), cur, period).Scan(&missed); err != nil {
+			return "", fmt.Errorf("job %q: record missed periods: %w", r.key, pgfence.MapError(err))
+		}
+		if len(missed) > 0 {
+			r.cfg.Logger.Warn("pgfence job: periods missed (no run began them), recorded as unfinished", "key", r.key, "slots", missed)
+		}
+		return cur.Format(time.RFC3339), nil
 	}, fn)
 }
 
 const (
-	sqlNow   = `SELECT pg_catalog.clock_timestamp()`
-	sqlBegin = `SELECT completed, runs, coalesce(checkpoint, ''), coalesce(previous_token, 0), completed_at
+	sqlNow    = `SELECT pg_catalog.clock_timestamp()`
+	sqlMissed = `SELECT pgfence.job_slot_missed($1, $2::uuid, $3, $4, $5)`
+	sqlBegin  = `SELECT completed, runs, coalesce(checkpoint, ''), coalesce(previous_token, 0), completed_at
   FROM pgfence.job_slot_begin($1, $2::uuid, $3, $4, $5)`
 	sqlSave       = `SELECT pgfence.job_slot_save($1, $2::uuid, $3, $4, $5)`
 	sqlComplete   = `SELECT pgfence.job_slot_complete($1, $2::uuid, $3, $4)`
@@ -252,9 +265,11 @@ func (r *Runner) begin(ctx context.Context, l *leases.Lease, slot string) (*Slot
 	return s, nil
 }
 
-// Unfinished lists the job's slots that a run began and none completed,
-// oldest first: runs that failed or whose runner died, in periods no
-// replica asked for since. [Runner.Run] them by name to take them over.
+// Unfinished lists the job's slots that no run completed, oldest first:
+// slots a run began and left unfinished (it failed, or its runner died) and
+// that no replica asked for since, and periods [Runner.RunPeriod] recorded as
+// missed (runs = 0 in pgfence.job_slots). [Runner.Run] them by name to run
+// them late.
 func (r *Runner) Unfinished(ctx context.Context) ([]string, error) {
 	rows, _ := r.client.Pool().Query(ctx, sqlUnfinished, r.key) // an error shows in CollectRows
 	slots, err := pgx.CollectRows(rows, pgx.RowTo[string])

@@ -581,3 +581,76 @@ func TestCompletionAnsweredByPoolerFatal(t *testing.T) {
 			res, err, countEffects(t, db.Pool, "2026-12-07"), token)
 	}
 }
+
+// renameSlot backdates a slot of jobs/nightly: it is renamed as the slot of
+// an earlier period, as if the job had last run then.
+func renameSlot(t *testing.T, pool *pgxpool.Pool, from, to string) {
+	t.Helper()
+	tag, err := pool.Exec(context.Background(), `UPDATE pgfence.job_slots SET slot = $2 WHERE key = 'jobs/nightly' AND slot = $1`, from, to)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("rename slot %s to %s: %v, %d rows", from, to, err, tag.RowsAffected())
+	}
+}
+
+// days names the daily slots relative to today's.
+func days(t *testing.T, today string) func(int) string {
+	t.Helper()
+	d, err := time.Parse(time.RFC3339, today)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(n int) string { return d.AddDate(0, 0, n).Format(time.RFC3339) }
+}
+
+// A period in which no run began its slot — the replicas were busy with an
+// earlier period, waiting out a dead runner's lease, or stopped — is not lost
+// without a trace: the next RunPeriod records it as missed, Unfinished lists
+// it, and Run runs it late, once, as its first run. (The job's last run is
+// backdated three days.)
+func TestRunPeriodRecordsMissedPeriods(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	r := newRunner(t, pool, nil)
+	var ran []string
+	fn := func(_ context.Context, s *job.Slot) error { ran = append(ran, s.Name()); return nil }
+	res, err := r.RunPeriod(ctx, 24*time.Hour, fn)
+	if err != nil || !res.Ran {
+		t.Fatal(res, err)
+	}
+	day := days(t, res.Slot)
+	renameSlot(t, pool, day(0), day(-3))
+
+	ran = nil
+	if res, err := r.RunPeriod(ctx, 24*time.Hour, fn); err != nil || !res.Ran || res.Slot != day(0) {
+		t.Fatalf("RunPeriod after three days: %+v, %v", res, err)
+	}
+	if !slices.Equal(ran, []string{day(0)}) {
+		t.Fatalf("ran %v, want only today's slot (no catch-up by default)", ran)
+	}
+	want := []string{day(-2), day(-1)}
+	if got, err := r.Unfinished(ctx); err != nil || !slices.Equal(got, want) {
+		t.Fatalf("Unfinished = %v, %v; want the missed days %v", got, err, want)
+	}
+	var zero int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.job_slots WHERE key = 'jobs/nightly' AND runs = 0`).Scan(&zero); err != nil || zero != 2 {
+		t.Fatalf("%d slots recorded with runs = 0 (%v), want 2", zero, err)
+	}
+	// Again in the same period: nothing more is missed, nothing runs.
+	if res, err := r.RunPeriod(ctx, 24*time.Hour, fn); err != nil || res.Ran || len(ran) != 1 {
+		t.Fatalf("RunPeriod again: %+v, %v, ran %v", res, err, ran)
+	}
+
+	res, err = r.Run(ctx, day(-2), func(_ context.Context, s *job.Slot) error {
+		if s.Runs() != 1 || job.TakenOverFrom(s) != 0 || s.Checkpoint() != "" {
+			t.Errorf("a missed slot run late: runs %d, taken over from %d, checkpoint %q; want a first run", s.Runs(), job.TakenOverFrom(s), s.Checkpoint())
+		}
+		return nil
+	})
+	if err != nil || !res.Ran || res.Runs != 1 {
+		t.Fatalf("Run of a missed slot: %+v, %v", res, err)
+	}
+	if got, err := r.Unfinished(ctx); err != nil || !slices.Equal(got, want[1:]) {
+		t.Fatalf("Unfinished after running one late = %v, %v; want %v", got, err, want[1:])
+	}
+}

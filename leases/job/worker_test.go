@@ -18,7 +18,8 @@ import (
 
 // A jobber worker is a replica of a job's process: it runs the slots of a
 // list in order, each with Runner.Run, until each is completed (by it or by
-// another replica), retrying what fails.
+// another replica), retrying what fails; or, given a period, it calls
+// Runner.RunPeriod every 20 ms until closed.
 
 type jobberArgs struct {
 	URL   string        `json:"url"`
@@ -26,6 +27,9 @@ type jobberArgs struct {
 	Name  string        `json:"name"`
 	TTL   time.Duration `json:"ttl"`
 	Slots []string      `json:"slots"`
+	// Period mode: RunPeriod's period. The first run that takes a row out of
+	// job_hang hangs until the process is killed.
+	Period time.Duration `json:"period"`
 }
 
 type jobberStatus struct {
@@ -33,13 +37,29 @@ type jobberStatus struct {
 	Completed int      `json:"completed"` // slots this process completed
 	Skipped   int      `json:"skipped"`   // slots found completed
 	Errors    []string `json:"errors"`    // failed runs (retried)
+	Hanging   string   `json:"hanging"`   // the slot whose run hangs
 }
 
-var jobber struct {
+var jobber jobberState
+
+type jobberState struct {
 	mu     sync.Mutex
 	status jobberStatus
 	stop   context.CancelFunc
 	done   chan struct{}
+}
+
+func (j *jobberState) record(res job.Result, err error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	switch {
+	case err != nil:
+		j.status.Errors = append(j.status.Errors, err.Error())
+	case res.Ran:
+		j.status.Completed++
+	default:
+		j.status.Skipped++
+	}
 }
 
 func serveJobber(ctx context.Context, op string, raw json.RawMessage) (any, error) {
@@ -86,19 +106,23 @@ func openJobber(a jobberArgs) error {
 		defer close(jobber.done)
 		defer pool.Close()
 		defer client.Close()
+		for a.Period > 0 && ctx.Err() == nil {
+			res, err := r.RunPeriod(ctx, a.Period, func(ctx context.Context, s *job.Slot) error {
+				if err := pool.QueryRow(ctx, `DELETE FROM job_hang RETURNING true`).Scan(new(bool)); err == nil {
+					jobber.mu.Lock()
+					jobber.status.Hanging = s.Name()
+					jobber.mu.Unlock()
+					<-ctx.Done() // until killed
+				}
+				return work(ctx, s, a.Name)
+			})
+			jobber.record(res, err)
+			_ = sleep(ctx, 20*time.Millisecond)
+		}
 		for _, slot := range a.Slots {
 			for ctx.Err() == nil {
 				res, err := r.Run(ctx, slot, func(ctx context.Context, s *job.Slot) error { return work(ctx, s, a.Name) })
-				jobber.mu.Lock()
-				switch {
-				case err != nil:
-					jobber.status.Errors = append(jobber.status.Errors, err.Error())
-				case res.Ran:
-					jobber.status.Completed++
-				default:
-					jobber.status.Skipped++
-				}
-				jobber.mu.Unlock()
+				jobber.record(res, err)
 				if err == nil {
 					break
 				}
