@@ -52,9 +52,10 @@
 //     replicas were all busy with an earlier period, waiting out a dead
 //     runner's lease, or stopped) as missed, and logs it.
 //     [Runner.Unfinished] lists the missed periods and the slots begun and
-//     left unfinished until a [Runner.Run] of the slot completes it.
-//     pgfence cannot tell a period in which no replica ran from one in which
-//     none began it: both are recorded. A gap longer
+//     left unfinished until a [Runner.Run] of the slot completes it;
+//     [Config.CatchUp] makes RunPeriod run those of the last periods late
+//     itself, oldest first. pgfence cannot tell a period in which no replica
+//     ran from one in which none began it: both are recorded. A gap longer
 //     than 999 periods is recorded from its newest 999 (the database keeps
 //     the newest 1000 slots of a job).
 //   - Slot names by period come from the database clock, not the replicas'.

@@ -157,11 +157,17 @@ SELECT s.slot, s.runs, s.token, count(e.id), count(e.id) FILTER (WHERE e.token =
 // run begun). Every period from the job's first slot to its last is then
 // accounted for: completed once, with its effect once, or listed by
 // Unfinished (the killed run's period, and the periods missed meanwhile,
-// which Run then runs late).
+// which Run then runs late) — with CatchUp, RunPeriod runs them late itself.
 func TestPeriodsUnderSIGKILL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes and waits out a lease")
 	}
+	for _, catchUp := range []int{0, 10} {
+		t.Run(fmt.Sprintf("CatchUp=%d", catchUp), func(t *testing.T) { periodsUnderSIGKILL(t, catchUp) })
+	}
+}
+
+func periodsUnderSIGKILL(t *testing.T, catchUp int) {
 	db := pgfencetest.NewDatabase(t)
 	ctx := ctxTimeout(t, 2*time.Minute)
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE job_effects (id bigint GENERATED ALWAYS AS IDENTITY, slot text NOT NULL, token bigint NOT NULL, by text NOT NULL, resumed boolean NOT NULL);
@@ -175,7 +181,7 @@ CREATE TABLE job_hang ();`); err != nil {
 	var replicas []*workerproc.Worker
 	for i := range 3 {
 		w := workerproc.Start(t, "jobber", nil)
-		args := jobberArgs{URL: db.URL, Key: key, Name: fmt.Sprintf("replica-%d", i), TTL: 3 * time.Second, Period: period}
+		args := jobberArgs{URL: db.URL, Key: key, Name: fmt.Sprintf("replica-%d", i), TTL: 3 * time.Second, Period: period, CatchUp: catchUp}
 		if err := w.Call(ctx, "open", args, nil); err != nil {
 			t.Fatalf("open: %v\n%s", err, w.Stderr())
 		}
@@ -245,8 +251,11 @@ CREATE TABLE job_hang ();`); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%d periods from %s, run %s hung and was killed; %d recorded missed; unfinished: %v", len(slots), slots[0], hung, missed, unfinished)
-	if !slices.Contains(unfinished, hung) || missed == 0 {
+	switch {
+	case catchUp == 0 && (!slices.Contains(unfinished, hung) || missed == 0):
 		t.Fatalf("unfinished %v, %d missed; want the killed run's period %s and the periods missed while its lease ran out", unfinished, missed, hung)
+	case catchUp > 0 && len(unfinished) > 0:
+		t.Fatalf("unfinished %v with CatchUp %d; want every period run", unfinished, catchUp)
 	}
 	// What was reported is run late, by name.
 	for _, slot := range unfinished {
@@ -273,6 +282,9 @@ SELECT s.slot, s.runs, s.completed_at IS NOT NULL, count(e.id), count(e.id) FILT
 	for _, r := range periods {
 		if !r.Completed || r.Effects != 1 || r.ByRun != 1 {
 			t.Errorf("period %s (runs %d): completed %v, %d effects, %d by the completing run; want completed once with its effect", r.Slot, r.Runs, r.Completed, r.Effects, r.ByRun)
+		}
+		if r.Slot == hung && catchUp > 0 && r.Runs != 2 {
+			t.Errorf("the killed run's period %s had %d runs, want 2 (taken over by the catch-up)", r.Slot, r.Runs)
 		}
 	}
 }

@@ -25,6 +25,7 @@ import (
 const (
 	maxSlotBytes       = 256
 	maxCheckpointBytes = 65536
+	maxCatchUp         = 999 // periods: the database keeps the newest 1000 slots of a job
 	ttlDefault         = 30 * time.Second
 )
 
@@ -65,6 +66,14 @@ type Config struct {
 	// start over: the checkpoint is dropped. By default the run resumes: it
 	// gets the checkpoint the earlier run saved ([Slot.Checkpoint]).
 	Restart bool
+	// CatchUp makes RunPeriod run late the slots of the last CatchUp periods
+	// before the current one that no run completed (missed, or begun and left
+	// unfinished), oldest first, before the current period's, under the same
+	// lease (MaxHold bounds them all). Its [Result] is the current period's;
+	// a late run that fails ends the call with its error and slot, and the
+	// next call takes it over first. Default 0: RunPeriod runs only the
+	// current period, and [Runner.Unfinished] lists the others. At most 999.
+	CatchUp int
 	// Logger receives one event per run. Default: discard.
 	Logger *slog.Logger
 }
@@ -93,6 +102,8 @@ func New(client *leases.Client, key string, cfg *Config) (*Runner, error) {
 		return nil, fmt.Errorf("%w: Config.TTL: must not be negative, got %s", pgfence.ErrInvalid, c.TTL)
 	case c.NoKeepAlive:
 		return nil, fmt.Errorf("%w: Config.NoKeepAlive: a run's lease is kept alive while it runs", pgfence.ErrInvalid)
+	case c.CatchUp < 0 || c.CatchUp > maxCatchUp:
+		return nil, fmt.Errorf("%w: Config.CatchUp: must be 0 to %d, got %d", pgfence.ErrInvalid, maxCatchUp, c.CatchUp)
 	}
 	c.TTL = cmp.Or(c.TTL, ttlDefault)
 	// The key and what the run's grant and keep-alive would refuse.
@@ -136,7 +147,7 @@ func (r *Runner) Run(ctx context.Context, slot string, fn func(ctx context.Conte
 	if err := validSlot(slot); err != nil {
 		return Result{}, err
 	}
-	return r.run(ctx, slot, func(context.Context, *leases.Lease) (string, error) { return slot, nil }, fn)
+	return r.run(ctx, slot, func(context.Context, *leases.Lease) ([]string, error) { return []string{slot}, nil }, fn)
 }
 
 // RunPeriod is [Runner.Run] for the slot of the period that contains the
@@ -150,32 +161,48 @@ func (r *Runner) Run(ctx context.Context, slot string, fn func(ctx context.Conte
 // between the job's newest slot named like a period and the current one, at
 // most the 999 newest, and logs them: no run began them (the replicas were
 // stopped, busy with an earlier period, or waiting out a dead runner's
-// lease). [Runner.Unfinished] lists them with the slots left unfinished.
+// lease). [Runner.Unfinished] lists them with the slots left unfinished;
+// [Config.CatchUp] runs the last ones late.
 func (r *Runner) RunPeriod(ctx context.Context, period time.Duration, fn func(ctx context.Context, s *Slot) error) (Result, error) {
 	if period < time.Second {
 		return Result{}, fmt.Errorf("%w: period: must be at least 1s, got %s", pgfence.ErrInvalid, period)
 	}
-	return r.run(ctx, "", func(ctx context.Context, l *leases.Lease) (string, error) {
+	return r.run(ctx, "", func(ctx context.Context, l *leases.Lease) ([]string, error) {
 		var now time.Time
 		if err := r.client.Pool().QueryRow(ctx, sqlNow).Scan(&now); err != nil {
-			return "", fmt.Errorf("job %q: read the database clock: %w", r.key, pgfence.MapError(err))
+			return nil, fmt.Errorf("job %q: read the database clock: %w", r.key, pgfence.MapError(err))
 		}
 		cur := now.UTC().Truncate(period)
+		slot := cur.Format(time.RFC3339)
 		var missed []string
 		if err := r.client.Pool().QueryRow(ctx, sqlMissed, r.key, l.Holder(), l.Token(), cur, period).Scan(&missed); err != nil {
-			return "", fmt.Errorf("job %q: record missed periods: %w", r.key, pgfence.MapError(err))
+			return nil, fmt.Errorf("job %q: record missed periods: %w", r.key, pgfence.MapError(err))
 		}
 		if len(missed) > 0 {
 			r.cfg.Logger.Warn("pgfence job: periods missed (no run began them), recorded as unfinished", "key", r.key, "slots", missed)
 		}
-		return cur.Format(time.RFC3339), nil
+		if r.cfg.CatchUp == 0 {
+			return []string{slot}, nil
+		}
+		from := cur
+		for range r.cfg.CatchUp {
+			from = from.Add(-period)
+		}
+		rows, _ := r.client.Pool().Query(ctx, sqlOwed, r.key, from.Format(time.RFC3339), slot) // an error shows in CollectRows
+		owed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("job %q: list the periods to catch up: %w", r.key, pgfence.MapError(err))
+		}
+		return append(owed, slot), nil
 	}, fn)
 }
 
 const (
 	sqlNow    = `SELECT pg_catalog.clock_timestamp()`
 	sqlMissed = `SELECT pgfence.job_slot_missed($1, $2::uuid, $3, $4, $5)`
-	sqlBegin  = `SELECT completed, runs, coalesce(checkpoint, ''), coalesce(previous_token, 0), completed_at
+	sqlOwed   = `SELECT slot FROM pgfence.job_slots WHERE key = $1 AND completed_at IS NULL
+   AND slot COLLATE "C" >= $2 AND slot COLLATE "C" < $3 AND slot ~ '^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$' ORDER BY slot COLLATE "C"`
+	sqlBegin = `SELECT completed, runs, coalesce(checkpoint, ''), coalesce(previous_token, 0), completed_at
   FROM pgfence.job_slot_begin($1, $2::uuid, $3, $4, $5)`
 	sqlSave       = `SELECT pgfence.job_slot_save($1, $2::uuid, $3, $4, $5)`
 	sqlComplete   = `SELECT pgfence.job_slot_complete($1, $2::uuid, $3, $4)`
@@ -183,50 +210,52 @@ const (
 	sqlUnfinished = `SELECT slot FROM pgfence.job_slots WHERE key = $1 AND completed_at IS NULL ORDER BY started_at, slot`
 )
 
-// run runs fn for the slot name gives once the job's lease is granted; slot
-// is that name when it is known before (Run), "" when the grant decides it
-// (RunPeriod).
-func (r *Runner) run(ctx context.Context, slot string, name func(context.Context, *leases.Lease) (string, error), fn func(ctx context.Context, s *Slot) error) (Result, error) {
+// run runs fn for each slot names gives once the job's lease is granted, in
+// order, and returns the last one's result; slot is the name when it is known
+// before (Run), "" when the grant decides it (RunPeriod).
+func (r *Runner) run(ctx context.Context, slot string, names func(context.Context, *leases.Lease) ([]string, error), fn func(ctx context.Context, s *Slot) error) (Result, error) {
 	if fn == nil {
 		return Result{}, fmt.Errorf("%w: fn: must not be nil", pgfence.ErrInvalid)
 	}
 	res := Result{Slot: slot}
 	err := r.client.Do(ctx, r.key, r.cfg.TTL, &r.cfg.AcquireOptions, func(ctx context.Context, l *leases.Lease) error {
-		slot, err := name(ctx, l)
+		slots, err := names(ctx, l)
 		if err != nil {
 			return err
 		}
-		res.Slot = slot
-		s, err := r.begin(ctx, l, slot)
-		if err != nil {
-			return err
-		}
-		if s.done {
-			res.Runs, res.CompletedAt, res.Token = s.runs, s.completedAt, s.previous
-			r.cfg.Logger.Debug("pgfence job: slot already completed", "key", r.key, "slot", slot)
-			return nil
-		}
-		r.cfg.Logger.Info("pgfence job: run", "key", r.key, "slot", slot, "run", s.runs, "token", l.Token(), "resumed", s.checkpoint != "")
-		if err := fn(ctx, s); err != nil {
-			return err
-		}
-		s.mu.Lock()
-		finished, inTx := s.finished, s.inTx
-		s.mu.Unlock()
-		switch {
-		case !finished:
-			if err := s.Finish(ctx, nil); err != nil {
+		for _, slot := range slots {
+			res = Result{Slot: slot}
+			s, err := r.begin(ctx, l, slot)
+			if err != nil {
 				return err
 			}
-		case inTx:
-			// Complete ran in fn's transaction: see that it committed.
-			if err := s.committed(ctx); err != nil {
+			if s.done {
+				res.Runs, res.CompletedAt, res.Token = s.runs, s.completedAt, s.previous
+				r.cfg.Logger.Debug("pgfence job: slot already completed", "key", r.key, "slot", slot)
+				continue
+			}
+			r.cfg.Logger.Info("pgfence job: run", "key", r.key, "slot", slot, "run", s.runs, "token", l.Token(), "resumed", s.checkpoint != "")
+			if err := fn(ctx, s); err != nil {
 				return err
 			}
+			s.mu.Lock()
+			finished, inTx := s.finished, s.inTx
+			s.mu.Unlock()
+			switch {
+			case !finished:
+				if err := s.Finish(ctx, nil); err != nil {
+					return err
+				}
+			case inTx:
+				// Complete ran in fn's transaction: see that it committed.
+				if err := s.committed(ctx); err != nil {
+					return err
+				}
+			}
+			s.mu.Lock()
+			res.Ran, res.Runs, res.CompletedAt, res.Token = true, s.runs, s.completedAt, l.Token()
+			s.mu.Unlock()
 		}
-		s.mu.Lock()
-		res.Ran, res.Runs, res.CompletedAt, res.Token = true, s.runs, s.completedAt, l.Token()
-		s.mu.Unlock()
 		return nil
 	})
 	switch {
@@ -269,7 +298,7 @@ func (r *Runner) begin(ctx context.Context, l *leases.Lease, slot string) (*Slot
 // slots a run began and left unfinished (it failed, or its runner died) and
 // that no replica asked for since, and periods [Runner.RunPeriod] recorded as
 // missed (runs = 0 in pgfence.job_slots). [Runner.Run] them by name to run
-// them late.
+// them late, or let [Config.CatchUp] do it.
 func (r *Runner) Unfinished(ctx context.Context) ([]string, error) {
 	rows, _ := r.client.Pool().Query(ctx, sqlUnfinished, r.key) // an error shows in CollectRows
 	slots, err := pgx.CollectRows(rows, pgx.RowTo[string])

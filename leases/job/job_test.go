@@ -654,3 +654,59 @@ func TestRunPeriodRecordsMissedPeriods(t *testing.T) {
 		t.Fatalf("Unfinished after running one late = %v, %v; want %v", got, err, want[1:])
 	}
 }
+
+// With CatchUp, RunPeriod first runs late, oldest first and under the same
+// lease, the periods no run completed among the last CatchUp: missed ones,
+// and one whose late run failed (taken over by the next call, before
+// anything else). An older one stays listed by Unfinished.
+func TestRunPeriodCatchesUp(t *testing.T) {
+	checkLeaks(t)
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	r := newRunner(t, pool, &job.Config{CatchUp: 2})
+	var (
+		ran  []string
+		fail string
+	)
+	fn := func(_ context.Context, s *job.Slot) error {
+		ran = append(ran, fmt.Sprintf("%s run %d", s.Name(), s.Runs()))
+		if s.Name() == fail {
+			return errors.New("failed")
+		}
+		return nil
+	}
+	res, err := r.RunPeriod(ctx, 24*time.Hour, fn)
+	if err != nil || !res.Ran {
+		t.Fatal(res, err)
+	}
+	day := days(t, res.Slot)
+	renameSlot(t, pool, day(0), day(-4))
+
+	ran, fail = nil, day(-1)
+	res, err = r.RunPeriod(ctx, 24*time.Hour, fn)
+	if err == nil || res.Slot != day(-1) || !strings.Contains(err.Error(), day(-1)) {
+		t.Fatalf("a late run that fails: %+v, %v; want its error and slot", res, err)
+	}
+	if want := []string{day(-2) + " run 1", day(-1) + " run 1"}; !slices.Equal(ran, want) {
+		t.Fatalf("ran %v, want %v", ran, want)
+	}
+	ran, fail = nil, ""
+	res, err = r.RunPeriod(ctx, 24*time.Hour, fn)
+	if err != nil || !res.Ran || res.Slot != day(0) || res.Runs != 1 {
+		t.Fatalf("RunPeriod: %+v, %v; want today's slot run", res, err)
+	}
+	if want := []string{day(-1) + " run 2", day(0) + " run 1"}; !slices.Equal(ran, want) {
+		t.Fatalf("ran %v, want %v", ran, want)
+	}
+	var late int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.job_slots WHERE key = 'jobs/nightly' AND slot IN ($1, $2) AND completed_at IS NOT NULL`,
+		day(-2), day(-1)).Scan(&late); err != nil || late != 2 {
+		t.Fatalf("%d of the last two missed days completed (%v)", late, err)
+	}
+	if got, err := r.Unfinished(ctx); err != nil || !slices.Equal(got, []string{day(-3)}) {
+		t.Fatalf("Unfinished = %v, %v; want the day before the catch-up's reach, %s", got, err, day(-3))
+	}
+	if _, err := job.New(newClient(t, pool, nil), "jobs/x", &job.Config{CatchUp: 1000}); !errors.Is(err, pgfence.ErrInvalid) {
+		t.Errorf("CatchUp 1000: %v, want ErrInvalid", err)
+	}
+}

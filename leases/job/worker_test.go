@@ -27,9 +27,10 @@ type jobberArgs struct {
 	Name  string        `json:"name"`
 	TTL   time.Duration `json:"ttl"`
 	Slots []string      `json:"slots"`
-	// Period mode: RunPeriod's period. The first run that takes a row out of
-	// job_hang hangs until the process is killed.
-	Period time.Duration `json:"period"`
+	// Period mode: RunPeriod's period and Config.CatchUp. The first run that
+	// takes a row out of job_hang hangs until the process is killed.
+	Period  time.Duration `json:"period"`
+	CatchUp int           `json:"catch_up"`
 }
 
 type jobberStatus struct {
@@ -96,7 +97,7 @@ func openJobber(a jobberArgs) error {
 	if err != nil {
 		return err
 	}
-	r, err := job.New(client, a.Key, &job.Config{TTL: a.TTL, AcquireOptions: leases.AcquireOptions{MaxWait: 5 * time.Second, HolderInfo: a.Name}})
+	r, err := job.New(client, a.Key, &job.Config{TTL: a.TTL, CatchUp: a.CatchUp, AcquireOptions: leases.AcquireOptions{MaxWait: 5 * time.Second, HolderInfo: a.Name}})
 	if err != nil {
 		return err
 	}
