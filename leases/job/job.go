@@ -350,7 +350,7 @@ func (s *Slot) Checkpoint() string {
 
 // Save records checkpoint (at most 64 KiB) for the slot,
 // durably, while this run holds the job's lease: a run that takes the slot
-// over later starts from it. It fails with [pgfence.ErrLeaseNotHeld] when
+// over later starts from it. It fails with [pgfence.ErrLeaseLost] when
 // the lease was lost or the slot taken over. Saves made at the same time
 // are sent one at a time: the slot keeps the checkpoint of the one that
 // returned last.
@@ -377,7 +377,7 @@ func (s *Slot) Save(ctx context.Context, checkpoint string) error {
 // the run's last write: the slot is completed if and only if tx commits.
 // The lease row stays locked until tx ends, so no takeover commits in
 // between; a run whose lease was lost, or whose slot was taken over, is
-// refused with [pgfence.ErrLeaseNotHeld] and tx must roll back. Fence the
+// refused with [pgfence.ErrLeaseLost] and tx must roll back. Fence the
 // writes of tx with [Slot.Lease] (or use [Slot.Finish], which does both).
 func (s *Slot) Complete(ctx context.Context, tx pgx.Tx) error {
 	if tx == nil {
@@ -396,7 +396,7 @@ func (s *Slot) Complete(ctx context.Context, tx pgx.Tx) error {
 // Finish runs fn (the run's last write; nil for none) and records the
 // slot's completion in one transaction, fenced with the run's token
 // ([pgfence.Write]): a stale run is refused ([pgfence.ErrStaleToken] when a
-// later run began, [pgfence.ErrLeaseNotHeld] when its lease was lost) and
+// later run began, [pgfence.ErrLeaseLost] when its lease was lost) and
 // nothing of fn commits. An outcome lost with the connection is reported as
 // [pgfence.ErrOutcomeUnknown]: the next Run of the slot tells (completed, or
 // taken over).
