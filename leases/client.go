@@ -158,10 +158,7 @@ func (c *Client) args(key string, ttl time.Duration, opts *AcquireOptions) (time
 // it, the error is a [*HeldError] (errors.Is(err, [pgfence.ErrLeaseHeld]))
 // with the time it has left.
 func (c *Client) TryAcquire(ctx context.Context, key string, ttl time.Duration, opts *AcquireOptions) (*Lease, error) {
-	var o AcquireOptions
-	if opts != nil {
-		o = *opts
-	}
+	o := deref(opts)
 	o.TryOnce = true
 	return c.Acquire(ctx, key, ttl, &o)
 }

@@ -116,11 +116,17 @@ type Config struct {
 	DurableRelease bool
 }
 
-func (c *Config) resolve() (Config, error) {
-	var cfg Config
-	if c != nil {
-		cfg = *c
+// deref is *p, or the zero T when p is nil: a nil *Config or options struct
+// is the defaults, and a NULL column scans as the zero value.
+func deref[T any](p *T) (v T) {
+	if p != nil {
+		v = *p
 	}
+	return v
+}
+
+func (c *Config) resolve() (Config, error) {
+	cfg := deref(c)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -234,10 +240,7 @@ const NoMaxHold = time.Duration(math.MaxInt64)
 // check validates o for a lease of ttl with the safety margin margin, and
 // returns it with its defaults filled in.
 func (o *AcquireOptions) check(ttl, margin time.Duration) (AcquireOptions, error) {
-	var v AcquireOptions
-	if o != nil {
-		v = *o
-	}
+	v := deref(o)
 	switch {
 	case v.MaxWait < 0:
 		return v, invalid("AcquireOptions.MaxWait", "must not be negative, got %s", v.MaxWait)

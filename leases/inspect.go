@@ -96,13 +96,6 @@ func (e *Event) dest() []any {
 	return []any{&e.ID, &e.Key, &e.Kind, &e.Holder, &e.Token, &e.At, &e.Reason, &e.HolderInfo, &e.ClientVersion}
 }
 
-func deref[T any](p *T) (v T) {
-	if p != nil {
-		v = *p
-	}
-	return v
-}
-
 // read runs one read-only statement and collects its rows with scan; op
 // names the call in errors.
 func read[T any](ctx context.Context, c *Client, op string, scan pgx.RowToFunc[T], sql string, args ...any) ([]T, error) {

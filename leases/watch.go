@@ -149,10 +149,7 @@ func (c *Client) Watch(ctx context.Context, key string, opts *WatchOptions) (*Wa
 	if err := validateKey(key); err != nil {
 		return nil, err
 	}
-	var o WatchOptions
-	if opts != nil {
-		o = *opts
-	}
+	o := deref(opts)
 	if o.History < 0 {
 		return nil, invalid("WatchOptions.History", "must not be negative, got %d", o.History)
 	}
