@@ -114,6 +114,18 @@ func (c *Client) conn(ctx context.Context) (*pgxpool.Conn, error) {
 	return conn, nil
 }
 
+// exec sends stmts on one connection of the pool in one round trip (one
+// implicit transaction) and scans the last one's row into dest. Its error is
+// classified; when no connection could be had, nothing was sent (see conn).
+func (c *Client) exec(ctx context.Context, dest []any, stmts ...driver.Stmt) error {
+	conn, err := c.conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	return classify(driver.QueryRow(ctx, conn, stmts, dest...))
+}
+
 // now reads the client's clock: time.Now (shifted by clockOffset in tests).
 // Its times carry the monotonic reading, and trust windows and hold times are
 // computed only from differences of such times (until, since), never
@@ -381,21 +393,15 @@ const (
 // polling for longer than the longest pause between two polls of a waiting
 // Acquire.
 func (c *Client) queueTurn(ctx context.Context, key, waiter string) error {
-	conn, err := c.conn(ctx) // fails only when nothing was sent
-	if err != nil {
-		return fmt.Errorf("leases: acquire %q: queue: %w", key, err)
-	}
 	var ahead int64
 	patience := 2*max(c.cfg.PollInterval, c.cfg.BackoffMax) + time.Second
-	err = conn.QueryRow(ctx, sqlQueueTurn, key, waiter, patience.Microseconds()).Scan(&ahead)
-	conn.Release()
-	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("leases: acquire %q: %w", key, context.Cause(ctx))
-		}
-		return fmt.Errorf("leases: acquire %q: queue: %w", key, classify(err))
-	}
-	if ahead > 0 {
+	err := c.exec(ctx, []any{&ahead}, driver.Stmt{SQL: sqlQueueTurn, Args: []any{key, waiter, patience.Microseconds()}})
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return fmt.Errorf("leases: acquire %q: %w", key, context.Cause(ctx))
+	case err != nil:
+		return fmt.Errorf("leases: acquire %q: queue: %w", key, err)
+	case ahead > 0:
 		return &HeldError{Key: key}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pgfence/pgfence/internal/driver"
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
@@ -30,14 +31,9 @@ func (l *Lease) SetHolderInfo(ctx context.Context, info string) (time.Time, erro
 		return time.Time{}, err
 	}
 	var at time.Time
-	conn, err := l.c.conn(ctx) // fails only when nothing was sent
-	if err == nil {
-		err = conn.QueryRow(ctx, sqlSetHolderInfo, l.key, l.holder, l.token, info).Scan(&at)
-		conn.Release()
-		if pgerr.Code(err) == pgerr.CodeLeaseNotHeld {
-			return time.Time{}, l.refused(ctx, "to change the holder info", err)
-		}
-		err = classify(err)
+	err := l.c.exec(ctx, []any{&at}, driver.Stmt{SQL: sqlSetHolderInfo, Args: []any{l.key, l.holder, l.token, info}})
+	if pgerr.Code(err) == pgerr.CodeLeaseNotHeld {
+		return time.Time{}, l.refused(ctx, "to change the holder info", err)
 	}
 	if err != nil {
 		return time.Time{}, fmt.Errorf("leases: set holder info of %s: %w", l.id(), err)

@@ -124,13 +124,8 @@ func (c *Client) write(ctx context.Context, op, sql string, args []any, dest ...
 	if c.isClosed() {
 		return fmt.Errorf("leases: %s: %w", op, ErrClosed)
 	}
-	conn, err := c.conn(ctx) // fails only when nothing was sent: nothing changed
-	if err != nil {
+	if err := c.exec(ctx, dest, driver.Traced(ctx, driver.Stmt{SQL: sql, Args: args})...); err != nil {
 		return fmt.Errorf("leases: %s: %w", op, err)
-	}
-	defer conn.Release()
-	if err := driver.QueryRow(ctx, conn, driver.Traced(ctx, driver.Stmt{SQL: sql, Args: args}), dest...); err != nil {
-		return fmt.Errorf("leases: %s: %w", op, classify(err))
 	}
 	return nil
 }

@@ -147,7 +147,7 @@ func (l *Lease) reportEnd(cause error) {
 	}
 }
 
-// refused handles the database's refusal (PF002, err) of a call of the lease
+// refused handles the database's refusal (PF002, in err) of a call of the lease
 // (what) because the grant had ended: the lease is lost, unless the holder's
 // own Release, running meanwhile (say, with the keep-alive's renewal sent
 // just after it committed), ended it; then the lease ends as released.
@@ -156,7 +156,7 @@ func (l *Lease) refused(ctx context.Context, what string, err error) error {
 		l.end(ErrReleased)
 		return l.Err()
 	}
-	lost := l.lostError("the database refused "+what, err)
+	lost := l.lostError("the database refused "+what, pgerr.PgError(err))
 	l.end(lost)
 	return lost
 }
@@ -184,20 +184,15 @@ func (l *Lease) renew(ctx context.Context, announce bool) (err error) {
 	if err := l.Err(); err != nil {
 		return err
 	}
+	sql := sqlRenew
+	if announce {
+		sql = sqlRenewAnnounced
+	}
 	start := l.c.now()
 	var expiresAt time.Time
-	conn, err := l.c.conn(ctx) // fails only when nothing was sent
-	if err == nil {
-		sql := sqlRenew
-		if announce {
-			sql = sqlRenewAnnounced
-		}
-		err = conn.QueryRow(ctx, sql, l.key, l.holder, l.token, l.ttl.Microseconds()).Scan(&expiresAt)
-		conn.Release()
-		if pgerr.Code(err) == pgerr.CodeLeaseNotHeld {
-			return l.refused(ctx, "the renewal", err)
-		}
-		err = classify(err)
+	err = l.c.exec(ctx, []any{&expiresAt}, driver.Stmt{SQL: sql, Args: []any{l.key, l.holder, l.token, l.ttl.Microseconds()}})
+	if pgerr.Code(err) == pgerr.CodeLeaseNotHeld {
+		return l.refused(ctx, "the renewal", err)
 	}
 	if err != nil {
 		err = fmt.Errorf("leases: renew %s: %w", l.id(), err)
@@ -376,13 +371,8 @@ func (l *Lease) releasedBy(ctx context.Context, sent, regranted bool) error {
 
 // releaseOnce sends one release; its error is classified.
 func (l *Lease) releaseOnce(ctx context.Context) (changed bool, status string, err error) {
-	conn, err := l.c.conn(ctx) // fails only when nothing was sent
-	if err != nil {
-		return false, "", err
-	}
-	defer conn.Release()
-	err = driver.QueryRow(ctx, conn, driver.Traced(ctx, driver.Stmt{SQL: sqlRelease, Args: []any{l.key, l.holder, l.token, l.c.cfg.DurableRelease}}), &changed, &status)
-	return changed, status, classify(err)
+	err = l.c.exec(ctx, []any{&changed, &status}, driver.Traced(ctx, driver.Stmt{SQL: sqlRelease, Args: []any{l.key, l.holder, l.token, l.c.cfg.DurableRelease}})...)
+	return changed, status, err
 }
 
 // renewLoop keeps the lease alive as o says (see [AcquireOptions]): it
