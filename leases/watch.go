@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Event is one transition of a key: one the database recorded
@@ -252,30 +254,15 @@ const (
 // none is left, events after from may be missing; an info_changed event
 // replaced by a newer one of its grant is not missed, the newer one follows).
 func (w *Watcher) read(ctx context.Context, from int64) (st Status, evs []Event, kept bool, err error) {
-	conn, err := w.c.conn(ctx) // fails only when nothing was sent
-	if err != nil {
-		return st, nil, false, err
-	}
-	defer conn.Release()
 	w.reads.Add(1)
-	rows, err := conn.Query(ctx, sqlWatch, w.key, from, watchBatch)
-	if err == nil {
-		defer rows.Close()
-	}
-	for err == nil && rows.Next() {
-		var (
-			s statusRow
-			e Event
-		)
-		if err = rows.Scan(append(append(s.dest(), e.dest()...), &kept)...); e.ID != 0 {
-			evs = append(evs, e)
-		}
-		st = s.status()
-	}
-	if err == nil {
-		err = rows.Err()
-	}
-	return st, evs, kept, classifyRead(ctx, err)
+	evs, err = read(ctx, w.c, fmt.Sprintf("watch %q", w.key), func(row pgx.CollectableRow) (e Event, err error) {
+		var s statusRow
+		err = row.Scan(append(append(s.dest(), e.dest()...), &kept)...)
+		st = s.status() // every row carries the same lease row and kept
+		return e, err
+	}, sqlWatch, w.key, from, watchBatch)
+	// A key without events (from from on) has one row with a zero event.
+	return st, slices.DeleteFunc(evs, func(e Event) bool { return e.ID == 0 }), kept, err
 }
 
 func (w *Watcher) run(ctx context.Context) {
@@ -311,8 +298,10 @@ func (w *Watcher) run(ctx context.Context) {
 			err  error
 		)
 		if !started {
-			err = classifyRead(ctx, w.c.pool.QueryRow(ctx, sqlWatchStart, w.key, w.opts.History).Scan(&from))
-			started = err == nil
+			err = w.c.pool.QueryRow(ctx, sqlWatchStart, w.key, w.opts.History).Scan(&from)
+			if started = err == nil; !started {
+				err = fmt.Errorf("leases: watch %q: %w", w.key, classifyRead(ctx, err))
+			}
 		}
 		if err == nil {
 			// Read from the last event delivered, to see that it is still
@@ -325,7 +314,7 @@ func (w *Watcher) run(ctx context.Context) {
 		if err != nil {
 			failures++
 			w.mu.Lock()
-			w.state.Err = fmt.Errorf("leases: watch %q: %w", w.key, err)
+			w.state.Err = err
 			w.mu.Unlock()
 			if !w.wait(ctx, max(time.Millisecond, fullJitter(capped(w.c.cfg.BackoffMin, failures, w.poll())))) {
 				return
