@@ -264,8 +264,10 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	)
 	ctx, done := l.c.tel.startRelease(ctx, l)
 	defer func() { done(status, err) }()
+	release := driver.Traced(ctx, driver.Stmt{SQL: sqlRelease, Args: []any{l.key, l.holder, l.token, l.c.cfg.DurableRelease}})
 	for attempt := 0; attempt < 3; attempt++ {
-		changed, status, err = l.releaseOnce(ctx)
+		changed, status = false, "" // what a failed attempt scanned does not count
+		err = l.c.exec(ctx, []any{&changed, &status}, release...)
 		l.releaseSent = l.releaseSent || errors.Is(err, pgfence.ErrOutcomeUnknown)
 		if !errors.Is(err, pgfence.ErrUnavailable) && !errors.Is(err, pgfence.ErrOutcomeUnknown) ||
 			!sleepCtx(ctx, fullJitter(l.c.cfg.BackoffMin<<attempt)) {
@@ -367,12 +369,6 @@ func (l *Lease) releasedBy(ctx context.Context, sent, regranted bool) error {
 	}
 	return l.lostError("the grant is released, but whether by an earlier attempt of this release (its reply was lost) or by an operator could not be read back",
 		fmt.Errorf("%w: %w", pgfence.ErrOutcomeUnknown, err))
-}
-
-// releaseOnce sends one release; its error is classified.
-func (l *Lease) releaseOnce(ctx context.Context) (changed bool, status string, err error) {
-	err = l.c.exec(ctx, []any{&changed, &status}, driver.Traced(ctx, driver.Stmt{SQL: sqlRelease, Args: []any{l.key, l.holder, l.token, l.c.cfg.DurableRelease}})...)
-	return changed, status, err
 }
 
 // renewLoop keeps the lease alive as o says (see [AcquireOptions]): it
