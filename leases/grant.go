@@ -87,8 +87,8 @@ func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lea
 	o.waiting = true
 	o.result = make(chan *Lease, 1)
 	c.background(func() { c.settle(ctx, o) })
-	timer := time.NewTimer(c.cfg.ResolveTimeout)
-	defer timer.Stop()
+	wait, cancel := context.WithTimeout(ctx, c.cfg.ResolveTimeout)
+	defer cancel()
 	select {
 	case l := <-o.result:
 		if l != nil {
@@ -97,8 +97,7 @@ func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lea
 		}
 		return nil, fmt.Errorf("leases: acquire %q: the reply was lost and no live grant was found (the attempt of holder %s is abandoned: it is refused if it still arrives): %w: %w",
 			o.key, o.holder, pgfence.ErrUnavailable, cause)
-	case <-ctx.Done():
-	case <-timer.C:
+	case <-wait.Done():
 	case <-c.lifetime.Done():
 	}
 	o.mu.Lock()
@@ -149,12 +148,10 @@ func (c *Client) settle(ctx context.Context, o *orphan) {
 			return
 		}
 		c.cfg.Logger.Debug("pgfence lease: settling a lost grant reply failed; retrying", "key", o.key, "holder", o.holder, "err", err)
-		select {
-		case <-c.lifetime.Done():
+		if !sleepCtx(c.lifetime, fullJitter(capped(c.cfg.BackoffMin, attempt, c.cfg.BackoffMax))) {
 			c.cfg.Logger.Warn("pgfence lease: client closed before a lost grant reply was settled; if it was granted, the lease expires on its own",
 				"key", o.key, "holder", o.holder, "ttl", o.ttl)
 			return
-		case <-time.After(fullJitter(capped(c.cfg.BackoffMin, attempt, c.cfg.BackoffMax))):
 		}
 	}
 }
