@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/driver"
-	"github.com/pgfence/pgfence/internal/telemetry"
 	"github.com/pgfence/pgfence/pgfence"
 )
 
@@ -205,26 +204,22 @@ func (c *Client) releaseNow(ctx context.Context, l *Lease) {
 // pipeline too (takenOver). Neither costs a round trip.
 func (c *Client) sendGrant(ctx context.Context, conn *pgxpool.Conn, key, holder string, ttl time.Duration, info string, announce, countTakeovers bool,
 	dest ...any) (takenOver bool, err error) {
-	traceID := telemetry.TraceID(ctx)
-	if traceID == "" && !countTakeovers {
-		return false, conn.QueryRow(ctx, sqlTryAcquire, key, ttl.Microseconds(), info, holder, clientVersion(), announce).Scan(dest...)
+	stmts := driver.Traced(ctx, driver.Stmt{SQL: sqlTryAcquire, Args: []any{key, ttl.Microseconds(), info, holder, clientVersion(), announce}})
+	if !countTakeovers {
+		return false, driver.QueryRow(ctx, conn, stmts, dest...)
 	}
 	b := &pgx.Batch{}
-	if traceID != "" {
-		b.Queue(driver.SetTraceIDSQL, traceID)
-	}
-	b.Queue(sqlTryAcquire, key, ttl.Microseconds(), info, holder, clientVersion(), announce)
-	if countTakeovers {
-		b.Queue(sqlGrantEvent, key, holder)
+	for _, s := range append(stmts, driver.Stmt{SQL: sqlGrantEvent, Args: []any{key, holder}}) {
+		b.Queue(s.SQL, s.Args...)
 	}
 	br := conn.SendBatch(ctx, b)
-	if traceID != "" {
+	if len(stmts) > 1 { // the trace id
 		_, err = br.Exec()
 	}
 	if err == nil {
 		err = br.QueryRow().Scan(dest...)
 	}
-	if err == nil && countTakeovers {
+	if err == nil {
 		// No row when nothing was granted. An error here aborts the
 		// implicit transaction, grant included: it is the attempt's error.
 		if err = br.QueryRow().Scan(&takenOver); errors.Is(err, pgx.ErrNoRows) {
