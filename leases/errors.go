@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pgfence/pgfence/internal/driver"
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/pgfence"
 )
@@ -59,13 +60,11 @@ func classify(err error) error { return pgerr.Classify(err, true) }
 // classifyRead maps a database error of a read-only statement. A read changes
 // nothing, so it has no outcome to be unknown, sent or not: a broken
 // connection is [pgfence.ErrUnavailable], and a context that ended is the caller's
-// (its cause, with the error it caused).
+// (its cause, with the error it caused, as for a connection that could not
+// be had: [driver.Acquired]).
 func classifyRead(ctx context.Context, err error) error {
 	if err != nil && ctx.Err() != nil && pgerr.PgError(err) == nil {
-		if cause := context.Cause(ctx); !errors.Is(err, cause) {
-			return fmt.Errorf("%w: %w", cause, err)
-		}
-		return err
+		return driver.Acquired(ctx, err)
 	}
 	return pgerr.Classify(err, false)
 }
