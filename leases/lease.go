@@ -94,13 +94,10 @@ func (l *Lease) Context() context.Context { return l.ctx }
 // paused) and returns the error, so a nil Err means the lease was trusted at
 // the moment of the call.
 func (l *Lease) Err() error {
-	if l.ctx.Err() == nil {
-		if l.c.until(l.trustDeadline()) > 0 {
-			return nil
-		}
+	if l.ctx.Err() == nil && l.c.until(l.trustDeadline()) <= 0 {
 		l.trustExpired()
 	}
-	return context.Cause(l.ctx)
+	return context.Cause(l.ctx) // nil while the context lives
 }
 
 func (l *Lease) trustExpired() {
