@@ -32,7 +32,7 @@ type Lease struct {
 	start  time.Time // local monotonic send time of the grant
 
 	ctx    context.Context
-	cancel context.CancelCauseFunc
+	cancel context.CancelCauseFunc // only endQuietly calls it, under mu: ctx has ended once it did
 	// releaseAsked: Release was called. Until a release is confirmed, the
 	// lease may still be held (the release was not sent or its outcome is
 	// unknown): the keep-alive no longer renews it, and its trust window runs out.
@@ -48,9 +48,8 @@ type Lease struct {
 	expiresAt  time.Time   // database clock, last known
 	trustUntil time.Time   // local monotonic
 	timer      *time.Timer // ends the lease at trustUntil
-	ended      bool
-	released   bool  // a Release call got a conclusive answer ...
-	releaseErr error // ... and returned this (later calls return it too)
+	released   bool        // a Release call got a conclusive answer ...
+	releaseErr error       // ... and returned this (later calls return it too)
 }
 
 func (c *Client) newLease(key, holder string, token int64, ttl, margin time.Duration, start, expiresAt time.Time) *Lease {
@@ -126,10 +125,9 @@ func (l *Lease) end(cause error) {
 func (l *Lease) endQuietly(cause error) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.ended {
+	if l.ctx.Err() != nil { // only this cancels it, under l.mu
 		return false
 	}
-	l.ended = true
 	l.timer.Stop()
 	l.cancel(cause)
 	return true
@@ -197,7 +195,7 @@ func (l *Lease) renew(ctx context.Context, announce bool) (err error) {
 		return err
 	}
 	l.mu.Lock()
-	ended := l.ended
+	ended := l.ctx.Err() != nil
 	if !ended {
 		l.expiresAt = expiresAt
 		if trust := start.Add(l.ttl - l.margin); trust.After(l.trustUntil) {
