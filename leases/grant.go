@@ -5,7 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -63,9 +63,12 @@ type orphan struct {
 	ttl, margin time.Duration
 	start       time.Time // when the attempt was sent, by the client's clock
 
-	mu      sync.Mutex
-	waiting bool        // the caller still waits for the settlement
-	result  chan *Lease // to the waiting caller (buffered, 1): the live grant, or nil
+	// decided is set once, by whichever comes first: the settlement, which
+	// then hands its outcome to the waiting caller on result (buffered, 1:
+	// the live grant, or nil), or the caller giving up, after which the
+	// settlement releases a lease it finds.
+	decided atomic.Bool
+	result  chan *Lease
 }
 
 // resolveGrant settles the grant attempt o whose reply was lost, by its
@@ -83,7 +86,6 @@ type orphan struct {
 // (waking this client's waiters of the key), so that this client's own lost
 // grant never holds the key against it until it expires.
 func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lease, error) {
-	o.waiting = true
 	o.result = make(chan *Lease, 1)
 	c.background(func() { c.settle(ctx, o) })
 	wait, cancel := context.WithTimeout(ctx, c.cfg.ResolveTimeout)
@@ -99,22 +101,16 @@ func (c *Client) resolveGrant(ctx context.Context, o *orphan, cause error) (*Lea
 	case <-wait.Done():
 	case <-c.lifetime.Done():
 	}
-	o.mu.Lock()
-	o.waiting = false
-	o.mu.Unlock()
-	select {
-	case l := <-o.result: // settled just now
-		switch {
-		case l == nil:
-		case c.isClosed():
+	if o.decided.CompareAndSwap(false, true) {
+		c.cfg.Logger.Debug("pgfence lease: a lost grant reply is settled in the background", "key", o.key, "holder", o.holder)
+	} else if l := <-o.result; l != nil { // settled just now
+		if c.isClosed() {
 			// Close may have stopped waiting for background work: release
 			// it here, before this call returns.
 			c.releaseNow(ctx, l)
-		default:
+		} else {
 			c.background(func() { c.releaseNow(ctx, l) })
 		}
-	default:
-		c.cfg.Logger.Debug("pgfence lease: a lost grant reply is settled in the background", "key", o.key, "holder", o.holder)
 	}
 	err := fmt.Errorf("leases: acquire %q: the reply was lost and the grant to holder %s could not be settled yet (it is settled in the background, and a lease it finds is released): %w: %w",
 		o.key, o.holder, pgfence.ErrOutcomeUnknown, cause)
@@ -133,15 +129,12 @@ func (c *Client) settle(ctx context.Context, o *orphan) {
 	for attempt := 0; ; attempt++ {
 		l, err := c.settleOnce(bg, o)
 		if err == nil {
-			o.mu.Lock()
-			waiting := o.waiting
-			if waiting {
+			if o.decided.CompareAndSwap(false, true) {
 				o.result <- l
-			}
-			o.mu.Unlock()
-			if !waiting && l != nil {
-				// Released here, not in another goroutine: Close waits
-				// for this settlement, release included.
+			} else if l != nil {
+				// The caller gave up. Released here, not in another
+				// goroutine: Close waits for this settlement, release
+				// included.
 				c.releaseNow(bg, l)
 			}
 			return
