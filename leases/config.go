@@ -127,9 +127,7 @@ func deref[T any](p *T) (v T) {
 
 func (c *Config) resolve() (Config, error) {
 	cfg := deref(c)
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	for _, d := range []struct {
 		name string
 		v    *time.Duration
@@ -258,9 +256,7 @@ func (o *AcquireOptions) check(ttl, margin time.Duration) (AcquireOptions, error
 	if err := checkInterval("AcquireOptions.RenewInterval", v.RenewInterval); err != nil {
 		return v, err
 	}
-	if v.HolderInfo == "" {
-		v.HolderInfo = defaultHolderInfo()
-	}
+	v.HolderInfo = cmp.Or(v.HolderInfo, defaultHolderInfo())
 	if err := checkText("AcquireOptions.HolderInfo", v.HolderInfo, MaxHolderInfoBytes, false); err != nil {
 		return v, err
 	}
