@@ -263,8 +263,7 @@ func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Durat
 			}
 			// Given up: the caller's context bounds the wait, so the queue
 			// row goes in the background (Close waits for it).
-			gaveUpAtHead := atHead
-			c.background(func() { c.leaveQueue(ctx, key, waiter, gaveUpAtHead) })
+			c.background(func() { c.leaveQueue(ctx, key, waiter, atHead) })
 		}()
 	}
 
@@ -281,8 +280,6 @@ func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Durat
 	woken := false
 	for attempt := 0; ; attempt++ {
 		var (
-			l         *Lease
-			err       error
 			remaining time.Duration
 			heard     bool
 		)
@@ -306,7 +303,7 @@ func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Durat
 				err = c.queueTurn(ctx, key, waiter)
 				atHead = err == nil
 			}
-			if err == nil {
+			if !o.Fair || atHead {
 				l, err = c.tryAcquire(ctx, key, ttl, margin, o.HolderInfo, o.Announce)
 			}
 			var held *HeldError
