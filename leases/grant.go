@@ -25,17 +25,17 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 	holder := newHolderID()
 	start := c.now()
 	var (
-		acquired        bool
-		token           *int64
-		expiresAt       *time.Time
-		remainingMicros int64
+		acquired  bool
+		token     *int64
+		expiresAt *time.Time
+		remaining time.Duration
 	)
 	conn, err := c.conn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("leases: acquire %q: %w", key, err)
 	}
 	takenOver, err := c.sendGrant(ctx, conn, key, holder, ttl, info, announce, c.tel.Enabled(ctx),
-		&acquired, &token, &expiresAt, &remainingMicros)
+		&acquired, &token, &expiresAt, &remaining)
 	conn.Release()
 	c.tel.attempted(ctx, err, acquired, takenOver)
 	if err != nil {
@@ -46,7 +46,7 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 		return nil, fmt.Errorf("leases: acquire %q: %w", key, classified)
 	}
 	if !acquired {
-		return nil, &HeldError{Key: key, Remaining: time.Duration(remainingMicros) * time.Microsecond, ExpiresAt: deref(expiresAt)}
+		return nil, &HeldError{Key: key, Remaining: remaining, ExpiresAt: deref(expiresAt)}
 	}
 	if err := c.observeEpoch(key, *token); err != nil {
 		return nil, err

@@ -55,7 +55,7 @@ type ForceReleased struct {
 const statusColumns = `coalesce(s.key, ''), coalesce(s.holder::text, ''), coalesce(s.token, 0),
        coalesce(s.granted_at, 'epoch'), s.renewed_at, coalesce(s.expires_at, 'epoch'), s.released_at,
        coalesce(s.holder_info, ''), coalesce(s.live, false),
-       coalesce((extract(epoch FROM s.remaining) * 1000000)::bigint, 0), coalesce(s.client_version, '')`
+       coalesce(s.remaining, interval '0'), coalesce(s.client_version, '')`
 
 // eventColumns are the columns of an event (pgfence.lease_events AS e),
 // coalesced so that a missing one (of a LEFT JOIN) scans with ID 0.
@@ -67,12 +67,11 @@ const eventColumns = `coalesce(e.id, 0), coalesce(e.key, ''), coalesce(e.event, 
 type statusRow struct {
 	Status
 	renewed, released *time.Time
-	remaining         int64
 }
 
 func (r *statusRow) dest() []any {
 	return []any{&r.Key, &r.Holder, &r.Token, &r.GrantedAt, &r.renewed, &r.ExpiresAt, &r.released,
-		&r.HolderInfo, &r.Live, &r.remaining, &r.ClientVersion}
+		&r.HolderInfo, &r.Live, &r.Remaining, &r.ClientVersion}
 }
 
 // status is the row scanned: zero when there was none.
@@ -82,7 +81,6 @@ func (r *statusRow) status() Status {
 	}
 	s := r.Status
 	s.RenewedAt, s.ReleasedAt = deref(r.renewed), deref(r.released)
-	s.Remaining = time.Duration(r.remaining) * time.Microsecond
 	return s
 }
 

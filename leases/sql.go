@@ -2,10 +2,10 @@ package leases
 
 // The statements the client sends. Each is one call of a function installed by
 // the migrations, so the Go client and any other SQL client follow the same
-// protocol. Durations travel as microseconds.
+// protocol. Durations are sent as microseconds; intervals come back as they
+// are (pgx scans them into time.Duration).
 const (
-	sqlTryAcquire = `SELECT acquired, token, expires_at,
-       (extract(epoch FROM remaining) * 1000000)::bigint
+	sqlTryAcquire = `SELECT acquired, token, expires_at, remaining
   FROM pgfence.try_acquire($1, $2::bigint * interval '1 microsecond', $3, $4::uuid, $5, $6)`
 
 	sqlRenew = `SELECT expires_at FROM pgfence.renew($1, $2::uuid, $3, $4::bigint * interval '1 microsecond')`
