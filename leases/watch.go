@@ -2,6 +2,7 @@ package leases
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -161,6 +162,7 @@ func (c *Client) Watch(ctx context.Context, key string, opts *WatchOptions) (*Wa
 	if c.isClosed() {
 		return nil, ErrClosed
 	}
+	o.PollInterval = cmp.Or(o.PollInterval, c.cfg.PollInterval)
 	w := &Watcher{c: c, key: key, opts: o, events: make(chan Event), signal: make(chan struct{}, 1)}
 	c.startListener()
 	c.mu.Lock()
@@ -383,13 +385,10 @@ func (w *Watcher) run(ctx context.Context) {
 
 // poll is the longest time between two reads now.
 func (w *Watcher) poll() time.Duration {
-	switch {
-	case !w.c.listenUp.Load():
+	if !w.c.listenUp.Load() {
 		return w.c.cfg.BackoffMax
-	case w.opts.PollInterval > 0:
-		return w.opts.PollInterval
 	}
-	return w.c.cfg.PollInterval
+	return w.opts.PollInterval
 }
 
 // wait waits until the next read is due: a wake-up, the current grant's
