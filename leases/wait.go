@@ -3,6 +3,7 @@ package leases
 import (
 	"context"
 	"errors"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -65,17 +66,20 @@ func handOut(q []*waiter) {
 func (c *Client) pollers(key string, f func(*waiter)) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	queues := map[string][]*waiter{key: c.queues[key]}
-	if key == "" {
-		queues = c.queues
-	}
-	for _, q := range queues {
-		for _, w := range q {
-			if w.polling {
-				f(w)
-			}
+	for _, w := range ofKey(c.queues, key) {
+		if w.polling {
+			f(w)
 		}
 	}
+}
+
+// ofKey returns a copy of the entries of key in m, or of every key when key
+// is "" (keys are never empty).
+func ofKey[T any](m map[string][]T, key string) []T {
+	if key == "" {
+		return slices.Concat(slices.Collect(maps.Values(m))...)
+	}
+	return slices.Clone(m[key])
 }
 
 // offer sends v on ch unless ch's one-slot buffer is full: a signal already

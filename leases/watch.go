@@ -441,12 +441,7 @@ func (w *Watcher) wait(ctx context.Context, retry time.Duration) bool {
 // under it).
 func (c *Client) watching(key string, f func(*Watcher)) {
 	c.mu.Lock()
-	ws := slices.Clone(c.watchers[key])
-	if key == "" {
-		for _, kw := range c.watchers {
-			ws = append(ws, kw...)
-		}
-	}
+	ws := ofKey(c.watchers, key)
 	c.mu.Unlock()
 	for _, w := range ws {
 		f(w)
