@@ -207,10 +207,8 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 func (c *Client) dispatch(channel, payload string) {
 	switch channel {
 	case notifyChannel:
-		if payload == "" { // grants resumed: keys are never empty
-			c.wakeAll()
-			return
-		}
+		// A key, or "" when grants were resumed: then every key (as for
+		// wakeAll; keys are never empty).
 		c.wake(payload)
 		c.watching(payload, (*Watcher).wake)
 	case grantNotifyChannel:
