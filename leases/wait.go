@@ -248,16 +248,15 @@ const (
 func (c *Client) listen(ctx context.Context, done chan struct{}) {
 	defer close(done)
 	for attempt := 0; ctx.Err() == nil; attempt++ {
-		connected, err := c.listenOnce(ctx)
-		c.listenUp.Store(false)
+		err := c.listenOnce(ctx)
+		if c.listenUp.Swap(false) { // it was connected: retry from the shortest delay
+			attempt = 0
+		}
 		if ctx.Err() != nil {
 			return
 		}
 		c.emit(event{Kind: eventListenerDown, Err: err})
 		c.wakeAll() // waiters and watchers go back to short polling
-		if connected {
-			attempt = 0
-		}
 		if !sleepCtx(ctx, c.listenerDelay(attempt)) {
 			return
 		}
@@ -282,15 +281,15 @@ func capped(base time.Duration, n int, limit time.Duration) time.Duration {
 }
 
 // listenOnce connects, listens and dispatches notifications until the
-// connection fails or ctx ends.
-func (c *Client) listenOnce(ctx context.Context) (connected bool, err error) {
+// connection fails or ctx ends. listenUp is set while it listens.
+func (c *Client) listenOnce(ctx context.Context) error {
 	cfg := c.pool.Config().ConnConfig.Copy()
 	cfg.RuntimeParams["application_name"] = listenerApplicationName
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	conn, err := pgx.ConnectConfig(cctx, cfg)
 	cancel()
 	if err != nil {
-		return false, err
+		return err
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -298,7 +297,7 @@ func (c *Client) listenOnce(ctx context.Context) (connected bool, err error) {
 		_ = conn.Close(cctx)
 	}()
 	if _, err := conn.Exec(ctx, sqlListen); err != nil {
-		return false, err
+		return err
 	}
 	c.listenUp.Store(true)
 	c.emit(event{Kind: eventListenerUp})
@@ -312,7 +311,7 @@ func (c *Client) listenOnce(ctx context.Context) (connected bool, err error) {
 			continue
 		}
 		if ctx.Err() != nil {
-			return true, ctx.Err()
+			return ctx.Err()
 		}
 		if errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed() {
 			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -322,6 +321,6 @@ func (c *Client) listenOnce(ctx context.Context) (connected bool, err error) {
 				continue
 			}
 		}
-		return true, err
+		return err
 	}
 }
