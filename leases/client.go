@@ -102,27 +102,19 @@ func (c *Client) Close() error {
 	return nil
 }
 
-// conn takes a connection from the pool for one statement. When it fails,
-// nothing was sent, for certain: the error is the context's cause when ctx
-// ended (the caller's deadline, not an outage), else it wraps
-// [pgfence.ErrUnavailable] (the database could not be reached, or the pool is closed).
-func (c *Client) conn(ctx context.Context) (*pgxpool.Conn, error) {
-	conn, err := c.pool.Acquire(ctx)
-	if err != nil {
-		return nil, driver.Acquired(ctx, err)
-	}
-	return conn, nil
-}
-
 // exec sends stmts on one connection of the pool in one round trip (one
 // implicit transaction) and scans the last one's row into dest. Its error is
-// classified; when no connection could be had, nothing was sent (see conn).
+// classified. Every statement of the client takes its connection with
+// [driver.Conn]: when that fails, nothing was sent, for certain, and the
+// error is the context's cause when ctx ended (the caller's deadline, not an
+// outage), else it wraps [pgfence.ErrUnavailable] (the database could not be
+// reached, or the pool is closed).
 func (c *Client) exec(ctx context.Context, dest []any, stmts ...driver.Stmt) error {
-	conn, err := c.conn(ctx)
+	conn, release, err := driver.Conn(ctx, c.pool)
 	if err != nil {
 		return err
 	}
-	defer conn.Release()
+	defer release()
 	return classify(driver.QueryRow(ctx, conn, stmts, dest...))
 }
 

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/driver"
 	"github.com/pgfence/pgfence/pgfence"
@@ -30,13 +29,13 @@ func (c *Client) tryAcquire(ctx context.Context, key string, ttl, margin time.Du
 		expiresAt *time.Time
 		remaining time.Duration
 	)
-	conn, err := c.conn(ctx)
+	conn, release, err := driver.Conn(ctx, c.pool)
 	if err != nil {
 		return nil, fmt.Errorf("leases: acquire %q: %w", key, err)
 	}
 	takenOver, err := c.sendGrant(ctx, conn, key, holder, ttl, info, announce, c.tel.Enabled(ctx),
 		&acquired, &token, &expiresAt, &remaining)
-	conn.Release()
+	release()
 	c.tel.attempted(ctx, err, acquired, takenOver)
 	if err != nil {
 		classified := classify(err)
@@ -195,7 +194,7 @@ func (c *Client) releaseNow(ctx context.Context, l *Lease) {
 // transaction in the same pipeline (it is stored in the lease event); with
 // countTakeovers, the event the grant recorded is read back in the same
 // pipeline too (takenOver). Neither costs a round trip.
-func (c *Client) sendGrant(ctx context.Context, conn *pgxpool.Conn, key, holder string, ttl time.Duration, info string, announce, countTakeovers bool,
+func (c *Client) sendGrant(ctx context.Context, conn *pgx.Conn, key, holder string, ttl time.Duration, info string, announce, countTakeovers bool,
 	dest ...any) (takenOver bool, err error) {
 	stmts := driver.Traced(ctx, driver.Stmt{SQL: sqlTryAcquire, Args: []any{key, ttl.Microseconds(), info, holder, clientVersion(), announce}})
 	if !countTakeovers {

@@ -100,11 +100,11 @@ func read[T any](ctx context.Context, c *Client, op string, scan pgx.RowToFunc[T
 	if c.isClosed() {
 		return nil, fmt.Errorf("leases: %s: %w", op, ErrClosed)
 	}
-	conn, err := c.conn(ctx) // fails only when nothing was sent
+	conn, release, err := driver.Conn(ctx, c.pool) // fails only when nothing was sent
 	if err != nil {
 		return nil, fmt.Errorf("leases: %s: %w", op, err)
 	}
-	defer conn.Release()
+	defer release()
 	rows, err := conn.Query(ctx, sql, args...)
 	var out []T
 	if err == nil {
