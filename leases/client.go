@@ -22,7 +22,7 @@ type Client struct {
 	cfg  Config
 	tel  *instruments
 
-	bg sync.WaitGroup // keep-alives, background read-backs of lost grant replies
+	bg sync.WaitGroup // the LISTEN connection, keep-alives, background read-backs of lost grant replies
 
 	// lifetime ends when the client is closed (Close calls stop, under mu):
 	// the keep-alives, the LISTEN connection, waits and watches stop, and
@@ -44,11 +44,11 @@ type Client struct {
 	// listenUp: the LISTEN connection is up, and releases are announced.
 	listenUp atomic.Bool
 
-	mu           sync.Mutex
-	queues       map[string][]*waiter     // waiting Acquire calls per key, in arrival order
-	windows      map[string]time.Duration // hold-back window after a wake-up, per contended key
-	listenerDone chan struct{}            // the LISTEN connection's goroutine ended; started by the first waiting Acquire or Watch
-	watchers     map[string][]*Watcher    // running watches per key
+	mu        sync.Mutex
+	queues    map[string][]*waiter     // waiting Acquire calls per key, in arrival order
+	windows   map[string]time.Duration // hold-back window after a wake-up, per contended key
+	listening bool                     // the LISTEN connection's goroutine was started, by the first waiting Acquire or Watch
+	watchers  map[string][]*Watcher    // running watches per key
 
 	onEvent func(event) // tests observe transitions (export_test.go)
 }
@@ -93,11 +93,7 @@ func (c *Client) Pool() *pgxpool.Pool { return c.pool }
 func (c *Client) Close() error {
 	c.mu.Lock()
 	c.stop()
-	done := c.listenerDone
 	c.mu.Unlock()
-	if done != nil {
-		<-done
-	}
 	c.bg.Wait() // bounded by Config.ResolveTimeout
 	return nil
 }
@@ -173,17 +169,12 @@ func (c *Client) TryAcquire(ctx context.Context, key string, ttl time.Duration, 
 // data race, or a panic).
 func (c *Client) background(f func()) {
 	c.mu.Lock()
-	tracked := !c.isClosed()
-	if tracked {
-		c.bg.Add(1)
+	defer c.mu.Unlock()
+	if c.isClosed() {
+		go f()
+		return
 	}
-	c.mu.Unlock()
-	go func() {
-		if tracked {
-			defer c.bg.Done()
-		}
-		f()
-	}()
+	c.bg.Go(f)
 }
 
 // Acquire gets the lease on key for ttl, waiting while another holder has it

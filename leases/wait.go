@@ -234,9 +234,9 @@ func (c *Client) startListener() {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.listenerDone == nil && !c.isClosed() {
-		c.listenerDone = make(chan struct{})
-		go c.listen(c.lifetime, c.listenerDone)
+	if !c.listening && !c.isClosed() { // under c.mu, as in background
+		c.listening = true
+		c.bg.Go(func() { c.listen(c.lifetime) })
 	}
 }
 
@@ -245,8 +245,7 @@ const (
 	listenerBackoffMax = 5 * time.Second
 )
 
-func (c *Client) listen(ctx context.Context, done chan struct{}) {
-	defer close(done)
+func (c *Client) listen(ctx context.Context) {
 	for attempt := 0; ctx.Err() == nil; attempt++ {
 		err := c.listenOnce(ctx)
 		if c.listenUp.Swap(false) { // it was connected: retry from the shortest delay
