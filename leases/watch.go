@@ -1,7 +1,6 @@
 package leases
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -206,7 +205,7 @@ func (r renewal) signed(tagKey []byte, key string) bool {
 		return false
 	}
 	msg := sha256.Sum256([]byte(strconv.FormatInt(r.token, 10) + ":" + strconv.FormatInt(r.expiry, 10) + ":" + key))
-	tag := sha256.Sum256(append(bytes.Clone(tagKey), msg[:]...))
+	tag := sha256.Sum256(slices.Concat(tagKey, msg[:]))
 	return subtle.ConstantTimeCompare(r.tag, tag[:]) == 1
 }
 
