@@ -47,7 +47,7 @@ const recordTimeout = time.Second
 const (
 	sqlRecordRejection = `SELECT 1 FROM pgfence.record_fence_rejection($1, $2, $3, $4, $5, $6, $7, $8)`
 	sqlRejections      = `SELECT id, resource, presented_token, coalesce(accepted_token, 0), reason,
-       coalesce(lease_reason, ''), coalesce(operation, ''), op, coalesce(trace_id, ''), at
+       coalesce(lease_reason, ''), coalesce(operation, ''), `+sqlOp+`, coalesce(trace_id, ''), at
   FROM pgfence.fence_rejections WHERE resource = $1 ORDER BY at DESC, id DESC LIMIT $2`
 )
 
@@ -83,12 +83,8 @@ func Rejections(ctx context.Context, db DB, resource string, limit int) ([]Rejec
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Rejection, error) {
 		var r Rejection
-		var op *[16]byte
 		err := row.Scan(&r.ID, &r.Resource, &r.PresentedToken, &r.AcceptedToken, &r.Reason,
-			&r.LeaseReason, &r.Operation, &op, &r.TraceID, &r.At)
-		if op != nil {
-			r.Op = *op
-		}
+			&r.LeaseReason, &r.Operation, &r.Op, &r.TraceID, &r.At)
 		return r, err
 	})
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"reflect"
@@ -81,17 +80,7 @@ type OpID [16]byte
 
 // String formats the id as a UUID.
 func (id OpID) String() string {
-	var b [36]byte
-	hex.Encode(b[0:8], id[0:4])
-	b[8] = '-'
-	hex.Encode(b[9:13], id[4:6])
-	b[13] = '-'
-	hex.Encode(b[14:18], id[6:8])
-	b[18] = '-'
-	hex.Encode(b[19:23], id[8:10])
-	b[23] = '-'
-	hex.Encode(b[24:], id[10:])
-	return string(b[:])
+	return fmt.Sprintf("%x-%x-%x-%x-%x", id[0:4], id[4:6], id[6:8], id[8:10], id[10:])
 }
 
 func newOpID() OpID {
@@ -101,6 +90,9 @@ func newOpID() OpID {
 	id[8] = id[8]&0x3f | 0x80
 	return id
 }
+
+// sqlOp reads a nullable op column as an OpID: the zero id for none.
+const sqlOp = `coalesce(op, '00000000-0000-0000-0000-000000000000')`
 
 // Receipt describes an accepted, committed fenced write.
 type Receipt struct {
