@@ -31,9 +31,9 @@ type FenceRecord struct {
 }
 
 const (
-	sqlFences = `SELECT resource, token, writes, accepted_at, `+sqlOp+` FROM pgfence.fences
+	sqlFences = `SELECT resource, token, writes, accepted_at, ` + sqlOp + ` FROM pgfence.fences
  WHERE pg_catalog.starts_with(resource, $1) ORDER BY resource LIMIT $2`
-	sqlLookupFence = `SELECT resource, token, writes, accepted_at, `+sqlOp+` FROM pgfence.fences
+	sqlLookupFence = `SELECT resource, token, writes, accepted_at, ` + sqlOp + ` FROM pgfence.fences
  WHERE resource OPERATOR(pg_catalog.=) $1`
 	sqlTokenFloor   = `SELECT floor, raised_at, reason, retention, retention_at FROM pgfence.token_floor`
 	sqlProtectionOf = `SELECT relation::pg_catalog.text, resource_column, prefix FROM pgfence.protected_tables()

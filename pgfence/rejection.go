@@ -47,7 +47,7 @@ const recordTimeout = time.Second
 const (
 	sqlRecordRejection = `SELECT 1 FROM pgfence.record_fence_rejection($1, $2, $3, $4, $5, $6, $7, $8)`
 	sqlRejections      = `SELECT id, resource, presented_token, coalesce(accepted_token, 0), reason,
-       coalesce(lease_reason, ''), coalesce(operation, ''), `+sqlOp+`, coalesce(trace_id, ''), at
+       coalesce(lease_reason, ''), coalesce(operation, ''), ` + sqlOp + `, coalesce(trace_id, ''), at
   FROM pgfence.fence_rejections WHERE resource = $1 ORDER BY at DESC, id DESC LIMIT $2`
 )
 
