@@ -517,11 +517,13 @@ $$;
 -- and every function of the protocol refuses a name outside the caller's
 -- prefixes (PF014), for keys, resources and scopes alike. The rows of the
 -- pgfence tables are visible to pgfence_app members within their prefixes
--- only (row-level security). The caller is session_user (the role that
--- logged in), with every role it is a member of; the schema's owner and
--- superusers may use every name. A role with no grant may use nothing: to
--- keep one service's old behaviour, grant it the empty prefix, which covers
--- every name: SELECT pgfence.grant_prefix('pgfence_app', '').
+-- only (row-level security). The caller is the role in effect (see
+-- acting_role), with the roles whose privileges it has (pg_has_role USAGE:
+-- a NOINHERIT role has only its own grants until it SETs ROLE to a role it
+-- is a member of); the schema's owner and superusers may use every name. A
+-- role with no grant may use nothing: to keep one service's old behaviour,
+-- grant it the empty prefix, which covers every name:
+-- SELECT pgfence.grant_prefix('pgfence_app', '').
 -- +goose StatementBegin
 CREATE TABLE pgfence.prefix_grants (
     grantee    regrole     NOT NULL,
@@ -532,23 +534,45 @@ CREATE TABLE pgfence.prefix_grants (
 );
 -- +goose StatementEnd
 
--- may_use reports whether the session's role may use p_name (a lease key, a
+-- acting_role is the role a caller of pgfence acts as: the role its session
+-- set with SET ROLE or SET LOCAL ROLE (a gateway or a pooler that switches
+-- roles, PostgREST), else the role that logged in (session_user). Inside
+-- pgfence's SECURITY DEFINER functions current_user is their owner; the
+-- role setting still shows the session's SET ROLE ('none' when unset or
+-- after RESET ROLE). A SECURITY DEFINER function of the application that
+-- calls pgfence acts as the session's role, not as its own owner: grant
+-- that role the names. A role renamed or dropped while a session has SET
+-- ROLE to it matches no role: the grant check raises instead of passing.
+-- It is one expression, inlined where it is called.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.acting_role() RETURNS name
+LANGUAGE sql STABLE PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT CASE WHEN pg_catalog.current_setting('role') OPERATOR(pg_catalog.=) 'none' THEN SESSION_USER
+                ELSE pg_catalog.current_setting('role')::pg_catalog.name END;
+END;
+-- +goose StatementEnd
+
+-- may_use reports whether the role in effect may use p_name (a lease key, a
 -- fenced resource or an idempotency scope).
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.may_use(p_name text) RETURNS boolean
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_role name := pgfence.acting_role();
 BEGIN
-    -- The schema's owner (and so a superuser) may use every name.
-    IF pg_has_role(session_user, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgfence'), 'MEMBER') THEN
+    -- current_user is this function's owner, the schema's owner: it (and
+    -- so a superuser) may use every name.
+    IF pg_has_role(v_role, current_user, 'USAGE') THEN
         RETURN true;
     END IF;
     RETURN EXISTS (SELECT 1 FROM pgfence.prefix_grants g
-                    WHERE starts_with(p_name COLLATE pg_catalog."default", g.prefix) AND pg_has_role(session_user, g.grantee, 'MEMBER'));
+                    WHERE starts_with(p_name COLLATE pg_catalog."default", g.prefix) AND pg_has_role(v_role, g.grantee, 'USAGE'));
 END;
 $$;
 -- +goose StatementEnd
 
--- require_granted raises PF014 unless the session's role may use p_name;
+-- require_granted raises PF014 unless the role in effect may use p_name;
 -- p_what names the kind of name in the message.
 --
 -- The calls every client makes (grant, renew, release, fence, check_lease,
@@ -557,10 +581,11 @@ $$;
 -- raise_if_abandoned, the argument checks) only when it is about to refuse:
 -- a PL/pgSQL call with a pinned search_path costs microseconds before it does
 -- anything, and the helpers stay the one place of each message, code and
--- hint. Their grant check starts with pg_has_role(session_user, current_user):
--- inside those SECURITY DEFINER functions current_user is the function's
--- owner, the role the migrations ran as, which owns the schema and may use
--- every name. A member of it could replace the function itself, so passing
+-- hint. Their grant check starts with
+-- pg_has_role(pgfence.acting_role(), current_user, 'USAGE'): inside those
+-- SECURITY DEFINER functions current_user is the function's owner, the role
+-- the migrations ran as, which owns the schema and may use every name. A
+-- role with its privileges could replace the function itself, so passing
 -- it without reading prefix_grants grants nothing new; any other role goes
 -- through require_granted.
 -- +goose StatementBegin
@@ -569,9 +594,9 @@ LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     -- A missing name is the argument checks' to refuse (PF008).
     IF p_name IS NOT NULL AND NOT pgfence.may_use(p_name) THEN
-        RAISE EXCEPTION 'pgfence: role % may not use % %: no prefix of it is granted to the role', session_user, p_what, quote_literal(p_name)
+        RAISE EXCEPTION 'pgfence: role % may not use % %: no prefix of it is granted to the role', pgfence.acting_role(), p_what, quote_literal(p_name)
             USING ERRCODE = 'PF014',
-                  DETAIL = format('role=%s name=%s', session_user, p_name),
+                  DETAIL = format('role=%s name=%s', pgfence.acting_role(), p_name),
                   HINT = 'An operator grants a role the prefixes it may use: SELECT pgfence.grant_prefix(role, prefix).';
     END IF;
 END;
@@ -715,6 +740,7 @@ DROP FUNCTION pgfence.revoke_prefix(regrole, text);
 DROP FUNCTION pgfence.grant_prefix(regrole, text);
 DROP FUNCTION pgfence.require_granted(text, text);
 DROP FUNCTION pgfence.may_use(text);
+DROP FUNCTION pgfence.acting_role();
 DROP TABLE pgfence.prefix_grants;
 DROP FUNCTION pgfence.raise_if_abandoned(text, text, uuid);
 DROP FUNCTION pgfence.abandon_request(text, text, uuid);

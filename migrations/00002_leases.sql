@@ -490,7 +490,7 @@ BEGIN
        OR octet_length(coalesce(p_holder_info, '')) > 1024 THEN
         PERFORM pgfence.lease_check_args(p_key, p_ttl, coalesce(p_holder_info, ''));
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('lease', p_key);
     END IF;
     IF p_ttl IS NULL THEN
@@ -693,7 +693,7 @@ BEGIN
        OR p_ttl < interval '1 millisecond' OR p_ttl > pgfence.lease_max_ttl() THEN
         PERFORM pgfence.lease_check_args(p_key, p_ttl, NULL);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('lease', p_key);
     END IF;
     IF p_ttl IS NULL OR p_holder IS NULL OR p_token IS NULL THEN
@@ -760,7 +760,7 @@ BEGIN
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
         PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('lease', p_key);
     END IF;
     IF p_holder IS NULL OR p_token IS NULL THEN

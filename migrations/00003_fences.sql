@@ -176,7 +176,7 @@ BEGIN
     IF fence.token IS NULL OR fence.token <= 0 OR fence.token > 6917529027641081856 THEN
         PERFORM pgfence.check_token(fence.token);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('resource', fence.resource);
     END IF;
     -- The token must come from the lease named by the resource, and its grant
@@ -342,7 +342,7 @@ BEGIN
     IF check_lease.token IS NULL OR check_lease.token <= 0 OR check_lease.token > 6917529027641081856 THEN
         PERFORM pgfence.check_token(check_lease.token);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('lease', check_lease.key);
     END IF;
     SELECT * INTO l FROM pgfence.leases WHERE key = check_lease.key COLLATE pg_catalog."default" FOR SHARE;

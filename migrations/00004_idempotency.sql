@@ -240,7 +240,7 @@ BEGIN
        OR p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
         PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -369,7 +369,7 @@ BEGIN
     IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
         PERFORM pgfence.idempotency_check_name(p_scope, p_key);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -470,7 +470,7 @@ BEGIN
        OR p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
         PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -589,7 +589,7 @@ BEGIN
     IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
         PERFORM pgfence.idempotency_check_name(p_scope, p_key);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -668,7 +668,7 @@ BEGIN
     IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
         PERFORM pgfence.idempotency_check_name(p_scope, p_key);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN

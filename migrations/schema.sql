@@ -127,6 +127,20 @@ END;
 $$;
 
 --
+-- Name: acting_role(); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.acting_role() RETURNS name
+    LANGUAGE sql STABLE PARALLEL SAFE
+    BEGIN ATOMIC
+ SELECT
+         CASE
+             WHEN (current_setting('role'::text) = 'none'::text) THEN SESSION_USER
+             ELSE (current_setting('role'::text))::name
+         END AS current_setting;
+END;
+
+--
 -- Name: advance_retention(); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -224,7 +238,7 @@ BEGIN
     IF check_lease.token IS NULL OR check_lease.token <= 0 OR check_lease.token > 6917529027641081856 THEN
         PERFORM pgfence.check_token(check_lease.token);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('lease', check_lease.key);
     END IF;
     SELECT * INTO l FROM pgfence.leases WHERE key = check_lease.key COLLATE pg_catalog."default" FOR SHARE;
@@ -301,7 +315,7 @@ BEGIN
     IF fence.token IS NULL OR fence.token <= 0 OR fence.token > 6917529027641081856 THEN
         PERFORM pgfence.check_token(fence.token);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('resource', fence.resource);
     END IF;
     -- The token must come from the lease named by the resource, and its grant
@@ -817,7 +831,7 @@ BEGIN
        OR p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
         PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -927,7 +941,7 @@ BEGIN
        OR p_retention IS NULL OR p_retention <= interval '0' OR p_retention > interval '366 days' THEN
         PERFORM pgfence.idempotency_check_args(p_scope, p_key, p_fingerprint, p_retention);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -1047,7 +1061,7 @@ BEGIN
     IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
         PERFORM pgfence.idempotency_check_name(p_scope, p_key);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -1091,7 +1105,7 @@ BEGIN
     IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
         PERFORM pgfence.idempotency_check_name(p_scope, p_key);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -1178,7 +1192,7 @@ BEGIN
     IF p_scope IS NULL OR octet_length(p_scope) NOT BETWEEN 1 AND 512 OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
         PERFORM pgfence.idempotency_check_name(p_scope, p_key);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -1698,13 +1712,16 @@ CREATE FUNCTION pgfence.may_use(p_name text) RETURNS boolean
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+DECLARE
+    v_role name := pgfence.acting_role();
 BEGIN
-    -- The schema's owner (and so a superuser) may use every name.
-    IF pg_has_role(session_user, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgfence'), 'MEMBER') THEN
+    -- current_user is this function's owner, the schema's owner: it (and
+    -- so a superuser) may use every name.
+    IF pg_has_role(v_role, current_user, 'USAGE') THEN
         RETURN true;
     END IF;
     RETURN EXISTS (SELECT 1 FROM pgfence.prefix_grants g
-                    WHERE starts_with(p_name COLLATE pg_catalog."default", g.prefix) AND pg_has_role(session_user, g.grantee, 'MEMBER'));
+                    WHERE starts_with(p_name COLLATE pg_catalog."default", g.prefix) AND pg_has_role(v_role, g.grantee, 'USAGE'));
 END;
 $$;
 
@@ -2210,7 +2227,7 @@ BEGIN
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 512 THEN
         PERFORM pgfence.lease_check_args(p_key, NULL, NULL);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('lease', p_key);
     END IF;
     IF p_holder IS NULL OR p_token IS NULL THEN
@@ -2274,7 +2291,7 @@ BEGIN
        OR p_ttl < interval '1 millisecond' OR p_ttl > pgfence.lease_max_ttl() THEN
         PERFORM pgfence.lease_check_args(p_key, p_ttl, NULL);
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('lease', p_key);
     END IF;
     IF p_ttl IS NULL OR p_holder IS NULL OR p_token IS NULL THEN
@@ -2327,9 +2344,9 @@ CREATE FUNCTION pgfence.require_granted(p_what text, p_name text) RETURNS void
 BEGIN
     -- A missing name is the argument checks' to refuse (PF008).
     IF p_name IS NOT NULL AND NOT pgfence.may_use(p_name) THEN
-        RAISE EXCEPTION 'pgfence: role % may not use % %: no prefix of it is granted to the role', session_user, p_what, quote_literal(p_name)
+        RAISE EXCEPTION 'pgfence: role % may not use % %: no prefix of it is granted to the role', pgfence.acting_role(), p_what, quote_literal(p_name)
             USING ERRCODE = 'PF014',
-                  DETAIL = format('role=%s name=%s', session_user, p_name),
+                  DETAIL = format('role=%s name=%s', pgfence.acting_role(), p_name),
                   HINT = 'An operator grants a role the prefixes it may use: SELECT pgfence.grant_prefix(role, prefix).';
     END IF;
 END;
@@ -2516,7 +2533,7 @@ BEGIN
        OR octet_length(coalesce(p_holder_info, '')) > 1024 THEN
         PERFORM pgfence.lease_check_args(p_key, p_ttl, coalesce(p_holder_info, ''));
     END IF;
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
         PERFORM pgfence.require_granted('lease', p_key);
     END IF;
     IF p_ttl IS NULL THEN
@@ -3367,6 +3384,12 @@ REVOKE ALL ON FUNCTION pgfence.abandon_request(p_kind text, p_name text, p_id uu
 REVOKE ALL ON FUNCTION pgfence.acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text) FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text) TO pgfence_app;
 GRANT ALL ON FUNCTION pgfence.acquire(p_key text, p_ttl interval, p_holder_info text, p_holder uuid, p_client_version text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION acting_role(); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.acting_role() FROM PUBLIC;
 
 --
 -- Name: FUNCTION advance_retention(); Type: ACL; Schema: pgfence; Owner: -
