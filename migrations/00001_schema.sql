@@ -404,15 +404,19 @@ $$;
 -- lock is theirs: a request that arrives after the abandonment committed is
 -- refused (PF013), and one that got there first is waited for by the probe.
 -- So "not applied" is final. The id is the grant's holder id or the write's
--- operation id, both drawn fresh per request. Rows are kept for 7 days (a
--- request cannot be in flight for longer); each abandon call prunes older ones.
+-- operation id, both drawn fresh per request, and it is abandoned for the
+-- key or resource it was sent for only: a role that abandons an id it
+-- learned of another role's request, naming a key of its own, refuses
+-- nothing but requests for its own key. Rows are kept for 7 days (a request
+-- cannot be in flight for longer); each abandon call prunes older ones.
 -- +goose StatementBegin
 CREATE TABLE pgfence.abandoned_requests (
-    id           uuid        PRIMARY KEY,
+    id           uuid        NOT NULL,
     kind         text        NOT NULL CHECK (kind IN ('grant', 'fence')),
     name         text        NOT NULL CHECK (octet_length(name) BETWEEN 1 AND 512),
     abandoned_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    abandoned_by name        NOT NULL DEFAULT session_user
+    abandoned_by name        NOT NULL DEFAULT session_user,
+    PRIMARY KEY (id, kind, name)
 );
 -- +goose StatementEnd
 
@@ -436,22 +440,24 @@ BEGIN
     END IF;
     DELETE FROM pgfence.abandoned_requests a WHERE a.abandoned_at < clock_timestamp() - interval '7 days';
     INSERT INTO pgfence.abandoned_requests (id, kind, name) VALUES (p_id, p_kind, p_name)
-        ON CONFLICT (id) DO NOTHING;
+        ON CONFLICT (id, kind, name) DO NOTHING;
     GET DIAGNOSTICS v_new = ROW_COUNT;
     RETURN v_new > 0;
 END;
 $$;
 -- +goose StatementEnd
 
--- raise_if_abandoned raises PF013 when request id was abandoned. Grants and
--- fences call it after they hold their row lock.
+-- raise_if_abandoned raises PF013 when request id was abandoned for the
+-- key or resource p_name. Grants and fences call it after they hold their
+-- row lock.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.raise_if_abandoned(p_kind text, p_name text, p_id uuid) RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     a pgfence.abandoned_requests%ROWTYPE;
 BEGIN
-    SELECT r.* INTO a FROM pgfence.abandoned_requests r WHERE r.id = p_id;
+    SELECT r.* INTO a FROM pgfence.abandoned_requests r
+     WHERE r.id = p_id AND r.kind = p_kind AND r.name = p_name COLLATE pg_catalog."default";
     IF FOUND THEN
         RAISE EXCEPTION 'pgfence: % % of % was abandoned by its client at % and is refused', p_kind, p_id, quote_literal(p_name), a.abandoned_at
             USING ERRCODE = 'PF013',

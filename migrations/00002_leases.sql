@@ -614,7 +614,8 @@ BEGIN
     -- statement of its own (a snapshot taken after the lock): an abandonment
     -- committed before is seen here, one committed after waits for our
     -- commit in grant_probe and finds the grant.
-    IF EXISTS (SELECT 1 FROM pgfence.abandoned_requests ab WHERE ab.id = v_holder) THEN
+    IF EXISTS (SELECT 1 FROM pgfence.abandoned_requests ab
+                WHERE ab.id = v_holder AND ab.kind = 'grant' AND ab.name = p_key COLLATE pg_catalog."default") THEN
         PERFORM pgfence.raise_if_abandoned('grant', p_key, v_holder);
     END IF;
 

@@ -242,7 +242,8 @@ BEGIN
         -- commit (checked in a statement of its own: a snapshot taken after
         -- the lock). See pgfence.abandoned_requests.
         IF fence.op IS NOT NULL THEN
-            PERFORM FROM pgfence.abandoned_requests ab WHERE ab.id = fence.op;
+            PERFORM FROM pgfence.abandoned_requests ab
+             WHERE ab.id = fence.op AND ab.kind = 'fence' AND ab.name = fence.resource COLLATE pg_catalog."default";
             IF FOUND THEN
                 PERFORM pgfence.raise_if_abandoned('fence', fence.resource, fence.op);
             END IF;
@@ -270,7 +271,8 @@ BEGIN
      WHERE f.token <= excluded.token;
     IF FOUND THEN
         IF fence.op IS NOT NULL THEN
-            PERFORM FROM pgfence.abandoned_requests ab WHERE ab.id = fence.op;
+            PERFORM FROM pgfence.abandoned_requests ab
+             WHERE ab.id = fence.op AND ab.kind = 'fence' AND ab.name = fence.resource COLLATE pg_catalog."default";
             IF FOUND THEN
                 PERFORM pgfence.raise_if_abandoned('fence', fence.resource, fence.op);
             END IF;

@@ -92,7 +92,7 @@ BEGIN
     END IF;
     DELETE FROM pgfence.abandoned_requests a WHERE a.abandoned_at < clock_timestamp() - interval '7 days';
     INSERT INTO pgfence.abandoned_requests (id, kind, name) VALUES (p_id, p_kind, p_name)
-        ON CONFLICT (id) DO NOTHING;
+        ON CONFLICT (id, kind, name) DO NOTHING;
     GET DIAGNOSTICS v_new = ROW_COUNT;
     RETURN v_new > 0;
 END;
@@ -381,7 +381,8 @@ BEGIN
         -- commit (checked in a statement of its own: a snapshot taken after
         -- the lock). See pgfence.abandoned_requests.
         IF fence.op IS NOT NULL THEN
-            PERFORM FROM pgfence.abandoned_requests ab WHERE ab.id = fence.op;
+            PERFORM FROM pgfence.abandoned_requests ab
+             WHERE ab.id = fence.op AND ab.kind = 'fence' AND ab.name = fence.resource COLLATE pg_catalog."default";
             IF FOUND THEN
                 PERFORM pgfence.raise_if_abandoned('fence', fence.resource, fence.op);
             END IF;
@@ -409,7 +410,8 @@ BEGIN
      WHERE f.token <= excluded.token;
     IF FOUND THEN
         IF fence.op IS NOT NULL THEN
-            PERFORM FROM pgfence.abandoned_requests ab WHERE ab.id = fence.op;
+            PERFORM FROM pgfence.abandoned_requests ab
+             WHERE ab.id = fence.op AND ab.kind = 'fence' AND ab.name = fence.resource COLLATE pg_catalog."default";
             IF FOUND THEN
                 PERFORM pgfence.raise_if_abandoned('fence', fence.resource, fence.op);
             END IF;
@@ -2040,7 +2042,8 @@ CREATE FUNCTION pgfence.raise_if_abandoned(p_kind text, p_name text, p_id uuid) 
 DECLARE
     a pgfence.abandoned_requests%ROWTYPE;
 BEGIN
-    SELECT r.* INTO a FROM pgfence.abandoned_requests r WHERE r.id = p_id;
+    SELECT r.* INTO a FROM pgfence.abandoned_requests r
+     WHERE r.id = p_id AND r.kind = p_kind AND r.name = p_name COLLATE pg_catalog."default";
     IF FOUND THEN
         RAISE EXCEPTION 'pgfence: % % of % was abandoned by its client at % and is refused', p_kind, p_id, quote_literal(p_name), a.abandoned_at
             USING ERRCODE = 'PF013',
@@ -2657,7 +2660,8 @@ BEGIN
     -- statement of its own (a snapshot taken after the lock): an abandonment
     -- committed before is seen here, one committed after waits for our
     -- commit in grant_probe and finds the grant.
-    IF EXISTS (SELECT 1 FROM pgfence.abandoned_requests ab WHERE ab.id = v_holder) THEN
+    IF EXISTS (SELECT 1 FROM pgfence.abandoned_requests ab
+                WHERE ab.id = v_holder AND ab.kind = 'grant' AND ab.name = p_key COLLATE pg_catalog."default") THEN
         PERFORM pgfence.raise_if_abandoned('grant', p_key, v_holder);
     END IF;
 
@@ -3015,7 +3019,7 @@ CREATE TABLE pgfence.token_floor (
 --
 
 ALTER TABLE ONLY pgfence.abandoned_requests
-    ADD CONSTRAINT abandoned_requests_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT abandoned_requests_pkey PRIMARY KEY (id, kind, name);
 
 --
 -- Name: announce_secret announce_secret_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
@@ -214,4 +215,75 @@ func TestPrefixGrantsFollowTheRoleInEffect(t *testing.T) {
 	if err := gw.QueryRow(ctx, `SELECT status FROM pgfence.release('orders/1', $1, $2)`, holder, token).Scan(&status); err != nil || status != "released" {
 		t.Fatalf("the gateway as orders_service releases orders/1: %q %v, want released", status, err)
 	}
+}
+
+// serviceRole is a pgfence_app login granted prefix only.
+func serviceRole(t *testing.T, db *pgfencetest.Database, prefix string) (string, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	name, pool := loginRole(t, db, "pgfence_app")
+	if _, err := db.Pool.Exec(ctx, `SELECT pgfence.revoke_prefix($1::regrole, '')`, name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `SELECT pgfence.grant_prefix($1::regrole, $2)`, name, prefix); err != nil {
+		t.Fatal(err)
+	}
+	return name, pool
+}
+
+// A tenant that learned the holder id of another service's grant, or the
+// operation id of its fenced write (from a log, say), abandons it naming a
+// key of its own, as abandon_grant and abandon_fence require: the
+// abandonment binds the id to that key, so the other service's grant and
+// write go through, and its own abandonment of the same id still counts.
+func TestAbandonIsBoundToItsName(t *testing.T) {
+	db := pgfencetest.NewDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, orders := serviceRole(t, db, "orders/")
+	_, tenantB := serviceRole(t, db, "tb/")
+	grantID, writeID, lateID := uuid(t, db), uuid(t, db), uuid(t, db)
+
+	// The attack, as tenant_b: each id abandoned under a key of its own.
+	for _, a := range []struct{ sql, id string }{
+		{`SELECT pgfence.abandon_grant('tb/x', $1)`, grantID},
+		{`SELECT pgfence.abandon_fence('tb/x', $1)`, writeID},
+		{`SELECT pgfence.abandon_grant('tb/y', $1)`, lateID},
+	} {
+		var abandoned bool
+		if err := tenantB.QueryRow(ctx, a.sql, a.id).Scan(&abandoned); err != nil || !abandoned {
+			t.Fatalf("tenant_b: %s: %v %v", a.sql, abandoned, err)
+		}
+	}
+
+	// orders' requests with those ids go through.
+	var token int64
+	if err := orders.QueryRow(ctx, `SELECT token FROM pgfence.try_acquire('orders/1', interval '1 minute', '', $1) WHERE acquired`, grantID).Scan(&token); err != nil {
+		t.Fatalf("orders' grant whose holder id tenant_b abandoned under tb/x: %v, want granted", err)
+	}
+	if _, err := orders.Exec(ctx, `SELECT pgfence.fence('orders/1', $1, $2)`, token, writeID); err != nil {
+		t.Fatalf("orders' write whose operation id tenant_b abandoned under tb/x: %v, want accepted", err)
+	}
+	// orders abandons its own lost grant: recorded (not "abandoned
+	// before"), and the late grant is refused.
+	var abandoned bool
+	if err := orders.QueryRow(ctx, `SELECT pgfence.abandon_grant('orders/2', $1)`, lateID).Scan(&abandoned); err != nil || !abandoned {
+		t.Fatalf("orders abandons its own grant attempt: %v %v, want true", abandoned, err)
+	}
+	if _, err := orders.Exec(ctx, `SELECT * FROM pgfence.try_acquire('orders/2', interval '1 minute', '', $1)`, lateID); pgerr.Code(err) != pgerr.CodeAbandoned {
+		t.Fatalf("orders' late grant after its own abandonment: %v, want PF013", err)
+	}
+	// What tenant_b abandoned is refused for its own key only.
+	if _, err := tenantB.Exec(ctx, `SELECT * FROM pgfence.try_acquire('tb/x', interval '1 minute', '', $1)`, grantID); pgerr.Code(err) != pgerr.CodeAbandoned {
+		t.Fatalf("tenant_b's grant of tb/x with the id it abandoned there: %v, want PF013", err)
+	}
+}
+
+func uuid(t *testing.T, db *pgfencetest.Database) string {
+	t.Helper()
+	var id string
+	if err := db.Pool.QueryRow(context.Background(), `SELECT gen_random_uuid()::text`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
 }
