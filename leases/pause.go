@@ -69,7 +69,9 @@ func validatePrefix(prefix, reason string, reasonRequired bool) error {
 	return validateReason(reason, reasonRequired)
 }
 
-// Pauses returns the paused prefixes, ordered by prefix.
+// Pauses returns the paused prefixes, ordered by prefix: every one for an
+// operator, for a pgfence_app member those that pause names it may use
+// (row-level security).
 func (c *Client) Pauses(ctx context.Context) ([]Pause, error) {
 	return read(ctx, c, "pauses", func(row pgx.CollectableRow) (p Pause, err error) {
 		return p, row.Scan(&p.Prefix, &p.PausedBy, &p.Reason, &p.PausedAt)

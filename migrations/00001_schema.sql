@@ -578,6 +578,28 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- may_use_under reports whether the role in effect may use some name that
+-- starts with p_prefix: a grant of it starts with p_prefix, or p_prefix
+-- starts with a grant of it. The rows of the kill switches (grant_pauses,
+-- grant_pause_events) are visible to pgfence_app members by it: a pause of
+-- 'orders/' to the roles that may use a name under 'orders/', a pause of ''
+-- to every role with a grant.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.may_use_under(p_prefix text) RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_role name := pgfence.acting_role();
+BEGIN
+    IF pg_has_role(v_role, current_user, 'USAGE') THEN
+        RETURN true;
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM pgfence.prefix_grants g
+                    WHERE (starts_with(p_prefix COLLATE pg_catalog."default", g.prefix) OR starts_with(g.prefix, p_prefix COLLATE pg_catalog."default"))
+                      AND pg_has_role(v_role, g.grantee, 'USAGE'));
+END;
+$$;
+-- +goose StatementEnd
+
 -- require_granted raises PF014 unless the role in effect may use p_name;
 -- p_what names the kind of name in the message.
 --
@@ -726,7 +748,8 @@ GRANT SELECT ON pgfence.abandoned_requests, pgfence.prefix_grants TO pgfence_ope
 GRANT EXECUTE ON FUNCTION
     pgfence.current_trace_id(),
     pgfence.max_token(),
-    pgfence.may_use(text)
+    pgfence.may_use(text),
+    pgfence.may_use_under(text)
   TO pgfence_app, pgfence_operator;
 
 -- Operations: the operator role only.
@@ -745,6 +768,7 @@ SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 DROP FUNCTION pgfence.revoke_prefix(regrole, text);
 DROP FUNCTION pgfence.grant_prefix(regrole, text);
 DROP FUNCTION pgfence.require_granted(text, text);
+DROP FUNCTION pgfence.may_use_under(text);
 DROP FUNCTION pgfence.may_use(text);
 DROP FUNCTION pgfence.acting_role();
 DROP TABLE pgfence.prefix_grants;

@@ -1263,14 +1263,21 @@ ALTER TABLE pgfence.leases ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.lease_events ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.lease_waiters ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.job_slots ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.grant_pauses ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.grant_pause_events ENABLE ROW LEVEL SECURITY;
 CREATE POLICY granted ON pgfence.leases FOR SELECT TO pgfence_app USING (pgfence.may_use(key));
 CREATE POLICY granted ON pgfence.lease_events FOR SELECT TO pgfence_app USING (pgfence.may_use(key));
 CREATE POLICY granted ON pgfence.lease_waiters FOR SELECT TO pgfence_app USING (pgfence.may_use(key));
 CREATE POLICY granted ON pgfence.job_slots FOR SELECT TO pgfence_app USING (pgfence.may_use(key));
+-- A pause shows to the roles that may use a key it pauses.
+CREATE POLICY granted ON pgfence.grant_pauses FOR SELECT TO pgfence_app USING (pgfence.may_use_under(prefix));
+CREATE POLICY granted ON pgfence.grant_pause_events FOR SELECT TO pgfence_app USING (pgfence.may_use_under(prefix));
 CREATE POLICY operators ON pgfence.leases FOR SELECT TO pgfence_operator USING (true);
 CREATE POLICY operators ON pgfence.lease_events FOR SELECT TO pgfence_operator USING (true);
 CREATE POLICY operators ON pgfence.lease_waiters FOR SELECT TO pgfence_operator USING (true);
 CREATE POLICY operators ON pgfence.job_slots FOR SELECT TO pgfence_operator USING (true);
+CREATE POLICY operators ON pgfence.grant_pauses FOR SELECT TO pgfence_operator USING (true);
+CREATE POLICY operators ON pgfence.grant_pause_events FOR SELECT TO pgfence_operator USING (true);
 -- The view reads the table with the caller's rights, so the policies apply.
 ALTER VIEW pgfence.lease_status SET (security_invoker = true);
 

@@ -697,6 +697,13 @@ $$;
 -- above 0x7f into an octal escape and double backslashes: a column named "cöl"
 -- would be listed as c\303\266l, and a prefix containing the four characters
 -- \000 cut there.)
+--
+-- It lists the tables the role in effect has a privilege on, or every one
+-- for operators and the schema's owner, as row-level security shows the
+-- other tables' rows: a service sees the tables it writes, not the names
+-- and prefixes of other services' tables. (The trigger arguments stay in
+-- pg_catalog.pg_trigger, which PostgreSQL lets every role read: this keeps
+-- them out of sight, not secret.)
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.protected_tables() RETURNS TABLE (relation regclass, resource_column text, prefix text)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -707,6 +714,9 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
      CROSS JOIN LATERAL (SELECT position('\x00'::bytea IN t.tgargs) AS sep1,
                                 substring(t.tgargs FROM position('\x00'::bytea IN t.tgargs) + 1) AS rest) a
      WHERE t.tgname = 'pgfence_guard' AND t.tgfoid = 'pgfence.guard()'::regprocedure
+       AND (has_table_privilege(t.tgrelid, 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER')
+            OR pg_has_role('pgfence_operator', 'USAGE')
+            OR pg_has_role((SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname = 'pgfence'), 'USAGE'))
      ORDER BY t.tgrelid::regclass::text;
 $$;
 -- +goose StatementEnd

@@ -492,6 +492,7 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.lease_queue_turn(text,uuid,interval)",
 		"pgfence.max_token()",
 		"pgfence.may_use(text)",
+		"pgfence.may_use_under(text)",
 		"pgfence.protected_tables()",
 		"pgfence.record_fence_rejection(text,bigint,bigint,text,text,text,uuid,text)",
 		"pgfence.release(text,uuid,bigint,boolean)",

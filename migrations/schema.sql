@@ -1728,6 +1728,26 @@ END;
 $$;
 
 --
+-- Name: may_use_under(text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.may_use_under(p_prefix text) RETURNS boolean
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_role name := pgfence.acting_role();
+BEGIN
+    IF pg_has_role(v_role, current_user, 'USAGE') THEN
+        RETURN true;
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM pgfence.prefix_grants g
+                    WHERE (starts_with(p_prefix COLLATE pg_catalog."default", g.prefix) OR starts_with(g.prefix, p_prefix COLLATE pg_catalog."default"))
+                      AND pg_has_role(v_role, g.grantee, 'USAGE'));
+END;
+$$;
+
+--
 -- Name: next_token(bigint); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -1877,6 +1897,9 @@ CREATE FUNCTION pgfence.protected_tables() RETURNS TABLE(relation regclass, reso
      CROSS JOIN LATERAL (SELECT position('\x00'::bytea IN t.tgargs) AS sep1,
                                 substring(t.tgargs FROM position('\x00'::bytea IN t.tgargs) + 1) AS rest) a
      WHERE t.tgname = 'pgfence_guard' AND t.tgfoid = 'pgfence.guard()'::regprocedure
+       AND (has_table_privilege(t.tgrelid, 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER')
+            OR pg_has_role('pgfence_operator', 'USAGE')
+            OR pg_has_role((SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname = 'pgfence'), 'USAGE'))
      ORDER BY t.tgrelid::regclass::text;
 $$;
 
@@ -3239,6 +3262,18 @@ ALTER TABLE pgfence.fence_rejections ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.fences ENABLE ROW LEVEL SECURITY;
 
 --
+-- Name: grant_pause_events; Type: ROW SECURITY; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.grant_pause_events ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: grant_pauses; Type: ROW SECURITY; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.grant_pauses ENABLE ROW LEVEL SECURITY;
+
+--
 -- Name: fence_rejections granted; Type: POLICY; Schema: pgfence; Owner: -
 --
 
@@ -3249,6 +3284,18 @@ CREATE POLICY granted ON pgfence.fence_rejections FOR SELECT TO pgfence_app USIN
 --
 
 CREATE POLICY granted ON pgfence.fences FOR SELECT TO pgfence_app USING (pgfence.may_use((resource)::text));
+
+--
+-- Name: grant_pause_events granted; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY granted ON pgfence.grant_pause_events FOR SELECT TO pgfence_app USING (pgfence.may_use_under(prefix));
+
+--
+-- Name: grant_pauses granted; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY granted ON pgfence.grant_pauses FOR SELECT TO pgfence_app USING (pgfence.may_use_under(prefix));
 
 --
 -- Name: idempotency_keys granted; Type: POLICY; Schema: pgfence; Owner: -
@@ -3321,6 +3368,18 @@ CREATE POLICY operators ON pgfence.fence_rejections FOR SELECT TO pgfence_operat
 --
 
 CREATE POLICY operators ON pgfence.fences FOR SELECT TO pgfence_operator USING (true);
+
+--
+-- Name: grant_pause_events operators; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY operators ON pgfence.grant_pause_events FOR SELECT TO pgfence_operator USING (true);
+
+--
+-- Name: grant_pauses operators; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY operators ON pgfence.grant_pauses FOR SELECT TO pgfence_operator USING (true);
 
 --
 -- Name: idempotency_keys operators; Type: POLICY; Schema: pgfence; Owner: -
@@ -3746,6 +3805,14 @@ GRANT ALL ON FUNCTION pgfence.max_token() TO pgfence_operator;
 REVOKE ALL ON FUNCTION pgfence.may_use(p_name text) FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.may_use(p_name text) TO pgfence_app;
 GRANT ALL ON FUNCTION pgfence.may_use(p_name text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION may_use_under(p_prefix text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.may_use_under(p_prefix text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.may_use_under(p_prefix text) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.may_use_under(p_prefix text) TO pgfence_operator;
 
 --
 -- Name: FUNCTION next_token(previous bigint); Type: ACL; Schema: pgfence; Owner: -

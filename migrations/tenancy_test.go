@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"strings"
 	"testing"
 	"time"
 
@@ -286,4 +287,71 @@ func uuid(t *testing.T, db *pgfencetest.Database) string {
 		t.Fatal(err)
 	}
 	return id
+}
+
+// A tenant reads the kill switches and the protected tables that concern it,
+// not other services' prefixes, pause reasons and tables; operators read
+// them all.
+func TestTenantMetadataIsFiltered(t *testing.T) {
+	db := pgfencetest.NewDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ordersName, orders := serviceRole(t, db, "orders/")
+	tenantBName, tenantB := serviceRole(t, db, "tb/")
+	_, operator := loginRole(t, db, "pgfence_operator")
+	for _, q := range []string{
+		`SELECT pgfence.pause_grants('orders/', 'orders incident 7')`,
+		`SELECT pgfence.pause_grants('orders/eu/', 'orders eu migration')`,
+		`SELECT pgfence.pause_grants('tb/', 'tb maintenance')`,
+		`SELECT pgfence.pause_grants('', 'restore drill')`,
+		`SELECT pgfence.resume_grants('', 'drill over')`,
+		`CREATE TABLE public.orders_rows (id text PRIMARY KEY)`,
+		`CREATE TABLE public.tb_rows (id text PRIMARY KEY)`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON public.orders_rows TO ` + pgx.Identifier{ordersName}.Sanitize(),
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON public.tb_rows TO ` + pgx.Identifier{tenantBName}.Sanitize(),
+		`SELECT pgfence.protect('public.orders_rows', 'id', 'orders/')`,
+		`SELECT pgfence.protect('public.tb_rows', 'id', 'tb/')`,
+	} {
+		if _, err := db.Pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	list := func(pool *pgxpool.Pool, sql string) string {
+		t.Helper()
+		var s string
+		if err := pool.QueryRow(ctx, `SELECT coalesce(string_agg(x, ',' ORDER BY x), '') FROM (`+sql+`) q(x)`).Scan(&s); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		return s
+	}
+	for _, c := range []struct {
+		who                        string
+		pool                       *pgxpool.Pool
+		pauses, events, protecteds string
+	}{
+		{"tenant_b", tenantB, "tb/", ",,tb/", "tb_rows"},
+		{"orders", orders, "orders/,orders/eu/", ",,orders/,orders/eu/", "orders_rows"},
+		{"an operator", operator, "orders/,orders/eu/,tb/", ",,orders/,orders/eu/,tb/", "orders_rows,tb_rows"},
+	} {
+		if got := list(c.pool, `SELECT prefix || ':' || reason FROM pgfence.grant_pauses`); got != pausesWithReasons(c.pauses) {
+			t.Errorf("%s reads the pauses %q, want %q", c.who, got, pausesWithReasons(c.pauses))
+		}
+		if got := list(c.pool, `SELECT prefix FROM pgfence.grant_pause_events`); got != c.events {
+			t.Errorf("%s reads the pause events of %q, want %q", c.who, got, c.events)
+		}
+		if got := list(c.pool, `SELECT relation::text FROM pgfence.protected_tables()`); got != c.protecteds {
+			t.Errorf("%s reads the protected tables %q, want %q", c.who, got, c.protecteds)
+		}
+	}
+}
+
+// pausesWithReasons maps the prefixes of TestTenantMetadataIsFiltered to
+// "prefix:reason".
+func pausesWithReasons(prefixes string) string {
+	reasons := map[string]string{"orders/": "orders incident 7", "orders/eu/": "orders eu migration", "tb/": "tb maintenance"}
+	var out []string
+	for _, p := range strings.Split(prefixes, ",") {
+		out = append(out, p+":"+reasons[p])
+	}
+	return strings.Join(out, ",")
 }
