@@ -540,6 +540,7 @@ CREATE FUNCTION pgfence.grant_prefix(p_role regrole, p_prefix text) RETURNS bool
     AS $$
 DECLARE
     v_new integer;
+    o     record;
 BEGIN
     PERFORM pgfence.require_primary();
     IF p_role IS NULL OR p_prefix IS NULL OR octet_length(p_prefix) > 512 THEN
@@ -547,6 +548,16 @@ BEGIN
     END IF;
     INSERT INTO pgfence.prefix_grants (grantee, prefix) VALUES (p_role, p_prefix) ON CONFLICT DO NOTHING;
     GET DIAGNOSTICS v_new = ROW_COUNT;
+    FOR o IN SELECT g.grantee, g.prefix FROM pgfence.prefix_grants g
+              WHERE g.grantee <> p_role
+                AND (starts_with(g.prefix, p_prefix COLLATE pg_catalog."default") OR starts_with(p_prefix COLLATE pg_catalog."default", g.prefix))
+              ORDER BY g.grantee::text, g.prefix LOOP
+        RAISE WARNING 'pgfence: prefix % of role % overlaps prefix % of role %: both roles may use the names that start with %',
+                quote_literal(p_prefix), p_role, quote_literal(o.prefix), o.grantee,
+                quote_literal(CASE WHEN octet_length(o.prefix) > octet_length(p_prefix) THEN o.prefix ELSE p_prefix END)
+            USING DETAIL = format('role=%s prefix=%s overlapping_role=%s overlapping_prefix=%s', p_role, p_prefix, o.grantee, o.prefix),
+                  HINT = 'If the names are not meant to be shared, revoke the grant (pgfence.revoke_prefix) and grant prefixes that end with a separator and do not start one another (''stock:'', ''orders:'').';
+    END LOOP;
     RETURN v_new > 0;
 END;
 $$;

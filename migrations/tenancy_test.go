@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
@@ -354,4 +355,44 @@ func pausesWithReasons(prefixes string) string {
 		out = append(out, p+":"+reasons[p])
 	}
 	return strings.Join(out, ",")
+}
+
+// An operator who grants a prefix that overlaps another role's ('stock'
+// over 'stock:', which would let its role use every 'stock:' name) is told,
+// naming the other grant; a prefix that overlaps none is granted quietly.
+func TestGrantPrefixWarnsOfOverlaps(t *testing.T) {
+	db := pgfencetest.NewDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ordersName, _ := serviceRole(t, db, "stock:")
+	tenantBName, tenantB := serviceRole(t, db, "tb/")
+	operatorName, _ := loginRole(t, db, "pgfence_operator")
+
+	cfg, err := pgx.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.User, cfg.Password = operatorName, "pgfence-test-password"
+	var notices []*pgconn.Notice
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n) }
+	operator, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer operator.Close(context.Background())
+
+	if _, err := operator.Exec(ctx, `SELECT pgfence.grant_prefix($1::regrole, 'tb2/')`, tenantBName); err != nil || len(notices) != 0 {
+		t.Fatalf("a prefix that overlaps none: %v, notices %v", err, notices)
+	}
+	if _, err := operator.Exec(ctx, `SELECT pgfence.grant_prefix($1::regrole, 'stock')`, tenantBName); err != nil {
+		t.Fatal(err)
+	}
+	if len(notices) != 1 || notices[0].Severity != "WARNING" ||
+		!strings.Contains(notices[0].Message, "'stock:' of role "+ordersName) || !strings.Contains(notices[0].Message, "names that start with 'stock:'") {
+		t.Fatalf("granting 'stock' over %s's 'stock:': notices %+v, want one WARNING naming that grant", ordersName, notices)
+	}
+	// What it warned of: tenant_b may now use orders' names.
+	if _, err := tenantB.Exec(ctx, `SELECT * FROM pgfence.try_acquire('stock:apple', interval '1 minute')`); err != nil {
+		t.Fatalf("tenant_b under the overlapping grant: %v", err)
+	}
 }

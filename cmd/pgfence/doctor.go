@@ -125,6 +125,17 @@ const (
        OPERATOR(pg_catalog.<>) ALL ('{pg_catalog.text,pg_catalog.varchar,pg_catalog.int2,pg_catalog.int4,pg_catalog.int8,pg_catalog.uuid}'::pg_catalog.regtype[]::pg_catalog.oid[])
     OR NOT co.collisdeterministic
  ORDER BY 1`
+	// sqlPrefixOverlaps lists pairs of prefix grants of different roles
+	// where one prefix starts the other ('stock' and 'stock:'): both roles
+	// may use the names under the longer one. Each pair once, the shorter
+	// prefix (or, for equal ones, the lower role name) first.
+	sqlPrefixOverlaps = `SELECT pg_catalog.format('%s %L and %s %L share the names under %L', a.grantee, a.prefix, b.grantee, b.prefix, b.prefix)
+  FROM pgfence.prefix_grants a JOIN pgfence.prefix_grants b
+    ON a.grantee OPERATOR(pg_catalog.<>) b.grantee
+   AND pg_catalog.starts_with(b.prefix, a.prefix)
+   AND (pg_catalog.octet_length(a.prefix) OPERATOR(pg_catalog.<) pg_catalog.octet_length(b.prefix)
+        OR a.grantee::pg_catalog.text OPERATOR(pg_catalog.<) b.grantee::pg_catalog.text)
+ ORDER BY 1`
 	// sqlGuardGaps: see guardGaps. tgtype bits: 1 row, 2 before, 4 insert,
 	// 16 update.
 	sqlGuardGaps = `WITH RECURSIVE tree(relid) AS (
@@ -256,6 +267,7 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 		out = append(out, roleMembers(ctx, pool))
 		out = append(out, trustChecks(ctx, pool)...)
 		out = append(out, grantPauses(ctx, client))
+		out = append(out, prefixOverlaps(ctx, pool))
 		out = append(out, unprotectedTables(ctx, pool))
 		out = append(out, unstableResourceColumns(ctx, pool))
 		out = append(out, guardGaps(ctx, pool))
@@ -316,6 +328,23 @@ func grantPauses(ctx context.Context, client *leases.Client) check {
 	}
 	return check{Name: name, Status: statusWarn, Detail: fmt.Sprintf(
 		"new grants are paused for %d prefix(es): %s; `pgfence leases resume PREFIX` lifts a pause", len(pauses), strings.Join(list, "; "))}
+}
+
+// prefixOverlaps lists the prefix grants of two roles where one prefix
+// starts the other: grant_prefix warns when it grants one, and this finds
+// those granted before, or whose warning went unread. A service that holds a
+// sub-prefix of another's on purpose may keep it.
+func prefixOverlaps(ctx context.Context, pool *pgxpool.Pool) check {
+	const name = "prefix grants"
+	pairs, err := catalogList(ctx, pool, sqlPrefixOverlaps)
+	if err != nil {
+		return check{Name: name, Status: statusFail, Detail: fmt.Sprintf("cannot read the prefix grants (pgfence_operator members and the schema's owner can): %v", err)}
+	}
+	if len(pairs) > 0 {
+		return check{Name: name, Status: statusWarn, Detail: fmt.Sprintf(
+			"prefixes of different roles overlap: %s; unless the names are meant to be shared, revoke one (SELECT pgfence.revoke_prefix(role, prefix)) and grant prefixes that end with a separator and do not start one another", strings.Join(pairs, "; "))}
+	}
+	return check{Name: name, Status: statusOK, Detail: "no role's prefix starts another role's"}
 }
 
 // unrecordedObjects reports whether the first migration's objects exist in a

@@ -204,7 +204,9 @@ func TestDoctorIgnoresSearchPath(t *testing.T) {
 		CREATE TRIGGER pgfence_guard BEFORE INSERT OR UPDATE OR DELETE ON public.slots
 		    FOR EACH ROW EXECUTE FUNCTION pgfence.guard('at', 'slot:');
 		CREATE FUNCTION public.noop() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';
-		CREATE TRIGGER set_key BEFORE INSERT ON public.slots FOR EACH ROW EXECUTE FUNCTION public.noop()`); err != nil {
+		CREATE TRIGGER set_key BEFORE INSERT ON public.slots FOR EACH ROW EXECUTE FUNCTION public.noop();
+		SELECT pgfence.grant_prefix('pgfence_operator', 'stock:');
+		SELECT pgfence.grant_prefix('pgfence_app', 'stock')`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.Pool.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{db.Name}.Sanitize()+` SET search_path = trap, pg_catalog, public`); err != nil {
@@ -238,6 +240,7 @@ func TestDoctorIgnoresSearchPath(t *testing.T) {
 		"protected tables":           "public.reports",
 		"protected resource columns": "slots.at",
 		"protected table guards":     "BEFORE trigger set_key",
+		"prefix grants":              "pgfence_app 'stock' and pgfence_operator 'stock:'",
 	} {
 		if c := got[name]; c.Status != statusWarn || !strings.Contains(c.Detail, want) {
 			t.Errorf("check %q = %+v, want a warning naming %s", name, c, want)
@@ -245,5 +248,37 @@ func TestDoctorIgnoresSearchPath(t *testing.T) {
 	}
 	if len(res.Checks) < 12 {
 		t.Errorf("doctor ran %d checks, want every one:\n%s", len(res.Checks), out)
+	}
+}
+
+// Two services whose prefixes start one another ('stock' over 'stock:') may
+// both use the names under the longer one: grant_prefix warns as it grants,
+// and the doctor lists every such pair, also those granted before.
+func TestDoctorPrefixOverlaps(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	stock := newRole(t, db, "stock_service_", "NOLOGIN IN ROLE pgfence_app")
+	orders := newRole(t, db, "orders_service_", "NOLOGIN IN ROLE pgfence_app")
+	reports := newRole(t, db, "reports_service_", "NOLOGIN IN ROLE pgfence_app")
+	mustExec(t, db, `SELECT pgfence.grant_prefix('`+stock+`', 'stock:'), pgfence.grant_prefix('`+orders+`', 'orders/'),
+		pgfence.grant_prefix('`+stock+`', 'stock/')`)
+	if c := doctorCheck(t, environ, "prefix grants"); c.Status != statusOK {
+		t.Fatalf("prefix grants check with apart prefixes = %+v, want ok", c)
+	}
+
+	mustExec(t, db, `SELECT pgfence.grant_prefix('`+orders+`', 'stock'), pgfence.grant_prefix('`+reports+`', 'orders/')`)
+	c := doctorCheck(t, environ, "prefix grants")
+	for _, want := range []string{
+		orders + " 'stock' and " + stock + " 'stock:' share the names under 'stock:'",
+		orders + " 'stock' and " + stock + " 'stock/'",
+		"'orders/' and ",
+	} {
+		if c.Status != statusWarn || !strings.Contains(c.Detail, want) {
+			t.Errorf("prefix grants check = %+v, want a warning naming %q", c, want)
+		}
+	}
+	if n := strings.Count(c.Detail, "share the names"); n != 3 {
+		t.Errorf("prefix grants check lists %d pairs, want 3 (each once): %s", n, c.Detail)
 	}
 }
