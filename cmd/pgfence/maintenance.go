@@ -78,9 +78,14 @@ func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''
 
 const (
 	// sqlCronHere: whether pg_cron is installed in this database, and the
-	// database it runs jobs from (cron.database_name, default postgres).
+	// database it runs jobs from (cron.database_name), NULL when this role
+	// may not read it: pg_cron shows that setting to superusers and
+	// pg_read_all_settings only, and current_setting raises 42501 for
+	// anyone else (a pgfence_operator member), so it is read from
+	// pg_settings, which leaves it out instead.
 	sqlCronHere = `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'pg_cron'),
-       coalesce(pg_catalog.current_setting('cron.database_name', true), 'postgres'), pg_catalog.current_database()`
+       (SELECT s.setting FROM pg_catalog.pg_settings s WHERE s.name OPERATOR(pg_catalog.=) 'cron.database_name'),
+       pg_catalog.current_database()`
 	sqlCronSchedule           = `SELECT cron.schedule($1, $2, $3)`
 	sqlCronScheduleInDatabase = `SELECT cron.schedule_in_database($1, $2, $3, $4)`
 )
@@ -107,14 +112,19 @@ func maintenanceSchedule(fs *flag.FlagSet) runFunc {
 		}
 		defer pool.Close()
 		var installed bool
-		var cronDB, current string
+		var cronDB *string
+		var current string
 		if err := pool.QueryRow(ctx, sqlCronHere).Scan(&installed, &cronDB, &current); err != nil {
 			return dbError(err)
 		}
 		if !installed {
+			where, there := "the database named by cron.database_name (which only a superuser may read)", "that database"
+			if cronDB != nil {
+				where, there = fmt.Sprintf("%q, cron.database_name", *cronDB), fmt.Sprintf("%q", *cronDB)
+			}
 			return &cliError{
-				msg:  fmt.Sprintf("pg_cron is not installed in database %q (its jobs run from %q, cron.database_name)", current, cronDB),
-				hint: fmt.Sprintf("connect to %q and pass --target-database %s; pg_cron needs shared_preload_libraries = 'pg_cron' and CREATE EXTENSION pg_cron there; or print the SQL with --dry-run", cronDB, current),
+				msg:  fmt.Sprintf("pg_cron is not installed in database %q (its jobs run from %s)", current, where),
+				hint: fmt.Sprintf("connect to %s and pass --target-database %s; pg_cron needs shared_preload_libraries = 'pg_cron' and CREATE EXTENSION pg_cron there; or print the SQL with --dry-run", there, current),
 				code: exitFailure,
 			}
 		}
@@ -128,7 +138,7 @@ func maintenanceSchedule(fs *flag.FlagSet) runFunc {
 			}
 			if err != nil {
 				if pgerr.Code(err) == "42501" || pgerr.Code(err) == "P0001" {
-					return &cliError{msg: redact(err.Error()), hint: "scheduling in another database, or as another user, takes a superuser in pg_cron; or connect to the target database if pg_cron is installed there", code: exitFailure, err: err}
+					return &cliError{msg: redact(err.Error()), hint: "a superuser lets a role schedule: GRANT USAGE ON SCHEMA cron TO role, and for another database GRANT EXECUTE ON FUNCTION cron.schedule_in_database(text, text, text, text, text, boolean) TO role (see RUNBOOK.md); or connect to the target database if pg_cron is installed there", code: exitFailure, err: err}
 				}
 				return dbError(err)
 			}
@@ -194,10 +204,23 @@ const (
      WHERE l.token OPERATOR(pg_catalog.>) GREATEST(f.floor, f.retention)
        AND LEAST(l.released_at, l.expires_at) OPERATOR(pg_catalog.<=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 day')
      LIMIT 10000) x)`
-	// sqlCronJobs lists the active pg_cron jobs this role can see that run
-	// in this database, when pg_cron is installed here.
-	sqlCronJobs = `SELECT j.jobname, j.command FROM cron.job j
- WHERE j.active AND j.database OPERATOR(pg_catalog.=) pg_catalog.current_database()`
+	// sqlCronJobs lists the active pg_cron jobs this role can see (pg_cron
+	// shows a role its own, a superuser every one) that run in this
+	// database, when pg_cron is installed here: each with its role, whether
+	// that role has pgfence_operator's privileges (or the schema owner's),
+	// without which a pruning function is refused on every run, and the
+	// status and message of its latest run.
+	sqlCronJobs = `SELECT j.jobname, j.command, j.username::pg_catalog.text,
+       EXISTS (SELECT 1 FROM pg_catalog.pg_roles r, pg_catalog.pg_namespace n
+                WHERE r.rolname OPERATOR(pg_catalog.=) j.username AND n.nspname OPERATOR(pg_catalog.=) 'pgfence'
+                  AND (pg_catalog.pg_has_role(r.oid, 'pgfence_operator'::pg_catalog.name, 'USAGE')
+                       OR pg_catalog.pg_has_role(r.oid, n.nspowner, 'USAGE'))),
+       coalesce(d.status, ''), coalesce(d.return_message, '')
+  FROM cron.job j
+  LEFT JOIN LATERAL (SELECT d.status, d.return_message FROM cron.job_run_details d
+                      WHERE d.jobid OPERATOR(pg_catalog.=) j.jobid ORDER BY d.runid DESC LIMIT 1) d ON true
+ WHERE j.active AND j.database OPERATOR(pg_catalog.=) pg_catalog.current_database()
+ ORDER BY j.jobid`
 )
 
 // backlogItem is one kind of row past its retention.
@@ -208,7 +231,10 @@ type backlogItem struct {
 }
 
 // maintenanceCheck reports rows past their retention that no pg_cron job
-// prunes.
+// prunes. A job counts when it runs as a role with pgfence_operator's
+// privileges: one of another role (an application's, named like pgfence's)
+// is refused on every run, so it is named and not counted; a counted job
+// whose latest run failed is named with its message.
 func maintenanceCheck(ctx context.Context, pool *pgxpool.Pool) check {
 	const name = "maintenance"
 	var rejections, keys, eventKeys, retired, unretired int64
@@ -223,19 +249,31 @@ func maintenanceCheck(ctx context.Context, pool *pgxpool.Pool) check {
 		{"lease row(s) ended over a day ago above the retention floor", "advance_retention", unretired},
 	}
 	var installed bool
-	var cronDB, current string
+	var cronDB *string
+	var current string
 	if err := pool.QueryRow(ctx, sqlCronHere).Scan(&installed, &cronDB, &current); err != nil {
 		return check{Name: name, Status: statusFail, Detail: fmt.Sprintf("cannot look for pg_cron: %v", err)}
 	}
 	scheduled := map[string]string{} // function -> job name
+	var troubles []string            // jobs that do not prune: not pgfence's, or failing
 	where := "pg_cron is not installed in this database"
 	if installed {
 		rows, err := pool.Query(ctx, sqlCronJobs)
 		if err == nil {
-			var job, command string
-			_, err = pgx.ForEachRow(rows, []any{&job, &command}, func() error {
+			var job, command, role, status, message string
+			var operator bool
+			_, err = pgx.ForEachRow(rows, []any{&job, &command, &role, &operator, &status, &message}, func() error {
 				for _, it := range items {
-					if strings.Contains(command, "pgfence."+it.function+"(") {
+					if !strings.Contains(command, "pgfence."+it.function+"(") {
+						continue
+					}
+					switch {
+					case !operator:
+						troubles = append(troubles, fmt.Sprintf("pg_cron job %s of role %s calls pgfence.%s, which that role may not run (it has not pgfence_operator's privileges): it fails on every run and is not counted", job, role, it.function))
+					case status == "failed":
+						scheduled[it.function] = job
+						troubles = append(troubles, fmt.Sprintf("the latest run of pg_cron job %s (role %s) failed: %s", job, role, strings.TrimSpace(message)))
+					default:
 						scheduled[it.function] = job
 					}
 				}
@@ -247,8 +285,10 @@ func maintenanceCheck(ctx context.Context, pool *pgxpool.Pool) check {
 		} else {
 			where = fmt.Sprintf("cannot read cron.job: %v", err)
 		}
-	} else if cronDB != current {
-		where += fmt.Sprintf(" (pg_cron jobs, if any, are in database %q: check cron.job there)", cronDB)
+	} else if cronDB == nil {
+		where += " (pg_cron jobs, if any, are in the database named by cron.database_name: check cron.job there)"
+	} else if *cronDB != current {
+		where += fmt.Sprintf(" (pg_cron jobs, if any, are in database %q: check cron.job there)", *cronDB)
 	}
 	var waiting []string
 	for _, it := range items {
@@ -268,8 +308,15 @@ func maintenanceCheck(ctx context.Context, pool *pgxpool.Pool) check {
 		s += ")"
 		waiting = append(waiting, s)
 	}
+	if len(troubles) > 0 {
+		where += "; " + strings.Join(troubles, "; ") + ". Schedule the jobs as a member of pgfence_operator (`pgfence maintenance schedule`) and remove the others (cron.unschedule)"
+	}
 	if len(waiting) == 0 {
-		return check{Name: name, Status: statusOK, Detail: "no row waits past its retention; " + where}
+		status := statusOK
+		if len(troubles) > 0 {
+			status = statusWarn
+		}
+		return check{Name: name, Status: status, Detail: "no row waits past its retention; " + where}
 	}
 	return check{Name: name, Status: statusWarn, Detail: fmt.Sprintf(
 		"rows wait past their retention: %s; %s. Schedule the pruning in the database (`pgfence maintenance schedule`, pg_cron) or run `pgfence keys gc` and the functions from a scheduler of yours",

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,9 +10,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/idempotency"
 	"github.com/pgfence/pgfence/internal/testkit/pgcluster"
+	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -148,5 +151,130 @@ func TestMaintenanceWithPgCron(t *testing.T) {
 	var events int
 	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.lease_events WHERE key = 'jobs/chatty'`).Scan(&events); err != nil || events != 100 {
 		t.Fatalf("lease events of jobs/chatty after pruning: %d (%v), want the newest 100", events, err)
+	}
+}
+
+// The runbook's way: a pgfence_operator member (not a superuser) schedules
+// the maintenance and runs the doctor. pg_cron shows cron.database_name to
+// superusers only (current_setting raises 42501 for anyone else), so
+// neither reads it that way. And a job of an application role named and
+// written like pgfence's, which fails on every run (the role may not run
+// the pruning functions), is not counted as pgfence's: the doctor names it.
+func TestMaintenanceAsOperator(t *testing.T) {
+	t.Parallel()
+	if !pgCronInstalled(t) {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("pg_cron is not installed (Debian/Ubuntu: apt-get install postgresql-15-cron)")
+		}
+		t.Skip("pg_cron is not installed (Debian/Ubuntu: apt-get install postgresql-15-cron)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cluster := pgfencetest.NewCluster(t, &pgfencetest.ClusterOptions{Settings: map[string]string{
+		"shared_preload_libraries":    "pg_cron",
+		"cron.database_name":          "postgres",
+		"cron.use_background_workers": "on",
+		"max_worker_processes":        "16",
+		"fsync":                       "off",
+	}})
+	// pgfence and pg_cron in one database, so the doctor sees the jobs.
+	addr := pgcluster.At(cluster.Addr())
+	pool, err := pgxpool.New(ctx, addr.ConnString("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := migrations.Up(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgx.ParseConfig(addr.ConnString("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	as := func(role string) map[string]string {
+		return map[string]string{"DATABASE_URL": fmt.Sprintf("host=%s port=%d dbname=postgres user=%s password=not-a-secret", cfg.Host, cfg.Port, role)}
+	}
+	for _, sql := range []string{
+		`CREATE EXTENSION pg_cron`,
+		`CREATE ROLE maint_operator LOGIN PASSWORD 'not-a-secret' IN ROLE pgfence_operator`,
+		`CREATE ROLE orders_app LOGIN PASSWORD 'not-a-secret' IN ROLE pgfence_app`,
+		// What the runbook has a superuser grant, and nothing more.
+		`GRANT USAGE ON SCHEMA cron TO maint_operator, orders_app`,
+		// A retired lease row: something for prune_retired to do.
+		`SELECT pgfence.release('jobs/old', a.holder, a.token) FROM pgfence.try_acquire('jobs/old', interval '1 minute') a`,
+		`SELECT pgfence.raise_token_floor(pgfence.max_stored_token() + 1, 'retire jobs/old')`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	// The application's look-alike job: its role may not run prune_retired.
+	app, err := pgx.Connect(ctx, as("orders_app")["DATABASE_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close(context.Background())
+	if _, err := app.Exec(ctx, `SELECT cron.schedule('pgfence_prune_retired', '* * * * *', 'SELECT * FROM pgfence.prune_retired(1000)')`); err != nil {
+		t.Fatal(err)
+	}
+
+	c := doctorCheck(t, as("maint_operator"), "maintenance")
+	if c.Status != statusWarn || !strings.Contains(c.Detail, "released or expired lease row(s) whose token is retired (pgfence.prune_retired: no pg_cron job here)") {
+		t.Fatalf("maintenance check as an operator before scheduling = %+v, want a warning that no job prunes the retired row", c)
+	}
+	code, out, errOut := cli(t, as("maint_operator"), "maintenance", "schedule", "--schedule", "* * * * *")
+	if code != exitOK || !strings.Contains(out, "scheduled 5 pg_cron job(s) for database postgres") {
+		t.Fatalf("maintenance schedule as an operator: code %d\n%s%s", code, out, errOut)
+	}
+
+	// pg_cron starts jobs on the minute: wait for a run of each (bounded).
+	deadline := time.Now().Add(150 * time.Second)
+	for {
+		var operatorRuns, appFailures, retired int
+		if err := pool.QueryRow(ctx, `SELECT count(DISTINCT j.jobname) FILTER (WHERE j.username = 'maint_operator' AND d.status = 'succeeded'),
+			count(*) FILTER (WHERE j.username = 'orders_app' AND d.status = 'failed')
+			FROM cron.job j JOIN cron.job_run_details d USING (jobid)`).Scan(&operatorRuns, &appFailures); err != nil {
+			t.Fatal(err)
+		}
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.leases WHERE key = 'jobs/old'`).Scan(&retired); err != nil {
+			t.Fatal(err)
+		}
+		if operatorRuns == 5 && appFailures > 0 && retired == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			var details string
+			_ = pool.QueryRow(ctx, `SELECT coalesce(string_agg(j.username || ' ' || j.jobname || ': ' || d.status || ' ' || coalesce(d.return_message, ''), '; '), 'none')
+				FROM cron.job j LEFT JOIN cron.job_run_details d USING (jobid)`).Scan(&details)
+			t.Fatalf("within 150 s pg_cron ran %d of the operator's 5 jobs successfully, the application's job failed %d time(s), %d retired row left; runs: %s",
+				operatorRuns, appFailures, retired, details)
+		}
+		time.Sleep(time.Second)
+	}
+
+	// The operator sees its own jobs, all of them pgfence's.
+	c = doctorCheck(t, as("maint_operator"), "maintenance")
+	if c.Status != statusOK || !strings.Contains(c.Detail, "5 of the 5 pruning functions have a pg_cron job here") {
+		t.Fatalf("maintenance check as the operator after the runs = %+v, want ok with 5 jobs", c)
+	}
+	// A superuser sees the application's job too: named, not counted.
+	c = doctorCheck(t, map[string]string{"DATABASE_URL": addr.ConnString("postgres")}, "maintenance")
+	if c.Status != statusWarn || !strings.Contains(c.Detail, "pg_cron job pgfence_prune_retired of role orders_app calls pgfence.prune_retired, which that role may not run") ||
+		!strings.Contains(c.Detail, "5 of the 5 pruning functions have a pg_cron job here") {
+		t.Fatalf("maintenance check as a superuser = %+v, want a warning naming orders_app's job", c)
+	}
+	// Without the operator's jobs, the application's counts for nothing.
+	if _, err := pool.Exec(ctx, `DELETE FROM cron.job WHERE username = 'maint_operator'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT pgfence.release('jobs/old2', a.holder, a.token) FROM pgfence.try_acquire('jobs/old2', interval '1 minute') a`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT pgfence.raise_token_floor(pgfence.max_stored_token() + 1, 'retire jobs/old2')`); err != nil {
+		t.Fatal(err)
+	}
+	c = doctorCheck(t, map[string]string{"DATABASE_URL": addr.ConnString("postgres")}, "maintenance")
+	if c.Status != statusWarn || !strings.Contains(c.Detail, "(pgfence.prune_retired: no pg_cron job here)") {
+		t.Fatalf("maintenance check with only the application's job = %+v, want prune_retired unscheduled", c)
 	}
 }
