@@ -58,21 +58,8 @@ const (
 // duplicate costs four round trips (see the package documentation).
 // [Store.Begin] is the same claim for a caller that drives the work itself (a
 // middleware, an interceptor).
-func (s *Store) Do(ctx context.Context, db DB, req Request, fn func(ctx context.Context, tx pgx.Tx) ([]byte, error)) (o *Outcome, err error) {
-	ctx, done := s.tel.start(ctx, modeAtomic, req)
-	defer func() { done(o, err) }()
-	c, err := s.check(req)
-	if err != nil {
-		return nil, err
-	}
-	if fn == nil {
-		return nil, fmt.Errorf("%w: fn is nil", ErrInvalid)
-	}
-	open, err := pgxOpener(db)
-	if err != nil {
-		return nil, err
-	}
-	return doAtomic(ctx, c, open, fn)
+func (s *Store) Do(ctx context.Context, db DB, req Request, fn func(ctx context.Context, tx pgx.Tx) ([]byte, error)) (*Outcome, error) {
+	return doAtomic(ctx, s, req, pgxOpener(db), fn)
 }
 
 // SQLDB is what [Store.DoSQL] runs on: a [*sql.DB] (or a type that embeds
@@ -103,21 +90,12 @@ type SQLDB = driver.SQLDB
 // COMMIT; database/sql cannot send the result with the COMMIT in one
 // pipeline as [Store.Do] does on pgx, so it is one round trip more. fn must
 // not commit or roll back tx.
-func (s *Store) DoSQL(ctx context.Context, db SQLDB, req Request, fn func(ctx context.Context, tx *sql.Tx) ([]byte, error)) (o *Outcome, err error) {
-	ctx, done := s.tel.start(ctx, modeAtomic, req)
-	defer func() { done(o, err) }()
-	c, err := s.check(req)
-	if err != nil {
-		return nil, err
-	}
-	if fn == nil {
-		return nil, fmt.Errorf("%w: fn is nil", ErrInvalid)
-	}
-	h, err := driver.SQL(db)
-	if err != nil {
-		return nil, err
-	}
-	return doAtomic(ctx, c, func(ctx context.Context, _ *claimArgs) (driver.Tx[*sql.Tx], error) {
+func (s *Store) DoSQL(ctx context.Context, db SQLDB, req Request, fn func(ctx context.Context, tx *sql.Tx) ([]byte, error)) (*Outcome, error) {
+	return doAtomic(ctx, s, req, func(ctx context.Context, _ *claimArgs) (driver.Tx[*sql.Tx], error) {
+		h, err := driver.SQL(db)
+		if err != nil {
+			return nil, err
+		}
 		return h.Begin(ctx, true)
 	}, fn)
 }
@@ -128,11 +106,20 @@ func (s *Store) DoSQL(ctx context.Context, db SQLDB, req Request, fn func(ctx co
 // message does so and sets c.claimed. T is what the work is given.
 type opener[T any] func(ctx context.Context, c *claimArgs) (driver.Tx[T], error)
 
-// doAtomic is Do on the transactions open opens: fn's writes, the claim and
-// the result commit together; a [*Failure] from fn is stored in a
+// doAtomic is Do and DoSQL on the transactions open opens: fn's writes, the
+// claim and the result commit together; a [*Failure] from fn is stored in a
 // transaction of its own, unless a concurrent attempt completed the key
 // meanwhile.
-func doAtomic[T any](ctx context.Context, c claimArgs, open opener[T], fn func(context.Context, T) ([]byte, error)) (*Outcome, error) {
+func doAtomic[T any](ctx context.Context, s *Store, req Request, open opener[T], fn func(context.Context, T) ([]byte, error)) (o *Outcome, err error) {
+	ctx, done := s.tel.start(ctx, modeAtomic, req)
+	defer func() { done(o, err) }()
+	c, err := s.check(req)
+	if err != nil {
+		return nil, err
+	}
+	if fn == nil {
+		return nil, fmt.Errorf("%w: fn is nil", ErrInvalid)
+	}
 	out, err := runAtomic(ctx, c, open, fn, nil)
 	if failure := (*Failure)(nil); errors.As(err, &failure) {
 		if err := failure.check(); err != nil {
@@ -188,11 +175,7 @@ func (s *Store) Begin(ctx context.Context, db DB, req Request) (o *Outcome, err 
 	if err != nil {
 		return nil, err
 	}
-	open, err := pgxOpener(db)
-	if err != nil {
-		return nil, err
-	}
-	out, a, err := beginAtomic(ctx, c, open)
+	out, a, err := beginAtomic(ctx, c, pgxOpener(db))
 	if a != nil {
 		out.Attempt = &Attempt{store: s, scope: req.Scope, key: req.Key, atomic: a}
 	}
@@ -255,12 +238,13 @@ func (a *attempt[T]) end() {
 
 // pgxOpener opens atomic claims on db: on a pool or a connection with the
 // claim in BEGIN's message (see beginClaim), in a transaction a savepoint.
-func pgxOpener(db DB) (opener[pgx.Tx], error) {
-	h, err := driver.Pgx(db)
-	if err != nil {
-		return nil, err
-	}
+// A nil db is refused when it opens.
+func pgxOpener(db DB) opener[pgx.Tx] {
 	return func(ctx context.Context, c *claimArgs) (driver.Tx[pgx.Tx], error) {
+		h, err := driver.Pgx(db)
+		if err != nil {
+			return nil, err
+		}
 		conn, release, err := driver.Conn(ctx, db)
 		if err != nil {
 			return nil, err
@@ -274,7 +258,7 @@ func pgxOpener(db DB) (opener[pgx.Tx], error) {
 			return nil, pgerr.Classify(err, false)
 		}
 		return driver.BeginPgx(tx, true, release), nil
-	}, nil
+	}
 }
 
 // beginClaim begins a READ COMMITTED transaction on conn and claims c's key
