@@ -189,7 +189,7 @@ func (m *Middleware) runAtomic(w http.ResponseWriter, r *http.Request, next http
 		defer rcancel()
 		_ = a.Release(rctx)
 	}()
-	buf := &buffer{header: http.Header{}, max: m.cfg.MaxResponseBytes}
+	buf := &buffer{response: response{max: m.cfg.MaxResponseBytes}, live: http.Header{}}
 	next.ServeHTTP(buf, r.WithContext(context.WithValue(r.Context(), txKey{}, a.Tx())))
 	// The COMMIT must not be cut by the client going away: the outcome would
 	// be unknown for no reason.
@@ -202,8 +202,8 @@ func (m *Middleware) runAtomic(w http.ResponseWriter, r *http.Request, next http
 		problem(w, http.StatusInternalServerError, "Response too large", "The request was not processed; retry later.")
 		return
 	}
-	status := buf.finalStatus()
-	kept, err := keep(sctx, a, status, encode(status, buf.sent, m.cfg.ReplayHeaders, buf.body.Bytes(), false))
+	status, stored := buf.stored(buf.live, m.cfg.ReplayHeaders)
+	kept, err := keep(sctx, a, status, stored)
 	switch {
 	case !kept && err != nil:
 		m.cfg.Logger.WarnContext(r.Context(), "idempotency: rollback failed", "scope", a.Scope(), "key", a.Key(), "error", err)
@@ -237,7 +237,7 @@ func (m *Middleware) runLeased(w http.ResponseWriter, r *http.Request, next http
 	defer cancel(nil)
 	stopBeat := m.keepAlive(context.WithoutCancel(r.Context()), a, cancel)
 
-	rec := &recorder{ResponseWriter: w, max: m.cfg.MaxResponseBytes}
+	rec := &recorder{ResponseWriter: w, response: response{max: m.cfg.MaxResponseBytes}}
 	finished := false
 	defer func() {
 		stopBeat()
@@ -319,12 +319,7 @@ func (m *Middleware) keepAlive(ctx context.Context, a *idempotency.Attempt, canc
 // release is tried once: a lost one only keeps the key until its lease
 // expires.
 func (m *Middleware) settle(ctx context.Context, a *idempotency.Attempt, rec *recorder) error {
-	status := rec.status
-	if status == 0 {
-		status = http.StatusOK // the handler wrote nothing
-		rec.snapshot(status)
-	}
-	stored := encode(status, rec.header, m.cfg.ReplayHeaders, rec.body.Bytes(), rec.overflow)
+	status, stored := rec.stored(rec.Header(), m.cfg.ReplayHeaders)
 	for delay := settleRetryMin; ; delay = min(2*delay, settleRetryMax) {
 		kept, err := keep(ctx, a, status, stored)
 		if !kept || err == nil || errors.Is(err, idempotency.ErrLeaseLost) || errors.Is(err, idempotency.ErrInvalid) {

@@ -42,11 +42,7 @@ func encode(status int, header http.Header, allowed []string, body []byte, trunc
 	h := header
 	if allowed != nil {
 		h = http.Header{}
-		for _, name := range allowed {
-			if vs := header.Values(name); len(vs) > 0 {
-				h[http.CanonicalHeaderKey(name)] = append([]string(nil), vs...)
-			}
-		}
+		copyHeader(h, header, allowed)
 	}
 	if truncated {
 		body = nil
@@ -83,11 +79,7 @@ func (m *Middleware) replay(w http.ResponseWriter, out *idempotency.Outcome) {
 		problem(w, http.StatusInternalServerError, "Stored response unreadable", "The request was already processed.")
 		return
 	}
-	for _, name := range m.cfg.ReplayHeaders {
-		if vs := resp.Header.Values(name); len(vs) > 0 {
-			w.Header()[http.CanonicalHeaderKey(name)] = vs
-		}
-	}
+	copyHeader(w.Header(), resp.Header, m.cfg.ReplayHeaders)
 	w.Header().Set(HeaderReplayed, "true")
 	if !resp.Truncated {
 		w.Header().Set("Content-Length", strconv.Itoa(len(resp.Body)))
@@ -96,57 +88,82 @@ func (m *Middleware) replay(w http.ResponseWriter, out *idempotency.Outcome) {
 	_, _ = w.Write(resp.Body)
 }
 
+// copyHeader sets dst's fields named in names to src's values.
+func copyHeader(dst, src http.Header, names []string) {
+	for _, name := range names {
+		if vs := src.Values(name); len(vs) > 0 {
+			dst[http.CanonicalHeaderKey(name)] = vs
+		}
+	}
+}
+
 // errResponseTooLarge is what a handler's Write returns in ModeAtomic once
 // the response exceeds MaxResponseBytes.
 var errResponseTooLarge = errors.New("idemhttp: response larger than Config.MaxResponseBytes; ModeAtomic buffers the response until COMMIT (use ModeLeased)")
+
+// response is what the middleware keeps of a handler's answer: its status,
+// its header as of the status, and its body up to max bytes.
+type response struct {
+	status   int
+	header   http.Header
+	body     bytes.Buffer
+	max      int
+	overflow bool
+}
+
+// answer takes code as the status, with the header h as it is now, unless
+// the status is set already or code is interim (1xx, not the answer).
+func (r *response) answer(code int, h http.Header) {
+	if r.status == 0 && code >= 200 {
+		r.status, r.header = code, h.Clone()
+	}
+}
+
+// keep copies p into the body and reports whether it fits; once the body
+// would be larger than max it is dropped, and nothing more is kept.
+func (r *response) keep(p []byte) bool {
+	if r.overflow || r.body.Len()+len(p) > r.max {
+		r.overflow = true
+		r.body.Reset()
+		return false
+	}
+	r.body.Write(p)
+	return true
+}
+
+// stored is the answer's status (200 when the handler wrote nothing; h is
+// the header then) and the answer as the middleware stores it, with only the
+// allowed headers.
+func (r *response) stored(h http.Header, allowed []string) (int, []byte) {
+	r.answer(http.StatusOK, h)
+	return r.status, encode(r.status, r.header, allowed, r.body.Bytes(), r.overflow)
+}
 
 // buffer keeps a ModeAtomic handler's response until the COMMIT: nothing
 // reaches the client before its writes are durable. It is deliberately not
 // an http.Flusher and does not unwrap to the connection: a handler cannot
 // stream, hijack the connection or answer before the COMMIT.
 type buffer struct {
-	header   http.Header
-	status   int
-	sent     http.Header // the header as of WriteHeader
-	body     bytes.Buffer
-	max      int
-	overflow bool
+	response
+	live http.Header // what the handler's Header returns
 }
 
-func (b *buffer) Header() http.Header { return b.header }
+func (b *buffer) Header() http.Header { return b.live }
 
-func (b *buffer) WriteHeader(code int) {
-	if b.status != 0 || code < 200 { // a second call, or an interim 1xx (not sent)
-		return
-	}
-	b.status = code
-	b.sent = b.header.Clone()
-}
+func (b *buffer) WriteHeader(code int) { b.answer(code, b.live) }
 
 func (b *buffer) Write(p []byte) (int, error) {
-	if b.status == 0 {
-		b.WriteHeader(http.StatusOK)
-	}
-	if b.overflow || b.body.Len()+len(p) > b.max {
-		b.overflow = true
+	b.answer(http.StatusOK, b.live)
+	if !b.keep(p) {
 		return 0, errResponseTooLarge
 	}
-	return b.body.Write(p)
+	return len(p), nil
 }
 
-// finalStatus is the status the handler answered; 200 when it wrote nothing.
-func (b *buffer) finalStatus() int {
-	if b.status == 0 {
-		b.WriteHeader(http.StatusOK)
-	}
-	return b.status
-}
-
-// send writes the buffered response to the client.
+// send writes the buffered response, once stored, to the client.
 func (b *buffer) send(w http.ResponseWriter) {
-	b.finalStatus()
 	h := w.Header()
-	for name, vs := range b.sent {
+	for name, vs := range b.header {
 		h[name] = vs
 	}
 	if h.Get("Content-Length") == "" && h.Get("Transfer-Encoding") == "" {
@@ -160,22 +177,11 @@ func (b *buffer) send(w http.ResponseWriter) {
 // bounded copy of it.
 type recorder struct {
 	http.ResponseWriter
-	max      int
-	status   int
-	header   http.Header // as of the status
-	body     bytes.Buffer
-	overflow bool
-}
-
-// snapshot keeps the answer's status and its header as sent.
-func (w *recorder) snapshot(status int) {
-	w.status, w.header = status, w.ResponseWriter.Header().Clone()
+	response
 }
 
 func (w *recorder) WriteHeader(code int) {
-	if w.status == 0 && code >= 200 { // 1xx are interim, not the answer
-		w.snapshot(code)
-	}
+	w.answer(code, w.ResponseWriter.Header())
 	w.ResponseWriter.WriteHeader(code)
 }
 
@@ -183,14 +189,7 @@ func (w *recorder) Write(p []byte) (int, error) {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}
-	if !w.overflow {
-		if w.body.Len()+len(p) > w.max {
-			w.overflow = true
-			w.body.Reset()
-		} else {
-			w.body.Write(p)
-		}
-	}
+	w.keep(p)
 	return w.ResponseWriter.Write(p)
 }
 
