@@ -101,10 +101,7 @@ func listKeys(ctx context.Context, db DB, invalid error, query string, args ...a
 	if err := driver.NilHandle(db); err != nil {
 		return nil, err
 	}
-	rows, err := db.Query(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("idempotency: keys: %w", classify(err, false))
-	}
+	rows, _ := db.Query(ctx, query, args...) // its error is the rows', which CollectRows returns
 	keys, err := pgx.CollectRows(rows, scanKey)
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: keys: %w", classify(err, false))
