@@ -93,9 +93,7 @@ func (c *claimArgs) claim(ctx context.Context, db DB) (*Outcome, error) {
 		// locked (its owner completing in a transaction, or another claim
 		// taking it over) gives none: the default applies.
 		var us *int64
-		if conn.QueryRow(ctx, retryAfterSQL, c.scope, c.key).Scan(&us) != nil {
-			us = nil
-		}
+		_ = conn.QueryRow(ctx, retryAfterSQL, c.scope, c.key).Scan(&us) // us stays nil when it fails
 		return nil, c.inProgress(us)
 	case err != nil:
 		return nil, err
