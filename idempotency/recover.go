@@ -201,23 +201,18 @@ func (s *Store) resume(ctx context.Context, a *Attempt, fn func(context.Context,
 		}
 		return &res.Released, nil
 	}
-	var failure *Failure
-	switch {
-	case errors.As(err, &failure):
-		_, ferr := a.Fail(ctx, failure)
-		switch {
-		case ferr == nil:
+	if failure := (*Failure)(nil); errors.As(err, &failure) {
+		switch _, err = a.Fail(ctx, failure); {
+		case err == nil:
 			return completed, nil
-		case errors.Is(ferr, ErrLeaseLost):
+		case errors.Is(err, ErrLeaseLost):
 			return &res.Skipped, nil // its lease ran out and somebody took it, or fn completed it after all
-		case errors.Is(ferr, ErrInvalid):
-			s.tel.log.WarnContext(ctx, "idempotency: recover: the failure could not be stored; key released",
-				"scope", a.scope, "key", a.key, "error", ferr)
-			return release()
-		}
-		releaseDetached(ctx, a)
-		return nil, ferr
-	case err != nil:
+		case !errors.Is(err, ErrInvalid):
+			releaseDetached(ctx, a)
+			return nil, err
+		} // a failure the database would not store is released as a transient error is
+	}
+	if err != nil {
 		s.tel.log.WarnContext(ctx, "idempotency: recover: resuming failed; key released", "scope", a.scope, "key", a.key,
 			"recovery_point", a.RecoveryPoint(), "error", err)
 		return release()
