@@ -87,16 +87,14 @@ func payload(r *http.Request, canonical []byte) []byte {
 
 // mediaType is a Content-Type in canonical form (type and parameter names
 // lower case, parameters sorted; a JSON type's charset=utf-8 dropped, JSON
-// being UTF-8 anyway), or the value as sent when it does not parse.
+// being UTF-8 anyway), or the value as sent when it does not parse (or is
+// empty).
 func mediaType(ct string) string {
-	if ct == "" {
-		return ""
-	}
 	t, params, err := mime.ParseMediaType(ct)
 	if err != nil {
 		return strings.TrimSpace(ct)
 	}
-	if (t == "application/json" || strings.HasSuffix(t, "+json")) && strings.EqualFold(params["charset"], "utf-8") {
+	if isJSON(t) && strings.EqualFold(params["charset"], "utf-8") {
 		delete(params, "charset")
 	}
 	if f := mime.FormatMediaType(t, params); f != "" {
@@ -105,18 +103,17 @@ func mediaType(ct string) string {
 	return t
 }
 
-// isJSON reports whether a media type is JSON: application/json or a
-// structured +json type (application/problem+json, application/vnd.x+json).
-func isJSON(ct string) bool {
-	t, _, err := mime.ParseMediaType(ct)
-	return err == nil && (t == "application/json" || strings.HasSuffix(t, "+json"))
-}
+// isJSON reports whether a media type (as parsed, lower case) is JSON:
+// application/json or a structured +json type (application/problem+json,
+// application/vnd.x+json).
+func isJSON(t string) bool { return t == "application/json" || strings.HasSuffix(t, "+json") }
 
 // defaultCanonicalBody is the canonical JSON of a JSON body, and the body
 // as sent otherwise (or when it is not valid JSON: then only the same bytes
 // are the same request).
 func defaultCanonicalBody(r *http.Request, body []byte) ([]byte, error) {
-	if len(body) == 0 || !isJSON(r.Header.Get("Content-Type")) {
+	t, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if len(body) == 0 || err != nil || !isJSON(t) {
 		return body, nil
 	}
 	if c, err := idempotency.CanonicalJSON(body); err == nil {
