@@ -213,8 +213,8 @@ func New(store *idempotency.Store, db idempotency.DB, cfg *Config) (*Middleware,
 	if c.Service != "" {
 		m.prefix = c.Service + "/http:"
 	}
-	if c.Principal == nil {
-		c.Principal = sharedPrincipal
+	if c.Principal == nil { // keys shared by all callers: one principal for all
+		c.Principal = func(*http.Request) string { return "" }
 	}
 	if c.Route == nil {
 		c.Route = defaultRoute
@@ -234,9 +234,6 @@ func New(store *idempotency.Store, db idempotency.DB, cfg *Config) (*Middleware,
 	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return m, nil
 }
-
-// sharedPrincipal is the principal of every caller when keys are shared.
-func sharedPrincipal(*http.Request) string { return "" }
 
 func defaultRoute(r *http.Request) string {
 	if r.Pattern != "" {
