@@ -184,24 +184,25 @@ const (
 // runAtomic runs the handler inside the transaction that claimed the key
 // and commits its writes together with its response.
 func (m *Middleware) runAtomic(w http.ResponseWriter, r *http.Request, next http.Handler, a *idempotency.Attempt) {
-	defer func() { // a handler that panics leaves nothing; an ended attempt is left as it is
+	// Every way out that did not commit rolls back: a panic, a response too
+	// large to buffer or to store. An ended attempt is left as it is.
+	defer func() {
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(r.Context()), settleTimeout)
 		defer rcancel()
 		_ = a.Release(rctx)
 	}()
 	buf := &buffer{response: response{max: m.cfg.MaxResponseBytes}, live: http.Header{}}
 	next.ServeHTTP(buf, r.WithContext(context.WithValue(r.Context(), txKey{}, a.Tx())))
-	// The COMMIT must not be cut by the client going away: the outcome would
-	// be unknown for no reason.
-	sctx, scancel := context.WithTimeout(context.WithoutCancel(r.Context()), settleTimeout)
-	defer scancel()
 	if buf.overflow {
-		_ = a.Release(sctx)
 		m.cfg.Logger.WarnContext(r.Context(), "idempotency: response too large for the atomic mode; rolled back",
 			"scope", a.Scope(), "key", a.Key(), "limit", m.cfg.MaxResponseBytes)
 		problem(w, http.StatusInternalServerError, "Response too large", "The request was not processed; retry later.")
 		return
 	}
+	// The COMMIT must not be cut by the client going away: the outcome would
+	// be unknown for no reason.
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(r.Context()), settleTimeout)
+	defer scancel()
 	status, stored := buf.stored(buf.live, m.cfg.ReplayHeaders)
 	kept, err := keep(sctx, a, status, stored)
 	switch {
@@ -216,9 +217,8 @@ func (m *Middleware) runAtomic(w http.ResponseWriter, r *http.Request, next http
 			"The connection to the idempotency store broke while the request was committed; retry with the same Idempotency-Key to learn its result.")
 		return
 	case err != nil:
-		// A refused answer (too large to store) leaves the attempt open:
-		// roll it back, or the key and its connection stay held.
-		_ = a.Release(sctx)
+		// A refused answer (too large to store) leaves the attempt open
+		// until the deferred Release.
 		m.cfg.Logger.ErrorContext(r.Context(), "idempotency: commit failed", "scope", a.Scope(), "key", a.Key(), "error", err)
 		problem(w, http.StatusInternalServerError, "Request not committed", "The request was not processed; retry later.")
 		return
