@@ -229,11 +229,10 @@ func (a *attempt[T]) settle(ctx context.Context, result []byte, f *Failure) (tim
 	return expiresAt, nil
 }
 
+// end rolls back unless the attempt committed; again, it does nothing.
 func (a *attempt[T]) end() {
-	if !a.ended {
-		a.ended = true
-		_ = driver.Abort(context.Background(), a.tx, nil)
-	}
+	a.ended = true
+	_ = driver.Abort(context.Background(), a.tx, nil)
 }
 
 // pgxOpener opens atomic claims on db: on a pool or a connection with the
