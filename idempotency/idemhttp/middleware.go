@@ -79,10 +79,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			"An Idempotency-Key is kept per caller, and this request names none; authenticate and retry.")
 		return
 	}
-	limit := m.cfg.MaxBodyBytes + 1 // one byte more tells a body that is too large
-	if limit < 0 {
-		limit = m.cfg.MaxBodyBytes // math.MaxInt64: no body is that large
-	}
+	// One byte more tells a body that is too large (no body has
+	// math.MaxInt64 bytes).
+	limit := min(m.cfg.MaxBodyBytes, math.MaxInt64-1) + 1
 	body, err := io.ReadAll(io.LimitReader(r.Body, limit))
 	if err != nil {
 		problem(w, http.StatusBadRequest, "Request body unreadable", err.Error())
