@@ -268,7 +268,6 @@ func (m *Middleware) runLeased(w http.ResponseWriter, r *http.Request, next http
 // must not be the request's context, which ends when the client goes away
 // while the handler may still run.
 func (m *Middleware) keepAlive(ctx context.Context, a *idempotency.Attempt, cancel context.CancelCauseFunc) (stop func()) {
-	done := make(chan struct{})
 	ctx, stopBeats := context.WithCancel(ctx)
 	lease, margin := m.store.Lease(), m.cfg.Heartbeat/2
 	stopAt := func() time.Time { return a.TrustedUntil().Add(-margin) }
@@ -288,7 +287,7 @@ func (m *Middleware) keepAlive(ctx context.Context, a *idempotency.Attempt, canc
 		defer t.Stop()
 		for {
 			select {
-			case <-done:
+			case <-ctx.Done():
 				return
 			case <-t.C:
 			}
@@ -307,7 +306,7 @@ func (m *Middleware) keepAlive(ctx context.Context, a *idempotency.Attempt, canc
 			}
 		}
 	})
-	return func() { close(done); trust.Stop(); stopBeats(); wg.Wait() }
+	return func() { trust.Stop(); stopBeats(); wg.Wait() }
 }
 
 // settle stores a final response, or releases the key for a retry. Storing
