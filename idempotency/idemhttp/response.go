@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"strconv"
@@ -163,9 +164,7 @@ func (b *buffer) Write(p []byte) (int, error) {
 // send writes the buffered response, once stored, to the client.
 func (b *buffer) send(w http.ResponseWriter) {
 	h := w.Header()
-	for name, vs := range b.header {
-		h[name] = vs
-	}
+	maps.Copy(h, b.header)
 	if h.Get("Content-Length") == "" && h.Get("Transfer-Encoding") == "" {
 		h.Set("Content-Length", strconv.Itoa(b.body.Len()))
 	}
