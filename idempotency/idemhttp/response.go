@@ -53,21 +53,13 @@ func encode(status int, header http.Header, allowed []string, body []byte, trunc
 	return b
 }
 
-func decode(data []byte) (storedResponse, bool) {
-	var resp storedResponse
-	if err := json.Unmarshal(data, &resp); err != nil || resp.Status < 200 || resp.Status > 599 {
-		return storedResponse{}, false
-	}
-	return resp, true
-}
-
 func (m *Middleware) replay(w http.ResponseWriter, out *idempotency.Outcome) {
 	data := out.Result
 	if out.Failure != nil {
 		data = out.Failure.Data
 	}
-	resp, ok := decode(data)
-	if !ok {
+	var resp storedResponse
+	if err := json.Unmarshal(data, &resp); err != nil || resp.Status < 200 || resp.Status > 599 {
 		w.Header().Set(HeaderReplayed, "true")
 		if out.Failure != nil {
 			// Settled without a response of the middleware, for example by
