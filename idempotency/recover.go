@@ -46,10 +46,7 @@ const abandonedSQL = sqlKeyColumns + `
  LIMIT $3`
 
 func (o *RecoverOptions) check() (RecoverOptions, error) {
-	var c RecoverOptions
-	if o != nil {
-		c = *o
-	}
+	c := *cmp.Or(o, &RecoverOptions{})
 	switch {
 	case c.ExpiredFor < 0:
 		return c, fmt.Errorf("%w: RecoverOptions.ExpiredFor must not be negative, got %v", ErrInvalid, c.ExpiredFor)

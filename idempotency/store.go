@@ -115,9 +115,7 @@ type Store struct {
 
 // NewStore returns a Store configured by cfg (nil for the defaults).
 func NewStore(cfg *Config) (*Store, error) {
-	if cfg == nil {
-		cfg = &Config{}
-	}
+	cfg = cmp.Or(cfg, &Config{})
 	wait := cfg.WaitTimeout
 	if wait < 0 {
 		wait = time.Millisecond
