@@ -176,10 +176,10 @@ func (w *recorder) WriteHeader(code int) {
 	w.ResponseWriter.WriteHeader(code)
 }
 
+// Write keeps p; a first Write is the answer 200, which the underlying
+// writer sends itself.
 func (w *recorder) Write(p []byte) (int, error) {
-	if w.status == 0 {
-		w.WriteHeader(http.StatusOK)
-	}
+	w.answer(http.StatusOK, w.ResponseWriter.Header())
 	w.keep(p)
 	return w.ResponseWriter.Write(p)
 }
