@@ -64,7 +64,8 @@ func TestCloseWhileGrantRepliesAreLost(t *testing.T) {
 	}
 
 	// A second grant attempt will wait at the server for the row lock of
-	// its key, which the test holds.
+	// its key, which the test holds FOR SHARE, as a lease-checked write
+	// does (a grant in progress would turn it away instead).
 	direct := leasesClient(t, db)
 	l, err := direct.TryAcquire(ctx, "b", 10*time.Second, nil)
 	if err != nil {
@@ -78,7 +79,7 @@ func TestCloseWhileGrantRepliesAreLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(context.Background()) }()
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM pgfence.leases WHERE key = 'b' FOR UPDATE`); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM pgfence.leases WHERE key = 'b' FOR SHARE`); err != nil {
 		t.Fatal(err)
 	}
 	second := make(chan error, 1)

@@ -296,21 +296,18 @@ func TestAnnouncedGrantSetsWaitersTimer(t *testing.T) {
 
 	// Another transaction "is granting" the key: the waiter's first attempt
 	// is turned away with no expiry to wait for.
+	if _, err := db.Pool.Exec(ctx, `SELECT pgfence.release('k', holder, token) FROM pgfence.try_acquire('k', interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
 	tx, err := db.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	// What a first grant holds before its commit: the key's advisory lock
-	// and ROW EXCLUSIVE on the leases table (the advisory lock alone proves
-	// nothing: any role can take it).
-	for _, q := range []string{
-		`SELECT pg_advisory_xact_lock(hashtextextended('pgfence.lease:' || 'k', 0))`,
-		`LOCK TABLE pgfence.leases IN ROW EXCLUSIVE MODE`,
-	} {
-		if _, err := tx.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
+	// What a grant holds before its commit: the lease row's lock, FOR
+	// UPDATE.
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM pgfence.leases WHERE key = 'k' FOR UPDATE`); err != nil {
+		t.Fatal(err)
 	}
 	got := startWaiter(t, ctx, c, "k", count)
 	if err := tx.Rollback(ctx); err != nil {

@@ -207,8 +207,8 @@ func TestCanceledAfterSentIsSettledBeforeClose(t *testing.T) {
 }
 
 // blockKey makes the next statement that writes key's lease row wait: it
-// locks the row in a transaction of its own and returns the function that
-// ends that transaction. The key is granted and released first, so its row
+// share-locks the row in a transaction of its own, as a lease-checked write
+// does, and returns the function that ends that transaction. The key is granted and released first, so its row
 // exists and a grant goes on to update it.
 func blockKey(t *testing.T, ctx context.Context, pool *pgxpool.Pool, c *leases.Client, key string) (unblock func()) {
 	t.Helper()
@@ -223,7 +223,9 @@ func blockKey(t *testing.T, ctx context.Context, pool *pgxpool.Pool, c *leases.C
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM pgfence.leases WHERE key = $1 FOR UPDATE`, key); err != nil {
+	// A lease-checked write's share lock: a grant waits for it (one that
+	// met another grant's lock would be turned away instead).
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM pgfence.leases WHERE key = $1 FOR SHARE`, key); err != nil {
 		t.Fatal(err)
 	}
 	done := false

@@ -39,10 +39,14 @@
 --     UPDATE is not re-checked when a concurrent transaction merely locked the
 --     row (FOR SHARE), so it could extend a lease that expired while it waited.
 --   * A failed acquire does not write: a plain read decides whether to try the
---     upsert, and a transaction-scoped advisory lock on the key's hash turns
---     away attempts that meet another grant in progress (acquired = false,
---     remaining 0) instead of letting them queue on its row lock, so a hot
---     key's losers cost a read, not a WAL flush.
+--     upsert, and the grant takes the lease row's lock with SKIP LOCKED, so
+--     attempts that meet another grant in progress are turned away
+--     (acquired = false, remaining 0) instead of queueing on its row lock, and
+--     a hot key's losers cost a read, not a WAL flush. Nothing a grant
+--     consults can be taken by a role not granted the key: no advisory lock
+--     (one namespace for every role), only row locks on pgfence.leases,
+--     which need UPDATE on it, and pgfence's functions take them only for a
+--     caller granted the key.
 --   * Grants and renewals force synchronous_commit to at least "on" for their
 --     transaction: a grant lost in a crash could hand out its token twice, a lost
 --     renewal could make the holder trust an expiry the database forgot.
@@ -479,8 +483,9 @@ DECLARE
     v_token  bigint;
     v_grant  timestamptz;
     v_exp    timestamptz;
-    v_lock   bigint := hashtextextended('pgfence.lease:' || p_key, 0);
-    v_busy   boolean;
+    v_probed boolean;
+    v_busy   boolean := false;
+    v_timeout text;
 BEGIN
     IF pg_is_in_recovery() THEN
         PERFORM pgfence.require_primary();
@@ -520,45 +525,6 @@ BEGIN
             USING ERRCODE = 'PF008';
     END IF;
 
-    -- Contention filter, not the authority: when another transaction is
-    -- granting this key right now, report it as held (remaining unknown, 0)
-    -- instead of queueing on its row lock and writing a failed upsert. The
-    -- transaction-scoped advisory lock (a 64-bit hash of the key) lives in
-    -- memory only and is released at commit, so it is safe behind PgBouncer in
-    -- transaction mode. The upsert below still decides.
-    --
-    -- Any role that can connect can take that advisory lock, so it alone
-    -- does not mean a grant is under way. A granting transaction also writes
-    -- pgfence.leases right after taking it, which only the pgfence roles can
-    -- do: when the key has a row, the grant holds that row's lock (checked
-    -- with SKIP LOCKED, which never waits); a first grant, with no row to
-    -- lock, holds ROW EXCLUSIVE on the table in the backend that holds the
-    -- advisory lock (checked in pg_locks, only on this path). Otherwise the
-    -- advisory lock's holder is not granting and the upsert goes ahead.
-    IF NOT pg_try_advisory_xact_lock(v_lock) THEN
-        IF cur.key IS NOT NULL THEN
-            PERFORM 1 FROM pgfence.leases l WHERE l.key = p_key COLLATE pg_catalog."default" FOR UPDATE SKIP LOCKED;
-            v_busy := NOT FOUND;
-        ELSE
-            WITH locks AS MATERIALIZED (
-                SELECT k.pid, k.locktype, k.database, k.classid, k.objid, k.objsubid, k.relation, k.mode, k.granted
-                  FROM pg_locks k
-            )
-            SELECT EXISTS (
-                SELECT 1 FROM locks a JOIN locks r ON r.pid = a.pid
-                 WHERE a.locktype = 'advisory' AND a.granted AND a.objsubid = 1
-                   AND a.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
-                   AND a.classid = ((v_lock >> 32) & 4294967295)::oid AND a.objid = (v_lock & 4294967295)::oid
-                   AND r.locktype = 'relation' AND r.granted AND r.relation = 'pgfence.leases'::regclass
-                   AND r.mode = 'RowExclusiveLock'
-            ) INTO v_busy;
-        END IF;
-        IF v_busy THEN
-            RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, NULL::timestamptz, NULL::timestamptz, interval '0';
-            RETURN;
-        END IF;
-    END IF;
-
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
         PERFORM set_config('synchronous_commit', 'on', true);
     END IF;
@@ -568,6 +534,17 @@ BEGIN
     -- grant waits for it and re-checks its WHERE on the newest version, as ON
     -- CONFLICT DO UPDATE does, and it draws one token where the upsert drew
     -- two (VALUES is evaluated before the conflict is found).
+    --
+    -- Contention filter, not the authority: an attempt that meets another
+    -- grant in progress writes nothing and is turned away below, instead of
+    -- queueing on the row and writing a failed update. A row version that
+    -- no transaction locked or updated since it was written has xmax 0: it
+    -- is updated at once. Any other goes to the probe below, which never
+    -- waits for a grant. Row locks on pgfence.leases, and so its xmax, need
+    -- UPDATE on it, which only the schema's owner has, and pgfence's
+    -- functions lock a lease row only for a caller granted its key (the lock
+    -- of a refused call is rolled back with it): no other role can make a
+    -- key look busy.
     IF cur.key IS NOT NULL THEN
         UPDATE pgfence.leases AS l
            SET holder         = v_holder,
@@ -579,29 +556,93 @@ BEGIN
                holder_info    = coalesce(p_holder_info, ''),
                client_version = p_client_version
          WHERE l.key = p_key COLLATE pg_catalog."default" AND (l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp())
+           AND l.xmax = '0'::xid
         RETURNING l.token, l.granted_at, l.expires_at INTO v_token, v_grant, v_exp;
+        IF v_token IS NULL THEN
+            -- Refused: the row is live now, was locked or updated since it
+            -- was written (its locker may still run), or was pruned. A
+            -- grant, a renewal, a release or a prune holds the lock at
+            -- least FOR NO KEY UPDATE, which the probe's FOR SHARE SKIP
+            -- LOCKED skips: turned away. A lease-checked write
+            -- holds FOR SHARE, which FOR SHARE passes: a takeover waits for
+            -- the write's transaction to end, as the design promises, and
+            -- then decides. The probe's share lock is given back at once
+            -- (its subtransaction rolls back; the variables keep what it
+            -- read): two takeovers that kept one would each wait for the
+            -- other's to upgrade it, a deadlock. Without it the first
+            -- takeover waits in the UPDATE below holding the row's tuple
+            -- lock, and the second queues behind it and is refused.
+            v_probed := false;
+            BEGIN
+                SELECT x.* INTO cur FROM pgfence.leases x WHERE x.key = p_key COLLATE pg_catalog."default" FOR SHARE SKIP LOCKED;
+                v_probed := FOUND;
+                RAISE EXCEPTION USING ERRCODE = 'PFZ99';
+            EXCEPTION WHEN SQLSTATE 'PFZ99' THEN
+                NULL;
+            END;
+            IF NOT v_probed THEN
+                IF EXISTS (SELECT 1 FROM pgfence.leases x WHERE x.key = p_key COLLATE pg_catalog."default") THEN
+                    RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, NULL::timestamptz, NULL::timestamptz, interval '0';
+                    RETURN;
+                END IF;
+                -- Pruned: a first grant again, below.
+            ELSIF cur.released_at IS NULL AND cur.expires_at > clock_timestamp() THEN
+                -- Another grant won since the read, and committed.
+                RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, NULL::timestamptz, cur.expires_at,
+                                    greatest(cur.expires_at - clock_timestamp(), interval '0');
+                RETURN;
+            ELSE
+                UPDATE pgfence.leases AS l
+                   SET holder         = v_holder,
+                       token          = pgfence.next_token(l.token),
+                       granted_at     = clock_timestamp(),
+                       renewed_at     = NULL,
+                       expires_at     = clock_timestamp() + p_ttl,
+                       released_at    = NULL,
+                       holder_info    = coalesce(p_holder_info, ''),
+                       client_version = p_client_version
+                 WHERE l.key = p_key COLLATE pg_catalog."default" AND (l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp())
+                RETURNING l.token, l.granted_at, l.expires_at INTO v_token, v_grant, v_exp;
+            END IF;
+        END IF;
     END IF;
     -- A first grant, or a row pruned since the read: ON CONFLICT's WHERE is
-    -- evaluated on the locked, latest row.
-    IF v_token IS NULL THEN
-        INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, holder_info, client_version)
-        VALUES (p_key, v_holder, pgfence.next_token(NULL), clock_timestamp(), clock_timestamp() + p_ttl,
-                coalesce(p_holder_info, ''), p_client_version)
-        ON CONFLICT (key) DO UPDATE
-            SET holder         = EXCLUDED.holder,
-                token          = pgfence.next_token(l.token),
-                granted_at     = clock_timestamp(),
-                renewed_at     = NULL,
-                expires_at     = clock_timestamp() + p_ttl,
-                released_at    = NULL,
-                holder_info    = EXCLUDED.holder_info,
-                client_version = EXCLUDED.client_version
-            WHERE l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp()
-        RETURNING l.token, l.granted_at, l.expires_at INTO v_token, v_grant, v_exp;
+    -- evaluated on the locked, latest row. Another first grant of the key in
+    -- progress holds the key's index entry until its transaction ends: the
+    -- insert waits for it at most 1 ms (lock_timeout, in a subtransaction,
+    -- then set back), then the attempt is turned away as above. Only a grant
+    -- of the key inserts its entry, and only a role granted the key can run
+    -- one.
+    IF v_token IS NULL AND cur.key IS NULL THEN
+        v_timeout := current_setting('lock_timeout');
+        PERFORM set_config('lock_timeout', '1ms', true);
+        BEGIN
+            INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, holder_info, client_version)
+            VALUES (p_key, v_holder, pgfence.next_token(NULL), clock_timestamp(), clock_timestamp() + p_ttl,
+                    coalesce(p_holder_info, ''), p_client_version)
+            ON CONFLICT (key) DO UPDATE
+                SET holder         = EXCLUDED.holder,
+                    token          = pgfence.next_token(l.token),
+                    granted_at     = clock_timestamp(),
+                    renewed_at     = NULL,
+                    expires_at     = clock_timestamp() + p_ttl,
+                    released_at    = NULL,
+                    holder_info    = EXCLUDED.holder_info,
+                    client_version = EXCLUDED.client_version
+                WHERE l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp()
+            RETURNING l.token, l.granted_at, l.expires_at INTO v_token, v_grant, v_exp;
+        EXCEPTION WHEN lock_not_available THEN
+            v_busy := true;
+        END;
+        PERFORM set_config('lock_timeout', v_timeout, true);
+        IF v_busy THEN
+            RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, NULL::timestamptz, NULL::timestamptz, interval '0';
+            RETURN;
+        END IF;
     END IF;
 
     IF v_token IS NULL THEN
-        -- Someone else won between the read and the upsert.
+        -- Someone else won between the read and the grant.
         SELECT l.* INTO cur FROM pgfence.leases l WHERE l.key = p_key COLLATE pg_catalog."default";
         RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, NULL::timestamptz, cur.expires_at,
                             greatest(cur.expires_at - clock_timestamp(), interval '0');
