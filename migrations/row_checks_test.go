@@ -9,9 +9,10 @@ import (
 )
 
 // TestRowChecksRefuseNonsense: leases, lease_events and fences check their
-// rows with one CHECK calling a plpgsql function per table
-// (pgfence.lease_row_valid, lease_event_valid, fence_row_valid) instead of
-// column and table CHECKs, said to test the same conditions. A writer that
+// rows with domains (key_name, token_value, lease_event_kind, ...) and, for
+// the conditions across columns of a lease row, one CHECK calling a plpgsql
+// function (pgfence.lease_row_valid), instead of column and table CHECKs,
+// said to test the same conditions. A writer that
 // bypasses the pgfence functions (here the owner) must still be refused every
 // row a plain CHECK of each condition would refuse, and a sane row must pass.
 func TestRowChecksRefuseNonsense(t *testing.T) {

@@ -16,11 +16,32 @@
 CREATE SCHEMA pgfence;
 
 --
+-- Name: holder_info; Type: DOMAIN; Schema: pgfence; Owner: -
+--
+
+CREATE DOMAIN pgfence.holder_info AS text
+	CONSTRAINT holder_info_check CHECK ((octet_length(VALUE) <= 1024));
+
+--
 -- Name: key_name; Type: DOMAIN; Schema: pgfence; Owner: -
 --
 
 CREATE DOMAIN pgfence.key_name AS text
 	CONSTRAINT key_name_check CHECK (((octet_length(VALUE) >= 1) AND (octet_length(VALUE) <= 512)));
+
+--
+-- Name: lease_event_kind; Type: DOMAIN; Schema: pgfence; Owner: -
+--
+
+CREATE DOMAIN pgfence.lease_event_kind AS text
+	CONSTRAINT lease_event_kind_check CHECK ((VALUE = ANY (ARRAY['acquired'::text, 'taken_over'::text, 'released'::text, 'force_released'::text, 'expired'::text, 'info_changed'::text])));
+
+--
+-- Name: lease_reason; Type: DOMAIN; Schema: pgfence; Owner: -
+--
+
+CREATE DOMAIN pgfence.lease_reason AS text
+	CONSTRAINT lease_reason_check CHECK (((length(VALUE) >= 1) AND (length(VALUE) <= 1000)));
 
 --
 -- Name: token_value; Type: DOMAIN; Schema: pgfence; Owner: -
@@ -596,7 +617,7 @@ BEGIN
         RETURN QUERY SELECT false, NULL::bigint, NULL::timestamptz, NULL::timestamptz, false;
         RETURN;
     END IF;
-    RETURN QUERY SELECT true, cur.token, cur.granted_at, cur.expires_at,
+    RETURN QUERY SELECT true, cur.token::bigint, cur.granted_at, cur.expires_at,
                         cur.released_at IS NULL AND cur.expires_at > clock_timestamp();
 END;
 $$;
@@ -1529,39 +1550,6 @@ END;
 $$;
 
 --
--- Name: lease_events; Type: TABLE; Schema: pgfence; Owner: -
---
-
-CREATE TABLE pgfence.lease_events (
-    id bigint NOT NULL,
-    key text NOT NULL,
-    event text NOT NULL,
-    holder uuid NOT NULL,
-    token bigint NOT NULL,
-    at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    reason text,
-    trace_id text DEFAULT pgfence.current_trace_id(),
-    client_version text,
-    holder_info text
-);
-
---
--- Name: lease_event_valid(pgfence.lease_events); Type: FUNCTION; Schema: pgfence; Owner: -
---
-
-CREATE FUNCTION pgfence.lease_event_valid(e pgfence.lease_events) RETURNS boolean
-    LANGUAGE plpgsql IMMUTABLE
-    AS $$
-BEGIN
-    RETURN octet_length(e.key) BETWEEN 1 AND 512
-       AND e.event IN ('acquired', 'taken_over', 'released', 'force_released', 'expired', 'info_changed')
-       AND e.token > 0
-       AND (e.reason IS NULL OR length(e.reason) BETWEEN 1 AND 1000)
-       AND (e.holder_info IS NULL OR octet_length(e.holder_info) <= 1024);
-END;
-$$;
-
---
 -- Name: lease_max_ttl(); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -1629,14 +1617,14 @@ $$;
 --
 
 CREATE TABLE pgfence.leases (
-    key text NOT NULL,
+    key pgfence.key_name NOT NULL,
     holder uuid NOT NULL,
-    token bigint NOT NULL,
+    token pgfence.token_value NOT NULL,
     granted_at timestamp with time zone NOT NULL,
     renewed_at timestamp with time zone,
     expires_at timestamp with time zone NOT NULL,
     released_at timestamp with time zone,
-    holder_info text DEFAULT ''::text NOT NULL,
+    holder_info pgfence.holder_info DEFAULT ''::text NOT NULL,
     client_version text
 )
 WITH (fillfactor='80');
@@ -1649,8 +1637,7 @@ CREATE FUNCTION pgfence.lease_row_valid(l pgfence.leases) RETURNS boolean
     LANGUAGE plpgsql IMMUTABLE
     AS $$
 BEGIN
-    RETURN octet_length(l.key) BETWEEN 1 AND 512 AND l.token > 0 AND octet_length(l.holder_info) <= 1024
-       AND l.expires_at >= l.granted_at
+    RETURN l.expires_at >= l.granted_at
        AND (l.renewed_at IS NULL OR l.renewed_at >= l.granted_at)
        AND (l.released_at IS NULL OR l.released_at >= l.granted_at);
 END;
@@ -2988,6 +2975,23 @@ CREATE TABLE pgfence.job_slots (
 );
 
 --
+-- Name: lease_events; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.lease_events (
+    id bigint NOT NULL,
+    key pgfence.key_name NOT NULL,
+    event pgfence.lease_event_kind NOT NULL,
+    holder uuid NOT NULL,
+    token pgfence.token_value NOT NULL,
+    at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    reason pgfence.lease_reason,
+    trace_id text DEFAULT pgfence.current_trace_id(),
+    client_version text,
+    holder_info pgfence.holder_info
+);
+
+--
 -- Name: lease_events_id_seq; Type: SEQUENCE; Schema: pgfence; Owner: -
 --
 
@@ -3212,13 +3216,6 @@ ALTER TABLE pgfence.idempotency_keys
     ADD CONSTRAINT valid_row CHECK (pgfence.idempotency_key_valid(idempotency_keys.*)) NOT VALID;
 
 --
--- Name: lease_events valid_row; Type: CHECK CONSTRAINT; Schema: pgfence; Owner: -
---
-
-ALTER TABLE pgfence.lease_events
-    ADD CONSTRAINT valid_row CHECK (pgfence.lease_event_valid(lease_events.*)) NOT VALID;
-
---
 -- Name: leases valid_row; Type: CHECK CONSTRAINT; Schema: pgfence; Owner: -
 --
 
@@ -3361,7 +3358,7 @@ CREATE POLICY granted ON pgfence.job_slots FOR SELECT TO pgfence_app USING (pgfe
 -- Name: lease_events granted; Type: POLICY; Schema: pgfence; Owner: -
 --
 
-CREATE POLICY granted ON pgfence.lease_events FOR SELECT TO pgfence_app USING (pgfence.may_use(key));
+CREATE POLICY granted ON pgfence.lease_events FOR SELECT TO pgfence_app USING (pgfence.may_use((key)::text));
 
 --
 -- Name: lease_waiters granted; Type: POLICY; Schema: pgfence; Owner: -
@@ -3373,7 +3370,7 @@ CREATE POLICY granted ON pgfence.lease_waiters FOR SELECT TO pgfence_app USING (
 -- Name: leases granted; Type: POLICY; Schema: pgfence; Owner: -
 --
 
-CREATE POLICY granted ON pgfence.leases FOR SELECT TO pgfence_app USING (pgfence.may_use(key));
+CREATE POLICY granted ON pgfence.leases FOR SELECT TO pgfence_app USING (pgfence.may_use((key)::text));
 
 --
 -- Name: idempotency_keys; Type: ROW SECURITY; Schema: pgfence; Owner: -
@@ -3775,19 +3772,6 @@ GRANT ALL ON FUNCTION pgfence.job_slot_save(p_key text, p_holder uuid, p_token b
 REVOKE ALL ON FUNCTION pgfence.lease_check_args(p_key text, p_ttl interval, p_holder_info text) FROM PUBLIC;
 
 --
--- Name: TABLE lease_events; Type: ACL; Schema: pgfence; Owner: -
---
-
-GRANT SELECT ON TABLE pgfence.lease_events TO pgfence_app;
-GRANT SELECT ON TABLE pgfence.lease_events TO pgfence_operator;
-
---
--- Name: FUNCTION lease_event_valid(e pgfence.lease_events); Type: ACL; Schema: pgfence; Owner: -
---
-
-REVOKE ALL ON FUNCTION pgfence.lease_event_valid(e pgfence.lease_events) FROM PUBLIC;
-
---
 -- Name: FUNCTION lease_max_ttl(); Type: ACL; Schema: pgfence; Owner: -
 --
 
@@ -4094,6 +4078,13 @@ GRANT SELECT ON TABLE pgfence.grant_pauses TO pgfence_operator;
 
 GRANT SELECT ON TABLE pgfence.job_slots TO pgfence_app;
 GRANT SELECT ON TABLE pgfence.job_slots TO pgfence_operator;
+
+--
+-- Name: TABLE lease_events; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.lease_events TO pgfence_app;
+GRANT SELECT ON TABLE pgfence.lease_events TO pgfence_operator;
 
 --
 -- Name: TABLE lease_status; Type: ACL; Schema: pgfence; Owner: -
