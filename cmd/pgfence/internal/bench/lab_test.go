@@ -76,7 +76,7 @@ func TestCompareRoundByRound(t *testing.T) {
 		{skipped, run("redis-durable", 0, 40), skipped},
 	})
 	want := []string{
-		"  1 workers: leases acquire+release at 90% (3 rounds: 80% to 100%) of the raw inline-upsert floor's ops/s (goal ≥ 90%)",
+		"  1 workers: leases acquire+release at 90% (3 rounds: 80% to 100%) of the raw inline-upsert floor's ops/s (goal ≥ 95%)",
 		"  1 workers: leases acquire+release at 200% of durable Redis (redsync) ops/s (goal at 8 workers: ≥ 100%)",
 		"  1 workers: fenced write (pgfence.Exec) p50 1.20× (3 rounds: 1.10× to 1.30×) the unfenced UPDATE",
 	}
