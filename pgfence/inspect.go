@@ -52,17 +52,23 @@ func Fences(ctx context.Context, db DB, prefix string, limit int) ([]FenceRecord
 			return nil, err
 		}
 	}
+	return list(ctx, db, sqlFences, prefix, limit, 1000, 100_000, func(row pgx.CollectableRow) (FenceRecord, error) { return scanFence(row) })
+}
+
+// list runs a listing query for name of at most limit rows (def when limit
+// is 0, at most max) and scans each row with scan.
+func list[T any](ctx context.Context, db DB, sql, name string, limit, def, max int, scan pgx.RowToFunc[T]) ([]T, error) {
 	switch {
-	case limit < 0 || limit > 100_000:
-		return nil, fmt.Errorf("%w: limit must be 0 to 100000, got %d", ErrInvalid, limit)
+	case limit < 0 || limit > max:
+		return nil, fmt.Errorf("%w: limit must be 0 to %d, got %d", ErrInvalid, max, limit)
 	case limit == 0:
-		limit = 1000
+		limit = def
 	}
-	rows, err := db.Query(ctx, sqlFences, prefix, limit)
+	rows, err := db.Query(ctx, sql, name, limit)
 	if err != nil {
 		return nil, read(err)
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (FenceRecord, error) { return scanFence(row) })
+	out, err := pgx.CollectRows(rows, scan)
 	if err != nil {
 		return nil, read(err)
 	}

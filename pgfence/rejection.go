@@ -3,7 +3,6 @@ package pgfence
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -71,26 +70,12 @@ func Rejections(ctx context.Context, db DB, resource string, limit int) ([]Rejec
 	if err := validateName("resource", resource); err != nil {
 		return nil, err
 	}
-	switch {
-	case limit < 0 || limit > 1000:
-		return nil, fmt.Errorf("%w: limit must be 0 to 1000, got %d", ErrInvalid, limit)
-	case limit == 0:
-		limit = 20
-	}
-	rows, err := db.Query(ctx, sqlRejections, resource, limit)
-	if err != nil {
-		return nil, read(err)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Rejection, error) {
+	return list(ctx, db, sqlRejections, resource, limit, 20, 1000, func(row pgx.CollectableRow) (Rejection, error) {
 		var r Rejection
 		err := row.Scan(&r.ID, &r.Resource, &r.PresentedToken, &r.AcceptedToken, &r.Reason,
 			&r.LeaseReason, &r.Operation, &r.Op, &r.TraceID, &r.At)
 		return r, err
 	})
-	if err != nil {
-		return nil, read(err)
-	}
-	return out, nil
 }
 
 // rejectionOf returns the audit row of err, an error of the write w, when it
