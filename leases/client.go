@@ -238,6 +238,8 @@ func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Durat
 	waiter := newHolderID()
 	// atHead: this fair waiter's last turn found nobody ahead of it.
 	atHead := false
+	// turns: the queue turn statements still in flight (see queueTurn).
+	var turns sync.WaitGroup
 	if o.Fair {
 		defer func() {
 			if l != nil {
@@ -245,8 +247,11 @@ func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Durat
 				return
 			}
 			// Given up: the caller's context bounds the wait, so the queue
-			// row goes in the background (Close waits for it).
-			c.background(func() { c.leaveQueue(ctx, key, waiter, atHead) })
+			// row goes in the background (Close waits for it), after the
+			// last turn: a turn the server ran after the leave would put
+			// the waiter back in the queue, in the others' way for a whole
+			// patience.
+			c.background(func() { turns.Wait(); c.leaveQueue(ctx, key, waiter, atHead) })
 		}()
 	}
 
@@ -283,7 +288,7 @@ func (c *Client) acquire(ctx context.Context, key string, ttl, margin time.Durat
 			default:
 			}
 			if o.Fair {
-				err = c.queueTurn(ctx, key, waiter)
+				err = c.queueTurn(ctx, key, waiter, &turns)
 				atHead = err == nil
 			}
 			if !o.Fair || atHead {
@@ -358,6 +363,10 @@ func (c *Client) waitTurn(ctx context.Context, w *waiter, attempt int, remaining
 	}
 }
 
+// queueTimeout bounds a fair waiter's queue statements once its caller has
+// stopped waiting for them.
+const queueTimeout = 2 * time.Second
+
 // sqlQueueTurn and sqlQueueLeave run a fair waiter's queue (pgfence.lease_queue_turn).
 const (
 	sqlQueueTurn  = `SELECT pgfence.lease_queue_turn($1, $2::uuid, $3::bigint * interval '1 microsecond')`
@@ -371,11 +380,24 @@ const (
 // queueTurn refreshes waiter's place in key's queue; it returns a *HeldError
 // while other fair waiters are ahead. A waiter keeps its place without
 // polling for longer than the longest pause between two polls of a waiting
-// Acquire.
-func (c *Client) queueTurn(ctx context.Context, key, waiter string) error {
+// Acquire. It returns when ctx ends, but the statement runs on in turns
+// (bounded by queueTimeout) rather than being cut: a statement cut on the
+// client may still run on the server, after the waiter has left the queue.
+func (c *Client) queueTurn(ctx context.Context, key, waiter string, turns *sync.WaitGroup) error {
 	var ahead int64
 	patience := 2*max(c.cfg.PollInterval, c.cfg.BackoffMax) + time.Second
-	err := c.exec(ctx, []any{&ahead}, driver.Stmt{SQL: sqlQueueTurn, Args: []any{key, waiter, patience.Microseconds()}})
+	done := make(chan error, 1)
+	turns.Go(func() {
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), queueTimeout)
+		defer cancel()
+		done <- c.exec(tctx, []any{&ahead}, driver.Stmt{SQL: sqlQueueTurn, Args: []any{key, waiter, patience.Microseconds()}})
+	})
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		err = context.Cause(ctx)
+	}
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return fmt.Errorf("leases: acquire %q: %w", key, context.Cause(ctx))
@@ -393,7 +415,7 @@ func (c *Client) queueTurn(ctx context.Context, key, waiter string) error {
 // notifyChannel): the next one may find the key free, and would otherwise
 // sleep until its next poll, as no release is coming to wake it.
 func (c *Client) leaveQueue(ctx context.Context, key, waiter string, gaveUpAtHead bool) {
-	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), queueTimeout)
 	defer cancel()
 	if !gaveUpAtHead {
 		_, _ = c.pool.Exec(lctx, sqlQueueLeave, key, waiter)

@@ -104,3 +104,87 @@ func TestFairGiveUpKeepsItsDeadline(t *testing.T) {
 		t.Fatalf("Acquire with MaxWait 300ms returned after %s", elapsed)
 	}
 }
+
+// A fair waiter gives up while its queue turn waits on the server (here
+// behind a lock on an expired row of the key's queue, which the turn
+// deletes), and the server never hears that the client gave up (the cancel
+// request cannot get through). The turn then runs after all: the waiter must
+// leave the queue after it, not before, or its row stands in the other
+// waiters' way for a whole patience.
+func TestFairGiveUpLeavesAfterItsTurn(t *testing.T) {
+	checkLeaks(t)
+	db := pgfencetest.NewDatabase(t)
+	ctx := ctxTimeout(t, time.Minute)
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO pgfence.lease_waiters (key, waiter, enqueued_at, expires_at)
+		VALUES ('q', gen_random_uuid(), now() - interval '2 minutes', now() - interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+	lock, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, `SELECT 1 FROM pgfence.lease_waiters WHERE key = 'q' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+
+	p := newProxy(t, db.URL)
+	pool := proxiedPool(t, db.URL, p)
+	// Two connections in the pool: the turn's, and one for the leave once
+	// the proxy refuses new ones.
+	c1, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1.Release()
+	c2.Release()
+	c, err := leases.New(pool, &leases.Config{DisableWakeups: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitCtx, giveUp := context.WithCancel(ctx)
+	gave := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(waitCtx, "q", time.Minute, &leases.AcquireOptions{Fair: true})
+		gave <- err
+	}()
+	for { // until the turn waits for the lock
+		var waiting bool
+		if err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%lease_queue_turn%')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the fair waiter's queue turn never waited for the lock")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	p.SetRefuse(true) // no cancel request reaches the server
+	defer p.SetRefuse(false)
+	giveUp()
+	if err := <-gave; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Acquire after giving up: %v, want context.Canceled", err)
+	}
+	time.Sleep(100 * time.Millisecond) // room for a leave that would not wait for the turn
+	if err := lock.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil { // waits for the leave
+		t.Fatal(err)
+	}
+	var left int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.lease_waiters WHERE key = 'q' AND expires_at > now()`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Fatalf("%d live rows in the queue after its only fair waiter gave up: its turn ran after its leave", left)
+	}
+}
