@@ -99,8 +99,8 @@
 //     lease (and lets the next leader in) only after it returned, so a
 //     resigning leader hands over cleanly; a callback that does not return
 //     keeps the lease (renewed) and blocks Run.
-//   - A fair candidate that stops polling its place (paused, cut off, or
-//     stopped while a poll was on its way) keeps it until the queue's
+//   - A fair candidate that stops polling its place without leaving the
+//     queue (paused, cut off, killed) keeps it until the queue's
 //     patience runs out (about twice its client's PollInterval): the
 //     candidates behind it wait that much longer for their turn.
 //   - The election's key is refused for a role without a granted prefix
