@@ -83,7 +83,7 @@ func TestScenarioPatroni(t *testing.T) {
 			defer w.stop()
 			h.waitProgress(ctx, w, "before the first fault")
 			for round := range *patroniRounds {
-				h.fault(ctx, w, round, "kill -9 of the primary's postmaster", func(old *patroni.Node) {
+				h.fault(ctx, w, round, "kill -9 of the primary's postmaster", true, func(old *patroni.Node) {
 					pid, err := old.KillPostmaster()
 					if err != nil {
 						t.Fatal(err)
@@ -91,7 +91,7 @@ func TestScenarioPatroni(t *testing.T) {
 					t.Logf("killed %s's postmaster %d", old.Name, pid)
 				}, nil)
 				var straggler *actor
-				h.fault(ctx, w, round, "SIGSTOP of the primary node past the TTL", func(old *patroni.Node) {
+				h.fault(ctx, w, round, "SIGSTOP of the primary node past the TTL", false, func(old *patroni.Node) {
 					// A client connected to this node alone, with its
 					// connection open across the freeze: it acts the moment
 					// the node resumes, before Patroni demotes it.
@@ -105,7 +105,7 @@ func TestScenarioPatroni(t *testing.T) {
 					}
 					h.splitBrainWindow(ctx, straggler)
 				})
-				h.fault(ctx, w, round, "switchover", func(old *patroni.Node) {
+				h.fault(ctx, w, round, "switchover", false, func(old *patroni.Node) {
 					if err := h.cluster.Switchover(ctx, old, h.other(old)); err != nil {
 						t.Fatal(err)
 					}
@@ -352,7 +352,7 @@ func (h *haEnv) other(n *patroni.Node) *patroni.Node {
 // for a new primary on a higher timeline, for every client to resume, then
 // applies recover (if any) to the old primary and waits until it is back as
 // a replica of the new timeline that refuses grants.
-func (h *haEnv) fault(ctx context.Context, w *workload, round int, what string, inject, recover func(old *patroni.Node)) {
+func (h *haEnv) fault(ctx context.Context, w *workload, round int, what string, inPlace bool, inject, recover func(old *patroni.Node)) {
 	t := h.t
 	t.Helper()
 	old, before, err := h.cluster.Leader(ctx)
@@ -376,9 +376,13 @@ func (h *haEnv) fault(ctx context.Context, w *workload, round int, what string, 
 	t.Logf("round %d: %s on %s (timeline %d)", round+1, what, old.Name, before.Timeline)
 	start := time.Now()
 	inject(old)
-	ms, err := h.cluster.WaitFor(ctx, "another node leads on a higher timeline", func(ms []patroni.Member) bool {
+	// With inPlace, Patroni may also restart the old primary where it is,
+	// when its agent still holds the leader key: it comes back in recovery
+	// and is promoted to a higher timeline, which is a timeline change for
+	// the clients as well.
+	ms, err := h.cluster.WaitFor(ctx, "a node leads on a higher timeline", func(ms []patroni.Member) bool {
 		for _, m := range ms {
-			if m.Role == patroni.RoleLeader && m.State == "running" && m.Name != old.Name && m.Timeline > before.Timeline {
+			if m.Role == patroni.RoleLeader && m.State == "running" && (inPlace || m.Name != old.Name) && m.Timeline > before.Timeline {
 				return true
 			}
 		}
@@ -406,6 +410,10 @@ func (h *haEnv) fault(ctx context.Context, w *workload, round int, what string, 
 	ms, err = h.cluster.Members(ctx)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if leader.Name == old.Name {
+		t.Logf("round %d: %s was restarted in place and leads on timeline %d", round+1, old.Name, leader.Timeline)
+		return
 	}
 	for _, m := range ms {
 		if m.Name == old.Name && (m.Role == patroni.RoleLeader || m.Timeline != leader.Timeline) {
