@@ -26,29 +26,11 @@ const (
 // identifiers with go/ast, prints them per package (-v), and fails above the
 // caps. The root README's Contributing section gives the command.
 func TestLibraryWeight(t *testing.T) {
-	root, err := filepath.Abs("../../..")
-	if err != nil {
-		t.Fatal(err)
-	}
 	type weight struct{ code, exported int }
 	per := map[string]*weight{}
 	var total weight
-	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, path)
-		if d.IsDir() {
-			if rel != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" ||
-				rel == "cmd" || rel == "examples" || rel == filepath.Join("internal", "testkit")) {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		code, exported, err := weigh(path, !slices.Contains(strings.Split(rel, string(filepath.Separator)), "internal"))
+	err := eachLibraryFile(func(path, rel string, public bool) error {
+		code, exported, err := weigh(path, public)
 		if err != nil {
 			return err
 		}
@@ -145,10 +127,6 @@ func weigh(path string, public bool) (code, exported int, err error) {
 // a compile error); SQL arguments (args ...any) are the one exception.
 // internal/ packages may take any: only the library's own code calls them.
 func TestNoHiddenWiring(t *testing.T) {
-	root, err := filepath.Abs("../../..")
-	if err != nil {
-		t.Fatal(err)
-	}
 	isAny := func(e ast.Expr) bool {
 		switch x := e.(type) {
 		case *ast.Ident:
@@ -158,21 +136,7 @@ func TestNoHiddenWiring(t *testing.T) {
 		}
 		return false
 	}
-	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, path)
-		if d.IsDir() {
-			if rel != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" ||
-				rel == "cmd" || rel == "examples" || rel == filepath.Join("internal", "testkit")) {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
+	err := eachLibraryFile(func(path, rel string, public bool) error {
 		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
 		if err != nil {
 			return err
@@ -185,7 +149,6 @@ func TestNoHiddenWiring(t *testing.T) {
 			if fn.Name.Name == "init" && fn.Recv == nil {
 				t.Errorf("%s: func init: wire dependencies by typed imports", rel)
 			}
-			public := !slices.Contains(strings.Split(rel, string(filepath.Separator)), "internal")
 			if !public || !fn.Name.IsExported() || fn.Recv != nil && !receiverExported(fn.Recv.List[0].Type) {
 				continue
 			}
@@ -211,6 +174,33 @@ func TestNoHiddenWiring(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// eachLibraryFile calls f with each non-test Go file of the library (every
+// package but cmd/, examples/ and internal/testkit/): its path, its path
+// relative to the repository, and whether it is outside internal/.
+func eachLibraryFile(f func(path, rel string, public bool) error) error {
+	root, err := filepath.Abs("../../..")
+	if err != nil {
+		return err
+	}
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		if d.IsDir() {
+			if rel != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" ||
+				rel == "cmd" || rel == "examples" || rel == filepath.Join("internal", "testkit")) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		return f(path, rel, !slices.Contains(strings.Split(rel, string(filepath.Separator)), "internal"))
+	})
 }
 
 // receiverExported reports whether a method's receiver type is exported.
