@@ -32,22 +32,17 @@ func pgCronInstalled(t *testing.T) bool {
 	return err == nil
 }
 
-// The pruning functions scheduled with pg_cron prune inside the database:
-// the doctor warns about rows past their retention that nothing prunes,
-// `maintenance schedule` schedules the jobs (from the database pg_cron
-// runs in, for another one), pg_cron runs them, the rows are gone and the
-// doctor is content.
-func TestMaintenanceWithPgCron(t *testing.T) {
-	t.Parallel()
+// pgCronCluster starts a cluster with pg_cron loaded, scheduling in database
+// postgres; without pg_cron the test is skipped (failed under CI=true).
+func pgCronCluster(t *testing.T) *pgfencetest.Cluster {
+	t.Helper()
 	if !pgCronInstalled(t) {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("pg_cron is not installed (Debian/Ubuntu: apt-get install postgresql-15-cron)")
 		}
 		t.Skip("pg_cron is not installed (Debian/Ubuntu: apt-get install postgresql-15-cron)")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	cluster := pgfencetest.NewCluster(t, &pgfencetest.ClusterOptions{Settings: map[string]string{
+	return pgfencetest.NewCluster(t, &pgfencetest.ClusterOptions{Settings: map[string]string{
 		"shared_preload_libraries": "pg_cron",
 		"cron.database_name":       "postgres",
 		// Jobs run in background workers: no connection, no password.
@@ -55,6 +50,18 @@ func TestMaintenanceWithPgCron(t *testing.T) {
 		"max_worker_processes":        "16",
 		"fsync":                       "off",
 	}})
+}
+
+// The pruning functions scheduled with pg_cron prune inside the database:
+// the doctor warns about rows past their retention that nothing prunes,
+// `maintenance schedule` schedules the jobs (from the database pg_cron
+// runs in, for another one), pg_cron runs them, the rows are gone and the
+// doctor is content.
+func TestMaintenanceWithPgCron(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cluster := pgCronCluster(t)
 	db := cluster.NewDatabase(t)
 	exec := func(sql string, args ...any) {
 		t.Helper()
@@ -162,21 +169,9 @@ func TestMaintenanceWithPgCron(t *testing.T) {
 // the pruning functions), is not counted as pgfence's: the doctor names it.
 func TestMaintenanceAsOperator(t *testing.T) {
 	t.Parallel()
-	if !pgCronInstalled(t) {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("pg_cron is not installed (Debian/Ubuntu: apt-get install postgresql-15-cron)")
-		}
-		t.Skip("pg_cron is not installed (Debian/Ubuntu: apt-get install postgresql-15-cron)")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	cluster := pgfencetest.NewCluster(t, &pgfencetest.ClusterOptions{Settings: map[string]string{
-		"shared_preload_libraries":    "pg_cron",
-		"cron.database_name":          "postgres",
-		"cron.use_background_workers": "on",
-		"max_worker_processes":        "16",
-		"fsync":                       "off",
-	}})
+	cluster := pgCronCluster(t)
 	// pgfence and pg_cron in one database, so the doctor sees the jobs.
 	addr := pgcluster.At(cluster.Addr())
 	pool, err := pgxpool.New(ctx, addr.ConnString("postgres"))
