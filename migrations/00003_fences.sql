@@ -386,8 +386,7 @@ $$;
 -- which every role that can present a token may read (pgfence_app,
 -- pgfence_operator); a writer that may not read it cannot have called
 -- pgfence.fence() either, and is refused with the same PF006 as any unfenced
--- write, without touching pgfence's schema. The PF006 errors are raised here,
--- not by pgfence.raise_unfenced(), which writers may not call.
+-- write, without touching pgfence's schema.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.guard() RETURNS trigger
 LANGUAGE plpgsql SECURITY INVOKER SET search_path = pg_catalog, pg_temp AS $$
@@ -450,24 +449,6 @@ BEGIN
         RETURN OLD;
     END IF;
     RETURN NEW;
-END;
-$$;
--- +goose StatementEnd
-
--- raise_unfenced raises the PF006 rejection of an unfenced write. guard raises
--- its own (see above); nothing in pgfence calls this one.
--- +goose StatementBegin
-CREATE FUNCTION pgfence.raise_unfenced(resource text, relation regclass) RETURNS void
-LANGUAGE plpgsql VOLATILE AS $$
-BEGIN
-    IF resource IS NULL THEN
-        RAISE EXCEPTION 'pgfence: unfenced write to %: the row has no resource', relation
-            USING ERRCODE = 'PF006';
-    END IF;
-    RAISE EXCEPTION 'pgfence: unfenced write to % for resource %: this transaction presented no accepted token', relation, quote_literal(resource)
-        USING ERRCODE = 'PF006',
-              DETAIL = format('resource=%s', resource),
-              HINT = 'Call pgfence.fence(resource, token) in the same transaction before writing.';
 END;
 $$;
 -- +goose StatementEnd
@@ -1091,7 +1072,6 @@ DROP FUNCTION pgfence.protected_tables();
 DROP FUNCTION pgfence.unprotect(regclass);
 DROP FUNCTION pgfence.protect(regclass, text, text);
 DROP FUNCTION pgfence.reject_truncate();
-DROP FUNCTION pgfence.raise_unfenced(text, regclass);
 DROP FUNCTION pgfence.guard();
 DROP FUNCTION pgfence.check_lease(text, uuid, bigint);
 DROP FUNCTION pgfence.fence_probe(text);

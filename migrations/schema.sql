@@ -2142,25 +2142,6 @@ END;
 $$;
 
 --
--- Name: raise_unfenced(text, regclass); Type: FUNCTION; Schema: pgfence; Owner: -
---
-
-CREATE FUNCTION pgfence.raise_unfenced(resource text, relation regclass) RETURNS void
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF resource IS NULL THEN
-        RAISE EXCEPTION 'pgfence: unfenced write to %: the row has no resource', relation
-            USING ERRCODE = 'PF006';
-    END IF;
-    RAISE EXCEPTION 'pgfence: unfenced write to % for resource %: this transaction presented no accepted token', relation, quote_literal(resource)
-        USING ERRCODE = 'PF006',
-              DETAIL = format('resource=%s', resource),
-              HINT = 'Call pgfence.fence(resource, token) in the same transaction before writing.';
-END;
-$$;
-
---
 -- Name: record_fence_rejection(text, bigint, bigint, text, text, text, uuid, text); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -3920,12 +3901,6 @@ REVOKE ALL ON FUNCTION pgfence.raise_not_slot_run(p_key text, p_slot text, p_tok
 
 REVOKE ALL ON FUNCTION pgfence.raise_token_floor(new_floor bigint, reason text) FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.raise_token_floor(new_floor bigint, reason text) TO pgfence_operator;
-
---
--- Name: FUNCTION raise_unfenced(resource text, relation regclass); Type: ACL; Schema: pgfence; Owner: -
---
-
-REVOKE ALL ON FUNCTION pgfence.raise_unfenced(resource text, relation regclass) FROM PUBLIC;
 
 --
 -- Name: FUNCTION record_fence_rejection(p_resource text, p_presented_token bigint, p_accepted_token bigint, p_reason text, p_lease_reason text, p_operation text, p_op uuid, p_trace_id text); Type: ACL; Schema: pgfence; Owner: -
