@@ -40,6 +40,19 @@ type Report struct {
 	Results []benchrun.Result
 	// Comparisons state the figures against the goals, as ratios.
 	Comparisons []string
+	// Ratios are the ratios of the comparisons between two cases, round by
+	// round.
+	Ratios []Ratio
+}
+
+// Ratio is a ratio between two cases at one concurrency, in each round.
+type Ratio struct {
+	// Of is divided by To; Measure is what: "ops/s" or "p50".
+	Of, To, Measure string
+	Workers         int
+	// Rounds holds the ratio of each round, NaN in a round where either case
+	// measured nothing.
+	Rounds []float64
 }
 
 // Compare runs every case at every concurrency, round after round, and
@@ -92,7 +105,8 @@ func (lab *Lab) Compare(ctx context.Context, opts CompareOptions) (*Report, erro
 		}
 	}
 	rep := &Report{Machine: machine(), Settings: lab.settings, Timing: t, Rounds: rounds, Cases: opts.Cases,
-		Results: make([]benchrun.Result, len(samples)), Comparisons: compare(samples)}
+		Results: make([]benchrun.Result, len(samples))}
+	rep.Comparisons, rep.Ratios = compare(samples)
 	for i, runs := range samples {
 		rep.Results[i] = medianRun(runs)
 	}
@@ -182,13 +196,14 @@ func printResults(w io.Writer, results []benchrun.Result) {
 	}
 }
 
-// compare states the run's figures against the goals. runs holds
-// every round of each case at each concurrency. A ratio between two cases is
-// taken round by round, between runs that ran next to each other, and the
-// median of those is reported with their range: the machine's drift between
-// rounds (fsync latency varies by a third on a VM) cancels instead of
-// landing on whichever case it hit.
-func compare(runs [][]benchrun.Result) []string {
+// compare states the run's figures against the goals, and returns the
+// ratios between two cases round by round. runs holds every round of each
+// case at each concurrency. A ratio between two cases is taken round by
+// round, between runs that ran next to each other, and the median of those
+// is reported with their range: the machine's drift between rounds (fsync
+// latency varies by a third on a VM) cancels instead of landing on whichever
+// case it hit.
+func compare(runs [][]benchrun.Result) ([]string, []Ratio) {
 	find := func(name string, n int) []benchrun.Result {
 		for _, rs := range runs {
 			if len(rs) > 0 && rs[0].Case == name && rs[0].Workers == n {
@@ -198,20 +213,28 @@ func compare(runs [][]benchrun.Result) []string {
 		return nil
 	}
 	var out []string
+	var ratios []Ratio
 	var levels []int
 	for _, rs := range runs {
 		if len(rs) > 0 && !slices.Contains(levels, rs[0].Workers) {
 			levels = append(levels, rs[0].Workers)
 		}
 	}
-	opsRatio := func(a, b benchrun.Result) float64 { return a.OpsPerS / b.OpsPerS }
-	p50Ratio := func(a, b benchrun.Result) float64 { return float64(a.P50) / float64(b.P50) }
 	pct := func(x float64) string { return fmt.Sprintf("%.0f%%", 100*x) }
 	times := func(x float64) string { return fmt.Sprintf("%.2f×", x) }
+	type measure struct {
+		name  string
+		ratio func(a, b benchrun.Result) float64
+		show  func(float64) string
+	}
+	ops := measure{"ops/s", func(a, b benchrun.Result) float64 { return a.OpsPerS / b.OpsPerS }, pct}
+	p50 := measure{"p50", func(a, b benchrun.Result) float64 { return float64(a.P50) / float64(b.P50) }, times}
 	for _, n := range levels {
-		pair := func(a, b string, ratio func(a, b benchrun.Result) float64, show func(float64) string, text string) {
-			if v, ok := pairedRatio(find(a, n), find(b, n), ratio, show); ok {
+		pair := func(a, b string, m measure, text string) {
+			rounds := roundRatios(find(a, n), find(b, n), m.ratio)
+			if v, ok := pairedRatio(rounds, m.show); ok {
 				out = append(out, fmt.Sprintf("%3d workers: "+text, n, v))
+				ratios = append(ratios, Ratio{Of: a, To: b, Measure: m.name, Workers: n, Rounds: rounds})
 			}
 		}
 		// The goals of the performance issue: the lease cycle's ops/s at least
@@ -222,21 +245,21 @@ func compare(runs [][]benchrun.Result) []string {
 		if n > 1 {
 			leasesGoal = "≥ 85%%"
 		}
-		pair("leases", "raw-lock-upsert", opsRatio, pct, "leases acquire+release at %s of the raw inline-upsert floor's ops/s (goal "+leasesGoal+")")
-		pair("leases-service", "leases", opsRatio, pct, "leases as a service role checking its prefix grants at %s of the owner's ops/s (what the check costs)")
-		pair("leases", "redis-durable", opsRatio, pct, "leases acquire+release at %s of durable Redis (redsync) ops/s (goal at 8 workers: ≥ 100%%)")
-		pair("fenced-update", "raw-fence-row", p50Ratio, times, "fenced write (pgfence.Exec) p50 %s the hand-written fence row floor (goal ≤ 1.10×)")
-		pair("protected-update", "raw-fence-row", p50Ratio, times, "fenced write to a protected table p50 %s the hand-written fence row floor (goal ≤ 1.20×)")
-		pair("fenced-first", "raw-fence-first", p50Ratio, times, "a resource's first fenced write (pgfence.Exec) p50 %s the hand-written INSERT … ON CONFLICT floor (goal ≤ 1.2×)")
-		pair("raw-fence-row", "raw-update", p50Ratio, times, "the hand-written fence row floor: p50 %s the unfenced UPDATE (what recording each write costs)")
-		pair("fenced-update", "raw-update", p50Ratio, times, "fenced write (pgfence.Exec) p50 %s the unfenced UPDATE")
-		pair("versioned-update", "raw-update", p50Ratio, times, "versioned row write (a hand-written UPDATE … WHERE fence <= token) p50 %s the unfenced UPDATE (no fence row: nothing recorded)")
-		pair("idempotent-tx", "raw-insert-tx", p50Ratio, times, "idempotency.Store.Do p50 %s the same insert in a bare transaction")
-		pair("idempotent-tx", "raw-idempotent-tx", p50Ratio, times, "idempotency.Store.Do p50 %s the hand-written key row of the same design (goal ≤ 1.30×)")
-		pair("raw-idempotent-tx", "raw-insert-tx", p50Ratio, times, "the hand-written key row p50 %s the same insert in a bare transaction (what recording a key costs)")
-		pair("idempotent-http", "raw-http-insert", p50Ratio, times, "an HTTP request behind idemhttp (atomic mode) p50 %s the same handler without it (goal ≤ 1.10×)")
-		pair("sql-fenced-update", "sql-raw-update", p50Ratio, times, "database/sql fenced write (pgfence.ExecSQL, pgx stdlib) p50 %s the same unfenced UPDATE on database/sql (goal: within 10%% of the pgx ratio)")
-		pair("pq-fenced-update", "pq-raw-update", p50Ratio, times, "database/sql fenced write (pgfence.ExecSQL, lib/pq: BEGIN, fence, UPDATE, COMMIT) p50 %s the same unfenced UPDATE on lib/pq")
+		pair("leases", "raw-lock-upsert", ops, "leases acquire+release at %s of the raw inline-upsert floor's ops/s (goal "+leasesGoal+")")
+		pair("leases-service", "leases", ops, "leases as a service role checking its prefix grants at %s of the owner's ops/s (what the check costs)")
+		pair("leases", "redis-durable", ops, "leases acquire+release at %s of durable Redis (redsync) ops/s (goal at 8 workers: ≥ 100%%)")
+		pair("fenced-update", "raw-fence-row", p50, "fenced write (pgfence.Exec) p50 %s the hand-written fence row floor (goal ≤ 1.10×)")
+		pair("protected-update", "raw-fence-row", p50, "fenced write to a protected table p50 %s the hand-written fence row floor (goal ≤ 1.20×)")
+		pair("fenced-first", "raw-fence-first", p50, "a resource's first fenced write (pgfence.Exec) p50 %s the hand-written INSERT … ON CONFLICT floor (goal ≤ 1.2×)")
+		pair("raw-fence-row", "raw-update", p50, "the hand-written fence row floor: p50 %s the unfenced UPDATE (what recording each write costs)")
+		pair("fenced-update", "raw-update", p50, "fenced write (pgfence.Exec) p50 %s the unfenced UPDATE")
+		pair("versioned-update", "raw-update", p50, "versioned row write (a hand-written UPDATE … WHERE fence <= token) p50 %s the unfenced UPDATE (no fence row: nothing recorded)")
+		pair("idempotent-tx", "raw-insert-tx", p50, "idempotency.Store.Do p50 %s the same insert in a bare transaction")
+		pair("idempotent-tx", "raw-idempotent-tx", p50, "idempotency.Store.Do p50 %s the hand-written key row of the same design (goal ≤ 1.30×)")
+		pair("raw-idempotent-tx", "raw-insert-tx", p50, "the hand-written key row p50 %s the same insert in a bare transaction (what recording a key costs)")
+		pair("idempotent-http", "raw-http-insert", p50, "an HTTP request behind idemhttp (atomic mode) p50 %s the same handler without it (goal ≤ 1.10×)")
+		pair("sql-fenced-update", "sql-raw-update", p50, "database/sql fenced write (pgfence.ExecSQL, pgx stdlib) p50 %s the same unfenced UPDATE on database/sql (goal: within 10%% of the pgx ratio)")
+		pair("pq-fenced-update", "pq-raw-update", p50, "database/sql fenced write (pgfence.ExecSQL, lib/pq: BEGIN, fence, UPDATE, COMMIT) p50 %s the same unfenced UPDATE on lib/pq")
 		if h := medianOf(find("hot-key", n)); h != nil {
 			out = append(out, fmt.Sprintf("%3d workers: hot-key hand-off p50 %.2f ms (goal ≤ 5 ms)", n, ms(h.P50)))
 		}
@@ -247,25 +270,32 @@ func compare(runs [][]benchrun.Result) []string {
 	if len(levels) > 1 {
 		most := slices.Max(levels)
 		stmts := func(a, b benchrun.Result) float64 { return a.StatementsPerS / b.StatementsPerS }
-		if v, ok := pairedRatio(find("hot-key", most), find("hot-key", 1), stmts, times); ok && most > 1 {
+		if v, ok := pairedRatio(roundRatios(find("hot-key", most), find("hot-key", 1), stmts), times); ok && most > 1 {
 			out = append(out, fmt.Sprintf("hot key: %d waiters send %s the statements/s of 1 (goal: ≤ 2×)", most, v))
 		}
 	}
-	return out
+	return out, ratios
 }
 
-// pairedRatio computes ratio(a[i], b[i]) for every round i in which both ran,
-// and formats the median with show; with more than one round it adds their
-// range. ok is false when no round has both.
-func pairedRatio(a, b []benchrun.Result, ratio func(a, b benchrun.Result) float64, show func(float64) string) (_ string, ok bool) {
-	var rs []float64
-	for i := range min(len(a), len(b)) {
+// roundRatios computes ratio(a[i], b[i]) for every round i, NaN where either
+// measured nothing.
+func roundRatios(a, b []benchrun.Result, ratio func(a, b benchrun.Result) float64) []float64 {
+	rs := make([]float64, min(len(a), len(b)))
+	for i := range rs {
+		rs[i] = math.NaN()
 		if usable(a[i]) && usable(b[i]) {
-			if v := ratio(a[i], b[i]); v > 0 && !math.IsInf(v, 0) && !math.IsNaN(v) {
-				rs = append(rs, v)
+			if v := ratio(a[i], b[i]); v > 0 && !math.IsInf(v, 0) {
+				rs[i] = v
 			}
 		}
 	}
+	return rs
+}
+
+// pairedRatio formats the median of the rounds' ratios with show; with more
+// than one round it adds their range. ok is false when no round has one.
+func pairedRatio(rounds []float64, show func(float64) string) (_ string, ok bool) {
+	rs := slices.DeleteFunc(slices.Clone(rounds), math.IsNaN)
 	if len(rs) == 0 {
 		return "", false
 	}

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -67,7 +68,7 @@ func TestCompareRoundByRound(t *testing.T) {
 		return benchrun.Result{Case: name, Workers: 1, Ops: 100, P50: time.Duration(p50ms * float64(time.Millisecond)), OpsPerS: ops}
 	}
 	skipped := benchrun.Result{Case: "redis-durable", Workers: 1, Skipped: "no redis-server"}
-	out := compare([][]benchrun.Result{
+	out, ratios := compare([][]benchrun.Result{
 		{run("raw-update", 1, 0), run("raw-update", 2, 0), run("raw-update", 1, 0)},
 		// Chosen by themselves, the median runs would be 2.4 against 1: 2.4×.
 		{run("fenced-update", 1.1, 0), run("fenced-update", 2.4, 0), run("fenced-update", 1.3, 0)},
@@ -82,6 +83,19 @@ func TestCompareRoundByRound(t *testing.T) {
 	}
 	if !slices.Equal(out, want) {
 		t.Errorf("compare:\n%s\nwant:\n%s", strings.Join(out, "\n"), strings.Join(want, "\n"))
+	}
+	// The same ratios, each round's kept for the HTML report's curves.
+	var got []string
+	for _, r := range ratios {
+		got = append(got, fmt.Sprintf("%s/%s %s %d: %.2f", r.Of, r.To, r.Measure, r.Workers, r.Rounds))
+	}
+	wantRatios := []string{
+		"leases/raw-lock-upsert ops/s 1: [0.90 0.80 1.00]",
+		"leases/redis-durable ops/s 1: [NaN 2.00 NaN]",
+		"fenced-update/raw-update p50 1: [1.10 1.20 1.30]",
+	}
+	if !slices.Equal(got, wantRatios) {
+		t.Errorf("ratios:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(wantRatios, "\n"))
 	}
 }
 
