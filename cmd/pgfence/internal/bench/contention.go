@@ -125,6 +125,17 @@ type ContentionReport struct {
 	Checks []ContentionCheck
 	// Reconciled is true when every check held.
 	Reconciled bool
+
+	// Samples are the workers' counters over the run, about 50 from the
+	// start to the end (at least 100ms apart).
+	Samples []ContentionSample
+}
+
+// ContentionSample is what the workers had counted At after the run's start.
+type ContentionSample struct {
+	At                                        time.Duration
+	Acquisitions, GiveUps, Renewals, Expiries int64
+	Accepted, Rejected, Stopped               int64
 }
 
 // ContentionKey is one hot key's part of the run.
@@ -182,6 +193,11 @@ type contentionRun struct {
 	keyGrants  []int64
 	keyGiveUps []int64
 	firstError error
+}
+
+func (r *contentionRun) sample(start time.Time) ContentionSample {
+	return ContentionSample{At: time.Since(start), Acquisitions: r.acquisitions.Load(), GiveUps: r.giveUps.Load(), Renewals: r.renewals.Load(),
+		Expiries: r.expiries.Load(), Accepted: r.accepted.Load(), Rejected: r.rejected.Load(), Stopped: r.stopped.Load()}
 }
 
 func (r *contentionRun) fail(err error) {
@@ -248,7 +264,26 @@ func (lab *Lab) Contention(ctx context.Context, opts ContentionOptions) (*Conten
 	for i := range opts.Workers {
 		wg.Go(func() { run.worker(ctx, runCtx, i, clients[i]) })
 	}
+	// The counters, sampled while the workers run: a few atomic loads.
+	var samples []ContentionSample
+	sampled, stop := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(max(opts.Duration/50, 100*time.Millisecond))
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				samples = append(samples, run.sample(start))
+				return
+			case <-tick.C:
+				samples = append(samples, run.sample(start))
+			}
+		}
+	}()
 	wg.Wait()
+	close(stop)
+	<-sampled
 	cancel()
 	elapsed := time.Since(start)
 	done()
@@ -260,7 +295,8 @@ func (lab *Lab) Contention(ctx context.Context, opts ContentionOptions) (*Conten
 		Acquisitions: run.acquisitions.Load(), GiveUps: run.giveUps.Load(), Renewals: run.renewals.Load(),
 		Expiries: run.expiries.Load(), TakenOver: run.takenOver.Load(), PausedGrants: run.paused.Load(),
 		Accepted: run.accepted.Load(), Rejected: run.rejected.Load(), PausedRejected: run.pausedRejected.Load(),
-		LateAccepted: run.lateAccepted.Load(), Stopped: run.stopped.Load(), Errors: run.errs.Load(), RejectionsRecorded: -1}
+		LateAccepted: run.lateAccepted.Load(), Stopped: run.stopped.Load(), Errors: run.errs.Load(), RejectionsRecorded: -1,
+		Samples: samples}
 	if run.firstError != nil {
 		rep.FirstError = run.firstError.Error()
 	}
