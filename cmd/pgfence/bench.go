@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/bench"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/benchreport"
 )
 
 func benchCompare(fs *flag.FlagSet) runFunc {
@@ -21,6 +23,7 @@ func benchCompare(fs *flag.FlagSet) runFunc {
 	peersFlag := fs.String("peers", "redis", "peers measured in the same run: redis (a local redis-server through redsync, durable and in memory) or none")
 	rounds := fs.Int("rounds", 1, "run every case this many times, interleaved, and report each one's median run by ops/s (1 to 20)")
 	rtt := fs.Duration("rtt", 0, "add this much to every round trip to PostgreSQL, as a network would (a delaying proxy in the bench process; 0 to 100ms; needs --peers none)")
+	htmlPath := htmlFlag(fs)
 	return func(ctx context.Context, in *input) error {
 		if *rounds < 1 || *rounds > 20 {
 			return usageError("--rounds must be between 1 and 20, got %d", *rounds)
@@ -63,6 +66,11 @@ func benchCompare(fs *flag.FlagSet) runFunc {
 				cases = append(cases, all[i])
 			}
 		}
+		html, err := createHTML(*htmlPath)
+		if err != nil {
+			return err
+		}
+		defer html.close()
 		lab, err := openLab(ctx, in, slices.Max(workers), *rtt)
 		if err != nil {
 			return err
@@ -72,7 +80,11 @@ func benchCompare(fs *flag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		return in.print(rep.JSON(), rep.WriteText)
+		if err := in.print(rep.JSON(), rep.WriteText); err != nil {
+			return err
+		}
+		return html.write(func(w io.Writer) error { return benchreport.Compare(w, rep) },
+			"the report draws the ratios between two cases: run both cases of one, such as --cases leases,raw-lock-upsert")
 	}
 }
 
@@ -94,6 +106,7 @@ func benchCurves(fs *flag.FlagSet) runFunc {
 	fs.Var(&maxFollowers, "max-followers", "idle followers of one leader: 1, 4, 16 … this many (at most 256)")
 	idleWindow := fs.Duration("idle-window", 30*time.Second, "how long the followers curve counts each size's statements (1s to 10m)")
 	only := fs.String("curves", "", "comma-separated subset of "+strings.Join(bench.CurveNames(), ", ")+" (default: all)")
+	htmlPath := htmlFlag(fs)
 	return func(ctx context.Context, in *input) error {
 		timing, err := benchTiming(*duration, *warmup)
 		if err != nil {
@@ -135,6 +148,11 @@ func benchCurves(fs *flag.FlagSet) runFunc {
 				curves = append(curves, c)
 			}
 		}
+		html, err := createHTML(*htmlPath)
+		if err != nil {
+			return err
+		}
+		defer html.close()
 		// Every follower has a pool connection and a LISTEN connection.
 		lab, err := openLab(ctx, in, max(*workers, int(maxWaiters), int(maxFollowers)), 0)
 		if err != nil {
@@ -147,7 +165,11 @@ func benchCurves(fs *flag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		return in.print(rep.JSON(), rep.WriteText)
+		if err := in.print(rep.JSON(), rep.WriteText); err != nil {
+			return err
+		}
+		return html.write(func(w io.Writer) error { return benchreport.Curves(w, rep) },
+			"churn and failover are tables only: add rows, keys, resources, waiters, followers or retention to --curves")
 	}
 }
 

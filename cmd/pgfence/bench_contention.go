@@ -4,9 +4,11 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/bench"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/benchreport"
 )
 
 // Limits of `bench contention`'s flags.
@@ -25,6 +27,7 @@ func benchContention(fs *flag.FlagSet) runFunc {
 	hold := fs.Duration("hold", 0, "business work per grant before its write, renewing with KeepAlive every TTL/3 (0: write at once)")
 	pauseRate := fs.Float64("pause-rate", 0.05, "share of grants whose holder stalls for --pause, without renewing, then still writes (0 to 1)")
 	pause := fs.Duration("pause", 2*time.Second, "how long a paused holder stalls; must exceed --ttl")
+	htmlPath := htmlFlag(fs)
 	pauseFirst := fs.Bool("pause-first", false, "also pause the first grant of every key, for --pause and until another worker has written the key (or the run ends), so that every run has stale writes to reject")
 	return func(ctx context.Context, in *input) error {
 		if *workers < 1 || *workers > contentionMaxWorkers {
@@ -52,6 +55,11 @@ func benchContention(fs *flag.FlagSet) runFunc {
 		if (*pauseRate > 0 || *pauseFirst) && (*pause <= *ttl || *pause > bench.MaxDuration) {
 			return usageError("--pause must be longer than --ttl (%s), so that the paused holder is stale, and at most %s; got %s", *ttl, bench.MaxDuration, *pause)
 		}
+		html, err := createHTML(*htmlPath)
+		if err != nil {
+			return err
+		}
+		defer html.close()
 		lab, err := openLab(ctx, in, *workers, 0)
 		if err != nil {
 			return err
@@ -63,6 +71,10 @@ func benchContention(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		if err := in.print(rep.JSON(), rep.WriteText); err != nil {
+			return err
+		}
+		// Drawn whatever the checks say: a run that failed them is the one to look at.
+		if err := html.write(func(w io.Writer) error { return benchreport.Contention(w, rep) }, ""); err != nil {
 			return err
 		}
 		if !rep.Reconciled {
