@@ -61,6 +61,9 @@ func (c *chart) add(name string, x, y float64) {
 func (c *chart) svg() (template.HTML, error) {
 	p := plot.New() // its title is the figure's caption
 	p.X.Label.Text, p.Y.Label.Text = c.x, c.y
+	// The legend goes to the right of the plot, where it hides no point.
+	legend := plot.NewLegend()
+	legend.Top = true
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for i, s := range c.series {
 		line, points, err := plotter.NewLinePoints(s.xys)
@@ -70,7 +73,7 @@ func (c *chart) svg() (template.HTML, error) {
 		line.Color = plotutil.Color(i)
 		points.Shape, points.Color, points.Radius = draw.CircleGlyph{}, plotutil.Color(i), vg.Points(2.5)
 		p.Add(line, points)
-		p.Legend.Add(s.name, line, points)
+		legend.Add(s.name, line, points)
 		for _, xy := range s.xys {
 			lo, hi = min(lo, xy.X), max(hi, xy.X)
 		}
@@ -81,8 +84,11 @@ func (c *chart) svg() (template.HTML, error) {
 	p.Y.Min = min(p.Y.Min, 0)
 	p.Add(plotter.NewGrid())
 	p.BackgroundColor = color.White
-	canvas := vgsvg.New(7*vg.Inch, 4*vg.Inch)
-	p.Draw(draw.New(canvas))
+	canvas := vgsvg.New(8*vg.Inch, 4*vg.Inch)
+	dc := draw.New(canvas)
+	r := legend.Rectangle(dc)
+	p.Draw(draw.Crop(dc, 0, r.Min.X-r.Max.X-vg.Millimeter*3, 0, 0))
+	legend.Draw(dc)
 	var b bytes.Buffer
 	if _, err := canvas.WriteTo(&b); err != nil {
 		return "", err
