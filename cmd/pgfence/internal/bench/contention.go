@@ -126,8 +126,9 @@ type ContentionReport struct {
 	// Reconciled is true when every check held.
 	Reconciled bool
 
-	// Samples are the workers' counters over the run, about 50 from the
-	// start to the end (at least 100ms apart).
+	// Samples are the workers' counters over the run, about 20 from the
+	// start to the end (at least 200ms apart: fewer events per sample
+	// would make their rates mostly noise).
 	Samples []ContentionSample
 }
 
@@ -269,7 +270,7 @@ func (lab *Lab) Contention(ctx context.Context, opts ContentionOptions) (*Conten
 	sampled, stop := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(sampled)
-		tick := time.NewTicker(max(opts.Duration/50, 100*time.Millisecond))
+		tick := time.NewTicker(max(opts.Duration/20, 200*time.Millisecond))
 		defer tick.Stop()
 		for {
 			select {
