@@ -151,9 +151,14 @@ CREATE TABLE pgfence.leases (
 
 -- Grant history: one row per transition, bounded by pruning (see the leases
 -- package). It outlives the lease rows on purpose.
+--
+-- Every read of it names a key, so (key, id) is its only index besides the
+-- traces': id is unique by its identity (GENERATED ALWAYS, and only pgfence's
+-- functions insert), and a primary key index on it would be a third index
+-- entry for every event, two per grant + release, that no query reads.
 -- +goose StatementBegin
 CREATE TABLE pgfence.lease_events (
-    id             bigint                   GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id             bigint                   GENERATED ALWAYS AS IDENTITY,
     key            pgfence.key_name         NOT NULL,
     event          pgfence.lease_event_kind NOT NULL,
     holder         uuid                     NOT NULL,

@@ -3148,13 +3148,6 @@ ALTER TABLE ONLY pgfence.job_slots
     ADD CONSTRAINT job_slots_pkey PRIMARY KEY (key, slot);
 
 --
--- Name: lease_events lease_events_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
---
-
-ALTER TABLE ONLY pgfence.lease_events
-    ADD CONSTRAINT lease_events_pkey PRIMARY KEY (id);
-
---
 -- Name: lease_waiters lease_waiters_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
 --
 
