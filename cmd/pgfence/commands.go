@@ -58,6 +58,7 @@ func nouns() []noun {
 		{"floor", "the token floor: show it, or raise it after a restore or a schema rebuild"},
 		{"keys", "idempotency keys: list and show their state, find and fail abandoned ones, delete expired ones"},
 		{"maintenance", "prune pgfence's tables inside the database: its pruning functions as pg_cron jobs"},
+		{"ui", "a web console over leases, fences, idempotency keys and elections; read-only unless --allow-actions"},
 		{"doctor", "check a database: role, schema and who owns it, pgfence roles, migration lock, durability, timeouts, pooler, leases, protected tables, pruning"},
 		{"demo", "watch the database reject a paused lock holder's late write (a throwaway database by default)"},
 		{"bench", "measure leases, fenced writes and idempotency against raw SQL, advisory locks and Redis"},
@@ -119,6 +120,9 @@ func commands() []*command {
 
 		{noun: "maintenance", verb: "schedule", usage: "[--dry-run] [--target-database NAME] [--schedule CRON] [--batch-size N]", database: true, setup: maintenanceSchedule,
 			summary: "schedule prune_lease_events, prune_fence_rejections, advance_retention, prune_retired and idempotency_gc as pg_cron jobs (connect to cron.database_name); --dry-run prints the SQL"},
+
+		{noun: "ui", usage: "[--addr 127.0.0.1:8089] [--access-token TOKEN] [--allow-actions] [--refresh 5s]", database: true, setup: ui,
+			summary: "serve a web console: holders, waiters, pauses, rejections, abandoned keys, the doctor, each key's timeline; read-only unless --allow-actions"},
 
 		{noun: "doctor", database: true, setup: doctor,
 			summary: "check a database: role, schema and who owns it, pgfence roles, migration lock, durability, timeouts, pooler, leases, protected tables, pruning"},
