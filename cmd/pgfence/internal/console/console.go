@@ -75,6 +75,8 @@ type Server struct {
 		sync.Mutex
 		at       time.Time
 		findings []Finding
+		running  bool // a run in the background
+		wg       sync.WaitGroup
 	}
 }
 
@@ -129,8 +131,12 @@ func New(ctx context.Context, cfg *Config) (*Server, error) {
 	return s, nil
 }
 
-// Close stops the console's lease client; the pool stays open.
-func (s *Server) Close() { s.leases.Close() }
+// Close waits for a doctor's run in the background and stops the console's
+// lease client; the pool stays open.
+func (s *Server) Close() {
+	s.doctor.wg.Wait()
+	s.leases.Close()
+}
 
 // ServeHTTP checks the access token, sets the security headers and serves
 // the page.

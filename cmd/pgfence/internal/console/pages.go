@@ -25,26 +25,38 @@ import (
 // (a LIKE cannot under a collation other than C), and every list pages by
 // keyset (the last key shown), never by OFFSET.
 const (
-	statusColumns = `s.key, s.holder::text, s.token, s.granted_at, s.renewed_at, s.expires_at, s.released_at,
-       s.holder_info, s.live, s.remaining`
-	sqlHolders = `SELECT ` + statusColumns + ` FROM pgfence.lease_status s WHERE s.live ORDER BY s.granted_at DESC LIMIT $1`
+	// statusColumns are those of pgfence.lease_status, read from the table
+	// (AS l): the view hides the key's order from the planner, so a page of
+	// it sorted and filtered every row the role may see.
+	statusColumns = `l.key, l.holder::text, l.token, l.granted_at, l.renewed_at, l.expires_at, l.released_at, l.holder_info,
+       l.released_at IS NULL AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp(),
+       CASE WHEN l.released_at IS NULL THEN GREATEST(l.expires_at OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp(), interval '0')
+            ELSE interval '0' END`
+	sqlNow = `SELECT pg_catalog.clock_timestamp()`
+	// sqlHolders reads the live grants at $1 (the database clock), newest
+	// first, and how many there are. The time filter is leakproof, so it
+	// runs before the row-level security check, which then costs one
+	// function call per live grant, not per lease row.
+	sqlHolders = `SELECT ` + statusColumns + `, pg_catalog.count(*) OVER ()
+  FROM pgfence.leases l WHERE l.released_at IS NULL AND l.expires_at OPERATOR(pg_catalog.>) $1
+ ORDER BY l.granted_at DESC LIMIT $2`
 	sqlWaiters = `SELECT w.key, pg_catalog.count(*), pg_catalog.min(w.enqueued_at) FROM pgfence.lease_waiters w
  WHERE w.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() GROUP BY w.key ORDER BY 2 DESC, 1 LIMIT $1`
 	sqlRecentRejections = `SELECT r.id, r.resource, r.presented_token, coalesce(r.accepted_token, 0), r.reason,
        coalesce(r.lease_reason, ''), coalesce(r.operation, ''), r.at
   FROM pgfence.fence_rejections r ORDER BY r.id DESC LIMIT $1`
-	sqlLeases = `SELECT ` + statusColumns + ` FROM pgfence.lease_status s WHERE %s ORDER BY s.key LIMIT %d`
+	sqlLeases = `SELECT ` + statusColumns + ` FROM pgfence.leases l WHERE %s ORDER BY l.key LIMIT %d`
 	sqlFences = `SELECT f.resource, f.token, f.writes, f.accepted_at FROM pgfence.fences f WHERE %s ORDER BY f.resource LIMIT %d`
 	sqlKeys   = `SELECT k.scope, k.key, k.mode, k.status, k.epoch, k.created_at, k.completed_at, k.lease_expires_at,
        coalesce(k.failure_code, '') FROM pgfence.idempotency_keys k WHERE %s ORDER BY k.scope, k.key LIMIT %d`
 	sqlElections = `SELECT ` + statusColumns + `, h.terms, h.values, h.last_at
-  FROM pgfence.lease_status s
+  FROM pgfence.leases l
  CROSS JOIN LATERAL (SELECT pg_catalog.count(*) FILTER (WHERE e.event OPERATOR(pg_catalog.<>) 'info_changed' AND e.event OPERATOR(pg_catalog.<>) 'released'
                                                          AND e.event OPERATOR(pg_catalog.<>) 'force_released' AND e.event OPERATOR(pg_catalog.<>) 'expired') AS terms,
                             pg_catalog.count(*) FILTER (WHERE e.event OPERATOR(pg_catalog.=) 'info_changed') AS values,
                             pg_catalog.max(e.at) AS last_at
-                       FROM pgfence.lease_events e WHERE e.key OPERATOR(pg_catalog.=) s.key) h
- WHERE %s ORDER BY s.key LIMIT %d`
+                       FROM pgfence.lease_events e WHERE e.key OPERATOR(pg_catalog.=) l.key) h
+ WHERE %s ORDER BY l.key LIMIT %d`
 	sqlTasks       = `SELECT t.key, t.id, pg_catalog.to_jsonb(t)::text FROM pgfence.tasks t WHERE %s ORDER BY t.key, t.id LIMIT %d`
 	sqlTasksExist  = `SELECT pg_catalog.to_regclass('pgfence.tasks') IS NOT NULL`
 	sqlByteOrdered = `SELECT d.datcollate, coalesce(pg_catalog.to_jsonb(d) OPERATOR(pg_catalog.->>) 'datlocprovider', 'c')
@@ -74,8 +86,7 @@ type waiter struct {
 }
 
 type overviewData struct {
-	Counts     leases.Counts
-	CountsErr  string
+	Held       int64 // live grants
 	Holders    section[leases.Status]
 	Waiters    section[waiter]
 	Pauses     section[leases.Pause]
@@ -88,11 +99,17 @@ type overviewData struct {
 func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	var d overviewData
-	var err error
-	if d.Counts, err = s.leases.Count(ctx); err != nil {
-		d.CountsErr = err.Error()
+	var now time.Time
+	err := s.cfg.Pool.QueryRow(ctx, sqlNow).Scan(&now)
+	if err == nil {
+		d.Holders = load(collect(ctx, s.cfg.Pool, func(row pgx.CollectableRow) (leases.Status, error) {
+			var st statusRow
+			err := row.Scan(append(st.dest(), &d.Held)...)
+			return st.status(), err
+		}, sqlHolders, now, overviewRows))
+	} else {
+		d.Holders.Err = err.Error()
 	}
-	d.Holders = load(collect(ctx, s.cfg.Pool, scanStatus, sqlHolders, overviewRows))
 	d.Waiters = load(collect(ctx, s.cfg.Pool, func(row pgx.CollectableRow) (x waiter, err error) {
 		return x, row.Scan(&x.Key, &x.Count, &x.Oldest)
 	}, sqlWaiters, overviewRows))
@@ -107,12 +124,28 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, http.StatusOK, "overview", "Overview", d)
 }
 
-// findings returns the doctor's findings, run at most every DoctorEvery.
+// findings returns the doctor's findings: the first time at once, later
+// those of the last run while a run older than DoctorEvery is redone in
+// the background (its checks read every lease row; the overview does not
+// wait for them at each refresh).
 func (s *Server) findings(ctx context.Context) []Finding {
 	s.doctor.Lock()
 	defer s.doctor.Unlock()
-	if s.doctor.findings == nil || time.Since(s.doctor.at) > s.cfg.DoctorEvery {
+	switch {
+	case s.doctor.findings == nil:
 		s.doctor.findings, s.doctor.at = s.cfg.Doctor(ctx), time.Now()
+	case time.Since(s.doctor.at) > s.cfg.DoctorEvery && !s.doctor.running:
+		s.doctor.running = true
+		s.doctor.wg.Add(1)
+		go func() {
+			defer s.doctor.wg.Done()
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			f := s.cfg.Doctor(dctx)
+			s.doctor.Lock()
+			s.doctor.findings, s.doctor.at, s.doctor.running = f, time.Now(), false
+			s.doctor.Unlock()
+		}()
 	}
 	return s.doctor.findings
 }
@@ -213,7 +246,7 @@ type taskRow struct {
 
 var lists = []list{
 	{name: "leases", title: "Leases", cursor: []string{"after"}, fetch: func(s *Server, ctx context.Context, prefix string, q map[string]string) (any, int, map[string]string, error) {
-		rows, err := fetchPage(s, ctx, sqlLeases, scanStatus, [][2]string{{"s.key", prefix}}, []string{"s.key"}, q["after"])
+		rows, err := fetchPage(s, ctx, sqlLeases, scanStatus, [][2]string{{"l.key", prefix}}, []string{"l.key"}, q["after"])
 		return rows, len(rows), cursorOf(rows, func(x leases.Status) []string { return []string{x.Key} }, "after"), err
 	}},
 	{name: "fences", title: "Fences", cursor: []string{"after"}, fetch: func(s *Server, ctx context.Context, prefix string, q map[string]string) (any, int, map[string]string, error) {
@@ -235,7 +268,7 @@ var lists = []list{
 			err = row.Scan(append(st.dest(), &x.Terms, &x.Values, &x.LastAt)...)
 			x.Status = st.status()
 			return x, err
-		}, [][2]string{{"s.key", prefix}}, []string{"s.key"}, q["after"])
+		}, [][2]string{{"l.key", prefix}}, []string{"l.key"}, q["after"])
 		return rows, len(rows), cursorOf(rows, func(x electionRow) []string { return []string{x.Key} }, "after"), err
 	}},
 	{name: "tasks", title: "Ordered tasks", cursor: []string{"after", "after_id"}, tasks: true, fetch: func(s *Server, ctx context.Context, prefix string, q map[string]string) (any, int, map[string]string, error) {
@@ -286,10 +319,16 @@ func (s *Server) list(l list) http.HandlerFunc {
 	}
 }
 
-// fetchPage runs one list statement: format's %s gets the conditions (each
+// fetchPage runs one list statement (see listSQL) and collects its rows.
+func fetchPage[T any](s *Server, ctx context.Context, format string, scan pgx.RowToFunc[T], ranges [][2]string, keyset []string, after ...any) ([]T, error) {
+	sql, args := s.listSQL(format, ranges, keyset, after...)
+	return collect(ctx, s.cfg.Pool, scan, sql, args...)
+}
+
+// listSQL completes a list statement: format's %s gets the conditions (each
 // column of ranges starts with its prefix; the keyset columns sort after
 // after), %d the page size.
-func fetchPage[T any](s *Server, ctx context.Context, format string, scan pgx.RowToFunc[T], ranges [][2]string, keyset []string, after ...any) ([]T, error) {
+func (s *Server) listSQL(format string, ranges [][2]string, keyset []string, after ...any) (string, []any) {
 	var args []any
 	conds := []string{"true"}
 	for _, rg := range ranges {
@@ -304,8 +343,7 @@ func fetchPage[T any](s *Server, ctx context.Context, format string, scan pgx.Ro
 		}
 		conds = append(conds, fmt.Sprintf("(%s) OPERATOR(pg_catalog.>) (%s)", strings.Join(cols, ", "), strings.Join(params, ", ")))
 	}
-	sql := fmt.Sprintf(format, strings.Join(conds, " AND "), s.cfg.PageSize)
-	return collect(ctx, s.cfg.Pool, scan, sql, args...)
+	return fmt.Sprintf(format, strings.Join(conds, " AND "), s.cfg.PageSize), args
 }
 
 // prefixRange returns the conditions that col starts with prefix, as a
