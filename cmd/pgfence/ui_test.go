@@ -524,3 +524,66 @@ func TestUIAccessToken(t *testing.T) {
 		t.Errorf("the token stays in the URL: %s", loc)
 	}
 }
+
+// Lists page by keyset: each page links the next by its last key, pages
+// together list every row once; the tasks list exists when pgfence.tasks
+// does.
+func TestUIListsPageByKeyset(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgfencetest.NewDatabase(t)
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO pgfence.leases (key, holder, token, granted_at, expires_at, released_at)
+		SELECT 'page/' || lpad(g::text, 3, '0'), gen_random_uuid(), 1, t, t, t
+		  FROM generate_series(1, 120) g, (SELECT clock_timestamp() AS t) c;
+		INSERT INTO pgfence.leases (key, holder, token, granted_at, expires_at, released_at)
+		SELECT 'pagf/1', gen_random_uuid(), 1, t, t, t FROM (SELECT clock_timestamp() AS t) c`); err != nil {
+		t.Fatal(err)
+	}
+	base := startUI(t, db.URL)
+	if code, body := get(t, base+"/"); code != http.StatusOK || strings.Contains(body, `href="/tasks"`) {
+		t.Errorf("overview without pgfence.tasks: %d, links to tasks: %v", code, strings.Contains(body, `href="/tasks"`))
+	}
+	if code, _ := get(t, base+"/tasks"); code != http.StatusNotFound {
+		t.Errorf("/tasks without pgfence.tasks: %d, want 404", code)
+	}
+	next := base + "/leases?prefix=page%2F"
+	var seen []string
+	for pages := 0; next != ""; pages++ {
+		if pages > 3 {
+			t.Fatal("more pages than rows allow")
+		}
+		code, body := get(t, next)
+		if code != http.StatusOK {
+			t.Fatalf("%s: %d\n%s", next, code, body)
+		}
+		for _, part := range strings.Split(body, `href="/key?k=`)[1:] {
+			k, _, _ := strings.Cut(part, `"`)
+			k, _ = url.QueryUnescape(k)
+			seen = append(seen, k)
+		}
+		next = ""
+		if _, rest, ok := strings.Cut(body, `<p class="more"><a href="`); ok {
+			link, _, _ := strings.Cut(rest, `"`)
+			next = base + strings.ReplaceAll(link, "&amp;", "&")
+		}
+	}
+	if len(seen) != 120 || seen[0] != "page/001" || seen[119] != "page/120" {
+		t.Errorf("pages listed %d keys (%v ... ), want page/001 to page/120 once each", len(seen), seen[:min(len(seen), 3)])
+	}
+	for i := 1; i < len(seen); i++ {
+		if seen[i] <= seen[i-1] {
+			t.Errorf("key %q after %q", seen[i], seen[i-1])
+		}
+	}
+
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE pgfence.tasks (id bigint GENERATED ALWAYS AS IDENTITY, key text NOT NULL, status text NOT NULL);
+		INSERT INTO pgfence.tasks (key, status) VALUES ('orders:1', 'done'), ('orders:1', 'pending'), ('stock:9', 'running')`); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get(t, base+"/tasks?prefix=orders%3A"); code != http.StatusOK || !strings.Contains(body, "pending") || strings.Contains(body, "stock:9") {
+		t.Errorf("/tasks?prefix=orders: with pgfence.tasks: %d\n%s", code, body)
+	}
+	if _, body := get(t, base+"/"); !strings.Contains(body, `href="/tasks"`) {
+		t.Error("the overview does not link the tasks once pgfence.tasks exists")
+	}
+}

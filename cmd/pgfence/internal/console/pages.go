@@ -182,7 +182,11 @@ func (s *Server) key(w http.ResponseWriter, r *http.Request) {
 	history, herr := s.leases.History(ctx, d.Key, timelineEvents)
 	rejections, rerr := pgfence.Rejections(ctx, s.cfg.Pool, d.Key, timelineEvents)
 	d.Events = load(merge(history, rejections), errors.Join(herr, rerr))
-	d.Timeline = draw(d.Events.Rows)
+	var live int64
+	if d.Lease.Live {
+		live = d.Lease.Token
+	}
+	d.Timeline = draw(d.Events.Rows, live)
 	d.Rejections = len(rejections)
 	f, err := pgfence.LookupFence(ctx, s.cfg.Pool, d.Key)
 	switch {
@@ -457,6 +461,7 @@ func scanStatus(row pgx.CollectableRow) (leases.Status, error) {
 
 // item is one entry of a key's timeline: a lease event or a rejected write.
 type item struct {
+	Seq      int // its place in the timeline, from 1
 	At       time.Time
 	Kind     string // the event, or "rejected"
 	Token    int64
@@ -470,10 +475,14 @@ func merge(history []leases.Event, rejections []pgfence.Rejection) []item {
 	var out []item
 	for i := len(history) - 1; i >= 0; i-- { // oldest first
 		e := history[i]
-		detail := e.Reason
+		var parts []string
 		if e.HolderInfo != "" {
-			detail = strings.TrimSpace(e.HolderInfo + " " + detail)
+			parts = append(parts, "holder info: "+e.HolderInfo)
 		}
+		if e.Reason != "" {
+			parts = append(parts, "reason: "+e.Reason)
+		}
+		detail := strings.Join(parts, "; ")
 		out = append(out, item{At: e.At, Kind: e.Kind, Token: e.Token, Holder: e.Holder, Detail: detail})
 	}
 	for _, r := range rejections {
@@ -490,5 +499,8 @@ func merge(history []leases.Event, rejections []pgfence.Rejection) []item {
 		out = append(out, item{At: r.At, Kind: "rejected", Token: r.PresentedToken, Detail: detail, Rejected: true})
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
+	for i := range out {
+		out[i].Seq = i + 1
+	}
 	return out
 }

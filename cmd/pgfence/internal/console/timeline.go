@@ -7,7 +7,7 @@ import (
 )
 
 // timeline is a key's history drawn as SVG: one lane per token, a bar
-// across each grant's recorded life, one mark per event in the order the
+// across each grant's recorded life (to the right edge for the live one), one mark per event in the order the
 // database recorded them (evenly spaced: the order matters, the gaps would
 // hide it), rejected writes in red on the lane of the token they presented.
 type timeline struct {
@@ -35,10 +35,10 @@ const (
 	laneTop   = 70
 	laneGap   = 34
 	markStep  = 72
-	axisSpace = 90
+	axisSpace = 70
 )
 
-func draw(items []item) timeline {
+func draw(items []item, live int64) timeline {
 	var tokens []int64
 	for _, it := range items {
 		if !slices.Contains(tokens, it.Token) {
@@ -59,8 +59,13 @@ func draw(items []item) timeline {
 		}
 		l.X2 = x
 		title := strings.Join(slices.DeleteFunc([]string{stamp(it.At), it.Kind, "token " + strconv.FormatInt(it.Token, 10), it.Holder, it.Detail}, func(s string) bool { return s == "" }), " · ")
-		t.Marks = append(t.Marks, mark{Seq: i + 1, X: x, Y: l.Y, Kind: it.Kind, Label: strings.ReplaceAll(it.Kind, "_", " "),
+		t.Marks = append(t.Marks, mark{Seq: it.Seq, X: x, Y: l.Y, Kind: it.Kind, Label: strings.ReplaceAll(it.Kind, "_", " "),
 			Title: title, Stamp: it.At.UTC().Format("15:04:05.000")})
+	}
+	for i := range t.Lanes {
+		if t.Lanes[i].Token == live {
+			t.Lanes[i].X2 = t.Width - 10
+		}
 	}
 	return t
 }
