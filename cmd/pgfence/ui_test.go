@@ -499,6 +499,28 @@ func TestUIAccessToken(t *testing.T) {
 	}
 
 	db := pgfencetest.NewDatabase(t)
+	// Without a token, only loopback names are answered (DNS rebinding), and
+	// bad input is a 400 that says why.
+	open := startUI(t, db.URL)
+	req, _ := http.NewRequest(http.MethodGet, open+"/leases", nil)
+	req.Host = "rebound.example:8089"
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Errorf("a request for Host rebound.example: %v, %v; want 421", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	req.Host = strings.Replace(strings.TrimPrefix(open, "http://"), "127.0.0.1", "localhost", 1)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("a request for Host localhost: %v, %v; want 200", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	for _, path := range []string{"/key", "/key?k=a%00b", "/key?k=" + strings.Repeat("k", 513), "/leases?prefix=%ff", "/fences?prefix=" + strings.Repeat("p", 513)} {
+		if code, body := get(t, open+path); code != http.StatusBadRequest || !strings.Contains(body, "bytes of UTF-8 without NUL") {
+			t.Errorf("%.40s: %d, want 400 saying why:\n%s", path, code, body)
+		}
+	}
+
 	base := startUI(t, db.URL, "--access-token", "s3cret")
 	if code, _ := get(t, base+"/"); code != http.StatusUnauthorized {
 		t.Errorf("without the token: %d, want 401", code)
@@ -506,7 +528,7 @@ func TestUIAccessToken(t *testing.T) {
 	if code, _ := get(t, base+"/?access_token=wrong"); code != http.StatusUnauthorized {
 		t.Errorf("with a wrong token: %d, want 401", code)
 	}
-	req, _ := http.NewRequest(http.MethodGet, base+"/leases", nil)
+	req, _ = http.NewRequest(http.MethodGet, base+"/leases", nil)
 	req.Header.Set("Authorization", "Bearer s3cret")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

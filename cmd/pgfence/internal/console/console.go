@@ -146,6 +146,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "same-origin") // "no-referrer" makes Chromium send Origin: null with the forms
 	h.Set("Cache-Control", "no-store")
+	if s.cfg.AccessToken == "" && !loopbackHost(r.Host) {
+		// A page of another site whose name was made to resolve to
+		// 127.0.0.1 (DNS rebinding) is same-origin with itself, not with
+		// the console: without a token, answer loopback names only.
+		http.Error(w, fmt.Sprintf("pgfence ui: refused Host %q: without an access token the console answers only to localhost and loopback addresses", r.Host), http.StatusMisdirectedRequest)
+		return
+	}
 	if s.cfg.AccessToken != "" && !s.authorized(w, r) {
 		return
 	}
@@ -182,15 +189,23 @@ func same(a, b string) bool {
 	return subtle.ConstantTimeCompare(ha[:], hb[:]) == 1
 }
 
+// loopbackHost reports whether a request's Host names this machine.
+func loopbackHost(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
+}
+
 // CheckAddr refuses to serve on a non-loopback address without an access
 // token. A host name other than localhost counts as non-loopback.
 func CheckAddr(addr, token string) error {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return fmt.Errorf("address %q: %v", addr, err)
 	}
-	ip := net.ParseIP(host)
-	if host == "localhost" || (ip != nil && ip.IsLoopback()) || token != "" {
+	if loopbackHost(addr) || token != "" {
 		return nil
 	}
 	return fmt.Errorf("address %q is reachable from other hosts: it needs an access token (--access-token or %s)", addr, TokenEnv)

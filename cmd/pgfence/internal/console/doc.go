@@ -23,7 +23,10 @@
 //   - With an access token ([Config.AccessToken]) every request must
 //     present it (a Bearer header, or once as ?access_token= which sets a
 //     cookie); tokens are compared in constant time. [CheckAddr] refuses a
-//     non-loopback address without a token.
+//     non-loopback address without a token; without a token the console
+//     answers only requests whose Host is localhost or a loopback address,
+//     so a site whose name was made to resolve to 127.0.0.1 (DNS
+//     rebinding) cannot read it.
 //
 // # Failure handling
 //
