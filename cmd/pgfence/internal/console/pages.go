@@ -299,10 +299,12 @@ func (s *Server) list(l list) http.HandlerFunc {
 		}
 		prefix := r.URL.Query().Get("prefix")
 		q := map[string]string{}
+		errs := []error{checkName("prefix", prefix, 0)}
 		for _, c := range l.cursor {
 			q[c] = r.URL.Query().Get(c)
+			errs = append(errs, checkName(c, q[c], 0))
 		}
-		if err := errors.Join(checkName("prefix", prefix, 0), checkName("cursor", q[l.cursor[0]], 0)); err != nil {
+		if err := errors.Join(errs...); err != nil {
 			s.fail(w, r, http.StatusBadRequest, err)
 			return
 		}
