@@ -91,7 +91,7 @@ func BenchmarkQueries(b *testing.B) {
 		b.Run(p.name, func(b *testing.B) {
 			for b.Loop() {
 				w := httptest.NewRecorder()
-				s.ServeHTTP(w, httptest.NewRequest(http.MethodGet, p.path, nil))
+				s.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "http://127.0.0.1:8089"+p.path, nil))
 				if w.Code != http.StatusOK {
 					b.Fatalf("%s: %d\n%s", p.path, w.Code, w.Body)
 				}
