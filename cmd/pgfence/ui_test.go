@@ -484,6 +484,57 @@ func TestUIActions(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT reason FROM pgfence.lease_events WHERE key = 'ops/1' AND event = 'force_released'`).Scan(&reason); err != nil || reason != "stuck since the deploy" {
 		t.Errorf("force release recorded with reason %q, %v", reason, err)
 	}
+
+	// The other actions, posted as the console's own form would be, leave
+	// the CLI's records: who, what, when, why.
+	post := func(action string, form url.Values) string {
+		t.Helper()
+		form.Set("csrf", cookie.Value)
+		req, _ := http.NewRequest(http.MethodPost, base+"/action/"+action, strings.NewReader(form.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Origin", base)
+		req.AddCookie(cookie)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("POST /action/%s: %d\n%s", action, resp.StatusCode, b)
+		}
+		return string(b)
+	}
+	post("pause", url.Values{"prefix": {"deploy/"}, "reason": {"rollout 7"}})
+	post("resume", url.Values{"prefix": {"deploy/"}, "reason": {"rollout done"}})
+	var me string
+	if err := db.Pool.QueryRow(ctx, `SELECT session_user`).Scan(&me); err != nil {
+		t.Fatal(err)
+	}
+	rows, _ := db.Pool.Query(ctx, `SELECT action || ' by ' || actor || ': ' || coalesce(reason, '') FROM pgfence.grant_pause_events WHERE prefix = 'deploy/' ORDER BY id`)
+	events, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(events) != 2 || events[0] != "paused by "+me+": rollout 7" || events[1] != "resumed by "+me+": rollout done" {
+		t.Errorf("pause and resume recorded %q, %v", events, err)
+	}
+	store, err := idempotency.NewStore(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Claim(ctx, db.Pool, idempotency.Request{Scope: "payments/", Key: "order-9:capture"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE pgfence.idempotency_keys SET lease_expires_at = clock_timestamp() - interval '1 minute'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, body := get(t, base+"/action/fail-abandoned?scope_prefix=payments%2F"); !strings.Contains(body, "order-9:capture") {
+		t.Errorf("the fail-abandoned confirmation does not list the key it would take:\n%s", body)
+	}
+	if body := post("fail-abandoned", url.Values{"scope_prefix": {"payments/"}}); !strings.Contains(body, "Marked 1 abandoned key(s) failed") {
+		t.Errorf("fail-abandoned: %s", body)
+	}
+	if k, ok, err := idempotency.LookupKey(ctx, db.Pool, "payments/", "order-9:capture"); err != nil || !ok || k.Status != "failed" || k.FailureCode != "abandoned" || k.Epoch != 2 {
+		t.Errorf("after fail-abandoned the key is %+v, %v, %v", k, ok, err)
+	}
 }
 
 // A console reachable from other hosts needs an access token; with one,
