@@ -292,6 +292,12 @@ func TestUIKeyTimeline(t *testing.T) {
 		}
 	}
 	browser.Screenshot(t, br, "console-timeline")
+
+	// As an election: two terms (the grant and the takeover), B leads.
+	visit(t, br, base+"/elections?prefix=reports%2F")
+	if row := eval[[]string](t, br, `[...document.querySelectorAll('main table tr')[1].cells].map(c => c.innerText)`); len(row) != 8 || row[3] != "worker B" || row[5] != "2" {
+		t.Errorf("elections row of %s = %q, want leader value worker B and 2 terms", key, row)
+	}
 }
 
 // Keys, holder info and reasons are user input: the console renders them as

@@ -49,11 +49,10 @@ const (
 	sqlFences = `SELECT f.resource, f.token, f.writes, f.accepted_at FROM pgfence.fences f WHERE %s ORDER BY f.resource LIMIT %d`
 	sqlKeys   = `SELECT k.scope, k.key, k.mode, k.status, k.epoch, k.created_at, k.completed_at, k.lease_expires_at,
        coalesce(k.failure_code, '') FROM pgfence.idempotency_keys k WHERE %s ORDER BY k.scope, k.key LIMIT %d`
-	sqlElections = `SELECT ` + statusColumns + `, h.terms, h.values, h.last_at
+	sqlElections = `SELECT ` + statusColumns + `, h.terms, h.published, h.last_at
   FROM pgfence.leases l
- CROSS JOIN LATERAL (SELECT pg_catalog.count(*) FILTER (WHERE e.event OPERATOR(pg_catalog.<>) 'info_changed' AND e.event OPERATOR(pg_catalog.<>) 'released'
-                                                         AND e.event OPERATOR(pg_catalog.<>) 'force_released' AND e.event OPERATOR(pg_catalog.<>) 'expired') AS terms,
-                            pg_catalog.count(*) FILTER (WHERE e.event OPERATOR(pg_catalog.=) 'info_changed') AS values,
+ CROSS JOIN LATERAL (SELECT pg_catalog.count(*) FILTER (WHERE e.event OPERATOR(pg_catalog.=) ANY ('{acquired,taken_over}')) AS terms,
+                            pg_catalog.count(*) FILTER (WHERE e.event OPERATOR(pg_catalog.=) 'info_changed') AS published,
                             pg_catalog.max(e.at) AS last_at
                        FROM pgfence.lease_events e WHERE e.key OPERATOR(pg_catalog.=) l.key) h
  WHERE %s ORDER BY l.key LIMIT %d`
