@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/chromedp/chromedp"
+
+	"github.com/pgfence/pgfence/internal/testkit/browser"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -192,4 +195,51 @@ func TestBenchHTMLBadInput(t *testing.T) {
 	if left, _ := os.ReadDir(dir); len(left) != 0 {
 		t.Errorf("files left in %s: %v", dir, left)
 	}
+}
+
+// TestBenchHTMLInChromium opens the report of a short run in Chromium, as
+// the person who asked for it will: every curve's figure renders one SVG
+// with a drawing area and its points, under its caption, and the page loads
+// nothing from elsewhere.
+func TestBenchHTMLInChromium(t *testing.T) {
+	path, _, captions := benchHTMLReport(t)
+	ctx := browser.New(t)
+	if err := chromedp.Do(ctx, chromedp.Navigate("file://"+path)); err != nil {
+		t.Fatal(err)
+	}
+	type figure struct {
+		Caption       string
+		SVGs, Circles int
+		Width, Height float64
+	}
+	figures, err := chromedp.Run(ctx, chromedp.Evaluate[[]figure](`[...document.querySelectorAll("figure")].map(f => {
+		const svg = f.querySelector("svg"), box = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
+		return {Caption: (f.querySelector("figcaption") || {}).textContent || "", SVGs: f.querySelectorAll("svg").length,
+		        Circles: [...f.querySelectorAll("path")].filter(p => (p.getAttribute("d") || "").includes("A")).length, Width: box.width, Height: box.height};
+	})`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parsed, _ := readHTMLReport(t, path)
+	if len(figures) != len(captions) || len(parsed) != len(captions) {
+		t.Fatalf("Chromium shows %d figures, the file has %d, want %d (one per curve): %+v", len(figures), len(parsed), len(captions), figures)
+	}
+	for i, f := range figures {
+		if !strings.Contains(f.Caption, captions[i]) {
+			t.Errorf("figure %d: caption %q, want %q", i, f.Caption, captions[i])
+		}
+		// The points (arcs) Chromium finds are the ones the file holds.
+		if f.SVGs != 1 || f.Circles < 2 || f.Circles != parsed[i].circles || f.Width < 100 || f.Height < 100 {
+			t.Errorf("figure %q: %d SVGs, %d points (the file has %d), %.0f×%.0f px; want one SVG with its points, at least 100×100",
+				f.Caption, f.SVGs, f.Circles, parsed[i].circles, f.Width, f.Height)
+		}
+	}
+	external, err := chromedp.Run(ctx, chromedp.Evaluate[int](`performance.getEntriesByType("resource").length`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if external != 0 {
+		t.Errorf("the report loaded %d resources; it must be self-contained", external)
+	}
+	browser.Screenshot(t, ctx, "bench-curves-report")
 }
