@@ -203,10 +203,11 @@ func TestReleaseDoesNotStampede(t *testing.T) {
 			}
 			// Every grant is one attempt; each waiter's first attempt finds
 			// the key held. A stampede is about waiters-1 attempts per grant;
-			// holding back makes it about 2 to 3 on an idle machine. Half the
-			// stampede leaves room for a loaded one (under -race, with other
-			// packages' tests running).
-			if perGrant > waiters/2 {
+			// holding back makes it about 2 to 3 on an idle machine, and up
+			// to about 6 on a loaded one (under -race, with other packages'
+			// tests and browsers running, 6.2 was seen once). Three quarters
+			// of the stampede still tells the two apart.
+			if perGrant > 0.75*(waiters-1) {
 				t.Fatalf("%.2f attempts per grant with %d waiting clients: woken waiters stampede", perGrant, waiters)
 			}
 			switch {
