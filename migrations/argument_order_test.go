@@ -73,11 +73,17 @@ func TestNameErrorsBeforeGrants(t *testing.T) {
 		"resume_grants":                {`SELECT pgfence.resume_grants($N)`, true, false},
 		"revoke_prefix":                {`SELECT pgfence.revoke_prefix('pgfence_app', $N)`, true, false},
 		"set_holder_info":              {`SELECT pgfence.set_holder_info($N, ` + h + `, 1, 'info')`, false, true},
+		"task_claim":                   {`SELECT * FROM pgfence.task_claim($N, ` + h + `, 1)`, false, true},
+		"task_complete":                {`SELECT pgfence.task_complete($N, ` + h + `, 1, '{1}', NULL)`, false, true},
+		"task_enqueue":                 {`SELECT * FROM pgfence.task_enqueue($N, '{}')`, false, true},
+		"task_fail":                    {`SELECT pgfence.task_fail($N, ` + h + `, 1, 1, 'error')`, false, true},
+		"task_ready_keys":              {`SELECT pgfence.task_ready_keys($N)`, false, false},
 		"try_acquire":                  {`SELECT * FROM pgfence.try_acquire($N, interval '1 minute')`, false, true},
 	}
 	// Not in the list: may_use and may_use_under (they answer a question:
-	// false for any name the role may not use, a bad one included).
-	skipped := map[string]bool{"may_use": true, "may_use_under": true}
+	// false for any name the role may not use, a bad one included), and
+	// task_lease_key (it only spells a task key's lease key).
+	skipped := map[string]bool{"may_use": true, "may_use_under": true, "task_lease_key": true}
 
 	rows, err := db.Pool.Query(ctx, `
 SELECT DISTINCT p.proname

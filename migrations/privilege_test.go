@@ -498,6 +498,13 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.release(text,uuid,bigint,boolean)",
 		"pgfence.renew(text,uuid,bigint,interval)",
 		"pgfence.set_holder_info(text,uuid,bigint,text)",
+		"pgfence.task_claim(text,uuid,bigint,integer,integer,boolean)",
+		"pgfence.task_complete(text,uuid,bigint,bigint[],jsonb[])",
+		"pgfence.task_enqueue(text,jsonb,text,integer)",
+		"pgfence.task_fail(text,uuid,bigint,bigint,text,interval)",
+		"pgfence.task_lease_key(text)",
+		"pgfence.task_ready_keys(text,integer)",
+		"pgfence.task_status(bigint)",
 		"pgfence.try_acquire(text,interval,text,uuid,text,boolean)",
 	}
 	operations := []string{
@@ -514,10 +521,13 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.prune_fence_rejections(interval)",
 		"pgfence.prune_lease_events(text,integer)",
 		"pgfence.prune_retired(integer)",
+		"pgfence.prune_tasks(interval,integer)",
 		"pgfence.raise_token_floor(bigint,text)",
 		"pgfence.reject_truncate()",
 		"pgfence.resume_grants(text,text)",
 		"pgfence.revoke_prefix(regrole,text)",
+		"pgfence.task_retry(bigint)",
+		"pgfence.task_skip(bigint)",
 		"pgfence.token_epoch()",
 		"pgfence.unprotect(regclass)",
 	}

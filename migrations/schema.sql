@@ -2028,6 +2028,31 @@ END;
 $$;
 
 --
+-- Name: prune_tasks(interval, integer); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.prune_tasks(p_older_than interval, p_batch integer DEFAULT 1000) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_n bigint;
+BEGIN
+    PERFORM pgfence.require_primary();
+    IF p_older_than IS NULL OR p_older_than < interval '0' OR p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'pgfence: prune_tasks needs an age of at least 0 and a batch from 1 to 100000' USING ERRCODE = 'PF008';
+    END IF;
+    DELETE FROM pgfence.tasks t WHERE t.id IN (
+        SELECT x.id FROM pgfence.tasks x
+         WHERE x.state IN ('done', 'failed', 'skipped') AND x.finished_at < clock_timestamp() - p_older_than
+           AND NOT EXISTS (SELECT 1 FROM pgfence.task_keys k WHERE k.blocked_by = x.id)
+         LIMIT p_batch);
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END;
+$$;
+
+--
 -- Name: raise_grants_paused(text); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -2496,6 +2521,423 @@ BEGIN
     RETURN v_now;
 END;
 $$;
+
+--
+-- Name: task_check_key(text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.task_check_key(p_key text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 480 THEN
+        RAISE EXCEPTION 'pgfence: task key must be 1 to 480 bytes, got %',
+            coalesce(octet_length(p_key)::text || ' bytes', 'NULL') USING ERRCODE = 'PF008';
+    END IF;
+END;
+$$;
+
+--
+-- Name: task_claim(text, uuid, bigint, integer, integer, boolean); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.task_claim(p_key text, p_holder uuid, p_token bigint, p_max_tasks integer DEFAULT 100, p_max_attempts integer DEFAULT 5, p_strict boolean DEFAULT true) RETURNS TABLE(id bigint, seq bigint, payload jsonb, attempts integer, idem_key text, enqueued_at timestamp with time zone)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_fresh  boolean := pg_current_xact_id_if_assigned() IS NULL;
+    v_s      bigint;
+    v_x      xid8;
+    v_now    timestamptz;
+    v_n      bigint;
+    v_failed bigint;
+    k        pgfence.task_keys%ROWTYPE;
+BEGIN
+    -- The new mark: S first, then an xid assigned after reading it.
+    IF v_fresh THEN
+        SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END INTO v_s FROM pgfence.task_ids s;
+        v_x := pg_current_xact_id();
+    END IF;
+    PERFORM pgfence.task_require_consumer(p_key, p_holder, p_token);
+    IF p_max_tasks IS NULL OR p_max_tasks NOT BETWEEN 1 AND 10000
+       OR p_max_attempts IS NULL OR p_max_attempts NOT BETWEEN 1 AND 100 OR p_strict IS NULL THEN
+        RAISE EXCEPTION 'pgfence: task_claim needs max_tasks from 1 to 10000, max_attempts from 1 to 100 and strict, got %, %, %',
+            coalesce(p_max_tasks::text, 'NULL'), coalesce(p_max_attempts::text, 'NULL'), coalesce(p_strict::text, 'NULL')
+            USING ERRCODE = 'PF008';
+    END IF;
+
+    INSERT INTO pgfence.task_keys (key) VALUES (p_key) ON CONFLICT DO NOTHING;
+    SELECT x.* INTO k FROM pgfence.task_keys x WHERE x.key = p_key COLLATE pg_catalog."default" FOR UPDATE;
+    IF k.mark_id IS NOT NULL AND pg_snapshot_xmin(pg_current_snapshot()) > k.mark_xid THEN
+        -- Every transaction that drew an id <= mark_id has ended: number
+        -- the committed ones, in id order.
+        v_now := clock_timestamp();
+        UPDATE pgfence.tasks t SET seq = k.next_seq + n.rn - 1, numbered_at = v_now
+          FROM (SELECT x.id, row_number() OVER (ORDER BY x.id) AS rn FROM pgfence.tasks x
+                 WHERE x.key = p_key COLLATE pg_catalog."default" AND x.seq IS NULL AND x.id <= k.mark_id AND x.state = 'pending') n
+         WHERE t.id = n.id;
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        k.next_seq := k.next_seq + v_n;
+        k.mark_id := NULL;
+        k.mark_xid := NULL;
+    END IF;
+    IF k.mark_id IS NULL AND v_fresh THEN
+        k.mark_id := v_s;
+        k.mark_xid := v_x;
+    END IF;
+    UPDATE pgfence.task_keys x SET next_seq = k.next_seq, mark_id = k.mark_id, mark_xid = k.mark_xid,
+           strict = p_strict, max_attempts = p_max_attempts, claimed_at = clock_timestamp()
+     WHERE x.key = p_key COLLATE pg_catalog."default";
+
+    -- Tasks an earlier grant left running: its consumer stopped mid-batch.
+    v_now := clock_timestamp();
+    WITH i AS (
+        UPDATE pgfence.tasks t
+           SET attempts = t.attempts + 1,
+               state = CASE WHEN t.attempts + 1 >= p_max_attempts THEN 'failed' ELSE 'pending' END,
+               finished_at = CASE WHEN t.attempts + 1 >= p_max_attempts THEN v_now END,
+               error = format('interrupted: the consumer with token %s stopped while applying it', t.token)
+         WHERE t.key = p_key COLLATE pg_catalog."default" AND t.state = 'running' AND t.token <> p_token
+        RETURNING t.id, t.seq, t.state)
+    SELECT i.id INTO v_failed FROM i WHERE i.state = 'failed' ORDER BY i.seq LIMIT 1;
+    IF p_strict AND v_failed IS NOT NULL AND k.blocked_by IS NULL THEN
+        UPDATE pgfence.task_keys x SET blocked_by = v_failed WHERE x.key = p_key COLLATE pg_catalog."default";
+        k.blocked_by := v_failed;
+    END IF;
+    IF p_strict AND k.blocked_by IS NOT NULL THEN
+        RETURN;
+    END IF;
+
+    -- The next tasks in seq order; strict stops at the first one not due.
+    RETURN QUERY
+    WITH c AS (
+        SELECT x.id, x.seq, x.not_before FROM pgfence.tasks x
+         WHERE x.key = p_key COLLATE pg_catalog."default" AND x.state IN ('pending', 'running') AND x.seq IS NOT NULL
+         ORDER BY x.seq LIMIT p_max_tasks
+    ), due AS (
+        SELECT c.id FROM c
+         WHERE (c.not_before IS NULL OR c.not_before <= v_now)
+           AND (NOT p_strict OR c.seq < coalesce((SELECT min(c2.seq) FROM c c2 WHERE c2.not_before > v_now), 9223372036854775807))
+    )
+    UPDATE pgfence.tasks t SET state = 'running', token = p_token, started_at = v_now, not_before = NULL
+      FROM due WHERE t.id = due.id
+    RETURNING t.id, t.seq, t.payload, t.attempts, t.idem_key, t.enqueued_at;
+END;
+$$;
+
+--
+-- Name: task_complete(text, uuid, bigint, bigint[], jsonb[]); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.task_complete(p_key text, p_holder uuid, p_token bigint, p_ids bigint[], p_results jsonb[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_n integer;
+BEGIN
+    PERFORM pgfence.task_require_consumer(p_key, p_holder, p_token);
+    IF p_ids IS NULL OR cardinality(p_ids) > 10000 OR (p_results IS NOT NULL AND cardinality(p_results) <> cardinality(p_ids)) THEN
+        RAISE EXCEPTION 'pgfence: task_complete needs at most 10000 task ids and as many results (or NULL)' USING ERRCODE = 'PF008';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_results) r WHERE octet_length(r::text) > 65536) THEN
+        RAISE EXCEPTION 'pgfence: a task result must be JSON of at most 65536 bytes' USING ERRCODE = 'PF008';
+    END IF;
+    UPDATE pgfence.tasks t SET state = 'done', result = r.result, error = NULL, finished_at = clock_timestamp()
+      FROM unnest(p_ids, coalesce(p_results, array_fill(NULL::jsonb, ARRAY[cardinality(p_ids)]))) AS r(id, result)
+     WHERE t.id = r.id AND t.key = p_key COLLATE pg_catalog."default" AND t.state = 'running' AND t.token = p_token;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n <> cardinality(p_ids) THEN
+        RAISE EXCEPTION 'pgfence: % of % tasks of key % are not running under token %',
+                cardinality(p_ids) - v_n, cardinality(p_ids), quote_literal(p_key), p_token
+            USING ERRCODE = 'PF002', DETAIL = format('reason=task_not_claimed key=%s', pgfence.task_lease_key(p_key));
+    END IF;
+    RETURN v_n;
+END;
+$$;
+
+--
+-- Name: task_enqueue(text, jsonb, text, integer); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.task_enqueue(p_key text, p_payload jsonb, p_idem_key text DEFAULT NULL::text, p_max_backlog integer DEFAULT 10000) RETURNS TABLE(id bigint, created boolean, state text, seq bigint, enqueued_at timestamp with time zone)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_xid  xid8;
+    v_open integer;
+    t      pgfence.tasks%ROWTYPE;
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.task_check_key(p_key);
+    IF p_payload IS NULL OR octet_length(p_payload::text) > 65536 THEN
+        RAISE EXCEPTION 'pgfence: a task payload must be JSON of at most 65536 bytes, got %',
+            coalesce(octet_length(p_payload::text)::text || ' bytes', 'NULL') USING ERRCODE = 'PF008';
+    END IF;
+    IF p_idem_key IS NOT NULL AND octet_length(p_idem_key) NOT BETWEEN 1 AND 256 THEN
+        RAISE EXCEPTION 'pgfence: a task idempotency key must be 1 to 256 bytes, got %', octet_length(p_idem_key)
+            USING ERRCODE = 'PF008';
+    END IF;
+    IF p_max_backlog IS NULL OR p_max_backlog NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'pgfence: max_backlog must be 1 to 1000000, got %', coalesce(p_max_backlog::text, 'NULL')
+            USING ERRCODE = 'PF008';
+    END IF;
+    PERFORM pgfence.require_granted('task key', p_key);
+
+    IF p_idem_key IS NOT NULL THEN
+        SELECT x.* INTO t FROM pgfence.tasks x WHERE x.key = p_key COLLATE pg_catalog."default" AND x.idem_key = p_idem_key;
+        IF FOUND THEN
+            PERFORM pgfence.task_same_payload(t, p_payload);
+            RETURN QUERY SELECT t.id, false, t.state, t.seq, t.enqueued_at;
+            RETURN;
+        END IF;
+    END IF;
+    SELECT count(*) INTO v_open FROM (SELECT 1 FROM pgfence.tasks x
+        WHERE x.key = p_key COLLATE pg_catalog."default" AND x.state IN ('pending', 'running') LIMIT p_max_backlog) o;
+    IF v_open >= p_max_backlog THEN
+        RAISE EXCEPTION 'pgfence: the backlog of task key % is full: % open tasks', quote_literal(p_key), v_open
+            USING ERRCODE = 'PF016', DETAIL = format('key=%s max_backlog=%s', p_key, p_max_backlog),
+                  HINT = 'Try again later, or raise max_backlog; nothing was enqueued.';
+    END IF;
+
+    -- The xid first, then the id: see "Numbering".
+    v_xid := pg_current_xact_id();
+    INSERT INTO pgfence.tasks AS x (id, key, xid, payload, idem_key, enqueued_by, enqueued_at)
+    VALUES (nextval('pgfence.task_ids'), p_key, v_xid, p_payload, p_idem_key, pgfence.acting_role(), clock_timestamp())
+    ON CONFLICT (key, idem_key) WHERE idem_key IS NOT NULL DO NOTHING
+    RETURNING x.* INTO t;
+    IF NOT FOUND THEN
+        -- A concurrent duplicate committed first.
+        SELECT x.* INTO t FROM pgfence.tasks x WHERE x.key = p_key COLLATE pg_catalog."default" AND x.idem_key = p_idem_key;
+        PERFORM pgfence.task_same_payload(t, p_payload);
+        RETURN QUERY SELECT t.id, false, t.state, t.seq, t.enqueued_at;
+        RETURN;
+    END IF;
+    IF v_open = 0 THEN
+        PERFORM pg_notify('pgfence_task_enqueued', p_key);
+    END IF;
+    RETURN QUERY SELECT t.id, true, t.state, t.seq, t.enqueued_at;
+END;
+$$;
+
+--
+-- Name: task_fail(text, uuid, bigint, bigint, text, interval); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.task_fail(p_key text, p_holder uuid, p_token bigint, p_id bigint, p_error text, p_retry_in interval DEFAULT NULL::interval) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    k       pgfence.task_keys%ROWTYPE;
+    v_state text;
+    v_now   timestamptz := clock_timestamp();
+BEGIN
+    PERFORM pgfence.task_require_consumer(p_key, p_holder, p_token);
+    IF p_error IS NULL OR octet_length(p_error) > 4096 OR p_retry_in < interval '0' OR p_retry_in > interval '1 day' THEN
+        RAISE EXCEPTION 'pgfence: task_fail needs an error of at most 4096 bytes and a retry delay from 0 to 1 day'
+            USING ERRCODE = 'PF008';
+    END IF;
+    SELECT x.* INTO k FROM pgfence.task_keys x WHERE x.key = p_key COLLATE pg_catalog."default" FOR UPDATE;
+    UPDATE pgfence.tasks t
+       SET attempts = t.attempts + 1, error = p_error,
+           state = CASE WHEN p_retry_in IS NOT NULL AND t.attempts + 1 < k.max_attempts THEN 'pending' ELSE 'failed' END,
+           not_before = CASE WHEN p_retry_in IS NOT NULL AND t.attempts + 1 < k.max_attempts THEN v_now + p_retry_in END,
+           finished_at = CASE WHEN p_retry_in IS NOT NULL AND t.attempts + 1 < k.max_attempts THEN NULL ELSE v_now END
+     WHERE t.id = p_id AND t.key = p_key COLLATE pg_catalog."default" AND t.state = 'running' AND t.token = p_token
+    RETURNING t.state INTO v_state;
+    IF v_state IS NULL THEN
+        RAISE EXCEPTION 'pgfence: task % of key % is not running under token %', p_id, quote_literal(p_key), p_token
+            USING ERRCODE = 'PF002', DETAIL = format('reason=task_not_claimed key=%s', pgfence.task_lease_key(p_key));
+    END IF;
+    IF v_state = 'failed' AND k.strict AND k.blocked_by IS NULL THEN
+        UPDATE pgfence.task_keys x SET blocked_by = p_id WHERE x.key = p_key COLLATE pg_catalog."default";
+    END IF;
+    RETURN v_state;
+END;
+$$;
+
+--
+-- Name: task_lease_key(text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.task_lease_key(p_key text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    BEGIN ATOMIC
+ SELECT ('pgfence.task:'::text || p_key);
+END;
+
+--
+-- Name: task_ready_keys(text, integer); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.task_ready_keys(p_prefix text DEFAULT ''::text, p_max_keys integer DEFAULT 100) RETURNS SETOF text
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM pgfence.require_primary();
+    IF p_prefix IS NULL OR octet_length(p_prefix) > 480 OR p_max_keys IS NULL OR p_max_keys NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'pgfence: task_ready_keys needs a prefix of at most 480 bytes and max_keys from 1 to 10000'
+            USING ERRCODE = 'PF008';
+    END IF;
+    RETURN QUERY
+    WITH RECURSIVE k(key) AS (
+        (SELECT t.key::text FROM pgfence.tasks t WHERE t.state IN ('pending', 'running') AND starts_with(t.key, p_prefix)
+          ORDER BY t.key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT t.key::text FROM pgfence.tasks t
+                 WHERE t.state IN ('pending', 'running') AND t.key > k.key AND starts_with(t.key, p_prefix)
+                 ORDER BY t.key LIMIT 1)
+          FROM k WHERE k.key IS NOT NULL
+    )
+    SELECT k.key FROM k WHERE k.key IS NOT NULL AND pgfence.may_use(pgfence.task_lease_key(k.key)) LIMIT p_max_keys;
+END;
+$$;
+
+--
+-- Name: task_require_consumer(text, uuid, bigint); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.task_require_consumer(p_key text, p_holder uuid, p_token bigint) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM pgfence.require_primary();
+    PERFORM pgfence.task_check_key(p_key);
+    IF p_holder IS NULL THEN
+        RAISE EXCEPTION 'pgfence: a task consumer of % needs a holder', quote_literal(p_key) USING ERRCODE = 'PF008';
+    END IF;
+    PERFORM pgfence.check_token(p_token);
+    PERFORM pgfence.require_granted('lease', pgfence.task_lease_key(p_key));
+    PERFORM pgfence.require_lease(pgfence.task_lease_key(p_key), p_holder, p_token);
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+END;
+$$;
+
+--
+-- Name: task_retry(bigint); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.task_retry(p_id bigint) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_key text;
+BEGIN
+    PERFORM pgfence.require_primary();
+    UPDATE pgfence.tasks t SET state = 'pending', attempts = 0, not_before = NULL, finished_at = NULL
+     WHERE t.id = p_id AND t.state = 'failed' RETURNING t.key INTO v_key;
+    IF v_key IS NULL THEN
+        RETURN false;
+    END IF;
+    UPDATE pgfence.task_keys x SET blocked_by = NULL WHERE x.key = v_key AND x.blocked_by = p_id;
+    PERFORM pg_notify('pgfence_task_enqueued', v_key);
+    RETURN true;
+END;
+$$;
+
+--
+-- Name: tasks; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.tasks (
+    id bigint NOT NULL,
+    key pgfence.key_name NOT NULL,
+    xid xid8 NOT NULL,
+    seq bigint,
+    state text DEFAULT 'pending'::text NOT NULL,
+    payload jsonb NOT NULL,
+    idem_key text,
+    attempts integer DEFAULT 0 NOT NULL,
+    not_before timestamp with time zone,
+    token bigint,
+    result jsonb,
+    error text,
+    enqueued_by name NOT NULL,
+    enqueued_at timestamp with time zone NOT NULL,
+    numbered_at timestamp with time zone,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT tasks_check CHECK (((seq IS NOT NULL) OR (state = 'pending'::text))),
+    CONSTRAINT tasks_idem_key_check CHECK (((octet_length(idem_key) >= 1) AND (octet_length(idem_key) <= 256))),
+    CONSTRAINT tasks_seq_check CHECK ((seq > 0)),
+    CONSTRAINT tasks_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'skipped'::text])))
+);
+
+--
+-- Name: task_same_payload(pgfence.tasks, jsonb); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.task_same_payload(t pgfence.tasks, p_payload jsonb) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF t.payload <> p_payload THEN
+        RAISE EXCEPTION 'pgfence: task idempotency key % of key % was used for task % with another payload',
+                quote_literal(t.idem_key), quote_literal(t.key), t.id
+            USING ERRCODE = 'PF004', DETAIL = format('key=%s idem_key=%s id=%s', t.key, t.idem_key, t.id);
+    END IF;
+END;
+$$;
+
+--
+-- Name: task_skip(bigint); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.task_skip(p_id bigint) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_key text;
+BEGIN
+    PERFORM pgfence.require_primary();
+    UPDATE pgfence.tasks t SET state = 'skipped' WHERE t.id = p_id AND t.state = 'failed' RETURNING t.key INTO v_key;
+    IF v_key IS NULL THEN
+        RETURN false;
+    END IF;
+    UPDATE pgfence.task_keys x SET blocked_by = NULL WHERE x.key = v_key AND x.blocked_by = p_id;
+    PERFORM pg_notify('pgfence_task_enqueued', v_key);
+    RETURN true;
+END;
+$$;
+
+--
+-- Name: task_status(bigint); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.task_status(p_id bigint) RETURNS TABLE(id bigint, key text, state text, seq bigint, attempts integer, payload jsonb, result jsonb, error text, idem_key text, enqueued_at timestamp with time zone, numbered_at timestamp with time zone, started_at timestamp with time zone, finished_at timestamp with time zone)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    BEGIN ATOMIC
+ SELECT t.id,
+     t.key,
+     t.state,
+     t.seq,
+     t.attempts,
+     t.payload,
+     t.result,
+     t.error,
+     t.idem_key,
+     t.enqueued_at,
+     t.numbered_at,
+     t.started_at,
+     t.finished_at
+    FROM pgfence.tasks t
+   WHERE ((t.id = task_status.p_id) AND ((t.enqueued_by = pgfence.acting_role()) OR pg_has_role(pgfence.acting_role(), CURRENT_USER, 'USAGE'::text) OR pg_has_role(pgfence.acting_role(), 'pgfence_operator'::name, 'USAGE'::text)));
+END;
 
 --
 -- Name: token_epoch(); Type: FUNCTION; Schema: pgfence; Owner: -
@@ -3054,6 +3496,35 @@ CREATE TABLE pgfence.prefix_grants (
 );
 
 --
+-- Name: task_ids; Type: SEQUENCE; Schema: pgfence; Owner: -
+--
+
+CREATE SEQUENCE pgfence.task_ids
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: task_keys; Type: TABLE; Schema: pgfence; Owner: -
+--
+
+CREATE TABLE pgfence.task_keys (
+    key pgfence.key_name NOT NULL,
+    next_seq bigint DEFAULT 1 NOT NULL,
+    mark_id bigint,
+    mark_xid xid8,
+    strict boolean DEFAULT true NOT NULL,
+    max_attempts integer DEFAULT 5 NOT NULL,
+    blocked_by bigint,
+    claimed_at timestamp with time zone,
+    CONSTRAINT task_keys_check CHECK (((mark_id IS NULL) = (mark_xid IS NULL))),
+    CONSTRAINT task_keys_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 100))),
+    CONSTRAINT task_keys_next_seq_check CHECK ((next_seq > 0))
+);
+
+--
 -- Name: token_floor; Type: TABLE; Schema: pgfence; Owner: -
 --
 
@@ -3176,6 +3647,20 @@ ALTER TABLE ONLY pgfence.prefix_grants
     ADD CONSTRAINT prefix_grants_pkey PRIMARY KEY (grantee, prefix);
 
 --
+-- Name: task_keys task_keys_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.task_keys
+    ADD CONSTRAINT task_keys_pkey PRIMARY KEY (key);
+
+--
+-- Name: tasks tasks_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE ONLY pgfence.tasks
+    ADD CONSTRAINT tasks_pkey PRIMARY KEY (id);
+
+--
 -- Name: token_floor token_floor_pkey; Type: CONSTRAINT; Schema: pgfence; Owner: -
 --
 
@@ -3243,6 +3728,24 @@ CREATE INDEX lease_events_trace_id ON pgfence.lease_events USING btree (trace_id
 --
 
 CREATE INDEX lease_waiters_order ON pgfence.lease_waiters USING btree (key, enqueued_at, waiter);
+
+--
+-- Name: tasks_key_idem; Type: INDEX; Schema: pgfence; Owner: -
+--
+
+CREATE UNIQUE INDEX tasks_key_idem ON pgfence.tasks USING btree (key, idem_key) WHERE (idem_key IS NOT NULL);
+
+--
+-- Name: tasks_key_seq; Type: INDEX; Schema: pgfence; Owner: -
+--
+
+CREATE UNIQUE INDEX tasks_key_seq ON pgfence.tasks USING btree (key, seq) WHERE (seq IS NOT NULL);
+
+--
+-- Name: tasks_open; Type: INDEX; Schema: pgfence; Owner: -
+--
+
+CREATE INDEX tasks_open ON pgfence.tasks USING btree (key, seq, id) WHERE (state = ANY (ARRAY['pending'::text, 'running'::text]));
 
 --
 -- Name: fences fences_before_update; Type: TRIGGER; Schema: pgfence; Owner: -
@@ -3347,6 +3850,18 @@ CREATE POLICY granted ON pgfence.lease_waiters FOR SELECT TO pgfence_app USING (
 CREATE POLICY granted ON pgfence.leases FOR SELECT TO pgfence_app USING (pgfence.may_use((key)::text));
 
 --
+-- Name: task_keys granted; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY granted ON pgfence.task_keys FOR SELECT TO pgfence_app USING (pgfence.may_use(pgfence.task_lease_key((key)::text)));
+
+--
+-- Name: tasks granted; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY granted ON pgfence.tasks FOR SELECT TO pgfence_app USING (((enqueued_by = pgfence.acting_role()) OR pgfence.may_use(pgfence.task_lease_key((key)::text))));
+
+--
 -- Name: idempotency_keys; Type: ROW SECURITY; Schema: pgfence; Owner: -
 --
 
@@ -3429,6 +3944,30 @@ CREATE POLICY operators ON pgfence.lease_waiters FOR SELECT TO pgfence_operator 
 --
 
 CREATE POLICY operators ON pgfence.leases FOR SELECT TO pgfence_operator USING (true);
+
+--
+-- Name: task_keys operators; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY operators ON pgfence.task_keys FOR SELECT TO pgfence_operator USING (true);
+
+--
+-- Name: tasks operators; Type: POLICY; Schema: pgfence; Owner: -
+--
+
+CREATE POLICY operators ON pgfence.tasks FOR SELECT TO pgfence_operator USING (true);
+
+--
+-- Name: task_keys; Type: ROW SECURITY; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.task_keys ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: tasks; Type: ROW SECURITY; Schema: pgfence; Owner: -
+--
+
+ALTER TABLE pgfence.tasks ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: SCHEMA pgfence; Type: ACL; Schema: -; Owner: -
@@ -3871,6 +4410,13 @@ REVOKE ALL ON FUNCTION pgfence.prune_retired(p_batch integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION pgfence.prune_retired(p_batch integer) TO pgfence_operator;
 
 --
+-- Name: FUNCTION prune_tasks(p_older_than interval, p_batch integer); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.prune_tasks(p_older_than interval, p_batch integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.prune_tasks(p_older_than interval, p_batch integer) TO pgfence_operator;
+
+--
 -- Name: FUNCTION raise_grants_paused(p_key text); Type: ACL; Schema: pgfence; Owner: -
 --
 
@@ -3973,6 +4519,101 @@ GRANT ALL ON FUNCTION pgfence.set_holder_info(p_key text, p_holder uuid, p_token
 GRANT ALL ON FUNCTION pgfence.set_holder_info(p_key text, p_holder uuid, p_token bigint, p_holder_info text) TO pgfence_operator;
 
 --
+-- Name: FUNCTION task_check_key(p_key text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.task_check_key(p_key text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION task_claim(p_key text, p_holder uuid, p_token bigint, p_max_tasks integer, p_max_attempts integer, p_strict boolean); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.task_claim(p_key text, p_holder uuid, p_token bigint, p_max_tasks integer, p_max_attempts integer, p_strict boolean) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.task_claim(p_key text, p_holder uuid, p_token bigint, p_max_tasks integer, p_max_attempts integer, p_strict boolean) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.task_claim(p_key text, p_holder uuid, p_token bigint, p_max_tasks integer, p_max_attempts integer, p_strict boolean) TO pgfence_operator;
+
+--
+-- Name: FUNCTION task_complete(p_key text, p_holder uuid, p_token bigint, p_ids bigint[], p_results jsonb[]); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.task_complete(p_key text, p_holder uuid, p_token bigint, p_ids bigint[], p_results jsonb[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.task_complete(p_key text, p_holder uuid, p_token bigint, p_ids bigint[], p_results jsonb[]) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.task_complete(p_key text, p_holder uuid, p_token bigint, p_ids bigint[], p_results jsonb[]) TO pgfence_operator;
+
+--
+-- Name: FUNCTION task_enqueue(p_key text, p_payload jsonb, p_idem_key text, p_max_backlog integer); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.task_enqueue(p_key text, p_payload jsonb, p_idem_key text, p_max_backlog integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.task_enqueue(p_key text, p_payload jsonb, p_idem_key text, p_max_backlog integer) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.task_enqueue(p_key text, p_payload jsonb, p_idem_key text, p_max_backlog integer) TO pgfence_operator;
+
+--
+-- Name: FUNCTION task_fail(p_key text, p_holder uuid, p_token bigint, p_id bigint, p_error text, p_retry_in interval); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.task_fail(p_key text, p_holder uuid, p_token bigint, p_id bigint, p_error text, p_retry_in interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.task_fail(p_key text, p_holder uuid, p_token bigint, p_id bigint, p_error text, p_retry_in interval) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.task_fail(p_key text, p_holder uuid, p_token bigint, p_id bigint, p_error text, p_retry_in interval) TO pgfence_operator;
+
+--
+-- Name: FUNCTION task_lease_key(p_key text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.task_lease_key(p_key text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.task_lease_key(p_key text) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.task_lease_key(p_key text) TO pgfence_operator;
+
+--
+-- Name: FUNCTION task_ready_keys(p_prefix text, p_max_keys integer); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.task_ready_keys(p_prefix text, p_max_keys integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.task_ready_keys(p_prefix text, p_max_keys integer) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.task_ready_keys(p_prefix text, p_max_keys integer) TO pgfence_operator;
+
+--
+-- Name: FUNCTION task_require_consumer(p_key text, p_holder uuid, p_token bigint); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.task_require_consumer(p_key text, p_holder uuid, p_token bigint) FROM PUBLIC;
+
+--
+-- Name: FUNCTION task_retry(p_id bigint); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.task_retry(p_id bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.task_retry(p_id bigint) TO pgfence_operator;
+
+--
+-- Name: TABLE tasks; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.tasks TO pgfence_app;
+GRANT SELECT ON TABLE pgfence.tasks TO pgfence_operator;
+
+--
+-- Name: FUNCTION task_same_payload(t pgfence.tasks, p_payload jsonb); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.task_same_payload(t pgfence.tasks, p_payload jsonb) FROM PUBLIC;
+
+--
+-- Name: FUNCTION task_skip(p_id bigint); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.task_skip(p_id bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.task_skip(p_id bigint) TO pgfence_operator;
+
+--
+-- Name: FUNCTION task_status(p_id bigint); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.task_status(p_id bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.task_status(p_id bigint) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.task_status(p_id bigint) TO pgfence_operator;
+
+--
 -- Name: FUNCTION token_epoch(); Type: ACL; Schema: pgfence; Owner: -
 --
 
@@ -4073,6 +4714,13 @@ GRANT SELECT ON TABLE pgfence.lease_waiters TO pgfence_operator;
 --
 
 GRANT SELECT ON TABLE pgfence.prefix_grants TO pgfence_operator;
+
+--
+-- Name: TABLE task_keys; Type: ACL; Schema: pgfence; Owner: -
+--
+
+GRANT SELECT ON TABLE pgfence.task_keys TO pgfence_app;
+GRANT SELECT ON TABLE pgfence.task_keys TO pgfence_operator;
 
 --
 -- Name: TABLE token_floor; Type: ACL; Schema: pgfence; Owner: -

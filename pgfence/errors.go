@@ -56,6 +56,9 @@ var (
 	// resource or idempotency scope (PF014): no prefix of it is granted to
 	// the role (pgfence.grant_prefix). Nothing was done.
 	ErrNotGranted = pgerr.ErrNotGranted
+	// ErrBacklogFull: a task key has as many open tasks as its bound
+	// (PF016, package leases/tasks); nothing was enqueued. Try again later.
+	ErrBacklogFull = pgerr.ErrBacklogFull
 	// ErrOutcomeUnknown: the connection failed after something that could
 	// commit was sent; it may or may not have committed. Read back before
 	// retrying: [Resolve] for [Write] and [Exec] (their errors are

@@ -45,6 +45,7 @@ const (
 	CodeAbandoned      = "PF013" // the request was abandoned by its client after its reply was lost
 	CodeNotGranted     = "PF014" // the role may not use this key, resource or scope (pgfence.grant_prefix)
 	CodeKeyDone        = "PF015" // idempotency key already has a stored answer (idempotency_claim_atomic_new)
+	CodeBacklogFull    = "PF016" // the task key's backlog is full (pgfence.task_enqueue)
 )
 
 // PostgreSQL SQLSTATEs pgfence reacts to.
@@ -122,6 +123,9 @@ var (
 	// resource or idempotency scope: no prefix of it is granted to the role
 	// (pgfence.grant_prefix). Nothing was done.
 	ErrNotGranted = errors.New("pgfence: name not granted to this database role")
+	// ErrBacklogFull: the task key has as many open tasks as its bound
+	// (PF016); nothing was enqueued.
+	ErrBacklogFull = errors.New("pgfence: task backlog full")
 )
 
 // sqlStater is what the drivers' server errors have in common:
@@ -277,6 +281,7 @@ var sentinels = map[string]error{
 	CodeTokenNotIssued:       ErrTokenNotIssued,
 	CodeAbandoned:            ErrAbandoned,
 	CodeNotGranted:           ErrNotGranted,
+	CodeBacklogFull:          ErrBacklogFull,
 	CodeLockNotAvailable:     ErrLockTimeout,
 	CodeQueryCanceled:        ErrStatementTimeout,
 	CodeIdleInTxTimeout:      ErrIdleInTransactionTimeout,
@@ -287,7 +292,7 @@ var sentinels = map[string]error{
 var classified = []error{ErrUnavailable, ErrOutcomeUnknown, ErrNotPrimary, ErrIsolation, ErrLockTimeout,
 	ErrStatementTimeout, ErrIdleInTransactionTimeout, ErrInvalid, ErrGrantsPaused, ErrAbandoned, ErrNotGranted,
 	ErrStaleToken, ErrLeaseLost, ErrLeaseHeld, ErrMismatch, ErrUnfencedWrite, ErrInProgress, ErrFloorLowered,
-	ErrTokenNotIssued, ErrNotFound}
+	ErrTokenNotIssued, ErrNotFound, ErrBacklogFull}
 
 // Classified reports whether err already carries one of the shared sentinels.
 func Classified(err error) bool {
