@@ -9,7 +9,7 @@
 --   pgfence.task_ready_keys(prefix DEFAULT '', max_keys DEFAULT 100) -> setof text
 --   pgfence.task_lease_key(key) -> text                          the consumer's lease key
 --   pgfence.task_claim(key, holder, token, max_tasks DEFAULT 100, max_attempts DEFAULT 5,
---       strict DEFAULT true) -> (id, seq, payload, attempts, idem_key, enqueued_at)
+--       ordered DEFAULT true) -> (id, seq, payload, attempts, idem_key, enqueued_at)
 --   pgfence.task_complete(key, holder, token, ids, results) -> integer
 --   pgfence.task_fail(key, holder, token, id, error, retry_in DEFAULT NULL) -> text (the new state)
 --   pgfence.task_retry(id) -> boolean, pgfence.task_skip(id) -> boolean    (operator)
@@ -72,9 +72,9 @@
 -- is pending again after that delay, without it (or once max_attempts is
 -- reached) it ends failed. Running tasks of an earlier token (its consumer
 -- died or lost the lease mid-batch) count an attempt at the next claim.
--- strict (the default): a task that is not due yet stops the key's later
+-- ordered (the default): a task that is not due yet stops the key's later
 -- tasks, and one that failed blocks the key (task_keys.blocked_by) until an
--- operator retries or skips it; not strict: later tasks go on.
+-- operator retries or skips it; not ordered: later tasks go on.
 --
 -- Wake-ups. task_enqueue sends NOTIFY pgfence_task_enqueued with the key as
 -- payload when the key had no open task (a NOTIFY serialises the commits that
@@ -139,7 +139,7 @@ CREATE TABLE pgfence.task_keys (
     next_seq     bigint           NOT NULL DEFAULT 1 CHECK (next_seq > 0),
     mark_id      bigint,
     mark_xid     xid8,
-    strict       boolean          NOT NULL DEFAULT true,
+    ordered      boolean          NOT NULL DEFAULT true,
     max_attempts integer          NOT NULL DEFAULT 5 CHECK (max_attempts BETWEEN 1 AND 100),
     blocked_by   bigint,
     claimed_at   timestamptz,
@@ -320,12 +320,12 @@ $$;
 -- "Numbering"), counts an attempt for tasks an earlier grant left running,
 -- and marks the key's next p_max_tasks numbered tasks running under the
 -- grant (p_holder, p_token) of the key's consumer lease, in seq order, and
--- returns them. It returns no task while the key is blocked (strict, after a
+-- returns them. It returns no task while the key is blocked (ordered, after a
 -- failure). Send it as the first statement of its transaction (or in
 -- autocommit): only then does it take a fresh numbering mark.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.task_claim(p_key text, p_holder uuid, p_token bigint, p_max_tasks integer DEFAULT 100,
-                                   p_max_attempts integer DEFAULT 5, p_strict boolean DEFAULT true)
+                                   p_max_attempts integer DEFAULT 5, p_ordered boolean DEFAULT true)
 RETURNS TABLE (id bigint, seq bigint, payload jsonb, attempts integer, idem_key text, enqueued_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -345,9 +345,9 @@ BEGIN
     END IF;
     PERFORM pgfence.task_require_consumer(p_key, p_holder, p_token);
     IF p_max_tasks IS NULL OR p_max_tasks NOT BETWEEN 1 AND 10000
-       OR p_max_attempts IS NULL OR p_max_attempts NOT BETWEEN 1 AND 100 OR p_strict IS NULL THEN
-        RAISE EXCEPTION 'pgfence: task_claim needs max_tasks from 1 to 10000, max_attempts from 1 to 100 and strict, got %, %, %',
-            coalesce(p_max_tasks::text, 'NULL'), coalesce(p_max_attempts::text, 'NULL'), coalesce(p_strict::text, 'NULL')
+       OR p_max_attempts IS NULL OR p_max_attempts NOT BETWEEN 1 AND 100 OR p_ordered IS NULL THEN
+        RAISE EXCEPTION 'pgfence: task_claim needs max_tasks from 1 to 10000, max_attempts from 1 to 100 and ordered, got %, %, %',
+            coalesce(p_max_tasks::text, 'NULL'), coalesce(p_max_attempts::text, 'NULL'), coalesce(p_ordered::text, 'NULL')
             USING ERRCODE = 'PF008';
     END IF;
 
@@ -371,7 +371,7 @@ BEGIN
         k.mark_xid := v_x;
     END IF;
     UPDATE pgfence.task_keys x SET next_seq = k.next_seq, mark_id = k.mark_id, mark_xid = k.mark_xid,
-           strict = p_strict, max_attempts = p_max_attempts, claimed_at = clock_timestamp()
+           ordered = p_ordered, max_attempts = p_max_attempts, claimed_at = clock_timestamp()
      WHERE x.key = p_key COLLATE pg_catalog."default";
 
     -- Tasks an earlier grant left running: its consumer stopped mid-batch.
@@ -385,15 +385,15 @@ BEGIN
          WHERE t.key = p_key COLLATE pg_catalog."default" AND t.state = 'running' AND t.token <> p_token
         RETURNING t.id, t.seq, t.state)
     SELECT i.id INTO v_failed FROM i WHERE i.state = 'failed' ORDER BY i.seq LIMIT 1;
-    IF p_strict AND v_failed IS NOT NULL AND k.blocked_by IS NULL THEN
+    IF p_ordered AND v_failed IS NOT NULL AND k.blocked_by IS NULL THEN
         UPDATE pgfence.task_keys x SET blocked_by = v_failed WHERE x.key = p_key COLLATE pg_catalog."default";
         k.blocked_by := v_failed;
     END IF;
-    IF p_strict AND k.blocked_by IS NOT NULL THEN
+    IF p_ordered AND k.blocked_by IS NOT NULL THEN
         RETURN;
     END IF;
 
-    -- The next tasks in seq order; strict stops at the first one not due.
+    -- The next tasks in seq order; ordered stops at the first one not due.
     RETURN QUERY
     WITH c AS (
         SELECT x.id, x.seq, x.not_before FROM pgfence.tasks x
@@ -402,7 +402,7 @@ BEGIN
     ), due AS (
         SELECT c.id FROM c
          WHERE (c.not_before IS NULL OR c.not_before <= v_now)
-           AND (NOT p_strict OR c.seq < coalesce((SELECT min(c2.seq) FROM c c2 WHERE c2.not_before > v_now), 9223372036854775807))
+           AND (NOT p_ordered OR c.seq < coalesce((SELECT min(c2.seq) FROM c c2 WHERE c2.not_before > v_now), 9223372036854775807))
     )
     UPDATE pgfence.tasks t SET state = 'running', token = p_token, started_at = v_now, not_before = NULL
       FROM due WHERE t.id = due.id
@@ -448,7 +448,9 @@ $$;
 -- (p_holder, p_token) of the key's consumer lease, with p_error (at most
 -- 4096 bytes). With p_retry_in and attempts left (task_keys.max_attempts)
 -- the task is pending again after p_retry_in; otherwise it ends failed, and a
--- strict key is blocked by it. It returns the task's new state.
+-- key in order is blocked by it. The grant's other running tasks (the rest
+-- of the batch, which rolled back) are pending again. It returns the task's
+-- new state.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.task_fail(p_key text, p_holder uuid, p_token bigint, p_id bigint, p_error text, p_retry_in interval DEFAULT NULL)
 RETURNS text
@@ -475,7 +477,10 @@ BEGIN
         RAISE EXCEPTION 'pgfence: task % of key % is not running under token %', p_id, quote_literal(p_key), p_token
             USING ERRCODE = 'PF002', DETAIL = format('reason=task_not_claimed key=%s', pgfence.task_lease_key(p_key));
     END IF;
-    IF v_state = 'failed' AND k.strict AND k.blocked_by IS NULL THEN
+    -- The rest of the batch rolled back with it, unattempted: pending again.
+    UPDATE pgfence.tasks t SET state = 'pending'
+     WHERE t.key = p_key COLLATE pg_catalog."default" AND t.state = 'running' AND t.token = p_token AND t.id <> p_id;
+    IF v_state = 'failed' AND k.ordered AND k.blocked_by IS NULL THEN
         UPDATE pgfence.task_keys x SET blocked_by = p_id WHERE x.key = p_key COLLATE pg_catalog."default";
     END IF;
     RETURN v_state;
@@ -573,8 +578,11 @@ GRANT EXECUTE ON FUNCTION pgfence.task_retry(bigint), pgfence.task_skip(bigint),
 -- the tasks and keys they may consume; operators see every row.
 ALTER TABLE pgfence.tasks ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.task_keys ENABLE ROW LEVEL SECURITY;
+-- The policy runs with the reader's rights, which do not include
+-- acting_role(): its expression is written out.
 CREATE POLICY granted ON pgfence.tasks FOR SELECT TO pgfence_app
-    USING (enqueued_by = pgfence.acting_role() OR pgfence.may_use(pgfence.task_lease_key(key)));
+    USING (enqueued_by = CASE WHEN current_setting('role') = 'none' THEN session_user ELSE current_setting('role')::name END
+           OR pgfence.may_use(pgfence.task_lease_key(key)));
 CREATE POLICY granted ON pgfence.task_keys FOR SELECT TO pgfence_app USING (pgfence.may_use(pgfence.task_lease_key(key)));
 CREATE POLICY operators ON pgfence.tasks FOR SELECT TO pgfence_operator USING (true);
 CREATE POLICY operators ON pgfence.task_keys FOR SELECT TO pgfence_operator USING (true);

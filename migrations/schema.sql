@@ -2542,7 +2542,7 @@ $$;
 -- Name: task_claim(text, uuid, bigint, integer, integer, boolean); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
-CREATE FUNCTION pgfence.task_claim(p_key text, p_holder uuid, p_token bigint, p_max_tasks integer DEFAULT 100, p_max_attempts integer DEFAULT 5, p_strict boolean DEFAULT true) RETURNS TABLE(id bigint, seq bigint, payload jsonb, attempts integer, idem_key text, enqueued_at timestamp with time zone)
+CREATE FUNCTION pgfence.task_claim(p_key text, p_holder uuid, p_token bigint, p_max_tasks integer DEFAULT 100, p_max_attempts integer DEFAULT 5, p_ordered boolean DEFAULT true) RETURNS TABLE(id bigint, seq bigint, payload jsonb, attempts integer, idem_key text, enqueued_at timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -2563,9 +2563,9 @@ BEGIN
     END IF;
     PERFORM pgfence.task_require_consumer(p_key, p_holder, p_token);
     IF p_max_tasks IS NULL OR p_max_tasks NOT BETWEEN 1 AND 10000
-       OR p_max_attempts IS NULL OR p_max_attempts NOT BETWEEN 1 AND 100 OR p_strict IS NULL THEN
-        RAISE EXCEPTION 'pgfence: task_claim needs max_tasks from 1 to 10000, max_attempts from 1 to 100 and strict, got %, %, %',
-            coalesce(p_max_tasks::text, 'NULL'), coalesce(p_max_attempts::text, 'NULL'), coalesce(p_strict::text, 'NULL')
+       OR p_max_attempts IS NULL OR p_max_attempts NOT BETWEEN 1 AND 100 OR p_ordered IS NULL THEN
+        RAISE EXCEPTION 'pgfence: task_claim needs max_tasks from 1 to 10000, max_attempts from 1 to 100 and ordered, got %, %, %',
+            coalesce(p_max_tasks::text, 'NULL'), coalesce(p_max_attempts::text, 'NULL'), coalesce(p_ordered::text, 'NULL')
             USING ERRCODE = 'PF008';
     END IF;
 
@@ -2589,7 +2589,7 @@ BEGIN
         k.mark_xid := v_x;
     END IF;
     UPDATE pgfence.task_keys x SET next_seq = k.next_seq, mark_id = k.mark_id, mark_xid = k.mark_xid,
-           strict = p_strict, max_attempts = p_max_attempts, claimed_at = clock_timestamp()
+           ordered = p_ordered, max_attempts = p_max_attempts, claimed_at = clock_timestamp()
      WHERE x.key = p_key COLLATE pg_catalog."default";
 
     -- Tasks an earlier grant left running: its consumer stopped mid-batch.
@@ -2603,15 +2603,15 @@ BEGIN
          WHERE t.key = p_key COLLATE pg_catalog."default" AND t.state = 'running' AND t.token <> p_token
         RETURNING t.id, t.seq, t.state)
     SELECT i.id INTO v_failed FROM i WHERE i.state = 'failed' ORDER BY i.seq LIMIT 1;
-    IF p_strict AND v_failed IS NOT NULL AND k.blocked_by IS NULL THEN
+    IF p_ordered AND v_failed IS NOT NULL AND k.blocked_by IS NULL THEN
         UPDATE pgfence.task_keys x SET blocked_by = v_failed WHERE x.key = p_key COLLATE pg_catalog."default";
         k.blocked_by := v_failed;
     END IF;
-    IF p_strict AND k.blocked_by IS NOT NULL THEN
+    IF p_ordered AND k.blocked_by IS NOT NULL THEN
         RETURN;
     END IF;
 
-    -- The next tasks in seq order; strict stops at the first one not due.
+    -- The next tasks in seq order; ordered stops at the first one not due.
     RETURN QUERY
     WITH c AS (
         SELECT x.id, x.seq, x.not_before FROM pgfence.tasks x
@@ -2620,7 +2620,7 @@ BEGIN
     ), due AS (
         SELECT c.id FROM c
          WHERE (c.not_before IS NULL OR c.not_before <= v_now)
-           AND (NOT p_strict OR c.seq < coalesce((SELECT min(c2.seq) FROM c c2 WHERE c2.not_before > v_now), 9223372036854775807))
+           AND (NOT p_ordered OR c.seq < coalesce((SELECT min(c2.seq) FROM c c2 WHERE c2.not_before > v_now), 9223372036854775807))
     )
     UPDATE pgfence.tasks t SET state = 'running', token = p_token, started_at = v_now, not_before = NULL
       FROM due WHERE t.id = due.id
@@ -2755,7 +2755,10 @@ BEGIN
         RAISE EXCEPTION 'pgfence: task % of key % is not running under token %', p_id, quote_literal(p_key), p_token
             USING ERRCODE = 'PF002', DETAIL = format('reason=task_not_claimed key=%s', pgfence.task_lease_key(p_key));
     END IF;
-    IF v_state = 'failed' AND k.strict AND k.blocked_by IS NULL THEN
+    -- The rest of the batch rolled back with it, unattempted: pending again.
+    UPDATE pgfence.tasks t SET state = 'pending'
+     WHERE t.key = p_key COLLATE pg_catalog."default" AND t.state = 'running' AND t.token = p_token AND t.id <> p_id;
+    IF v_state = 'failed' AND k.ordered AND k.blocked_by IS NULL THEN
         UPDATE pgfence.task_keys x SET blocked_by = p_id WHERE x.key = p_key COLLATE pg_catalog."default";
     END IF;
     RETURN v_state;
@@ -3515,7 +3518,7 @@ CREATE TABLE pgfence.task_keys (
     next_seq bigint DEFAULT 1 NOT NULL,
     mark_id bigint,
     mark_xid xid8,
-    strict boolean DEFAULT true NOT NULL,
+    ordered boolean DEFAULT true NOT NULL,
     max_attempts integer DEFAULT 5 NOT NULL,
     blocked_by bigint,
     claimed_at timestamp with time zone,
@@ -3859,7 +3862,11 @@ CREATE POLICY granted ON pgfence.task_keys FOR SELECT TO pgfence_app USING (pgfe
 -- Name: tasks granted; Type: POLICY; Schema: pgfence; Owner: -
 --
 
-CREATE POLICY granted ON pgfence.tasks FOR SELECT TO pgfence_app USING (((enqueued_by = pgfence.acting_role()) OR pgfence.may_use(pgfence.task_lease_key((key)::text))));
+CREATE POLICY granted ON pgfence.tasks FOR SELECT TO pgfence_app USING (((enqueued_by =
+CASE
+    WHEN (current_setting('role'::text) = 'none'::text) THEN SESSION_USER
+    ELSE (current_setting('role'::text))::name
+END) OR pgfence.may_use(pgfence.task_lease_key((key)::text))));
 
 --
 -- Name: idempotency_keys; Type: ROW SECURITY; Schema: pgfence; Owner: -
@@ -4525,12 +4532,12 @@ GRANT ALL ON FUNCTION pgfence.set_holder_info(p_key text, p_holder uuid, p_token
 REVOKE ALL ON FUNCTION pgfence.task_check_key(p_key text) FROM PUBLIC;
 
 --
--- Name: FUNCTION task_claim(p_key text, p_holder uuid, p_token bigint, p_max_tasks integer, p_max_attempts integer, p_strict boolean); Type: ACL; Schema: pgfence; Owner: -
+-- Name: FUNCTION task_claim(p_key text, p_holder uuid, p_token bigint, p_max_tasks integer, p_max_attempts integer, p_ordered boolean); Type: ACL; Schema: pgfence; Owner: -
 --
 
-REVOKE ALL ON FUNCTION pgfence.task_claim(p_key text, p_holder uuid, p_token bigint, p_max_tasks integer, p_max_attempts integer, p_strict boolean) FROM PUBLIC;
-GRANT ALL ON FUNCTION pgfence.task_claim(p_key text, p_holder uuid, p_token bigint, p_max_tasks integer, p_max_attempts integer, p_strict boolean) TO pgfence_app;
-GRANT ALL ON FUNCTION pgfence.task_claim(p_key text, p_holder uuid, p_token bigint, p_max_tasks integer, p_max_attempts integer, p_strict boolean) TO pgfence_operator;
+REVOKE ALL ON FUNCTION pgfence.task_claim(p_key text, p_holder uuid, p_token bigint, p_max_tasks integer, p_max_attempts integer, p_ordered boolean) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.task_claim(p_key text, p_holder uuid, p_token bigint, p_max_tasks integer, p_max_attempts integer, p_ordered boolean) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.task_claim(p_key text, p_holder uuid, p_token bigint, p_max_tasks integer, p_max_attempts integer, p_ordered boolean) TO pgfence_operator;
 
 --
 -- Name: FUNCTION task_complete(p_key text, p_holder uuid, p_token bigint, p_ids bigint[], p_results jsonb[]); Type: ACL; Schema: pgfence; Owner: -

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
@@ -206,5 +205,3 @@ func TestNumberingUnderConcurrentProducers(t *testing.T) {
 	}
 	t.Logf("%d tasks committed and numbered", len(committed))
 }
-
-var _ = pgx.ErrNoRows
