@@ -49,6 +49,7 @@ type Client struct {
 	windows   map[string]time.Duration // hold-back window after a wake-up, per contended key
 	listening bool                     // the LISTEN connection's goroutine was started, by the first waiting Acquire or Watch
 	watchers  map[string][]*Watcher    // running watches per key
+	taskWakes map[*taskWake]struct{}   // WakeOnTasks subscribers
 
 	onEvent func(event) // tests observe transitions (export_test.go)
 }
@@ -65,14 +66,15 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	}
 	lifetime, stop := context.WithCancel(context.Background())
 	return &Client{
-		pool:     pool,
-		cfg:      resolved,
-		tel:      newTelemetry(&resolved),
-		lifetime: lifetime,
-		stop:     stop,
-		queues:   make(map[string][]*waiter),
-		watchers: make(map[string][]*Watcher),
-		windows:  make(map[string]time.Duration),
+		pool:      pool,
+		cfg:       resolved,
+		tel:       newTelemetry(&resolved),
+		lifetime:  lifetime,
+		stop:      stop,
+		queues:    make(map[string][]*waiter),
+		watchers:  make(map[string][]*Watcher),
+		taskWakes: make(map[*taskWake]struct{}),
+		windows:   make(map[string]time.Duration),
 	}, nil
 }
 

@@ -45,7 +45,7 @@ const (
 
 	sqlHistory = `SELECT ` + eventColumns + ` FROM pgfence.lease_events AS e WHERE e.key = $1 ORDER BY e.id DESC LIMIT $2`
 
-	sqlListen = `LISTEN ` + notifyChannel + `; LISTEN ` + grantNotifyChannel + `; LISTEN ` + changeNotifyChannel
+	sqlListen = `LISTEN ` + notifyChannel + `; LISTEN ` + grantNotifyChannel + `; LISTEN ` + changeNotifyChannel + `; LISTEN ` + taskNotifyChannel
 
 	// sqlCount counts the rows of pgfence.lease_status by state; immune to
 	// search_path (the view's own body was bound when it was created).

@@ -167,6 +167,7 @@ func (c *Client) adapt(key string, won bool) {
 func (c *Client) wakeAll() {
 	c.wake("")
 	c.watching("", (*Watcher).wake)
+	c.wakeTasks("")
 }
 
 // delay is how long the head waiter sleeps after its attempt-th failed try.
@@ -222,6 +223,8 @@ func (c *Client) dispatch(channel, payload string) {
 		c.watching(key, (*Watcher).wake)
 	case changeNotifyChannel:
 		c.dispatchChange(payload)
+	case taskNotifyChannel:
+		c.wakeTasks(payload)
 	}
 }
 

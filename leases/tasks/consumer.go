@@ -63,7 +63,11 @@ type Config struct {
 	// over this long after its last renewal. Default 30 s.
 	TTL time.Duration
 	// PollInterval is how long an idle consumer waits before it looks for
-	// keys with tasks again. Default 1 s.
+	// keys with tasks again, unless it hears of a key's first task sooner
+	// (LISTEN through the client's connection for it, see
+	// [leases.Client.WakeOnTasks]; none with
+	// [leases.Config.DisableWakeups], as behind PgBouncer in transaction
+	// mode). Default 1 s.
 	PollInterval time.Duration
 	// Logger receives a warning per failed batch. Default: discard.
 	Logger *slog.Logger
@@ -134,6 +138,8 @@ const (
 // database unreachable, a lease lost) are logged and retried after
 // [Config.PollInterval].
 func (c *Consumer) Run(ctx context.Context) error {
+	wake, stop := c.client.WakeOnTasks(c.cfg.Prefix)
+	defer stop()
 	for ctx.Err() == nil {
 		worked, err := c.round(ctx)
 		switch {
@@ -149,6 +155,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 			case <-t.C:
+			case <-wake:
 			}
 			t.Stop()
 		}

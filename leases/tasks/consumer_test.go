@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/testkit/leasetest"
 	"github.com/pgfence/pgfence/leases/tasks"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
@@ -138,4 +139,29 @@ func TestConsumersApplyEachTaskOnceInOrder(t *testing.T) {
 	if st.State != tasks.StateDone || st.Seq == 0 || string(st.Result) != fmt.Sprintf(`{"seq": %d}`, st.Seq) || st.FinishedAt.IsZero() {
 		t.Fatalf("status %+v, want done with its result", st)
 	}
+}
+
+// An idle consumer hears of a key's first task: with a poll interval of an
+// hour, the task is applied all the same.
+func TestConsumerWakesOnEnqueue(t *testing.T) {
+	db := pgfencetest.NewDatabase(t)
+	ctx := ctxTimeout(t, 30*time.Second)
+	if _, err := db.Pool.Exec(ctx, ledgerDDL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tasks.Enqueue(ctx, db.Pool, "first", []byte(`{}`), nil); err != nil {
+		t.Fatal(err)
+	}
+	runConsumer(t, ctx, db.Pool, &tasks.Config{PollInterval: time.Hour})
+	waitDone(t, ctx, db.Pool, 1)
+	// The consumer is idle once it has released the key, and listening once
+	// its LISTEN connection has sent LISTEN.
+	until(t, ctx, db.Pool, "the consumer released the key and listens", `SELECT
+	    EXISTS (SELECT 1 FROM pgfence.leases WHERE key = $1 AND released_at IS NOT NULL)
+	AND EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = $2 AND query LIKE 'LISTEN%')`,
+		tasks.LeaseKey("first"), leasetest.ListenerApplicationName)
+	if _, err := tasks.Enqueue(ctx, db.Pool, "second", []byte(`{}`), nil); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, ctx, db.Pool, 2)
 }

@@ -72,7 +72,9 @@
 //     open, in any database of the cluster: a long writing transaction
 //     delays consumers (idle_in_transaction_session_timeout bounds an idle
 //     one), it never makes them skip or reorder a task.
-//   - Wake-ups: an idle [Consumer] polls every [Config.PollInterval]
-//     (pgfence.task_enqueue also sends NOTIFY pgfence_task_enqueued when a
-//     key's first open task arrives, for clients that listen).
+//   - Wake-ups: pgfence.task_enqueue sends NOTIFY pgfence_task_enqueued
+//     when a key's first open task arrives, and an idle [Consumer] hears it
+//     on its leases client's LISTEN connection; it polls every
+//     [Config.PollInterval] as well (only that behind PgBouncer in
+//     transaction mode, with [leases.Config.DisableWakeups]).
 package tasks
