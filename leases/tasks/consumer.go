@@ -17,14 +17,14 @@ import (
 	"github.com/pgfence/pgfence/pgfence"
 )
 
-// Defaults of [Config].
+// The defaults of [Config].
 const (
-	BatchDefault        = 100
-	MaxAttemptsDefault  = 5
-	BackoffDefault      = time.Second
-	BackoffMaxDefault   = time.Minute
-	TTLDefault          = 30 * time.Second
-	PollIntervalDefault = time.Second
+	batchDefault        = 100
+	maxAttemptsDefault  = 5
+	backoffDefault      = time.Second
+	backoffMaxDefault   = time.Minute
+	ttlDefault          = 30 * time.Second
+	pollIntervalDefault = time.Second
 )
 
 // ApplyFunc applies batch, a key's next tasks in sequence order, in tx, the
@@ -50,8 +50,8 @@ type Config struct {
 	// before it ends failed. Default 5, at most 100.
 	MaxAttempts int
 	// Backoff is the delay before a task's second attempt, doubled for
-	// each attempt after it up to BackoffMax, with full jitter. Defaults 1 s
-	// and 1 min.
+	// each attempt after it up to BackoffMax, with jitter (half to all of
+	// it). Defaults 1 s and 1 min.
 	Backoff, BackoffMax time.Duration
 	// Unordered lets a key's later tasks go on while a task waits for its
 	// retry, and after it failed. By default a key is applied in strict
@@ -103,15 +103,15 @@ func NewConsumer(client *leases.Client, fn ApplyFunc, cfg *Config) (*Consumer, e
 	case c.Backoff < 0 || c.BackoffMax < 0 || c.TTL < 0 || c.PollInterval < 0:
 		return nil, fmt.Errorf("%w: Config: durations must not be negative", pgfence.ErrInvalid)
 	}
-	c.Batch = cmp.Or(c.Batch, BatchDefault)
-	c.MaxAttempts = cmp.Or(c.MaxAttempts, MaxAttemptsDefault)
-	c.Backoff = cmp.Or(c.Backoff, BackoffDefault)
-	c.BackoffMax = max(cmp.Or(c.BackoffMax, BackoffMaxDefault), c.Backoff)
+	c.Batch = cmp.Or(c.Batch, batchDefault)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, maxAttemptsDefault)
+	c.Backoff = cmp.Or(c.Backoff, backoffDefault)
+	c.BackoffMax = max(cmp.Or(c.BackoffMax, backoffMaxDefault), c.Backoff)
 	if c.BackoffMax > 24*time.Hour {
 		return nil, fmt.Errorf("%w: Config.BackoffMax: at most 24h", pgfence.ErrInvalid)
 	}
-	c.TTL = cmp.Or(c.TTL, TTLDefault)
-	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
+	c.TTL = cmp.Or(c.TTL, ttlDefault)
+	c.PollInterval = cmp.Or(c.PollInterval, pollIntervalDefault)
 	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	if err := client.Check(LeaseKey(c.Prefix+"x"), c.TTL, nil); err != nil {
 		return nil, fmt.Errorf("tasks: Config.TTL %s: %w", c.TTL, err)

@@ -24,13 +24,11 @@ const (
 	MaxKeyBytes = 480
 	// MaxPayloadBytes is the longest payload, result or error text, as
 	// JSON text.
-	MaxPayloadBytes = 65536
-	// MaxBacklogDefault is the default of [EnqueueOptions.MaxBacklog].
-	MaxBacklogDefault = 10000
-
-	maxIdemKeyBytes = 256
-	maxBacklog      = 1000000
-	maxErrorBytes   = 4096
+	MaxPayloadBytes   = 65536
+	maxBacklogDefault = 10000
+	maxIdemKeyBytes   = 256
+	maxBacklog        = 1000000
+	maxErrorBytes     = 4096
 )
 
 // The states of a task.
@@ -82,8 +80,8 @@ type EnqueueOptions struct {
 	// MaxBacklog bounds the key's open (pending and running) tasks: past
 	// it, Enqueue fails with [pgfence.ErrBacklogFull] and writes nothing.
 	// Concurrent producers may each pass the check, so the backlog
-	// overshoots by at most their number. Default [MaxBacklogDefault], at
-	// most 1,000,000.
+	// overshoots by at most their number. Default 10,000, at most
+	// 1,000,000.
 	MaxBacklog int
 }
 
@@ -145,7 +143,7 @@ func enqueue[T any](ctx context.Context, h driver.Handle[T], key string, payload
 		o = *opts
 	}
 	if o.MaxBacklog == 0 {
-		o.MaxBacklog = MaxBacklogDefault
+		o.MaxBacklog = maxBacklogDefault
 	}
 	switch {
 	case o.MaxBacklog < 0 || o.MaxBacklog > maxBacklog:
