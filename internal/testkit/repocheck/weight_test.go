@@ -17,9 +17,14 @@ import (
 // examples/ and internal/testkit/) stay within these. A feature that needs
 // more replaces something, or its issue raises the cap with the measurement
 // that earns it.
+//
+// Issue 38 (ordered tasks, leases/tasks) raised them from 8000 and 300 by
+// what it adds: 407 code lines (leases/tasks 370, the leases listener's task
+// wake-ups 33, the backlog SQLSTATE 4) and 22 exported identifiers; the
+// budget is the lead's to confirm at merge.
 const (
-	maxCodeLines = 8000 // non-test Go lines that are neither blank nor comment
-	maxExported  = 300  // exported identifiers outside internal/, methods included
+	maxCodeLines = 8400 // non-test Go lines that are neither blank nor comment
+	maxExported  = 310  // exported identifiers outside internal/, methods included
 )
 
 // TestLibraryWeight counts the library's code lines and exported
