@@ -2581,6 +2581,7 @@ BEGIN
          WHERE t.id = n.id;
         GET DIAGNOSTICS v_n = ROW_COUNT;
         k.next_seq := k.next_seq + v_n;
+        k.numbered_to := k.mark_id;
         k.mark_id := NULL;
         k.mark_xid := NULL;
     END IF;
@@ -2588,7 +2589,7 @@ BEGIN
         k.mark_id := v_s;
         k.mark_xid := v_x;
     END IF;
-    UPDATE pgfence.task_keys x SET next_seq = k.next_seq, mark_id = k.mark_id, mark_xid = k.mark_xid,
+    UPDATE pgfence.task_keys x SET next_seq = k.next_seq, numbered_to = k.numbered_to, mark_id = k.mark_id, mark_xid = k.mark_xid,
            ordered = p_ordered, max_attempts = p_max_attempts, claimed_at = clock_timestamp()
      WHERE x.key = p_key COLLATE pg_catalog."default";
 
@@ -2602,7 +2603,10 @@ BEGIN
                error = format('interrupted: the consumer with token %s stopped while applying it', t.token)
          WHERE t.key = p_key COLLATE pg_catalog."default" AND t.state = 'running' AND t.token <> p_token
         RETURNING t.id, t.seq, t.state)
-    SELECT i.id INTO v_failed FROM i WHERE i.state = 'failed' ORDER BY i.seq LIMIT 1;
+    SELECT (array_agg(i.id ORDER BY i.seq))[1], count(*) INTO v_failed, v_n FROM i WHERE i.state = 'failed';
+    IF v_n > 0 THEN
+        UPDATE pgfence.task_keys x SET finished = x.finished + v_n WHERE x.key = p_key COLLATE pg_catalog."default";
+    END IF;
     IF p_ordered AND v_failed IS NOT NULL AND k.blocked_by IS NULL THEN
         UPDATE pgfence.task_keys x SET blocked_by = v_failed WHERE x.key = p_key COLLATE pg_catalog."default";
         k.blocked_by := v_failed;
@@ -2655,6 +2659,7 @@ BEGIN
                 cardinality(p_ids) - v_n, cardinality(p_ids), quote_literal(p_key), p_token
             USING ERRCODE = 'PF002', DETAIL = format('reason=task_not_claimed key=%s', pgfence.task_lease_key(p_key));
     END IF;
+    UPDATE pgfence.task_keys x SET finished = x.finished + v_n WHERE x.key = p_key COLLATE pg_catalog."default";
     RETURN v_n;
 END;
 $$;
@@ -2663,18 +2668,26 @@ $$;
 -- Name: task_enqueue(text, jsonb, text, integer); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
-CREATE FUNCTION pgfence.task_enqueue(p_key text, p_payload jsonb, p_idem_key text DEFAULT NULL::text, p_max_backlog integer DEFAULT 10000) RETURNS TABLE(id bigint, created boolean, state text, seq bigint, enqueued_at timestamp with time zone)
+CREATE FUNCTION pgfence.task_enqueue(p_key text, p_payload jsonb, p_idem_key text DEFAULT NULL::text, p_max_backlog integer DEFAULT 10000, OUT id bigint, OUT created boolean, OUT state text, OUT seq bigint, OUT enqueued_at timestamp with time zone) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
     v_xid  xid8;
-    v_open integer;
+    v_id   bigint;
+    v_to   bigint;
+    v_open bigint;
     t      pgfence.tasks%ROWTYPE;
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.task_check_key(p_key);
+    -- Each check's cheap condition inline, its helper (the one place of its
+    -- message and code) only to refuse: a call costs more than the check.
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 480 THEN
+        PERFORM pgfence.task_check_key(p_key);
+    END IF;
     IF p_payload IS NULL OR octet_length(p_payload::text) > 65536 THEN
         RAISE EXCEPTION 'pgfence: a task payload must be JSON of at most 65536 bytes, got %',
             coalesce(octet_length(p_payload::text)::text || ' bytes', 'NULL') USING ERRCODE = 'PF008';
@@ -2687,41 +2700,60 @@ BEGIN
         RAISE EXCEPTION 'pgfence: max_backlog must be 1 to 1000000, got %', coalesce(p_max_backlog::text, 'NULL')
             USING ERRCODE = 'PF008';
     END IF;
-    PERFORM pgfence.require_granted('task key', p_key);
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
+        PERFORM pgfence.require_granted('task key', p_key);
+    END IF;
 
     IF p_idem_key IS NOT NULL THEN
         SELECT x.* INTO t FROM pgfence.tasks x WHERE x.key = p_key COLLATE pg_catalog."default" AND x.idem_key = p_idem_key;
         IF FOUND THEN
             PERFORM pgfence.task_same_payload(t, p_payload);
-            RETURN QUERY SELECT t.id, false, t.state, t.seq, t.enqueued_at;
+            SELECT t.id, false, t.state, t.seq, t.enqueued_at INTO id, created, state, seq, enqueued_at;
             RETURN;
         END IF;
     END IF;
-    SELECT count(*) INTO v_open FROM (SELECT 1 FROM pgfence.tasks x
-        WHERE x.key = p_key COLLATE pg_catalog."default" AND x.state IN ('pending', 'running') LIMIT p_max_backlog) o;
-    IF v_open >= p_max_backlog THEN
-        RAISE EXCEPTION 'pgfence: the backlog of task key % is full: % open tasks', quote_literal(p_key), v_open
-            USING ERRCODE = 'PF016', DETAIL = format('key=%s max_backlog=%s', p_key, p_max_backlog),
-                  HINT = 'Try again later, or raise max_backlog; nothing was enqueued.';
-    END IF;
-
     -- The xid first, then the id: see "Numbering".
     v_xid := pg_current_xact_id();
+    v_id := nextval('pgfence.task_ids');
+    -- The backlog: the numbered open tasks from the key's row, and at most
+    -- v_id - 1 - numbered_to unnumbered ones (every unnumbered task of the
+    -- key has an id above numbered_to). Only when that bound reaches
+    -- max_backlog are the unnumbered ones counted: while a consumer runs
+    -- they are few, and their index range holds the dead entries of every
+    -- numbered task until a vacuum.
+    SELECT k.next_seq - 1 - k.finished, k.numbered_to INTO v_open, v_to FROM pgfence.task_keys k WHERE k.key = p_key COLLATE pg_catalog."default";
+    v_open := coalesce(v_open, 0);
+    IF v_open + (v_id - 1 - coalesce(v_to, 0)) >= p_max_backlog THEN
+        IF v_open < p_max_backlog THEN
+            SELECT v_open + count(*) INTO v_open FROM (SELECT 1 FROM pgfence.tasks x
+                WHERE x.key = p_key COLLATE pg_catalog."default" AND x.state = 'pending' AND x.seq IS NULL LIMIT p_max_backlog - v_open) o;
+        END IF;
+        IF v_open >= p_max_backlog THEN
+            RAISE EXCEPTION 'pgfence: the backlog of task key % is full: % open tasks', quote_literal(p_key), v_open
+                USING ERRCODE = 'PF016', DETAIL = format('key=%s max_backlog=%s', p_key, p_max_backlog),
+                      HINT = 'Try again later, or raise max_backlog; nothing was enqueued.';
+        END IF;
+    END IF;
+
     INSERT INTO pgfence.tasks AS x (id, key, xid, payload, idem_key, enqueued_by, enqueued_at)
-    VALUES (nextval('pgfence.task_ids'), p_key, v_xid, p_payload, p_idem_key, pgfence.acting_role(), clock_timestamp())
+    VALUES (v_id, p_key, v_xid, p_payload, p_idem_key, pgfence.acting_role(), clock_timestamp())
     ON CONFLICT (key, idem_key) WHERE idem_key IS NOT NULL DO NOTHING
     RETURNING x.* INTO t;
     IF NOT FOUND THEN
         -- A concurrent duplicate committed first.
         SELECT x.* INTO t FROM pgfence.tasks x WHERE x.key = p_key COLLATE pg_catalog."default" AND x.idem_key = p_idem_key;
         PERFORM pgfence.task_same_payload(t, p_payload);
-        RETURN QUERY SELECT t.id, false, t.state, t.seq, t.enqueued_at;
+        SELECT t.id, false, t.state, t.seq, t.enqueued_at INTO id, created, state, seq, enqueued_at;
         RETURN;
     END IF;
-    IF v_open = 0 THEN
+    -- Wake a consumer up only when none holds the key: a NOTIFY serialises
+    -- the commits that send one, and a consumer that holds the key claims
+    -- again before it lets go.
+    IF NOT EXISTS (SELECT 1 FROM pgfence.leases l
+        WHERE l.key = pgfence.task_lease_key(p_key) AND l.released_at IS NULL AND l.expires_at > clock_timestamp()) THEN
         PERFORM pg_notify('pgfence_task_enqueued', p_key);
     END IF;
-    RETURN QUERY SELECT t.id, true, t.state, t.seq, t.enqueued_at;
+    SELECT t.id, true, t.state, t.seq, t.enqueued_at INTO id, created, state, seq, enqueued_at;
 END;
 $$;
 
@@ -2758,8 +2790,10 @@ BEGIN
     -- The rest of the batch rolled back with it, unattempted: pending again.
     UPDATE pgfence.tasks t SET state = 'pending'
      WHERE t.key = p_key COLLATE pg_catalog."default" AND t.state = 'running' AND t.token = p_token AND t.id <> p_id;
-    IF v_state = 'failed' AND k.ordered AND k.blocked_by IS NULL THEN
-        UPDATE pgfence.task_keys x SET blocked_by = p_id WHERE x.key = p_key COLLATE pg_catalog."default";
+    IF v_state = 'failed' THEN
+        UPDATE pgfence.task_keys x SET finished = x.finished + 1,
+               blocked_by = CASE WHEN x.ordered AND x.blocked_by IS NULL THEN p_id ELSE x.blocked_by END
+         WHERE x.key = p_key COLLATE pg_catalog."default";
     END IF;
     RETURN v_state;
 END;
@@ -2812,13 +2846,21 @@ CREATE FUNCTION pgfence.task_require_consumer(p_key text, p_holder uuid, p_token
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
-    PERFORM pgfence.require_primary();
-    PERFORM pgfence.task_check_key(p_key);
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 480 THEN
+        PERFORM pgfence.task_check_key(p_key);
+    END IF;
     IF p_holder IS NULL THEN
         RAISE EXCEPTION 'pgfence: a task consumer of % needs a holder', quote_literal(p_key) USING ERRCODE = 'PF008';
     END IF;
-    PERFORM pgfence.check_token(p_token);
-    PERFORM pgfence.require_granted('lease', pgfence.task_lease_key(p_key));
+    IF p_token IS NULL OR p_token <= 0 OR p_token > 6917529027641081856 THEN
+        PERFORM pgfence.check_token(p_token);
+    END IF;
+    IF NOT pg_has_role(pgfence.acting_role(), current_user, 'USAGE') THEN
+        PERFORM pgfence.require_granted('lease', pgfence.task_lease_key(p_key));
+    END IF;
     PERFORM pgfence.require_lease(pgfence.task_lease_key(p_key), p_holder, p_token);
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
         PERFORM set_config('synchronous_commit', 'on', true);
@@ -2843,7 +2885,9 @@ BEGIN
     IF v_key IS NULL THEN
         RETURN false;
     END IF;
-    UPDATE pgfence.task_keys x SET blocked_by = NULL WHERE x.key = v_key AND x.blocked_by = p_id;
+    UPDATE pgfence.task_keys x SET finished = x.finished - 1,
+           blocked_by = CASE WHEN x.blocked_by = p_id THEN NULL ELSE x.blocked_by END
+     WHERE x.key = v_key;
     PERFORM pg_notify('pgfence_task_enqueued', v_key);
     RETURN true;
 END;
@@ -3520,9 +3564,12 @@ CREATE TABLE pgfence.task_keys (
     mark_xid xid8,
     ordered boolean DEFAULT true NOT NULL,
     max_attempts integer DEFAULT 5 NOT NULL,
+    finished bigint DEFAULT 0 NOT NULL,
+    numbered_to bigint DEFAULT 0 NOT NULL,
     blocked_by bigint,
     claimed_at timestamp with time zone,
     CONSTRAINT task_keys_check CHECK (((mark_id IS NULL) = (mark_xid IS NULL))),
+    CONSTRAINT task_keys_finished_check CHECK ((finished >= 0)),
     CONSTRAINT task_keys_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 100))),
     CONSTRAINT task_keys_next_seq_check CHECK ((next_seq > 0))
 );
@@ -4548,12 +4595,12 @@ GRANT ALL ON FUNCTION pgfence.task_complete(p_key text, p_holder uuid, p_token b
 GRANT ALL ON FUNCTION pgfence.task_complete(p_key text, p_holder uuid, p_token bigint, p_ids bigint[], p_results jsonb[]) TO pgfence_operator;
 
 --
--- Name: FUNCTION task_enqueue(p_key text, p_payload jsonb, p_idem_key text, p_max_backlog integer); Type: ACL; Schema: pgfence; Owner: -
+-- Name: FUNCTION task_enqueue(p_key text, p_payload jsonb, p_idem_key text, p_max_backlog integer, OUT id bigint, OUT created boolean, OUT state text, OUT seq bigint, OUT enqueued_at timestamp with time zone); Type: ACL; Schema: pgfence; Owner: -
 --
 
-REVOKE ALL ON FUNCTION pgfence.task_enqueue(p_key text, p_payload jsonb, p_idem_key text, p_max_backlog integer) FROM PUBLIC;
-GRANT ALL ON FUNCTION pgfence.task_enqueue(p_key text, p_payload jsonb, p_idem_key text, p_max_backlog integer) TO pgfence_app;
-GRANT ALL ON FUNCTION pgfence.task_enqueue(p_key text, p_payload jsonb, p_idem_key text, p_max_backlog integer) TO pgfence_operator;
+REVOKE ALL ON FUNCTION pgfence.task_enqueue(p_key text, p_payload jsonb, p_idem_key text, p_max_backlog integer, OUT id bigint, OUT created boolean, OUT state text, OUT seq bigint, OUT enqueued_at timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.task_enqueue(p_key text, p_payload jsonb, p_idem_key text, p_max_backlog integer, OUT id bigint, OUT created boolean, OUT state text, OUT seq bigint, OUT enqueued_at timestamp with time zone) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.task_enqueue(p_key text, p_payload jsonb, p_idem_key text, p_max_backlog integer, OUT id bigint, OUT created boolean, OUT state text, OUT seq bigint, OUT enqueued_at timestamp with time zone) TO pgfence_operator;
 
 --
 -- Name: FUNCTION task_fail(p_key text, p_holder uuid, p_token bigint, p_id bigint, p_error text, p_retry_in interval); Type: ACL; Schema: pgfence; Owner: -
