@@ -191,11 +191,17 @@ func (c *Consumer) round(ctx context.Context) (worked bool, err error) {
 	return worked, errors.Join(errs...)
 }
 
+// drainBatches bounds the batches a consumer applies to one key before it
+// turns to the round's other keys (it comes back in the next round), so that
+// a key that never empties does not starve them.
+const drainBatches = 64
+
 // drain applies key's tasks under l until the key has none that can be
-// claimed, and returns how many batches it applied or failed.
+// claimed, or drainBatches batches, and returns how many batches it applied
+// or failed.
 func (c *Consumer) drain(ctx context.Context, l *leases.Lease, key string) (int, error) {
 	n, empty := 0, 0
-	for empty < 2 && ctx.Err() == nil {
+	for empty < 2 && n < drainBatches && ctx.Err() == nil {
 		batch, err := c.claim(ctx, l, key)
 		if err != nil {
 			return n, err

@@ -165,3 +165,34 @@ func TestConsumerWakesOnEnqueue(t *testing.T) {
 	}
 	waitDone(t, ctx, db.Pool, 2)
 }
+
+// One consumer and a key that never empties: the consumer turns to the
+// other key all the same.
+func TestConsumerServesEveryKey(t *testing.T) {
+	db := pgfencetest.NewDatabase(t)
+	ctx := ctxTimeout(t, time.Minute)
+	if _, err := db.Pool.Exec(ctx, ledgerDDL); err != nil {
+		t.Fatal(err)
+	}
+	pctx, stop := context.WithCancel(ctx)
+	defer stop()
+	produced := make(chan struct{})
+	go func() { // keeps the hot key busy until the test ends
+		defer close(produced)
+		for pctx.Err() == nil {
+			if _, err := tasks.Enqueue(pctx, db.Pool, "hot", []byte(`{}`), &tasks.EnqueueOptions{MaxBacklog: 1000000}); err != nil && pctx.Err() == nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	defer func() { stop(); <-produced }()
+	until(t, ctx, db.Pool, "the hot key has a backlog", `SELECT count(*) > 500 FROM pgfence.tasks WHERE key = 'hot'`)
+	runConsumer(t, ctx, db.Pool, &tasks.Config{Batch: 1, PollInterval: 10 * time.Millisecond})
+	until(t, ctx, db.Pool, "the hot key is being applied", `SELECT count(*) > 0 FROM ledger WHERE key = 'hot'`)
+	cold, err := tasks.Enqueue(ctx, db.Pool, "cold", []byte(`{}`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	until(t, ctx, db.Pool, "the cold key's task is applied", `SELECT state = 'done' FROM pgfence.tasks WHERE id = $1`, cold.ID)
+}
