@@ -73,8 +73,10 @@
 //     delays consumers (idle_in_transaction_session_timeout bounds an idle
 //     one), it never makes them skip or reorder a task.
 //   - Wake-ups: pgfence.task_enqueue sends NOTIFY pgfence_task_enqueued
-//     when a key's first open task arrives, and an idle [Consumer] hears it
-//     on its leases client's LISTEN connection; it polls every
+//     when no consumer holds the key, and an idle [Consumer] hears it on its
+//     leases client's LISTEN connection; it polls every
 //     [Config.PollInterval] as well (only that behind PgBouncer in
-//     transaction mode, with [leases.Config.DisableWakeups]).
+//     transaction mode, with [leases.Config.DisableWakeups]). A NOTIFY
+//     serialises the commits that send one: enqueues to keys that no
+//     consumer holds commit one at a time (a hot key's consumer holds it).
 package tasks
