@@ -6,7 +6,7 @@
 --       -> (id, created, state, seq, enqueued_at)               PF016 when the backlog is full
 --   pgfence.task_status(id) -> (id, key, state, seq, attempts, payload, result, error,
 --       idem_key, enqueued_at, numbered_at, started_at, finished_at)   no row: unknown id
---   pgfence.task_ready_keys(prefix DEFAULT '', max_keys DEFAULT 100) -> setof text
+--   pgfence.task_ready_keys(prefix DEFAULT '', max_keys DEFAULT 100, after DEFAULT '') -> setof text
 --   pgfence.task_lease_key(key) -> text                          the consumer's lease key
 --   pgfence.task_claim(key, holder, token, max_tasks DEFAULT 100, max_attempts DEFAULT 5,
 --       ordered DEFAULT true) -> (id, seq, payload, attempts, idem_key, enqueued_at)
@@ -330,22 +330,26 @@ BEGIN ATOMIC
 END;
 -- +goose StatementEnd
 
--- task_ready_keys lists up to p_max_keys keys that start with p_prefix and
--- have open tasks, which the caller may consume (a grant of their lease
--- key), in key order: a skip scan of tasks_open, one probe per key.
+-- task_ready_keys lists up to p_max_keys keys that start with p_prefix, come
+-- after p_after and have open tasks, which the caller may consume (a grant
+-- of their lease key), in key order: a skip scan of tasks_open, one probe
+-- per key. A consumer passes the last key of its previous list as p_after
+-- (and '' once a list came back short), so that it comes to every key.
 -- +goose StatementBegin
-CREATE FUNCTION pgfence.task_ready_keys(p_prefix text DEFAULT '', p_max_keys integer DEFAULT 100)
+CREATE FUNCTION pgfence.task_ready_keys(p_prefix text DEFAULT '', p_max_keys integer DEFAULT 100, p_after text DEFAULT '')
 RETURNS SETOF text
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pgfence.require_primary();
-    IF p_prefix IS NULL OR octet_length(p_prefix) > 480 OR p_max_keys IS NULL OR p_max_keys NOT BETWEEN 1 AND 10000 THEN
-        RAISE EXCEPTION 'pgfence: task_ready_keys needs a prefix of at most 480 bytes and max_keys from 1 to 10000'
+    IF p_prefix IS NULL OR octet_length(p_prefix) > 480 OR p_max_keys IS NULL OR p_max_keys NOT BETWEEN 1 AND 10000
+       OR p_after IS NULL OR octet_length(p_after) > 480 THEN
+        RAISE EXCEPTION 'pgfence: task_ready_keys needs a prefix and an after key of at most 480 bytes and max_keys from 1 to 10000'
             USING ERRCODE = 'PF008';
     END IF;
     RETURN QUERY
     WITH RECURSIVE k(key) AS (
-        (SELECT t.key::text FROM pgfence.tasks t WHERE t.state IN ('pending', 'running') AND starts_with(t.key, p_prefix)
+        (SELECT t.key::text FROM pgfence.tasks t
+          WHERE t.state IN ('pending', 'running') AND t.key > p_after AND starts_with(t.key, p_prefix)
           ORDER BY t.key LIMIT 1)
         UNION ALL
         SELECT (SELECT t.key::text FROM pgfence.tasks t
@@ -607,7 +611,7 @@ REVOKE ALL ON SEQUENCE pgfence.task_ids FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION
     pgfence.task_lease_key(text), pgfence.task_check_key(text), pgfence.task_require_consumer(text, uuid, bigint),
     pgfence.task_enqueue(text, jsonb, text, integer), pgfence.task_same_payload(pgfence.tasks, jsonb),
-    pgfence.task_status(bigint), pgfence.task_ready_keys(text, integer),
+    pgfence.task_status(bigint), pgfence.task_ready_keys(text, integer, text),
     pgfence.task_claim(text, uuid, bigint, integer, integer, boolean),
     pgfence.task_complete(text, uuid, bigint, bigint[], jsonb[]),
     pgfence.task_fail(text, uuid, bigint, bigint, text, interval),
@@ -617,7 +621,7 @@ GRANT SELECT ON pgfence.tasks, pgfence.task_keys TO pgfence_app, pgfence_operato
 GRANT EXECUTE ON FUNCTION
     pgfence.task_lease_key(text),
     pgfence.task_enqueue(text, jsonb, text, integer),
-    pgfence.task_status(bigint), pgfence.task_ready_keys(text, integer),
+    pgfence.task_status(bigint), pgfence.task_ready_keys(text, integer, text),
     pgfence.task_claim(text, uuid, bigint, integer, integer, boolean),
     pgfence.task_complete(text, uuid, bigint, bigint[], jsonb[]),
     pgfence.task_fail(text, uuid, bigint, bigint, text, interval)
@@ -646,7 +650,7 @@ DROP FUNCTION pgfence.task_retry(bigint);
 DROP FUNCTION pgfence.task_fail(text, uuid, bigint, bigint, text, interval);
 DROP FUNCTION pgfence.task_complete(text, uuid, bigint, bigint[], jsonb[]);
 DROP FUNCTION pgfence.task_claim(text, uuid, bigint, integer, integer, boolean);
-DROP FUNCTION pgfence.task_ready_keys(text, integer);
+DROP FUNCTION pgfence.task_ready_keys(text, integer, text);
 DROP FUNCTION pgfence.task_status(bigint);
 DROP FUNCTION pgfence.task_same_payload(pgfence.tasks, jsonb);
 DROP FUNCTION pgfence.task_enqueue(text, jsonb, text, integer);

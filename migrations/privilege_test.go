@@ -503,7 +503,7 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.task_enqueue(text,jsonb,text,integer)",
 		"pgfence.task_fail(text,uuid,bigint,bigint,text,interval)",
 		"pgfence.task_lease_key(text)",
-		"pgfence.task_ready_keys(text,integer)",
+		"pgfence.task_ready_keys(text,integer,text)",
 		"pgfence.task_status(bigint)",
 		"pgfence.try_acquire(text,interval,text,uuid,text,boolean)",
 	}

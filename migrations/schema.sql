@@ -2810,22 +2810,24 @@ CREATE FUNCTION pgfence.task_lease_key(p_key text) RETURNS text
 END;
 
 --
--- Name: task_ready_keys(text, integer); Type: FUNCTION; Schema: pgfence; Owner: -
+-- Name: task_ready_keys(text, integer, text); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
-CREATE FUNCTION pgfence.task_ready_keys(p_prefix text DEFAULT ''::text, p_max_keys integer DEFAULT 100) RETURNS SETOF text
+CREATE FUNCTION pgfence.task_ready_keys(p_prefix text DEFAULT ''::text, p_max_keys integer DEFAULT 100, p_after text DEFAULT ''::text) RETURNS SETOF text
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     PERFORM pgfence.require_primary();
-    IF p_prefix IS NULL OR octet_length(p_prefix) > 480 OR p_max_keys IS NULL OR p_max_keys NOT BETWEEN 1 AND 10000 THEN
-        RAISE EXCEPTION 'pgfence: task_ready_keys needs a prefix of at most 480 bytes and max_keys from 1 to 10000'
+    IF p_prefix IS NULL OR octet_length(p_prefix) > 480 OR p_max_keys IS NULL OR p_max_keys NOT BETWEEN 1 AND 10000
+       OR p_after IS NULL OR octet_length(p_after) > 480 THEN
+        RAISE EXCEPTION 'pgfence: task_ready_keys needs a prefix and an after key of at most 480 bytes and max_keys from 1 to 10000'
             USING ERRCODE = 'PF008';
     END IF;
     RETURN QUERY
     WITH RECURSIVE k(key) AS (
-        (SELECT t.key::text FROM pgfence.tasks t WHERE t.state IN ('pending', 'running') AND starts_with(t.key, p_prefix)
+        (SELECT t.key::text FROM pgfence.tasks t
+          WHERE t.state IN ('pending', 'running') AND t.key > p_after AND starts_with(t.key, p_prefix)
           ORDER BY t.key LIMIT 1)
         UNION ALL
         SELECT (SELECT t.key::text FROM pgfence.tasks t
@@ -4619,12 +4621,12 @@ GRANT ALL ON FUNCTION pgfence.task_lease_key(p_key text) TO pgfence_app;
 GRANT ALL ON FUNCTION pgfence.task_lease_key(p_key text) TO pgfence_operator;
 
 --
--- Name: FUNCTION task_ready_keys(p_prefix text, p_max_keys integer); Type: ACL; Schema: pgfence; Owner: -
+-- Name: FUNCTION task_ready_keys(p_prefix text, p_max_keys integer, p_after text); Type: ACL; Schema: pgfence; Owner: -
 --
 
-REVOKE ALL ON FUNCTION pgfence.task_ready_keys(p_prefix text, p_max_keys integer) FROM PUBLIC;
-GRANT ALL ON FUNCTION pgfence.task_ready_keys(p_prefix text, p_max_keys integer) TO pgfence_app;
-GRANT ALL ON FUNCTION pgfence.task_ready_keys(p_prefix text, p_max_keys integer) TO pgfence_operator;
+REVOKE ALL ON FUNCTION pgfence.task_ready_keys(p_prefix text, p_max_keys integer, p_after text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.task_ready_keys(p_prefix text, p_max_keys integer, p_after text) TO pgfence_app;
+GRANT ALL ON FUNCTION pgfence.task_ready_keys(p_prefix text, p_max_keys integer, p_after text) TO pgfence_operator;
 
 --
 -- Name: FUNCTION task_require_consumer(p_key text, p_holder uuid, p_token bigint); Type: ACL; Schema: pgfence; Owner: -

@@ -74,8 +74,8 @@ type Config struct {
 }
 
 // Consumer applies the tasks of the keys it claims. Create it with
-// [NewConsumer] and call [Consumer.Run]; run as many as you like, in as
-// many processes: each key is applied by one consumer at a time.
+// [NewConsumer] and call [Consumer.Run], from as many goroutines and
+// processes as you like: each key is applied by one of them at a time.
 type Consumer struct {
 	client *leases.Client
 	fn     ApplyFunc
@@ -125,7 +125,8 @@ func NewConsumer(client *leases.Client, fn ApplyFunc, cfg *Config) (*Consumer, e
 func LeaseKey(key string) string { return "pgfence.task:" + key }
 
 const (
-	sqlReadyKeys = `SELECT pgfence.task_ready_keys($1, 100)`
+	sqlReadyKeys = `SELECT pgfence.task_ready_keys($1, $2, $3)`
+	readyKeys    = 100
 	sqlClaim     = `SELECT id, seq, payload, attempts, coalesce(idem_key, ''), enqueued_at
   FROM pgfence.task_claim($1, $2::uuid, $3, $4, $5, $6) ORDER BY seq`
 	sqlComplete = `SELECT pgfence.task_complete($1, $2::uuid, $3, $4, $5::jsonb[])`
@@ -140,8 +141,13 @@ const (
 func (c *Consumer) Run(ctx context.Context) error {
 	wake, stop := c.client.WakeOnTasks(c.cfg.Prefix)
 	defer stop()
+	after := "" // the next round's list of keys starts after this one
 	for ctx.Err() == nil {
-		worked, err := c.round(ctx)
+		var (
+			worked bool
+			err    error
+		)
+		worked, after, err = c.round(ctx, after)
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -163,13 +169,18 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return nil
 }
 
-// round works once through the keys that have tasks, in random order, and
-// reports whether it applied or failed any task.
-func (c *Consumer) round(ctx context.Context) (worked bool, err error) {
-	rows, _ := c.client.Pool().Query(ctx, sqlReadyKeys, c.cfg.Prefix) // an error shows in CollectRows
+// round works once through up to readyKeys keys that have tasks, from the
+// first after after, in random order; it reports whether it applied or
+// failed any task, and where the next round starts (after this list's last
+// key, or from the first key again after a short list).
+func (c *Consumer) round(ctx context.Context, after string) (worked bool, next string, err error) {
+	rows, _ := c.client.Pool().Query(ctx, sqlReadyKeys, c.cfg.Prefix, readyKeys, after) // an error shows in CollectRows
 	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return false, fmt.Errorf("tasks: list keys with tasks: %w", pgfence.MapError(err))
+		return false, after, fmt.Errorf("tasks: list keys with tasks: %w", pgfence.MapError(err))
+	}
+	if len(keys) == readyKeys {
+		next = keys[len(keys)-1]
 	}
 	rand.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
 	var errs []error
@@ -188,7 +199,7 @@ func (c *Consumer) round(ctx context.Context) (worked bool, err error) {
 			errs = append(errs, fmt.Errorf("tasks: key %q: %w", key, err))
 		}
 	}
-	return worked, errors.Join(errs...)
+	return worked, next, errors.Join(errs...)
 }
 
 // drainBatches bounds the batches a consumer applies to one key before it
