@@ -19,11 +19,11 @@ import (
 // that earns it.
 //
 // Issue 38 (ordered tasks, leases/tasks) raised them from 8000 and 300 by
-// what it adds: 407 code lines (leases/tasks 370, the leases listener's task
+// what it adds: 417 code lines (leases/tasks 380, the leases listener's task
 // wake-ups 33, the backlog SQLSTATE 4) and 22 exported identifiers; the
 // budget is the lead's to confirm at merge.
 const (
-	maxCodeLines = 8400 // non-test Go lines that are neither blank nor comment
+	maxCodeLines = 8410 // non-test Go lines that are neither blank nor comment
 	maxExported  = 310  // exported identifiers outside internal/, methods included
 )
 
