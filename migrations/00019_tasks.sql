@@ -137,7 +137,9 @@ CREATE UNIQUE INDEX tasks_key_idem ON pgfence.tasks (key, idem_key) WHERE idem_k
 -- finished counts the key's tasks that are done, failed or skipped, so that
 -- next_seq - 1 - finished is its numbered open tasks; numbered_to is the
 -- watermark of the last numbering (every task of the key up to that id is
--- numbered): an enqueue bounds the unnumbered ones by the ids drawn since.
+-- numbered): an enqueue bounds the unnumbered ones by the ids drawn since,
+-- and the scans of unnumbered tasks start above it (the earlier versions of
+-- numbered tasks stay in that index range until a vacuum).
 -- +goose StatementBegin
 CREATE TABLE pgfence.task_keys (
     key          pgfence.key_name PRIMARY KEY,
@@ -266,7 +268,8 @@ BEGIN
     IF v_open + (v_id - 1 - coalesce(v_to, 0)) >= p_max_backlog THEN
         IF v_open < p_max_backlog THEN
             SELECT v_open + count(*) INTO v_open FROM (SELECT 1 FROM pgfence.tasks x
-                WHERE x.key = p_key COLLATE pg_catalog."default" AND x.state = 'pending' AND x.seq IS NULL LIMIT p_max_backlog - v_open) o;
+                WHERE x.key = p_key COLLATE pg_catalog."default" AND x.state = 'pending' AND x.seq IS NULL AND x.id > coalesce(v_to, 0)
+                LIMIT p_max_backlog - v_open) o;
         END IF;
         IF v_open >= p_max_backlog THEN
             RAISE EXCEPTION 'pgfence: the backlog of task key % is full: % open tasks', quote_literal(p_key), v_open
@@ -405,7 +408,8 @@ BEGIN
         v_now := clock_timestamp();
         UPDATE pgfence.tasks t SET seq = k.next_seq + n.rn - 1, numbered_at = v_now
           FROM (SELECT x.id, row_number() OVER (ORDER BY x.id) AS rn FROM pgfence.tasks x
-                 WHERE x.key = p_key COLLATE pg_catalog."default" AND x.seq IS NULL AND x.id <= k.mark_id AND x.state = 'pending') n
+                 WHERE x.key = p_key COLLATE pg_catalog."default" AND x.seq IS NULL AND x.id > k.numbered_to AND x.id <= k.mark_id
+                   AND x.state = 'pending') n
          WHERE t.id = n.id;
         GET DIAGNOSTICS v_n = ROW_COUNT;
         k.next_seq := k.next_seq + v_n;
