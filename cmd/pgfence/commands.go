@@ -7,6 +7,8 @@ import (
 	"io"
 	"slices"
 	"strings"
+
+	"github.com/pgfence/pgfence/leases/tasks"
 )
 
 // A command is one verb of a noun (`pgfence leases show`), or a noun that is a
@@ -57,6 +59,7 @@ func nouns() []noun {
 		{"tables", "guard tables with a trigger, so that every write must present a current token"},
 		{"floor", "the token floor: show it, or raise it after a restore or a schema rebuild"},
 		{"keys", "idempotency keys: list and show their state, find and fail abandoned ones, delete expired ones"},
+		{"tasks", "ordered tasks per key: list them and show one's status and result; retry or skip a failed one that blocks its key"},
 		{"maintenance", "prune pgfence's tables inside the database: its pruning functions as pg_cron jobs"},
 		{"ui", "a web console over leases, fences, idempotency keys and elections; read-only unless --allow-actions"},
 		{"doctor", "check a database: role, schema and who owns it, pgfence roles, migration lock, durability, timeouts, pooler, leases, protected tables, pruning"},
@@ -117,6 +120,15 @@ func commands() []*command {
 			summary: "leased keys left in progress after their lease ended, oldest first: what a completer would take over"},
 		{noun: "keys", verb: "fail-abandoned", usage: "[--scope-prefix P] [--expired-for D] [--limit N]", database: true, setup: keysFailAbandoned,
 			summary: "take abandoned keys over and store a failure (code \"abandoned\") a retry replays; to resume them instead, use idempotency.Store.Recover"},
+
+		{noun: "tasks", verb: "list", usage: "[--key K | --prefix P] [--state S] [--limit N] [--after ID]", database: true, setup: tasksList,
+			summary: "the ordered tasks this role may see, by id (enqueue order), with their state, number and attempts; --after continues a page"},
+		{noun: "tasks", verb: "show", args: []string{"ID"}, usage: "ID", database: true, setup: tasksShow,
+			summary: "one task: its state, number, attempts, timestamps, payload, and its result or error"},
+		{noun: "tasks", verb: "retry", args: []string{"ID"}, usage: "ID --reason TEXT", database: true, setup: taskAction("retried", "task_retry", tasks.StatePending),
+			summary: "make a failed task pending again with its attempts reset, and unblock its key"},
+		{noun: "tasks", verb: "skip", args: []string{"ID"}, usage: "ID --reason TEXT", database: true, setup: taskAction("skipped", "task_skip", tasks.StateSkipped),
+			summary: "mark a failed task skipped (never applied), and unblock its key: the key's later tasks go on"},
 
 		{noun: "maintenance", verb: "schedule", usage: "[--dry-run] [--target-database NAME] [--schedule CRON] [--batch-size N]", database: true, setup: maintenanceSchedule,
 			summary: "schedule prune_lease_events, prune_fence_rejections, advance_retention, prune_retired and idempotency_gc as pg_cron jobs (connect to cron.database_name); --dry-run prints the SQL"},

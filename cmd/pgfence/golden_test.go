@@ -307,6 +307,11 @@ func goldenCases() []goldenCase {
 		{name: "keys_abandoned", args: []string{"keys", "abandoned", "--scope-prefix", "ord"}, db: true, setup: goldenAbandoned},
 		{name: "keys_fail-abandoned", args: []string{"keys", "fail-abandoned"}, db: true, setup: goldenAbandoned},
 
+		{name: "tasks_list", args: []string{"tasks", "list", "--prefix", "sku/", "--limit", "3"}, db: true, setup: goldenTasks, rules: map[string]string{"next_after": "int"}},
+		{name: "tasks_show", args: []string{"tasks", "show", "1"}, db: true, setup: goldenTasks},
+		{name: "tasks_retry", args: []string{"tasks", "retry", "2", "--reason", "stock refilled"}, db: true, setup: goldenTasks},
+		{name: "tasks_skip", args: []string{"tasks", "skip", "2", "--reason", "order cancelled"}, db: true, setup: goldenTasks},
+
 		{name: "maintenance_schedule", args: []string{"maintenance", "schedule", "--dry-run"}},
 
 		{name: "doctor", args: []string{"doctor"}, db: true, rules: doctorRules},
