@@ -131,7 +131,7 @@ func commands() []*command {
 			summary: "mark a failed task skipped (never applied), and unblock its key: the key's later tasks go on"},
 
 		{noun: "maintenance", verb: "schedule", usage: "[--dry-run] [--target-database NAME] [--schedule CRON] [--batch-size N]", database: true, setup: maintenanceSchedule,
-			summary: "schedule prune_lease_events, prune_fence_rejections, advance_retention, prune_retired and idempotency_gc as pg_cron jobs (connect to cron.database_name); --dry-run prints the SQL"},
+			summary: "schedule prune_lease_events, prune_fence_rejections, advance_retention, prune_retired, idempotency_gc and prune_tasks as pg_cron jobs (connect to cron.database_name); --dry-run prints the SQL"},
 
 		{noun: "ui", usage: "[--addr 127.0.0.1:8089] [--access-token TOKEN] [--allow-actions] [--refresh 5s]", database: true, setup: ui,
 			summary: "serve a web console: holders, waiters, pauses, rejections, abandoned keys, the doctor, each key's timeline; read-only unless --allow-actions"},

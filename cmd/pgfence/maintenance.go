@@ -37,6 +37,10 @@ type maintenanceJSON struct {
 // maintenanceBatchDefault is the most rows one run of a batched job deletes.
 const maintenanceBatchDefault = 1000
 
+// taskRetention is how long a finished ordered task (and its idempotency
+// key) is kept: the pgfence_prune_tasks job's and the doctor's.
+const taskRetention = "7 days"
+
 // maintenanceJobs are pgfence's pruning functions as pg_cron jobs. Every
 // call is bounded (a batch, a retention), so a run is short; a backlog is
 // worked off over the next runs. schedule, when set, replaces every job's.
@@ -55,6 +59,10 @@ func maintenanceJobs(batch int, schedule string) []cronJob {
 		{Name: "pgfence_prune_retired", Schedule: "*/5 * * * *", Command: fmt.Sprintf("SELECT * FROM pgfence.prune_retired(%d)", batch)},
 		// Completed idempotency keys past their retention.
 		{Name: "pgfence_idempotency_gc", Schedule: "* * * * *", Command: fmt.Sprintf("SELECT pgfence.idempotency_gc(%d)", batch)},
+		// Ordered tasks finished (done, failed, skipped) over
+		// taskRetention ago, except a failed one that blocks its key; a
+		// task's idempotency key goes with it.
+		{Name: "pgfence_prune_tasks", Schedule: "*/5 * * * *", Command: fmt.Sprintf("SELECT pgfence.prune_tasks(interval '%s', %d)", taskRetention, batch)},
 	}
 	if schedule != "" {
 		for i := range jobs {
@@ -94,7 +102,7 @@ func maintenanceSchedule(fs *flag.FlagSet) runFunc {
 	dryRun := fs.Bool("dry-run", false, "print the SQL that schedules the jobs and change nothing (needs no database)")
 	target := fs.String("target-database", "", "the database whose pgfence schema the jobs maintain (default: the one connected to)")
 	schedule := fs.String("schedule", "", "a cron schedule for every job instead of each one's own (e.g. '* * * * *')")
-	batch := fs.Int("batch-size", maintenanceBatchDefault, "most rows one run of prune_retired or idempotency_gc deletes (1 to 100000)")
+	batch := fs.Int("batch-size", maintenanceBatchDefault, "most rows one run of prune_retired, idempotency_gc or prune_tasks deletes (1 to 100000)")
 	return func(ctx context.Context, in *input) error {
 		if *batch < 1 || *batch > 100000 {
 			return usageError("--batch-size must be 1 to 100000, got %d", *batch)
@@ -187,7 +195,9 @@ const (
 	// than a grant's own pruning leaves (100, plus 32 grants between two
 	// prunings), released or expired lease rows whose token is retired, and
 	// lease rows that ended over a day ago that no retention floor retired
-	// yet (advance_retention has not run since).
+	// yet (advance_retention has not run since), and ordered tasks finished
+	// over taskRetention ago that no key is blocked by (row-level security
+	// shows a pgfence_app member only its own).
 	sqlBacklog = `SELECT
   (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM pgfence.fence_rejections r
      WHERE r.at OPERATOR(pg_catalog.<) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '7 days') LIMIT 10000) x),
@@ -203,6 +213,11 @@ const (
   (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM pgfence.leases l, pgfence.token_floor f
      WHERE l.token OPERATOR(pg_catalog.>) GREATEST(f.floor, f.retention)
        AND LEAST(l.released_at, l.expires_at) OPERATOR(pg_catalog.<=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 day')
+     LIMIT 10000) x),
+  (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM pgfence.tasks t
+     WHERE t.state OPERATOR(pg_catalog.=) ANY ('{done,failed,skipped}'::pg_catalog.text[])
+       AND t.finished_at OPERATOR(pg_catalog.<) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '` + taskRetention + `')
+       AND NOT EXISTS (SELECT 1 FROM pgfence.task_keys k WHERE k.blocked_by OPERATOR(pg_catalog.=) t.id)
      LIMIT 10000) x)`
 	// sqlCronJobs lists the active pg_cron jobs this role can see (pg_cron
 	// shows a role its own, a superuser every one) that run in this
@@ -237,8 +252,8 @@ type backlogItem struct {
 // whose latest run failed is named with its message.
 func maintenanceCheck(ctx context.Context, pool *pgxpool.Pool) check {
 	const name = "maintenance"
-	var rejections, keys, eventKeys, retired, unretired int64
-	if err := pool.QueryRow(ctx, sqlBacklog).Scan(&rejections, &keys, &eventKeys, &retired, &unretired); err != nil {
+	var rejections, keys, eventKeys, retired, unretired, finishedTasks int64
+	if err := pool.QueryRow(ctx, sqlBacklog).Scan(&rejections, &keys, &eventKeys, &retired, &unretired, &finishedTasks); err != nil {
 		return check{Name: name, Status: statusFail, Detail: fmt.Sprintf("cannot count the rows past their retention: %v", err)}
 	}
 	items := []backlogItem{
@@ -247,6 +262,7 @@ func maintenanceCheck(ctx context.Context, pool *pgxpool.Pool) check {
 		{"lease key(s) with more than 132 events", "prune_lease_events", eventKeys},
 		{"released or expired lease row(s) whose token is retired", "prune_retired", retired},
 		{"lease row(s) ended over a day ago above the retention floor", "advance_retention", unretired},
+		{"ordered task(s) finished over " + taskRetention + " ago", "prune_tasks", finishedTasks},
 	}
 	var installed bool
 	var cronDB *string

@@ -96,12 +96,16 @@ func TestMaintenanceWithPgCron(t *testing.T) {
 	exec(`SELECT pgfence.release('jobs/once', a.holder, a.token) FROM pgfence.try_acquire('jobs/once', interval '1 minute') a`)
 	exec(`UPDATE pgfence.leases SET granted_at = granted_at - interval '2 days', expires_at = expires_at - interval '2 days',
 		released_at = released_at - interval '2 days' WHERE key = 'jobs/once'`)
+	// Ordered tasks finished 8 days ago: one done, which goes, and one
+	// failed that blocks its key, which stays until an operator acts.
+	setupTasks(t, ctx, db)
+	exec(`UPDATE pgfence.tasks SET finished_at = finished_at - interval '8 days' WHERE finished_at IS NOT NULL`)
 
 	environ := map[string]string{"DATABASE_URL": db.URL}
 	c := doctorCheck(t, environ, "maintenance")
 	for _, want := range []string{"3 fence rejection(s) older than 7 days", "2 expired idempotency key(s)",
 		"1 lease key(s) with more than 132 events", "1 released or expired lease row(s) whose token is retired",
-		"1 lease row(s) ended over a day ago above the retention floor", "no pg_cron job here"} {
+		"1 lease row(s) ended over a day ago above the retention floor", "1 ordered task(s) finished over 7 days ago (pgfence.prune_tasks: no pg_cron job here)"} {
 		if c.Status != statusWarn || !strings.Contains(c.Detail, want) {
 			t.Errorf("maintenance check before any job = %+v, want a warning naming %q", c, want)
 		}
@@ -122,7 +126,7 @@ func TestMaintenanceWithPgCron(t *testing.T) {
 		t.Fatalf("maintenance schedule on a database without pg_cron: code %d, want %d naming where pg_cron runs\n%s%s", code, exitFailure, out, errOut)
 	}
 	code, out, errOut = cli(t, map[string]string{"DATABASE_URL": cronURL}, "maintenance", "schedule", "--target-database", db.Name, "--schedule", "* * * * *")
-	if code != exitOK || !strings.Contains(out, "scheduled 5 pg_cron job(s) for database "+db.Name) {
+	if code != exitOK || !strings.Contains(out, "scheduled 6 pg_cron job(s) for database "+db.Name) {
 		t.Fatalf("maintenance schedule: code %d\n%s%s", code, out, errOut)
 	}
 
@@ -133,27 +137,34 @@ func TestMaintenanceWithPgCron(t *testing.T) {
 	// advance_retention: in the same minute or the next.
 	deadline := time.Now().Add(200 * time.Second)
 	for {
-		var ran, once int
+		var ran, once, finished int
 		if err := admin.QueryRow(ctx, sqlRuns, db.Name).Scan(&ran); err != nil {
 			t.Fatal(err)
 		}
 		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.leases WHERE key = 'jobs/once'`).Scan(&once); err != nil {
 			t.Fatal(err)
 		}
-		if ran == 5 && once == 0 {
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.tasks WHERE state = 'done'`).Scan(&finished); err != nil {
+			t.Fatal(err)
+		}
+		if ran == 6 && once == 0 && finished == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
 			var details string
 			_ = admin.QueryRow(ctx, `SELECT coalesce(string_agg(j.jobname || ': ' || d.status || ' ' || coalesce(d.return_message, ''), '; '), 'none')
 				FROM cron.job j LEFT JOIN cron.job_run_details d USING (jobid)`).Scan(&details)
-			t.Fatalf("pg_cron ran %d of the 5 jobs successfully within 200 s (%d one-off lease row left); runs: %s", ran, once, details)
+			t.Fatalf("pg_cron ran %d of the 6 jobs successfully within 200 s (%d one-off lease row, %d finished task left); runs: %s", ran, once, finished, details)
 		}
 		time.Sleep(time.Second)
 	}
 	c = doctorCheck(t, environ, "maintenance")
 	if c.Status != statusOK || !strings.Contains(c.Detail, "no row waits past its retention") {
 		t.Fatalf("maintenance check after pg_cron's runs = %+v, want ok", c)
+	}
+	var failed int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.tasks WHERE state = 'failed'`).Scan(&failed); err != nil || failed != 1 {
+		t.Fatalf("failed tasks after pruning: %d (%v), want the one that blocks its key", failed, err)
 	}
 	var events int
 	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.lease_events WHERE key = 'jobs/chatty'`).Scan(&events); err != nil || events != 100 {
@@ -218,7 +229,7 @@ func TestMaintenanceAsOperator(t *testing.T) {
 		t.Fatalf("maintenance check as an operator before scheduling = %+v, want a warning that no job prunes the retired row", c)
 	}
 	code, out, errOut := cli(t, as("maint_operator"), "maintenance", "schedule", "--schedule", "* * * * *")
-	if code != exitOK || !strings.Contains(out, "scheduled 5 pg_cron job(s) for database postgres") {
+	if code != exitOK || !strings.Contains(out, "scheduled 6 pg_cron job(s) for database postgres") {
 		t.Fatalf("maintenance schedule as an operator: code %d\n%s%s", code, out, errOut)
 	}
 
@@ -234,14 +245,14 @@ func TestMaintenanceAsOperator(t *testing.T) {
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.leases WHERE key = 'jobs/old'`).Scan(&retired); err != nil {
 			t.Fatal(err)
 		}
-		if operatorRuns == 5 && appFailures > 0 && retired == 0 {
+		if operatorRuns == 6 && appFailures > 0 && retired == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
 			var details string
 			_ = pool.QueryRow(ctx, `SELECT coalesce(string_agg(j.username || ' ' || j.jobname || ': ' || d.status || ' ' || coalesce(d.return_message, ''), '; '), 'none')
 				FROM cron.job j LEFT JOIN cron.job_run_details d USING (jobid)`).Scan(&details)
-			t.Fatalf("within 150 s pg_cron ran %d of the operator's 5 jobs successfully, the application's job failed %d time(s), %d retired row left; runs: %s",
+			t.Fatalf("within 150 s pg_cron ran %d of the operator's 6 jobs successfully, the application's job failed %d time(s), %d retired row left; runs: %s",
 				operatorRuns, appFailures, retired, details)
 		}
 		time.Sleep(time.Second)
@@ -249,13 +260,13 @@ func TestMaintenanceAsOperator(t *testing.T) {
 
 	// The operator sees its own jobs, all of them pgfence's.
 	c = doctorCheck(t, as("maint_operator"), "maintenance")
-	if c.Status != statusOK || !strings.Contains(c.Detail, "5 of the 5 pruning functions have a pg_cron job here") {
+	if c.Status != statusOK || !strings.Contains(c.Detail, "6 of the 6 pruning functions have a pg_cron job here") {
 		t.Fatalf("maintenance check as the operator after the runs = %+v, want ok with 5 jobs", c)
 	}
 	// A superuser sees the application's job too: named, not counted.
 	c = doctorCheck(t, map[string]string{"DATABASE_URL": addr.ConnString("postgres")}, "maintenance")
 	if c.Status != statusWarn || !strings.Contains(c.Detail, "pg_cron job pgfence_prune_retired of role orders_app calls pgfence.prune_retired, which that role may not run") ||
-		!strings.Contains(c.Detail, "5 of the 5 pruning functions have a pg_cron job here") {
+		!strings.Contains(c.Detail, "6 of the 6 pruning functions have a pg_cron job here") {
 		t.Fatalf("maintenance check as a superuser = %+v, want a warning naming orders_app's job", c)
 	}
 	// Without the operator's jobs, the application's counts for nothing.
