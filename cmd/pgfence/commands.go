@@ -62,7 +62,7 @@ func nouns() []noun {
 		{"tasks", "ordered tasks per key: list them and show one's status and result; retry or skip a failed one that blocks its key"},
 		{"maintenance", "prune pgfence's tables inside the database: its pruning functions as pg_cron jobs"},
 		{"ui", "a web console over leases, fences, idempotency keys and elections; read-only unless --allow-actions"},
-		{"doctor", "check a database: role, schema and who owns it, pgfence roles, migration lock, durability, timeouts, pooler, leases, protected tables, pruning"},
+		{"doctor", "check a database: role, schema and who owns it, pgfence roles, migration lock, durability, timeouts, pooler, leases, protected tables, ordered tasks, pruning"},
 		{"demo", "watch the database reject a paused lock holder's late write (a throwaway database by default)"},
 		{"bench", "measure leases, fenced writes and idempotency against raw SQL, advisory locks and Redis"},
 	}
@@ -137,7 +137,7 @@ func commands() []*command {
 			summary: "serve a web console: holders, waiters, pauses, rejections, abandoned keys, the doctor, each key's timeline; read-only unless --allow-actions"},
 
 		{noun: "doctor", database: true, setup: doctor,
-			summary: "check a database: role, schema and who owns it, pgfence roles, migration lock, durability, timeouts, pooler, leases, protected tables, pruning"},
+			summary: "check a database: role, schema and who owns it, pgfence roles, migration lock, durability, timeouts, pooler, leases, protected tables, ordered tasks, pruning"},
 
 		{noun: "demo", usage: "[--ttl 1s] [--keep]", database: true, setup: runDemo,
 			summary: "watch the database reject a paused lock holder's late write; without --database-url or DATABASE_URL it runs on a throwaway local PostgreSQL"},

@@ -271,6 +271,9 @@ func diagnose(ctx context.Context, pool *pgxpool.Pool) []check {
 		out = append(out, unprotectedTables(ctx, pool))
 		out = append(out, unstableResourceColumns(ctx, pool))
 		out = append(out, guardGaps(ctx, pool))
+		if c, ok := taskBacklog(ctx, pool); ok {
+			out = append(out, c)
+		}
 		out = append(out, maintenanceCheck(ctx, pool))
 	}
 	return out

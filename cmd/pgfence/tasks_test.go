@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/leases/tasks"
+	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -253,4 +254,49 @@ func TestTasksCommands(t *testing.T) {
 	if code, _, errOut = cli(t, environ, "tasks", "skip", "2", "--reason", "twice"); code != exitFailure || !strings.Contains(errOut, "task 2 is skipped, not failed") {
 		t.Fatalf("skip of a skipped task: code %d, %s", code, errOut)
 	}
+}
+
+// The doctor reports the ordered tasks as the role connecting sees them: a
+// key a failed task blocks (with the commands that unblock it), pending
+// tasks waiting past the threshold, and nothing of what row-level security
+// hides.
+func TestDoctorTasks(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := pgfencetest.NewDatabase(t)
+	_, got := doctorRun(t, db.URL)
+	wantCheck(t, got, "ordered tasks", statusOK, "no open task this role may see")
+
+	setupTasks(t, ctx, db)
+	_, got = doctorRun(t, db.URL)
+	wantCheck(t, got, "ordered tasks", statusWarn, "1 key(s) in strict order blocked by a failed task", "'sku/42' by task 2 since", "(out of stock)",
+		"pgfence tasks retry ID --reason TEXT", "2 open task(s) in 2 key(s)")
+	if strings.Contains(got["ordered tasks"].Detail, "older than") {
+		t.Errorf("fresh pending tasks reported late: %s", got["ordered tasks"].Detail)
+	}
+
+	// Skipped, the key goes on: no warning while its task is young; backdated
+	// past the threshold, the key is late.
+	if code, _, errOut := cli(t, map[string]string{"DATABASE_URL": db.URL}, "tasks", "skip", "2", "--reason", "order cancelled"); code != exitOK {
+		t.Fatalf("tasks skip 2: code %d, %s", code, errOut)
+	}
+	_, got = doctorRun(t, db.URL)
+	wantCheck(t, got, "ordered tasks", statusOK, "2 open task(s) in 2 key(s)", "no key is blocked")
+	if _, err := db.Pool.Exec(ctx, `UPDATE pgfence.tasks SET enqueued_at = enqueued_at - interval '10 minutes' WHERE id = 4`); err != nil {
+		t.Fatal(err)
+	}
+	_, got = doctorRun(t, db.URL)
+	wantCheck(t, got, "ordered tasks", statusWarn, "1 key(s) with a pending task older than 5m0s", "the oldest waiting: 'sku/7': 1 open, oldest pending 10m")
+
+	// A pgfence_app member granted neither key sees none of it. (It may
+	// read the schema version, which the doctor's schema checks need.)
+	app := newRole(t, db, "pgfence_t_doctor_tasks_", "LOGIN PASSWORD 'not-a-secret' IN ROLE pgfence_app")
+	mustExec(t, db, `GRANT SELECT ON `+migrations.VersionTable+` TO `+app)
+	cfg, err := pgx.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, got = doctorRun(t, fmt.Sprintf("host=%s port=%d dbname=%s user=%s password=not-a-secret", cfg.Host, cfg.Port, cfg.Database, app))
+	wantCheck(t, got, "ordered tasks", statusOK, "no open task this role may see")
 }
