@@ -225,6 +225,28 @@ func TestTasksCommands(t *testing.T) {
 	if state, _, _ := taskState(t, ctx, db.Pool, 2); state != tasks.StateFailed {
 		t.Fatalf("task 2 is %s after a refused retry, want failed", state)
 	}
+	// The role that enqueued a task sees it fail, and may not retry it:
+	// that is an operator's action.
+	if _, err := db.Pool.Exec(ctx, `SELECT pgfence.grant_prefix($1::regrole, 'mine/')`, app); err != nil {
+		t.Fatal(err)
+	}
+	appPool, err := pgxpool.New(ctx, asApp["DATABASE_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer appPool.Close()
+	mine := enqueueTask(t, ctx, appPool, "mine/1", `{}`, "")
+	own := newTaskConsumer(t, ctx, db.Pool, "mine/1")
+	own.fail(ctx, own.claim(ctx), "boom")
+	if code, out, errOut := cli(t, asApp, "tasks", "show", fmt.Sprint(mine)); code != exitOK || !strings.Contains(out, "boom") {
+		t.Errorf("tasks show of its own task: code %d\n%s%s", code, out, errOut)
+	}
+	if code, _, errOut := cli(t, asApp, "tasks", "skip", fmt.Sprint(mine), "--reason", "mine"); code != exitFailure || !strings.Contains(errOut, "pgfence_operator") {
+		t.Errorf("tasks skip of its own task as a pgfence_app member: code %d\n%s", code, errOut)
+	}
+	if state, _, blocked := taskState(t, ctx, db.Pool, mine); state != tasks.StateFailed || blocked != mine {
+		t.Fatalf("task %d is %s, its key blocked by %d after a refused skip; want failed, blocked by it", mine, state, blocked)
+	}
 
 	// retry: pending again with its attempts reset, the key unblocked; the
 	// consumer applies it next, in order.
