@@ -19,6 +19,12 @@ func TestBadInputIsAUsageError(t *testing.T) {
 		"key not UTF-8":         {"keys", "show", "\xff", "k"},
 		"scope not UTF-8":       {"keys", "show", "s", "\xff"},
 		"resource not UTF-8":    {"fences", "show", "\xff"},
+		"task key not UTF-8":    {"tasks", "list", "--key", "\xff"},
+		"task prefix with NUL":  {"tasks", "list", "--prefix", "a\x00b"},
+		"task key too long":     {"tasks", "list", "--key", strings.Repeat("k", 481)},
+		"task after negative":   {"tasks", "list", "--after", "-1"},
+		"task id too large":     {"tasks", "show", "9223372036854775808"},
+		"task reason too long":  {"tasks", "retry", "1", "--reason", strings.Repeat("x", 1001)},
 	} {
 		code, out, errOut := cli(t, environ, args...)
 		if code != exitUsage || !strings.Contains(errOut, "hint:") || strings.Contains(errOut, "22021") || strings.Contains(errOut, "SQLSTATE") {
