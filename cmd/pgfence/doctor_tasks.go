@@ -82,8 +82,12 @@ func taskBacklog(ctx context.Context, pool *pgxpool.Pool) (c check, ok bool) {
 	var age float64
 	_, err = pgx.ForEachRow(rows, []any{&key, &n, &age, &keys, &open, &late}, func() error {
 		w := fmt.Sprintf("%s: %d open", quoteLiteral(key), n)
-		if age > 0 {
-			w += fmt.Sprintf(", oldest pending %s", (time.Duration(age * float64(time.Second))).Round(time.Second))
+		switch d := time.Duration(age * float64(time.Second)).Round(time.Second); {
+		case age <= 0: // running tasks only
+		case d == 0:
+			w += ", oldest pending <1s"
+		default:
+			w += ", oldest pending " + d.String()
 		}
 		worst = append(worst, w)
 		return nil
