@@ -485,6 +485,9 @@ RETURNS TABLE (acquired boolean, holder uuid, token bigint, granted_at timestamp
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    -- takes what set_config and pg_notify return: an assignment is evaluated
+    -- as a simple expression, a PERFORM as a query through the executor
+    v_set    text;
     cur      pgfence.leases%ROWTYPE;
     v_holder uuid := coalesce(p_holder, gen_random_uuid());
     v_token  bigint;
@@ -533,7 +536,7 @@ BEGIN
     END IF;
 
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
-        PERFORM set_config('synchronous_commit', 'on', true);
+        v_set := set_config('synchronous_commit', 'on', true);
     END IF;
 
     -- The grant. A key granted before (the common case) is updated in place:
@@ -622,7 +625,7 @@ BEGIN
     -- one.
     IF v_token IS NULL AND cur.key IS NULL THEN
         v_timeout := current_setting('lock_timeout');
-        PERFORM set_config('lock_timeout', '1ms', true);
+        v_set := set_config('lock_timeout', '1ms', true);
         BEGIN
             INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, holder_info, client_version)
             VALUES (p_key, v_holder, pgfence.next_token(NULL), clock_timestamp(), clock_timestamp() + p_ttl,
@@ -641,7 +644,7 @@ BEGIN
         EXCEPTION WHEN lock_not_available THEN
             v_busy := true;
         END;
-        PERFORM set_config('lock_timeout', v_timeout, true);
+        v_set := set_config('lock_timeout', v_timeout, true);
         IF v_busy THEN
             RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, NULL::timestamptz, NULL::timestamptz, interval '0';
             RETURN;
@@ -686,7 +689,7 @@ BEGIN
         -- Waiters in other clients that were woken by the same release hold
         -- back their attempts when they hear this: payload "<lease
         -- microseconds>:<key>".
-        PERFORM pg_notify('pgfence_lease_granted',
+        v_set := pg_notify('pgfence_lease_granted',
                           ((extract(epoch FROM v_exp - v_grant) * 1000000)::bigint)::text || ':' || p_key);
     END IF;
 
@@ -800,6 +803,9 @@ RETURNS TABLE (released boolean, status text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    -- takes what set_config and pg_notify return: an assignment is evaluated
+    -- as a simple expression, a PERFORM as a query through the executor
+    v_set    text;
     cur       pgfence.leases%ROWTYPE;
     v_expired boolean;
 BEGIN
@@ -822,10 +828,10 @@ BEGIN
 
     IF p_durable IS NOT FALSE THEN
         IF current_setting('synchronous_commit') IN ('off', 'local') THEN
-            PERFORM set_config('synchronous_commit', 'on', true);
+            v_set := set_config('synchronous_commit', 'on', true);
         END IF;
     ELSIF pg_current_xact_id_if_assigned() IS NULL THEN
-        PERFORM set_config('synchronous_commit', 'off', true);
+        v_set := set_config('synchronous_commit', 'off', true);
     END IF;
 
     -- Only identity predicates: holder and token change only when the row is
@@ -839,7 +845,7 @@ BEGIN
         INSERT INTO pgfence.lease_events (key, event, holder, token, reason)
         VALUES (p_key, 'released', p_holder, p_token,
                 CASE WHEN v_expired THEN 'released after expiry' END);
-        PERFORM pg_notify('pgfence_lease_released', p_key);
+        v_set := pg_notify('pgfence_lease_released', p_key);
         RETURN QUERY SELECT true, CASE WHEN v_expired THEN 'expired' ELSE 'released' END;
         RETURN;
     END IF;

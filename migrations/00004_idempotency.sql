@@ -228,6 +228,9 @@ RETURNS TABLE (outcome text, status text, result bytea, failure_code text, failu
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    -- takes what set_config and pg_notify return: an assignment is evaluated
+    -- as a simple expression, a PERFORM as a query through the executor
+    v_set    text;
     r         pgfence.idempotency_keys%ROWTYPE;
     v_claimed boolean;
     v_old     text;
@@ -244,7 +247,7 @@ BEGIN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
-        PERFORM set_config('synchronous_commit', 'on', true);
+        v_set := set_config('synchronous_commit', 'on', true);
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM pgfence.idempotency_require_read_committed();
@@ -277,7 +280,7 @@ BEGIN
         -- INSERT wait for that transaction, at most p_wait.
         BEGIN
             v_old := current_setting('lock_timeout');
-            PERFORM set_config('lock_timeout', ceil(extract(epoch FROM p_wait) * 1000)::bigint || 'ms', true);
+            v_set := set_config('lock_timeout', ceil(extract(epoch FROM p_wait) * 1000)::bigint || 'ms', true);
             v_claimed := false;
             INSERT INTO pgfence.idempotency_keys AS k
                    (scope, key, fingerprint, mode, status, epoch, retention, created_at, updated_at)
@@ -292,7 +295,7 @@ BEGIN
                    completed_at = NULL, expires_at = NULL
              WHERE k.status <> 'in_progress' AND k.expires_at <= clock_timestamp()
             RETURNING true INTO v_claimed;
-            PERFORM set_config('lock_timeout', v_old, true);
+            v_set := set_config('lock_timeout', v_old, true);
         EXCEPTION WHEN lock_not_available THEN
             RETURN QUERY SELECT 'in_progress'::text, 'in_progress'::text, NULL::bytea, NULL::text, NULL::text,
                                 NULL::timestamptz, NULL::interval;
@@ -458,6 +461,9 @@ RETURNS TABLE (outcome text, owner uuid, epoch bigint, lease_expires_at timestam
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    -- takes what set_config and pg_notify return: an assignment is evaluated
+    -- as a simple expression, a PERFORM as a query through the executor
+    v_set    text;
     r         pgfence.idempotency_keys%ROWTYPE;
     v_old     text;
     v_claimed boolean;
@@ -474,7 +480,7 @@ BEGIN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
-        PERFORM set_config('synchronous_commit', 'on', true);
+        v_set := set_config('synchronous_commit', 'on', true);
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM pgfence.idempotency_require_read_committed();
@@ -517,7 +523,7 @@ BEGIN
         -- duplicate for as long as that transaction lasts.
         BEGIN
             v_old := current_setting('lock_timeout');
-            PERFORM set_config('lock_timeout', ceil(extract(epoch FROM p_wait) * 1000)::bigint || 'ms', true);
+            v_set := set_config('lock_timeout', ceil(extract(epoch FROM p_wait) * 1000)::bigint || 'ms', true);
             INSERT INTO pgfence.idempotency_keys AS k
                    (scope, key, fingerprint, mode, status, owner, epoch, lease_expires_at, retention,
                     created_at, updated_at)
@@ -539,7 +545,7 @@ BEGIN
                 OR (k.status <> 'in_progress' AND k.expires_at <= clock_timestamp())
             RETURNING k.* INTO r;
             v_claimed := FOUND;
-            PERFORM set_config('lock_timeout', v_old, true);
+            v_set := set_config('lock_timeout', v_old, true);
         EXCEPTION WHEN lock_not_available THEN
             RAISE EXCEPTION 'pgfence: idempotency key %/% is in progress', p_scope, p_key
                 USING ERRCODE = 'PF007',

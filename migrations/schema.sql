@@ -853,6 +853,9 @@ CREATE FUNCTION pgfence.idempotency_claim(p_scope text, p_key text, p_fingerprin
     AS $$
 #variable_conflict use_column
 DECLARE
+    -- takes what set_config and pg_notify return: an assignment is evaluated
+    -- as a simple expression, a PERFORM as a query through the executor
+    v_set    text;
     r         pgfence.idempotency_keys%ROWTYPE;
     v_old     text;
     v_claimed boolean;
@@ -869,7 +872,7 @@ BEGIN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
-        PERFORM set_config('synchronous_commit', 'on', true);
+        v_set := set_config('synchronous_commit', 'on', true);
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM pgfence.idempotency_require_read_committed();
@@ -912,7 +915,7 @@ BEGIN
         -- duplicate for as long as that transaction lasts.
         BEGIN
             v_old := current_setting('lock_timeout');
-            PERFORM set_config('lock_timeout', ceil(extract(epoch FROM p_wait) * 1000)::bigint || 'ms', true);
+            v_set := set_config('lock_timeout', ceil(extract(epoch FROM p_wait) * 1000)::bigint || 'ms', true);
             INSERT INTO pgfence.idempotency_keys AS k
                    (scope, key, fingerprint, mode, status, owner, epoch, lease_expires_at, retention,
                     created_at, updated_at)
@@ -934,7 +937,7 @@ BEGIN
                 OR (k.status <> 'in_progress' AND k.expires_at <= clock_timestamp())
             RETURNING k.* INTO r;
             v_claimed := FOUND;
-            PERFORM set_config('lock_timeout', v_old, true);
+            v_set := set_config('lock_timeout', v_old, true);
         EXCEPTION WHEN lock_not_available THEN
             RAISE EXCEPTION 'pgfence: idempotency key %/% is in progress', p_scope, p_key
                 USING ERRCODE = 'PF007',
@@ -963,6 +966,9 @@ CREATE FUNCTION pgfence.idempotency_claim_atomic(p_scope text, p_key text, p_fin
     AS $$
 #variable_conflict use_column
 DECLARE
+    -- takes what set_config and pg_notify return: an assignment is evaluated
+    -- as a simple expression, a PERFORM as a query through the executor
+    v_set    text;
     r         pgfence.idempotency_keys%ROWTYPE;
     v_claimed boolean;
     v_old     text;
@@ -979,7 +985,7 @@ BEGIN
         PERFORM pgfence.require_granted('idempotency scope', p_scope);
     END IF;
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
-        PERFORM set_config('synchronous_commit', 'on', true);
+        v_set := set_config('synchronous_commit', 'on', true);
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM pgfence.idempotency_require_read_committed();
@@ -1012,7 +1018,7 @@ BEGIN
         -- INSERT wait for that transaction, at most p_wait.
         BEGIN
             v_old := current_setting('lock_timeout');
-            PERFORM set_config('lock_timeout', ceil(extract(epoch FROM p_wait) * 1000)::bigint || 'ms', true);
+            v_set := set_config('lock_timeout', ceil(extract(epoch FROM p_wait) * 1000)::bigint || 'ms', true);
             v_claimed := false;
             INSERT INTO pgfence.idempotency_keys AS k
                    (scope, key, fingerprint, mode, status, epoch, retention, created_at, updated_at)
@@ -1027,7 +1033,7 @@ BEGIN
                    completed_at = NULL, expires_at = NULL
              WHERE k.status <> 'in_progress' AND k.expires_at <= clock_timestamp()
             RETURNING true INTO v_claimed;
-            PERFORM set_config('lock_timeout', v_old, true);
+            v_set := set_config('lock_timeout', v_old, true);
         EXCEPTION WHEN lock_not_available THEN
             RETURN QUERY SELECT 'in_progress'::text, 'in_progress'::text, NULL::bytea, NULL::text, NULL::text,
                                 NULL::timestamptz, NULL::interval;
@@ -2248,6 +2254,9 @@ CREATE FUNCTION pgfence.release(p_key text, p_holder uuid, p_token bigint, p_dur
     AS $$
 #variable_conflict use_column
 DECLARE
+    -- takes what set_config and pg_notify return: an assignment is evaluated
+    -- as a simple expression, a PERFORM as a query through the executor
+    v_set    text;
     cur       pgfence.leases%ROWTYPE;
     v_expired boolean;
 BEGIN
@@ -2270,10 +2279,10 @@ BEGIN
 
     IF p_durable IS NOT FALSE THEN
         IF current_setting('synchronous_commit') IN ('off', 'local') THEN
-            PERFORM set_config('synchronous_commit', 'on', true);
+            v_set := set_config('synchronous_commit', 'on', true);
         END IF;
     ELSIF pg_current_xact_id_if_assigned() IS NULL THEN
-        PERFORM set_config('synchronous_commit', 'off', true);
+        v_set := set_config('synchronous_commit', 'off', true);
     END IF;
 
     -- Only identity predicates: holder and token change only when the row is
@@ -2287,7 +2296,7 @@ BEGIN
         INSERT INTO pgfence.lease_events (key, event, holder, token, reason)
         VALUES (p_key, 'released', p_holder, p_token,
                 CASE WHEN v_expired THEN 'released after expiry' END);
-        PERFORM pg_notify('pgfence_lease_released', p_key);
+        v_set := pg_notify('pgfence_lease_released', p_key);
         RETURN QUERY SELECT true, CASE WHEN v_expired THEN 'expired' ELSE 'released' END;
         RETURN;
     END IF;
@@ -3015,6 +3024,9 @@ CREATE FUNCTION pgfence.try_acquire(p_key text, p_ttl interval, p_holder_info te
     AS $$
 #variable_conflict use_column
 DECLARE
+    -- takes what set_config and pg_notify return: an assignment is evaluated
+    -- as a simple expression, a PERFORM as a query through the executor
+    v_set    text;
     cur      pgfence.leases%ROWTYPE;
     v_holder uuid := coalesce(p_holder, gen_random_uuid());
     v_token  bigint;
@@ -3063,7 +3075,7 @@ BEGIN
     END IF;
 
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
-        PERFORM set_config('synchronous_commit', 'on', true);
+        v_set := set_config('synchronous_commit', 'on', true);
     END IF;
 
     -- The grant. A key granted before (the common case) is updated in place:
@@ -3152,7 +3164,7 @@ BEGIN
     -- one.
     IF v_token IS NULL AND cur.key IS NULL THEN
         v_timeout := current_setting('lock_timeout');
-        PERFORM set_config('lock_timeout', '1ms', true);
+        v_set := set_config('lock_timeout', '1ms', true);
         BEGIN
             INSERT INTO pgfence.leases AS l (key, holder, token, granted_at, expires_at, holder_info, client_version)
             VALUES (p_key, v_holder, pgfence.next_token(NULL), clock_timestamp(), clock_timestamp() + p_ttl,
@@ -3171,7 +3183,7 @@ BEGIN
         EXCEPTION WHEN lock_not_available THEN
             v_busy := true;
         END;
-        PERFORM set_config('lock_timeout', v_timeout, true);
+        v_set := set_config('lock_timeout', v_timeout, true);
         IF v_busy THEN
             RETURN QUERY SELECT false, NULL::uuid, NULL::bigint, NULL::timestamptz, NULL::timestamptz, interval '0';
             RETURN;
@@ -3216,7 +3228,7 @@ BEGIN
         -- Waiters in other clients that were woken by the same release hold
         -- back their attempts when they hear this: payload "<lease
         -- microseconds>:<key>".
-        PERFORM pg_notify('pgfence_lease_granted',
+        v_set := pg_notify('pgfence_lease_granted',
                           ((extract(epoch FROM v_exp - v_grant) * 1000000)::bigint)::text || ':' || p_key);
     END IF;
 
