@@ -40,6 +40,15 @@
 // or by [idempotency.Store.Recover] (a completer; [EncodeResponse] stores a
 // response for it).
 //
+// Asynchronous answers: a handler in ModeAtomic that hands the work over
+// instead of doing it enqueues an ordered task through [Tx]
+// (leases/tasks.Enqueue) and answers 202 Accepted with a Location the
+// client polls. The task commits with the stored answer, or not at all, and
+// every duplicate gets the same 202 and Location; the status handler reads
+// tasks.Status and answers only the principal whose task it is (keep the
+// principal in the payload). No caller holds a connection while the work
+// waits for its turn.
+//
 // # Keys, principals and fingerprints
 //
 // Keys are scoped by principal and route: [Config.Principal] is required
