@@ -5,14 +5,14 @@
 --   pgfence.task_enqueue(key, payload, idem_key DEFAULT NULL, max_backlog DEFAULT 10000)
 --       -> (id, created, state, seq, enqueued_at)               PF016 when the backlog is full
 --   pgfence.task_status(id) -> (id, key, state, seq, attempts, payload, result, error,
---       idem_key, enqueued_at, numbered_at, started_at, finished_at)   no row: unknown id
+--       idem_key, enqueued_at, numbered_at, started_at, finished_at, operator)   no row: unknown id
 --   pgfence.task_ready_keys(prefix DEFAULT '', max_keys DEFAULT 100, after DEFAULT '') -> setof text
 --   pgfence.task_lease_key(key) -> text                          the consumer's lease key
 --   pgfence.task_claim(key, holder, token, max_tasks DEFAULT 100, max_attempts DEFAULT 5,
 --       ordered DEFAULT true) -> (id, seq, payload, attempts, idem_key, enqueued_at)
 --   pgfence.task_complete(key, holder, token, ids, results) -> integer
 --   pgfence.task_fail(key, holder, token, id, error, retry_in DEFAULT NULL) -> text (the new state)
---   pgfence.task_retry(id) -> boolean, pgfence.task_skip(id) -> boolean    (operator)
+--   pgfence.task_retry(id, reason) -> boolean, pgfence.task_skip(id, reason) -> boolean    (operator)
 --   pgfence.prune_tasks(older_than, batch DEFAULT 1000) -> bigint            (operator)
 --
 -- Producers. task_enqueue is one INSERT: it takes no row lock and updates no
@@ -122,6 +122,8 @@ CREATE TABLE pgfence.tasks (
     numbered_at timestamptz,
     started_at  timestamptz,
     finished_at timestamptz,
+    -- the last operator action (task_retry, task_skip): what, by whom, when, why
+    operator    jsonb,
     CHECK (seq IS NOT NULL OR state = 'pending')
 );
 -- +goose StatementEnd
@@ -320,11 +322,12 @@ $$;
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.task_status(p_id bigint)
 RETURNS TABLE (id bigint, key text, state text, seq bigint, attempts integer, payload jsonb, result jsonb, error text,
-               idem_key text, enqueued_at timestamptz, numbered_at timestamptz, started_at timestamptz, finished_at timestamptz)
+               idem_key text, enqueued_at timestamptz, numbered_at timestamptz, started_at timestamptz, finished_at timestamptz,
+               operator jsonb)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
     SELECT t.id, t.key, t.state, t.seq, t.attempts, t.payload, t.result, t.error,
-           t.idem_key, t.enqueued_at, t.numbered_at, t.started_at, t.finished_at
+           t.idem_key, t.enqueued_at, t.numbered_at, t.started_at, t.finished_at, t.operator
       FROM pgfence.tasks t
      WHERE t.id = p_id
        AND (t.enqueued_by = pgfence.acting_role()
@@ -547,15 +550,30 @@ $$;
 
 -- task_retry makes failed task p_id pending again with its attempts reset,
 -- and unblocks its key; task_skip marks it skipped and unblocks its key. They
--- return false when the task is not failed. Operator only.
+-- return false when the task is not failed. Each records on the task what
+-- was done, by which role, when and why (p_reason, 1 to 1000 characters:
+-- PF008 otherwise): the column operator. Operator only.
 -- +goose StatementBegin
-CREATE FUNCTION pgfence.task_retry(p_id bigint) RETURNS boolean
+CREATE FUNCTION pgfence.task_operator(p_action text, p_reason text) RETURNS jsonb
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgfence.require_primary();
+    IF p_reason IS NULL OR length(btrim(p_reason)) = 0 OR length(p_reason) > 1000 THEN
+        RAISE EXCEPTION 'pgfence: the reason for a task % must be 1 to 1000 characters', p_action USING ERRCODE = 'PF008';
+    END IF;
+    RETURN jsonb_build_object('action', p_action, 'by', pgfence.acting_role(), 'at', clock_timestamp(), 'reason', p_reason);
+END;
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.task_retry(p_id bigint, p_reason text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_key text;
+    v_op  jsonb := pgfence.task_operator('retry', p_reason);
 BEGIN
-    PERFORM pgfence.require_primary();
-    UPDATE pgfence.tasks t SET state = 'pending', attempts = 0, not_before = NULL, finished_at = NULL
+    UPDATE pgfence.tasks t SET state = 'pending', attempts = 0, not_before = NULL, finished_at = NULL, operator = v_op
      WHERE t.id = p_id AND t.state = 'failed' RETURNING t.key INTO v_key;
     IF v_key IS NULL THEN
         RETURN false;
@@ -570,13 +588,13 @@ $$;
 -- +goose StatementEnd
 
 -- +goose StatementBegin
-CREATE FUNCTION pgfence.task_skip(p_id bigint) RETURNS boolean
+CREATE FUNCTION pgfence.task_skip(p_id bigint, p_reason text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_key text;
+    v_op  jsonb := pgfence.task_operator('skip', p_reason);
 BEGIN
-    PERFORM pgfence.require_primary();
-    UPDATE pgfence.tasks t SET state = 'skipped' WHERE t.id = p_id AND t.state = 'failed' RETURNING t.key INTO v_key;
+    UPDATE pgfence.tasks t SET state = 'skipped', operator = v_op WHERE t.id = p_id AND t.state = 'failed' RETURNING t.key INTO v_key;
     IF v_key IS NULL THEN
         RETURN false;
     END IF;
@@ -619,7 +637,8 @@ REVOKE EXECUTE ON FUNCTION
     pgfence.task_claim(text, uuid, bigint, integer, integer, boolean),
     pgfence.task_complete(text, uuid, bigint, bigint[], jsonb[]),
     pgfence.task_fail(text, uuid, bigint, bigint, text, interval),
-    pgfence.task_retry(bigint), pgfence.task_skip(bigint), pgfence.prune_tasks(interval, integer)
+    pgfence.task_operator(text, text), pgfence.task_retry(bigint, text), pgfence.task_skip(bigint, text),
+    pgfence.prune_tasks(interval, integer)
   FROM PUBLIC;
 GRANT SELECT ON pgfence.tasks, pgfence.task_keys TO pgfence_app, pgfence_operator;
 GRANT EXECUTE ON FUNCTION
@@ -630,7 +649,7 @@ GRANT EXECUTE ON FUNCTION
     pgfence.task_complete(text, uuid, bigint, bigint[], jsonb[]),
     pgfence.task_fail(text, uuid, bigint, bigint, text, interval)
   TO pgfence_app, pgfence_operator;
-GRANT EXECUTE ON FUNCTION pgfence.task_retry(bigint), pgfence.task_skip(bigint), pgfence.prune_tasks(interval, integer)
+GRANT EXECUTE ON FUNCTION pgfence.task_retry(bigint, text), pgfence.task_skip(bigint, text), pgfence.prune_tasks(interval, integer)
   TO pgfence_operator;
 
 -- Row-level security: pgfence_app members see the tasks they enqueued and
@@ -649,8 +668,9 @@ CREATE POLICY operators ON pgfence.task_keys FOR SELECT TO pgfence_operator USIN
 -- +goose Down
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 DROP FUNCTION pgfence.prune_tasks(interval, integer);
-DROP FUNCTION pgfence.task_skip(bigint);
-DROP FUNCTION pgfence.task_retry(bigint);
+DROP FUNCTION pgfence.task_skip(bigint, text);
+DROP FUNCTION pgfence.task_retry(bigint, text);
+DROP FUNCTION pgfence.task_operator(text, text);
 DROP FUNCTION pgfence.task_fail(text, uuid, bigint, bigint, text, interval);
 DROP FUNCTION pgfence.task_complete(text, uuid, bigint, bigint[], jsonb[]);
 DROP FUNCTION pgfence.task_claim(text, uuid, bigint, integer, integer, boolean);

@@ -526,8 +526,8 @@ func TestPrivilegeCatalog(t *testing.T) {
 		"pgfence.reject_truncate()",
 		"pgfence.resume_grants(text,text)",
 		"pgfence.revoke_prefix(regrole,text)",
-		"pgfence.task_retry(bigint)",
-		"pgfence.task_skip(bigint)",
+		"pgfence.task_retry(bigint,text)",
+		"pgfence.task_skip(bigint,text)",
 		"pgfence.token_epoch()",
 		"pgfence.unprotect(regclass)",
 	}

@@ -2826,6 +2826,23 @@ CREATE FUNCTION pgfence.task_lease_key(p_key text) RETURNS text
 END;
 
 --
+-- Name: task_operator(text, text); Type: FUNCTION; Schema: pgfence; Owner: -
+--
+
+CREATE FUNCTION pgfence.task_operator(p_action text, p_reason text) RETURNS jsonb
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM pgfence.require_primary();
+    IF p_reason IS NULL OR length(btrim(p_reason)) = 0 OR length(p_reason) > 1000 THEN
+        RAISE EXCEPTION 'pgfence: the reason for a task % must be 1 to 1000 characters', p_action USING ERRCODE = 'PF008';
+    END IF;
+    RETURN jsonb_build_object('action', p_action, 'by', pgfence.acting_role(), 'at', clock_timestamp(), 'reason', p_reason);
+END;
+$$;
+
+--
 -- Name: task_ready_keys(text, integer, text); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
@@ -2887,18 +2904,18 @@ END;
 $$;
 
 --
--- Name: task_retry(bigint); Type: FUNCTION; Schema: pgfence; Owner: -
+-- Name: task_retry(bigint, text); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
-CREATE FUNCTION pgfence.task_retry(p_id bigint) RETURNS boolean
+CREATE FUNCTION pgfence.task_retry(p_id bigint, p_reason text) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_key text;
+    v_op  jsonb := pgfence.task_operator('retry', p_reason);
 BEGIN
-    PERFORM pgfence.require_primary();
-    UPDATE pgfence.tasks t SET state = 'pending', attempts = 0, not_before = NULL, finished_at = NULL
+    UPDATE pgfence.tasks t SET state = 'pending', attempts = 0, not_before = NULL, finished_at = NULL, operator = v_op
      WHERE t.id = p_id AND t.state = 'failed' RETURNING t.key INTO v_key;
     IF v_key IS NULL THEN
         RETURN false;
@@ -2933,6 +2950,7 @@ CREATE TABLE pgfence.tasks (
     numbered_at timestamp with time zone,
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
+    operator jsonb,
     CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT tasks_check CHECK (((seq IS NOT NULL) OR (state = 'pending'::text))),
     CONSTRAINT tasks_idem_key_check CHECK (((octet_length(idem_key) >= 1) AND (octet_length(idem_key) <= 256))),
@@ -2958,18 +2976,18 @@ END;
 $$;
 
 --
--- Name: task_skip(bigint); Type: FUNCTION; Schema: pgfence; Owner: -
+-- Name: task_skip(bigint, text); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
-CREATE FUNCTION pgfence.task_skip(p_id bigint) RETURNS boolean
+CREATE FUNCTION pgfence.task_skip(p_id bigint, p_reason text) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_key text;
+    v_op  jsonb := pgfence.task_operator('skip', p_reason);
 BEGIN
-    PERFORM pgfence.require_primary();
-    UPDATE pgfence.tasks t SET state = 'skipped' WHERE t.id = p_id AND t.state = 'failed' RETURNING t.key INTO v_key;
+    UPDATE pgfence.tasks t SET state = 'skipped', operator = v_op WHERE t.id = p_id AND t.state = 'failed' RETURNING t.key INTO v_key;
     IF v_key IS NULL THEN
         RETURN false;
     END IF;
@@ -2983,7 +3001,7 @@ $$;
 -- Name: task_status(bigint); Type: FUNCTION; Schema: pgfence; Owner: -
 --
 
-CREATE FUNCTION pgfence.task_status(p_id bigint) RETURNS TABLE(id bigint, key text, state text, seq bigint, attempts integer, payload jsonb, result jsonb, error text, idem_key text, enqueued_at timestamp with time zone, numbered_at timestamp with time zone, started_at timestamp with time zone, finished_at timestamp with time zone)
+CREATE FUNCTION pgfence.task_status(p_id bigint) RETURNS TABLE(id bigint, key text, state text, seq bigint, attempts integer, payload jsonb, result jsonb, error text, idem_key text, enqueued_at timestamp with time zone, numbered_at timestamp with time zone, started_at timestamp with time zone, finished_at timestamp with time zone, operator jsonb)
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     BEGIN ATOMIC
@@ -2999,7 +3017,8 @@ CREATE FUNCTION pgfence.task_status(p_id bigint) RETURNS TABLE(id bigint, key te
      t.enqueued_at,
      t.numbered_at,
      t.started_at,
-     t.finished_at
+     t.finished_at,
+     t.operator
     FROM pgfence.tasks t
    WHERE ((t.id = task_status.p_id) AND ((t.enqueued_by = pgfence.acting_role()) OR pg_has_role(pgfence.acting_role(), CURRENT_USER, 'USAGE'::text) OR pg_has_role(pgfence.acting_role(), 'pgfence_operator'::name, 'USAGE'::text)));
 END;
@@ -4640,6 +4659,12 @@ GRANT ALL ON FUNCTION pgfence.task_lease_key(p_key text) TO pgfence_app;
 GRANT ALL ON FUNCTION pgfence.task_lease_key(p_key text) TO pgfence_operator;
 
 --
+-- Name: FUNCTION task_operator(p_action text, p_reason text); Type: ACL; Schema: pgfence; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgfence.task_operator(p_action text, p_reason text) FROM PUBLIC;
+
+--
 -- Name: FUNCTION task_ready_keys(p_prefix text, p_max_keys integer, p_after text); Type: ACL; Schema: pgfence; Owner: -
 --
 
@@ -4654,11 +4679,11 @@ GRANT ALL ON FUNCTION pgfence.task_ready_keys(p_prefix text, p_max_keys integer,
 REVOKE ALL ON FUNCTION pgfence.task_require_consumer(p_key text, p_holder uuid, p_token bigint) FROM PUBLIC;
 
 --
--- Name: FUNCTION task_retry(p_id bigint); Type: ACL; Schema: pgfence; Owner: -
+-- Name: FUNCTION task_retry(p_id bigint, p_reason text); Type: ACL; Schema: pgfence; Owner: -
 --
 
-REVOKE ALL ON FUNCTION pgfence.task_retry(p_id bigint) FROM PUBLIC;
-GRANT ALL ON FUNCTION pgfence.task_retry(p_id bigint) TO pgfence_operator;
+REVOKE ALL ON FUNCTION pgfence.task_retry(p_id bigint, p_reason text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.task_retry(p_id bigint, p_reason text) TO pgfence_operator;
 
 --
 -- Name: TABLE tasks; Type: ACL; Schema: pgfence; Owner: -
@@ -4674,11 +4699,11 @@ GRANT SELECT ON TABLE pgfence.tasks TO pgfence_operator;
 REVOKE ALL ON FUNCTION pgfence.task_same_payload(t pgfence.tasks, p_payload jsonb) FROM PUBLIC;
 
 --
--- Name: FUNCTION task_skip(p_id bigint); Type: ACL; Schema: pgfence; Owner: -
+-- Name: FUNCTION task_skip(p_id bigint, p_reason text); Type: ACL; Schema: pgfence; Owner: -
 --
 
-REVOKE ALL ON FUNCTION pgfence.task_skip(p_id bigint) FROM PUBLIC;
-GRANT ALL ON FUNCTION pgfence.task_skip(p_id bigint) TO pgfence_operator;
+REVOKE ALL ON FUNCTION pgfence.task_skip(p_id bigint, p_reason text) FROM PUBLIC;
+GRANT ALL ON FUNCTION pgfence.task_skip(p_id bigint, p_reason text) TO pgfence_operator;
 
 --
 -- Name: FUNCTION task_status(p_id bigint); Type: ACL; Schema: pgfence; Owner: -

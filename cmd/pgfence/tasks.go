@@ -35,11 +35,15 @@ type taskJSON struct {
 	NumberedAt *time.Time `json:"numbered_at,omitempty"`
 	StartedAt  *time.Time `json:"started_at,omitempty"`
 	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	// Operator is the last retry or skip: {"action", "by", "at", "reason"}
+	// (tasks show only).
+	Operator json.RawMessage `json:"operator,omitempty"`
 }
 
 func newTaskJSON(t tasks.Task) taskJSON {
 	return taskJSON{ID: t.ID, Key: t.Key, State: t.State, Seq: t.Seq, Attempts: t.Attempts, IdemKey: t.IdemKey, Error: t.Error,
-		EnqueuedAt: t.EnqueuedAt.UTC(), NumberedAt: optionalTime(t.NumberedAt), StartedAt: optionalTime(t.StartedAt), FinishedAt: optionalTime(t.FinishedAt)}
+		EnqueuedAt: t.EnqueuedAt.UTC(), NumberedAt: optionalTime(t.NumberedAt), StartedAt: optionalTime(t.StartedAt), FinishedAt: optionalTime(t.FinishedAt),
+		Operator: t.Operator}
 }
 
 // tasksListJSON is what `tasks list --json` prints.
@@ -246,6 +250,7 @@ func tasksShow(*flag.FlagSet) runFunc {
 			fmt.Fprintf(tw, "finished at\t%s\n", stamp(t.FinishedAt))
 			fmt.Fprintf(tw, "payload\t%s\n", cell(string(t.Payload)))
 			fmt.Fprintf(tw, "result\t%s\n", cell(dash(string(t.Result))))
+			fmt.Fprintf(tw, "operator\t%s\n", cell(dash(string(t.Operator))))
 			fmt.Fprintf(tw, "error\t%s\n", cell(dash(t.Error)))
 			tw.Flush()
 		})
@@ -257,7 +262,7 @@ func tasksShow(*flag.FlagSet) runFunc {
 // key.
 func taskAction(action, function, after string) func(fs *flag.FlagSet) runFunc {
 	return func(fs *flag.FlagSet) runFunc {
-		reason := fs.String("reason", "", "why (required, 1 to 1000 characters); printed with the outcome, not stored: pgfence.task_retry and task_skip keep no history")
+		reason := fs.String("reason", "", "why (required, 1 to 1000 characters); recorded on the task with the action, the role and the time")
 		return func(ctx context.Context, in *input) error {
 			id, err := taskID(in.args[0])
 			if err != nil {
@@ -283,7 +288,7 @@ func taskAction(action, function, after string) func(fs *flag.FlagSet) runFunc {
 				return notFailed(t.State)
 			}
 			var changed bool
-			if err := pool.QueryRow(ctx, "SELECT pgfence."+function+"($1)", id).Scan(&changed); err != nil {
+			if err := pool.QueryRow(ctx, "SELECT pgfence."+function+"($1, $2)", id, *reason).Scan(&changed); err != nil {
 				return dbError(err)
 			}
 			if !changed { // retried or skipped by someone else in between

@@ -270,6 +270,14 @@ func TestTasksCommands(t *testing.T) {
 	if state, _, blocked := taskState(t, ctx, db.Pool, 2); state != tasks.StateSkipped || blocked != 0 {
 		t.Fatalf("after skip task 2 is %s, key blocked by %d; want skipped, none", state, blocked)
 	}
+	// The database records the last action: what, by whom, when, why.
+	code, out, errOut = cli(t, environ, "tasks", "show", "2", "--json")
+	var skipped taskShowJSON
+	var op struct{ Action, By, At, Reason string }
+	if code != exitOK || json.Unmarshal([]byte(out), &skipped) != nil || json.Unmarshal(skipped.Task.Operator, &op) != nil ||
+		op.Action != "skip" || op.Reason != "order cancelled" || op.By == "" || op.At == "" {
+		t.Fatalf("tasks show 2 after the skip: code %d, operator %+v\n%s%s; want the skip, its role, time and reason", code, op, out, errOut)
+	}
 	if id := c.claim(ctx); id != 3 {
 		t.Fatalf("after the skip the consumer claims task %d, want 3", id)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/leases/tasks"
@@ -94,8 +95,22 @@ func TestFailedTaskPolicy(t *testing.T) {
 				if state != tasks.StatePending || blocked != ids[1] {
 					t.Fatalf("the task after the failed one is %s and the key blocked by %d; want pending, blocked by %d", state, blocked, ids[1])
 				}
-				if _, err := pool.Exec(ctx, `SELECT pgfence.task_skip($1)`, ids[1]); err != nil {
+				var pgErr *pgconn.PgError
+				if _, err := pool.Exec(ctx, `SELECT pgfence.task_skip($1, '')`, ids[1]); !errors.As(err, &pgErr) || pgErr.Code != "PF008" {
+					t.Fatalf("a skip without a reason: %v, want PF008", err)
+				}
+				if _, err := pool.Exec(ctx, `SELECT pgfence.task_skip($1, 'refunded by hand')`, ids[1]); err != nil {
 					t.Fatal(err)
+				}
+				// The skip is recorded on the task: what, by whom, when, why.
+				var op struct{ Action, By, Reason string }
+				var at time.Time
+				if err := pool.QueryRow(ctx, `SELECT operator->>'action', operator->>'by', operator->>'reason', (operator->>'at')::timestamptz
+					FROM pgfence.tasks WHERE id = $1`, ids[1]).Scan(&op.Action, &op.By, &op.Reason, &at); err != nil {
+					t.Fatal(err)
+				}
+				if op.Action != "skip" || op.By == "" || op.Reason != "refunded by hand" || at.IsZero() {
+					t.Fatalf("the skipped task records %+v at %v; want the skip, its role and reason", op, at)
 				}
 				until(t, ctx, pool, "the task after the skipped one is applied", `SELECT state = 'done' FROM pgfence.tasks WHERE id = $1`, ids[2])
 			}

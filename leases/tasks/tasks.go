@@ -52,6 +52,9 @@ type Task struct {
 	Result   json.RawMessage // done: the consumer's result (nil for none)
 	Error    string          // the last failed attempt's error
 	IdemKey  string          // [EnqueueOptions.IdempotencyKey]
+	// Operator is the last operator action on the task (pgfence.task_retry
+	// or task_skip), as JSON: {"action", "by", "at", "reason"}; nil for none.
+	Operator json.RawMessage
 
 	EnqueuedAt time.Time
 	NumberedAt time.Time // zero until numbered
@@ -102,7 +105,7 @@ func checkJSON(field string, v []byte) error {
 const (
 	sqlEnqueue = `SELECT id, created, state, coalesce(seq, 0), enqueued_at FROM pgfence.task_enqueue($1, $2::jsonb, $3, $4)`
 	sqlStatus  = `SELECT id, key, state, coalesce(seq, 0), attempts, payload, result, coalesce(error, ''), coalesce(idem_key, ''),
-       enqueued_at, numbered_at, started_at, finished_at FROM pgfence.task_status($1)`
+       enqueued_at, numbered_at, started_at, finished_at, operator FROM pgfence.task_status($1)`
 )
 
 // Enqueue adds a task with payload (JSON, at most [MaxPayloadBytes]) to key
@@ -195,18 +198,18 @@ func StatusSQL(ctx context.Context, db pgfence.SQLDB, id int64) (Task, error) {
 func status[T any](ctx context.Context, h driver.Handle[T], id int64) (Task, error) {
 	var (
 		t                           Task
-		payload, result             []byte
+		payload, result, operator   []byte
 		numbered, started, finished sql.NullTime
 	)
 	err := h.Read(ctx, sqlStatus, id).Scan(&t.ID, &t.Key, &t.State, &t.Seq, &t.Attempts, &payload, &result, &t.Error, &t.IdemKey,
-		&t.EnqueuedAt, &numbered, &started, &finished)
+		&t.EnqueuedAt, &numbered, &started, &finished, &operator)
 	if driver.NoRows(err) {
 		return Task{}, fmt.Errorf("tasks: task %d: %w", id, pgfence.ErrNotFound)
 	}
 	if err != nil {
 		return Task{}, fmt.Errorf("tasks: status of task %d: %w", id, pgfence.MapError(err))
 	}
-	t.Payload, t.Result = payload, result
+	t.Payload, t.Result, t.Operator = payload, result, operator
 	t.NumberedAt, t.StartedAt, t.FinishedAt = numbered.Time, started.Time, finished.Time
 	return t, nil
 }
