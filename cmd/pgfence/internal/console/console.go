@@ -218,13 +218,11 @@ type page struct {
 	Refresh int    // seconds between reloads; 0: none
 	Actions bool
 	CSRF    string
-	Tasks   bool // pgfence.tasks exists
 	Data    any
 }
 
 func (s *Server) render(w http.ResponseWriter, r *http.Request, status int, name, title string, data any) {
 	p := page{Title: title, Nav: name, Actions: s.cfg.AllowActions, Data: data}
-	p.Tasks, _ = tasksExist(r.Context(), s.cfg.Pool)
 	if name == "overview" {
 		p.Refresh = int(s.cfg.Refresh / time.Second)
 	}

@@ -32,6 +32,8 @@
 //
 // A query that fails shows its error in place of its section: the other
 // sections of the page still render. Bad input (a prefix or key no name can
-// have) gets a 400 page saying why. The doctor's findings are cached for
-// [Config.DoctorEvery], so the overview's refresh does not rerun them.
+// have) gets a 400 page saying why. The doctor runs in the background (its
+// checks read every lease row): the overview shows the findings of its last
+// run, and starts another when they are older than [Config.DoctorEvery]; no
+// page waits for it.
 package console

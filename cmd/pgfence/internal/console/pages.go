@@ -56,8 +56,7 @@ const (
                             pg_catalog.max(e.at) AS last_at
                        FROM pgfence.lease_events e WHERE e.key OPERATOR(pg_catalog.=) l.key) h
  WHERE %s ORDER BY l.key LIMIT %d`
-	sqlTasks       = `SELECT t.key, t.id, pg_catalog.to_jsonb(t)::text FROM pgfence.tasks t WHERE %s ORDER BY t.key, t.id LIMIT %d`
-	sqlTasksExist  = `SELECT pg_catalog.to_regclass('pgfence.tasks') IS NOT NULL`
+	sqlTasks       = `SELECT t.key, t.id, coalesce(t.seq, 0), t.state, t.attempts, t.enqueued_at, coalesce(t.error, '') FROM pgfence.tasks t WHERE %s ORDER BY t.key, t.id LIMIT %d`
 	sqlByteOrdered = `SELECT d.datcollate, coalesce(pg_catalog.to_jsonb(d) OPERATOR(pg_catalog.->>) 'datlocprovider', 'c')
   FROM pg_catalog.pg_database d WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()`
 )
@@ -123,17 +122,14 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, http.StatusOK, "overview", "Overview", d)
 }
 
-// findings returns the doctor's findings: the first time at once, later
-// those of the last run while a run older than DoctorEvery is redone in
-// the background (its checks read every lease row; the overview does not
-// wait for them at each refresh).
+// findings returns the doctor's findings of its last run, nil before the
+// first one ended, and starts a run in the background when there is none or
+// the last is older than DoctorEvery: its checks read every lease row, and no
+// page waits for them (a page's own queries stay short at any table size).
 func (s *Server) findings(ctx context.Context) []Finding {
 	s.doctor.Lock()
 	defer s.doctor.Unlock()
-	switch {
-	case s.doctor.findings == nil:
-		s.doctor.findings, s.doctor.at = s.cfg.Doctor(ctx), time.Now()
-	case time.Since(s.doctor.at) > s.cfg.DoctorEvery && !s.doctor.running:
+	if !s.doctor.running && (s.doctor.findings == nil || time.Since(s.doctor.at) > s.cfg.DoctorEvery) {
 		s.doctor.running = true
 		s.doctor.wg.Add(1)
 		go func() {
@@ -209,7 +205,6 @@ type list struct {
 	fetch func(s *Server, ctx context.Context, prefix string, q map[string]string) (rows any, n int, next map[string]string, err error)
 	// cursor names the query parameters of the keyset.
 	cursor []string
-	tasks  bool // only when pgfence.tasks exists
 }
 
 type listData struct {
@@ -242,9 +237,12 @@ type electionRow struct {
 }
 
 type taskRow struct {
-	Key  string
-	ID   int64
-	JSON string
+	Key        string
+	ID, Seq    int64
+	State      string
+	Attempts   int
+	EnqueuedAt time.Time
+	Error      string
 }
 
 var lists = []list{
@@ -274,14 +272,14 @@ var lists = []list{
 		}, [][2]string{{"l.key", prefix}}, []string{"l.key"}, q["after"])
 		return rows, len(rows), cursorOf(rows, func(x electionRow) []string { return []string{x.Key} }, "after"), err
 	}},
-	{name: "tasks", title: "Ordered tasks", cursor: []string{"after", "after_id"}, tasks: true, fetch: func(s *Server, ctx context.Context, prefix string, q map[string]string) (any, int, map[string]string, error) {
+	{name: "tasks", title: "Ordered tasks", cursor: []string{"after", "after_id"}, fetch: func(s *Server, ctx context.Context, prefix string, q map[string]string) (any, int, map[string]string, error) {
 		id, err := strconv.ParseInt(cmp.Or(q["after_id"], "0"), 10, 64)
 		if err != nil {
 			return nil, 0, nil, fmt.Errorf("after_id %q: not a task id", q["after_id"])
 		}
 		after := []any{q["after"], id}
 		rows, err := fetchPage(s, ctx, sqlTasks, func(row pgx.CollectableRow) (x taskRow, err error) {
-			return x, row.Scan(&x.Key, &x.ID, &x.JSON)
+			return x, row.Scan(&x.Key, &x.ID, &x.Seq, &x.State, &x.Attempts, &x.EnqueuedAt, &x.Error)
 		}, [][2]string{{"t.key", prefix}}, []string{"t.key", "t.id"}, after...)
 		return rows, len(rows), cursorOf(rows, func(x taskRow) []string { return []string{x.Key, fmt.Sprint(x.ID)} }, "after", "after_id"), err
 	}},
@@ -290,12 +288,6 @@ var lists = []list{
 func (s *Server) list(l list) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
-		if l.tasks {
-			if ok, err := tasksExist(ctx, s.cfg.Pool); err != nil || !ok {
-				http.NotFound(w, r)
-				return
-			}
-		}
 		prefix := r.URL.Query().Get("prefix")
 		q := map[string]string{}
 		errs := []error{checkName("prefix", prefix, 0)}
@@ -415,10 +407,6 @@ func checkName(what, s string, min int) error {
 func collect[T any](ctx context.Context, pool *pgxpool.Pool, scan pgx.RowToFunc[T], sql string, args ...any) ([]T, error) {
 	rows, _ := pool.Query(ctx, sql, args...)
 	return pgx.CollectRows(rows, scan)
-}
-
-func tasksExist(ctx context.Context, pool *pgxpool.Pool) (ok bool, err error) {
-	return ok, pool.QueryRow(ctx, sqlTasksExist).Scan(&ok)
 }
 
 // byteOrdered reports whether the database's default collation sorts by
