@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/bench"
@@ -16,9 +18,12 @@ const (
 	contentionMaxWorkers = 256
 	contentionMaxKeys    = 1000
 	contentionMinTTL     = 10 * time.Millisecond
+	contentionMaxConsum  = 64
 )
 
 func benchContention(fs *flag.FlagSet) runFunc {
+	mode := fs.String("mode", bench.ModeLock, "lock: workers take the key's lease and write under it; tasks: workers are producers that enqueue ordered tasks and are told when consumers applied them, after a floor of bare INSERTs of the task rows")
+	consumers := fs.Int("consumers", 2, "--mode tasks: consumers applying the keys' tasks, each with its own leases.Client, under leases of --ttl (1 to 64)")
 	workers := fs.Int("workers", 16, "concurrent workers, each with its own leases.Client (1 to 256)")
 	keys := fs.Int("keys", 4, "hot keys the workers contend for; each grant picks one at random (1 to 1000)")
 	duration := fs.Duration("duration", 10*time.Second, "how long workers take new grants (a paused holder's write comes after)")
@@ -30,6 +35,31 @@ func benchContention(fs *flag.FlagSet) runFunc {
 	htmlPath := htmlFlag(fs)
 	pauseFirst := fs.Bool("pause-first", false, "also pause the first grant of every key, for --pause and until another worker has written the key (or the run ends), so that every run has stale writes to reject")
 	return func(ctx context.Context, in *input) error {
+		switch *mode {
+		case bench.ModeLock:
+			consumersSet := false
+			fs.Visit(func(f *flag.Flag) { consumersSet = consumersSet || f.Name == "consumers" })
+			if consumersSet {
+				return usageError("--consumers: only with --mode tasks")
+			}
+		case bench.ModeTasks:
+			// The lease mode's own flags would be ignored: say so.
+			var lockOnly []string
+			fs.Visit(func(f *flag.Flag) {
+				if slices.Contains([]string{"max-wait", "hold", "pause-rate", "pause", "pause-first"}, f.Name) {
+					lockOnly = append(lockOnly, "--"+f.Name)
+				}
+			})
+			if len(lockOnly) > 0 {
+				return usageError("%s: only with --mode lock", strings.Join(lockOnly, ", "))
+			}
+			*pauseRate = 0
+		default:
+			return usageError("--mode: %q is neither lock nor tasks", *mode)
+		}
+		if *consumers < 1 || *consumers > contentionMaxConsum {
+			return usageError("--consumers: %d is not from 1 to %d", *consumers, contentionMaxConsum)
+		}
 		if *workers < 1 || *workers > contentionMaxWorkers {
 			return usageError("--workers: %d is not from 1 to %d", *workers, contentionMaxWorkers)
 		}
@@ -60,12 +90,13 @@ func benchContention(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		defer html.close()
-		lab, err := openLab(ctx, in, *workers, 0)
+		// Each consumer's leases client listens on a connection of its own.
+		lab, err := openLab(ctx, in, *workers+2*(*consumers), 0)
 		if err != nil {
 			return err
 		}
 		defer lab.Close()
-		rep, err := lab.Contention(ctx, bench.ContentionOptions{Workers: *workers, Keys: *keys, Duration: *duration, TTL: *ttl,
+		rep, err := lab.Contention(ctx, bench.ContentionOptions{Mode: *mode, Consumers: *consumers, Workers: *workers, Keys: *keys, Duration: *duration, TTL: *ttl,
 			MaxWait: *maxWait, Hold: *hold, PauseRate: *pauseRate, Pause: *pause, PauseFirst: *pauseFirst})
 		if err != nil {
 			return err

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
 )
@@ -53,8 +55,19 @@ const (
 	    WHERE resource OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[])`
 )
 
+// The modes of [Lab.Contention].
+const (
+	ModeLock  = "lock"  // workers take the key's lease and write under it
+	ModeTasks = "tasks" // workers enqueue ordered tasks that consumers apply
+)
+
 // ContentionOptions says what [Lab.Contention] runs.
 type ContentionOptions struct {
+	// Mode is ModeLock (the default) or ModeTasks. In ModeTasks the
+	// workers are producers, Consumers consumers apply the keys' tasks
+	// under leases of TTL, and MaxWait, Hold and the pauses do not apply.
+	Mode      string
+	Consumers int
 	// Workers contend for Keys keys for Duration; each has its own
 	// leases.Client, as separate processes would.
 	Workers, Keys int
@@ -128,8 +141,20 @@ type ContentionReport struct {
 
 	// Samples are the workers' counters over the run, about 20 from the
 	// start to the end (at least 200ms apart: fewer events per sample
-	// would make their rates mostly noise).
+	// would make their rates mostly noise). In ModeTasks, the floor's
+	// samples come first, then the tasks' (each from its own start).
 	Samples []ContentionSample
+
+	// ModeTasks. The floor ran for FloorElapsed before the tasks: the
+	// producers inserted FloorInserts bare task rows, each in FloorP50 /
+	// FloorP99. Then they enqueued Enqueued tasks, each in EnqueueP50 /
+	// EnqueueP99, and were told Applied were applied, AppliedP50 /
+	// AppliedP99 after the enqueue started. BacklogMax is the most tasks
+	// enqueued and not yet applied at a sample.
+	FloorElapsed                                time.Duration
+	FloorInserts, Enqueued, Applied, BacklogMax int64
+	FloorP50, FloorP99, EnqueueP50, EnqueueP99  time.Duration
+	AppliedP50, AppliedP99                      time.Duration
 }
 
 // ContentionSample is what the workers had counted At after the run's start.
@@ -137,6 +162,9 @@ type ContentionSample struct {
 	At                                        time.Duration
 	Acquisitions, GiveUps, Renewals, Expiries int64
 	Accepted, Rejected, Stopped               int64
+	// ModeTasks: the floor's rows, the tasks enqueued and applied, and
+	// the difference.
+	FloorInserts, Enqueued, Applied, Backlog int64
 }
 
 // ContentionKey is one hot key's part of the run.
@@ -152,6 +180,9 @@ type ContentionKey struct {
 	Counter     int64
 	// LastToken is the token of the key's last completion row (0: none).
 	LastToken int64
+	// ModeTasks: the tasks enqueued to the key, and the sequence number
+	// of its last completion row (0: none).
+	Enqueued, LastSeq int64
 }
 
 // ContentionCheck is one reconciliation check.
@@ -230,6 +261,9 @@ func (lab *Lab) Contention(ctx context.Context, opts ContentionOptions) (*Conten
 	if _, err := lab.db.Pool.Exec(ctx, sqlContentionKeys, run.keys); err != nil {
 		return nil, fmt.Errorf("contention setup: %w", err)
 	}
+	if opts.Mode == ModeTasks {
+		return lab.contentionTasks(ctx, opts, prefix, run.keys)
+	}
 	clients := make([]*leases.Client, opts.Workers)
 	defer func() {
 		for _, c := range clients {
@@ -307,25 +341,12 @@ func (lab *Lab) Contention(ctx context.Context, opts ContentionOptions) (*Conten
 	}
 
 	// Read the business table back.
-	counters := map[string]int64{}
-	rows, err := lab.db.Pool.Query(ctx, sqlContentionCounters)
+	counters, err := lab.counters(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read the counters back: %w", err)
-	}
-	for rows.Next() {
-		var k string
-		var n int64
-		if err := rows.Scan(&k, &n); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		counters[k] = n
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read the counters back: %w", err)
+		return nil, err
 	}
 	var table []completion
-	rows, err = lab.db.Pool.Query(ctx, sqlContentionCompletions)
+	rows, err := lab.db.Pool.Query(ctx, sqlContentionCompletions)
 	if err != nil {
 		return nil, fmt.Errorf("read the completions back: %w", err)
 	}
@@ -354,6 +375,18 @@ func (lab *Lab) Contention(ctx context.Context, opts ContentionOptions) (*Conten
 		rep.Reconciled = rep.Reconciled && c.Held
 	}
 	return rep, nil
+}
+
+// counters reads the contention run's counters back, by key.
+func (lab *Lab) counters(ctx context.Context) (map[string]int64, error) {
+	counters := map[string]int64{}
+	rows, _ := lab.db.Pool.Query(ctx, sqlContentionCounters)
+	var k string
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&k, &n}, func() error { counters[k] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("read the counters back: %w", err)
+	}
+	return counters, nil
 }
 
 // worker takes grants until runCtx ends; ctx is the whole command's (a

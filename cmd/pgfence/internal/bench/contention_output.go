@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -13,6 +14,7 @@ import (
 type ContentionJSON struct {
 	Machine    string  `json:"machine"`
 	Settings   string  `json:"settings"`
+	Mode       string  `json:"mode"`
 	Workers    int     `json:"workers"`
 	Keys       int     `json:"keys"`
 	DurationMS int64   `json:"duration_ms"`
@@ -48,9 +50,34 @@ type ContentionJSON struct {
 	Errors             int64  `json:"errors"`
 	FirstError         string `json:"first_error,omitempty"`
 
+	// Tasks holds the figures of --mode tasks (absent in --mode lock).
+	Tasks *ContentionTasksJSON `json:"tasks,omitempty"`
+
 	PerKey     []ContentionKeyJSON   `json:"per_key"`
 	Reconciled bool                  `json:"reconciled"`
 	Checks     []ContentionCheckJSON `json:"checks"`
+}
+
+// ContentionTasksJSON is the ordered-task mode's part of the output: the
+// floor (bare INSERTs of the task rows by the same producers), the enqueues,
+// and how long after its enqueue started a producer was told its task was
+// applied. CompletionsToFloor is completions_per_s over
+// floor_inserts_per_s.
+type ContentionTasksJSON struct {
+	Consumers          int     `json:"consumers"`
+	FloorElapsedMS     int64   `json:"floor_elapsed_ms"`
+	FloorInserts       int64   `json:"floor_inserts"`
+	FloorInsertsPerS   float64 `json:"floor_inserts_per_s"`
+	FloorP50US         int64   `json:"floor_p50_us"`
+	FloorP99US         int64   `json:"floor_p99_us"`
+	Enqueued           int64   `json:"enqueued"`
+	EnqueueP50US       int64   `json:"enqueue_p50_us"`
+	EnqueueP99US       int64   `json:"enqueue_p99_us"`
+	Applied            int64   `json:"applied"`
+	AppliedP50US       int64   `json:"enqueue_to_applied_p50_us"`
+	AppliedP99US       int64   `json:"enqueue_to_applied_p99_us"`
+	BacklogMax         int64   `json:"backlog_max"`
+	CompletionsToFloor float64 `json:"completions_to_floor"`
 }
 
 // ContentionKeyJSON is one key's part of the run.
@@ -65,6 +92,10 @@ type ContentionKeyJSON struct {
 	// LastToken is 0 when the key has no completion (a run too short or too
 	// loaded for one): the key is always present, so the shape never varies.
 	LastToken int64 `json:"last_token"`
+	// --mode tasks: the tasks enqueued to the key and the sequence number
+	// of its last completion row (0 in --mode lock).
+	Enqueued int64 `json:"enqueued"`
+	LastSeq  int64 `json:"last_seq"`
 }
 
 // ContentionCheckJSON is one reconciliation check.
@@ -84,7 +115,7 @@ func perSecond(n int64, d time.Duration) float64 {
 // JSON returns the report as `pgfence bench contention --json` prints it.
 func (r *ContentionReport) JSON() ContentionJSON {
 	o := r.Options
-	out := ContentionJSON{Machine: r.Machine, Settings: r.Settings, Workers: o.Workers, Keys: o.Keys,
+	out := ContentionJSON{Machine: r.Machine, Settings: r.Settings, Mode: cmp.Or(o.Mode, ModeLock), Workers: o.Workers, Keys: o.Keys,
 		DurationMS: o.Duration.Milliseconds(), TTLMS: o.TTL.Milliseconds(), MaxWaitMS: o.MaxWait.Milliseconds(), HoldMS: o.Hold.Milliseconds(),
 		PauseRate: o.PauseRate, PauseMS: o.Pause.Milliseconds(), PauseFirst: o.PauseFirst, ElapsedMS: r.Elapsed.Milliseconds(),
 		Acquisitions: r.Acquisitions, AcquisitionsPerS: perSecond(r.Acquisitions, r.Elapsed),
@@ -98,9 +129,17 @@ func (r *ContentionReport) JSON() ContentionJSON {
 		n := r.RejectionsRecorded
 		out.RejectionsRecorded = &n
 	}
+	if o.Mode == ModeTasks {
+		out.Tasks = &ContentionTasksJSON{Consumers: o.Consumers, FloorElapsedMS: r.FloorElapsed.Milliseconds(), FloorInserts: r.FloorInserts,
+			FloorInsertsPerS: perSecond(r.FloorInserts, r.FloorElapsed), FloorP50US: r.FloorP50.Microseconds(), FloorP99US: r.FloorP99.Microseconds(),
+			Enqueued: r.Enqueued, EnqueueP50US: r.EnqueueP50.Microseconds(), EnqueueP99US: r.EnqueueP99.Microseconds(), Applied: r.Applied,
+			AppliedP50US: r.AppliedP50.Microseconds(), AppliedP99US: r.AppliedP99.Microseconds(), BacklogMax: r.BacklogMax,
+			CompletionsToFloor: r.toFloor()}
+	}
 	for _, k := range r.PerKey {
 		out.PerKey = append(out.PerKey, ContentionKeyJSON{Key: k.Key, Acquisitions: k.Acquisitions, GiveUps: k.GiveUps,
-			AcceptedWrites: k.Accepted, FenceRejections: k.Rejected, Completions: k.Completions, Counter: k.Counter, LastToken: k.LastToken})
+			AcceptedWrites: k.Accepted, FenceRejections: k.Rejected, Completions: k.Completions, Counter: k.Counter, LastToken: k.LastToken,
+			Enqueued: k.Enqueued, LastSeq: k.LastSeq})
 	}
 	for _, c := range r.Checks {
 		out.Checks = append(out.Checks, ContentionCheckJSON(c))
@@ -108,10 +147,23 @@ func (r *ContentionReport) JSON() ContentionJSON {
 	return out
 }
 
+// toFloor is the tasks' completions per second over the floor's inserts
+// per second (0 without a floor).
+func (r *ContentionReport) toFloor() float64 {
+	if f := perSecond(r.FloorInserts, r.FloorElapsed); f > 0 {
+		return perSecond(r.Completions, r.Elapsed) / f
+	}
+	return 0
+}
+
 // WriteText prints the report: coordination and business side by side, each
 // key, and the reconciliation.
 func (r *ContentionReport) WriteText(w io.Writer) {
 	o := r.Options
+	if o.Mode == ModeTasks {
+		r.writeTasksText(w)
+		return
+	}
 	fmt.Fprintf(w, "%d workers on %d keys for %s (ran %s): TTL %s, max wait %s, hold %s, %.0f%% of grants paused for %s",
 		o.Workers, o.Keys, o.Duration, r.Elapsed.Round(time.Millisecond), o.TTL, o.MaxWait, o.Hold, 100*o.PauseRate, o.Pause)
 	if o.PauseFirst {
@@ -158,6 +210,40 @@ func (r *ContentionReport) WriteText(w io.Writer) {
 	}
 	tw.Flush()
 
+	r.writeChecks(w)
+}
+
+// writeTasksText is WriteText in the ordered-task mode: the floor and the
+// tasks side by side, each key, and the reconciliation.
+func (r *ContentionReport) writeTasksText(w io.Writer) {
+	o := r.Options
+	fmt.Fprintf(w, "%d producers on %d keys, %d consumers (lease TTL %s): the floor for %s, then the tasks for %s (ran %s)\n\n",
+		o.Workers, o.Keys, o.Consumers, o.TTL, r.FloorElapsed.Round(time.Millisecond), o.Duration, r.Elapsed.Round(time.Millisecond))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "FLOOR (bare INSERT of the task rows)\t\t  ORDERED TASKS\n")
+	fmt.Fprintf(tw, "rows inserted\t%d (%.1f/s)\t  completions (read back)\t%d (%.1f/s, %.2f× the floor)\n",
+		r.FloorInserts, perSecond(r.FloorInserts, r.FloorElapsed), r.Completions, perSecond(r.Completions, r.Elapsed), r.toFloor())
+	fmt.Fprintf(tw, "insert p50 / p99\t%.2f / %.2f ms\t  enqueue p50 / p99\t%.2f / %.2f ms\n", ms(r.FloorP50), ms(r.FloorP99), ms(r.EnqueueP50), ms(r.EnqueueP99))
+	fmt.Fprintf(tw, "\t\t  enqueue to applied p50 / p99\t%.2f / %.2f ms\n", ms(r.AppliedP50), ms(r.AppliedP99))
+	fmt.Fprintf(tw, "\t\t  enqueued / told applied\t%d / %d\n", r.Enqueued, r.Applied)
+	fmt.Fprintf(tw, "\t\t  backlog (most at a sample)\t%d\n", r.BacklogMax)
+	fmt.Fprintf(tw, "\t\t  errors\t%d\n", r.Errors)
+	tw.Flush()
+	if r.FirstError != "" {
+		fmt.Fprintf(w, "first error: %s\n", oneLine(r.FirstError))
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "KEY\tENQUEUED\tCOMPLETIONS\tCOUNTER\tLAST SEQ\t")
+	for _, k := range r.PerKey {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t\n", k.Key, k.Enqueued, k.Completions, k.Counter, k.LastSeq)
+	}
+	tw.Flush()
+	r.writeChecks(w)
+}
+
+// writeChecks prints the reconciliation and the settings.
+func (r *ContentionReport) writeChecks(w io.Writer) {
 	fmt.Fprintln(w)
 	verdict := "reconciled"
 	if !r.Reconciled {
