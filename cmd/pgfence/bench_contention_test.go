@@ -79,6 +79,63 @@ func TestBenchContention(t *testing.T) {
 	}
 }
 
+// A tiny ordered-task run: producers enqueue and are told their task was
+// applied; the business table read back equals applying each key's tasks in
+// sequence order, and every figure of the report is there (its values are
+// timings, not asserted).
+func TestBenchContentionTasks(t *testing.T) {
+	t.Parallel()
+	db := pgfencetest.NewDatabase(t)
+	environ := map[string]string{"DATABASE_URL": db.URL}
+	code, out, errOut := cli(t, environ, "bench", "contention", "--mode", "tasks", "--workers", "4", "--keys", "2", "--consumers", "2",
+		"--duration", "300ms", "--ttl", "2s", "--json")
+	if code != exitOK {
+		t.Fatalf("bench contention --mode tasks: code %d\n%s%s", code, out, errOut)
+	}
+	var res bench.ContentionJSON
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("bench contention --json: %v\n%s", err, out)
+	}
+	if testing.Verbose() {
+		t.Log(out)
+	}
+	if !res.Reconciled || len(res.Checks) != 5 {
+		t.Errorf("not reconciled: %+v", res.Checks)
+	}
+	for _, c := range res.Checks {
+		if !c.Held {
+			t.Errorf("check %q failed: %s", c.Check, c.Detail)
+		}
+	}
+	tk := res.Tasks
+	if res.Mode != "tasks" || tk == nil || res.Errors != 0 || len(res.PerKey) != 2 {
+		t.Fatalf("mode %q, tasks %+v, %d errors (%s), %d keys", res.Mode, tk, res.Errors, res.FirstError, len(res.PerKey))
+	}
+	if tk.Consumers != 2 || tk.FloorInserts == 0 || tk.Enqueued == 0 || tk.Applied != tk.Enqueued || res.Completions != tk.Enqueued ||
+		tk.BacklogMax > 4 || tk.EnqueueP50US == 0 || tk.AppliedP50US < tk.EnqueueP50US || tk.CompletionsToFloor <= 0 {
+		t.Errorf("figures: %d completions, %+v", res.Completions, *tk)
+	}
+	for _, k := range res.PerKey {
+		if k.Enqueued == 0 || k.Completions != k.Enqueued || k.Counter != k.Completions || k.LastSeq != k.Completions || k.Acquisitions != 0 {
+			t.Errorf("key %s: %+v", k.Key, k)
+		}
+	}
+	if !strings.Contains(errOut, "bench contention: 4 producers on 2 keys for 300ms, 2 consumers") {
+		t.Errorf("no progress on stderr:\n%s", errOut)
+	}
+
+	code, out, errOut = cli(t, environ, "bench", "contention", "--mode", "tasks", "--workers", "1", "--keys", "1", "--duration", "200ms")
+	if code != exitOK {
+		t.Fatalf("bench contention --mode tasks text: code %d\n%s%s", code, out, errOut)
+	}
+	for _, s := range []string{"FLOOR (bare INSERT of the task rows)", "ORDERED TASKS", "rows inserted", "completions (read back)", "× the floor",
+		"enqueue p50 / p99", "enqueue to applied p50 / p99", "backlog", "LAST SEQ", "Reconciliation: reconciled", "fsync="} {
+		if !strings.Contains(out, s) {
+			t.Errorf("text output lacks %q:\n%s", s, out)
+		}
+	}
+}
+
 func TestBenchContentionUsage(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -99,6 +156,12 @@ func TestBenchContentionUsage(t *testing.T) {
 		{[]string{"--ttl", "2s", "--pause", "2s"}, "--pause must be longer than --ttl (2s)"},
 		{[]string{"--pause-rate", "0", "--pause-first", "--pause", "100ms"}, "--pause must be longer than --ttl (500ms)"},
 		{[]string{"extra"}, "takes no arguments"},
+		{[]string{"--mode", "queue"}, `--mode: "queue" is neither lock nor tasks`},
+		{[]string{"--mode", "tasks", "--hold", "1s", "--pause-rate", "0"}, "--hold, --pause-rate: only with --mode lock"},
+		{[]string{"--mode", "tasks", "--max-wait", "1s"}, "--max-wait: only with --mode lock"},
+		{[]string{"--consumers", "3"}, "--consumers: only with --mode tasks"},
+		{[]string{"--mode", "tasks", "--consumers", "0"}, "--consumers: 0 is not from 1 to 64"},
+		{[]string{"--mode", "tasks", "--consumers", "65"}, "--consumers: 65 is not from 1 to 64"},
 	} {
 		// No database: the flags are checked before any is opened.
 		code, _, errOut := cli(t, nil, append([]string{"bench", "contention"}, tc.args...)...)

@@ -323,6 +323,8 @@ func goldenCases() []goldenCase {
 			rules: map[string]string{"machine": "text", "settings": "text", "comparisons": "text"}, numbers: true, keep: measured},
 		{name: "bench_contention", args: []string{"bench", "contention", "--workers", "3", "--keys", "1", "--duration", "300ms", "--ttl", "100ms", "--pause", "400ms", "--pause-first", "--hold", "50ms"}, db: true,
 			rules: map[string]string{"machine": "text", "settings": "text", "key": "text", "detail": "text"}, numbers: true, keep: measured, collapse: []string{"per_key"}},
+		{name: "bench_contention_tasks", args: []string{"bench", "contention", "--mode", "tasks", "--workers", "2", "--keys", "1", "--duration", "200ms", "--ttl", "2s"}, db: true,
+			rules: map[string]string{"machine": "text", "settings": "text", "key": "text", "detail": "text"}, numbers: true, keep: append(measured, "consumers"), collapse: []string{"per_key"}},
 	}
 }
 

@@ -141,9 +141,9 @@ type ContentionReport struct {
 
 	// Samples are the workers' counters over the run, about 20 from the
 	// start to the end (at least 200ms apart: fewer events per sample
-	// would make their rates mostly noise). In ModeTasks, the floor's
-	// samples come first, then the tasks' (each from its own start).
-	Samples []ContentionSample
+	// would make their rates mostly noise). In ModeTasks, FloorSamples
+	// are the floor's, from its own start.
+	Samples, FloorSamples []ContentionSample
 
 	// ModeTasks. The floor ran for FloorElapsed before the tasks: the
 	// producers inserted FloorInserts bare task rows, each in FloorP50 /
