@@ -166,6 +166,26 @@ func TestBenchHTML(t *testing.T) {
 			t.Errorf("the report's tables are not the command's output:\n%s", pre)
 		}
 	})
+	t.Run("contention tasks", func(t *testing.T) {
+		t.Parallel()
+		db := pgfencetest.NewDatabase(t)
+		path := filepath.Join(t.TempDir(), "tasks.html")
+		code, out, errOut := cli(t, map[string]string{"DATABASE_URL": db.URL}, "bench", "contention", "--mode", "tasks", "--workers", "2", "--keys", "1",
+			"--duration", "300ms", "--html", path)
+		if code != exitOK {
+			t.Fatalf("bench contention --mode tasks --html: code %d\n%s%s", code, out, errOut)
+		}
+		figures, pre := readHTMLReport(t, path)
+		// At least the sample at the end of each part, on 1, 2 and 1
+		// lines with their legend entries.
+		if len(figures) != 3 || figures[0].caption != "the floor over its run" || figures[1].caption != "ordered tasks over the run" ||
+			figures[2].caption != "backlog over the run" || figures[0].circles < 1+1 || figures[1].circles < 2+2 || figures[2].circles < 1+1 {
+			t.Errorf("figures %+v", figures)
+		}
+		if pre != out || !strings.Contains(pre, "ORDERED TASKS") {
+			t.Errorf("the report's tables are not the command's output:\n%s", pre)
+		}
+	})
 }
 
 // A report that cannot be written fails before the run; a run with nothing

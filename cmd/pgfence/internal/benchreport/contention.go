@@ -14,6 +14,9 @@ func Contention(w io.Writer, r *bench.ContentionReport) error {
 }
 
 func contentionCharts(r *bench.ContentionReport) []*chart {
+	if r.Options.Mode == bench.ModeTasks {
+		return tasksCharts(r)
+	}
 	coordination := &chart{title: "coordination over the run", x: "seconds since the start", y: "per second"}
 	business := &chart{title: "business writes over the run", x: "seconds since the start", y: "per second"}
 	var prev bench.ContentionSample
@@ -34,4 +37,30 @@ func contentionCharts(r *bench.ContentionReport) []*chart {
 		prev = s
 	}
 	return []*chart{coordination, business}
+}
+
+// tasksCharts draws --mode tasks: the floor's inserts, the tasks enqueued
+// and applied, each as rates over its own part of the run, and the backlog.
+func tasksCharts(r *bench.ContentionReport) []*chart {
+	floor := &chart{title: "the floor over its run", x: "seconds since the start", y: "per second"}
+	tasks := &chart{title: "ordered tasks over the run", x: "seconds since the start", y: "per second"}
+	backlog := &chart{title: "backlog over the run", x: "seconds since the start", y: "tasks enqueued, not yet applied"}
+	var prev bench.ContentionSample
+	for _, s := range r.FloorSamples {
+		if d := (s.At - prev.At).Seconds(); d > 0 {
+			floor.add("bare INSERTs", s.At.Seconds(), float64(s.FloorInserts-prev.FloorInserts)/d)
+			prev = s
+		}
+	}
+	prev = bench.ContentionSample{}
+	for _, s := range r.Samples {
+		if d := (s.At - prev.At).Seconds(); d > 0 {
+			t := s.At.Seconds()
+			tasks.add("enqueued", t, float64(s.Enqueued-prev.Enqueued)/d)
+			tasks.add("applied", t, float64(s.Applied-prev.Applied)/d)
+			backlog.add("backlog", t, float64(s.Backlog))
+			prev = s
+		}
+	}
+	return []*chart{floor, tasks, backlog}
 }
