@@ -55,6 +55,9 @@ func TestBenchContention(t *testing.T) {
 	if res.Acquisitions != res.AcceptedWrites+res.FenceRejections+res.Stopped {
 		t.Errorf("%d acquisitions, but %d accepted + %d rejected + %d stopped", res.Acquisitions, res.AcceptedWrites, res.FenceRejections, res.Stopped)
 	}
+	if res.CycleP50US <= 0 || res.CycleP99US < res.CycleP50US {
+		t.Errorf("acquire+write+release p50 %d µs, p99 %d µs", res.CycleP50US, res.CycleP99US)
+	}
 	if res.Renewals == 0 {
 		t.Errorf("no renewals: --hold 100ms renews every 66ms")
 	}
@@ -72,7 +75,7 @@ func TestBenchContention(t *testing.T) {
 		t.Fatalf("bench contention text: code %d\n%s%s", code, out, errOut)
 	}
 	for _, s := range []string{"COORDINATION", "BUSINESS", "acquisitions", "completions (read back)", "wait p50 / p99", "give-ups",
-		"renewals", "expiries", "fence rejections", "Reconciliation: reconciled", "LAST TOKEN", "fsync="} {
+		"renewals", "expiries", "fence rejections", "acquire+write+release p50 / p99", "Reconciliation: reconciled", "LAST TOKEN", "fsync="} {
 		if !strings.Contains(out, s) {
 			t.Errorf("text output lacks %q:\n%s", s, out)
 		}
@@ -112,7 +115,7 @@ func TestBenchContentionTasks(t *testing.T) {
 		t.Fatalf("mode %q, tasks %+v, %d errors (%s), %d keys", res.Mode, tk, res.Errors, res.FirstError, len(res.PerKey))
 	}
 	if tk.Consumers != 2 || tk.FloorInserts == 0 || tk.Enqueued == 0 || tk.Applied != tk.Enqueued || res.Completions != tk.Enqueued ||
-		tk.BacklogMax > 4 || tk.EnqueueP50US == 0 || tk.AppliedP50US < tk.EnqueueP50US || tk.CompletionsToFloor <= 0 {
+		tk.BacklogMax > 4 || tk.Batches == 0 || tk.Batches > tk.Enqueued || tk.Statements < 2*tk.Enqueued || tk.EnqueueP50US == 0 || tk.AppliedP50US < tk.EnqueueP50US || tk.CompletionsToFloor <= 0 {
 		t.Errorf("figures: %d completions, %+v", res.Completions, *tk)
 	}
 	for _, k := range res.PerKey {
@@ -129,7 +132,7 @@ func TestBenchContentionTasks(t *testing.T) {
 		t.Fatalf("bench contention --mode tasks text: code %d\n%s%s", code, out, errOut)
 	}
 	for _, s := range []string{"FLOOR (bare INSERT of the task rows)", "ORDERED TASKS", "rows inserted", "completions (read back)", "× the floor",
-		"enqueue p50 / p99", "enqueue to applied p50 / p99", "backlog", "LAST SEQ", "Reconciliation: reconciled", "fsync="} {
+		"enqueue p50 / p99", "enqueue to applied p50 / p99", "backlog", "batches applied", "per completion", "LAST SEQ", "Reconciliation: reconciled", "fsync="} {
 		if !strings.Contains(out, s) {
 			t.Errorf("text output lacks %q:\n%s", s, out)
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -102,6 +101,9 @@ type ContentionReport struct {
 	Acquisitions int64
 	// WaitP50 and WaitP99 are the wait of the successful Acquire calls.
 	WaitP50, WaitP99 time.Duration
+	// CycleP50 and CycleP99 are a granted worker's acquire + write +
+	// release, from the start of its Acquire to the end of its Release.
+	CycleP50, CycleP99 time.Duration
 	// GiveUps are the Acquire calls that waited MaxWait in vain.
 	GiveUps int64
 	// Renewals are the renewals that committed while grants were held.
@@ -150,9 +152,15 @@ type ContentionReport struct {
 	// FloorP99. Then they enqueued Enqueued tasks, each in EnqueueP50 /
 	// EnqueueP99, and were told Applied were applied, AppliedP50 /
 	// AppliedP99 after the enqueue started. BacklogMax is the most tasks
-	// enqueued and not yet applied at a sample.
+	// enqueued and not yet applied at a sample. The consumers applied
+	// Batches batches, BatchP50 / BatchP99 apart, their business write
+	// taking WriteP50 / WriteP99 (the rest is the claim, the completion and
+	// the commit); Statements are what the
+	// run's pool sent meanwhile (producers' and consumers')..
 	FloorElapsed                                time.Duration
 	FloorInserts, Enqueued, Applied, BacklogMax int64
+	Batches, Statements                         int64
+	BatchP50, BatchP99, WriteP50, WriteP99      time.Duration
 	FloorP50, FloorP99, EnqueueP50, EnqueueP99  time.Duration
 	AppliedP50, AppliedP99                      time.Duration
 }
@@ -221,6 +229,7 @@ type contentionRun struct {
 
 	mu         sync.Mutex
 	waits      []time.Duration
+	cycles     []time.Duration
 	writes     []grantWrite
 	keyGrants  []int64
 	keyGiveUps []int64
@@ -335,10 +344,8 @@ func (lab *Lab) Contention(ctx context.Context, opts ContentionOptions) (*Conten
 	if run.firstError != nil {
 		rep.FirstError = run.firstError.Error()
 	}
-	slices.Sort(run.waits)
-	if n := len(run.waits); n > 0 {
-		rep.WaitP50, rep.WaitP99 = run.waits[n/2], run.waits[n*99/100]
-	}
+	rep.WaitP50, rep.WaitP99 = percentiles(run.waits)
+	rep.CycleP50, rep.CycleP99 = percentiles(run.cycles)
 
 	// Read the business table back.
 	counters, err := lab.counters(ctx)
@@ -426,6 +433,10 @@ func (r *contentionRun) worker(ctx, runCtx context.Context, id int, client *leas
 		paused := r.opts.PauseRate > 0 && rng.Float64() < r.opts.PauseRate
 		firstOfKey := r.opts.PauseFirst && r.first[k].CompareAndSwap(false, true)
 		r.grant(ctx, runCtx, id, k, l, paused || firstOfKey, firstOfKey)
+		cycle := time.Since(start)
+		r.mu.Lock()
+		r.cycles = append(r.cycles, cycle)
+		r.mu.Unlock()
 	}
 }
 

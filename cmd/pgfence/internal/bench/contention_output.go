@@ -30,6 +30,8 @@ type ContentionJSON struct {
 	AcquisitionsPerS float64 `json:"acquisitions_per_s"`
 	WaitP50US        int64   `json:"wait_p50_us"`
 	WaitP99US        int64   `json:"wait_p99_us"`
+	CycleP50US       int64   `json:"cycle_p50_us"`
+	CycleP99US       int64   `json:"cycle_p99_us"`
 	GiveUps          int64   `json:"give_ups"`
 	Renewals         int64   `json:"renewals"`
 	Expiries         int64   `json:"expiries"`
@@ -77,6 +79,12 @@ type ContentionTasksJSON struct {
 	AppliedP50US       int64   `json:"enqueue_to_applied_p50_us"`
 	AppliedP99US       int64   `json:"enqueue_to_applied_p99_us"`
 	BacklogMax         int64   `json:"backlog_max"`
+	Batches            int64   `json:"batches"`
+	BatchP50US         int64   `json:"batch_interval_p50_us"`
+	BatchP99US         int64   `json:"batch_interval_p99_us"`
+	WriteP50US         int64   `json:"batch_write_p50_us"`
+	WriteP99US         int64   `json:"batch_write_p99_us"`
+	Statements         int64   `json:"statements"`
 	CompletionsToFloor float64 `json:"completions_to_floor"`
 }
 
@@ -119,7 +127,7 @@ func (r *ContentionReport) JSON() ContentionJSON {
 		DurationMS: o.Duration.Milliseconds(), TTLMS: o.TTL.Milliseconds(), MaxWaitMS: o.MaxWait.Milliseconds(), HoldMS: o.Hold.Milliseconds(),
 		PauseRate: o.PauseRate, PauseMS: o.Pause.Milliseconds(), PauseFirst: o.PauseFirst, ElapsedMS: r.Elapsed.Milliseconds(),
 		Acquisitions: r.Acquisitions, AcquisitionsPerS: perSecond(r.Acquisitions, r.Elapsed),
-		WaitP50US: r.WaitP50.Microseconds(), WaitP99US: r.WaitP99.Microseconds(), GiveUps: r.GiveUps, Renewals: r.Renewals,
+		WaitP50US: r.WaitP50.Microseconds(), WaitP99US: r.WaitP99.Microseconds(), CycleP50US: r.CycleP50.Microseconds(), CycleP99US: r.CycleP99.Microseconds(), GiveUps: r.GiveUps, Renewals: r.Renewals,
 		Expiries: r.Expiries, TakenOver: r.TakenOver, PausedGrants: r.PausedGrants,
 		AcceptedWrites: r.Accepted, FenceRejections: r.Rejected, PausedRejections: r.PausedRejected, LateAccepted: r.LateAccepted,
 		Stopped: r.Stopped, Completions: r.Completions, CompletionsPerS: perSecond(r.Completions, r.Elapsed),
@@ -134,6 +142,8 @@ func (r *ContentionReport) JSON() ContentionJSON {
 			FloorInsertsPerS: perSecond(r.FloorInserts, r.FloorElapsed), FloorP50US: r.FloorP50.Microseconds(), FloorP99US: r.FloorP99.Microseconds(),
 			Enqueued: r.Enqueued, EnqueueP50US: r.EnqueueP50.Microseconds(), EnqueueP99US: r.EnqueueP99.Microseconds(), Applied: r.Applied,
 			AppliedP50US: r.AppliedP50.Microseconds(), AppliedP99US: r.AppliedP99.Microseconds(), BacklogMax: r.BacklogMax,
+			Batches: r.Batches, BatchP50US: r.BatchP50.Microseconds(), BatchP99US: r.BatchP99.Microseconds(),
+			WriteP50US: r.WriteP50.Microseconds(), WriteP99US: r.WriteP99.Microseconds(), Statements: r.Statements,
 			CompletionsToFloor: r.toFloor()}
 	}
 	for _, k := range r.PerKey {
@@ -145,6 +155,13 @@ func (r *ContentionReport) JSON() ContentionJSON {
 		out.Checks = append(out.Checks, ContentionCheckJSON(c))
 	}
 	return out
+}
+
+func ratio(a, b int64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
 }
 
 // toFloor is the tasks' completions per second over the floor's inserts
@@ -189,6 +206,7 @@ func (r *ContentionReport) WriteText(w io.Writer) {
 			fmt.Sprintf("stopped before writing\t%d (trust window ran out)", r.Stopped)},
 		{fmt.Sprintf("paused grants\t%d", r.PausedGrants),
 			fmt.Sprintf("errors\t%d", r.Errors)},
+		{fmt.Sprintf("acquire+write+release p50 / p99\t%.2f / %.2f ms", ms(r.CycleP50), ms(r.CycleP99)), ""},
 	}
 	for _, row := range rows {
 		left := row[0]
@@ -227,6 +245,9 @@ func (r *ContentionReport) writeTasksText(w io.Writer) {
 	fmt.Fprintf(tw, "\t\t  enqueue to applied p50 / p99\t%.2f / %.2f ms\n", ms(r.AppliedP50), ms(r.AppliedP99))
 	fmt.Fprintf(tw, "\t\t  enqueued / told applied\t%d / %d\n", r.Enqueued, r.Applied)
 	fmt.Fprintf(tw, "\t\t  backlog (most at a sample)\t%d\n", r.BacklogMax)
+	fmt.Fprintf(tw, "\t\t  batches applied\t%d (%.1f tasks each, %.2f / %.2f ms apart)\n", r.Batches, ratio(r.Completions, r.Batches), ms(r.BatchP50), ms(r.BatchP99))
+	fmt.Fprintf(tw, "\t\t  a batch's business write p50 / p99\t%.2f / %.2f ms\n", ms(r.WriteP50), ms(r.WriteP99))
+	fmt.Fprintf(tw, "\t\t  statements sent\t%d (%.1f per completion)\n", r.Statements, ratio(r.Statements, r.Completions))
 	fmt.Fprintf(tw, "\t\t  errors\t%d\n", r.Errors)
 	tw.Flush()
 	if r.FirstError != "" {

@@ -93,12 +93,15 @@ type tasksRun struct {
 	keys    []string
 	channel string
 
-	floorInserts, enqueuedN, applied, errs atomic.Int64
+	floorInserts, enqueuedN, applied, batches, errs atomic.Int64
 
 	mu          sync.Mutex
 	floorLat    []time.Duration
 	enqueueLat  []time.Duration
 	appliedLat  []time.Duration
+	batchGaps   []time.Duration
+	batchWrites []time.Duration
+	lastBatch   time.Time
 	tasks       []enqueued
 	waiting     map[int64]chan time.Time
 	told        map[int64]time.Time // applied before its producer waited
@@ -190,7 +193,8 @@ func (lab *Lab) contentionTasks(ctx context.Context, opts ContentionOptions, pre
 	done = startProgressStatus(lab.progress, "tasks", opts.Duration, 0, func() string {
 		return fmt.Sprintf("%d enqueued, %d applied", r.enqueuedN.Load(), r.applied.Load())
 	})
-	start = time.Now()
+	start, statements := time.Now(), lab.stmts.Load()
+	r.lastBatch = start
 	stopSampling = sampling(start)
 	runCtx, cancel = context.WithDeadline(ctx, start.Add(opts.Duration))
 	drainCtx, cancelDrain := context.WithDeadline(ctx, start.Add(opts.Duration+tasksDrainTimeout))
@@ -204,6 +208,8 @@ func (lab *Lab) contentionTasks(ctx context.Context, opts ContentionOptions, pre
 	stopSampling()
 	done()
 	consumers()
+	statements = lab.stmts.Load() - statements
+
 	stopListening()
 	if err := <-listening; err != nil {
 		r.fail(fmt.Errorf("listen: %w", err))
@@ -214,13 +220,15 @@ func (lab *Lab) contentionTasks(ctx context.Context, opts ContentionOptions, pre
 
 	rep := &ContentionReport{Machine: machine(), Settings: lab.settings, Options: opts, Elapsed: elapsed, Errors: r.errs.Load(),
 		RejectionsRecorded: -1, Samples: samples, FloorSamples: floorSamples, FloorElapsed: floorElapsed, FloorInserts: r.floorInserts.Load(),
-		Enqueued: r.enqueuedN.Load(), Applied: r.applied.Load()}
+		Enqueued: r.enqueuedN.Load(), Applied: r.applied.Load(), Batches: r.batches.Load(), Statements: statements}
 	if r.firstError != nil {
 		rep.FirstError = r.firstError.Error()
 	}
 	rep.FloorP50, rep.FloorP99 = percentiles(r.floorLat)
 	rep.EnqueueP50, rep.EnqueueP99 = percentiles(r.enqueueLat)
 	rep.AppliedP50, rep.AppliedP99 = percentiles(r.appliedLat)
+	rep.BatchP50, rep.BatchP99 = percentiles(r.batchGaps)
+	rep.WriteP50, rep.WriteP99 = percentiles(r.batchWrites)
 	for _, s := range samples {
 		rep.BacklogMax = max(rep.BacklogMax, s.Backlog)
 	}
@@ -419,6 +427,12 @@ func (r *tasksRun) apply(ctx context.Context, tx pgx.Tx, batch []tasks.Task) ([]
 		ids[i], seqs[i], producers[i], pseqs[i] = t.ID, t.Seq, int32(p.P), p.I
 		told[i] = strconv.FormatInt(t.ID, 10)
 	}
+	r.batches.Add(1)
+	r.mu.Lock() // one key's batches come one at a time; several keys' interleave
+	now := time.Now()
+	r.batchGaps = append(r.batchGaps, now.Sub(r.lastBatch))
+	r.lastBatch = now
+	r.mu.Unlock()
 	b := &pgx.Batch{}
 	b.Queue(sqlTasksApply, batch[0].Key, ids, seqs, producers, pseqs)
 	b.Queue(sqlTasksNotify, r.channel, strings.Join(told, ","))
@@ -426,6 +440,10 @@ func (r *tasksRun) apply(ctx context.Context, tx pgx.Tx, batch []tasks.Task) ([]
 		r.fail(fmt.Errorf("apply a batch of %s: %w", batch[0].Key, err)) // the consumer only logs it
 		return nil, err
 	}
+	took := time.Since(now)
+	r.mu.Lock()
+	r.batchWrites = append(r.batchWrites, took)
+	r.mu.Unlock()
 	return make([]json.RawMessage, len(batch)), nil
 }
 
