@@ -252,7 +252,8 @@ func (r *contentionRun) fail(err error) {
 
 // Contention runs the capacity report: opts.Workers workers contend for
 // opts.Keys keys for opts.Duration, then the business table is read back and
-// reconciled with what the workers saw. Progress goes to the lab's progress
+// reconciled with what the workers saw (in ModeTasks, with applying each
+// key's tasks in order, after the floor; see contention_tasks.go). Progress goes to the lab's progress
 // writer. An error means the run could not be made; a run whose
 // reconciliation failed is reported with Reconciled false.
 func (lab *Lab) Contention(ctx context.Context, opts ContentionOptions) (*ContentionReport, error) {

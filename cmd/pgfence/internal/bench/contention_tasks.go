@@ -194,7 +194,9 @@ func (lab *Lab) contentionTasks(ctx context.Context, opts ContentionOptions, pre
 		return fmt.Sprintf("%d enqueued, %d applied", r.enqueuedN.Load(), r.applied.Load())
 	})
 	start, statements := time.Now(), lab.stmts.Load()
+	r.mu.Lock()
 	r.lastBatch = start
+	r.mu.Unlock()
 	stopSampling = sampling(start)
 	runCtx, cancel = context.WithDeadline(ctx, start.Add(opts.Duration))
 	drainCtx, cancelDrain := context.WithDeadline(ctx, start.Add(opts.Duration+tasksDrainTimeout))
