@@ -631,6 +631,7 @@ CREATE FUNCTION pgfence.guard() RETURNS trigger
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    may_read     boolean := false;
     old_resource text;
     new_resource text;
     res          text;
@@ -650,50 +651,44 @@ BEGIN
                       HINT = 'Protect the table it belongs to again (pgfence.protect); with the event trigger pgfence_guard_new_tables, which the migrations install when run as a superuser, new partitions and children are guarded when created.';
         END IF;
     END IF;
+    -- Checked one after the other: naming pgfence.fences needs USAGE first.
+    IF has_schema_privilege('pgfence', 'USAGE') THEN
+        may_read := has_table_privilege('pgfence.fences', 'SELECT');
+    END IF;
     IF TG_OP <> 'INSERT' THEN
         old_resource := TG_ARGV[1] || (to_jsonb(OLD) ->> TG_ARGV[0]);
     END IF;
     IF TG_OP <> 'DELETE' THEN
         new_resource := TG_ARGV[1] || (to_jsonb(NEW) ->> TG_ARGV[0]);
     END IF;
-    -- Accepted when this transaction fenced the old row's resource and the
-    -- new row's (an INSERT has only the new, a DELETE only the old; a row
-    -- moved to another resource needs both). plpgsql compiles each
-    -- expression it evaluates once per transaction, and this runs for
-    -- every row: one test decides. Checked one after the other (AND is
-    -- evaluated left to right): naming pgfence.fences needs USAGE first, and
-    -- a query that names it is planned only once both privileges hold.
-    IF has_schema_privilege('pgfence', 'USAGE') AND has_table_privilege('pgfence.fences', 'SELECT') THEN
-        IF (TG_OP = 'INSERT' OR old_resource IS NOT NULL) AND (TG_OP = 'DELETE' OR new_resource IS NOT NULL)
-           AND (SELECT count(*) FROM pgfence.fences f
-                 WHERE f.resource IN (old_resource, new_resource) AND f.fenced_xid = pg_current_xact_id())
-             = (CASE WHEN old_resource IS NULL OR new_resource IS NULL OR old_resource = new_resource THEN 1 ELSE 2 END) THEN
-            RETURN NULL; -- an AFTER trigger's result is not used
-        END IF;
-    END IF;
-    -- Refused: name the resource that was not fenced (the old row's first).
+    -- The old row's resource, then the new row's if it is another one (an
+    -- INSERT, or a row moved to another resource).
     FOREACH res IN ARRAY CASE
             WHEN TG_OP = 'INSERT' THEN ARRAY[new_resource]
             WHEN TG_OP = 'DELETE' OR new_resource IS NOT DISTINCT FROM old_resource THEN ARRAY[old_resource]
             ELSE ARRAY[old_resource, new_resource]
         END
     LOOP
-        IF res IS NULL THEN
-            RAISE EXCEPTION 'pgfence: unfenced write to %: the row has no resource', TG_RELID::regclass
-                USING ERRCODE = 'PF006';
-        END IF;
         fenced := false;
-        IF has_schema_privilege('pgfence', 'USAGE') AND has_table_privilege('pgfence.fences', 'SELECT') THEN
-            fenced := EXISTS (SELECT 1 FROM pgfence.fences f WHERE f.resource = res AND f.fenced_xid = pg_current_xact_id());
+        IF may_read AND res IS NOT NULL THEN
+            fenced := EXISTS (SELECT 1 FROM pgfence.fences f
+                               WHERE f.resource = res AND f.fenced_xid = pg_current_xact_id());
         END IF;
         IF NOT fenced THEN
+            IF res IS NULL THEN
+                RAISE EXCEPTION 'pgfence: unfenced write to %: the row has no resource', TG_RELID::regclass
+                    USING ERRCODE = 'PF006';
+            END IF;
             RAISE EXCEPTION 'pgfence: unfenced write to % for resource %: this transaction presented no accepted token', TG_RELID::regclass, quote_literal(res)
                 USING ERRCODE = 'PF006',
                       DETAIL = format('resource=%s', res),
                       HINT = 'Call pgfence.fence(resource, token) in the same transaction before writing.';
         END IF;
     END LOOP;
-    RETURN NULL;
+    IF TG_OP = 'DELETE' THEN
+        RETURN OLD;
+    END IF;
+    RETURN NEW;
 END;
 $$;
 
