@@ -311,24 +311,9 @@ func (lab *Lab) Contention(ctx context.Context, opts ContentionOptions) (*Conten
 	}
 	// The counters, sampled while the workers run: a few atomic loads.
 	var samples []ContentionSample
-	sampled, stop := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(sampled)
-		tick := time.NewTicker(max(opts.Duration/20, 200*time.Millisecond))
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				samples = append(samples, run.sample(start))
-				return
-			case <-tick.C:
-				samples = append(samples, run.sample(start))
-			}
-		}
-	}()
+	stopSampling := sampleEvery(opts.Duration, &samples, func() ContentionSample { return run.sample(start) })
 	wg.Wait()
-	close(stop)
-	<-sampled
+	stopSampling()
 	cancel()
 	elapsed := time.Since(start)
 	done()
@@ -684,4 +669,26 @@ func first(s []string) string {
 		return "-"
 	}
 	return s[0]
+}
+
+// sampleEvery appends sample() to samples about 20 times over a run of
+// duration d, at least 200 ms apart, and once more when the returned stop is
+// called; stop returns once the last sample is in.
+func sampleEvery(d time.Duration, samples *[]ContentionSample, sample func() ContentionSample) (stop func()) {
+	quit, sampled := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(max(d/20, 200*time.Millisecond))
+		defer tick.Stop()
+		for {
+			select {
+			case <-quit:
+				*samples = append(*samples, sample())
+				return
+			case <-tick.C:
+				*samples = append(*samples, sample())
+			}
+		}
+	}()
+	return func() { close(quit); <-sampled }
 }

@@ -138,22 +138,7 @@ func (lab *Lab) contentionTasks(ctx context.Context, opts ContentionOptions, pre
 
 	var samples []ContentionSample
 	sampling := func(start time.Time) func() {
-		stop, sampled := make(chan struct{}), make(chan struct{})
-		go func() {
-			defer close(sampled)
-			tick := time.NewTicker(max(opts.Duration/20, 200*time.Millisecond))
-			defer tick.Stop()
-			for {
-				select {
-				case <-stop:
-					samples = append(samples, r.sample(start))
-					return
-				case <-tick.C:
-					samples = append(samples, r.sample(start))
-				}
-			}
-		}()
-		return func() { close(stop); <-sampled }
+		return sampleEvery(opts.Duration, &samples, func() ContentionSample { return r.sample(start) })
 	}
 
 	// The floor.
