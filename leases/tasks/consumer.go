@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pgfence"
@@ -250,10 +251,28 @@ func (c *Consumer) claim(ctx context.Context, l *leases.Lease, key string) ([]Ta
 // apply runs fn on batch and records the tasks done in its transaction; when
 // fn fails, it rolls back and records the failed attempt of the task fn
 // names.
-func (c *Consumer) apply(ctx context.Context, l *leases.Lease, key string, batch []Task) error {
+func (c *Consumer) apply(ctx context.Context, l *leases.Lease, key string, batch []Task) (err error) {
+	ctx, done := recorder().Start(ctx, "apply", attribute.String("pgfence.task.key", key), attribute.Int("pgfence.task.batch", len(batch)))
+	failed := false
+	defer func() {
+		switch {
+		case err == nil && failed:
+			recorder().Count(ctx, "apply", "task_failed", 1)
+		case err == nil:
+			recorder().Count(ctx, "apply", "task_done", int64(len(batch)))
+			for _, t := range batch {
+				recorder().Record(ctx, "lag", "applied", time.Since(t.EnqueuedAt))
+			}
+		}
+		if failed {
+			done("failed", nil)
+		} else {
+			done(outcome(err, "applied"), err)
+		}
+	}()
 	var results []json.RawMessage
 	var ferr error
-	err := pgx.BeginTxFunc(ctx, c.client.Pool(), pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, c.client.Pool(), pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		results, ferr = c.fn(ctx, tx, batch)
 		if ferr != nil {
 			return ferr
@@ -302,6 +321,7 @@ func (c *Consumer) apply(ctx context.Context, l *leases.Lease, key string, batch
 		return fmt.Errorf("record the failure of task %d: %w", t.ID, pgfence.MapError(err))
 	}
 	c.cfg.Logger.Warn("pgfence tasks: task failed", "key", key, "id", t.ID, "seq", t.Seq, "attempt", t.Attempts+1, "state", state, "err", ferr)
+	failed = true
 	return nil
 }
 

@@ -79,4 +79,16 @@
 //     transaction mode, with [leases.Config.DisableWakeups]). A NOTIFY
 //     serialises the commits that send one: enqueues to keys that no
 //     consumer holds commit one at a time (a hot key's consumer holds it).
+//
+// # Observability
+//
+// Each enqueue and each applied batch has a span (pgfence.task.enqueue,
+// pgfence.task.apply, with the key) and is counted in
+// pgfence.task.operations by pgfence.operation and pgfence.outcome
+// (enqueued, duplicate, backlog_full; applied, failed, lease_lost; per task
+// task_done and task_failed); pgfence.task.duration holds the durations
+// and, as operation "lag", each applied task's time from its enqueue. They
+// use the global OpenTelemetry providers. A key's backlog and its oldest
+// task's age are read from the database: `pgfence doctor`, `pgfence tasks
+// list`.
 package tasks

@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/pgfence/pgfence/internal/driver"
 	"github.com/pgfence/pgfence/pgfence"
@@ -164,13 +165,21 @@ func enqueue[T any](ctx context.Context, h driver.Handle[T], key string, payload
 	if o.IdempotencyKey != "" {
 		idem = &o.IdempotencyKey
 	}
+	ctx, done := recorder().Start(ctx, "enqueue", attribute.String("pgfence.task.key", key))
 	t := Task{Key: key, Payload: payload, IdemKey: o.IdempotencyKey}
 	var created bool
 	err := h.QueryRow(ctx, sqlEnqueue, key, string(payload), idem, o.MaxBacklog).Scan(&t.ID, &created, &t.State, &t.Seq, &t.EnqueuedAt)
 	if err != nil {
-		return Task{}, fmt.Errorf("tasks: enqueue to %q: %w", key, pgfence.MapError(err))
+		err = fmt.Errorf("tasks: enqueue to %q: %w", key, pgfence.MapError(err))
+		done(outcome(err, ""), err)
+		return Task{}, err
 	}
 	t.Duplicate = !created
+	if t.Duplicate {
+		done("duplicate", nil)
+	} else {
+		done("enqueued", nil)
+	}
 	return t, nil
 }
 

@@ -19,11 +19,12 @@ import (
 // that earns it.
 //
 // Issue 38 (ordered tasks, leases/tasks) raised them from 8000 and 300 by
-// what it adds: 417 code lines (leases/tasks 380, the leases listener's task
-// wake-ups 33, the backlog SQLSTATE 4) and 22 exported identifiers; the
-// budget is the lead's to confirm at merge.
+// what it adds: 468 code lines (leases/tasks 431 with its consumer, the
+// operator record, metrics and traces; the leases listener's task wake-ups
+// 33; the backlog SQLSTATE 4) and 22 exported identifiers, on the 7,989 and
+// 288 of the library before it.
 const (
-	maxCodeLines = 8410 // non-test Go lines that are neither blank nor comment
+	maxCodeLines = 8460 // non-test Go lines that are neither blank nor comment
 	maxExported  = 310  // exported identifiers outside internal/, methods included
 )
 
