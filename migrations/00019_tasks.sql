@@ -390,6 +390,10 @@ DECLARE
     v_failed bigint;
     k        pgfence.task_keys%ROWTYPE;
 BEGIN
+    -- A standby first: it cannot assign the mark's xid, and must say PF005.
+    IF pg_is_in_recovery() THEN
+        PERFORM pgfence.require_primary();
+    END IF;
     -- The new mark: S first, then an xid assigned after reading it.
     IF v_fresh THEN
         SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END INTO v_s FROM pgfence.task_ids s;

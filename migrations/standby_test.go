@@ -80,6 +80,14 @@ func TestStandbyRefusesEveryProtocolFunction(t *testing.T) {
 		`SELECT * FROM pgfence.idempotency_claim_atomic('s', 'k', '\x00112233445566778899aabbccddeeff', '1 s', '1 day')`: nil,
 		`SELECT * FROM pgfence.idempotency_claim('s', 'k', '\x00112233445566778899aabbccddeeff', '1 s', '1 day')`:        nil,
 		`SELECT pgfence.idempotency_gc(10)`:                                                                              nil,
+		`SELECT * FROM pgfence.task_enqueue('sku/1', '{}')`:                                                              nil,
+		`SELECT pgfence.task_ready_keys('sku/')`:                                                                         nil,
+		`SELECT * FROM pgfence.task_claim('sku/1', $1, $2)`:                                                              {h, token},
+		`SELECT pgfence.task_complete('sku/1', $1, $2, '{1}', NULL)`:                                                     {h, token},
+		`SELECT pgfence.task_fail('sku/1', $1, $2, 1, 'error')`:                                                          {h, token},
+		`SELECT pgfence.task_retry(1, 'test')`:                                                                           nil,
+		`SELECT pgfence.task_skip(1, 'test')`:                                                                            nil,
+		`SELECT pgfence.prune_tasks(interval '1 day')`:                                                                   nil,
 	}
 	for q, args := range calls {
 		if _, err := replica.Exec(ctx, q, args...); pgerr.Code(err) != pgerr.CodeNotPrimary {
