@@ -639,18 +639,8 @@ func reconcile(keys []string, writes []grantWrite, table []completion, counters 
 	add("the completions in the table are the writes the workers saw accepted",
 		len(table) == nAccepted && notSeen == 0 && unknownKey == 0,
 		fmt.Sprintf("%d completion rows, %d writes accepted; %d grants whose rows differ, %d rows of other keys", len(table), nAccepted, notSeen, unknownKey))
-	var counterOff []string
-	for _, p := range per {
-		if p.Counter != p.Completions {
-			counterOff = append(counterOff, fmt.Sprintf("%s: counter %d, %d rows", p.Key, p.Counter, p.Completions))
-		}
-	}
-	detail := fmt.Sprintf("%d keys, every counter equals its completion rows, each write saw the one before", len(per))
-	if len(counterOff) > 0 || counterGaps > 0 {
-		detail = fmt.Sprintf("%d keys off (first: %s); %d writes saw another counter than the one before left (first: %s)",
-			len(counterOff), first(counterOff), counterGaps, firstGap)
-	}
-	add("each key's counter equals its completion rows", len(counterOff) == 0 && counterGaps == 0, detail)
+	add(counterCheck(per, counterGaps, firstGap, "write"))
+	var detail string
 	detail = "in every key's commit order"
 	if regressed > 0 {
 		detail = fmt.Sprintf("%d rows out of order (first: %s)", regressed, firstRegress)
@@ -691,4 +681,22 @@ func sampleEvery(d time.Duration, samples *[]ContentionSample, sample func() Con
 		}
 	}()
 	return func() { close(quit); <-sampled }
+}
+
+// counterCheck is the reconciliation both modes share: every key's counter
+// equals its completion rows, and each completion (a write, a task) saw the
+// counter the one before it left; gaps counts those that did not.
+func counterCheck(per []ContentionKey, gaps int, firstGap, what string) (check string, held bool, detail string) {
+	var off []string
+	for _, p := range per {
+		if p.Counter != p.Completions {
+			off = append(off, fmt.Sprintf("%s: counter %d, %d rows", p.Key, p.Counter, p.Completions))
+		}
+	}
+	detail = fmt.Sprintf("%d keys, every counter equals its completion rows, each %s saw the one before", len(per), what)
+	if len(off) > 0 || gaps > 0 {
+		detail = fmt.Sprintf("%d keys off (first: %s); %d %ss saw another counter than the one before left (first: %s)",
+			len(off), first(off), gaps, what, firstGap)
+	}
+	return "each key's counter equals its completion rows", len(off) == 0 && gaps == 0, detail
 }

@@ -505,18 +505,8 @@ func reconcileTasks(keys []string, enq []enqueued, table []taskRow, counters map
 	add("every enqueued task was applied exactly once", missing == 0 && twice == 0 && unknown == 0 && wrongKey == 0,
 		fmt.Sprintf("%d tasks enqueued, %d completion rows; %d not applied, %d applied twice, %d rows of no enqueued task, %d rows that differ from their task",
 			len(want), len(table), missing, twice, unknown, wrongKey))
-	var counterOff []string
-	for _, p := range per {
-		if p.Counter != p.Completions {
-			counterOff = append(counterOff, fmt.Sprintf("%s: counter %d, %d rows", p.Key, p.Counter, p.Completions))
-		}
-	}
-	detail := fmt.Sprintf("%d keys, every counter equals its completion rows, each task saw the one before", len(per))
-	if len(counterOff) > 0 || counterGaps > 0 {
-		detail = fmt.Sprintf("%d keys off (first: %s); %d tasks saw another counter than the one before left (first: %s)",
-			len(counterOff), first(counterOff), counterGaps, firstGap)
-	}
-	add("each key's counter equals its completion rows", len(counterOff) == 0 && counterGaps == 0, detail)
+	add(counterCheck(per, counterGaps, firstGap, "task"))
+	var detail string
 	detail = "per key in commit order: 1, 2, 3, … for ever later enqueues"
 	if seqOff > 0 {
 		detail = fmt.Sprintf("%d rows out of sequence (first: %s)", seqOff, firstSeq)
