@@ -16,8 +16,10 @@
 --   pgfence.prune_tasks(older_than, batch DEFAULT 1000) -> bigint            (operator)
 --
 -- Producers. task_enqueue is one INSERT: it takes no row lock and updates no
--- counter, so no producer waits on another producer or on a consumer (only a
--- duplicate of an idempotency key being enqueued waits for that one to end).
+-- counter, so no producer waits on another producer or on a consumer. Only a
+-- duplicate of an idempotency key that another open transaction is enqueueing
+-- waits for that one to end, at most 5 s (or the session's lock_timeout when
+-- lower): then PF007, nothing written, as for an idempotency key in flight.
 -- Called in the caller's transaction, the task exists if and only if that
 -- transaction commits. It assigns the transaction's xid first and draws the
 -- task's id from the sequence pgfence.task_ids after it. A duplicate
@@ -82,16 +84,18 @@
 -- send one: enqueues to keys no consumer holds commit one at a time.
 -- Consumers poll as well: the notification is a hint.
 --
--- Status. task_status answers the role that enqueued the task, pgfence_operator
--- members and the schema's owner; the rows of pgfence.tasks and
--- pgfence.task_keys are visible to pgfence_app members for the keys they
--- consume (a grant of the lease key) and for the tasks they enqueued.
+-- Status. task_status answers the role that enqueued the task, the key's
+-- consumers (a grant of its lease key), pgfence_operator members and the
+-- schema's owner: the roles that see the task's row in pgfence.tasks
+-- (pgfence_app members see the rows of the keys they consume and of the
+-- tasks they enqueued, and the task_keys rows of the keys they consume).
 --
 -- Retention: done, failed and skipped tasks stay until prune_tasks deletes
 -- them (an idempotency key is remembered as long as its task is).
 --
 -- SQLSTATEs: PF002 the consumer's lease is lost (or the task is not running
--- under its grant), PF004 idem_key reused with another payload, PF008 invalid
+-- under its grant), PF004 idem_key reused with another payload, PF007 idem_key
+-- being enqueued by a transaction still open after the wait, PF008 invalid
 -- argument, PF014 key not granted, PF016 backlog full.
 
 -- +goose Up
@@ -222,6 +226,7 @@ DECLARE
     v_id   bigint;
     v_to   bigint;
     v_open bigint;
+    v_wait text;
     t      pgfence.tasks%ROWTYPE;
 BEGIN
     -- Each check's cheap condition inline, its helper (the one place of its
@@ -280,11 +285,31 @@ BEGIN
         END IF;
     END IF;
 
-    INSERT INTO pgfence.tasks AS x (id, key, xid, payload, idem_key, enqueued_by, enqueued_at)
-    VALUES (v_id, p_key, v_xid, p_payload, p_idem_key, pgfence.acting_role(), clock_timestamp())
-    ON CONFLICT (key, idem_key) WHERE idem_key IS NOT NULL DO NOTHING
-    RETURNING x.* INTO t;
-    IF NOT FOUND THEN
+    IF p_idem_key IS NULL THEN
+        INSERT INTO pgfence.tasks AS x (id, key, xid, payload, idem_key, enqueued_by, enqueued_at)
+        VALUES (v_id, p_key, v_xid, p_payload, NULL, pgfence.acting_role(), clock_timestamp())
+        RETURNING x.* INTO t;
+    ELSE
+        -- A duplicate that another open transaction is inserting is waited
+        -- for (its outcome decides ours), but not without bound: that
+        -- transaction may be a long business transaction.
+        v_wait := current_setting('lock_timeout');
+        IF v_wait = '0' OR v_wait::interval > interval '5 seconds' THEN
+            PERFORM set_config('lock_timeout', '5s', true);
+        END IF;
+        BEGIN
+            INSERT INTO pgfence.tasks AS x (id, key, xid, payload, idem_key, enqueued_by, enqueued_at)
+            VALUES (v_id, p_key, v_xid, p_payload, p_idem_key, pgfence.acting_role(), clock_timestamp())
+            ON CONFLICT (key, idem_key) WHERE idem_key IS NOT NULL DO NOTHING
+            RETURNING x.* INTO t;
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE EXCEPTION 'pgfence: task idempotency key % of key % is being enqueued by a transaction that is still open', quote_literal(p_idem_key), quote_literal(p_key)
+                USING ERRCODE = 'PF007', DETAIL = format('key=%s idem_key=%s waited=%s', p_key, p_idem_key, current_setting('lock_timeout')),
+                      HINT = 'Enqueue again once that transaction has ended: a committed task is returned, a rolled-back one is enqueued anew. Nothing was enqueued.';
+        END;
+        PERFORM set_config('lock_timeout', v_wait, true);
+    END IF;
+    IF t.id IS NULL THEN
         -- A concurrent duplicate committed first.
         SELECT x.* INTO t FROM pgfence.tasks x WHERE x.key = p_key COLLATE pg_catalog."default" AND x.idem_key = p_idem_key;
         PERFORM pgfence.task_same_payload(t, p_payload);
@@ -317,8 +342,9 @@ END;
 $$;
 -- +goose StatementEnd
 
--- task_status returns task p_id to the role that enqueued it, to
--- pgfence_operator members and to the schema's owner; no row otherwise.
+-- task_status returns task p_id to the role that enqueued it, to the key's
+-- consumers, to pgfence_operator members and to the schema's owner; no row
+-- otherwise.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.task_status(p_id bigint)
 RETURNS TABLE (id bigint, key text, state text, seq bigint, attempts integer, payload jsonb, result jsonb, error text,
@@ -332,7 +358,8 @@ BEGIN ATOMIC
      WHERE t.id = p_id
        AND (t.enqueued_by = pgfence.acting_role()
             OR pg_catalog.pg_has_role(pgfence.acting_role(), CURRENT_USER, 'USAGE')
-            OR pg_catalog.pg_has_role(pgfence.acting_role(), 'pgfence_operator', 'USAGE'));
+            OR pg_catalog.pg_has_role(pgfence.acting_role(), 'pgfence_operator', 'USAGE')
+            OR pgfence.may_use(pgfence.task_lease_key(t.key)));
 END;
 -- +goose StatementEnd
 

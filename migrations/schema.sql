@@ -2692,6 +2692,7 @@ DECLARE
     v_id   bigint;
     v_to   bigint;
     v_open bigint;
+    v_wait text;
     t      pgfence.tasks%ROWTYPE;
 BEGIN
     -- Each check's cheap condition inline, its helper (the one place of its
@@ -2750,11 +2751,31 @@ BEGIN
         END IF;
     END IF;
 
-    INSERT INTO pgfence.tasks AS x (id, key, xid, payload, idem_key, enqueued_by, enqueued_at)
-    VALUES (v_id, p_key, v_xid, p_payload, p_idem_key, pgfence.acting_role(), clock_timestamp())
-    ON CONFLICT (key, idem_key) WHERE idem_key IS NOT NULL DO NOTHING
-    RETURNING x.* INTO t;
-    IF NOT FOUND THEN
+    IF p_idem_key IS NULL THEN
+        INSERT INTO pgfence.tasks AS x (id, key, xid, payload, idem_key, enqueued_by, enqueued_at)
+        VALUES (v_id, p_key, v_xid, p_payload, NULL, pgfence.acting_role(), clock_timestamp())
+        RETURNING x.* INTO t;
+    ELSE
+        -- A duplicate that another open transaction is inserting is waited
+        -- for (its outcome decides ours), but not without bound: that
+        -- transaction may be a long business transaction.
+        v_wait := current_setting('lock_timeout');
+        IF v_wait = '0' OR v_wait::interval > interval '5 seconds' THEN
+            PERFORM set_config('lock_timeout', '5s', true);
+        END IF;
+        BEGIN
+            INSERT INTO pgfence.tasks AS x (id, key, xid, payload, idem_key, enqueued_by, enqueued_at)
+            VALUES (v_id, p_key, v_xid, p_payload, p_idem_key, pgfence.acting_role(), clock_timestamp())
+            ON CONFLICT (key, idem_key) WHERE idem_key IS NOT NULL DO NOTHING
+            RETURNING x.* INTO t;
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE EXCEPTION 'pgfence: task idempotency key % of key % is being enqueued by a transaction that is still open', quote_literal(p_idem_key), quote_literal(p_key)
+                USING ERRCODE = 'PF007', DETAIL = format('key=%s idem_key=%s waited=%s', p_key, p_idem_key, current_setting('lock_timeout')),
+                      HINT = 'Enqueue again once that transaction has ended: a committed task is returned, a rolled-back one is enqueued anew. Nothing was enqueued.';
+        END;
+        PERFORM set_config('lock_timeout', v_wait, true);
+    END IF;
+    IF t.id IS NULL THEN
         -- A concurrent duplicate committed first.
         SELECT x.* INTO t FROM pgfence.tasks x WHERE x.key = p_key COLLATE pg_catalog."default" AND x.idem_key = p_idem_key;
         PERFORM pgfence.task_same_payload(t, p_payload);
@@ -3019,7 +3040,7 @@ CREATE FUNCTION pgfence.task_status(p_id bigint) RETURNS TABLE(id bigint, key te
      t.finished_at,
      t.operator
     FROM pgfence.tasks t
-   WHERE ((t.id = task_status.p_id) AND ((t.enqueued_by = pgfence.acting_role()) OR pg_has_role(pgfence.acting_role(), CURRENT_USER, 'USAGE'::text) OR pg_has_role(pgfence.acting_role(), 'pgfence_operator'::name, 'USAGE'::text)));
+   WHERE ((t.id = task_status.p_id) AND ((t.enqueued_by = pgfence.acting_role()) OR pg_has_role(pgfence.acting_role(), CURRENT_USER, 'USAGE'::text) OR pg_has_role(pgfence.acting_role(), 'pgfence_operator'::name, 'USAGE'::text) OR pgfence.may_use(pgfence.task_lease_key((t.key)::text))));
 END;
 
 --

@@ -54,12 +54,17 @@
 //   - Tenancy as for leases: producers need a granted prefix of the task
 //     key, consumers one of its lease key ("pgfence.task:" + key), which a
 //     producer's grant does not cover; [Status] answers only the role that
-//     enqueued the task (and operators).
+//     enqueued the task, the key's consumers and operators.
 //
 // # Failure handling
 //
 //   - The backlog is full: [Enqueue] fails with [pgfence.ErrBacklogFull]
 //     and writes nothing; answer "try later" (HTTP 429 or 503).
+//   - A duplicate idempotency key that another transaction is still
+//     enqueueing: [Enqueue] waits for it to end, at most 5 s (or the
+//     session's lock_timeout when lower), then fails with
+//     [github.com/pgfence/pgfence/idempotency.ErrInProgress] and writes
+//     nothing; enqueue again later to learn the task.
 //   - A consumer dies mid-batch: its transaction rolls back; once its lease
 //     expires (its TTL) another consumer claims the key and applies the
 //     batch again, in order.

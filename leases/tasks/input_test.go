@@ -140,6 +140,66 @@ func TestEnqueueIdempotencyKey(t *testing.T) {
 	}
 }
 
+// A duplicate of an idempotency key that an open transaction is enqueueing
+// waits for it only up to the session's lock_timeout (5 s at most), then
+// gets ErrInProgress and writes nothing; the wait leaves the session's
+// lock_timeout as it was.
+func TestEnqueueIdempotencyKeyInFlight(t *testing.T) {
+	pool := pgfencetest.NewPool(t)
+	ctx := ctxTimeout(t, time.Minute)
+	opts := &tasks.EnqueueOptions{IdempotencyKey: "order-8"}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	first, err := tasks.Enqueue(ctx, tx, "k", []byte(`{"qty":1}`), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SET lock_timeout = '150ms'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tasks.Enqueue(ctx, conn, "k", []byte(`{"qty":1}`), opts); !errors.Is(err, idempotency.ErrInProgress) {
+		t.Fatalf("duplicate of a key in flight: %v, want ErrInProgress", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dup, err := tasks.Enqueue(ctx, conn, "k", []byte(`{"qty":1}`), opts)
+	if err != nil || !dup.Duplicate || dup.ID != first.ID {
+		t.Fatalf("duplicate once the first committed: %+v, %v, want task %d", dup, err, first.ID)
+	}
+	if n := countTasks(t, ctx, pool); n != 1 {
+		t.Fatalf("%d tasks, want 1", n)
+	}
+	// The session's setting, in and after a transaction that enqueued.
+	for _, set := range []string{"0", "3s"} {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, set); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tasks.Enqueue(ctx, tx, "k", []byte(`{}`), &tasks.EnqueueOptions{IdempotencyKey: "t-" + set}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.QueryRow(ctx, `SHOW lock_timeout`).Scan(&got); err != nil || got != set {
+			t.Fatalf("lock_timeout after an enqueue: %q (%v), want %q", got, err, set)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // On database/sql, a task enqueued in a transaction that rolls back does not
 // exist; one that commits does, and its status reads back.
 func TestEnqueueSQLJoinsTheTransaction(t *testing.T) {
@@ -199,12 +259,16 @@ func loginRole(t *testing.T, ctx context.Context, db *pgfencetest.Database, pref
 }
 
 // A producer granted "orders/" enqueues there and nowhere else, cannot take
-// the consumer lease of its keys, and sees the status of its own tasks only.
+// the consumer lease of its keys, and sees the status of its own tasks only;
+// the keys' consumer sees the status of every task of them, as it sees
+// their rows.
 func TestTenancy(t *testing.T) {
 	db := pgfencetest.NewDatabase(t)
 	ctx := ctxTimeout(t, time.Minute)
 	producer := loginRole(t, ctx, db, "orders/")
 	other := loginRole(t, ctx, db, "orders/")
+	consumer := loginRole(t, ctx, db, tasks.LeaseKey("orders/"))
+	billing := loginRole(t, ctx, db, tasks.LeaseKey("billing/"))
 	task, err := tasks.Enqueue(ctx, producer, "orders/1", []byte(`{}`), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -220,6 +284,16 @@ func TestTenancy(t *testing.T) {
 	}
 	if _, err := tasks.Status(ctx, other, task.ID); !errors.Is(err, pgfence.ErrNotFound) {
 		t.Fatalf("another role's status: %v, want ErrNotFound", err)
+	}
+	var rows int
+	if err := consumer.QueryRow(ctx, `SELECT count(*) FROM pgfence.tasks`).Scan(&rows); err != nil || rows != 1 {
+		t.Fatalf("the consumer sees %d task rows (%v), want 1", rows, err)
+	}
+	if st, err := tasks.Status(ctx, consumer, task.ID); err != nil || st.ID != task.ID {
+		t.Fatalf("the key's consumer reads the status: %+v, %v", st, err)
+	}
+	if _, err := tasks.Status(ctx, billing, task.ID); !errors.Is(err, pgfence.ErrNotFound) {
+		t.Fatalf("another keys' consumer reads the status: %v, want ErrNotFound", err)
 	}
 	var visible int
 	if err := other.QueryRow(ctx, `SELECT count(*) FROM pgfence.tasks`).Scan(&visible); err != nil || visible != 0 {

@@ -119,8 +119,10 @@ const (
 //
 // Errors: [pgfence.ErrInvalid] for bad arguments, [pgfence.ErrBacklogFull]
 // when the key's backlog is full, [github.com/pgfence/pgfence/idempotency.ErrMismatch] for an idempotency
-// key used with another payload, [pgfence.ErrNotGranted]; nothing was
-// enqueued. On its own transaction, a connection lost after the statement
+// key used with another payload, [github.com/pgfence/pgfence/idempotency.ErrInProgress] when
+// another transaction is enqueueing the same idempotency key and did not end
+// within 5 s (or the session's lock_timeout when lower),
+// [pgfence.ErrNotGranted]; nothing was enqueued. On its own transaction, a connection lost after the statement
 // was sent is [pgfence.ErrOutcomeUnknown]: enqueue again with an
 // idempotency key to learn the task.
 func Enqueue(ctx context.Context, db pgfence.DB, key string, payload []byte, opts *EnqueueOptions) (Task, error) {
@@ -183,7 +185,8 @@ func enqueue[T any](ctx context.Context, h driver.Handle[T], key string, payload
 	return t, nil
 }
 
-// Status returns task id to the role that enqueued it (and to operators):
+// Status returns task id to the role that enqueued it, to the key's
+// consumers (a grant of its lease key) and to operators:
 // its state, number, attempts, timestamps, and its result or error.
 // [pgfence.ErrNotFound] when there is no such task, or it is another role's,
 // or it was pruned.
