@@ -415,6 +415,10 @@ DECLARE
     v_now    timestamptz;
     v_n      bigint;
     v_failed bigint;
+    v_safe   boolean := false;
+    v_lo     bigint;
+    v_hi     bigint;
+    v_base   bigint;
     k        pgfence.task_keys%ROWTYPE;
 BEGIN
     -- A standby first: it cannot assign the mark's xid, and must say PF005.
@@ -437,15 +441,18 @@ BEGIN
     INSERT INTO pgfence.task_keys (key) VALUES (p_key) ON CONFLICT DO NOTHING;
     SELECT x.* INTO k FROM pgfence.task_keys x WHERE x.key = p_key COLLATE pg_catalog."default" FOR UPDATE;
     IF k.mark_id IS NOT NULL AND pg_snapshot_xmin(pg_current_snapshot()) > k.mark_xid THEN
-        -- Every transaction that drew an id <= mark_id has ended: number
-        -- the committed ones, in id order.
-        v_now := clock_timestamp();
-        UPDATE pgfence.tasks t SET seq = k.next_seq + n.rn - 1, numbered_at = v_now
-          FROM (SELECT x.id, row_number() OVER (ORDER BY x.id) AS rn FROM pgfence.tasks x
-                 WHERE x.key = p_key COLLATE pg_catalog."default" AND x.seq IS NULL AND x.id > k.numbered_to AND x.id <= k.mark_id
-                   AND x.state = 'pending') n
-         WHERE t.id = n.id;
-        GET DIAGNOSTICS v_n = ROW_COUNT;
+        -- Every transaction that drew an id <= mark_id has ended: the
+        -- committed ones among (numbered_to, mark_id] are numbered in id
+        -- order from next_seq, by the claim's statement below, in the same
+        -- row version that claims them (one write of a task, not two). The
+        -- set is final: no transaction can still add to it, and only this
+        -- consumer, holding the key's row, changes an unnumbered task.
+        v_safe := true;
+        v_lo := k.numbered_to;
+        v_hi := k.mark_id;
+        v_base := k.next_seq;
+        SELECT count(*) INTO v_n FROM pgfence.tasks x
+         WHERE x.key = p_key COLLATE pg_catalog."default" AND x.seq IS NULL AND x.id > v_lo AND x.id <= v_hi AND x.state = 'pending';
         k.next_seq := k.next_seq + v_n;
         k.numbered_to := k.mark_id;
         k.mark_id := NULL;
@@ -478,23 +485,43 @@ BEGIN
         k.blocked_by := v_failed;
     END IF;
     IF p_ordered AND k.blocked_by IS NOT NULL THEN
-        RETURN;
+        p_max_tasks := 0; -- number, claim nothing
     END IF;
 
-    -- The next tasks in seq order; ordered stops at the first one not due.
+    -- Number the tasks that became safe (fresh), and claim the next tasks
+    -- in seq order (ordered stops at the first one not due), in one write
+    -- of each task.
     RETURN QUERY
-    WITH c AS (
-        SELECT x.id, x.seq, x.not_before FROM pgfence.tasks x
-         WHERE x.key = p_key COLLATE pg_catalog."default" AND x.state IN ('pending', 'running') AND x.seq IS NOT NULL
-         ORDER BY x.seq LIMIT p_max_tasks
+    WITH fresh AS (
+        SELECT x.id, v_base + row_number() OVER (ORDER BY x.id) - 1 AS seq FROM pgfence.tasks x
+         WHERE v_safe AND x.key = p_key COLLATE pg_catalog."default" AND x.seq IS NULL AND x.id > v_lo AND x.id <= v_hi
+           AND x.state = 'pending'
+    ), c AS (
+        ((SELECT x.id, x.seq, x.not_before FROM pgfence.tasks x
+           WHERE x.key = p_key COLLATE pg_catalog."default" AND x.state IN ('pending', 'running') AND x.seq IS NOT NULL
+           ORDER BY x.seq LIMIT p_max_tasks)
+          UNION ALL
+         SELECT f.id, f.seq, NULL::timestamptz FROM fresh f)
+         ORDER BY seq LIMIT p_max_tasks
     ), due AS (
         SELECT c.id FROM c
          WHERE (c.not_before IS NULL OR c.not_before <= v_now)
            AND (NOT p_ordered OR c.seq < coalesce((SELECT min(c2.seq) FROM c c2 WHERE c2.not_before > v_now), 9223372036854775807))
+    ), w AS (
+        SELECT coalesce(f.id, d.id) AS id, f.seq AS numbered, d.id IS NOT NULL AS claimed
+          FROM fresh f FULL JOIN due d ON d.id = f.id
+    ), u AS (
+        UPDATE pgfence.tasks t
+           SET seq = coalesce(w.numbered, t.seq),
+               numbered_at = CASE WHEN w.numbered IS NOT NULL THEN v_now ELSE t.numbered_at END,
+               state = CASE WHEN w.claimed THEN 'running' ELSE t.state END,
+               token = CASE WHEN w.claimed THEN p_token ELSE t.token END,
+               started_at = CASE WHEN w.claimed THEN v_now ELSE t.started_at END,
+               not_before = CASE WHEN w.claimed THEN NULL ELSE t.not_before END
+          FROM w WHERE t.id = w.id
+        RETURNING t.id, t.seq, t.payload, t.attempts, t.idem_key, t.enqueued_at, w.claimed
     )
-    UPDATE pgfence.tasks t SET state = 'running', token = p_token, started_at = v_now, not_before = NULL
-      FROM due WHERE t.id = due.id
-    RETURNING t.id, t.seq, t.payload, t.attempts, t.idem_key, t.enqueued_at;
+    SELECT u.id, u.seq, u.payload, u.attempts, u.idem_key, u.enqueued_at FROM u WHERE u.claimed;
 END;
 $$;
 -- +goose StatementEnd
