@@ -30,30 +30,36 @@
 --
 -- Numbering. The task's per-key number (seq) is assigned by the key's
 -- consumer at claim, and never changes. A sequence number drawn at enqueue
--- would not do: numbers are drawn at call time and commit in another order.
--- Ordering by xid would not do either: a transaction that took its xid early
--- and enqueued after another one committed would sort first. task_claim keeps a
--- watermark per key (task_keys.mark_id, mark_xid): S, the last id the
--- sequence handed out, read first, then X, an xid the claim's transaction is
--- assigned after reading S. A transaction that holds an id <= S drew it before
--- S was read, and took its xid before that, so its xid is below X. Once
--- pg_snapshot_xmin(pg_current_snapshot()) > X every such transaction has
--- ended, and every committed task with id <= S is visible: the claim numbers
--- the key's unnumbered tasks with id <= S in id order (next_seq, next_seq + 1,
--- ...) and takes a fresh mark. A mark that is not safe yet is kept (a new one
--- would never become safe under a steady stream). So:
+-- would not do: numbers are drawn at call time and commit in another order,
+-- so a number would be taken by a task that is not visible yet, or never
+-- will be. A claim numbers every committed task of the key that has no
+-- number yet, in id order, from next_seq; a task whose enqueue commits
+-- after that claim's snapshot is numbered by a later claim, higher. So:
 --   * numbers are gapless and final: a rolled-back enqueue never becomes
---     visible (its id is skipped, no number is), and a committed task is
---     numbered exactly once, when every task with a lower id is settled;
---   * a task enqueued after another one committed has a higher id (nextval
---     is monotonic), so a higher number: numbering agrees with commit order
---     for causally ordered enqueues.
--- A fresh mark needs an xid assigned after S is read: task_claim takes one only
--- when it is the first statement of its transaction that needs an xid (a
--- claim in autocommit, or first in its transaction, as the Go consumer sends
--- it). A transaction that has written and stays open, in any database of the
--- cluster, holds pg_snapshot_xmin back and so delays numbering until it ends
--- (idle_in_transaction_session_timeout bounds an idle one).
+--     visible, and a committed task is numbered exactly once;
+--   * numbers follow commit order: a task enqueued after another one
+--     committed either is numbered by a later claim or, seen by the same
+--     claim, has the higher id (nextval is monotonic);
+--   * an enqueue in a transaction that stays open holds back no other
+--     task: the tasks committed meanwhile are numbered and applied, and
+--     it is numbered after them when it commits.
+-- The scan for unnumbered tasks starts above a watermark (numbered_to),
+-- below which every task is numbered or rolled back; it keeps the scan off
+-- the index entries that earlier versions of numbered tasks leave until a
+-- vacuum. task_claim advances it with a mark per key (task_keys.mark_id,
+-- mark_xid): S, the last id the sequence handed out, read first, then X, an
+-- xid the claim's transaction is assigned after reading S. A transaction
+-- that holds an id <= S drew it before S was read, and took its xid before
+-- that, so its xid is below X. Once pg_snapshot_xmin(pg_current_snapshot())
+-- > X every such transaction has ended: the claim numbers every committed
+-- task with id <= S, moves the watermark to S and takes a fresh mark. A mark
+-- that is not safe yet is kept (a new one would never become safe under a
+-- steady stream). A fresh mark needs an xid assigned after S is read:
+-- task_claim takes one only when it is the first statement of its
+-- transaction that needs an xid (a claim in autocommit, or first in its
+-- transaction, as the Go consumer sends it). A transaction that has written
+-- and stays open, in any database of the cluster, holds the watermark back
+-- (not the numbering): the scans then cover more of the index until it ends.
 --
 -- Consumers claim keys. The consumer of key holds the lease
 -- task_lease_key(key) = 'pgfence.task:' || key (pgfence.try_acquire): a role
@@ -395,7 +401,7 @@ END;
 $$;
 -- +goose StatementEnd
 
--- task_claim numbers the key's tasks that are safe to number (see
+-- task_claim numbers the key's committed tasks that have no number yet (see
 -- "Numbering"), counts an attempt for tasks an earlier grant left running,
 -- and marks the key's next p_max_tasks numbered tasks running under the
 -- grant (p_holder, p_token) of the key's consumer lease, in seq order, and
@@ -415,10 +421,9 @@ DECLARE
     v_now    timestamptz;
     v_n      bigint;
     v_failed bigint;
-    v_safe   boolean := false;
-    v_lo     bigint;
-    v_hi     bigint;
+    v_ids    bigint[];
     v_base   bigint;
+    v_to     bigint;
     k        pgfence.task_keys%ROWTYPE;
 BEGIN
     -- A standby first: it cannot assign the mark's xid, and must say PF005.
@@ -440,24 +445,25 @@ BEGIN
 
     INSERT INTO pgfence.task_keys (key) VALUES (p_key) ON CONFLICT DO NOTHING;
     SELECT x.* INTO k FROM pgfence.task_keys x WHERE x.key = p_key COLLATE pg_catalog."default" FOR UPDATE;
+    -- The watermark: once every transaction that drew an id <= mark_id has
+    -- ended, every task up to it is committed (and visible to the next
+    -- statement) or rolled back, so it is numbered by this claim or never:
+    -- later scans of unnumbered tasks start above it.
     IF k.mark_id IS NOT NULL AND pg_snapshot_xmin(pg_current_snapshot()) > k.mark_xid THEN
-        -- Every transaction that drew an id <= mark_id has ended: the
-        -- committed ones among (numbered_to, mark_id] are numbered in id
-        -- order from next_seq, by the claim's statement below, in the same
-        -- row version that claims them (one write of a task, not two). The
-        -- set is final: no transaction can still add to it, and only this
-        -- consumer, holding the key's row, changes an unnumbered task.
-        v_safe := true;
-        v_lo := k.numbered_to;
-        v_hi := k.mark_id;
-        v_base := k.next_seq;
-        SELECT count(*) INTO v_n FROM pgfence.tasks x
-         WHERE x.key = p_key COLLATE pg_catalog."default" AND x.seq IS NULL AND x.id > v_lo AND x.id <= v_hi AND x.state = 'pending';
-        k.next_seq := k.next_seq + v_n;
-        k.numbered_to := k.mark_id;
+        v_to := k.mark_id;
         k.mark_id := NULL;
         k.mark_xid := NULL;
     END IF;
+    -- Number every committed task not numbered yet, in id order, from
+    -- next_seq: a task whose enqueue commits later is numbered by a later
+    -- claim, higher. The ids are read once, so that the count and the
+    -- numbers below are of one set; only this consumer, holding the key's
+    -- row, changes an unnumbered task.
+    SELECT array_agg(x.id ORDER BY x.id) INTO v_ids FROM pgfence.tasks x
+     WHERE x.key = p_key COLLATE pg_catalog."default" AND x.seq IS NULL AND x.id > k.numbered_to AND x.state = 'pending';
+    v_base := k.next_seq;
+    k.next_seq := k.next_seq + coalesce(cardinality(v_ids), 0);
+    k.numbered_to := greatest(k.numbered_to, v_to);
     IF k.mark_id IS NULL AND v_fresh THEN
         k.mark_id := v_s;
         k.mark_xid := v_x;
@@ -493,9 +499,7 @@ BEGIN
     -- of each task.
     RETURN QUERY
     WITH fresh AS (
-        SELECT x.id, v_base + row_number() OVER (ORDER BY x.id) - 1 AS seq FROM pgfence.tasks x
-         WHERE v_safe AND x.key = p_key COLLATE pg_catalog."default" AND x.seq IS NULL AND x.id > v_lo AND x.id <= v_hi
-           AND x.state = 'pending'
+        SELECT f.id, v_base + f.n - 1 AS seq FROM unnest(v_ids) WITH ORDINALITY AS f(id, n)
     ), c AS (
         ((SELECT x.id, x.seq, x.not_before FROM pgfence.tasks x
            WHERE x.key = p_key COLLATE pg_catalog."default" AND x.state IN ('pending', 'running') AND x.seq IS NOT NULL

@@ -2563,10 +2563,9 @@ DECLARE
     v_now    timestamptz;
     v_n      bigint;
     v_failed bigint;
-    v_safe   boolean := false;
-    v_lo     bigint;
-    v_hi     bigint;
+    v_ids    bigint[];
     v_base   bigint;
+    v_to     bigint;
     k        pgfence.task_keys%ROWTYPE;
 BEGIN
     -- A standby first: it cannot assign the mark's xid, and must say PF005.
@@ -2588,24 +2587,25 @@ BEGIN
 
     INSERT INTO pgfence.task_keys (key) VALUES (p_key) ON CONFLICT DO NOTHING;
     SELECT x.* INTO k FROM pgfence.task_keys x WHERE x.key = p_key COLLATE pg_catalog."default" FOR UPDATE;
+    -- The watermark: once every transaction that drew an id <= mark_id has
+    -- ended, every task up to it is committed (and visible to the next
+    -- statement) or rolled back, so it is numbered by this claim or never:
+    -- later scans of unnumbered tasks start above it.
     IF k.mark_id IS NOT NULL AND pg_snapshot_xmin(pg_current_snapshot()) > k.mark_xid THEN
-        -- Every transaction that drew an id <= mark_id has ended: the
-        -- committed ones among (numbered_to, mark_id] are numbered in id
-        -- order from next_seq, by the claim's statement below, in the same
-        -- row version that claims them (one write of a task, not two). The
-        -- set is final: no transaction can still add to it, and only this
-        -- consumer, holding the key's row, changes an unnumbered task.
-        v_safe := true;
-        v_lo := k.numbered_to;
-        v_hi := k.mark_id;
-        v_base := k.next_seq;
-        SELECT count(*) INTO v_n FROM pgfence.tasks x
-         WHERE x.key = p_key COLLATE pg_catalog."default" AND x.seq IS NULL AND x.id > v_lo AND x.id <= v_hi AND x.state = 'pending';
-        k.next_seq := k.next_seq + v_n;
-        k.numbered_to := k.mark_id;
+        v_to := k.mark_id;
         k.mark_id := NULL;
         k.mark_xid := NULL;
     END IF;
+    -- Number every committed task not numbered yet, in id order, from
+    -- next_seq: a task whose enqueue commits later is numbered by a later
+    -- claim, higher. The ids are read once, so that the count and the
+    -- numbers below are of one set; only this consumer, holding the key's
+    -- row, changes an unnumbered task.
+    SELECT array_agg(x.id ORDER BY x.id) INTO v_ids FROM pgfence.tasks x
+     WHERE x.key = p_key COLLATE pg_catalog."default" AND x.seq IS NULL AND x.id > k.numbered_to AND x.state = 'pending';
+    v_base := k.next_seq;
+    k.next_seq := k.next_seq + coalesce(cardinality(v_ids), 0);
+    k.numbered_to := greatest(k.numbered_to, v_to);
     IF k.mark_id IS NULL AND v_fresh THEN
         k.mark_id := v_s;
         k.mark_xid := v_x;
@@ -2641,9 +2641,7 @@ BEGIN
     -- of each task.
     RETURN QUERY
     WITH fresh AS (
-        SELECT x.id, v_base + row_number() OVER (ORDER BY x.id) - 1 AS seq FROM pgfence.tasks x
-         WHERE v_safe AND x.key = p_key COLLATE pg_catalog."default" AND x.seq IS NULL AND x.id > v_lo AND x.id <= v_hi
-           AND x.state = 'pending'
+        SELECT f.id, v_base + f.n - 1 AS seq FROM unnest(v_ids) WITH ORDINALITY AS f(id, n)
     ), c AS (
         ((SELECT x.id, x.seq, x.not_before FROM pgfence.tasks x
            WHERE x.key = p_key COLLATE pg_catalog."default" AND x.state IN ('pending', 'running') AND x.seq IS NOT NULL

@@ -30,11 +30,12 @@
 //   - No enqueue waits on another producer or on a consumer: an enqueue is
 //     one INSERT; it takes no lock and updates no counter.
 //   - A task exists if and only if the transaction that enqueued it commits.
-//   - Each task of a key gets a number (Seq) from 1, without gaps, assigned
-//     by the key's consumer once every task enqueued before it has committed
-//     or rolled back, and never changed: a rolled-back enqueue leaves no task
-//     and no gap, and a task enqueued after another one committed gets a
-//     higher number.
+//   - Each task of a key gets a number (Seq) from 1, without gaps, in the
+//     order the enqueues commit, assigned by the key's consumer and never
+//     changed: a rolled-back enqueue leaves no task and no gap, and a task
+//     enqueued after another one committed gets a higher number. An enqueue
+//     in a transaction that stays open holds back no other task; it is
+//     numbered after the ones that committed before it.
 //   - One consumer applies a key at a time, under a lease on
 //     [LeaseKey](key). Every claim and completion is checked against that
 //     lease by the database (the lease row is locked until the transaction
@@ -73,10 +74,11 @@
 //   - Effects outside this database (a payment provider, an e-mail) are
 //     applied at least once: a consumer can die after the effect and before
 //     its commit. Send [Task.EffectKey] as the downstream idempotency key.
-//   - Numbering waits for every transaction that has written and is still
-//     open, in any database of the cluster: a long writing transaction
-//     delays consumers (idle_in_transaction_session_timeout bounds an idle
-//     one), it never makes them skip or reorder a task.
+//   - A transaction that has written and stays open, in any database of
+//     the cluster, holds back the watermark below which claims no longer
+//     look for unnumbered tasks: claims read more of the key's index until
+//     it ends (idle_in_transaction_session_timeout bounds an idle one). It
+//     holds back no task.
 //   - Wake-ups: pgfence.task_enqueue sends NOTIFY pgfence_task_enqueued
 //     when no consumer holds the key, and an idle [Consumer] hears it on its
 //     leases client's LISTEN connection; it polls every

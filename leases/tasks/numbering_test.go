@@ -25,19 +25,20 @@ func claimAll(t testing.TB, ctx context.Context, pool *pgxpool.Pool, key, holder
 	}
 }
 
-// A transaction that took its xid early and enqueued after another one
-// committed is numbered after it: the numbers follow the ids (the order of
-// the enqueues), not the xids. While it is open, no task is numbered, so
-// none after it is numbered before it; a rolled-back enqueue leaves no task
-// and no gap.
-func TestNumberingFollowsEnqueueOrder(t *testing.T) {
+// Tasks are numbered in the order their enqueues commit. An enqueue whose
+// transaction stays open holds back no other task: the ones committed
+// meanwhile are numbered (and could be applied); it is numbered after them
+// once it commits, although its id is lower than some of theirs, and the
+// watermark that bounds the scans does not pass over it. A rolled-back
+// enqueue leaves no task and no gap.
+func TestNumberingFollowsCommitOrder(t *testing.T) {
 	pool := pgfencetest.NewPool(t)
 	ctx := ctxTimeout(t, time.Minute)
 	const key = "sku/1"
 	holder, token := grantConsumer(t, ctx, pool, key)
 
 	// early takes its xid first, then late enqueues and commits, then early
-	// enqueues: early's xid is lower, its enqueue later.
+	// enqueues, then after enqueues and commits while early is open.
 	early, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +54,6 @@ func TestNumberingFollowsEnqueueOrder(t *testing.T) {
 	if err := early.QueryRow(ctx, sqlEnqueue, key, `"early"`).Scan(&earlyID); err != nil {
 		t.Fatal(err)
 	}
-	// A third one after early's enqueue, committed while early is open.
 	var afterID int64
 	if err := pool.QueryRow(ctx, sqlEnqueue, key, `"after"`).Scan(&afterID); err != nil {
 		t.Fatal(err)
@@ -61,11 +61,16 @@ func TestNumberingFollowsEnqueueOrder(t *testing.T) {
 	for range 3 {
 		claimAll(t, ctx, pool, key, holder, token)
 	}
-	// early's transaction is older than every mark taken since: nothing is
-	// numbered while it is open, so nothing can be numbered before it.
 	got := numbers(t, ctx, pool, key)
-	if got[lateID] != 0 || got[afterID] != 0 {
-		t.Fatalf("with early open: numbers %v, want none", got)
+	if want := map[int64]int64{lateID: 1, afterID: 2}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("with early open: numbers %v, want %v (late, after)", got, want)
+	}
+	var watermark int64
+	if err := pool.QueryRow(ctx, `SELECT numbered_to FROM pgfence.task_keys WHERE key = $1`, key).Scan(&watermark); err != nil {
+		t.Fatal(err)
+	}
+	if watermark >= earlyID {
+		t.Fatalf("the watermark passed task %d of an open transaction: %d", earlyID, watermark)
 	}
 	// A rolled-back enqueue between them.
 	rb, err := pool.Begin(ctx)
@@ -89,9 +94,15 @@ func TestNumberingFollowsEnqueueOrder(t *testing.T) {
 		claimAll(t, ctx, pool, key, holder, token)
 	}
 	got = numbers(t, ctx, pool, key)
-	want := map[int64]int64{lateID: 1, earlyID: 2, afterID: 3, lastID: 4}
+	want := map[int64]int64{lateID: 1, afterID: 2, earlyID: 3, lastID: 4}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("numbers %v, want %v (late, early, after, last; no task of the rolled-back enqueue)", got, want)
+		t.Fatalf("numbers %v, want %v (late, after, early, last; no task of the rolled-back enqueue)", got, want)
+	}
+	if err := pool.QueryRow(ctx, `SELECT numbered_to FROM pgfence.task_keys WHERE key = $1`, key).Scan(&watermark); err != nil {
+		t.Fatal(err)
+	}
+	if watermark < earlyID {
+		t.Fatalf("the watermark stays at %d below task %d after its transaction ended", watermark, earlyID)
 	}
 }
 
