@@ -2895,6 +2895,8 @@ CREATE FUNCTION pgfence.task_ready_keys(p_prefix text DEFAULT ''::text, p_max_ke
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+DECLARE
+    v_upper text;
 BEGIN
     PERFORM pgfence.require_primary();
     IF p_prefix IS NULL OR octet_length(p_prefix) > 480 OR p_max_keys IS NULL OR p_max_keys NOT BETWEEN 1 AND 10000
@@ -2902,18 +2904,48 @@ BEGIN
         RAISE EXCEPTION 'pgfence: task_ready_keys needs a prefix and an after key of at most 480 bytes and max_keys from 1 to 10000'
             USING ERRCODE = 'PF008';
     END IF;
+    -- Under a collation that sorts by code point (C, POSIX, C.UTF-8) the keys
+    -- under a prefix are the range [prefix, the prefix with its last
+    -- character one higher): each probe reads the next key of the prefix.
+    -- Under another they are not one range: each probe then descends to the
+    -- next key with open tasks, whatever its prefix, and the prefix is
+    -- tested on the keys found. (Testing it inside the probe would walk,
+    -- task by task, every open task of the keys between two matches:
+    -- another tenant's hot key.)
+    IF p_prefix <> '' AND ascii(right(p_prefix, 1)) < 1114111
+       AND EXISTS (SELECT 1 FROM pg_database d
+                    WHERE d.datname = current_database() AND coalesce(to_jsonb(d) ->> 'datlocprovider', 'c') = 'c'
+                      AND lower(replace(d.datcollate, '-', '')) IN ('c', 'posix', 'c.utf8')) THEN
+        v_upper := left(p_prefix, -1) || chr(CASE WHEN ascii(right(p_prefix, 1)) + 1 BETWEEN 55296 AND 57343 THEN 57344
+                                                  ELSE ascii(right(p_prefix, 1)) + 1 END);
+        RETURN QUERY
+        WITH RECURSIVE k(key) AS (
+            (SELECT t.key::text FROM pgfence.tasks t
+              WHERE t.state IN ('pending', 'running') AND t.key > p_after AND t.key >= p_prefix AND t.key < v_upper
+              ORDER BY t.key LIMIT 1)
+            UNION ALL
+            SELECT (SELECT t.key::text FROM pgfence.tasks t
+                     WHERE t.state IN ('pending', 'running') AND t.key > k.key AND t.key < v_upper
+                     ORDER BY t.key LIMIT 1)
+              FROM k WHERE k.key IS NOT NULL
+        )
+        SELECT k.key FROM k WHERE k.key IS NOT NULL AND starts_with(k.key, p_prefix)
+           AND pgfence.may_use(pgfence.task_lease_key(k.key)) LIMIT p_max_keys;
+        RETURN;
+    END IF;
     RETURN QUERY
     WITH RECURSIVE k(key) AS (
         (SELECT t.key::text FROM pgfence.tasks t
-          WHERE t.state IN ('pending', 'running') AND t.key > p_after AND starts_with(t.key, p_prefix)
+          WHERE t.state IN ('pending', 'running') AND t.key > p_after
           ORDER BY t.key LIMIT 1)
         UNION ALL
         SELECT (SELECT t.key::text FROM pgfence.tasks t
-                 WHERE t.state IN ('pending', 'running') AND t.key > k.key AND starts_with(t.key, p_prefix)
+                 WHERE t.state IN ('pending', 'running') AND t.key > k.key
                  ORDER BY t.key LIMIT 1)
           FROM k WHERE k.key IS NOT NULL
     )
-    SELECT k.key FROM k WHERE k.key IS NOT NULL AND pgfence.may_use(pgfence.task_lease_key(k.key)) LIMIT p_max_keys;
+    SELECT k.key FROM k WHERE k.key IS NOT NULL AND starts_with(k.key, p_prefix)
+       AND pgfence.may_use(pgfence.task_lease_key(k.key)) LIMIT p_max_keys;
 END;
 $$;
 

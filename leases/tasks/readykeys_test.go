@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pgfence/pgfencetest"
 )
 
@@ -58,5 +59,83 @@ func TestReadyKeysPageThroughEveryKey(t *testing.T) {
 	}
 	if _, err := consumer.Exec(context.Background(), `SELECT pgfence.task_ready_keys('k/', 0)`); err == nil {
 		t.Error("max_keys 0 was accepted")
+	}
+}
+
+// A probe goes from key to key, not from task to task: listing the keys of
+// one prefix reads a few index entries per key with open tasks, however many
+// tasks another prefix's hot key holds between them. Under the C collation
+// of the test cluster, and under an ICU collation (en-US), where the keys of
+// a prefix are not one range of the index.
+func TestReadyKeysSkipOtherKeysTasks(t *testing.T) {
+	db := pgfencetest.NewDatabase(t)
+	ctx := ctxTimeout(t, 2*time.Minute)
+	t.Run("C", func(t *testing.T) { readyKeysReadFewEntries(t, ctx, db.Pool) })
+	t.Run("ICU en-US", func(t *testing.T) {
+		name := db.Name + "_icu"
+		if _, err := db.Pool.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()+
+			` TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C'`); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_, _ = db.Pool.Exec(context.Background(), `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`)
+		})
+		cfg, err := pgxpool.ParseConfig(db.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.Database = name
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		if err := migrations.Up(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+		readyKeysReadFewEntries(t, ctx, pool)
+	})
+}
+
+func readyKeysReadFewEntries(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
+	for _, key := range []string{"a/1", "c/1"} {
+		if _, err := pool.Exec(ctx, sqlEnqueue, key, `{}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const hot = 3000
+	if _, err := pool.Exec(ctx, `SELECT count(pgfence.task_enqueue('b/hot', pg_catalog.jsonb_build_object('i', g))) FROM generate_series(1, $1) g`, hot); err != nil {
+		t.Fatal(err)
+	}
+	// Each prefix several times: PL/pgSQL plans the probes for any prefix
+	// after a few calls.
+	for _, prefix := range []string{"c/", "a/", "", "c/", "a/", "", "c/", "a/", "", "c/", "a/", "", "c/", "a/", ""} {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The entries this backend read and did not report yet, before and
+		// after: their difference is the call's.
+		const sqlRead = `SELECT pg_stat_get_xact_tuples_returned('pgfence.tasks_open'::regclass)`
+		var before, read int64
+		if err := tx.QueryRow(ctx, sqlRead).Scan(&before); err != nil {
+			t.Fatal(err)
+		}
+		rows, _ := tx.Query(ctx, `SELECT pgfence.task_ready_keys($1)`, prefix)
+		keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string][]string{"c/": {"c/1"}, "a/": {"a/1"}, "": {"a/1", "b/hot", "c/1"}}[prefix]
+		if !slices.Equal(keys, want) {
+			t.Errorf("keys under %q: %v, want %v", prefix, keys, want)
+		}
+		if err := tx.QueryRow(ctx, sqlRead).Scan(&read); err != nil {
+			t.Fatal(err)
+		}
+		if read -= before; read > 20 {
+			t.Errorf("listing %q read %d index entries of tasks_open, past b/hot's %d tasks one by one", prefix, read, hot)
+		}
+		_ = tx.Rollback(ctx)
 	}
 }
