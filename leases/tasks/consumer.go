@@ -219,8 +219,9 @@ func (c *Consumer) drain(ctx context.Context, l *leases.Lease, key string) (int,
 			return n, err
 		}
 		if len(batch) == 0 {
-			// The first empty claim may have taken the numbering mark that
-			// the second finds safe.
+			// Claim once more before letting the key go: an enqueue that
+			// saw it held sent no NOTIFY, and one that committed since the
+			// first empty claim is found now, not at the next poll.
 			empty++
 			continue
 		}
