@@ -326,6 +326,7 @@ DECLARE
     retired   bigint;
     retention bigint;
     trace     text;
+    done    boolean := false;
 BEGIN
     IF pg_is_in_recovery() THEN
         PERFORM pgfence.require_primary();
@@ -351,10 +352,37 @@ BEGIN
     -- grant, and the fence row that would have refused it may have been
     -- pruned (advance_retention). The newest token is never stale: no later
     -- one exists to have written.
-    SELECT l.token, f.floor, f.retention INTO issued, retired, retention
-      FROM pgfence.leases l, pgfence.token_floor f
-     WHERE l.key = fence.resource COLLATE pg_catalog."default";
-    IF issued IS NULL OR NOT (issued >= fence.token AND fence.token > retired AND (fence.token > retention OR fence.token = issued)) THEN
+    --
+    -- The common case first: the resource's fence row holds this token
+    -- already, above both floors. The lease was checked when the row took
+    -- it, and still holds: a key's newest token never goes down, and
+    -- prune_retired deletes a lease row only once its newest token is at or
+    -- below a floor (and so every token the key issued is). Under READ
+    -- COMMITTED a row changed by a concurrent writer is waited for and the
+    -- WHERE is re-checked on its newest version, so a higher token committed
+    -- meanwhile is never overwritten. The row stays locked until our
+    -- transaction ends.
+    SELECT f.floor, f.retention INTO retired, retention FROM pgfence.token_floor f;
+    -- An accepted token must survive a crash as long as the write it guards.
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    -- The trace of the accepted write (see pgfence.current_trace_id), NULL
+    -- when the transaction names none.
+    IF current_setting('pgfence.trace_id', true) <> '' THEN
+        trace := pgfence.current_trace_id();
+    END IF;
+    IF fence.token > retired AND fence.token > retention THEN
+        UPDATE pgfence.fences AS f
+           SET accepted_at = clock_timestamp(), writes = f.writes + 1,
+               op = fence.op, fenced_xid = pg_current_xact_id(), trace_id = trace
+         WHERE f.resource = fence.resource COLLATE pg_catalog."default" AND f.token = fence.token;
+        done := FOUND;
+    END IF;
+    IF NOT done THEN
+        SELECT l.token INTO issued FROM pgfence.leases l WHERE l.key = fence.resource COLLATE pg_catalog."default";
+    END IF;
+    IF NOT done AND (issued IS NULL OR NOT (issued >= fence.token AND fence.token > retired AND (fence.token > retention OR fence.token = issued))) THEN
         IF issued IS NULL OR issued < fence.token THEN
             RAISE EXCEPTION 'pgfence: token % was not issued by lease %', fence.token, quote_literal(fence.resource)
                 USING ERRCODE = 'PF012',
@@ -374,30 +402,24 @@ BEGIN
                   DETAIL = format('accepted=%s presented=%s resource=%s', issued, fence.token, fence.resource),
                   HINT = 'A later grant superseded this token: this holder lost its lease and must acquire it again.';
     END IF;
-    -- An accepted token must survive a crash as long as the write it guards.
-    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
-        PERFORM set_config('synchronous_commit', 'on', true);
+    -- The resource fenced before with this token, when the fast path above
+    -- did not try (the token is its key's newest, at or below the retention
+    -- floor), then with a lower one.
+    IF NOT done AND NOT (fence.token > retired AND fence.token > retention) THEN
+        UPDATE pgfence.fences AS f
+           SET accepted_at = clock_timestamp(), writes = f.writes + 1,
+               op = fence.op, fenced_xid = pg_current_xact_id(), trace_id = trace
+         WHERE f.resource = fence.resource COLLATE pg_catalog."default" AND f.token = fence.token;
+        done := FOUND;
     END IF;
-    -- The trace of the accepted write (see pgfence.current_trace_id), NULL
-    -- when the transaction names none.
-    IF current_setting('pgfence.trace_id', true) <> '' THEN
-        trace := pgfence.current_trace_id();
-    END IF;
-    -- The common case: the resource was fenced before. Under READ COMMITTED
-    -- a row changed by a concurrent writer is waited for and the WHERE is
-    -- re-checked on its newest version, so a higher token committed meanwhile
-    -- is never overwritten. The row stays locked until our transaction ends.
-    UPDATE pgfence.fences AS f
-       SET accepted_at = clock_timestamp(), writes = f.writes + 1,
-           op = fence.op, fenced_xid = pg_current_xact_id(), trace_id = trace
-     WHERE f.resource = fence.resource COLLATE pg_catalog."default" AND f.token = fence.token;
-    IF NOT FOUND THEN
+    IF NOT done THEN
         UPDATE pgfence.fences AS f
            SET token = fence.token, accepted_at = clock_timestamp(), writes = f.writes + 1,
                op = fence.op, fenced_xid = pg_current_xact_id(), trace_id = trace
          WHERE f.resource = fence.resource COLLATE pg_catalog."default" AND f.token < fence.token;
+        done := FOUND;
     END IF;
-    IF FOUND THEN
+    IF done THEN
         -- The row is ours now; a write whose client abandoned it must not
         -- commit (checked in a statement of its own: a snapshot taken after
         -- the lock). See pgfence.abandoned_requests.
