@@ -388,7 +388,8 @@ BEGIN
         RAISE EXCEPTION 'pgfence: task_ready_keys needs a prefix and an after key of at most 480 bytes and max_keys from 1 to 10000'
             USING ERRCODE = 'PF008';
     END IF;
-    -- Under a collation that sorts by code point (C, POSIX, C.UTF-8) the keys
+    -- Under a collation that sorts by code point (C, POSIX, C.UTF-8, with
+    -- the UTF8 encoding, whose byte order is code point order) the keys
     -- under a prefix are the range [prefix, the prefix with its last
     -- character one higher): each probe reads the next key of the prefix.
     -- Under another they are not one range: each probe then descends to the
@@ -396,7 +397,7 @@ BEGIN
     -- tested on the keys found. (Testing it inside the probe would walk,
     -- task by task, every open task of the keys between two matches:
     -- another tenant's hot key.)
-    IF p_prefix <> '' AND ascii(right(p_prefix, 1)) < 1114111
+    IF p_prefix <> '' AND current_setting('server_encoding') = 'UTF8' AND ascii(right(p_prefix, 1)) < 1114111
        AND EXISTS (SELECT 1 FROM pg_database d
                     WHERE d.datname = current_database() AND coalesce(to_jsonb(d) ->> 'datlocprovider', 'c') = 'c'
                       AND lower(replace(d.datcollate, '-', '')) IN ('c', 'posix', 'c.utf8')) THEN
