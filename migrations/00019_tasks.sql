@@ -311,7 +311,7 @@ BEGIN
         EXCEPTION WHEN lock_not_available THEN
             RAISE EXCEPTION 'pgfence: task idempotency key % of key % is being enqueued by a transaction that is still open', quote_literal(p_idem_key), quote_literal(p_key)
                 USING ERRCODE = 'PF007', DETAIL = format('key=%s idem_key=%s waited=%s', p_key, p_idem_key, current_setting('lock_timeout')),
-                      HINT = 'Enqueue again once that transaction has ended: a committed task is returned, a rolled-back one is enqueued anew. Nothing was enqueued.';
+                      HINT = 'Enqueue again once that transaction has ended: a committed task is returned, a rolled-back one is enqueued anew. Nothing was enqueued. (A lock on pgfence.tasks held as long, by a migration say, ends the wait the same way.)';
         END;
         PERFORM set_config('lock_timeout', v_wait, true);
     END IF;
