@@ -211,7 +211,7 @@ func seqText(seq int64) string {
 func lookupTask(ctx context.Context, pool *pgxpool.Pool, id int64) (tasks.Task, error) {
 	t, err := tasks.Status(ctx, pool, id)
 	if errors.Is(err, pgfence.ErrNotFound) {
-		return t, &cliError{msg: fmt.Sprintf("no task %d: it does not exist, was pruned, or is another role's", id),
+		return t, &cliError{msg: fmt.Sprintf("no task %d: it does not exist, was pruned, or this role may not see it", id),
 			hint: "`pgfence tasks list` lists the tasks this role may see", code: exitFailure, err: err}
 	}
 	if err != nil {

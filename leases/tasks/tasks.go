@@ -188,7 +188,7 @@ func enqueue[T any](ctx context.Context, h driver.Handle[T], key string, payload
 // Status returns task id to the role that enqueued it, to the key's
 // consumers (a grant of its lease key) and to operators:
 // its state, number, attempts, timestamps, and its result or error.
-// [pgfence.ErrNotFound] when there is no such task, or it is another role's,
+// [pgfence.ErrNotFound] when there is no such task, or the role may not see it,
 // or it was pruned.
 func Status(ctx context.Context, db pgfence.DB, id int64) (Task, error) {
 	h, err := driver.Pgx(db)
